@@ -1,0 +1,492 @@
+//! The CPU reference backend.
+//!
+//! Plain, readable Rust with f32 accumulation: every GPU kernel is tested
+//! against it, so it is written to be obviously right, not fast. Ops run
+//! when they are recorded; `flush` and `sync` have nothing to wait for.
+//! Each op is one function in [`ops`], on plain slices, named after its
+//! WGSL twin in `kernels/`.
+
+pub mod ops;
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use turbospark::backend::{BackendInfo, Features, Limits};
+use turbospark::ops::{
+    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router,
+};
+use turbospark::{
+    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, HostBytes, Result, Support,
+};
+
+pub use ops::Weights;
+
+enum Storage {
+    /// Owned, 4-byte aligned so f32/u32 views need no copy.
+    Owned(Vec<u32>),
+    /// A range of a memory-mapped checkpoint, kept without copying.
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+/// A CPU buffer: shared, so handles are cheap to clone.
+#[derive(Clone)]
+pub struct CpuBuffer {
+    storage: Arc<RwLock<Storage>>,
+    dtype: DType,
+    len: usize,
+}
+
+impl DeviceBuffer for CpuBuffer {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+struct Read<'a>(RwLockReadGuard<'a, Storage>, usize);
+struct Write<'a>(RwLockWriteGuard<'a, Storage>, usize);
+
+impl Read<'_> {
+    fn bytes(&self) -> &[u8] {
+        match &*self.0 {
+            Storage::Owned(v) => &bytemuck::cast_slice(v)[..self.1],
+            Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+        }
+    }
+    fn f32(&self) -> &[f32] {
+        match &*self.0 {
+            Storage::Owned(v) => &bytemuck::cast_slice(v)[..self.1 / 4],
+            Storage::Mapped { .. } => unreachable!("activations are never mapped"),
+        }
+    }
+    fn u32(&self) -> &[u32] {
+        match &*self.0 {
+            Storage::Owned(v) => &v[..self.1 / 4],
+            Storage::Mapped { .. } => unreachable!("ids are never mapped"),
+        }
+    }
+}
+
+impl Write<'_> {
+    fn f32(&mut self) -> &mut [f32] {
+        match &mut *self.0 {
+            Storage::Owned(v) => &mut bytemuck::cast_slice_mut(v)[..self.1 / 4],
+            Storage::Mapped { .. } => unreachable!("outputs are never mapped"),
+        }
+    }
+    fn u32(&mut self) -> &mut [u32] {
+        match &mut *self.0 {
+            Storage::Owned(v) => &mut v[..self.1 / 4],
+            Storage::Mapped { .. } => unreachable!("outputs are never mapped"),
+        }
+    }
+}
+
+impl CpuBuffer {
+    fn nbytes(&self) -> usize {
+        self.len * self.dtype.size()
+    }
+    fn read(&self) -> Read<'_> {
+        Read(
+            self.storage.read().unwrap_or_else(|e| e.into_inner()),
+            self.nbytes(),
+        )
+    }
+    fn write(&self, op: &'static str) -> Result<Write<'_>> {
+        let g = self.storage.write().unwrap_or_else(|e| e.into_inner());
+        if matches!(*g, Storage::Mapped { .. }) {
+            return Err(Error::shape(
+                op,
+                "output buffer is a read-only mapped weight",
+            ));
+        }
+        Ok(Write(g, self.nbytes()))
+    }
+    fn same(&self, other: &CpuBuffer) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+}
+
+/// Outputs must not alias inputs (the GPU backends cannot bind them twice).
+fn no_alias(op: &'static str, out: &CpuBuffer, inputs: &[Option<&CpuBuffer>]) -> Result<()> {
+    if inputs.iter().flatten().any(|i| i.same(out)) {
+        return Err(Error::shape(op, "output buffer aliases an input"));
+    }
+    Ok(())
+}
+
+fn weights<'a>(r: &'a Read<'_>, dtype: DType) -> Weights<'a> {
+    Weights::new(dtype, r.bytes())
+}
+
+/// The CPU reference backend.
+pub struct CpuBackend {
+    info: BackendInfo,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend {
+            info: BackendInfo {
+                backend: "cpu".into(),
+                device_name: "CPU reference".into(),
+                api: "native".into(),
+                device_type: DeviceType::Cpu,
+                driver: String::new(),
+                features: Features::default(),
+                limits: Limits {
+                    max_binding_bytes: u64::MAX,
+                    max_buffer_bytes: u64::MAX,
+                    max_workgroups_per_dim: u32::MAX,
+                },
+            },
+        }
+    }
+
+    fn new_owned(&self, dtype: DType, len: usize, bytes: Option<&[u8]>) -> CpuBuffer {
+        let nbytes = len * dtype.size();
+        let mut words = vec![0u32; nbytes.div_ceil(4)];
+        if let Some(b) = bytes {
+            bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..nbytes].copy_from_slice(b);
+        }
+        CpuBuffer {
+            storage: Arc::new(RwLock::new(Storage::Owned(words))),
+            dtype,
+            len,
+        }
+    }
+}
+
+fn element_count(op: &'static str, dtype: DType, nbytes: usize) -> Result<usize> {
+    if nbytes % dtype.size() != 0 {
+        return Err(Error::shape(
+            op,
+            format!("{nbytes} bytes is not a whole number of {dtype} elements"),
+        ));
+    }
+    Ok(nbytes / dtype.size())
+}
+
+impl ComputeBackend for CpuBackend {
+    type Buffer = CpuBuffer;
+
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn supports(&self, _op: &OpKind) -> Support {
+        Support::Yes
+    }
+
+    fn alloc(&self, dtype: DType, len: usize, _label: &str) -> Result<CpuBuffer> {
+        Ok(self.new_owned(dtype, len, None))
+    }
+
+    fn upload(&self, dtype: DType, bytes: HostBytes<'_>, _label: &str) -> Result<CpuBuffer> {
+        let len = element_count("upload", dtype, bytes.as_slice().len())?;
+        Ok(match bytes {
+            HostBytes::Slice(s) => self.new_owned(dtype, len, Some(s)),
+            HostBytes::Mapped {
+                map,
+                offset,
+                len: nbytes,
+            } => CpuBuffer {
+                storage: Arc::new(RwLock::new(Storage::Mapped {
+                    map,
+                    offset,
+                    len: nbytes,
+                })),
+                dtype,
+                len,
+            },
+        })
+    }
+
+    fn upload_weight(
+        &self,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: HostBytes<'_>,
+        label: &str,
+    ) -> Result<CpuBuffer> {
+        if bytes.as_slice().len() != rows * cols * dtype.size() {
+            return Err(Error::shape(
+                "upload_weight",
+                format!(
+                    "`{label}`: {} bytes for {rows} x {cols} {dtype}",
+                    bytes.as_slice().len()
+                ),
+            ));
+        }
+        self.upload(dtype, bytes, label)
+    }
+
+    fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
+        v::check_buf("write_f32", "buf", buf, &v::F32, offset + data.len())?;
+        buf.write("write_f32")?.f32()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn write_u32(&self, buf: &CpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
+        v::check_buf("write_u32", "buf", buf, &v::U32, offset + data.len())?;
+        buf.write("write_u32")?.u32()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn download_f32(&self, buf: &CpuBuffer) -> Result<Vec<f32>> {
+        v::check_buf("download_f32", "buf", buf, &v::F32, 0)?;
+        Ok(buf.read().f32().to_vec())
+    }
+
+    fn download_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>> {
+        v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
+        Ok(buf.read().u32().to_vec())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuBuffer,
+        w: Option<&CpuBuffer>,
+        res: Option<&CpuBuffer>,
+        out: &CpuBuffer,
+        p: RmsNorm,
+    ) -> Result<()> {
+        p.validate(x, w, res, out)?;
+        no_alias("rms_norm", out, &[Some(x), w, res])?;
+        let (xr, wr, rr) = (x.read(), w.map(|w| w.read()), res.map(|r| r.read()));
+        let wv = wr.as_ref().zip(w).map(|(r, w)| weights(r, w.dtype()));
+        ops::rms_norm(
+            xr.f32(),
+            wv.as_ref(),
+            rr.as_ref().map(|r| r.f32()),
+            out.write("rms_norm")?.f32(),
+            p,
+        );
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuBuffer, x: &CpuBuffer, out: &CpuBuffer, p: Matmul) -> Result<()> {
+        p.validate(w, x, out)?;
+        no_alias("matmul", out, &[Some(w), Some(x)])?;
+        let (wr, xr) = (w.read(), x.read());
+        ops::matmul(
+            &weights(&wr, w.dtype()),
+            xr.f32(),
+            out.write("matmul")?.f32(),
+            p,
+        );
+        Ok(())
+    }
+
+    fn router(
+        &self,
+        x: &CpuBuffer,
+        scale: &CpuBuffer,
+        proj: &CpuBuffer,
+        pes: &CpuBuffer,
+        ids: &CpuBuffer,
+        wts: &CpuBuffer,
+        p: Router,
+    ) -> Result<()> {
+        p.validate(x, scale, proj, pes, ids, wts)?;
+        no_alias(
+            "router",
+            ids,
+            &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
+        )?;
+        no_alias(
+            "router",
+            wts,
+            &[Some(x), Some(scale), Some(proj), Some(pes)],
+        )?;
+        let (xr, sr, pr, er) = (x.read(), scale.read(), proj.read(), pes.read());
+        ops::router(
+            xr.f32(),
+            sr.f32(),
+            &weights(&pr, proj.dtype()),
+            er.f32(),
+            ids.write("router")?.u32(),
+            wts.write("router")?.f32(),
+            p,
+        );
+        Ok(())
+    }
+
+    fn moe_gate_up(
+        &self,
+        x: &CpuBuffer,
+        gate_up: &CpuBuffer,
+        ids: &CpuBuffer,
+        act: &CpuBuffer,
+        p: Moe,
+    ) -> Result<()> {
+        p.validate_gate_up(x, gate_up, ids, act)?;
+        no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
+        let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
+        ops::moe_gate_up(
+            xr.f32(),
+            &weights(&gr, gate_up.dtype()),
+            ir.u32(),
+            act.write("moe_gate_up")?.f32(),
+            p,
+        )
+    }
+
+    fn moe_down(
+        &self,
+        act: &CpuBuffer,
+        down: &CpuBuffer,
+        ids: &CpuBuffer,
+        wts: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Moe,
+    ) -> Result<()> {
+        p.validate_down(act, down, ids, wts, out)?;
+        no_alias(
+            "moe_down",
+            out,
+            &[Some(act), Some(down), Some(ids), Some(wts)],
+        )?;
+        let (ar, dr, ir, wr) = (act.read(), down.read(), ids.read(), wts.read());
+        ops::moe_down(
+            ar.f32(),
+            &weights(&dr, down.dtype()),
+            ir.u32(),
+            wr.f32(),
+            out.write("moe_down")?.f32(),
+            p,
+        )
+    }
+
+    fn rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
+        p.validate(x, positions)?;
+        no_alias("rope", x, &[Some(positions)])?;
+        let pr = positions.read();
+        ops::rope(x.write("rope")?.f32(), pr.u32(), p);
+        Ok(())
+    }
+
+    fn kv_append(
+        &self,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        kc: &CpuBuffer,
+        vc: &CpuBuffer,
+        positions: &CpuBuffer,
+        p: KvAppend,
+    ) -> Result<()> {
+        p.validate(k, v, kc, vc, positions)?;
+        no_alias(
+            "kv_append",
+            kc,
+            &[Some(k), Some(v), Some(vc), Some(positions)],
+        )?;
+        no_alias("kv_append", vc, &[Some(k), Some(v), Some(positions)])?;
+        let (kr, vr, pr) = (k.read(), v.read(), positions.read());
+        ops::kv_append(kr.f32(), kc.write("kv_append")?.f32(), pr.u32(), p);
+        ops::kv_append(vr.f32(), vc.write("kv_append")?.f32(), pr.u32(), p);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuBuffer,
+        kc: &CpuBuffer,
+        vc: &CpuBuffer,
+        positions: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Attention,
+    ) -> Result<()> {
+        p.validate(q, kc, vc, positions, out)?;
+        no_alias(
+            "attention",
+            out,
+            &[Some(q), Some(kc), Some(vc), Some(positions)],
+        )?;
+        let (qr, kr, vr, pr) = (q.read(), kc.read(), vc.read(), positions.read());
+        ops::attention(
+            qr.f32(),
+            kr.f32(),
+            vr.f32(),
+            pr.u32(),
+            out.write("attention")?.f32(),
+            p,
+        )
+    }
+
+    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
+        v::validate_binary("add", a, b, out, n)?;
+        no_alias("add", out, &[Some(a), Some(b)])?;
+        let (ar, br) = (a.read(), b.read());
+        ops::add(
+            &ar.f32()[..n],
+            &br.f32()[..n],
+            &mut out.write("add")?.f32()[..n],
+        );
+        Ok(())
+    }
+
+    fn scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
+        v::validate_unary("scale", x, out, n)?;
+        no_alias("scale", out, &[Some(x)])?;
+        let xr = x.read();
+        ops::scale(&xr.f32()[..n], &mut out.write("scale")?.f32()[..n], s);
+        Ok(())
+    }
+
+    fn gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
+        v::validate_gelu_mul(x, out, rows, n)?;
+        no_alias("gelu_mul", out, &[Some(x)])?;
+        let xr = x.read();
+        ops::gelu_mul(xr.f32(), out.write("gelu_mul")?.f32(), rows, n);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
+        v::validate_unary("softcap", x, out, n)?;
+        no_alias("softcap", out, &[Some(x)])?;
+        let xr = x.read();
+        ops::softcap(&xr.f32()[..n], &mut out.write("softcap")?.f32()[..n], cap);
+        Ok(())
+    }
+
+    fn embed(&self, ids: &CpuBuffer, table: &CpuBuffer, out: &CpuBuffer, p: Embed) -> Result<()> {
+        p.validate(ids, table, out)?;
+        no_alias("embed", out, &[Some(ids), Some(table)])?;
+        let (ir, tr) = (ids.read(), table.read());
+        ops::embed(
+            ir.u32(),
+            &weights(&tr, table.dtype()),
+            out.write("embed")?.f32(),
+            p,
+        )
+    }
+
+    fn argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
+        v::validate_argmax(x, out, rows, n)?;
+        no_alias("argmax", out, &[Some(x)])?;
+        let xr = x.read();
+        ops::argmax(xr.f32(), out.write("argmax")?.u32(), rows, n);
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! `ComputeBackend`: the one seam between the model and a device.
+//!
+//! A backend plays two roles (as in candle's `BackendDevice`/`BackendStorage`
+//! and ggml's device/buffer split): it owns device buffers (allocate, upload,
+//! download) and it records operations on them. Operations are *recorded*
+//! into a batch and submitted together by [`ComputeBackend::flush`] (a decode
+//! step is one submit, not one per op); a download flushes and waits.
+//!
+//! Conventions every op follows:
+//! - activations are f32, ids and positions u32; weights are `BF16`, `F16` or
+//!   `F32` and are decoded to f32 in the kernel; accumulation is f32;
+//! - an output never aliases an input of the same op (in-place ops name the
+//!   buffer once);
+//! - shapes are checked by the shared validators in [`crate::ops`] before any
+//!   work is recorded, so both backends reject the same bad calls with the same
+//!   error;
+//! - a case a backend does not implement returns [`Error::Unsupported`]
+//!   (see [`ComputeBackend::supports`]), never a silent fallback.
+
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::*;
+
+/// What kind of device a backend runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceType {
+    Cpu,
+    DiscreteGpu,
+    IntegratedGpu,
+    VirtualGpu,
+    /// A GPU API implemented on the CPU (Mesa lavapipe, WARP).
+    SoftwareGpu,
+    Other,
+}
+
+/// Name, features and limits of the device behind a backend.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    /// Backend family: `"cpu"` or `"wgpu"`.
+    pub backend: String,
+    /// Adapter name (`"NVIDIA H200"`, `"llvmpipe (LLVM 15.0.6, 256 bits)"`).
+    pub device_name: String,
+    /// Graphics API under wgpu (`"Vulkan"`, `"Metal"`, `"Dx12"`), or `"native"`.
+    pub api: String,
+    pub device_type: DeviceType,
+    /// Driver name and version where the API reports them.
+    pub driver: String,
+    pub features: Features,
+    pub limits: Limits,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Features {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter may use (0 when unknown).
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    pub timestamps: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest single storage binding, in bytes.
+    pub max_binding_bytes: u64,
+    /// Largest single buffer, in bytes.
+    pub max_buffer_bytes: u64,
+    pub max_workgroups_per_dim: u32,
+}
+
+/// Host bytes to upload: a borrowed slice, or a range of a memory map that a
+/// backend may keep without copying (the CPU backend does).
+#[derive(Clone)]
+pub enum HostBytes<'a> {
+    Slice(&'a [u8]),
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl HostBytes<'_> {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            HostBytes::Slice(s) => s,
+            HostBytes::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+        }
+    }
+}
+
+/// A device buffer handle: it knows its element type and length.
+pub trait DeviceBuffer {
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a backend implements an op case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Support {
+    Yes,
+    No(String),
+}
+
+/// The operations a Gemma 4 MoE decoder needs, recorded on device buffers.
+///
+/// Shapes are row-major; `[m, n]` means m rows of n contiguous elements.
+pub trait ComputeBackend {
+    type Buffer: DeviceBuffer;
+
+    fn info(&self) -> &BackendInfo;
+
+    /// Whether `op` is implemented for these types/sizes on this device.
+    fn supports(&self, op: &OpKind) -> Support;
+
+    // ---- buffers -------------------------------------------------------
+
+    /// A buffer of `len` elements whose contents are unspecified until written.
+    fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<Self::Buffer>;
+
+    /// A buffer initialised from host bytes (`bytes.len() == len * dtype.size()`).
+    fn upload(&self, dtype: DType, bytes: HostBytes<'_>, label: &str) -> Result<Self::Buffer>;
+
+    /// A weight matrix of `rows x cols` (3-D expert tensors pass `E * rows`).
+    /// Unlike [`ComputeBackend::upload`] it may exceed one binding: a backend
+    /// may split it by rows across bindings (the 1.48 GB LM head).
+    fn upload_weight(
+        &self,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: HostBytes<'_>,
+        label: &str,
+    ) -> Result<Self::Buffer>;
+
+    /// Overwrite `data.len()` f32 elements from element `offset`. Ordered after
+    /// every op recorded before it and before every op recorded after it.
+    fn write_f32(&self, buf: &Self::Buffer, offset: usize, data: &[f32]) -> Result<()>;
+    /// As [`ComputeBackend::write_f32`] for u32 buffers.
+    fn write_u32(&self, buf: &Self::Buffer, offset: usize, data: &[u32]) -> Result<()>;
+
+    /// Submit the recorded batch without waiting for it.
+    fn flush(&self) -> Result<()>;
+    /// Submit the recorded batch and wait until the device is idle.
+    fn sync(&self) -> Result<()>;
+
+    /// Read back an f32 buffer (flushes and waits).
+    fn download_f32(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
+    /// Read back a u32 buffer (flushes and waits).
+    fn download_u32(&self, buf: &Self::Buffer) -> Result<Vec<u32>>;
+
+    // ---- normalisation -------------------------------------------------
+
+    /// `out[r] = (residual[r] + rmsnorm(x[r]) * weight) * p.scale` for each of
+    /// `p.rows` rows of `p.dim` (weight and residual optional). Per-head q/k/v
+    /// norms are the same op with rows = tokens * heads and dim = head_dim.
+    fn rms_norm(
+        &self,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        residual: Option<&Self::Buffer>,
+        out: &Self::Buffer,
+        p: RmsNorm,
+    ) -> Result<()>;
+
+    // ---- dense projections ---------------------------------------------
+
+    /// `out[i, r] = sum_c w[r, c] * x[i, c]`: x `[m, k]`, w `[n, k]`, out `[m, n]`.
+    fn matmul(
+        &self,
+        w: &Self::Buffer,
+        x: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Matmul,
+    ) -> Result<()>;
+
+    // ---- mixture of experts ----------------------------------------------
+
+    /// Gemma 4 router for `p.m` tokens: no-weight RMSNorm of `x`, times
+    /// `eff_scale` (router.scale / sqrt(hidden), folded on the host), `proj`
+    /// GEMV to E logits, softmax, top-k, renormalise, times
+    /// `per_expert_scale[e]`. Writes `ids [m, k]` (u32) and `weights [m, k]`
+    /// (f32), each row ordered by descending weight.
+    #[allow(clippy::too_many_arguments)]
+    fn router(
+        &self,
+        x: &Self::Buffer,
+        eff_scale: &Self::Buffer,
+        proj: &Self::Buffer,
+        per_expert_scale: &Self::Buffer,
+        ids: &Self::Buffer,
+        weights: &Self::Buffer,
+        p: Router,
+    ) -> Result<()>;
+
+    /// MoE phase 1: for each token t and slot j with e = ids[t, j],
+    /// `act[t, j, :] = gelu_tanh(gate_e x_t) * (up_e x_t)`, gate and up being
+    /// rows `0..inter` and `inter..2*inter` of `gate_up[e]` (`[E, 2*inter, hidden]`).
+    fn moe_gate_up(
+        &self,
+        x: &Self::Buffer,
+        gate_up: &Self::Buffer,
+        ids: &Self::Buffer,
+        act: &Self::Buffer,
+        p: Moe,
+    ) -> Result<()>;
+
+    /// MoE phase 2: `out[t] = sum_j weights[t, j] * down_e act[t, j]` with
+    /// `down` `[E, hidden, inter]`.
+    fn moe_down(
+        &self,
+        act: &Self::Buffer,
+        down: &Self::Buffer,
+        ids: &Self::Buffer,
+        weights: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Moe,
+    ) -> Result<()>;
+
+    // ---- attention -------------------------------------------------------
+
+    /// NeoX RoPE in place on `x [m, heads * head_dim]`, row i at `positions[i]`:
+    /// dim d < head_dim/2 pairs with d + head_dim/2 and turns by
+    /// `pos * theta^(-2d/head_dim)` for d < `rot_pairs`; other dims pass through.
+    fn rope(&self, x: &Self::Buffer, positions: &Self::Buffer, p: Rope) -> Result<()>;
+
+    /// Write the `m` new keys/values (`[m, kv_heads * head_dim]`) into caches
+    /// laid out `[kv_heads, capacity, head_dim]`, position `pos` at slot
+    /// `pos % capacity` (a ring on sliding layers, linear on full layers).
+    #[allow(clippy::too_many_arguments)]
+    fn kv_append(
+        &self,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        positions: &Self::Buffer,
+        p: KvAppend,
+    ) -> Result<()>;
+
+    /// Attention of `m` queries (`q [m, heads * head_dim]`, query i at
+    /// `positions[i]`) over the cached keys at positions `lo..=pos`, where
+    /// `lo = pos + 1 - window` on sliding layers (window > 0) and 0 on full
+    /// layers; scores scaled by `p.scale`, GQA head h reads KV head
+    /// `h / (heads / kv_heads)`. Causal within a micro-batch follows from the
+    /// positions. Writes `out [m, heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        positions: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Attention,
+    ) -> Result<()>;
+
+    // ---- elementwise and glue --------------------------------------------
+
+    /// `out = a + b` over `n` elements.
+    fn add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &Self::Buffer, n: usize) -> Result<()>;
+    /// `out = x * s` over `n` elements.
+    fn scale(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, s: f32) -> Result<()>;
+    /// `out[r, i] = gelu_tanh(x[r, i]) * x[r, n + i]` for x `[rows, 2n]` (gate | up).
+    fn gelu_mul(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()>;
+    /// `out = cap * tanh(x / cap)` over `n` elements.
+    fn softcap(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, cap: f32) -> Result<()>;
+    /// `out[i] = table[ids[i]] * p.scale`; ids past the vocabulary are an error
+    /// caught on the host before upload (the kernel clamps to stay in bounds).
+    fn embed(
+        &self,
+        ids: &Self::Buffer,
+        table: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Embed,
+    ) -> Result<()>;
+    /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`.
+    fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()>;
+}

@@ -1,0 +1,111 @@
+//! Element types of device buffers.
+
+use std::fmt;
+
+/// Element type of a buffer. Activations are `F32`; weights may be stored as
+/// `BF16`, `F16` or `F32` and are decoded to f32 inside the kernels; `U32`
+/// holds token ids, positions and expert ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    U32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Whether this is one of the floating-point weight formats.
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::U32)
+    }
+
+    /// Lower-case name, as used in parity case names (`w=bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::U32 => "u32",
+        }
+    }
+
+    /// The safetensors spelling of this dtype.
+    pub fn from_safetensors(d: safetensors::Dtype) -> Option<DType> {
+        match d {
+            safetensors::Dtype::F32 => Some(DType::F32),
+            safetensors::Dtype::F16 => Some(DType::F16),
+            safetensors::Dtype::BF16 => Some(DType::BF16),
+            safetensors::Dtype::U32 => Some(DType::U32),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Decode element `i` of a little-endian float buffer of dtype `dtype` to f32.
+/// The one place the host decodes weights; kernels mirror it in WGSL.
+#[inline]
+pub fn decode_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ]),
+        // A bf16 is the high half of an f32: the decode is exact.
+        DType::BF16 => {
+            f32::from_bits((u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as u32) << 16)
+        }
+        DType::F16 => {
+            half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+        }
+        DType::U32 => u32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ]) as f32,
+    }
+}
+
+/// Encode f32 values into `dtype` bytes (round to nearest even for bf16/f16).
+pub fn encode_f32(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => bytemuck::cast_slice(values).to_vec(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        DType::U32 => values
+            .iter()
+            .flat_map(|&v| (v as u32).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// Round an f32 to the nearest value representable in `dtype`.
+pub fn round_to(dtype: DType, v: f32) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(v).to_f32(),
+        DType::F16 => half::f16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}

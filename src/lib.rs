@@ -1,0 +1,16 @@
+//! turbospark: Mixture-of-Experts language models (Gemma 4 first) on any GPU
+//! through wgpu, with a CPU reference backend every kernel is checked against.
+//!
+//! This crate holds the backend seam ([`ComputeBackend`]), the op parameters
+//! and their shape checks ([`ops`]), dtypes and errors, the parity harness
+//! ([`parity`]) and the model code, written once against the trait.
+
+pub mod backend;
+pub mod dtype;
+pub mod error;
+pub mod ops;
+pub mod rng;
+
+pub use backend::{BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, HostBytes, Support};
+pub use dtype::DType;
+pub use error::{Error, Result};

@@ -1,0 +1,470 @@
+//! Parameters of every op, and the shape checks both backends share.
+//!
+//! Each backend calls `validate_*` before recording anything, so a bad call
+//! fails identically everywhere with an error that names the argument.
+
+use crate::backend::DeviceBuffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// An op case, for [`crate::ComputeBackend::supports`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpKind {
+    RmsNorm,
+    Matmul { w: DType },
+    Router { w: DType },
+    MoeGateUp { w: DType },
+    MoeDown { w: DType },
+    Rope,
+    KvAppend,
+    Attention { head_dim: u32 },
+    Add,
+    Scale,
+    GeluMul,
+    Softcap,
+    Embed { w: DType },
+    Argmax,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNorm {
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+    /// Multiplies the result after the residual add (`layer_scalar`); 1.0 otherwise.
+    pub scale: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matmul {
+    /// Rows of x (tokens).
+    pub m: usize,
+    /// Output features (rows of w).
+    pub n: usize,
+    /// Input features (columns of w).
+    pub k: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Router {
+    pub m: usize,
+    pub hidden: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub eps: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    pub m: usize,
+    pub hidden: usize,
+    /// moe_intermediate_size.
+    pub inter: usize,
+    pub experts: usize,
+    pub top_k: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub m: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Number of rotated pairs (head_dim/2 for full rotation; Gemma 4's
+    /// proportional RoPE on full layers: head_dim/2 * partial_rotary_factor).
+    pub rot_pairs: usize,
+    pub theta: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvAppend {
+    pub m: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Slots per KV head in the cache.
+    pub capacity: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    pub m: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+    /// Sliding window (keys `pos+1-window ..= pos`); 0 for full attention.
+    pub window: usize,
+    pub scale: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Embed {
+    pub m: usize,
+    pub hidden: usize,
+    pub vocab: usize,
+    /// sqrt(hidden), rounded to the table's dtype (Gemma convention).
+    pub scale: f32,
+}
+
+/// Checks one buffer argument: dtype in `dtypes`, at least `need` elements.
+pub fn check_buf<B: DeviceBuffer>(
+    op: &'static str,
+    name: &str,
+    b: &B,
+    dtypes: &[DType],
+    need: usize,
+) -> Result<()> {
+    if !dtypes.contains(&b.dtype()) {
+        return Err(Error::shape(
+            op,
+            format!(
+                "`{name}` has dtype {}, expected one of {:?}",
+                b.dtype(),
+                dtypes
+            ),
+        ));
+    }
+    if b.len() < need {
+        return Err(Error::shape(
+            op,
+            format!("`{name}` holds {} elements, needs {need}", b.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a weight argument: a float dtype and exactly `need` elements.
+pub fn check_weight<B: DeviceBuffer>(
+    op: &'static str,
+    name: &str,
+    b: &B,
+    need: usize,
+) -> Result<()> {
+    check_buf(op, name, b, &FLOATS, need)?;
+    if b.len() != need {
+        return Err(Error::shape(
+            op,
+            format!(
+                "weight `{name}` holds {} elements, expected exactly {need}",
+                b.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+pub const F32: [DType; 1] = [DType::F32];
+pub const U32: [DType; 1] = [DType::U32];
+
+pub fn nonzero(op: &'static str, what: &[(&str, usize)]) -> Result<()> {
+    for (name, v) in what {
+        if *v == 0 {
+            return Err(Error::shape(op, format!("`{name}` must be positive")));
+        }
+    }
+    Ok(())
+}
+
+impl RmsNorm {
+    pub fn validate<B: DeviceBuffer>(
+        &self,
+        x: &B,
+        w: Option<&B>,
+        res: Option<&B>,
+        out: &B,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm";
+        nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
+        let n = self.rows * self.dim;
+        check_buf(OP, "x", x, &F32, n)?;
+        if let Some(w) = w {
+            check_buf(OP, "weight", w, &FLOATS, self.dim)?;
+        }
+        if let Some(r) = res {
+            check_buf(OP, "residual", r, &F32, n)?;
+        }
+        check_buf(OP, "out", out, &F32, n)
+    }
+}
+
+impl Matmul {
+    pub fn validate<B: DeviceBuffer>(&self, w: &B, x: &B, out: &B) -> Result<()> {
+        const OP: &str = "matmul";
+        nonzero(OP, &[("m", self.m), ("n", self.n), ("k", self.k)])?;
+        check_weight(OP, "w", w, self.n * self.k)?;
+        check_buf(OP, "x", x, &F32, self.m * self.k)?;
+        check_buf(OP, "out", out, &F32, self.m * self.n)
+    }
+}
+
+impl Router {
+    pub fn validate<B: DeviceBuffer>(
+        &self,
+        x: &B,
+        scale: &B,
+        proj: &B,
+        pes: &B,
+        ids: &B,
+        weights: &B,
+    ) -> Result<()> {
+        const OP: &str = "router";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("hidden", self.hidden),
+                ("experts", self.experts),
+                ("top_k", self.top_k),
+            ],
+        )?;
+        if self.top_k > self.experts || self.top_k > MAX_TOP_K || self.experts > MAX_EXPERTS {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "top_k {} of {} experts is outside the supported range (k <= {MAX_TOP_K}, E <= {MAX_EXPERTS}, k <= E)",
+                    self.top_k, self.experts
+                ),
+            ));
+        }
+        check_buf(OP, "x", x, &F32, self.m * self.hidden)?;
+        check_buf(OP, "eff_scale", scale, &F32, self.hidden)?;
+        check_weight(OP, "proj", proj, self.experts * self.hidden)?;
+        check_buf(OP, "per_expert_scale", pes, &F32, self.experts)?;
+        check_buf(OP, "ids", ids, &U32, self.m * self.top_k)?;
+        check_buf(OP, "weights", weights, &F32, self.m * self.top_k)
+    }
+}
+
+/// Largest expert count and top-k the router kernels handle.
+pub const MAX_EXPERTS: usize = 256;
+pub const MAX_TOP_K: usize = 8;
+
+impl Moe {
+    fn check_common(&self) -> Result<()> {
+        const OP: &str = "moe";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("hidden", self.hidden),
+                ("inter", self.inter),
+                ("experts", self.experts),
+                ("top_k", self.top_k),
+            ],
+        )?;
+        if self.top_k > self.experts || self.top_k > MAX_TOP_K || self.experts > MAX_EXPERTS {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "top_k {} of {} experts unsupported",
+                    self.top_k, self.experts
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn validate_gate_up<B: DeviceBuffer>(
+        &self,
+        x: &B,
+        gate_up: &B,
+        ids: &B,
+        act: &B,
+    ) -> Result<()> {
+        const OP: &str = "moe_gate_up";
+        self.check_common()?;
+        check_buf(OP, "x", x, &F32, self.m * self.hidden)?;
+        check_weight(
+            OP,
+            "gate_up",
+            gate_up,
+            self.experts * 2 * self.inter * self.hidden,
+        )?;
+        check_buf(OP, "ids", ids, &U32, self.m * self.top_k)?;
+        check_buf(OP, "act", act, &F32, self.m * self.top_k * self.inter)
+    }
+
+    pub fn validate_down<B: DeviceBuffer>(
+        &self,
+        act: &B,
+        down: &B,
+        ids: &B,
+        weights: &B,
+        out: &B,
+    ) -> Result<()> {
+        const OP: &str = "moe_down";
+        self.check_common()?;
+        check_buf(OP, "act", act, &F32, self.m * self.top_k * self.inter)?;
+        check_weight(OP, "down", down, self.experts * self.hidden * self.inter)?;
+        check_buf(OP, "ids", ids, &U32, self.m * self.top_k)?;
+        check_buf(OP, "weights", weights, &F32, self.m * self.top_k)?;
+        check_buf(OP, "out", out, &F32, self.m * self.hidden)
+    }
+}
+
+impl Rope {
+    pub fn validate<B: DeviceBuffer>(&self, x: &B, pos: &B) -> Result<()> {
+        const OP: &str = "rope";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("heads", self.heads),
+                ("head_dim", self.head_dim),
+            ],
+        )?;
+        if self.head_dim % 2 != 0 || self.rot_pairs > self.head_dim / 2 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "head_dim {} must be even and rot_pairs {} <= head_dim/2",
+                    self.head_dim, self.rot_pairs
+                ),
+            ));
+        }
+        check_buf(OP, "x", x, &F32, self.m * self.heads * self.head_dim)?;
+        check_buf(OP, "positions", pos, &U32, self.m)
+    }
+}
+
+impl KvAppend {
+    pub fn validate<B: DeviceBuffer>(&self, k: &B, v: &B, kc: &B, vc: &B, pos: &B) -> Result<()> {
+        const OP: &str = "kv_append";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("kv_heads", self.kv_heads),
+                ("head_dim", self.head_dim),
+                ("capacity", self.capacity),
+            ],
+        )?;
+        if self.m > self.capacity {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{} new entries do not fit a cache of {} slots",
+                    self.m, self.capacity
+                ),
+            ));
+        }
+        let row = self.kv_heads * self.head_dim;
+        check_buf(OP, "k", k, &F32, self.m * row)?;
+        check_buf(OP, "v", v, &F32, self.m * row)?;
+        check_buf(OP, "k_cache", kc, &F32, self.capacity * row)?;
+        check_buf(OP, "v_cache", vc, &F32, self.capacity * row)?;
+        check_buf(OP, "positions", pos, &U32, self.m)
+    }
+}
+
+/// Largest head_dim the attention kernels take.
+pub const MAX_HEAD_DIM: usize = 512;
+
+impl Attention {
+    pub fn validate<B: DeviceBuffer>(&self, q: &B, kc: &B, vc: &B, pos: &B, out: &B) -> Result<()> {
+        const OP: &str = "attention";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("heads", self.heads),
+                ("kv_heads", self.kv_heads),
+                ("head_dim", self.head_dim),
+                ("capacity", self.capacity),
+            ],
+        )?;
+        if self.heads % self.kv_heads != 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "heads {} not a multiple of kv_heads {}",
+                    self.heads, self.kv_heads
+                ),
+            ));
+        }
+        if self.head_dim > MAX_HEAD_DIM {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "head_dim {} over the supported {MAX_HEAD_DIM}",
+                    self.head_dim
+                ),
+            ));
+        }
+        let qn = self.m * self.heads * self.head_dim;
+        check_buf(OP, "q", q, &F32, qn)?;
+        check_buf(
+            OP,
+            "k_cache",
+            kc,
+            &F32,
+            self.capacity * self.kv_heads * self.head_dim,
+        )?;
+        check_buf(
+            OP,
+            "v_cache",
+            vc,
+            &F32,
+            self.capacity * self.kv_heads * self.head_dim,
+        )?;
+        check_buf(OP, "positions", pos, &U32, self.m)?;
+        check_buf(OP, "out", out, &F32, qn)
+    }
+}
+
+impl Embed {
+    pub fn validate<B: DeviceBuffer>(&self, ids: &B, table: &B, out: &B) -> Result<()> {
+        const OP: &str = "embed";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("hidden", self.hidden),
+                ("vocab", self.vocab),
+            ],
+        )?;
+        check_buf(OP, "ids", ids, &U32, self.m)?;
+        check_weight(OP, "table", table, self.vocab * self.hidden)?;
+        check_buf(OP, "out", out, &F32, self.m * self.hidden)
+    }
+}
+
+pub fn validate_binary<B: DeviceBuffer>(
+    op: &'static str,
+    a: &B,
+    b: &B,
+    out: &B,
+    n: usize,
+) -> Result<()> {
+    nonzero(op, &[("n", n)])?;
+    check_buf(op, "a", a, &F32, n)?;
+    check_buf(op, "b", b, &F32, n)?;
+    check_buf(op, "out", out, &F32, n)
+}
+
+pub fn validate_unary<B: DeviceBuffer>(op: &'static str, x: &B, out: &B, n: usize) -> Result<()> {
+    nonzero(op, &[("n", n)])?;
+    check_buf(op, "x", x, &F32, n)?;
+    check_buf(op, "out", out, &F32, n)
+}
+
+pub fn validate_gelu_mul<B: DeviceBuffer>(x: &B, out: &B, rows: usize, n: usize) -> Result<()> {
+    const OP: &str = "gelu_mul";
+    nonzero(OP, &[("rows", rows), ("n", n)])?;
+    check_buf(OP, "x", x, &F32, rows * 2 * n)?;
+    check_buf(OP, "out", out, &F32, rows * n)
+}
+
+pub fn validate_argmax<B: DeviceBuffer>(x: &B, out: &B, rows: usize, n: usize) -> Result<()> {
+    const OP: &str = "argmax";
+    nonzero(OP, &[("rows", rows), ("n", n)])?;
+    check_buf(OP, "x", x, &F32, rows * n)?;
+    check_buf(OP, "out", out, &U32, rows)
+}
+
+/// gelu with the tanh approximation (`gelu_pytorch_tanh`), in f32.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
