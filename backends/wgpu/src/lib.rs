@@ -1,1 +1,565 @@
-pub fn _x() {}
+//! turbospark's wgpu backend: the WGSL kernels of `kernels/` on Metal,
+//! Vulkan, DX12 (and Mesa's lavapipe in CI).
+//!
+//! Ops are recorded as dispatches into one open compute pass; `flush` ends the
+//! pass and submits, so a decode step is a single submit. Each op's uniform
+//! parameters go into a per-batch arena (one uniform buffer bound with dynamic
+//! offsets), so recording allocates no GPU memory.
+
+mod batch;
+mod buffer;
+mod device;
+pub mod kernels;
+mod ops;
+
+use std::sync::{Arc, Mutex};
+
+use turbospark::ops::{
+    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router,
+};
+use turbospark::{BackendInfo, ComputeBackend, DType, Error, HostBytes, Result, Support};
+
+pub use buffer::WgpuBuffer;
+pub use device::{list_adapters, AdapterSummary, WgpuOptions};
+
+use batch::Batch;
+use buffer::Chunk;
+
+/// Size of one parameter slot in the per-batch arena. Every op's parameter
+/// block fits; it is also a multiple of every adapter's uniform offset alignment.
+const PARAM_SLOT: u64 = 256;
+/// Slots per batch: a batch that would exceed it is flushed first.
+const PARAM_SLOTS: u64 = 4096;
+
+/// A wgpu device with turbospark's kernels.
+pub struct WgpuBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: BackendInfo,
+    limits: wgpu::Limits,
+    cache: kernels::Cache,
+    params_layout: wgpu::BindGroupLayout,
+    params_buffer: wgpu::Buffer,
+    params_group: wgpu::BindGroup,
+    batch: Mutex<Batch>,
+    /// Errors wgpu reported outside an error scope (validation, OOM, loss).
+    errors: Arc<Mutex<Vec<String>>>,
+    /// Scratch kept across calls, created on first use (e.g. attention split-K).
+    scratch: Mutex<ops::Scratch>,
+}
+
+impl WgpuBackend {
+    /// Open the preferred adapter (see [`WgpuOptions`]).
+    pub fn new(opts: &WgpuOptions) -> Result<Self> {
+        let o = device::open(opts)?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        o.device
+            .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(e.to_string());
+            }));
+        let lost = errors.clone();
+        o.device.set_device_lost_callback(move |reason, msg| {
+            lost.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!("device lost ({reason:?}): {msg}"));
+        });
+        let params_layout = o
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("params"),
+                entries: &[wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                }],
+            });
+        let params_buffer = o.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params arena"),
+            size: PARAM_SLOT * PARAM_SLOTS,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let params_group = o.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("params"),
+            layout: &params_layout,
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &params_buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(PARAM_SLOT),
+                }),
+            }],
+        });
+        Ok(WgpuBackend {
+            device: o.device,
+            queue: o.queue,
+            info: o.info,
+            limits: o.limits,
+            cache: kernels::Cache::default(),
+            params_layout,
+            params_buffer,
+            params_group,
+            batch: Mutex::new(Batch::default()),
+            errors,
+            scratch: Mutex::default(),
+        })
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// Turn errors wgpu reported asynchronously into a `Result`.
+    fn check_errors(&self) -> Result<()> {
+        let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let all = std::mem::take(&mut *errs).join("; ");
+        Err(if all.contains("device lost") {
+            Error::DeviceLost(all)
+        } else if all.to_lowercase().contains("out of memory") {
+            Error::OutOfMemory(all)
+        } else {
+            Error::Gpu(all)
+        })
+    }
+
+    fn create_buffer(
+        &self,
+        bytes: u64,
+        label: &str,
+        max_bytes: u64,
+        limit_name: &'static str,
+    ) -> Result<wgpu::Buffer> {
+        if bytes > max_bytes {
+            return Err(Error::DeviceLimit {
+                what: format!("buffer `{label}`"),
+                bytes,
+                limit: max_bytes,
+                limit_name,
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            // wgpu wants sizes in whole words; tensors of odd 16-bit counts are padded.
+            size: bytes.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::OutOfMemory(format!(
+                "buffer `{label}` of {bytes} bytes: {e}"
+            )));
+        }
+        Ok(b)
+    }
+
+    fn max_binding(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    fn single_buffer(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
+        let bytes = (len * dtype.size()) as u64;
+        let buffer = self.create_buffer(
+            bytes,
+            label,
+            self.max_binding(),
+            "max_storage_buffer_binding_size",
+        )?;
+        Ok(WgpuBuffer {
+            chunks: Arc::new(vec![Chunk {
+                buffer,
+                row_start: 0,
+                rows: 1,
+            }]),
+            dtype,
+            len,
+        })
+    }
+
+    fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        // queue.write_buffer wants whole words; pad the tail.
+        if bytes.len() % 4 == 0 {
+            self.queue.write_buffer(buf, offset, bytes);
+        } else {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(buf, offset, &v);
+        }
+    }
+
+    fn download_bytes(&self, buf: &WgpuBuffer) -> Result<Vec<u8>> {
+        let src = buf.single().ok_or_else(|| {
+            Error::shape("download", "cannot download a weight split across bindings")
+        })?;
+        self.flush()?;
+        let size = src.size();
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("download"),
+            });
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| Error::Gpu("map callback never ran".into()))?
+            .map_err(|e| Error::Gpu(format!("map_async: {e}")))?;
+        let data = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::Gpu(format!("mapped range: {e}")))?
+            .to_vec();
+        staging.unmap();
+        let nbytes = buf.len * buf.dtype.size();
+        Ok(data[..nbytes].to_vec())
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(format!("poll: {e}")))?;
+        self.check_errors()
+    }
+
+    /// The adapter's limits as wgpu reports them (for tools).
+    pub fn wgpu_limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+}
+
+/// Outputs must not alias inputs: wgpu cannot bind one buffer read-only and
+/// read-write in one dispatch.
+fn no_alias(op: &'static str, out: &WgpuBuffer, inputs: &[Option<&WgpuBuffer>]) -> Result<()> {
+    if inputs.iter().flatten().any(|i| i.same(out)) {
+        return Err(Error::shape(op, "output buffer aliases an input"));
+    }
+    Ok(())
+}
+
+impl ComputeBackend for WgpuBackend {
+    type Buffer = WgpuBuffer;
+
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn supports(&self, op: &OpKind) -> Support {
+        ops::supports(self, op)
+    }
+
+    fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
+        self.single_buffer(dtype, len, label)
+    }
+
+    fn upload(&self, dtype: DType, bytes: HostBytes<'_>, label: &str) -> Result<WgpuBuffer> {
+        let s = bytes.as_slice();
+        if s.len() % dtype.size() != 0 {
+            return Err(Error::shape(
+                "upload",
+                format!(
+                    "`{label}`: {} bytes is not a whole number of {dtype}",
+                    s.len()
+                ),
+            ));
+        }
+        let b = self.single_buffer(dtype, s.len() / dtype.size(), label)?;
+        self.write_bytes(&b.chunks[0].buffer, 0, s);
+        Ok(b)
+    }
+
+    fn upload_weight(
+        &self,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: HostBytes<'_>,
+        label: &str,
+    ) -> Result<WgpuBuffer> {
+        let s = bytes.as_slice();
+        let row_bytes = cols * dtype.size();
+        if s.len() != rows * row_bytes || rows == 0 || cols == 0 {
+            return Err(Error::shape(
+                "upload_weight",
+                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
+            ));
+        }
+        // Rows per chunk: as many as one binding holds, kept even so every
+        // chunk starts on a whole 32-bit word for 16-bit weights.
+        let per = ((self.max_binding() as usize / row_bytes) & !1)
+            .max(1)
+            .min(rows);
+        if (per * row_bytes) as u64 > self.max_binding() {
+            return Err(Error::DeviceLimit {
+                what: format!("one row of weight `{label}`"),
+                bytes: row_bytes as u64,
+                limit: self.max_binding(),
+                limit_name: "max_storage_buffer_binding_size",
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let n = per.min(rows - r);
+            let name = if n == rows {
+                label.to_string()
+            } else {
+                format!("{label}[rows {r}..{}]", r + n)
+            };
+            let buffer = self.create_buffer(
+                (n * row_bytes) as u64,
+                &name,
+                self.max_binding(),
+                "max_storage_buffer_binding_size",
+            )?;
+            self.write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
+            chunks.push(Chunk {
+                buffer,
+                row_start: r,
+                rows: n,
+            });
+            r += n;
+        }
+        Ok(WgpuBuffer {
+            chunks: Arc::new(chunks),
+            dtype,
+            len: rows * cols,
+        })
+    }
+
+    fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
+        v::check_buf("write_f32", "buf", buf, &v::F32, offset + data.len())?;
+        // Ops recorded earlier must see the old contents: submit them first.
+        self.flush()?;
+        self.write_bytes(
+            buf.single().expect("activations are one buffer"),
+            (offset * 4) as u64,
+            bytemuck::cast_slice(data),
+        );
+        Ok(())
+    }
+
+    fn write_u32(&self, buf: &WgpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
+        v::check_buf("write_u32", "buf", buf, &v::U32, offset + data.len())?;
+        self.flush()?;
+        self.write_bytes(
+            buf.single().expect("id buffers are one buffer"),
+            (offset * 4) as u64,
+            bytemuck::cast_slice(data),
+        );
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        b.submit(self);
+        drop(b);
+        self.check_errors()
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.flush()?;
+        self.wait()
+    }
+
+    fn download_f32(&self, buf: &WgpuBuffer) -> Result<Vec<f32>> {
+        v::check_buf("download_f32", "buf", buf, &v::F32, 0)?;
+        Ok(bytemuck::pod_collect_to_vec(&self.download_bytes(buf)?))
+    }
+
+    fn download_u32(&self, buf: &WgpuBuffer) -> Result<Vec<u32>> {
+        v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
+        Ok(bytemuck::pod_collect_to_vec(&self.download_bytes(buf)?))
+    }
+
+    fn rms_norm(
+        &self,
+        x: &WgpuBuffer,
+        w: Option<&WgpuBuffer>,
+        res: Option<&WgpuBuffer>,
+        out: &WgpuBuffer,
+        p: RmsNorm,
+    ) -> Result<()> {
+        p.validate(x, w, res, out)?;
+        no_alias("rms_norm", out, &[Some(x), w, res])?;
+        ops::norm::rms_norm(self, x, w, res, out, p)
+    }
+
+    fn matmul(&self, w: &WgpuBuffer, x: &WgpuBuffer, out: &WgpuBuffer, p: Matmul) -> Result<()> {
+        p.validate(w, x, out)?;
+        no_alias("matmul", out, &[Some(w), Some(x)])?;
+        ops::matmul::matmul(self, w, x, out, p)
+    }
+
+    fn router(
+        &self,
+        x: &WgpuBuffer,
+        scale: &WgpuBuffer,
+        proj: &WgpuBuffer,
+        pes: &WgpuBuffer,
+        ids: &WgpuBuffer,
+        wts: &WgpuBuffer,
+        p: Router,
+    ) -> Result<()> {
+        p.validate(x, scale, proj, pes, ids, wts)?;
+        no_alias(
+            "router",
+            ids,
+            &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
+        )?;
+        no_alias(
+            "router",
+            wts,
+            &[Some(x), Some(scale), Some(proj), Some(pes)],
+        )?;
+        ops::moe::router(self, x, scale, proj, pes, ids, wts, p)
+    }
+
+    fn moe_gate_up(
+        &self,
+        x: &WgpuBuffer,
+        gate_up: &WgpuBuffer,
+        ids: &WgpuBuffer,
+        act: &WgpuBuffer,
+        p: Moe,
+    ) -> Result<()> {
+        p.validate_gate_up(x, gate_up, ids, act)?;
+        no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
+        ops::moe::moe_gate_up(self, x, gate_up, ids, act, p)
+    }
+
+    fn moe_down(
+        &self,
+        act: &WgpuBuffer,
+        down: &WgpuBuffer,
+        ids: &WgpuBuffer,
+        wts: &WgpuBuffer,
+        out: &WgpuBuffer,
+        p: Moe,
+    ) -> Result<()> {
+        p.validate_down(act, down, ids, wts, out)?;
+        no_alias(
+            "moe_down",
+            out,
+            &[Some(act), Some(down), Some(ids), Some(wts)],
+        )?;
+        ops::moe::moe_down(self, act, down, ids, wts, out, p)
+    }
+
+    fn rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
+        p.validate(x, positions)?;
+        no_alias("rope", x, &[Some(positions)])?;
+        ops::attention::rope(self, x, positions, p)
+    }
+
+    fn kv_append(
+        &self,
+        k: &WgpuBuffer,
+        vb: &WgpuBuffer,
+        kc: &WgpuBuffer,
+        vc: &WgpuBuffer,
+        positions: &WgpuBuffer,
+        p: KvAppend,
+    ) -> Result<()> {
+        p.validate(k, vb, kc, vc, positions)?;
+        no_alias(
+            "kv_append",
+            kc,
+            &[Some(k), Some(vb), Some(vc), Some(positions)],
+        )?;
+        no_alias("kv_append", vc, &[Some(k), Some(vb), Some(positions)])?;
+        ops::attention::kv_append(self, k, vb, kc, vc, positions, p)
+    }
+
+    fn attention(
+        &self,
+        q: &WgpuBuffer,
+        kc: &WgpuBuffer,
+        vc: &WgpuBuffer,
+        positions: &WgpuBuffer,
+        out: &WgpuBuffer,
+        p: Attention,
+    ) -> Result<()> {
+        p.validate(q, kc, vc, positions, out)?;
+        no_alias(
+            "attention",
+            out,
+            &[Some(q), Some(kc), Some(vc), Some(positions)],
+        )?;
+        ops::attention::attention(self, q, kc, vc, positions, out, p)
+    }
+
+    fn add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
+        v::validate_binary("add", a, b, out, n)?;
+        no_alias("add", out, &[Some(a), Some(b)])?;
+        ops::elementwise::add(self, a, b, out, n)
+    }
+
+    fn scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
+        v::validate_unary("scale", x, out, n)?;
+        no_alias("scale", out, &[Some(x)])?;
+        ops::elementwise::scale(self, x, out, n, s)
+    }
+
+    fn gelu_mul(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
+        v::validate_gelu_mul(x, out, rows, n)?;
+        no_alias("gelu_mul", out, &[Some(x)])?;
+        ops::elementwise::gelu_mul(self, x, out, rows, n)
+    }
+
+    fn softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
+        v::validate_unary("softcap", x, out, n)?;
+        no_alias("softcap", out, &[Some(x)])?;
+        ops::elementwise::softcap(self, x, out, n, cap)
+    }
+
+    fn embed(
+        &self,
+        ids: &WgpuBuffer,
+        table: &WgpuBuffer,
+        out: &WgpuBuffer,
+        p: Embed,
+    ) -> Result<()> {
+        p.validate(ids, table, out)?;
+        no_alias("embed", out, &[Some(ids), Some(table)])?;
+        ops::elementwise::embed(self, ids, table, out, p)
+    }
+
+    fn argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
+        v::validate_argmax(x, out, rows, n)?;
+        no_alias("argmax", out, &[Some(x)])?;
+        ops::elementwise::argmax(self, x, out, rows, n)
+    }
+}

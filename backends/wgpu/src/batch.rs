@@ -1,0 +1,127 @@
+//! Recording dispatches into one compute pass and submitting them together.
+
+use turbospark::Result;
+
+use crate::kernels::PipelineKey;
+use crate::{WgpuBackend, PARAM_SLOT, PARAM_SLOTS};
+
+/// The batch being recorded: one encoder, one open compute pass, and the
+/// parameter blocks of its dispatches (written to the arena at submit).
+#[derive(Default)]
+pub(crate) struct Batch {
+    pass: Option<wgpu::ComputePass<'static>>,
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u8>,
+    /// Dispatches recorded and submits made since the backend opened.
+    pub dispatches: u64,
+    pub submits: u64,
+}
+
+impl Batch {
+    /// End the pass and submit what was recorded (nothing if empty).
+    pub fn submit(&mut self, be: &WgpuBackend) {
+        // The pass must end before its encoder can finish.
+        drop(self.pass.take());
+        if let Some(enc) = self.encoder.take() {
+            if !self.params.is_empty() {
+                be.queue.write_buffer(&be.params_buffer, 0, &self.params);
+                self.params.clear();
+            }
+            be.queue.submit([enc.finish()]);
+            self.submits += 1;
+        }
+    }
+}
+
+/// One dispatch of a kernel entry point.
+pub(crate) struct Launch<'a> {
+    pub kernel: &'static str,
+    pub entry: &'static str,
+    /// Override constants (e.g. `WDTYPE`).
+    pub constants: &'a [(&'static str, i64)],
+    /// The uniform parameter block (`@group(0) @binding(0)`), at most 256 bytes.
+    pub params: &'a [u8],
+    /// `@group(1)` storage bindings in order, with read-only flags.
+    pub buffers: &'a [(&'a wgpu::Buffer, bool)],
+    pub groups: [u32; 3],
+}
+
+impl WgpuBackend {
+    /// Record one dispatch into the current batch.
+    pub(crate) fn launch(&self, l: Launch<'_>) -> Result<()> {
+        debug_assert!(l.params.len() as u64 <= PARAM_SLOT);
+        let key = PipelineKey {
+            kernel: l.kernel,
+            entry: l.entry,
+            constants: l.constants.to_vec(),
+            access: l.buffers.iter().map(|(_, ro)| *ro).collect(),
+        };
+        let pipe = self.cache.get(&self.device, &self.params_layout, &key)?;
+        let entries: Vec<wgpu::BindGroupEntry> = l
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, (b, _))| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(l.entry),
+            layout: &pipe.storage_layout,
+            entries: &entries,
+        });
+        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        if b.params.len() as u64 + PARAM_SLOT > PARAM_SLOT * PARAM_SLOTS {
+            b.submit(self);
+        }
+        let offset = b.params.len() as u32;
+        b.params.extend_from_slice(l.params);
+        b.params.resize(offset as usize + PARAM_SLOT as usize, 0);
+        if b.encoder.is_none() {
+            b.encoder = Some(
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("turbospark batch"),
+                    }),
+            );
+        }
+        if b.pass.is_none() {
+            let pass = b
+                .encoder
+                .as_mut()
+                .expect("encoder created above")
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("turbospark ops"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            b.pass = Some(pass);
+        }
+        let pass = b.pass.as_mut().expect("pass begun above");
+        pass.set_pipeline(&pipe.pipeline);
+        pass.set_bind_group(0, &self.params_group, &[offset]);
+        pass.set_bind_group(1, &bind, &[]);
+        pass.dispatch_workgroups(l.groups[0], l.groups[1], l.groups[2]);
+        b.dispatches += 1;
+        Ok(())
+    }
+
+    /// Spread `n` workgroups over x and y so no dimension passes the device
+    /// limit; kernels recover the linear id with `linear_group(wg, nwg)`.
+    pub(crate) fn grid(&self, n: u32) -> [u32; 3] {
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1);
+        if n <= max {
+            [n.max(1), 1, 1]
+        } else {
+            [max, n.div_ceil(max), 1]
+        }
+    }
+
+    /// Dispatches recorded and submits made so far (for tools and tests that
+    /// check a decode step is one submit).
+    pub fn counters(&self) -> (u64, u64) {
+        let b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        (b.dispatches, b.submits)
+    }
+}

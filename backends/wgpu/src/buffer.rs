@@ -1,0 +1,51 @@
+//! Device buffers. A weight may be split by rows across several wgpu buffers
+//! when it is larger than one storage binding (the 1.48 GB tied LM head on
+//! lavapipe's 128 MiB or a small Mac's binding limit).
+
+use std::sync::Arc;
+
+use turbospark::{DType, DeviceBuffer};
+
+/// One wgpu buffer holding rows `row_start .. row_start + rows` of a tensor.
+#[derive(Debug)]
+pub struct Chunk {
+    pub buffer: wgpu::Buffer,
+    pub row_start: usize,
+    pub rows: usize,
+}
+
+/// A turbospark buffer on a wgpu device. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct WgpuBuffer {
+    pub(crate) chunks: Arc<Vec<Chunk>>,
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+}
+
+impl DeviceBuffer for WgpuBuffer {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl WgpuBuffer {
+    /// The single wgpu buffer of an unsplit tensor.
+    pub(crate) fn single(&self) -> Option<&wgpu::Buffer> {
+        match self.chunks.as_slice() {
+            [c] => Some(&c.buffer),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn same(&self, other: &WgpuBuffer) -> bool {
+        Arc::ptr_eq(&self.chunks, &other.chunks)
+    }
+
+    /// Total bytes on the device (padded to 4-byte words).
+    pub fn device_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.buffer.size()).sum()
+    }
+}

@@ -1,0 +1,158 @@
+//! Adapter choice and device creation.
+
+use turbospark::backend::{BackendInfo, Features, Limits};
+use turbospark::{DeviceType, Error, Result};
+
+/// How to pick the adapter.
+#[derive(Clone, Debug, Default)]
+pub struct WgpuOptions {
+    /// Case-insensitive substring of the adapter name (`"llvmpipe"`, `"H200"`).
+    /// Defaults to the `TURBOSPARK_ADAPTER` environment variable.
+    pub adapter: Option<String>,
+}
+
+/// What an adapter is, for listings (`turbospark info`).
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub api: String,
+    pub device_type: DeviceType,
+    pub driver: String,
+}
+
+fn device_type(t: wgpu::DeviceType) -> DeviceType {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => DeviceType::DiscreteGpu,
+        wgpu::DeviceType::IntegratedGpu => DeviceType::IntegratedGpu,
+        wgpu::DeviceType::VirtualGpu => DeviceType::VirtualGpu,
+        wgpu::DeviceType::Cpu => DeviceType::SoftwareGpu,
+        wgpu::DeviceType::Other => DeviceType::Other,
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    // WGPU_BACKEND (e.g. `vulkan`, `metal`) narrows the APIs searched.
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+    wgpu::Instance::new(desc)
+}
+
+fn summary(a: &wgpu::Adapter) -> AdapterSummary {
+    let i = a.get_info();
+    AdapterSummary {
+        name: i.name.clone(),
+        api: format!("{:?}", i.backend),
+        device_type: device_type(i.device_type),
+        driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
+    }
+}
+
+/// Every adapter wgpu finds on this machine.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(summary)
+        .collect()
+}
+
+/// Preference among adapters: real GPUs first, then software ones; native
+/// APIs over GL.
+fn rank(a: &wgpu::Adapter) -> (u32, u32) {
+    let i = a.get_info();
+    let t = match i.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    };
+    let api = match i.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (t, api)
+}
+
+pub(crate) struct Opened {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: BackendInfo,
+    pub limits: wgpu::Limits,
+}
+
+pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
+    let inst = instance();
+    let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+    let wanted = opts
+        .adapter
+        .clone()
+        .or_else(|| std::env::var("TURBOSPARK_ADAPTER").ok());
+    let mut candidates: Vec<&wgpu::Adapter> = adapters
+        .iter()
+        .filter(|a| {
+            a.get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+        })
+        .filter(|a| match &wanted {
+            Some(w) => a.get_info().name.to_lowercase().contains(&w.to_lowercase()),
+            None => true,
+        })
+        .collect();
+    candidates.sort_by_key(|a| rank(a));
+    let adapter = match candidates.first() {
+        Some(a) => *a,
+        None => {
+            let seen: Vec<String> = adapters
+                .iter()
+                .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
+                .collect();
+            return Err(Error::NoAdapter(match wanted {
+                Some(w) => format!("no compute-capable adapter matches {w:?}; found: [{}]", seen.join(", ")),
+                None if seen.is_empty() => "wgpu found no adapter (on Linux without a GPU install Mesa's lavapipe: apt-get install mesa-vulkan-drivers libvulkan1)".into(),
+                None => format!("no compute-capable adapter among [{}]", seen.join(", ")),
+            }));
+        }
+    };
+    let ainfo = adapter.get_info();
+    let afeat = adapter.features();
+    // Ask for what helps and the adapter has; kernels never require it.
+    let wanted_features =
+        wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
+    let required_features = afeat & wanted_features;
+    let limits = adapter.limits();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("turbospark"),
+        required_features,
+        required_limits: limits.clone(),
+        ..Default::default()
+    }))
+    .map_err(|e| Error::Gpu(format!("request_device on {}: {e}", ainfo.name)))?;
+    let info = BackendInfo {
+        backend: "wgpu".into(),
+        device_name: ainfo.name.clone(),
+        api: format!("{:?}", ainfo.backend),
+        device_type: device_type(ainfo.device_type),
+        driver: format!("{} {}", ainfo.driver, ainfo.driver_info)
+            .trim()
+            .to_string(),
+        features: Features {
+            shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
+            subgroups: required_features.contains(wgpu::Features::SUBGROUP),
+            subgroup_min_size: ainfo.subgroup_min_size,
+            subgroup_max_size: ainfo.subgroup_max_size,
+            timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        },
+        limits: Limits {
+            max_binding_bytes: limits.max_storage_buffer_binding_size,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+        },
+    };
+    Ok(Opened {
+        device,
+        queue,
+        info,
+        limits,
+    })
+}

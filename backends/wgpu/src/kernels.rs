@@ -1,0 +1,174 @@
+//! The WGSL kernels, embedded at build time, and the compiled-pipeline cache.
+//!
+//! Every kernel file is compiled with `kernels/common.wgsl` prepended (shared
+//! helpers: weight decoding, gelu, grid indexing). Bindings follow one
+//! convention: `@group(0) @binding(0)` is the op's uniform parameter block
+//! (bound with a dynamic offset into a per-batch arena), `@group(1)
+//! @binding(i)` are the storage buffers in the launcher's order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use turbospark::{DType, Error, Result};
+
+pub const COMMON: &str = include_str!("../../../kernels/common.wgsl");
+
+/// `(name, source)` of every kernel family file in `kernels/`.
+pub const KERNELS: &[(&str, &str)] = &[
+    ("rmsnorm", include_str!("../../../kernels/rmsnorm.wgsl")),
+    (
+        "elementwise",
+        include_str!("../../../kernels/elementwise.wgsl"),
+    ),
+    ("embed", include_str!("../../../kernels/embed.wgsl")),
+    ("argmax", include_str!("../../../kernels/argmax.wgsl")),
+    ("matmul", include_str!("../../../kernels/matmul.wgsl")),
+    ("router", include_str!("../../../kernels/router.wgsl")),
+    ("moe", include_str!("../../../kernels/moe.wgsl")),
+    ("rope", include_str!("../../../kernels/rope.wgsl")),
+    ("kv_cache", include_str!("../../../kernels/kv_cache.wgsl")),
+    ("attention", include_str!("../../../kernels/attention.wgsl")),
+];
+
+/// The full WGSL text of a kernel family (common prelude + file).
+pub fn source(name: &str) -> Option<String> {
+    KERNELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| format!("{COMMON}\n{s}"))
+}
+
+/// Value of the `WDTYPE` override constant for a weight dtype.
+pub fn wdtype_code(d: DType) -> f64 {
+    match d {
+        DType::F32 => 0.0,
+        DType::F16 => 1.0,
+        DType::BF16 => 2.0,
+        DType::U32 => 3.0,
+    }
+}
+
+/// Identifies one compiled pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct PipelineKey {
+    pub kernel: &'static str,
+    pub entry: &'static str,
+    /// Override constants, as (name, value) with value in integer form.
+    pub constants: Vec<(&'static str, i64)>,
+    /// Access of each group-1 binding: true = read-only.
+    pub access: Vec<bool>,
+}
+
+pub(crate) struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub storage_layout: wgpu::BindGroupLayout,
+}
+
+/// Compiled modules by family and pipelines by key, built on first use and
+/// kept (Metal has no pipeline cache object in wgpu).
+#[derive(Default)]
+pub(crate) struct Cache {
+    modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
+}
+
+impl Cache {
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        params_layout: &wgpu::BindGroupLayout,
+        key: &PipelineKey,
+    ) -> Result<Arc<Pipeline>> {
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+        {
+            return Ok(p.clone());
+        }
+        let module = self.module(device, key.kernel)?;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = key
+            .access
+            .iter()
+            .enumerate()
+            .map(|(i, &read_only)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let label = format!("{}::{}", key.kernel, key.entry);
+        let storage_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &entries,
+        });
+        let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(&label),
+            bind_group_layouts: &[Some(params_layout), Some(&storage_layout)],
+            immediate_size: 0,
+        });
+        let constants: Vec<(&str, f64)> =
+            key.constants.iter().map(|(n, v)| (*n, *v as f64)).collect();
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Gpu(format!("pipeline {label}: {e}")));
+        }
+        let p = Arc::new(Pipeline {
+            pipeline,
+            storage_layout,
+        });
+        self.pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), p.clone());
+        Ok(p)
+    }
+
+    fn module(
+        &self,
+        device: &wgpu::Device,
+        kernel: &'static str,
+    ) -> Result<Arc<wgpu::ShaderModule>> {
+        if let Some(m) = self
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(kernel)
+        {
+            return Ok(m.clone());
+        }
+        let src =
+            source(kernel).ok_or_else(|| Error::Gpu(format!("no kernel family named {kernel}")))?;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(kernel),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Gpu(format!("kernels/{kernel}.wgsl: {e}")));
+        }
+        let m = Arc::new(m);
+        self.modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kernel, m.clone());
+        Ok(m)
+    }
+}

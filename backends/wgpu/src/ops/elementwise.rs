@@ -1,0 +1,178 @@
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::Embed;
+use turbospark::Result;
+
+use crate::batch::Launch;
+use crate::{WgpuBackend, WgpuBuffer};
+
+/// Parameter block shared by the elementwise, embed and argmax kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n: u32,
+    rows: u32,
+    s: f32,
+    vocab: u32,
+}
+
+fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
+    b.single().expect("activations are one buffer")
+}
+
+fn flat(
+    be: &WgpuBackend,
+    entry: &'static str,
+    a: &WgpuBuffer,
+    b: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Params,
+) -> Result<()> {
+    be.launch(Launch {
+        kernel: "elementwise",
+        entry,
+        constants: &[],
+        params: bytemuck::bytes_of(&p),
+        buffers: &[(one(a), true), (one(b), true), (one(out), false)],
+        groups: be.grid(p.n.div_ceil(256)),
+    })
+}
+
+pub(crate) fn add(
+    be: &WgpuBackend,
+    a: &WgpuBuffer,
+    b: &WgpuBuffer,
+    out: &WgpuBuffer,
+    n: usize,
+) -> Result<()> {
+    flat(
+        be,
+        "add",
+        a,
+        b,
+        out,
+        Params {
+            n: n as u32,
+            rows: 1,
+            s: 0.0,
+            vocab: 0,
+        },
+    )
+}
+
+pub(crate) fn scale(
+    be: &WgpuBackend,
+    x: &WgpuBuffer,
+    out: &WgpuBuffer,
+    n: usize,
+    s: f32,
+) -> Result<()> {
+    flat(
+        be,
+        "scale",
+        x,
+        x,
+        out,
+        Params {
+            n: n as u32,
+            rows: 1,
+            s,
+            vocab: 0,
+        },
+    )
+}
+
+pub(crate) fn gelu_mul(
+    be: &WgpuBackend,
+    x: &WgpuBuffer,
+    out: &WgpuBuffer,
+    rows: usize,
+    n: usize,
+) -> Result<()> {
+    flat(
+        be,
+        "gelu_mul",
+        x,
+        x,
+        out,
+        Params {
+            n: (rows * n) as u32,
+            rows: rows as u32,
+            s: 0.0,
+            vocab: n as u32,
+        },
+    )
+}
+
+pub(crate) fn softcap(
+    be: &WgpuBackend,
+    x: &WgpuBuffer,
+    out: &WgpuBuffer,
+    n: usize,
+    cap: f32,
+) -> Result<()> {
+    flat(
+        be,
+        "softcap",
+        x,
+        x,
+        out,
+        Params {
+            n: n as u32,
+            rows: 1,
+            s: cap,
+            vocab: 0,
+        },
+    )
+}
+
+pub(crate) fn embed(
+    be: &WgpuBackend,
+    ids: &WgpuBuffer,
+    table: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Embed,
+) -> Result<()> {
+    let t = table.single().ok_or_else(|| {
+        turbospark::Error::shape(
+            "embed",
+            "embedding table is split across bindings; the gather reads one binding",
+        )
+    })?;
+    let params = Params {
+        n: p.hidden as u32,
+        rows: p.m as u32,
+        s: p.scale,
+        vocab: p.vocab as u32,
+    };
+    be.launch(Launch {
+        kernel: "embed",
+        entry: "embed",
+        constants: &super::wdtype(table.dtype),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(ids), true), (t, true), (one(out), false)],
+        groups: be.grid(p.m as u32),
+    })
+}
+
+pub(crate) fn argmax(
+    be: &WgpuBackend,
+    x: &WgpuBuffer,
+    out: &WgpuBuffer,
+    rows: usize,
+    n: usize,
+) -> Result<()> {
+    let params = Params {
+        n: n as u32,
+        rows: rows as u32,
+        s: 0.0,
+        vocab: 0,
+    };
+    be.launch(Launch {
+        kernel: "argmax",
+        entry: "argmax",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(x), true), (one(out), false)],
+        groups: be.grid(rows as u32),
+    })
+}

@@ -1,0 +1,49 @@
+//! Launchers: one module per kernel family. Each binds buffers, fills the
+//! parameter block and dispatches; shape checks happened in the trait impl.
+
+pub(crate) mod attention;
+pub(crate) mod elementwise;
+pub(crate) mod matmul;
+pub(crate) mod moe;
+pub(crate) mod norm;
+
+use turbospark::ops::OpKind;
+use turbospark::{DType, Support};
+
+use crate::WgpuBackend;
+
+/// Backend-owned scratch, created on first use and grown as needed.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub attention: Option<crate::WgpuBuffer>,
+    pub route: Option<crate::WgpuBuffer>,
+}
+
+pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
+    match op {
+        OpKind::Matmul { w }
+        | OpKind::Router { w }
+        | OpKind::MoeGateUp { w }
+        | OpKind::MoeDown { w }
+        | OpKind::Embed { w }
+            if *w == DType::U32 =>
+        {
+            Support::No("weights must be f32, f16 or bf16".into())
+        }
+        OpKind::Attention { head_dim } if *head_dim as usize > turbospark::ops::MAX_HEAD_DIM => {
+            Support::No(format!(
+                "head_dim {head_dim} over {}",
+                turbospark::ops::MAX_HEAD_DIM
+            ))
+        }
+        _ => {
+            let _ = be;
+            Support::Yes
+        }
+    }
+}
+
+/// `WDTYPE` override for a weight buffer.
+pub(crate) fn wdtype(d: DType) -> [(&'static str, i64); 1] {
+    [("WDTYPE", crate::kernels::wdtype_code(d) as i64)]
+}

@@ -1,0 +1,58 @@
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::RmsNorm;
+use turbospark::Result;
+
+use crate::batch::Launch;
+use crate::{WgpuBackend, WgpuBuffer};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    scale: f32,
+    has_weight: u32,
+    has_residual: u32,
+}
+
+/// One workgroup per row. Absent weight/residual bind `x` in their place
+/// (read-only, never read) so the entry point has one layout.
+pub(crate) fn rms_norm(
+    be: &WgpuBackend,
+    x: &WgpuBuffer,
+    w: Option<&WgpuBuffer>,
+    res: Option<&WgpuBuffer>,
+    out: &WgpuBuffer,
+    p: RmsNorm,
+) -> Result<()> {
+    let xb = x.single().expect("activations are one buffer");
+    let wb = w
+        .map(|w| w.single().expect("norm weights are one buffer"))
+        .unwrap_or(xb);
+    let rb = res
+        .map(|r| r.single().expect("activations are one buffer"))
+        .unwrap_or(xb);
+    let params = Params {
+        rows: p.rows as u32,
+        dim: p.dim as u32,
+        eps: p.eps,
+        scale: p.scale,
+        has_weight: w.is_some() as u32,
+        has_residual: res.is_some() as u32,
+    };
+    let wd = w.map(|w| w.dtype).unwrap_or(turbospark::DType::F32);
+    be.launch(Launch {
+        kernel: "rmsnorm",
+        entry: "rms_norm",
+        constants: &super::wdtype(wd),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (xb, true),
+            (wb, true),
+            (rb, true),
+            (out.single().expect("activations are one buffer"), false),
+        ],
+        groups: be.grid(p.rows as u32),
+    })
+}

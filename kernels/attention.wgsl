@@ -1,0 +1,1 @@
+// attention kernels: see the family's launcher in backends/wgpu/src/ops/.

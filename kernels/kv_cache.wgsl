@@ -1,0 +1,1 @@
+// kv_cache kernels: see the family's launcher in backends/wgpu/src/ops/.

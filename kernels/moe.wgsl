@@ -1,0 +1,1 @@
+// moe kernels: see the family's launcher in backends/wgpu/src/ops/.
