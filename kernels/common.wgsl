@@ -13,6 +13,23 @@ fn linear_group(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wg.x + wg.y * nwg.x;
 }
 
+// An IEEE half (low 16 bits of `h`) to f32, exactly, with integer ops only
+// (unpack2x16float needs a capability not every backend grants).
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        // zero or subnormal: m * 2^-24
+        let v = f32(m) * 5.9604644775390625e-8;
+        return select(v, -v, sign != 0u);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
 // Element `i` of a weight stored as words, given the word that holds it.
 // A bf16 is the high half of an f32, so its decode is a shift.
 fn decode_weight(word: u32, i: u32) -> f32 {
@@ -21,8 +38,7 @@ fn decode_weight(word: u32, i: u32) -> f32 {
     }
     let hi = (i & 1u) == 1u;
     if (WDTYPE == 1u) {
-        let pair = unpack2x16float(word);
-        return select(pair.x, pair.y, hi);
+        return f16_to_f32(select(word & 0xffffu, word >> 16u, hi));
     }
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, hi));
 }
@@ -35,7 +51,7 @@ fn weight_word(i: u32) -> u32 {
 // Both elements of a 16-bit word as f32 (low index first).
 fn decode_pair(word: u32) -> vec2<f32> {
     if (WDTYPE == 1u) {
-        return unpack2x16float(word);
+        return vec2<f32>(f16_to_f32(word & 0xffffu), f16_to_f32(word >> 16u));
     }
     return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
 }

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod dtype;
 pub mod error;
 pub mod ops;
+pub mod parity;
 pub mod rng;
 
 pub use backend::{BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, HostBytes, Support};

@@ -468,3 +468,12 @@ pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
 }
+
+/// RoPE inverse frequencies `1 / theta^(2i / head_dim)` for the rotated pairs,
+/// computed in f32 the way transformers does. Both backends use this one
+/// table, so positions far into a long context turn by identical angles.
+pub fn rope_inv_freq(theta: f32, head_dim: usize, rot_pairs: usize) -> Vec<f32> {
+    (0..rot_pairs)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}

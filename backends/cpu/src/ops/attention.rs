@@ -1,20 +1,20 @@
-use turbospark::ops::{Attention, KvAppend, Rope};
+use turbospark::ops::{rope_inv_freq, Attention, KvAppend, Rope};
 use turbospark::{Error, Result};
 
 use super::dot;
 
 /// NeoX RoPE in place: dim d pairs with d + D/2 and turns by
-/// `pos * theta^(-2d/D)` for d < rot_pairs (the exponent divides by the full
+/// `pos * inv_freq[d]` (see `rope_inv_freq`) for d < rot_pairs (the exponent divides by the full
 /// head_dim, also for Gemma 4's proportional RoPE); other dims pass through.
 pub fn rope(x: &mut [f32], positions: &[u32], p: Rope) {
     let (d, half) = (p.head_dim, p.head_dim / 2);
+    let inv_freq = rope_inv_freq(p.theta, d, p.rot_pairs);
     for t in 0..p.m {
         let pos = positions[t] as f32;
         for h in 0..p.heads {
             let v = &mut x[(t * p.heads + h) * d..(t * p.heads + h + 1) * d];
-            for i in 0..p.rot_pairs {
-                let inv_freq = p.theta.powf(-2.0 * i as f32 / d as f32);
-                let (s, c) = (pos * inv_freq).sin_cos();
+            for (i, f) in inv_freq.iter().enumerate() {
+                let (s, c) = (pos * f).sin_cos();
                 let (a, b) = (v[i], v[i + half]);
                 v[i] = a * c - b * s;
                 v[i + half] = b * c + a * s;

@@ -1,0 +1,238 @@
+//! The case lists: one family of cases per op. Shapes come from Gemma 4
+//! 26B-A4B (hidden 2816, dense inter 2112, 128 experts top-8 at 704, head_dim
+//! 256 sliding / 512 full), with fewer experts or keys where a CI run on
+//! lavapipe needs it, plus odd sizes that are not multiples of any
+//! workgroup width, and M in {1, 2, 5, 16}.
+
+use super::Op;
+use crate::ops::{Attention, Embed, KvAppend, Matmul, Moe, RmsNorm, Rope, Router};
+use crate::DType::{BF16, F16, F32};
+
+const EPS: f32 = 1e-6;
+
+fn rms_norm() -> Vec<Op> {
+    let c = |rows, dim, weight, residual, scale| Op::RmsNorm {
+        p: RmsNorm {
+            rows,
+            dim,
+            eps: EPS,
+            scale,
+        },
+        weight,
+        residual,
+    };
+    vec![
+        c(1, 2816, Some(BF16), false, 1.0),
+        c(5, 2816, Some(F32), true, 0.7),
+        c(16 * 16, 256, Some(BF16), false, 1.0), // q_norm over a micro-batch
+        c(2 * 2, 512, None, false, 1.0),         // v_norm, full layer
+        c(3, 1001, Some(F16), true, 1.3),
+    ]
+}
+
+fn matmul(full: bool) -> Vec<Op> {
+    let c = |m, n, k, w| Op::Matmul {
+        p: Matmul { m, n, k },
+        w,
+    };
+    let mut v = vec![
+        c(1, 2 * 2112, 2816, BF16), // dense gate|up
+        c(16, 2816, 2112, BF16),    // dense down, micro-batch
+        c(1, 16 * 256, 2816, BF16), // q_proj, sliding
+        c(2, 2816, 16 * 512, BF16), // o_proj, full
+        c(5, 1001, 777, F16),
+        c(2, 333, 129, F32),
+        // Larger than lavapipe's 128 MiB binding: split across bindings.
+        c(2, 24001, 2816, BF16),
+    ];
+    if full {
+        v.push(c(1, 262144, 2816, BF16)); // tied LM head
+        v.push(c(16, 262144, 2816, BF16));
+    }
+    v
+}
+
+fn router(full: bool) -> Vec<Op> {
+    let c = |m, experts, top_k, hidden, w| Op::Router {
+        p: Router {
+            m,
+            hidden,
+            experts,
+            top_k,
+            eps: EPS,
+        },
+        w,
+    };
+    let mut v = vec![
+        c(1, 128, 8, 2816, BF16),
+        c(16, 128, 8, 2816, BF16),
+        c(5, 37, 3, 1001, F32),
+        c(2, 256, 8, 512, F16),
+    ];
+    if full {
+        v.push(c(2, 128, 8, 2816, BF16));
+    }
+    v
+}
+
+fn moe(full: bool) -> Vec<Op> {
+    let shapes = {
+        let mut s = vec![
+            (1, 9, 8, 2816, 704, BF16),
+            (16, 16, 8, 1024, 704, BF16),
+            (5, 7, 3, 1001, 37, F16),
+            (2, 4, 2, 64, 24, F32),
+        ];
+        if full {
+            s.push((1, 128, 8, 2816, 704, BF16));
+            s.push((16, 128, 8, 2816, 704, BF16));
+        }
+        s
+    };
+    let mut v = Vec::new();
+    for (m, experts, top_k, hidden, inter, w) in shapes {
+        let p = Moe {
+            m,
+            hidden,
+            inter,
+            experts,
+            top_k,
+        };
+        v.push(Op::MoeGateUp { p, w });
+        v.push(Op::MoeDown { p, w });
+    }
+    v
+}
+
+fn rope() -> Vec<Op> {
+    let c = |m, heads, head_dim, rot_pairs, theta| Op::Rope {
+        p: Rope {
+            m,
+            heads,
+            head_dim,
+            rot_pairs,
+            theta,
+        },
+    };
+    vec![
+        c(1, 16, 256, 128, 1e4),
+        c(16, 2, 512, 64, 1e6), // proportional, full layer keys
+        c(5, 3, 64, 32, 1e4),
+        c(2, 8, 256, 128, 1e4),
+    ]
+}
+
+fn kv_append() -> Vec<Op> {
+    let c = |m, kv_heads, head_dim, capacity, pos0| Op::KvAppend {
+        p: KvAppend {
+            m,
+            kv_heads,
+            head_dim,
+            capacity,
+        },
+        pos0,
+    };
+    vec![
+        c(1, 8, 256, 1039, 5000), // sliding ring, wrapped
+        c(16, 2, 512, 64, 30),
+        c(5, 1, 64, 7, 3), // wraps inside the batch
+    ]
+}
+
+fn attention(full: bool) -> Vec<Op> {
+    let c = |m, heads, kv_heads, head_dim, capacity, window, pos0| Op::Attention {
+        p: Attention {
+            m,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            window,
+            scale: 1.0,
+        },
+        pos0,
+    };
+    let mut v = vec![
+        c(1, 16, 8, 256, 1039, 1024, 3000), // sliding decode over a wrapped ring
+        c(1, 16, 2, 512, 4096, 0, 4000),    // full decode, split over key blocks
+        c(16, 16, 8, 256, 1039, 1024, 2000), // sliding prefill micro-batch
+        c(5, 16, 2, 512, 64, 0, 20),
+        c(2, 4, 1, 64, 10, 4, 12),
+        c(1, 3, 3, 32, 5, 0, 0), // first token
+    ];
+    if full {
+        v.push(c(1, 16, 2, 512, 32768, 0, 32767));
+        v.push(c(1, 16, 8, 256, 1039, 1024, 32767));
+    }
+    v
+}
+
+fn glue() -> Vec<Op> {
+    vec![
+        Op::Add { n: 5 * 2816 + 3 },
+        Op::Scale {
+            n: 2816 * 2 + 1,
+            s: 0.73,
+        },
+        Op::GeluMul { rows: 5, n: 2112 },
+        Op::GeluMul { rows: 1, n: 37 },
+        Op::Softcap {
+            n: 262144 + 7,
+            cap: 30.0,
+        },
+        Op::Embed {
+            p: Embed {
+                m: 5,
+                hidden: 2816,
+                vocab: 3001,
+                scale: 53.0,
+            },
+            w: BF16,
+        },
+        Op::Embed {
+            p: Embed {
+                m: 1,
+                hidden: 64,
+                vocab: 512,
+                scale: 8.0,
+            },
+            w: F32,
+        },
+        Op::Embed {
+            p: Embed {
+                m: 2,
+                hidden: 33,
+                vocab: 77,
+                scale: 5.75,
+            },
+            w: F16,
+        },
+        Op::Argmax { rows: 1, n: 262144 },
+        Op::Argmax { rows: 5, n: 1001 },
+    ]
+}
+
+fn cases(full: bool) -> Vec<Op> {
+    [
+        rms_norm(),
+        matmul(full),
+        router(full),
+        moe(full),
+        rope(),
+        kv_append(),
+        attention(full),
+        glue(),
+    ]
+    .concat()
+}
+
+/// The suite `cargo test` runs: sized for lavapipe on two cores.
+pub fn ci_cases() -> Vec<Op> {
+    cases(false)
+}
+
+/// The CI suite plus the full-size shapes (128 experts, the 262144-row LM
+/// head, 32K contexts), for real GPUs.
+pub fn all_cases() -> Vec<Op> {
+    cases(true)
+}

@@ -1,0 +1,203 @@
+//! Judging a device's outputs against the reference's.
+
+use super::{HostTensor, Op, OutSpec, GUARD};
+use crate::dtype::decode_f32;
+
+type Verdict = Result<f64, (f64, String)>;
+
+/// NMSE = sum((a - b)^2) / sum(a^2), in f64, `a` the reference.
+pub fn nmse(reference: &[f32], device: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&a, &b) in reference.iter().zip(device) {
+        num += (a as f64 - b as f64).powi(2);
+        den += (a as f64).powi(2);
+    }
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
+}
+
+fn f32s(t: &HostTensor) -> &[f32] {
+    match t {
+        HostTensor::F32(v) => v,
+        _ => &[],
+    }
+}
+
+fn u32s(t: &HostTensor) -> &[u32] {
+    match t {
+        HostTensor::U32(v) => v,
+        _ => &[],
+    }
+}
+
+/// Guard regions must still hold the poison, and every element must be
+/// finite (or an infinity the reference has too).
+fn check_written(op: &Op, r: &[HostTensor], d: &[HostTensor]) -> Result<(), String> {
+    for (j, spec) in op.outputs().iter().enumerate() {
+        let n = match spec {
+            OutSpec::F32(n) | OutSpec::U32(n) | OutSpec::InPlace(_, n) => *n,
+        };
+        match (&r[j], &d[j]) {
+            (HostTensor::F32(rv), HostTensor::F32(dv)) => {
+                if dv.len() < n + GUARD {
+                    return Err(format!(
+                        "output {j}: read back {} elements, expected {}",
+                        dv.len(),
+                        n + GUARD
+                    ));
+                }
+                if let Some(i) = dv[n..n + GUARD].iter().position(|v| !v.is_nan()) {
+                    return Err(format!(
+                        "output {j}: wrote past its end (guard element {i} is {})",
+                        dv[n + i]
+                    ));
+                }
+                for i in 0..n {
+                    let (a, b) = (rv[i], dv[i]);
+                    if b.is_nan() {
+                        return Err(format!(
+                            "output {j}: NaN at element {i} (unwritten or computed; reference {a})"
+                        ));
+                    }
+                    if b.is_infinite() && a != b {
+                        return Err(format!("output {j}: {b} at element {i}, reference {a}"));
+                    }
+                }
+            }
+            (HostTensor::U32(_), HostTensor::U32(dv)) => {
+                if let Some(i) = dv[n..n + GUARD].iter().position(|&v| v != u32::MAX) {
+                    return Err(format!(
+                        "output {j}: wrote past its end (guard element {i} is {})",
+                        dv[n + i]
+                    ));
+                }
+                if let Some(i) = dv[..n].iter().position(|&v| v == u32::MAX) {
+                    return Err(format!("output {j}: element {i} never written"));
+                }
+            }
+            _ => return Err(format!("output {j}: dtype differs between backends")),
+        }
+    }
+    Ok(())
+}
+
+/// Router logits in f64 from the case's inputs, to tell ties from errors.
+fn router_logits(inputs: &[HostTensor], p: &crate::ops::Router, t: usize) -> Vec<f64> {
+    let x = &f32s(&inputs[0])[t * p.hidden..(t + 1) * p.hidden];
+    let scale = f32s(&inputs[1]);
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / p.hidden as f64;
+    let inv = 1.0 / (ms + p.eps as f64).sqrt();
+    let HostTensor::Weight { dtype, bytes, .. } = &inputs[2] else {
+        return vec![];
+    };
+    (0..p.experts)
+        .map(|e| {
+            (0..p.hidden)
+                .map(|i| {
+                    decode_f32(*dtype, bytes, e * p.hidden + i) as f64
+                        * x[i] as f64
+                        * inv
+                        * scale[i] as f64
+                })
+                .sum()
+        })
+        .collect()
+}
+
+fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
+    let Op::Router { p, .. } = op else {
+        unreachable!()
+    };
+    let (ri, di) = (u32s(&r[0]), u32s(&d[0]));
+    let (rw, dw) = (f32s(&r[1]), f32s(&d[1]));
+    let k = p.top_k;
+    let mut sorted_r = Vec::new();
+    let mut sorted_d = Vec::new();
+    for t in 0..p.m {
+        let mut rs: Vec<u32> = ri[t * k..(t + 1) * k].to_vec();
+        let mut ds: Vec<u32> = di[t * k..(t + 1) * k].to_vec();
+        rs.sort_unstable();
+        ds.sort_unstable();
+        if rs != ds {
+            // Accept only a tie at the k-th place: every expert in one set but
+            // not the other must sit at the boundary logit.
+            let logits = router_logits(inputs, p, t);
+            let mut order: Vec<f64> = logits.clone();
+            order.sort_by(|a, b| b.total_cmp(a));
+            let boundary = order[k - 1];
+            let tol = 1e-5 * boundary.abs().max(1.0);
+            let differing = rs
+                .iter()
+                .filter(|e| !ds.contains(e))
+                .chain(ds.iter().filter(|e| !rs.contains(e)));
+            for &e in differing {
+                if (logits[e as usize] - boundary).abs() > tol {
+                    return Err((
+                        f64::INFINITY,
+                        format!(
+                            "token {t}: experts {ds:?}, reference {rs:?} (expert {e} is no tie)"
+                        ),
+                    ));
+                }
+            }
+            continue;
+        }
+        let mut a: Vec<f32> = rw[t * k..(t + 1) * k].to_vec();
+        let mut b: Vec<f32> = dw[t * k..(t + 1) * k].to_vec();
+        a.sort_by(|x, y| x.total_cmp(y));
+        b.sort_by(|x, y| x.total_cmp(y));
+        sorted_r.extend(a);
+        sorted_d.extend(b);
+    }
+    let e = nmse(&sorted_r, &sorted_d);
+    if e > op.limit() {
+        return Err((e, format!("weights NMSE {e:.3e} over {:.0e}", op.limit())));
+    }
+    Ok(e)
+}
+
+fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
+    let Op::Argmax { rows, n } = op else {
+        unreachable!()
+    };
+    let x = f32s(&inputs[0]);
+    for row in 0..*rows {
+        let (a, b) = (u32s(&r[0])[row] as usize, u32s(&d[0])[row] as usize);
+        if a != b && (b >= *n || x[row * n + a] != x[row * n + b]) {
+            return Err((
+                f64::INFINITY,
+                format!("row {row}: argmax {b}, reference {a}"),
+            ));
+        }
+    }
+    Ok(0.0)
+}
+
+/// The verdict on one case: the worst NMSE, or the failure.
+pub fn judge(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
+    check_written(op, r, d).map_err(|m| (f64::INFINITY, m))?;
+    match op {
+        Op::Router { .. } => return judge_router(op, inputs, r, d),
+        Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
+        _ => {}
+    }
+    let mut worst = 0f64;
+    for (j, spec) in op.outputs().iter().enumerate() {
+        let n = match spec {
+            OutSpec::F32(n) | OutSpec::InPlace(_, n) => *n,
+            OutSpec::U32(_) => continue,
+        };
+        let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
+        worst = worst.max(e);
+        if e > op.limit() {
+            return Err((
+                e,
+                format!("output {j}: NMSE {e:.3e} over the limit {:.0e}", op.limit()),
+            ));
+        }
+    }
+    Ok(worst)
+}

@@ -1,0 +1,360 @@
+//! One parity case: an op with its parameters, how to make its inputs and
+//! how to record it on any backend.
+
+use super::{HostTensor, OutSpec};
+use crate::backend::ComputeBackend;
+use crate::dtype::encode_f32;
+use crate::ops::{Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router};
+use crate::rng::Rng;
+use crate::{DType, Result};
+
+/// An op case. Inputs come first in `inputs()`; `record` receives the
+/// uploaded inputs and the fresh output buffers in `outputs()` order.
+#[derive(Clone, Debug)]
+pub enum Op {
+    RmsNorm {
+        p: RmsNorm,
+        weight: Option<DType>,
+        residual: bool,
+    },
+    Matmul {
+        p: Matmul,
+        w: DType,
+    },
+    Router {
+        p: Router,
+        w: DType,
+    },
+    MoeGateUp {
+        p: Moe,
+        w: DType,
+    },
+    MoeDown {
+        p: Moe,
+        w: DType,
+    },
+    Rope {
+        p: Rope,
+    },
+    /// Appends m entries at positions `pos0..pos0+m` into random caches.
+    KvAppend {
+        p: KvAppend,
+        pos0: usize,
+    },
+    /// m queries at positions `pos0..pos0+m` over random full caches.
+    Attention {
+        p: Attention,
+        pos0: usize,
+    },
+    Add {
+        n: usize,
+    },
+    Scale {
+        n: usize,
+        s: f32,
+    },
+    GeluMul {
+        rows: usize,
+        n: usize,
+    },
+    Softcap {
+        n: usize,
+        cap: f32,
+    },
+    Embed {
+        p: Embed,
+        w: DType,
+    },
+    Argmax {
+        rows: usize,
+        n: usize,
+    },
+}
+
+fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, std: f32) -> HostTensor {
+    let v = rng.vec_normal(rows * cols, std);
+    HostTensor::Weight {
+        dtype,
+        rows,
+        cols,
+        bytes: encode_f32(dtype, &v),
+    }
+}
+
+/// Distinct expert ids per token.
+fn expert_ids(rng: &mut Rng, m: usize, k: usize, e: usize) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(m * k);
+    for _ in 0..m {
+        let mut chosen: Vec<u32> = Vec::new();
+        while chosen.len() < k {
+            let c = rng.below(e as u64) as u32;
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+        }
+        ids.extend(chosen);
+    }
+    ids
+}
+
+impl Op {
+    /// The family the case belongs to (one WGSL kernel family).
+    pub fn family(&self) -> &'static str {
+        match self {
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Matmul { .. } => "matmul",
+            Op::Router { .. } => "router",
+            Op::MoeGateUp { .. } => "moe_gate_up",
+            Op::MoeDown { .. } => "moe_down",
+            Op::Rope { .. } => "rope",
+            Op::KvAppend { .. } => "kv_append",
+            Op::Attention { .. } => "attention",
+            Op::Add { .. } => "add",
+            Op::Scale { .. } => "scale",
+            Op::GeluMul { .. } => "gelu_mul",
+            Op::Softcap { .. } => "softcap",
+            Op::Embed { .. } => "embed",
+            Op::Argmax { .. } => "argmax",
+        }
+    }
+
+    /// Printable, filterable name: `moe_down(e=128,k=8,hidden=2816,inter=704,m=1,w=bf16)`.
+    pub fn name(&self) -> String {
+        let f = self.family();
+        match self {
+            Op::RmsNorm {
+                p,
+                weight,
+                residual,
+            } => format!(
+                "{f}(rows={},dim={},w={},residual={},scale={})",
+                p.rows,
+                p.dim,
+                weight.map(|d| d.name()).unwrap_or("none"),
+                residual,
+                p.scale
+            ),
+            Op::Matmul { p, w } => format!("{f}(m={},n={},k={},w={w})", p.m, p.n, p.k),
+            Op::Router { p, w } => format!(
+                "{f}(e={},k={},hidden={},m={},w={w})",
+                p.experts, p.top_k, p.hidden, p.m
+            ),
+            Op::MoeGateUp { p, w } | Op::MoeDown { p, w } => format!(
+                "{f}(e={},k={},hidden={},inter={},m={},w={w})",
+                p.experts, p.top_k, p.hidden, p.inter, p.m
+            ),
+            Op::Rope { p } => format!(
+                "{f}(m={},heads={},head_dim={},rot_pairs={},theta={})",
+                p.m, p.heads, p.head_dim, p.rot_pairs, p.theta
+            ),
+            Op::KvAppend { p, pos0 } => format!(
+                "{f}(m={},kv_heads={},head_dim={},capacity={},pos0={pos0})",
+                p.m, p.kv_heads, p.head_dim, p.capacity
+            ),
+            Op::Attention { p, pos0 } => format!(
+                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0})",
+                p.m, p.heads, p.kv_heads, p.head_dim, p.capacity, p.window
+            ),
+            Op::Add { n } => format!("{f}(n={n})"),
+            Op::Scale { n, s } => format!("{f}(n={n},s={s})"),
+            Op::GeluMul { rows, n } => format!("{f}(rows={rows},n={n})"),
+            Op::Softcap { n, cap } => format!("{f}(n={n},cap={cap})"),
+            Op::Embed { p, w } => {
+                format!("{f}(m={},hidden={},vocab={},w={w})", p.m, p.hidden, p.vocab)
+            }
+            Op::Argmax { rows, n } => format!("{f}(rows={rows},n={n})"),
+        }
+    }
+
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::RmsNorm { .. } => OpKind::RmsNorm,
+            Op::Matmul { w, .. } => OpKind::Matmul { w: *w },
+            Op::Router { w, .. } => OpKind::Router { w: *w },
+            Op::MoeGateUp { w, .. } => OpKind::MoeGateUp { w: *w },
+            Op::MoeDown { w, .. } => OpKind::MoeDown { w: *w },
+            Op::Rope { .. } => OpKind::Rope,
+            Op::KvAppend { .. } => OpKind::KvAppend,
+            Op::Attention { p, .. } => OpKind::Attention {
+                head_dim: p.head_dim as u32,
+            },
+            Op::Add { .. } => OpKind::Add,
+            Op::Scale { .. } => OpKind::Scale,
+            Op::GeluMul { .. } => OpKind::GeluMul,
+            Op::Softcap { .. } => OpKind::Softcap,
+            Op::Embed { w, .. } => OpKind::Embed { w: *w },
+            Op::Argmax { .. } => OpKind::Argmax,
+        }
+    }
+
+    /// NMSE limit. Both sides compute in f32 from identical inputs, so the
+    /// only differences are summation order and transcendental precision:
+    /// copies are exact, single-rounding ops sit near f32 epsilon squared,
+    /// reductions over k terms grow like k * eps^2.
+    pub fn limit(&self) -> f64 {
+        match self {
+            // Pure data movement and one multiply: bit-exact.
+            Op::Add { .. } | Op::Scale { .. } | Op::Embed { .. } | Op::KvAppend { .. } => 0.0,
+            // One tanh (a few ulp on GPUs) per element.
+            Op::GeluMul { .. } | Op::Softcap { .. } => 1e-11,
+            Op::RmsNorm { .. } => 1e-11,
+            // sin/cos of angles up to ~1e5 rad after range reduction.
+            Op::Rope { .. } => 1e-9,
+            // Dot products of thousands of terms, reordered.
+            Op::Matmul { .. } | Op::Router { .. } | Op::MoeGateUp { .. } | Op::MoeDown { .. } => {
+                1e-9
+            }
+            // Softmax over up to thousands of keys, split and recombined.
+            Op::Attention { .. } => 1e-9,
+            Op::Argmax { .. } => 0.0,
+        }
+    }
+
+    /// Fresh random inputs (never zeros) for this case.
+    pub fn inputs(&self, rng: &mut Rng) -> Vec<HostTensor> {
+        match self {
+            Op::RmsNorm {
+                p,
+                weight,
+                residual,
+            } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![HostTensor::F32(rng.vec_normal(n, 1.5))];
+                if let Some(d) = weight {
+                    let w = rng.vec_range(p.dim, 0.2, 1.8);
+                    v.push(HostTensor::Weight {
+                        dtype: *d,
+                        rows: 1,
+                        cols: p.dim,
+                        bytes: encode_f32(*d, &w),
+                    });
+                }
+                if *residual {
+                    v.push(HostTensor::F32(rng.vec_normal(n, 1.0)));
+                }
+                v
+            }
+            Op::Matmul { p, w } => vec![
+                weight(rng, *w, p.n, p.k, 1.0 / (p.k as f32).sqrt()),
+                HostTensor::F32(rng.vec_normal(p.m * p.k, 1.0)),
+            ],
+            Op::Router { p, w } => vec![
+                HostTensor::F32(rng.vec_normal(p.m * p.hidden, 2.0)),
+                HostTensor::F32(
+                    rng.vec_range(p.hidden, 0.5, 1.5)
+                        .iter()
+                        .map(|s| s / (p.hidden as f32).sqrt())
+                        .collect(),
+                ),
+                weight(rng, *w, p.experts, p.hidden, 1.0),
+                HostTensor::F32(rng.vec_range(p.experts, 0.5, 1.5)),
+            ],
+            Op::MoeGateUp { p, w } => vec![
+                HostTensor::F32(rng.vec_normal(p.m * p.hidden, 1.0)),
+                weight(
+                    rng,
+                    *w,
+                    p.experts * 2 * p.inter,
+                    p.hidden,
+                    1.0 / (p.hidden as f32).sqrt(),
+                ),
+                HostTensor::U32(expert_ids(rng, p.m, p.top_k, p.experts)),
+            ],
+            Op::MoeDown { p, w } => vec![
+                HostTensor::F32(rng.vec_normal(p.m * p.top_k * p.inter, 1.0)),
+                weight(
+                    rng,
+                    *w,
+                    p.experts * p.hidden,
+                    p.inter,
+                    1.0 / (p.inter as f32).sqrt(),
+                ),
+                HostTensor::U32(expert_ids(rng, p.m, p.top_k, p.experts)),
+                HostTensor::F32(rng.vec_range(p.m * p.top_k, 0.05, 1.0)),
+            ],
+            Op::Rope { p } => vec![
+                HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 1.0)),
+                HostTensor::U32((0..p.m).map(|_| rng.below(40_000) as u32).collect()),
+            ],
+            Op::KvAppend { p, pos0 } => {
+                let row = p.kv_heads * p.head_dim;
+                vec![
+                    HostTensor::F32(rng.vec_normal(p.m * row, 1.0)),
+                    HostTensor::F32(rng.vec_normal(p.m * row, 1.0)),
+                    HostTensor::F32(rng.vec_normal(p.capacity * row, 1.0)),
+                    HostTensor::F32(rng.vec_normal(p.capacity * row, 1.0)),
+                    HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
+                ]
+            }
+            Op::Attention { p, pos0 } => {
+                let cache = p.capacity * p.kv_heads * p.head_dim;
+                vec![
+                    HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 0.25)),
+                    HostTensor::F32(rng.vec_normal(cache, 0.25)),
+                    HostTensor::F32(rng.vec_normal(cache, 1.0)),
+                    HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
+                ]
+            }
+            Op::Add { n } => vec![
+                HostTensor::F32(rng.vec_normal(*n, 1.0)),
+                HostTensor::F32(rng.vec_normal(*n, 1.0)),
+            ],
+            Op::Scale { n, .. } => vec![HostTensor::F32(rng.vec_normal(*n, 1.0))],
+            Op::GeluMul { rows, n } => vec![HostTensor::F32(rng.vec_normal(rows * 2 * n, 2.0))],
+            Op::Softcap { n, cap } => vec![HostTensor::F32(rng.vec_normal(*n, 2.0 * cap))],
+            Op::Embed { p, w } => vec![
+                HostTensor::U32((0..p.m).map(|_| rng.below(p.vocab as u64) as u32).collect()),
+                weight(rng, *w, p.vocab, p.hidden, 1.0),
+            ],
+            Op::Argmax { rows, n } => vec![HostTensor::F32(rng.vec_normal(rows * n, 3.0))],
+        }
+    }
+
+    pub fn outputs(&self) -> Vec<OutSpec> {
+        match self {
+            Op::RmsNorm { p, .. } => vec![OutSpec::F32(p.rows * p.dim)],
+            Op::Matmul { p, .. } => vec![OutSpec::F32(p.m * p.n)],
+            Op::Router { p, .. } => vec![OutSpec::U32(p.m * p.top_k), OutSpec::F32(p.m * p.top_k)],
+            Op::MoeGateUp { p, .. } => vec![OutSpec::F32(p.m * p.top_k * p.inter)],
+            Op::MoeDown { p, .. } => vec![OutSpec::F32(p.m * p.hidden)],
+            Op::Rope { p } => vec![OutSpec::InPlace(0, p.m * p.heads * p.head_dim)],
+            Op::KvAppend { p, .. } => {
+                let n = p.capacity * p.kv_heads * p.head_dim;
+                vec![OutSpec::InPlace(2, n), OutSpec::InPlace(3, n)]
+            }
+            Op::Attention { p, .. } => vec![OutSpec::F32(p.m * p.heads * p.head_dim)],
+            Op::Add { n } | Op::Scale { n, .. } | Op::Softcap { n, .. } => vec![OutSpec::F32(*n)],
+            Op::GeluMul { rows, n } => vec![OutSpec::F32(rows * n)],
+            Op::Embed { p, .. } => vec![OutSpec::F32(p.m * p.hidden)],
+            Op::Argmax { rows, .. } => vec![OutSpec::U32(*rows)],
+        }
+    }
+
+    /// Record the op on `b` with uploaded inputs and fresh outputs.
+    pub fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()> {
+        match self {
+            Op::RmsNorm {
+                p,
+                weight,
+                residual,
+            } => {
+                let w = weight.map(|_| &i[1]);
+                let r = residual.then(|| &i[if weight.is_some() { 2 } else { 1 }]);
+                b.rms_norm(&i[0], w, r, &o[0], *p)
+            }
+            Op::Matmul { p, .. } => b.matmul(&i[0], &i[1], &o[0], *p),
+            Op::Router { p, .. } => b.router(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], *p),
+            Op::MoeGateUp { p, .. } => b.moe_gate_up(&i[0], &i[1], &i[2], &o[0], *p),
+            Op::MoeDown { p, .. } => b.moe_down(&i[0], &i[1], &i[2], &i[3], &o[0], *p),
+            Op::Rope { p } => b.rope(&i[0], &i[1], *p),
+            Op::KvAppend { p, .. } => b.kv_append(&i[0], &i[1], &i[2], &i[3], &i[4], *p),
+            Op::Attention { p, .. } => b.attention(&i[0], &i[1], &i[2], &i[3], &o[0], *p),
+            Op::Add { n } => b.add(&i[0], &i[1], &o[0], *n),
+            Op::Scale { n, s } => b.scale(&i[0], &o[0], *n, *s),
+            Op::GeluMul { rows, n } => b.gelu_mul(&i[0], &o[0], *rows, *n),
+            Op::Softcap { n, cap } => b.softcap(&i[0], &o[0], *n, *cap),
+            Op::Embed { p, .. } => b.embed(&i[0], &i[1], &o[0], *p),
+            Op::Argmax { rows, n } => b.argmax(&i[0], &o[0], *rows, *n),
+        }
+    }
+}
