@@ -148,10 +148,10 @@ fn apair(i: u32) -> vec2<f32> {
     return vec2<f32>(A[i], A[i + 1u]);
 }
 
-// Sum red_a / red_b over the 32 lanes of each team (into lane 0).
-fn reduce_lanes(lid: u32, lane: u32) {
+// Sum red_a / red_b over the `width` lanes of each team (into lane 0).
+fn reduce_lanes(lid: u32, lane: u32, width: u32) {
     workgroupBarrier();
-    for (var s = L / 2u; s > 0u; s >>= 1u) {
+    for (var s = width / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
             red_a[lid] += red_a[lid + s];
             red_b[lid] += red_b[lid + s];
@@ -255,7 +255,7 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         red_a[lid] = ag;
         red_b[lid] = au;
-        reduce_lanes(lid, lane);
+        reduce_lanes(lid, lane, L);
         if (lane == 0u && i < n) {
             let gs = red_a[lid];
             let us = red_b[lid];
@@ -268,6 +268,20 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // ---- phase 2 -------------------------------------------------------------------
+//
+// Workgroup g: output rows (g % nrb) * 4 .. + 4 of tokens (g / nrb) * 16 ..
+// + 16, one row per team of 64 lanes. A team walks the row of every expert
+// slot as one flat run of (slot, unit) indices, 8 units in flight per lane,
+// so the k experts' loads overlap instead of following one another. Each
+// unit of a down row is read once and applied to all of the slot's pairs in
+// the token group: acc[token] += WTS[p] * (row . ACT[p]), in registers.
+
+const L2: u32 = 64u;  // lanes per team (phase 2)
+const T2: u32 = 4u;   // teams (rows) per workgroup (phase 2)
+
+var<workgroup> sl_row: array<u32, 256>;  // first weight row of slot s's expert
+var<workgroup> sl_cnt: array<u32, 256>;  // pairs of slot s (0: invalid expert)
+var<workgroup> sl_off: array<u32, 256>;  // offset of slot s's pairs
 
 fn add_token(a: ptr<function, array<vec4<f32>, 4>>, tt: u32, v: f32) {
     let oh = select(vec4<f32>(0.0), vec4<f32>(v), vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(tt & 3u));
@@ -279,10 +293,49 @@ fn add_token(a: ptr<function, array<vec4<f32>, 4>>, tt: u32, v: f32) {
     }
 }
 
-// Workgroup g: output rows (g % nrb) * 8 .. + 8 of tokens (g / nrb) * 16 ..
-// + 16. Loops over every expert slot; each down row is read once and applied
-// to all of the slot's pairs in the token group, accumulating
-// WTS[p] * (row . ACT[p]) per token in registers.
+// One unit of phase 2's flat run: weights of slot s, unit u (u = NONE past
+// the end), and the activations of the slot's first pair, loaded together.
+struct Unit {
+    w: vec2<f32>,
+    a: vec2<f32>,
+    s: u32,
+    u: u32,
+}
+
+const NONE: u32 = 0xffffffffu;
+
+fn down_load(f: u32, total: u32, nu: u32, rr: u32) -> Unit {
+    let n = P.inter;
+    let fc = min(f, total - 1u);
+    let s = fc / nu;
+    let u = fc - s * nu;
+    let w = wpair(sl_row[s] + rr, n, u);
+    let a = apair(pair_at(sl_off[s], 0u) * n + 2u * u);
+    return Unit(w, a, s, select(u, NONE, f >= total));
+}
+
+fn down_apply(acc: ptr<function, array<vec4<f32>, 4>>, x: Unit, t0: u32) {
+    if (x.u == NONE) {
+        return;
+    }
+    let n = P.inter;
+    let k = P.top_k;
+    let cnt = sl_cnt[x.s];
+    let off = sl_off[x.s];
+    for (var q = 0u; q < cnt; q++) {
+        let p = pair_at(off, q);
+        let tt = p / k - t0;
+        if (tt >= TG) {
+            continue;
+        }
+        var a = x.a;
+        if (q > 0u) {
+            a = apair(p * n + 2u * x.u);
+        }
+        add_token(acc, tt, WTS[p] * dot(x.w, a));
+    }
+}
+
 @compute @workgroup_size(256)
 fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -294,52 +347,61 @@ fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let h = P.hidden;
     let n = P.inter;
     let k = P.top_k;
-    let team = lid / L;
-    let lane = lid % L;
-    let r = (g % P.nrb) * T + team;
+
+    // The slot table, in workgroup memory.
+    if (lid == 0u) {
+        sh_slot = vec4<u32>(used_slots(), 0u, 0u, 0u);
+    }
+    let ns = workgroupUniformLoad(&sh_slot).x;
+    for (var s = lid; s < ns; s += 256u) {
+        let si = slot_info(s);
+        let ok = si.x < P.experts;
+        sl_row[s] = select(0u, si.x * h, ok);
+        sl_cnt[s] = select(0u, si.y, ok);
+        sl_off[s] = si.z;
+    }
+    workgroupBarrier();
+
+    let team = lid / L2;
+    let lane = lid % L2;
+    let r = (g % P.nrb) * T2 + team;
     let rr = min(r, h - 1u);
 
     var acc: array<vec4<f32>, 4>;
     for (var c = 0u; c < 4u; c++) {
         acc[c] = vec4<f32>(0.0);
     }
-    let nslots = used_slots();
-    for (var s = 0u; s < nslots; s++) {
-        let si = slot_info(s);
-        let e = si.x;
-        if (e >= P.experts) {
-            continue;
+    if ((n & 1u) == 0u) {
+        let nu = n / 2u;
+        let total = ns * nu;
+        for (var f = lane; f < total; f += 8u * L2) {
+            let x0 = down_load(f, total, nu, rr);
+            let x1 = down_load(f + L2, total, nu, rr);
+            let x2 = down_load(f + 2u * L2, total, nu, rr);
+            let x3 = down_load(f + 3u * L2, total, nu, rr);
+            let x4 = down_load(f + 4u * L2, total, nu, rr);
+            let x5 = down_load(f + 5u * L2, total, nu, rr);
+            let x6 = down_load(f + 6u * L2, total, nu, rr);
+            let x7 = down_load(f + 7u * L2, total, nu, rr);
+            down_apply(&acc, x0, t0);
+            down_apply(&acc, x1, t0);
+            down_apply(&acc, x2, t0);
+            down_apply(&acc, x3, t0);
+            down_apply(&acc, x4, t0);
+            down_apply(&acc, x5, t0);
+            down_apply(&acc, x6, t0);
+            down_apply(&acc, x7, t0);
         }
-        let row = e * h + rr;
-        if ((n & 1u) == 0u) {
-            let nu = n / 2u;
-            for (var u0 = lane; u0 < nu; u0 += 4u * L) {
-                let u1 = u0 + L;
-                let u2 = u0 + 2u * L;
-                let u3 = u0 + 3u * L;
-                let last = nu - 1u;
-                let w0 = wpair(row, n, u0);
-                let w1 = wpair(row, n, min(u1, last)) * f32(u1 < nu);
-                let w2 = wpair(row, n, min(u2, last)) * f32(u2 < nu);
-                let w3 = wpair(row, n, min(u3, last)) * f32(u3 < nu);
-                for (var q = 0u; q < si.y; q++) {
-                    let p = pair_at(si.z, q);
-                    let tt = p / k - t0;
-                    if (tt >= TG) {
-                        continue;
-                    }
-                    let b = p * n;
-                    let d = dot(w0, apair(b + 2u * u0)) + dot(w1, apair(b + 2u * min(u1, last)))
-                        + dot(w2, apair(b + 2u * min(u2, last)))
-                        + dot(w3, apair(b + 2u * min(u3, last)));
-                    add_token(&acc, tt, WTS[p] * d);
-                }
-            }
-        } else {
-            for (var c = lane; c < n; c += L) {
+    } else {
+        // Odd rows: 16-bit rows may start mid-word; element by element.
+        for (var s = 0u; s < ns; s++) {
+            let row = sl_row[s] + rr;
+            let cnt = sl_cnt[s];
+            let off = sl_off[s];
+            for (var c = lane; c < n; c += L2) {
                 let wv = welem(row, n, c);
-                for (var q = 0u; q < si.y; q++) {
-                    let p = pair_at(si.z, q);
+                for (var q = 0u; q < cnt; q++) {
+                    let p = pair_at(off, q);
                     let tt = p / k - t0;
                     if (tt >= TG) {
                         continue;
@@ -355,7 +417,7 @@ fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var c = 0u; c < ntok; c += 8u) {
         red_a[lid] = acc[c / 4u];
         red_b[lid] = acc[c / 4u + 1u];
-        reduce_lanes(lid, lane);
+        reduce_lanes(lid, lane, L2);
         if (lane == 0u && r < h) {
             let va = red_a[lid];
             let vb = red_b[lid];

@@ -13,8 +13,10 @@ use turbospark::{DType, Error, Result};
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
-/// Rows per workgroup in both phases (8 teams of 32 lanes).
-const ROWS_PER_GROUP: usize = 8;
+/// Output rows per workgroup: phase 1 (8 teams of 32 lanes), phase 2 (4
+/// teams of 64 lanes).
+const GATE_UP_ROWS: usize = 8;
+const DOWN_ROWS: usize = 4;
 /// Tokens per phase-2 workgroup.
 const TOKENS_PER_GROUP: usize = 16;
 
@@ -144,7 +146,7 @@ pub(crate) fn moe_gate_up(
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
     let (mut params, scratch) = route(be, ids, &p)?;
-    params.nrb = p.inter.div_ceil(ROWS_PER_GROUP) as u32;
+    params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
     let xb = one(x);
     be.launch(Launch {
         kernel: "moe",
@@ -175,7 +177,7 @@ pub(crate) fn moe_down(
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
     let (mut params, scratch) = route(be, ids, &p)?;
-    params.nrb = p.hidden.div_ceil(ROWS_PER_GROUP) as u32;
+    params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
     be.launch(Launch {
         kernel: "moe",
