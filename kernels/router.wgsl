@@ -1,13 +1,20 @@
-// Gemma 4 router, one workgroup per token, one dispatch:
+// Gemma 4 router:
 //   z       = x * (mean(x^2) + eps)^-1/2 * eff_scale
 //   logits  = proj z                          (f32, E <= 256 rows)
 //   top-k by logit (ties to the lower expert id), softmax over the k selected
 //   (== softmax over all E, renormalised), times per_expert_scale[e].
 // IDS [m, k] and WTS [m, k] are written in descending order of probability.
 //
-// The E dot products: 8 teams of 32 lanes, each team 4 rows at a time (32 rows
-// per ps); lanes stride over the row in 32-bit words so every load
-// instruction of a team reads one contiguous 128-byte run of each row.
+// Two dispatches. One workgroup per token would read the whole of proj
+// (720 KB at E = 128, hidden = 2816, bf16) through one compute unit, which a
+// single workgroup's loads in flight cannot do in less than tens of
+// microseconds; so:
+//   router_logits  one workgroup per (token, expert): the raw dot product
+//                  proj[e] . (x * eff_scale), all of the row's loads in flight
+//                  at once (up to 8 pairs per thread), into LOG [m, E];
+//   router_topk    one workgroup per token: the RMS factor (the norm is a
+//                  scalar per token, so it scales the raw logits exactly as it
+//                  would scale z), top-k by rank, softmax, per-expert scale.
 
 struct Params {
     m: u32,
@@ -22,21 +29,32 @@ struct Params {
 @group(1) @binding(1) var<storage, read> SCALE: array<f32>;
 @group(1) @binding(2) var<storage, read> PROJ: array<u32>;
 @group(1) @binding(3) var<storage, read> PES: array<f32>;
-@group(1) @binding(4) var<storage, read_write> IDS: array<u32>;
-@group(1) @binding(5) var<storage, read_write> WTS: array<f32>;
+@group(1) @binding(4) var<storage, read_write> LOG: array<f32>;
+@group(1) @binding(5) var<storage, read_write> IDS: array<u32>;
+@group(1) @binding(6) var<storage, read_write> WTS: array<f32>;
 
-const RL: u32 = 32u;          // lanes per team
-const RROWS: u32 = 32u;       // rows per ps: 8 teams x 4 rows
+const WG: u32 = 256u;
 const MAXE: u32 = 256u;
 
-var<workgroup> red: array<f32, 256>;
-var<workgroup> part: array<vec4<f32>, 256>;
+var<workgroup> red: array<f32, WG>;
 var<workgroup> logits: array<f32, MAXE>;
 var<workgroup> sel_id: array<u32, 8>;
 var<workgroup> sel_v: array<f32, 8>;
 
-// Weight element pair `u` of a row whose first element is `row * hidden`
-// (hidden even): one word for 16-bit weights, two for f32.
+fn reduce(lid: u32, v: f32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return red[0];
+}
+
+// Weight element pair `u` of row `row` (hidden even): one word for 16-bit
+// weights, two for f32.
 fn proj_pair(row: u32, u: u32) -> vec2<f32> {
     let base = row * P.hidden;
     if (WDTYPE == 0u) {
@@ -45,14 +63,60 @@ fn proj_pair(row: u32, u: u32) -> vec2<f32> {
     return decode_pair(PROJ[(base >> 1u) + u]);
 }
 
-fn proj_elem(row: u32, i: u32) -> f32 {
-    let gi = row * P.hidden + i;
-    return decode_weight(PROJ[weight_word(gi)], gi);
+// Pair `u` of x_t * eff_scale (x row at `xb`).
+fn xs_pair(xb: u32, u: u32) -> vec2<f32> {
+    let i = 2u * u;
+    return vec2<f32>(X[xb + i], X[xb + i + 1u]) * vec2<f32>(SCALE[i], SCALE[i + 1u]);
+}
+
+// Pair u's contribution, zero past the row's nu pairs (the loads stay in range).
+fn pair_dot(row: u32, xb: u32, u: u32, nu: u32) -> f32 {
+    let uc = min(u, nu - 1u);
+    return select(0.0, dot(proj_pair(row, uc), xs_pair(xb, uc)), u < nu);
 }
 
 @compute @workgroup_size(256)
-fn router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+fn router_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = linear_group(wg, nwg);
+    let t = g / P.experts;
+    let e = g % P.experts;
+    if (t >= P.m) {
+        return;
+    }
+    let h = P.hidden;
+    let xb = t * h;
+    var acc = 0.0;
+    if ((h & 1u) == 0u) {
+        let nu = h / 2u;
+        // Eight pairs in flight per thread: one pass for rows up to 4096.
+        for (var u = lid; u < nu; u += 8u * WG) {
+            let d0 = pair_dot(e, xb, u, nu);
+            let d1 = pair_dot(e, xb, u + WG, nu);
+            let d2 = pair_dot(e, xb, u + 2u * WG, nu);
+            let d3 = pair_dot(e, xb, u + 3u * WG, nu);
+            let d4 = pair_dot(e, xb, u + 4u * WG, nu);
+            let d5 = pair_dot(e, xb, u + 5u * WG, nu);
+            let d6 = pair_dot(e, xb, u + 6u * WG, nu);
+            let d7 = pair_dot(e, xb, u + 7u * WG, nu);
+            acc += ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7));
+        }
+    } else {
+        // Odd rows: 16-bit rows may start mid-word; element by element.
+        for (var i = lid; i < h; i += WG) {
+            let gi = e * h + i;
+            acc += decode_weight(PROJ[weight_word(gi)], gi) * (X[xb + i] * SCALE[i]);
+        }
+    }
+    let sum = reduce(lid, acc);
+    if (lid == 0u) {
+        LOG[t * P.experts + e] = sum;
+    }
+}
+
+@compute @workgroup_size(256)
+fn router_topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
     let t = linear_group(wg, nwg);
     if (t >= P.m) {
         return;
@@ -61,73 +125,19 @@ fn router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let ne = P.experts;
     let xb = t * h;
 
-    // 1. mean square of x.
     var ss = 0.0;
-    for (var i = lid; i < h; i += 256u) {
+    for (var i = lid; i < h; i += WG) {
         let v = X[xb + i];
         ss += v * v;
     }
-    red[lid] = ss;
+    let inv = inverseSqrt(reduce(lid, ss) / f32(h) + P.eps);
+    if (lid < ne) {
+        logits[lid] = LOG[t * ne + lid] * inv;
+    }
     workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = inverseSqrt(red[0] / f32(h) + P.eps);
 
-    // 2. logits, 32 rows per ps.
-    let team = lid / RL;
-    let lane = lid % RL;
-    let npass = (ne + RROWS - 1u) / RROWS;
-    for (var ps = 0u; ps < npass; ps++) {
-        let r0 = ps * RROWS + team * 4u;
-        // Rows past E read row E-1 (in range) and are discarded.
-        let ra = min(r0, ne - 1u);
-        let rb = min(r0 + 1u, ne - 1u);
-        let rc = min(r0 + 2u, ne - 1u);
-        let rd = min(r0 + 3u, ne - 1u);
-        var acc = vec4<f32>(0.0);
-        if ((h & 1u) == 0u) {
-            let nu = h / 2u;
-            for (var u = lane; u < nu; u += RL) {
-                let i = 2u * u;
-                let z = vec2<f32>(X[xb + i], X[xb + i + 1u]) * inv
-                    * vec2<f32>(SCALE[i], SCALE[i + 1u]);
-                let wa = proj_pair(ra, u);
-                let wb = proj_pair(rb, u);
-                let wc = proj_pair(rc, u);
-                let wd = proj_pair(rd, u);
-                acc += vec4<f32>(dot(wa, z), dot(wb, z), dot(wc, z), dot(wd, z));
-            }
-        } else {
-            for (var i = lane; i < h; i += RL) {
-                let z = X[xb + i] * inv * SCALE[i];
-                acc += vec4<f32>(proj_elem(ra, i), proj_elem(rb, i), proj_elem(rc, i),
-                                 proj_elem(rd, i)) * z;
-            }
-        }
-        part[lid] = acc;
-        workgroupBarrier();
-        if (lid < RROWS) {
-            // Row lid of this ps: team lid / 4, component lid % 4.
-            let tb = (lid / 4u) * RL;
-            let q = lid % 4u;
-            var sum = 0.0;
-            for (var l = 0u; l < RL; l++) {
-                sum += part[tb + l][q];
-            }
-            let e = ps * RROWS + lid;
-            if (e < ne) {
-                logits[e] = sum;
-            }
-        }
-        workgroupBarrier();
-    }
-
-    // 3. top-k by rank: expert e's place is the number of experts ahead of
-    // it (larger logit, or equal logit and lower id).
+    // Top-k by rank: expert e's place is the number of experts ahead of it
+    // (larger logit, or equal logit and lower id).
     if (lid < ne) {
         let v = logits[lid];
         var rank = 0u;
@@ -142,7 +152,7 @@ fn router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     workgroupBarrier();
 
-    // 4. softmax over the k selected, times per_expert_scale.
+    // Softmax over the k selected, times per_expert_scale.
     let k = P.top_k;
     if (lid < k) {
         let mx = sel_v[0];

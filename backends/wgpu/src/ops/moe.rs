@@ -1,6 +1,7 @@
 //! Router and MoE expert launchers (`kernels/router.wgsl`, `kernels/moe.wgsl`).
 //!
-//! The router is one dispatch, one workgroup per token. The expert phases read
+//! The router is two dispatches: logits spread over (token, expert)
+//! workgroups, then top-k and softmax with one workgroup per token. The expert phases read
 //! the expert ids on the device: for a single token (decode) slot `s` is the
 //! token's `s`-th expert directly; for a micro-batch a one-workgroup
 //! `moe_route` dispatch first groups the (token, slot) pairs by expert into
@@ -72,6 +73,19 @@ pub(crate) fn router(
     w: &WgpuBuffer,
     p: Router,
 ) -> Result<()> {
+    let pb = weight(be, proj, "router")?;
+    let logits = {
+        let need = p.m * p.experts;
+        let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        match &sc.router {
+            Some(b) if b.len >= need => b.clone(),
+            _ => {
+                let b = be.single_buffer(DType::F32, need.max(4096), "router logits")?;
+                sc.router = Some(b.clone());
+                b
+            }
+        }
+    };
     let params = RouterParams {
         m: p.m as u32,
         hidden: p.hidden as u32,
@@ -79,16 +93,32 @@ pub(crate) fn router(
         top_k: p.top_k as u32,
         eps: p.eps,
     };
+    let constants = super::wdtype(proj.dtype);
     be.launch(Launch {
         kernel: "router",
-        entry: "router",
-        constants: &super::wdtype(proj.dtype),
+        entry: "router_logits",
+        constants: &constants,
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(x), true),
             (one(s), true),
-            (weight(be, proj, "router")?, true),
+            (pb, true),
             (one(pes), true),
+            (one(&logits), false),
+        ],
+        groups: be.grid((p.m * p.experts) as u32),
+    })?;
+    be.launch(Launch {
+        kernel: "router",
+        entry: "router_topk",
+        constants: &constants,
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(x), true),
+            (one(s), true),
+            (pb, true),
+            (one(pes), true),
+            (one(&logits), false),
             (one(ids), false),
             (one(w), false),
         ],
