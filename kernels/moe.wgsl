@@ -16,8 +16,8 @@
 //
 // Both phases: 8 teams of 32 lanes per workgroup, one weight row (phase 1: a
 // gate row and its up row) per team; lanes stride over the row in 32-bit
-// words, 4 words in flight each, so one load instruction of a team reads a
-// contiguous 128-byte run. Each weight row is read once and applied to all
+// words, several words in flight each, so one load instruction of a team
+// reads a contiguous 128-byte run. Each weight row is read once and applied to all
 // the tokens routed to its expert. Phase 2 loops over the experts inside the
 // workgroup that owns the output rows, so the sum over the k experts is a
 // fixed-order register sum: deterministic, no atomics.
@@ -144,6 +144,15 @@ fn welem(row: u32, n: u32, i: u32) -> f32 {
     return decode_weight(W[weight_word(gi)], gi);
 }
 
+// Gate pair (xy) and up pair (zw) of unit u; zero past the row's nu units
+// (the loads stay in range).
+fn gu_unit(grow: u32, urow: u32, u: u32, nu: u32) -> vec4<f32> {
+    let h = P.hidden;
+    let uc = min(u, nu - 1u);
+    let v = vec4<f32>(wpair(grow, h, uc), wpair(urow, h, uc));
+    return select(vec4<f32>(0.0), v, u < nu);
+}
+
 fn apair(i: u32) -> vec2<f32> {
     return vec2<f32>(A[i], A[i + 1u]);
 }
@@ -210,33 +219,32 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         var au = vec4<f32>(0.0);
         if ((h & 1u) == 0u) {
             let nu = h / 2u;
-            for (var u0 = lane; u0 < nu; u0 += 4u * L) {
-                // Four units in flight; out-of-row ones read a valid unit
-                // and are zeroed.
-                let u1 = u0 + L;
-                let u2 = u0 + 2u * L;
-                let u3 = u0 + 3u * L;
-                let last = nu - 1u;
-                let g0 = wpair(grow, h, u0);
-                let g1 = wpair(grow, h, min(u1, last));
-                let g2 = wpair(grow, h, min(u2, last));
-                let g3 = wpair(grow, h, min(u3, last));
-                let p0 = wpair(urow, h, u0);
-                let p1 = wpair(urow, h, min(u1, last));
-                let p2 = wpair(urow, h, min(u2, last));
-                let p3 = wpair(urow, h, min(u3, last));
-                let m1 = f32(u1 < nu);
-                let m2 = f32(u2 < nu);
-                let m3 = f32(u3 < nu);
+            let last = nu - 1u;
+            // Eight units in flight per lane (16 weight words: gate and up).
+            for (var u0 = lane; u0 < nu; u0 += 8u * L) {
+                let w0 = gu_unit(grow, urow, u0, nu);
+                let w1 = gu_unit(grow, urow, u0 + L, nu);
+                let w2 = gu_unit(grow, urow, u0 + 2u * L, nu);
+                let w3 = gu_unit(grow, urow, u0 + 3u * L, nu);
+                let w4 = gu_unit(grow, urow, u0 + 4u * L, nu);
+                let w5 = gu_unit(grow, urow, u0 + 5u * L, nu);
+                let w6 = gu_unit(grow, urow, u0 + 6u * L, nu);
+                let w7 = gu_unit(grow, urow, u0 + 7u * L, nu);
                 for (var q = 0u; q < 4u; q++) {
                     if (q < np) {
                         let b = xb[q];
-                        let x0 = apair(b + 2u * u0);
-                        let x1 = apair(b + 2u * min(u1, last)) * m1;
-                        let x2 = apair(b + 2u * min(u2, last)) * m2;
-                        let x3 = apair(b + 2u * min(u3, last)) * m3;
-                        ag[q] += dot(g0, x0) + dot(g1, x1) + dot(g2, x2) + dot(g3, x3);
-                        au[q] += dot(p0, x0) + dot(p1, x1) + dot(p2, x2) + dot(p3, x3);
+                        let x0 = apair(b + 2u * min(u0, last));
+                        let x1 = apair(b + 2u * min(u0 + L, last));
+                        let x2 = apair(b + 2u * min(u0 + 2u * L, last));
+                        let x3 = apair(b + 2u * min(u0 + 3u * L, last));
+                        let x4 = apair(b + 2u * min(u0 + 4u * L, last));
+                        let x5 = apair(b + 2u * min(u0 + 5u * L, last));
+                        let x6 = apair(b + 2u * min(u0 + 6u * L, last));
+                        let x7 = apair(b + 2u * min(u0 + 7u * L, last));
+                        ag[q] += ((dot(w0.xy, x0) + dot(w1.xy, x1)) + (dot(w2.xy, x2) + dot(w3.xy, x3)))
+                            + ((dot(w4.xy, x4) + dot(w5.xy, x5)) + (dot(w6.xy, x6) + dot(w7.xy, x7)));
+                        au[q] += ((dot(w0.zw, x0) + dot(w1.zw, x1)) + (dot(w2.zw, x2) + dot(w3.zw, x3)))
+                            + ((dot(w4.zw, x4) + dot(w5.zw, x5)) + (dot(w6.zw, x6) + dot(w7.zw, x7)));
                     }
                 }
             }
