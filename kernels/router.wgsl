@@ -1,1 +1,167 @@
-// router kernels: see the family's launcher in backends/wgpu/src/ops/.
+// Gemma 4 router:
+//   z       = x * (mean(x^2) + eps)^-1/2 * eff_scale
+//   logits  = proj z                          (f32, E <= 256 rows)
+//   top-k by logit (ties to the lower expert id), softmax over the k selected
+//   (== softmax over all E, renormalised), times per_expert_scale[e].
+// IDS [m, k] and WTS [m, k] are written in descending order of probability.
+//
+// Two dispatches. One workgroup per token would read the whole of proj
+// (720 KB at E = 128, hidden = 2816, bf16) through one compute unit, which a
+// single workgroup's loads in flight cannot do in less than tens of
+// microseconds; so:
+//   router_logits  one workgroup per (token, expert): the raw dot product
+//                  proj[e] . (x * eff_scale), all of the row's loads in flight
+//                  at once (up to 8 pairs per thread), into LOG [m, E];
+//   router_topk    one workgroup per token: the RMS factor (the norm is a
+//                  scalar per token, so it scales the raw logits exactly as it
+//                  would scale z), top-k by rank, softmax, per-expert scale.
+
+struct Params {
+    m: u32,
+    hidden: u32,
+    experts: u32,
+    top_k: u32,
+    eps: f32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(1) @binding(0) var<storage, read> X: array<f32>;
+@group(1) @binding(1) var<storage, read> SCALE: array<f32>;
+@group(1) @binding(2) var<storage, read> PROJ: array<u32>;
+@group(1) @binding(3) var<storage, read> PES: array<f32>;
+@group(1) @binding(4) var<storage, read_write> LOG: array<f32>;
+@group(1) @binding(5) var<storage, read_write> IDS: array<u32>;
+@group(1) @binding(6) var<storage, read_write> WTS: array<f32>;
+
+const WG: u32 = 256u;
+const MAXE: u32 = 256u;
+
+var<workgroup> red: array<f32, WG>;
+var<workgroup> logits: array<f32, MAXE>;
+var<workgroup> sel_id: array<u32, 8>;
+var<workgroup> sel_v: array<f32, 8>;
+
+fn reduce(lid: u32, v: f32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return red[0];
+}
+
+// Weight element pair `u` of row `row` (hidden even): one word for 16-bit
+// weights, two for f32.
+fn proj_pair(row: u32, u: u32) -> vec2<f32> {
+    let base = row * P.hidden;
+    if (WDTYPE == 0u) {
+        return vec2<f32>(bitcast<f32>(PROJ[base + 2u * u]), bitcast<f32>(PROJ[base + 2u * u + 1u]));
+    }
+    return decode_pair(PROJ[(base >> 1u) + u]);
+}
+
+// Pair `u` of x_t * eff_scale (x row at `xb`).
+fn xs_pair(xb: u32, u: u32) -> vec2<f32> {
+    let i = 2u * u;
+    return vec2<f32>(X[xb + i], X[xb + i + 1u]) * vec2<f32>(SCALE[i], SCALE[i + 1u]);
+}
+
+// Pair u's contribution, zero past the row's nu pairs (the loads stay in range).
+fn pair_dot(row: u32, xb: u32, u: u32, nu: u32) -> f32 {
+    let uc = min(u, nu - 1u);
+    return select(0.0, dot(proj_pair(row, uc), xs_pair(xb, uc)), u < nu);
+}
+
+@compute @workgroup_size(256)
+fn router_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = linear_group(wg, nwg);
+    let t = g / P.experts;
+    let e = g % P.experts;
+    if (t >= P.m) {
+        return;
+    }
+    let h = P.hidden;
+    let xb = t * h;
+    var acc = 0.0;
+    if ((h & 1u) == 0u) {
+        let nu = h / 2u;
+        // Eight pairs in flight per thread: one pass for rows up to 4096.
+        for (var u = lid; u < nu; u += 8u * WG) {
+            let d0 = pair_dot(e, xb, u, nu);
+            let d1 = pair_dot(e, xb, u + WG, nu);
+            let d2 = pair_dot(e, xb, u + 2u * WG, nu);
+            let d3 = pair_dot(e, xb, u + 3u * WG, nu);
+            let d4 = pair_dot(e, xb, u + 4u * WG, nu);
+            let d5 = pair_dot(e, xb, u + 5u * WG, nu);
+            let d6 = pair_dot(e, xb, u + 6u * WG, nu);
+            let d7 = pair_dot(e, xb, u + 7u * WG, nu);
+            acc += ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7));
+        }
+    } else {
+        // Odd rows: 16-bit rows may start mid-word; element by element.
+        for (var i = lid; i < h; i += WG) {
+            let gi = e * h + i;
+            acc += decode_weight(PROJ[weight_word(gi)], gi) * (X[xb + i] * SCALE[i]);
+        }
+    }
+    let sum = reduce(lid, acc);
+    if (lid == 0u) {
+        LOG[t * P.experts + e] = sum;
+    }
+}
+
+@compute @workgroup_size(256)
+fn router_topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let t = linear_group(wg, nwg);
+    if (t >= P.m) {
+        return;
+    }
+    let h = P.hidden;
+    let ne = P.experts;
+    let xb = t * h;
+
+    var ss = 0.0;
+    for (var i = lid; i < h; i += WG) {
+        let v = X[xb + i];
+        ss += v * v;
+    }
+    let inv = inverseSqrt(reduce(lid, ss) / f32(h) + P.eps);
+    if (lid < ne) {
+        logits[lid] = LOG[t * ne + lid] * inv;
+    }
+    workgroupBarrier();
+
+    // Top-k by rank: expert e's place is the number of experts ahead of it
+    // (larger logit, or equal logit and lower id).
+    if (lid < ne) {
+        let v = logits[lid];
+        var rank = 0u;
+        for (var j = 0u; j < ne; j++) {
+            let o = logits[j];
+            rank += u32(o > v || (o == v && j < lid));
+        }
+        if (rank < P.top_k) {
+            sel_id[rank] = lid;
+            sel_v[rank] = v;
+        }
+    }
+    workgroupBarrier();
+
+    // Softmax over the k selected, times per_expert_scale.
+    let k = P.top_k;
+    if (lid < k) {
+        let mx = sel_v[0];
+        var sum = 0.0;
+        for (var j = 0u; j < k; j++) {
+            sum += exp(sel_v[j] - mx);
+        }
+        let e = sel_id[lid];
+        IDS[t * k + lid] = e;
+        WTS[t * k + lid] = exp(sel_v[lid] - mx) / sum * PES[e];
+    }
+}

@@ -82,6 +82,8 @@ fn moe(full: bool) -> Vec<Op> {
             (16, 16, 8, 1024, 704, BF16),
             (5, 7, 3, 1001, 37, F16),
             (2, 4, 2, 64, 24, F32),
+            // partial row blocks, row tails, more tokens than one group
+            (17, 6, 3, 130, 42, BF16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

@@ -17,6 +17,8 @@ use crate::WgpuBackend;
 pub(crate) struct Scratch {
     pub attention: Option<crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
+    /// Router logits `[m, E]` between its two dispatches.
+    pub router: Option<crate::WgpuBuffer>,
 }
 
 pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {

@@ -1,49 +1,227 @@
-use turbospark::ops::{Moe, Router};
-use turbospark::{Error, Result};
+//! Router and MoE expert launchers (`kernels/router.wgsl`, `kernels/moe.wgsl`).
+//!
+//! The router is two dispatches: logits spread over (token, expert)
+//! workgroups, then top-k and softmax with one workgroup per token. The expert phases read
+//! the expert ids on the device: for a single token (decode) slot `s` is the
+//! token's `s`-th expert directly; for a micro-batch a one-workgroup
+//! `moe_route` dispatch first groups the (token, slot) pairs by expert into
+//! backend scratch, so each expert's weights are read once per micro-batch.
 
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::{Moe, Router};
+use turbospark::{DType, Error, Result};
+
+use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
-fn todo(be: &WgpuBackend, op: &str) -> Error {
-    Error::Unsupported {
+/// Output rows per workgroup: phase 1 (8 teams of 32 lanes), phase 2 (4
+/// teams of 64 lanes).
+const GATE_UP_ROWS: usize = 8;
+const DOWN_ROWS: usize = 4;
+/// Tokens per phase-2 workgroup.
+const TOKENS_PER_GROUP: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RouterParams {
+    m: u32,
+    hidden: u32,
+    experts: u32,
+    top_k: u32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MoeParams {
+    m: u32,
+    hidden: u32,
+    inter: u32,
+    experts: u32,
+    top_k: u32,
+    direct: u32,
+    nslots: u32,
+    nrb: u32,
+}
+
+fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
+    b.single().expect("activations are one buffer")
+}
+
+/// The single binding of a weight; expert tensors split across bindings (a
+/// device whose binding limit is below one layer's experts) are unsupported.
+fn weight<'a>(be: &WgpuBackend, w: &'a WgpuBuffer, op: &str) -> Result<&'a wgpu::Buffer> {
+    w.single().ok_or_else(|| Error::Unsupported {
         backend: be.info.backend.clone(),
         op: op.into(),
-        reason: "not yet implemented".into(),
-    }
+        reason: format!(
+            "weight of {} bytes is split across bindings (max_storage_buffer_binding_size {})",
+            w.device_bytes(),
+            be.max_binding()
+        ),
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn router(
     be: &WgpuBackend,
-    _x: &WgpuBuffer,
-    _s: &WgpuBuffer,
-    _proj: &WgpuBuffer,
-    _pes: &WgpuBuffer,
-    _ids: &WgpuBuffer,
-    _w: &WgpuBuffer,
-    _p: Router,
+    x: &WgpuBuffer,
+    s: &WgpuBuffer,
+    proj: &WgpuBuffer,
+    pes: &WgpuBuffer,
+    ids: &WgpuBuffer,
+    w: &WgpuBuffer,
+    p: Router,
 ) -> Result<()> {
-    Err(todo(be, "router"))
+    let pb = weight(be, proj, "router")?;
+    let logits = {
+        let need = p.m * p.experts;
+        let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        match &sc.router {
+            Some(b) if b.len >= need => b.clone(),
+            _ => {
+                let b = be.single_buffer(DType::F32, need.max(4096), "router logits")?;
+                sc.router = Some(b.clone());
+                b
+            }
+        }
+    };
+    let params = RouterParams {
+        m: p.m as u32,
+        hidden: p.hidden as u32,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        eps: p.eps,
+    };
+    let constants = super::wdtype(proj.dtype);
+    be.launch(Launch {
+        kernel: "router",
+        entry: "router_logits",
+        constants: &constants,
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(x), true),
+            (one(s), true),
+            (pb, true),
+            (one(pes), true),
+            (one(&logits), false),
+        ],
+        groups: be.grid((p.m * p.experts) as u32),
+    })?;
+    be.launch(Launch {
+        kernel: "router",
+        entry: "router_topk",
+        constants: &constants,
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(x), true),
+            (one(s), true),
+            (pb, true),
+            (one(pes), true),
+            (one(&logits), false),
+            (one(ids), false),
+            (one(w), false),
+        ],
+        groups: be.grid(p.m as u32),
+    })
+}
+
+/// Parameters of one phase, and the route scratch (built on the device from
+/// `ids` when the batch has more than one token).
+fn route(be: &WgpuBackend, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, WgpuBuffer)> {
+    let pairs = p.m * p.top_k;
+    let direct = p.m == 1;
+    let need = 1 + 3 * p.experts + pairs;
+    let scratch = {
+        let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        match &sc.route {
+            Some(b) if b.len >= need => b.clone(),
+            _ => {
+                let b = be.single_buffer(DType::U32, need.max(1024), "moe route")?;
+                sc.route = Some(b.clone());
+                b
+            }
+        }
+    };
+    let params = MoeParams {
+        m: p.m as u32,
+        hidden: p.hidden as u32,
+        inter: p.inter as u32,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        direct: direct as u32,
+        nslots: if direct { pairs } else { pairs.min(p.experts) } as u32,
+        nrb: 0,
+    };
+    if !direct {
+        be.launch(Launch {
+            kernel: "moe",
+            entry: "moe_route",
+            constants: &[],
+            params: bytemuck::bytes_of(&params),
+            buffers: &[(one(ids), true), (one(&scratch), false)],
+            groups: [1, 1, 1],
+        })?;
+    }
+    Ok((params, scratch))
 }
 
 pub(crate) fn moe_gate_up(
     be: &WgpuBackend,
-    _x: &WgpuBuffer,
-    _gu: &WgpuBuffer,
-    _ids: &WgpuBuffer,
-    _act: &WgpuBuffer,
-    _p: Moe,
+    x: &WgpuBuffer,
+    gu: &WgpuBuffer,
+    ids: &WgpuBuffer,
+    act: &WgpuBuffer,
+    p: Moe,
 ) -> Result<()> {
-    Err(todo(be, "moe_gate_up"))
+    let wb = weight(be, gu, "moe_gate_up")?;
+    let (mut params, scratch) = route(be, ids, &p)?;
+    params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
+    let xb = one(x);
+    be.launch(Launch {
+        kernel: "moe",
+        entry: "moe_gate_up",
+        constants: &super::wdtype(gu.dtype),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(ids), true),
+            (one(&scratch), false),
+            (wb, true),
+            (xb, true),
+            // phase 1 has no routing weights: x stands in, never read
+            (xb, true),
+            (one(act), false),
+        ],
+        groups: be.grid(params.nslots * params.nrb),
+    })
 }
 
 pub(crate) fn moe_down(
     be: &WgpuBackend,
-    _act: &WgpuBuffer,
-    _d: &WgpuBuffer,
-    _ids: &WgpuBuffer,
-    _w: &WgpuBuffer,
-    _out: &WgpuBuffer,
-    _p: Moe,
+    act: &WgpuBuffer,
+    d: &WgpuBuffer,
+    ids: &WgpuBuffer,
+    w: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Moe,
 ) -> Result<()> {
-    Err(todo(be, "moe_down"))
+    let wb = weight(be, d, "moe_down")?;
+    let (mut params, scratch) = route(be, ids, &p)?;
+    params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
+    let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
+    be.launch(Launch {
+        kernel: "moe",
+        entry: "moe_down",
+        constants: &super::wdtype(d.dtype),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(ids), true),
+            (one(&scratch), false),
+            (wb, true),
+            (one(act), true),
+            (one(w), true),
+            (one(out), false),
+        ],
+        groups: be.grid(groups),
+    })
 }
