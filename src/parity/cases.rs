@@ -42,6 +42,8 @@ fn matmul(full: bool) -> Vec<Op> {
         c(2, 2816, 16 * 512, BF16), // o_proj, full
         c(5, 1001, 777, F16),
         c(2, 333, 129, F32),
+        c(3, 130, 257, BF16), // odd k, 16-bit: rows start mid-word
+        c(20, 67, 96, BF16),  // m over 16: x rows in blocks
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];

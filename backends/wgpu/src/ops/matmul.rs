@@ -1,18 +1,106 @@
+use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Matmul;
-use turbospark::{Error, Result};
+use turbospark::Result;
 
+use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    rows: u32,
+    row0: u32,
+    i0: u32,
+    _pad: [u32; 2],
+}
+
+/// Threads per workgroup (`WG` in kernels/matmul.wgsl).
+const WG: u32 = 256;
+
+/// `(MB, RT, KL)` for `m` rows of x: the x-row bucket compiled in, weight
+/// rows per thread and lanes along k per row group. RT rows per thread reuse
+/// each x value from workgroup memory RT times and keep RT loads in flight.
+fn config(m: usize) -> (u32, u32, u32) {
+    match m {
+        1 => (1, 4, 128),
+        2 => (2, 4, 128),
+        3..=4 => (4, 4, 64),
+        5..=8 => (8, 4, 64),
+        _ => (16, 4, 64),
+    }
+}
+
+/// One dispatch per weight binding (a weight larger than one binding is split
+/// by rows), each writing its chunk's output columns.
 pub(crate) fn matmul(
     be: &WgpuBackend,
-    _w: &WgpuBuffer,
-    _x: &WgpuBuffer,
-    _out: &WgpuBuffer,
-    _p: Matmul,
+    w: &WgpuBuffer,
+    x: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Matmul,
 ) -> Result<()> {
-    Err(Error::Unsupported {
-        backend: be.info.backend.clone(),
-        op: "matmul".into(),
-        reason: "not yet implemented".into(),
-    })
+    let xb = x.single().expect("activations are one buffer");
+    let ob = out.single().expect("activations are one buffer");
+    // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
+    let (mb, rt, kl) = config(p.m.min(16));
+    let per_group = rt * (WG / kl);
+    // A 16-bit weight with odd k has rows that start mid-word (f32 has no
+    // pairs to split, but the pair loop still needs k even).
+    let aligned = p.k.is_multiple_of(2);
+    let constants = [
+        super::wdtype(w.dtype)[0],
+        ("MB", mb as i64),
+        ("RT", rt as i64),
+        ("KL", kl as i64),
+        ("ALIGNED", aligned as i64),
+    ];
+    let single = w.chunks.len() == 1;
+    for (c, i0) in w
+        .chunks
+        .iter()
+        .flat_map(|c| (0..p.m).step_by(16).map(move |i0| (c, i0)))
+    {
+        // A weight uploaded as one plain buffer has a single chunk of all rows.
+        let (row0, rows) = if single {
+            (0, p.n)
+        } else {
+            (c.row_start, c.rows)
+        };
+        let params = Params {
+            m: (p.m - i0).min(16) as u32,
+            n: p.n as u32,
+            k: p.k as u32,
+            rows: rows as u32,
+            row0: row0 as u32,
+            i0: i0 as u32,
+            _pad: [0; 2],
+        };
+        be.launch(Launch {
+            kernel: "matmul",
+            entry: "matmul",
+            constants: &constants,
+            params: bytemuck::bytes_of(&params),
+            buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
+            groups: be.grid((rows as u32).div_ceil(per_group)),
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_fit_the_kernel() {
+        for m in 1..=16 {
+            let (mb, rt, kl) = config(m);
+            assert!(mb as usize >= m && mb <= 16);
+            assert!(rt <= 8 && rt * mb <= 64, "accumulators for m={m}");
+            assert!(kl.is_power_of_two() && WG.is_multiple_of(kl));
+        }
+    }
 }
