@@ -149,22 +149,34 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let kbase = g * P.capacity;
 
     for (var j0 = c_lo; j0 < c_hi; j0 += KR) {
-        // Partial dots of key j0 + r with every query over this lane's dims.
+        // Issue this step's K and V loads together: the V rows arrive while
+        // the scores are reduced. A slice's V rows are vs, vs + vsn, ...
+        // (NV of them, since vsn = 8 / NV).
+        let j = j0 + r;
+        var kreg: array<vec4<f32>, 4>;
+        var vreg: array<vec4<f32>, 4>;
+        for (var i = 0u; i < NV; i++) {
+            let idx = lane + LK * i;
+            var k = vec4<f32>(0.0);
+            if (j < c_hi && idx < P.d4) {
+                k = KC[(kbase + j % P.capacity) * P.d4 + idx];
+            }
+            kreg[i] = k;
+            let jj = j0 + vs + i * vsn;
+            var v = vec4<f32>(0.0);
+            if (jj < c_hi && c < P.d4) {
+                v = VC[(kbase + jj % P.capacity) * P.d4 + c];
+            }
+            vreg[i] = v;
+        }
+        // Partial dots of key j with every query over this lane's dims.
         var part: array<f32, 8>;
         for (var q = 0u; q < QMAX; q++) {
             part[q] = 0.0;
         }
-        let j = j0 + r;
-        if (j < c_hi) {
-            let row = (kbase + j % P.capacity) * P.d4;
-            for (var i = 0u; i < NV; i++) {
-                let idx = lane + LK * i;
-                if (idx < P.d4) {
-                    let k = KC[row + idx];
-                    for (var q = 0u; q < QT; q++) {
-                        part[q] += dot(qv[q * NV + i], k);
-                    }
-                }
+        for (var i = 0u; i < NV; i++) {
+            for (var q = 0u; q < QT; q++) {
+                part[q] += dot(qv[q * NV + i], kreg[i]);
             }
         }
         for (var q = 0u; q < QT; q++) {
@@ -217,14 +229,11 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         for (var q = 0u; q < QT; q++) {
             acc[q] *= salpha[q];
         }
-        if (c < P.d4) {
-            for (var rr = vs; rr < KR; rr += vsn) {
-                let jj = j0 + rr;
-                if (jj < c_hi) {
-                    let v = VC[(kbase + jj % P.capacity) * P.d4 + c];
-                    for (var q = 0u; q < QT; q++) {
-                        acc[q] += sp[q * KR + rr] * v;
-                    }
+        for (var i = 0u; i < NV; i++) {
+            let rr = vs + i * vsn;
+            if (j0 + rr < c_hi) {
+                for (var q = 0u; q < QT; q++) {
+                    acc[q] += sp[q * KR + rr] * vreg[i];
                 }
             }
         }
