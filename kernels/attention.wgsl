@@ -1,1 +1,350 @@
-// attention kernels: see the family's launcher in backends/wgpu/src/ops/.
+// Attention over a KV cache ([kv_heads, capacity, head_dim], key j at slot
+// j % capacity), split over the keys (flash-decoding) in two dispatches:
+//
+// attn_split: one workgroup per (key split, kv head g, query tile). A query
+//   tile is up to QT "query slots" of kv head g: slot s of the batch is row
+//   s / G, head g * G + s % G (G = heads / kv_heads), so the GQA heads of a
+//   group, and the rows of a micro-batch, share every K/V read. The tile's
+//   key span (the union of its queries' ranges lo..=pos) is cut into
+//   `nsplit` chunks; the workgroup walks its chunk 8 keys at a time with an
+//   online softmax and writes, per query, the running max, the sum of exp
+//   and the unnormalised V accumulator into scratch.
+// attn_combine: one workgroup per (query row and head, 32 vec4 of dims):
+//   rescales the splits' partials to a common max and normalises.
+//
+// Memory access: a K row is read by 32 consecutive lanes, each a vec4 at a
+// time (NV vec4 per lane: head_dim 512 -> 4, 256 -> 2); a V row likewise by
+// consecutive threads over vec4 columns. Queries live in registers. Partial
+// dot products are reduced through workgroup memory (no subgroups).
+
+struct Params {
+    m: u32,
+    heads: u32,
+    kv_heads: u32,
+    group: u32,
+    // head_dim / 4
+    d4: u32,
+    capacity: u32,
+    window: u32,
+    scale: f32,
+    // Workgroups per (kv head, tile) along the keys (the scratch's split count).
+    nsplit: u32,
+    // Fewest keys per split: short spans use fewer splits.
+    min_chunk: u32,
+    // m * group: query slots per kv head.
+    nslots: u32,
+    ntiles: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+
+// Lanes per K row, K rows per step, most query slots per tile.
+const LK: u32 = 32u;
+const KR: u32 = 8u;
+const QMAX: u32 = 8u;
+// vec4s per reduction row: 32 lanes plus one vec4 of padding (no bank conflicts).
+const RS: u32 = 9u;
+// "No key": below any real score, finite so that differences stay finite.
+const NEG: f32 = -3.0e38;
+
+// vec4 per lane per row (1, 2 or 4) and query slots per tile (1..8).
+override NV: u32 = 4u;
+override QT: u32 = 8u;
+
+@group(1) @binding(0) var<storage, read> Q: array<vec4<f32>>;
+@group(1) @binding(1) var<storage, read> KC: array<vec4<f32>>;
+@group(1) @binding(2) var<storage, read> VC: array<vec4<f32>>;
+@group(1) @binding(3) var<storage, read> POS: array<u32>;
+// Scratch: acc [nsplit][m * heads][d4], then (max, sum) [nsplit][m * heads].
+@group(1) @binding(4) var<storage, read_write> PART: array<vec4<f32>>;
+
+var<workgroup> red: array<vec4<f32>, 576>; // KR * QMAX * RS
+var<workgroup> sp: array<f32, 64>; // [q][r]: scores, then probabilities
+var<workgroup> smax: array<f32, 8>;
+var<workgroup> ssum: array<f32, 8>;
+var<workgroup> salpha: array<f32, 8>;
+var<workgroup> sacc: array<vec4<f32>, 256>;
+
+// Keys of row t: [lo, pos + 1), never more than the cache holds.
+fn key_range(t: u32) -> vec2<u32> {
+    let pos = POS[t];
+    var lo = 0u;
+    if (P.window > 0u && pos + 1u > P.window) {
+        lo = pos + 1u - P.window;
+    }
+    if (pos + 1u - lo > P.capacity) {
+        lo = pos + 1u - P.capacity;
+    }
+    return vec2<u32>(lo, pos + 1u);
+}
+
+@compute @workgroup_size(256)
+fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let id = linear_group(wg, nwg);
+    let split = id % P.nsplit;
+    let rest = id / P.nsplit;
+    let g = rest % P.kv_heads;
+    let tile = rest / P.kv_heads;
+    if (tile >= P.ntiles) {
+        return;
+    }
+    let s0 = tile * QT;
+    let s1 = min(s0 + QT, P.nslots);
+    let nq = P.m * P.heads;
+
+    // The tile's key span and this split's chunk of it.
+    var lo = 0xffffffffu;
+    var hi = 0u;
+    for (var t = s0 / P.group; t <= (s1 - 1u) / P.group; t++) {
+        let r = key_range(t);
+        lo = min(lo, r.x);
+        hi = max(hi, r.y);
+    }
+    let n = hi - lo;
+    let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
+    let chunk = ((n + nsplit - 1u) / nsplit + KR - 1u) / KR * KR;
+    let c_lo = min(lo + split * chunk, hi);
+    let c_hi = min(c_lo + chunk, hi);
+
+    // This thread's roles: K lane (row r, lane) and score slot q.
+    let r = lid / LK;
+    let lane = lid % LK;
+    let q_me = lid % QT;
+    var q_lo = 0u;
+    var q_hi = 0u;
+    if (s0 + q_me < s1) {
+        let kr = key_range((s0 + q_me) / P.group);
+        q_lo = max(kr.x, c_lo);
+        q_hi = min(kr.y, c_hi);
+    }
+
+    // Query slices in registers: qv[q * NV + i] = dims (lane + 32 i) * 4.. of slot q.
+    var qv: array<vec4<f32>, 32>;
+    for (var q = 0u; q < QT; q++) {
+        let s = s0 + q;
+        for (var i = 0u; i < NV; i++) {
+            let idx = lane + LK * i;
+            var v = vec4<f32>(0.0);
+            if (s < s1 && idx < P.d4) {
+                let h = g * P.group + s % P.group;
+                v = Q[((s / P.group) * P.heads + h) * P.d4 + idx];
+            }
+            qv[q * NV + i] = v;
+        }
+    }
+    if (lid < QT) {
+        smax[lid] = NEG;
+        ssum[lid] = 0.0;
+    }
+    // V roles: column c of slice vs; a slice takes every VS-th row of a step.
+    let dp = NV * LK;
+    let vsn = 256u / dp;
+    let c = lid % dp;
+    let vs = lid / dp;
+    var acc: array<vec4<f32>, 8>;
+    for (var q = 0u; q < QMAX; q++) {
+        acc[q] = vec4<f32>(0.0);
+    }
+    let kbase = g * P.capacity;
+
+    for (var j0 = c_lo; j0 < c_hi; j0 += KR) {
+        // Issue this step's K and V loads together: the V rows arrive while
+        // the scores are reduced. A slice's V rows are vs, vs + vsn, ...
+        // (NV of them, since vsn = 8 / NV).
+        let j = j0 + r;
+        var kreg: array<vec4<f32>, 4>;
+        var vreg: array<vec4<f32>, 4>;
+        for (var i = 0u; i < NV; i++) {
+            let idx = lane + LK * i;
+            var k = vec4<f32>(0.0);
+            if (j < c_hi && idx < P.d4) {
+                k = KC[(kbase + j % P.capacity) * P.d4 + idx];
+            }
+            kreg[i] = k;
+            let jj = j0 + vs + i * vsn;
+            var v = vec4<f32>(0.0);
+            if (jj < c_hi && c < P.d4) {
+                v = VC[(kbase + jj % P.capacity) * P.d4 + c];
+            }
+            vreg[i] = v;
+        }
+        // Partial dots of key j with every query over this lane's dims.
+        var part: array<f32, 8>;
+        for (var q = 0u; q < QMAX; q++) {
+            part[q] = 0.0;
+        }
+        for (var i = 0u; i < NV; i++) {
+            for (var q = 0u; q < QT; q++) {
+                part[q] += dot(qv[q * NV + i], kreg[i]);
+            }
+        }
+        for (var q = 0u; q < QT; q++) {
+            red[(r * QT + q) * RS + lane / 4u][lane % 4u] = part[q];
+        }
+        workgroupBarrier();
+
+        // Scores: one thread per (row, query), summing the 32 lanes.
+        if (lid < KR * QT) {
+            let rr = lid / QT;
+            let base = (rr * QT + q_me) * RS;
+            var s4 = vec4<f32>(0.0);
+            for (var k = 0u; k < 8u; k++) {
+                s4 += red[base + k];
+            }
+            let jj = j0 + rr;
+            var sc = NEG;
+            if (jj >= q_lo && jj < q_hi) {
+                sc = (s4.x + s4.y + s4.z + s4.w) * P.scale;
+            }
+            sp[q_me * KR + rr] = sc;
+        }
+        workgroupBarrier();
+
+        // Online softmax: one thread per query.
+        if (lid < QT) {
+            let mold = smax[lid];
+            var mnew = mold;
+            for (var k = 0u; k < KR; k++) {
+                mnew = max(mnew, sp[lid * KR + k]);
+            }
+            let alpha = exp(mold - mnew);
+            var l = 0.0;
+            for (var k = 0u; k < KR; k++) {
+                let sc = sp[lid * KR + k];
+                var p = 0.0;
+                if (sc > NEG) {
+                    p = exp(sc - mnew);
+                }
+                sp[lid * KR + k] = p;
+                l += p;
+            }
+            ssum[lid] = ssum[lid] * alpha + l;
+            smax[lid] = mnew;
+            salpha[lid] = alpha;
+        }
+        workgroupBarrier();
+
+        // V: acc[q] = acc[q] * alpha + sum_r p[q][r] * V[j0 + r].
+        for (var q = 0u; q < QT; q++) {
+            acc[q] *= salpha[q];
+        }
+        for (var i = 0u; i < NV; i++) {
+            let rr = vs + i * vsn;
+            if (j0 + rr < c_hi) {
+                for (var q = 0u; q < QT; q++) {
+                    acc[q] += sp[q * KR + rr] * vreg[i];
+                }
+            }
+        }
+    }
+
+    let mlbase = P.nsplit * nq * P.d4;
+    if (lid < QT && s0 + lid < s1) {
+        let s = s0 + lid;
+        let slot = (s / P.group) * P.heads + g * P.group + s % P.group;
+        PART[mlbase + split * nq + slot] = vec4<f32>(smax[lid], ssum[lid], 0.0, 0.0);
+    }
+    if (c_lo >= c_hi) {
+        return;
+    }
+    // Sum the slices' accumulators and store them.
+    for (var q = 0u; q < QT; q++) {
+        workgroupBarrier();
+        sacc[lid] = acc[q];
+        workgroupBarrier();
+        let s = s0 + q;
+        if (vs == 0u && c < P.d4 && s < s1) {
+            var a = sacc[c];
+            for (var k = 1u; k < vsn; k++) {
+                a += sacc[k * dp + c];
+            }
+            let slot = (s / P.group) * P.heads + g * P.group + s % P.group;
+            PART[(split * nq + slot) * P.d4 + c] = a;
+        }
+    }
+}
+
+@group(1) @binding(0) var<storage, read> PARTS: array<vec4<f32>>;
+@group(1) @binding(1) var<storage, read_write> OUT: array<vec4<f32>>;
+
+var<workgroup> cred: array<f32, 256>;
+var<workgroup> cw: array<f32, 256>;
+var<workgroup> cacc: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn attn_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let id = linear_group(wg, nwg);
+    let nblk = (P.d4 + 31u) / 32u;
+    let slot = id / nblk;
+    let blk = id % nblk;
+    let nq = P.m * P.heads;
+    if (slot >= nq) {
+        return;
+    }
+    let mlbase = P.nsplit * nq * P.d4;
+
+    // Common max over the splits that saw keys.
+    var mx = NEG;
+    for (var k = lid; k < P.nsplit; k += 256u) {
+        let e = PARTS[mlbase + k * nq + slot];
+        if (e.y > 0.0) {
+            mx = max(mx, e.x);
+        }
+    }
+    cred[lid] = mx;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            cred[lid] = max(cred[lid], cred[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = cred[0];
+    workgroupBarrier();
+
+    // Each split's weight exp(max_k - m), and the total sum of exp.
+    var l = 0.0;
+    for (var k = lid; k < P.nsplit; k += 256u) {
+        let e = PARTS[mlbase + k * nq + slot];
+        var w = 0.0;
+        if (e.y > 0.0) {
+            w = exp(e.x - m);
+        }
+        cw[k] = w;
+        l += w * e.y;
+    }
+    cred[lid] = l;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            cred[lid] += cred[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = cred[0];
+
+    // 8 groups of splits x 32 vec4 columns, then a sum over the groups.
+    let ci = lid % 32u;
+    let sg = lid / 32u;
+    let col = blk * 32u + ci;
+    var a = vec4<f32>(0.0);
+    if (col < P.d4) {
+        for (var k = sg; k < P.nsplit; k += 8u) {
+            let w = cw[k];
+            if (w != 0.0) {
+                a += w * PARTS[(k * nq + slot) * P.d4 + col];
+            }
+        }
+    }
+    cacc[lid] = a;
+    workgroupBarrier();
+    if (sg == 0u && col < P.d4) {
+        var o = cacc[ci];
+        for (var k = 1u; k < 8u; k++) {
+            o += cacc[k * 32u + ci];
+        }
+        OUT[slot * P.d4 + col] = o / total;
+    }
+}

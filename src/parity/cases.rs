@@ -162,7 +162,10 @@ fn attention(full: bool) -> Vec<Op> {
         c(16, 16, 8, 256, 1039, 1024, 2000), // sliding prefill micro-batch
         c(5, 16, 2, 512, 64, 0, 20),
         c(2, 4, 1, 64, 10, 4, 12),
-        c(1, 3, 3, 32, 5, 0, 0), // first token
+        c(1, 3, 3, 32, 5, 0, 0),          // first token
+        c(3, 8, 2, 128, 300, 0, 250),     // GQA 4: a partial second query tile
+        c(16, 16, 2, 512, 2048, 0, 1500), // full prefill: 16 query tiles x splits
+        c(7, 8, 4, 256, 40, 16, 100),     // short window inside one split, wrapped ring
     ];
     if full {
         v.push(c(1, 16, 2, 512, 32768, 0, 32767));

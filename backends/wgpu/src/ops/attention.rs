@@ -1,40 +1,220 @@
-use turbospark::ops::{Attention, KvAppend, Rope};
-use turbospark::{Error, Result};
+//! RoPE, KV-cache append and split-K attention (`kernels/rope.wgsl`,
+//! `kernels/kv_cache.wgsl`, `kernels/attention.wgsl`).
 
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::{rope_inv_freq, Attention, KvAppend, Rope};
+use turbospark::{DType, Error, Result};
+
+use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
-fn todo(be: &WgpuBackend, op: &str) -> Error {
-    Error::Unsupported {
-        backend: be.info.backend.clone(),
-        op: op.into(),
-        reason: "not yet implemented".into(),
+fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
+    b.single().expect("activations and caches are one buffer")
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RopeParams {
+    m: u32,
+    heads: u32,
+    head_dim: u32,
+    rot_pairs: u32,
+}
+
+/// NeoX RoPE in place, one invocation per rotated pair. The frequencies are
+/// the host table `rope_inv_freq`, uploaded once per (theta, head_dim,
+/// rot_pairs) and kept in the backend's scratch.
+pub(crate) fn rope(be: &WgpuBackend, x: &WgpuBuffer, pos: &WgpuBuffer, p: Rope) -> Result<()> {
+    if p.rot_pairs == 0 {
+        return Ok(());
     }
+    let key = (p.theta.to_bits(), p.head_dim, p.rot_pairs);
+    let freq = {
+        let mut s = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        match s.rope_freq.get(&key) {
+            Some(f) => f.clone(),
+            None => {
+                let table = rope_inv_freq(p.theta, p.head_dim, p.rot_pairs);
+                let f = be.single_buffer(DType::F32, table.len(), "rope inv_freq")?;
+                be.write_bytes(one(&f), 0, bytemuck::cast_slice(&table));
+                s.rope_freq.insert(key, f.clone());
+                f
+            }
+        }
+    };
+    let params = RopeParams {
+        m: p.m as u32,
+        heads: p.heads as u32,
+        head_dim: p.head_dim as u32,
+        rot_pairs: p.rot_pairs as u32,
+    };
+    let n = (p.m * p.heads * p.rot_pairs) as u32;
+    be.launch(Launch {
+        kernel: "rope",
+        entry: "rope",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(x), false), (one(pos), true), (one(&freq), true)],
+        groups: be.grid(n.div_ceil(256)),
+    })
 }
 
-pub(crate) fn rope(be: &WgpuBackend, _x: &WgpuBuffer, _pos: &WgpuBuffer, _p: Rope) -> Result<()> {
-    Err(todo(be, "rope"))
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct KvParams {
+    m: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
 }
 
+/// K and V rows into their cache slots, one dispatch for both.
 pub(crate) fn kv_append(
     be: &WgpuBackend,
-    _k: &WgpuBuffer,
-    _v: &WgpuBuffer,
-    _kc: &WgpuBuffer,
-    _vc: &WgpuBuffer,
-    _pos: &WgpuBuffer,
-    _p: KvAppend,
+    k: &WgpuBuffer,
+    v: &WgpuBuffer,
+    kc: &WgpuBuffer,
+    vc: &WgpuBuffer,
+    pos: &WgpuBuffer,
+    p: KvAppend,
 ) -> Result<()> {
-    Err(todo(be, "kv_append"))
+    let params = KvParams {
+        m: p.m as u32,
+        kv_heads: p.kv_heads as u32,
+        head_dim: p.head_dim as u32,
+        capacity: p.capacity as u32,
+    };
+    let n = (p.m * p.kv_heads * p.head_dim) as u32;
+    be.launch(Launch {
+        kernel: "kv_cache",
+        entry: "kv_append",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(k), true),
+            (one(v), true),
+            (one(kc), false),
+            (one(vc), false),
+            (one(pos), true),
+        ],
+        groups: be.grid(n.div_ceil(256)),
+    })
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttnParams {
+    m: u32,
+    heads: u32,
+    kv_heads: u32,
+    group: u32,
+    d4: u32,
+    capacity: u32,
+    window: u32,
+    scale: f32,
+    nsplit: u32,
+    min_chunk: u32,
+    nslots: u32,
+    ntiles: u32,
+}
+
+/// Keys per step of `attn_split` (its `KR`).
+const KEYS_PER_STEP: usize = 8;
+/// Most query slots per workgroup (`QMAX`).
+const MAX_TILE: usize = 8;
+/// Most key splits (`attn_combine` keeps one weight per split in 256 slots).
+const MAX_SPLIT: usize = 256;
+/// Phase-1 workgroups to aim for: enough to fill a large GPU.
+const TARGET_GROUPS: usize = 2048;
+/// Largest split-K scratch (bytes).
+const MAX_SCRATCH: u64 = 64 << 20;
+
+/// Attention in two dispatches: `attn_split` (per key split, kv head and
+/// query tile: partial softmax into scratch), `attn_combine` (merge).
 pub(crate) fn attention(
     be: &WgpuBackend,
-    _q: &WgpuBuffer,
-    _kc: &WgpuBuffer,
-    _vc: &WgpuBuffer,
-    _pos: &WgpuBuffer,
-    _out: &WgpuBuffer,
-    _p: Attention,
+    q: &WgpuBuffer,
+    kc: &WgpuBuffer,
+    vc: &WgpuBuffer,
+    pos: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Attention,
 ) -> Result<()> {
-    Err(todo(be, "attention"))
+    if !p.head_dim.is_multiple_of(4) {
+        return Err(Error::Unsupported {
+            backend: be.info.backend.clone(),
+            op: "attention".into(),
+            reason: format!("head_dim {} is not a multiple of 4", p.head_dim),
+        });
+    }
+    let d4 = p.head_dim / 4;
+    // vec4 per lane of a row: 32 lanes cover 128, 256 or 512 dims.
+    let nv = d4.div_ceil(32).next_power_of_two();
+    let group = p.heads / p.kv_heads;
+    let nslots = p.m * group;
+    let qt = nslots.min(MAX_TILE);
+    let ntiles = nslots.div_ceil(qt);
+    // Keys one query can see; a split takes at least 16 keys per query of its
+    // tile, so its partials stay small next to the K/V it reads.
+    let keys = if p.window > 0 {
+        p.window.min(p.capacity)
+    } else {
+        p.capacity
+    };
+    let min_chunk = (16 * qt).max(KEYS_PER_STEP);
+    let nq = p.m * p.heads;
+    let split_bytes = (nq * (d4 + 1) * 16) as u64;
+    let max_by_scratch = (MAX_SCRATCH.min(be.max_binding()) / split_bytes).max(1) as usize;
+    let nsplit = keys
+        .div_ceil(min_chunk)
+        .min(MAX_SPLIT)
+        .min((TARGET_GROUPS / (p.kv_heads * ntiles)).max(1))
+        .min(max_by_scratch)
+        .max(1);
+    let scratch_len = nsplit * nq * (d4 + 1) * 4;
+
+    let mut s = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if s.attention.as_ref().is_none_or(|b| b.len < scratch_len) {
+        s.attention =
+            Some(be.single_buffer(DType::F32, scratch_len, "attention split-K scratch")?);
+    }
+    let part = s.attention.clone().expect("created above");
+    drop(s);
+
+    let params = AttnParams {
+        m: p.m as u32,
+        heads: p.heads as u32,
+        kv_heads: p.kv_heads as u32,
+        group: group as u32,
+        d4: d4 as u32,
+        capacity: p.capacity as u32,
+        window: p.window as u32,
+        scale: p.scale,
+        nsplit: nsplit as u32,
+        min_chunk: min_chunk as u32,
+        nslots: nslots as u32,
+        ntiles: ntiles as u32,
+    };
+    be.launch(Launch {
+        kernel: "attention",
+        entry: "attn_split",
+        constants: &[("NV", nv as i64), ("QT", qt as i64)],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(q), true),
+            (one(kc), true),
+            (one(vc), true),
+            (one(pos), true),
+            (one(&part), false),
+        ],
+        groups: be.grid((nsplit * p.kv_heads * ntiles) as u32),
+    })?;
+    be.launch(Launch {
+        kernel: "attention",
+        entry: "attn_combine",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(&part), true), (one(out), false)],
+        groups: be.grid((nq * d4.div_ceil(32)) as u32),
+    })
 }

@@ -16,6 +16,8 @@ use crate::WgpuBackend;
 #[derive(Default)]
 pub(crate) struct Scratch {
     pub attention: Option<crate::WgpuBuffer>,
+    /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
+    pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
     pub router: Option<crate::WgpuBuffer>,
@@ -38,6 +40,9 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
                 turbospark::ops::MAX_HEAD_DIM
             ))
         }
+        OpKind::Attention { head_dim } if head_dim % 4 != 0 => Support::No(format!(
+            "head_dim {head_dim} is not a multiple of 4 (K/V rows are read as vec4)"
+        )),
         _ => {
             let _ = be;
             Support::Yes
