@@ -89,12 +89,12 @@ impl Shard {
                 let header = &buf[N_LEN..data_start];
                 let detail =
                     diagnose(header, buf.len() - data_start).unwrap_or_else(|| describe(&e));
-                return Err(ckpt_err(path, format!("bad safetensors header: {detail}")));
+                return Err(ckpt_err(path, format!("bad safetensors file: {detail}")));
             }
             Err(_) => {
                 return Err(ckpt_err(
                     path,
-                    "bad safetensors header: the safetensors parser panicked",
+                    "bad safetensors file: the safetensors parser panicked on its header",
                 ))
             }
         };
