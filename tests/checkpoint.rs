@@ -938,3 +938,70 @@ proptest! {
         open_bytes(&raw_file(&edited, &bytes[8 + n..]))?;
     }
 }
+
+#[test]
+fn layer_state_is_decoded_at_open() {
+    let two_bf16: Vec<u8> = (0..8).flat_map(|_| half_bf16_bits(2.0)).collect();
+    let pes_bf16: Vec<u8> = [0.5f32, 1.0, 1.5, 2.0]
+        .iter()
+        .flat_map(|&v| half_bf16_bits(v))
+        .collect();
+    let dir = single_file_ckpt(true, |t| {
+        for r in t.iter_mut() {
+            match r.name.as_str() {
+                "model.layers.1.layer_scalar" => {
+                    r.dtype = Dtype::F32;
+                    r.data = 0.25f32.to_le_bytes().to_vec();
+                }
+                "model.layers.1.router.scale" => r.data = two_bf16.clone(),
+                "model.layers.1.router.per_expert_scale" => r.data = pes_bf16.clone(),
+                _ => {}
+            }
+        }
+    });
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let s = ckpt.layer_state();
+    assert_eq!(s.len(), 2);
+    assert_eq!(s[1].layer_scalar, 0.25);
+    assert_eq!(s[1].router_effective_scale, vec![2.0 / 8f32.sqrt(); 8]);
+    assert_eq!(s[1].per_expert_scale, vec![0.5, 1.0, 1.5, 2.0]);
+    assert_eq!(s[0].per_expert_scale.len(), 4);
+}
+
+#[test]
+fn layer_state_of_the_fixtures_matches_the_tensors() {
+    for name in ["tiny-text", "tiny-multimodal"] {
+        let Some(dir) = fixture(name) else { continue };
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let hidden = ckpt.config().hidden as f32;
+        for (i, s) in ckpt.layer_state().iter().enumerate() {
+            let scalar = ckpt
+                .tensor(&format!("layers.{i}.layer_scalar"))
+                .unwrap()
+                .to_f32();
+            assert_eq!(vec![s.layer_scalar], scalar);
+            let scale = ckpt
+                .tensor(&format!("layers.{i}.router.scale"))
+                .unwrap()
+                .to_f32();
+            let folded: Vec<f32> = scale.iter().map(|v| v / hidden.sqrt()).collect();
+            for (a, b) in s.router_effective_scale.iter().zip(&folded) {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs(),
+                    "{name} layer {i}: {a} vs {b}"
+                );
+            }
+            assert_eq!(s.per_expert_scale.len(), ckpt.config().experts);
+        }
+        // The fixture generator moves these away from 1 so bugs show.
+        assert!(
+            ckpt.layer_state().iter().any(|s| s.layer_scalar != 1.0),
+            "{name}"
+        );
+    }
+}
+
+/// bf16 bytes of `v` (exact for the values used here).
+fn half_bf16_bits(v: f32) -> [u8; 2] {
+    ((v.to_bits() >> 16) as u16).to_le_bytes()
+}

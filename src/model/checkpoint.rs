@@ -13,6 +13,7 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::Value;
 
 use super::config::ModelConfig;
+use super::layer_state::{self, LayerHostState};
 use super::shard::{ckpt_err, RawTensor, Shard};
 use crate::backend::HostBytes;
 use crate::dtype::DType;
@@ -72,6 +73,8 @@ pub struct Checkpoint {
     tensors: HashMap<String, Entry>,
     prefix: &'static str,
     total_bytes: u64,
+    /// Per-layer host values, decoded once at open.
+    layer_state: Vec<LayerHostState>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -113,8 +116,10 @@ impl Checkpoint {
             tensors,
             prefix,
             total_bytes: 0,
+            layer_state: Vec::new(),
         };
         ckpt.total_bytes = ckpt.check_against_config(&index_path)?;
+        ckpt.layer_state = layer_state::build(&ckpt)?;
         Ok(ckpt)
     }
 
@@ -159,6 +164,12 @@ impl Checkpoint {
     /// Total bytes of the language-model tensors.
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes
+    }
+
+    /// Per-layer host state (folded router scale, `per_expert_scale`,
+    /// `layer_scalar`), decoded once at open; one entry per layer.
+    pub fn layer_state(&self) -> &[LayerHostState] {
+        &self.layer_state
     }
 
     /// The tensor-name prefix this checkpoint uses (`model.` or `model.language_model.`).

@@ -5,9 +5,11 @@
 pub mod checkpoint;
 pub mod config;
 mod json;
+pub mod layer_state;
 mod shard;
 mod tensors;
 
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::{LayerKind, LayerSpec, ModelConfig};
+pub use layer_state::LayerHostState;
 pub use tensors::expected_tensors;
