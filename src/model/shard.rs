@@ -67,8 +67,11 @@ impl Shard {
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| ckpt_err(path, format!("cannot memory-map: {e}")))?;
         let buf: &[u8] = &map;
-        let mut len_bytes = [0u8; N_LEN];
-        len_bytes.copy_from_slice(&buf[..N_LEN]);
+        // Checked on the map too: the file may have shrunk since the stat.
+        let len_bytes: [u8; N_LEN] = buf
+            .get(..N_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| ckpt_err(path, "truncated: shorter than the 8-byte header length"))?;
         let header_len = u64::from_le_bytes(len_bytes);
         let room = (buf.len() - N_LEN) as u64;
         if header_len > room {
