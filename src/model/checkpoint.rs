@@ -1,0 +1,357 @@
+//! A Hugging Face Gemma 4 checkpoint directory, memory-mapped and checked
+//! against its config before anything is uploaded.
+//!
+//! `open` reads `config.json`, maps `model.safetensors` (or every shard the
+//! `model.safetensors.index.json` names for a language-model tensor), and
+//! checks each tensor [`expected_tensors`] lists for presence, dtype and shape.
+//! Nothing is read from the maps at open beyond the headers, so opening a
+//! multi-GB checkpoint is instant; the bytes are paged in at upload.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::Value;
+
+use super::config::ModelConfig;
+use super::layer_state::{self, LayerHostState};
+use super::shard::{ckpt_err, RawTensor, Shard};
+use crate::backend::HostBytes;
+use crate::dtype::DType;
+use crate::Result;
+
+pub use super::tensors::expected_tensors;
+
+/// Prefix of the decoder tensors in multimodal (`Gemma4ForConditionalGeneration`) files.
+const MULTIMODAL_PREFIX: &str = "model.language_model.";
+/// Prefix of the decoder tensors in text-only (`Gemma4ForCausalLM`) files.
+const TEXT_PREFIX: &str = "model.";
+/// The untied LM head, stored outside the decoder prefix in both spellings.
+const LM_HEAD: &str = "lm_head.weight";
+
+/// One tensor of the checkpoint: its bytes stay in the file's memory map.
+#[derive(Clone)]
+pub struct TensorRef {
+    /// Name without the prefix (`layers.3.self_attn.q_proj.weight`).
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// `HostBytes::Mapped` over the file's `Arc<memmap2::Mmap>`.
+    pub bytes: HostBytes<'static>,
+}
+
+impl TensorRef {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl std::fmt::Debug for TensorRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorRef")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("bytes", &self.bytes.as_slice().len())
+            .finish()
+    }
+}
+
+/// Where a language-model tensor lives: which shard, under which full name.
+struct Entry {
+    shard: usize,
+    full_name: String,
+    raw: RawTensor,
+}
+
+/// An opened, checked checkpoint.
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: ModelConfig,
+    shards: Vec<Shard>,
+    /// Language-model tensors by name without prefix.
+    tensors: HashMap<String, Entry>,
+    prefix: &'static str,
+    total_bytes: u64,
+    /// Per-layer host values, decoded once at open.
+    layer_state: Vec<LayerHostState>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("shards", &self.shards.len())
+            .field("tensors", &self.tensors.len())
+            .field("prefix", &self.prefix)
+            .field("total_bytes", &self.total_bytes)
+            .finish()
+    }
+}
+
+impl Checkpoint {
+    /// Opens DIR: config.json + model.safetensors or model.safetensors.index.json shards; memory-maps, parses headers, checks every needed tensor's presence, dtype (bf16/f16/f32) and shape against the config before returning; ignores vision/audio tensors.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let config_path = dir.join("config.json");
+        if !config_path.is_file() {
+            return Err(ckpt_err(dir, "no config.json in the checkpoint directory"));
+        }
+        let config = ModelConfig::from_file(&config_path)?;
+        let index_path = dir.join("model.safetensors.index.json");
+        let single_path = dir.join("model.safetensors");
+        let (shards, tensors, prefix) = if index_path.is_file() {
+            open_sharded(dir, &index_path)?
+        } else if single_path.is_file() {
+            open_single(&single_path)?
+        } else {
+            return Err(ckpt_err(
+                dir,
+                "neither model.safetensors nor model.safetensors.index.json found",
+            ));
+        };
+        let mut ckpt = Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            shards,
+            tensors,
+            prefix,
+            total_bytes: 0,
+            layer_state: Vec::new(),
+        };
+        ckpt.total_bytes = ckpt.check_against_config(&index_path)?;
+        ckpt.layer_state = layer_state::build(&ckpt)?;
+        Ok(ckpt)
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `name` WITHOUT the prefix: e.g. "embed_tokens.weight", "norm.weight", "layers.3.self_attn.q_proj.weight", "layers.3.experts.gate_up_proj", "layers.3.router.scale", "layers.3.layer_scalar".
+    pub fn tensor(&self, name: &str) -> Result<TensorRef> {
+        let entry = self.tensors.get(name).ok_or_else(|| {
+            ckpt_err(
+                &self.dir,
+                format!("no tensor `{name}` (looked for `{}`)", self.full_name(name)),
+            )
+        })?;
+        let shard = &self.shards[entry.shard];
+        let dtype = weight_dtype(entry.raw.dtype).ok_or_else(|| {
+            ckpt_err(
+                &shard.path,
+                format!(
+                    "tensor `{}`: dtype {:?}, expected bf16, f16 or f32",
+                    entry.full_name, entry.raw.dtype
+                ),
+            )
+        })?;
+        Ok(TensorRef {
+            name: name.to_string(),
+            dtype,
+            shape: entry.raw.shape.clone(),
+            bytes: HostBytes::Mapped {
+                map: shard.map.clone(),
+                offset: entry.raw.offset,
+                len: entry.raw.len,
+            },
+        })
+    }
+
+    /// Total bytes of the language-model tensors.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    /// Per-layer host state (folded router scale, `per_expert_scale`,
+    /// `layer_scalar`), decoded once at open; one entry per layer.
+    pub fn layer_state(&self) -> &[LayerHostState] {
+        &self.layer_state
+    }
+
+    /// The tensor-name prefix this checkpoint uses (`model.` or `model.language_model.`).
+    pub fn prefix(&self) -> &str {
+        self.prefix
+    }
+
+    /// The files mapped (shards holding language-model tensors).
+    pub fn files(&self) -> Vec<&Path> {
+        self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+
+    /// The name as stored in the file.
+    fn full_name(&self, name: &str) -> String {
+        if name == LM_HEAD {
+            name.to_string()
+        } else {
+            format!("{}{name}", self.prefix)
+        }
+    }
+
+    /// Checks every expected tensor's presence, dtype and shape; returns their
+    /// total size in bytes.
+    fn check_against_config(&self, index_path: &Path) -> Result<u64> {
+        let mut total = 0u64;
+        for (name, want) in expected_tensors(&self.config) {
+            let Some(entry) = self.tensors.get(&name) else {
+                let file = if self.shards.len() == 1 && !index_path.is_file() {
+                    self.shards[0].path.clone()
+                } else {
+                    index_path.to_path_buf()
+                };
+                return Err(ckpt_err(
+                    &file,
+                    format!(
+                        "missing tensor `{}` (expected shape {want:?}, bf16/f16/f32)",
+                        self.full_name(&name)
+                    ),
+                ));
+            };
+            let path = &self.shards[entry.shard].path;
+            if weight_dtype(entry.raw.dtype).is_none_or(|d| !d.is_float()) {
+                return Err(ckpt_err(
+                    path,
+                    format!(
+                        "tensor `{}`: dtype {:?}, expected bf16, f16 or f32",
+                        entry.full_name, entry.raw.dtype
+                    ),
+                ));
+            }
+            if entry.raw.shape != want {
+                return Err(ckpt_err(
+                    path,
+                    format!(
+                        "tensor `{}`: shape {:?}, expected {want:?} from config.json",
+                        entry.full_name, entry.raw.shape
+                    ),
+                ));
+            }
+            total += entry.raw.len as u64;
+        }
+        Ok(total)
+    }
+}
+
+/// The float weight dtypes this runtime reads; `U32` and the rest are not weights.
+fn weight_dtype(d: safetensors::Dtype) -> Option<DType> {
+    DType::from_safetensors(d).filter(|t| t.is_float())
+}
+
+/// The decoder prefix of a checkpoint: multimodal if any tensor uses it.
+fn detect_prefix<'a>(names: impl IntoIterator<Item = &'a str>) -> &'static str {
+    if names.into_iter().any(|n| n.starts_with(MULTIMODAL_PREFIX)) {
+        MULTIMODAL_PREFIX
+    } else {
+        TEXT_PREFIX
+    }
+}
+
+/// The name without prefix of a language-model tensor; `None` for
+/// vision/audio and anything else outside the decoder.
+fn lm_name<'a>(full: &'a str, prefix: &str) -> Option<&'a str> {
+    if full == LM_HEAD {
+        return Some(full);
+    }
+    full.strip_prefix(prefix)
+}
+
+type Opened = (Vec<Shard>, HashMap<String, Entry>, &'static str);
+
+fn open_single(path: &Path) -> Result<Opened> {
+    let shard = Shard::open(path)?;
+    let prefix = detect_prefix(shard.tensors.keys().map(String::as_str));
+    let tensors = shard
+        .tensors
+        .iter()
+        .filter_map(|(full, raw)| {
+            lm_name(full, prefix).map(|n| {
+                (
+                    n.to_string(),
+                    Entry {
+                        shard: 0,
+                        full_name: full.clone(),
+                        raw: raw.clone(),
+                    },
+                )
+            })
+        })
+        .collect();
+    Ok((vec![shard], tensors, prefix))
+}
+
+fn open_sharded(dir: &Path, index_path: &Path) -> Result<Opened> {
+    let text = std::fs::read_to_string(index_path)
+        .map_err(|e| ckpt_err(index_path, format!("cannot read: {e}")))?;
+    let index: Value = serde_json::from_str(&text)
+        .map_err(|e| ckpt_err(index_path, format!("not valid JSON: {e}")))?;
+    let weight_map = index
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| ckpt_err(index_path, "no `weight_map` object"))?;
+    let prefix = detect_prefix(weight_map.keys().map(String::as_str));
+
+    // Only shards that hold a decoder tensor are mapped: vision/audio-only
+    // shards are never touched.
+    let mut files: Vec<String> = Vec::new();
+    let mut wanted: Vec<(String, &str, usize)> = Vec::new();
+    for (full, file) in weight_map {
+        let Some(name) = lm_name(full, prefix) else {
+            continue;
+        };
+        let file = file.as_str().ok_or_else(|| {
+            ckpt_err(
+                index_path,
+                format!("weight_map[`{full}`]: expected a file name, found {file}"),
+            )
+        })?;
+        if !is_plain_file_name(file) {
+            return Err(ckpt_err(
+                index_path,
+                format!("weight_map[`{full}`]: `{file}` is not a file name inside the checkpoint directory"),
+            ));
+        }
+        let idx = match files.iter().position(|f| f == file) {
+            Some(i) => i,
+            None => {
+                files.push(file.to_string());
+                files.len() - 1
+            }
+        };
+        wanted.push((name.to_string(), full, idx));
+    }
+    let shards = files
+        .iter()
+        .map(|f| Shard::open(&dir.join(f)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut tensors = HashMap::with_capacity(wanted.len());
+    for (name, full, idx) in wanted {
+        let shard = &shards[idx];
+        let raw = shard.tensors.get(full).ok_or_else(|| {
+            ckpt_err(
+                &shard.path,
+                format!(
+                    "tensor `{full}`: listed in model.safetensors.index.json for this file, but not in its header"
+                ),
+            )
+        })?;
+        tensors.insert(
+            name,
+            Entry {
+                shard: idx,
+                full_name: full.to_string(),
+                raw: raw.clone(),
+            },
+        );
+    }
+    Ok((shards, tensors, prefix))
+}
+
+/// Whether `f` names a file directly inside the checkpoint directory (no
+/// directories, no `..`, not absolute): an index must not point elsewhere.
+fn is_plain_file_name(f: &str) -> bool {
+    let mut comps = Path::new(f).components();
+    matches!(comps.next(), Some(Component::Normal(_))) && comps.next().is_none()
+}
