@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod dtype;
 pub mod error;
+pub mod model;
 pub mod ops;
 pub mod rng;
 

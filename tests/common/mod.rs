@@ -1,0 +1,32 @@
+//! Helpers shared by the model-level tests.
+#![allow(dead_code)]
+
+use turbospark_wgpu::{WgpuBackend, WgpuOptions};
+
+/// Normalised mean squared error `sum (a-b)^2 / sum b^2` (b the reference).
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+/// The wgpu backend on the best adapter; None (skip) when there is none,
+/// except under `CI=true`, where a missing adapter FAILS the test: CI must
+/// run the GPU path (on lavapipe), never silently skip it.
+pub fn wgpu_backend() -> Option<WgpuBackend> {
+    match WgpuBackend::new(&WgpuOptions::default()) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true but no wgpu adapter: {e}");
+            }
+            eprintln!("skipping wgpu test: {e}");
+            None
+        }
+    }
+}
