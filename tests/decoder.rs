@@ -174,3 +174,43 @@ fn synthetic_weights_are_deterministic() {
     assert_eq!(a, b);
     assert!(a.iter().flatten().all(|v| v.is_finite()));
 }
+
+/// A source that lies about one tensor's shape.
+struct Misshapen(SyntheticSource);
+
+impl turbospark::model::TensorSource for Misshapen {
+    fn config(&self) -> &turbospark::model::ModelConfig {
+        self.0.config()
+    }
+    fn tensor(&self, name: &str) -> turbospark::Result<turbospark::model::TensorRef> {
+        let mut t = self.0.tensor(name)?;
+        if name == "layers.1.self_attn.k_proj.weight" {
+            t.shape.reverse();
+        }
+        Ok(t)
+    }
+}
+
+#[test]
+fn misshapen_tensor_is_named() {
+    use turbospark::model::TensorSource;
+    let src = Misshapen(SyntheticSource::new(tiny_config(), 1).unwrap());
+    assert!(src.tensor("nope").is_err());
+    let e = Model::load(CpuBackend::new(), &src, ModelOptions::default())
+        .err()
+        .unwrap();
+    let msg = e.to_string();
+    assert!(msg.contains("layers.1.self_attn.k_proj.weight"), "{msg}");
+    assert!(msg.contains("expected"), "{msg}");
+}
+
+#[test]
+#[ignore = "wgpu kernels pending"]
+fn wgpu_prefill_batches_match_token_by_token_decode() {
+    if let Some(b) = common::wgpu_backend() {
+        let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+        let mut m = Model::load(b, &src, ModelOptions { max_context: 64 }).unwrap();
+        let vocab = m.config().vocab;
+        batched_and_single(&mut m, &prompt(2 * MAX_PREFILL_BATCH + 5, vocab));
+    }
+}
