@@ -214,3 +214,24 @@ fn wgpu_prefill_batches_match_token_by_token_decode() {
         batched_and_single(&mut m, &prompt(2 * MAX_PREFILL_BATCH + 5, vocab));
     }
 }
+
+#[test]
+fn named_synthetic_configs() {
+    use turbospark::model::synthetic::named_config;
+    let big = named_config("gemma-4-26b-a4b").unwrap();
+    assert_eq!(big.layers.len(), 30);
+    let src = SyntheticSource::new(big, 0).unwrap();
+    // Generated on demand: one tensor, not the model.
+    let t =
+        turbospark::model::TensorSource::tensor(&src, "layers.5.self_attn.q_proj.weight").unwrap();
+    assert_eq!(t.shape, vec![16 * 512, 2816]);
+    // Full layers are k_eq_v: no v_proj.
+    let names = src.names();
+    assert!(!names
+        .iter()
+        .any(|(n, _)| n == "layers.5.self_attn.v_proj.weight"));
+    assert!(names
+        .iter()
+        .any(|(n, _)| n == "layers.4.self_attn.v_proj.weight"));
+    assert!(named_config("nope").is_err());
+}

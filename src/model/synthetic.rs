@@ -188,6 +188,18 @@ impl TensorSource for SyntheticSource {
     }
 }
 
+/// Configs a synthetic model can be asked for by name (`--synthetic NAME`):
+/// `gemma-4-26b-a4b` (the flagship shape) and `tiny` ([`tiny_config`]).
+pub fn named_config(name: &str) -> Result<ModelConfig> {
+    match name {
+        "gemma-4-26b-a4b" => Ok(ModelConfig::gemma4_26b_a4b()),
+        "tiny" => Ok(tiny_config()),
+        other => Err(Error::InvalidInput(format!(
+            "unknown synthetic model {other:?} (known: gemma-4-26b-a4b, tiny)"
+        ))),
+    }
+}
+
 /// A small config with every feature on (both layer types, k_eq_v full
 /// layers, MoE, softcap, a window shorter than test sequences): for tests.
 pub fn tiny_config() -> ModelConfig {

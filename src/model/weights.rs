@@ -300,7 +300,11 @@ impl<B: ComputeBackend> Weights<B> {
             } else {
                 None
             };
-            let layer_scalar = ld.host_f32(&format!("{p}layer_scalar"), &[1])?[0];
+            let layer_scalar = ld
+                .host_f32(&format!("{p}layer_scalar"), &[1])?
+                .first()
+                .copied()
+                .unwrap_or(1.0);
             layers.push(LayerWeights {
                 input_norm: ld.norm(&format!("{p}input_layernorm.weight"), h)?,
                 q_proj: ld.weight(&format!("{a}q_proj.weight"), qd, h)?,
