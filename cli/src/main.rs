@@ -1,1 +1,44 @@
-fn main() {}
+//! `turbospark`: the command line. A thin dispatcher: each subcommand lives
+//! in its own module (`cli/src/<cmd>.rs`) with its clap arguments and `run`.
+//! With no arguments it runs the main job on the bundled default checkpoint.
+
+mod common;
+mod default_job;
+mod generate;
+mod info;
+mod logits;
+
+use clap::{Parser, Subcommand};
+
+/// Mixture-of-Experts inference (Gemma 4) on any GPU through wgpu, checked
+/// against a CPU reference.
+#[derive(Parser)]
+#[command(name = "turbospark", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// GPU adapters, their features and limits; with --model, what a run needs.
+    Info(info::Args),
+    /// Generate text (or token ids) from a prompt.
+    Generate(generate::Args),
+    /// Teacher-forced logits of a token sequence, written to a safetensors file.
+    Logits(logits::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => default_job::run(),
+        Some(Command::Info(a)) => info::run(a),
+        Some(Command::Generate(a)) => generate::run(a),
+        Some(Command::Logits(a)) => logits::run(a),
+    };
+    if let Err(e) = result {
+        common::print_error_chain(e.as_ref());
+        std::process::exit(1);
+    }
+}

@@ -1,15 +1,29 @@
-//! The Gemma 4 model description: its configuration ([`config`]), the tensors
-//! it implies ([`expected_tensors`]) and the memory-mapped checkpoint that
-//! supplies them ([`checkpoint`]).
+//! The Gemma 4 MoE model, written once against [`crate::ComputeBackend`].
+//!
+//! - [`config`]: the model's shape, parsed from `config.json`;
+//! - [`checkpoint`]: the memory-mapped safetensors checkpoint, checked against
+//!   the tensors the config implies ([`expected_tensors`]);
+//! - [`weights`]: per-layer device state built once at open;
+//! - [`decoder`]: prefill, decode and logits on any backend;
+//! - [`sampling`]: greedy / temperature / top-k / top-p on the host;
+//! - [`synthetic`]: seeded random weights for any config (tests, benchmarks).
 
 pub mod checkpoint;
 pub mod config;
+pub mod decoder;
 mod json;
 pub mod layer_state;
+pub mod sampling;
 mod shard;
+pub mod synthetic;
 mod tensors;
+pub mod weights;
 
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::{LayerKind, LayerSpec, ModelConfig};
+pub use decoder::{GenerateOptions, Generation, Model, ModelOptions, MAX_PREFILL_BATCH};
 pub use layer_state::LayerHostState;
+pub use sampling::Sampling;
+pub use synthetic::SyntheticSource;
 pub use tensors::expected_tensors;
+pub use weights::TensorSource;

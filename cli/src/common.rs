@@ -1,0 +1,111 @@
+//! What the subcommands share: backend choice, opening a checkpoint, token
+//! parsing, the tokenizer, and error reporting.
+
+use std::error::Error as StdError;
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use turbospark::model::Checkpoint;
+use turbospark_wgpu::{WgpuBackend, WgpuOptions};
+
+/// Every CLI failure: a library error, a tokenizer error, or I/O, with its chain.
+pub type CliError = Box<dyn StdError + Send + Sync>;
+pub type CliResult<T = ()> = Result<T, CliError>;
+
+/// Which backend runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// The CPU reference backend (plain Rust, slow, the ground truth).
+    Cpu,
+    /// The best (or the named) GPU adapter through wgpu.
+    Wgpu,
+}
+
+/// Print an error and every cause under it (never a panic, never a backtrace).
+pub fn print_error_chain(e: &(dyn StdError + 'static)) {
+    eprintln!("error: {e}");
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        eprintln!("  caused by: {c}");
+        cause = c.source();
+    }
+}
+
+pub fn open_wgpu(adapter: Option<String>) -> CliResult<WgpuBackend> {
+    Ok(WgpuBackend::new(&WgpuOptions { adapter })?)
+}
+
+pub fn open_checkpoint(dir: &Path) -> CliResult<Checkpoint> {
+    Ok(Checkpoint::open(dir)?)
+}
+
+/// `"5,17, 42"` to ids; anything else is an error naming the bad item.
+pub fn parse_tokens(s: &str) -> CliResult<Vec<u32>> {
+    let ids: Result<Vec<u32>, CliError> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|e| format!("bad token id {t:?} in --tokens: {e}").into())
+        })
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        return Err("--tokens holds no token ids".into());
+    }
+    Ok(ids)
+}
+
+/// The checkpoint's `tokenizer.json`, when it has one.
+pub fn tokenizer(dir: &Path) -> CliResult<Option<tokenizers::Tokenizer>> {
+    let path: PathBuf = dir.join("tokenizer.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    tokenizers::Tokenizer::from_file(&path)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> CliResult<Vec<u32>> {
+    let enc = tok
+        .encode(text, true)
+        .map_err(|e| format!("tokenizing the prompt: {e}"))?;
+    Ok(enc.get_ids().to_vec())
+}
+
+pub fn decode(tok: &tokenizers::Tokenizer, ids: &[u32]) -> CliResult<String> {
+    Ok(tok
+        .decode(ids, true)
+        .map_err(|e| format!("detokenizing: {e}"))?)
+}
+
+/// Bytes in a human unit.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_lists() {
+        assert_eq!(parse_tokens("5,17, 42").unwrap(), vec![5, 17, 42]);
+        assert!(parse_tokens("5,x").is_err());
+        assert!(parse_tokens("-1").is_err());
+        assert!(parse_tokens(",").is_err());
+    }
+}

@@ -1,0 +1,136 @@
+//! `turbospark generate`: a prompt (text through the checkpoint's tokenizer,
+//! or token ids) in, the continuation out on stdout; prefill and decode
+//! tokens/s on stderr.
+
+use std::path::PathBuf;
+
+use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, Sampling};
+use turbospark::ComputeBackend;
+use turbospark_cpu::CpuBackend;
+
+use crate::common::{
+    decode, encode, open_checkpoint, open_wgpu, parse_tokens, tokenizer, BackendKind, CliResult,
+};
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "tokens"])))]
+pub struct Args {
+    /// Checkpoint directory (config.json + safetensors [+ tokenizer.json]).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt text (needs the checkpoint's tokenizer.json).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long)]
+    tokens: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[arg(long, value_enum, default_value = "wgpu")]
+    backend: BackendKind,
+    /// Case-insensitive substring of the adapter name (wgpu only).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Longest context (prompt + new tokens); sizes the KV caches up front.
+    #[arg(long, default_value_t = 4096)]
+    max_context: usize,
+}
+
+/// Sampling flags: none (or a temperature of 0) means greedy decoding.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Softmax temperature; 0 is greedy (the default unless --top-k/--top-p are given).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Sample among the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample among the smallest set of tokens holding probability P.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn sampling(&self) -> Sampling {
+        let random = self.top_k.is_some() || self.top_p.is_some();
+        match self.temperature {
+            None if !random => Sampling::Greedy,
+            t => Sampling::Random {
+                temperature: t.unwrap_or(1.0),
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+        }
+    }
+}
+
+pub fn run(a: Args) -> CliResult {
+    let tok = tokenizer(&a.model)?;
+    let prompt = match (&a.prompt, &a.tokens, &tok) {
+        (_, Some(ids), _) => parse_tokens(ids)?,
+        (Some(text), None, Some(t)) => encode(t, text)?,
+        (Some(_), None, None) => {
+            return Err(format!(
+                "{} has no tokenizer.json: pass the prompt as --tokens",
+                a.model.display()
+            )
+            .into())
+        }
+        (None, None, _) => return Err("give --prompt or --tokens".into()),
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: a.sampling.sampling(),
+    };
+    let (g, device) = match a.backend {
+        BackendKind::Cpu => generate_on(CpuBackend::new(), &a, &prompt, &opts)?,
+        BackendKind::Wgpu => generate_on(open_wgpu(a.adapter.clone())?, &a, &prompt, &opts)?,
+    };
+    match &tok {
+        Some(t) => println!("{}", decode(t, &g.tokens)?),
+        None => println!(
+            "{}",
+            g.tokens
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+    eprintln!(
+        "{device}: {} prompt tokens, {} new; prefill {:.1} tok/s, decode {:.1} tok/s",
+        prompt.len(),
+        g.tokens.len(),
+        g.prefill_tok_s,
+        g.decode_tok_s
+    );
+    Ok(())
+}
+
+fn generate_on<B: ComputeBackend>(
+    backend: B,
+    a: &Args,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+) -> CliResult<(Generation, String)> {
+    let device = format!(
+        "{} ({})",
+        backend.info().device_name,
+        backend.info().backend
+    );
+    let ck = open_checkpoint(&a.model)?;
+    let mut model = Model::load(
+        backend,
+        &ck,
+        ModelOptions {
+            max_context: a.max_context,
+        },
+    )?;
+    Ok((model.generate(prompt, opts)?, device))
+}

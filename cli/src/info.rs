@@ -1,0 +1,110 @@
+//! `turbospark info`: the adapters wgpu finds and the chosen one's features
+//! and limits; with --model, the config summary, parameter count, bytes read
+//! per decoded token and the device memory a run will need.
+
+use std::path::PathBuf;
+
+use turbospark::model::decoder::runtime_bytes;
+use turbospark::model::{LayerKind, ModelConfig};
+use turbospark::{BackendInfo, ComputeBackend, DType};
+
+use crate::common::{human_bytes, open_checkpoint, open_wgpu, CliResult};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory to describe.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Case-insensitive substring of the adapter name to describe.
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Context length to size the KV caches for.
+    #[arg(long, default_value_t = 4096)]
+    max_context: usize,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let adapters = turbospark_wgpu::list_adapters();
+    println!("adapters ({}):", adapters.len());
+    for ad in &adapters {
+        println!(
+            "  {} [{} {:?}] {}",
+            ad.name, ad.api, ad.device_type, ad.driver
+        );
+    }
+    match open_wgpu(a.adapter.clone()) {
+        Ok(b) => print_backend(b.info()),
+        Err(e) => println!("no usable wgpu adapter: {e}"),
+    }
+    if let Some(dir) = &a.model {
+        let ck = open_checkpoint(dir)?;
+        let dtype = ck
+            .tensor("embed_tokens.weight")
+            .map(|t| t.dtype)
+            .unwrap_or(DType::BF16);
+        print_model(ck.config(), dtype, ck.total_bytes(), a.max_context);
+    }
+    Ok(())
+}
+
+fn print_backend(i: &BackendInfo) {
+    println!(
+        "chosen: {} ({} on {}, {:?}) driver {}",
+        i.device_name, i.backend, i.api, i.device_type, i.driver
+    );
+    let f = &i.features;
+    println!(
+        "  features: shader_f16={} subgroups={} (sizes {}..{}) timestamps={}",
+        f.shader_f16, f.subgroups, f.subgroup_min_size, f.subgroup_max_size, f.timestamps
+    );
+    let l = &i.limits;
+    println!(
+        "  limits: max binding {}, max buffer {}, max workgroups/dim {}",
+        human_bytes(l.max_binding_bytes),
+        human_bytes(l.max_buffer_bytes),
+        l.max_workgroups_per_dim
+    );
+}
+
+fn print_model(cfg: &ModelConfig, dtype: DType, weight_bytes: u64, max_context: usize) {
+    let full = cfg
+        .layers
+        .iter()
+        .filter(|l| l.kind == LayerKind::Full)
+        .count();
+    println!("model:");
+    println!(
+        "  hidden {}, {} layers ({} sliding, {} full), {} heads, vocab {}",
+        cfg.hidden,
+        cfg.layers.len(),
+        cfg.layers.len() - full,
+        full,
+        cfg.heads,
+        cfg.vocab
+    );
+    if let (Some(s), Some(f)) = (
+        cfg.layers.iter().find(|l| l.kind == LayerKind::Sliding),
+        cfg.layers.iter().find(|l| l.kind == LayerKind::Full),
+    ) {
+        println!(
+            "  sliding: head_dim {}, kv_heads {}, window {}, theta {}; full: head_dim {}, kv_heads {}, theta {}, rotated pairs {}, k_eq_v {}",
+            s.head_dim, s.kv_heads, cfg.sliding_window, s.rope_theta, f.head_dim, f.kv_heads, f.rope_theta, f.rot_pairs, f.k_eq_v
+        );
+    }
+    println!(
+        "  dense MLP {}; MoE {}: {} experts, top-{}, expert inter {}; softcap {:?}",
+        cfg.intermediate, cfg.enable_moe, cfg.experts, cfg.top_k, cfg.moe_inter, cfg.final_softcap
+    );
+    println!("  parameters: {}", cfg.parameter_count());
+    println!(
+        "  bytes read per decoded token ({dtype}): {}",
+        human_bytes(cfg.bytes_per_token(dtype))
+    );
+    let run = runtime_bytes(cfg, max_context);
+    println!(
+        "  memory for a run at --max-context {max_context}: {} weights + {} KV caches and scratch = {}",
+        human_bytes(weight_bytes),
+        human_bytes(run),
+        human_bytes(weight_bytes + run)
+    );
+}

@@ -1,0 +1,146 @@
+//! The CLI's contract on bad input: a clear message and a non-zero exit,
+//! never a panic. Runs the CPU backend on the bundled tiny fixture.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
+}
+
+fn turbospark(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(args)
+        .output()
+        .expect("the turbospark binary runs")
+}
+
+fn model() -> String {
+    fixture().display().to_string()
+}
+
+fn fails_with(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+    assert!(!err.contains("panicked"), "panicked: {err}");
+}
+
+#[test]
+fn generate_greedy_on_cpu_matches_the_fixture() {
+    let m = model();
+    let out = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--max-new-tokens",
+        "8",
+        "--tokens",
+        "429,92,412,358,75,470,508,444,157,469",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The fixture's tokenizer spells id N as "wN".
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.trim(), "w469 w469 w190 w310 w23 w278 w278 w485");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tok/s"));
+}
+
+#[test]
+fn token_past_vocabulary_is_an_error() {
+    let m = model();
+    let out = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--tokens",
+        "1,512",
+    ]);
+    fails_with(&out, "past the vocabulary");
+}
+
+#[test]
+fn prompt_past_context_is_an_error() {
+    let m = model();
+    let out = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--tokens",
+        "1,2,3,4,5",
+        "--max-context",
+        "4",
+    ]);
+    fails_with(&out, "maximum context");
+}
+
+#[test]
+fn bad_token_list_and_missing_model_are_errors() {
+    let m = model();
+    fails_with(
+        &turbospark(&[
+            "logits",
+            "--model",
+            &m,
+            "--backend",
+            "cpu",
+            "--tokens",
+            "1,x",
+            "--out",
+            "/dev/null",
+        ]),
+        "bad token id",
+    );
+    fails_with(
+        &turbospark(&[
+            "generate",
+            "--model",
+            "/nonexistent",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "1",
+        ]),
+        "/nonexistent",
+    );
+}
+
+#[test]
+fn logits_writes_one_row_per_token() {
+    let m = model();
+    let dir = std::env::temp_dir().join(format!("turbospark-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("logits.safetensors");
+    let p = path.display().to_string();
+    let out = turbospark(&[
+        "logits",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--tokens",
+        "5,17,42",
+        "--out",
+        &p,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    assert_eq!(t.shape(), &[3, 512]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,675 @@
+//! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
+//!
+//! One forward pass over `m` tokens (a prefill micro-batch, or one decode
+//! token) records, per layer:
+//!
+//! ```text
+//! y  = input_layernorm(x)
+//! q  = rope(q_norm(q_proj y)); k = rope(k_norm(k_proj y))
+//! v  = rmsnorm_noweight(v_proj y)       (k_eq_v layers: of the RAW k_proj y)
+//! kv_append(k, v); a = attention(q, cache, scale 1, window on sliding layers)
+//! r  = x + post_attention_layernorm(o_proj a)                 (one rms_norm op)
+//! h1 = post_ff_1(down(gelu_mul(gate_up(pre_ff(r)))))
+//! h2 = post_ff_2(moe(pre_ff_2(r), router(r)))
+//! x  = (r + post_feedforward_layernorm(h1 + h2)) * layer_scalar (one rms_norm op)
+//! ```
+//!
+//! then the final norm, the tied LM head and the softcap. Ops never alias
+//! their inputs, so every stage writes its own scratch buffer; the residual
+//! stream needs no ping-pong because the layer's last op reads `r`, not `x`.
+
+use std::time::Instant;
+
+use crate::backend::ComputeBackend;
+use crate::dtype::{round_to, DType};
+use crate::error::{Error, Result};
+use crate::model::config::{LayerKind, ModelConfig};
+use crate::model::sampling::{Sampler, Sampling};
+use crate::model::weights::{TensorSource, Weights};
+use crate::ops::{Attention, Embed, KvAppend, Matmul, Moe, RmsNorm, Rope, Router};
+
+/// Most tokens one prefill micro-batch carries (the seed's `MAX_PREFILL_BATCH`).
+pub const MAX_PREFILL_BATCH: usize = 16;
+
+/// How a model is opened.
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    /// Longest sequence (prompt plus generated tokens) the KV caches hold;
+    /// they are sized for it up front, and a request past it is an error.
+    pub max_context: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions { max_context: 4096 }
+    }
+}
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 32,
+            sampling: Sampling::Greedy,
+        }
+    }
+}
+
+/// The result of [`Model::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The new tokens (the prompt not included).
+    pub tokens: Vec<u32>,
+    /// Prompt tokens per second, up to and including the first new token.
+    pub prefill_tok_s: f64,
+    /// New tokens per second after the first (0 when fewer than two).
+    pub decode_tok_s: f64,
+}
+
+/// Per-layer KV cache, `[kv_heads, capacity, head_dim]` f32 for K and for V.
+struct KvCache<B: ComputeBackend> {
+    k: B::Buffer,
+    v: B::Buffer,
+    capacity: usize,
+}
+
+/// Activation scratch for up to `rows` tokens at once.
+struct Scratch<B: ComputeBackend> {
+    rows: usize,
+    ids: B::Buffer,
+    pos: B::Buffer,
+    x: B::Buffer,
+    normed: B::Buffer,
+    q_raw: B::Buffer,
+    q: B::Buffer,
+    k_raw: B::Buffer,
+    k: B::Buffer,
+    v_raw: B::Buffer,
+    v: B::Buffer,
+    attn: B::Buffer,
+    o: B::Buffer,
+    r: B::Buffer,
+    ff_in: B::Buffer,
+    gate_up: B::Buffer,
+    act: B::Buffer,
+    dense: B::Buffer,
+    h1: B::Buffer,
+    moe_in: B::Buffer,
+    route_ids: B::Buffer,
+    route_w: B::Buffer,
+    moe_act: B::Buffer,
+    moe_out: B::Buffer,
+    h2: B::Buffer,
+    h_sum: B::Buffer,
+    logits: B::Buffer,
+    capped: B::Buffer,
+}
+
+impl<B: ComputeBackend> Scratch<B> {
+    fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Result<Self> {
+        let h = cfg.hidden;
+        let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        let max_kv = cfg
+            .layers
+            .iter()
+            .map(|l| l.kv_heads * l.head_dim)
+            .max()
+            .unwrap_or(0);
+        let qd = cfg.heads * max_hd;
+        // Buffers of a disabled branch still need one element to be valid.
+        let (k_, mi) = if cfg.enable_moe {
+            (cfg.top_k, cfg.moe_inter)
+        } else {
+            (1, 1)
+        };
+        let f = |n: usize, label: &str| be.alloc(DType::F32, rows * n.max(1), label);
+        let u = |n: usize, label: &str| be.alloc(DType::U32, rows * n.max(1), label);
+        Ok(Scratch {
+            rows,
+            ids: u(1, "ids")?,
+            pos: u(1, "positions")?,
+            x: f(h, "x")?,
+            normed: f(h, "normed")?,
+            q_raw: f(qd, "q_raw")?,
+            q: f(qd, "q")?,
+            k_raw: f(max_kv, "k_raw")?,
+            k: f(max_kv, "k")?,
+            v_raw: f(max_kv, "v_raw")?,
+            v: f(max_kv, "v")?,
+            attn: f(qd, "attn")?,
+            o: f(h, "o")?,
+            r: f(h, "r")?,
+            ff_in: f(h, "ff_in")?,
+            gate_up: f(2 * cfg.intermediate, "mlp_gate_up")?,
+            act: f(cfg.intermediate, "mlp_act")?,
+            dense: f(h, "dense")?,
+            h1: f(h, "h1")?,
+            moe_in: f(h, "moe_in")?,
+            route_ids: u(k_, "route_ids")?,
+            route_w: f(k_, "route_w")?,
+            moe_act: f(k_ * mi, "moe_act")?,
+            moe_out: f(h, "moe_out")?,
+            h2: f(h, "h2")?,
+            h_sum: f(h, "h_sum")?,
+            logits: f(cfg.vocab, "logits")?,
+            capped: f(cfg.vocab, "logits_capped")?,
+        })
+    }
+}
+
+/// A Gemma 4 MoE model on one backend, with its KV caches and position.
+pub struct Model<B: ComputeBackend> {
+    backend: B,
+    cfg: ModelConfig,
+    weights: Weights<B>,
+    caches: Vec<KvCache<B>>,
+    /// One-row scratch: decode, and prefill of a single token.
+    single: Scratch<B>,
+    /// [`MAX_PREFILL_BATCH`]-row scratch for batched prefill, created on first
+    /// use so a decode-only run allocates none of it.
+    batch: Option<Scratch<B>>,
+    /// Tokens already in the caches (the next token's position).
+    pos: usize,
+    max_context: usize,
+    embed_scale: f32,
+}
+
+impl<B: ComputeBackend> Model<B> {
+    /// Upload the weights of `source` and size the KV caches for `opts.max_context`.
+    ///
+    /// Cache capacity per layer: full-attention layers keep every position,
+    /// `max_context` slots. Sliding layers keep a ring of
+    /// `sliding_window + MAX_PREFILL_BATCH - 1` slots, not `sliding_window`: a
+    /// micro-batch of m tokens appends all m keys before any of its queries
+    /// attend, and the first query (position p) still needs keys back to
+    /// `p + 1 - window` while the last append writes `p + m - 1`; the ring
+    /// must hold that span of `window + m - 1` positions so no append
+    /// overwrites a key an earlier query of the same batch reads. (Never more
+    /// than `max_context` slots: a ring that never wraps is a linear cache.)
+    pub fn load(backend: B, source: &dyn TensorSource, opts: ModelOptions) -> Result<Self> {
+        let cfg = source.config().clone();
+        cfg.validate()?;
+        if opts.max_context == 0 {
+            return Err(Error::InvalidInput("max_context must be positive".into()));
+        }
+        if u32::try_from(opts.max_context).is_err() {
+            return Err(Error::InvalidInput(format!(
+                "max_context {} does not fit u32 positions",
+                opts.max_context
+            )));
+        }
+        let weights = Weights::load(&backend, source)?;
+        let mut caches = Vec::with_capacity(cfg.layers.len());
+        for (i, l) in cfg.layers.iter().enumerate() {
+            let capacity = cache_capacity(&cfg, l.kind, opts.max_context);
+            let n = l.kv_heads * capacity * l.head_dim;
+            caches.push(KvCache {
+                k: backend.alloc(DType::F32, n, &format!("layers.{i}.k_cache"))?,
+                v: backend.alloc(DType::F32, n, &format!("layers.{i}.v_cache"))?,
+                capacity,
+            });
+        }
+        let single = Scratch::new(&backend, &cfg, 1)?;
+        let embed_scale = round_to(weights.embed_dtype, (cfg.hidden as f32).sqrt());
+        Ok(Model {
+            backend,
+            cfg,
+            weights,
+            caches,
+            single,
+            batch: None,
+            pos: 0,
+            max_context: opts.max_context,
+            embed_scale,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Tokens currently in the context.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Whether the batched-prefill scratch has been allocated.
+    pub fn has_batch_scratch(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// Forget the context: the next call starts at position 0. (Stale cache
+    /// entries are never read: attention only reads positions `<= pos`.)
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Teacher-forced logits of `tokens`, appended to the current context:
+    /// one row of `vocab` final (softcapped) logits per token. Runs the
+    /// prefill micro-batches and returns every row.
+    pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.check_request(tokens, 0)?;
+        let mut rows = Vec::with_capacity(tokens.len());
+        for chunk in tokens.chunks(MAX_PREFILL_BATCH) {
+            let m = chunk.len();
+            self.forward_chunk(chunk, true)?;
+            let s = self.scratch(m)?;
+            let out = if self.cfg.final_softcap.is_some() {
+                &s.capped
+            } else {
+                &s.logits
+            };
+            let flat = self.backend.download_f32(out)?;
+            let v = self.cfg.vocab;
+            rows.extend(flat.chunks(v).take(m).map(<[f32]>::to_vec));
+            self.pos += m;
+        }
+        Ok(rows)
+    }
+
+    /// Append `prompt` to the context and generate up to `max_new_tokens`.
+    ///
+    /// The prompt but its last token goes through prefill micro-batches
+    /// without the LM head; the last prompt token is the first decode step, so
+    /// the head runs once per new token. Each decode step is one submit and
+    /// one small readback: with greedy sampling the argmax runs on the device
+    /// and writes straight into the id buffer the next step embeds, so only
+    /// 4 bytes come back; other sampling reads back the logits row.
+    pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidInput("empty prompt".into()));
+        }
+        self.check_request(prompt, opts.max_new_tokens.saturating_sub(1))?;
+        let mut sampler = Sampler::new(&opts.sampling)?;
+        let greedy = opts.sampling.is_greedy();
+        let t0 = Instant::now();
+        if opts.max_new_tokens == 0 {
+            self.prefill(prompt)?;
+            self.backend.sync()?;
+            return Ok(Generation {
+                tokens: Vec::new(),
+                prefill_tok_s: rate(prompt.len(), t0),
+                decode_tok_s: 0.0,
+            });
+        }
+        let (head, last) = prompt.split_at(prompt.len() - 1);
+        self.prefill(head)?;
+        self.backend.write_u32(&self.single.ids, 0, last)?;
+        let mut tokens = Vec::with_capacity(opts.max_new_tokens);
+        let mut tok = self.decode_step(greedy, &mut sampler)?;
+        let prefill_tok_s = rate(prompt.len(), t0);
+        tokens.push(tok);
+        let t1 = Instant::now();
+        while tokens.len() < opts.max_new_tokens {
+            if !greedy {
+                self.backend.write_u32(&self.single.ids, 0, &[tok])?;
+            }
+            tok = self.decode_step(greedy, &mut sampler)?;
+            tokens.push(tok);
+        }
+        let decode_tok_s = if tokens.len() > 1 {
+            rate(tokens.len() - 1, t1)
+        } else {
+            0.0
+        };
+        Ok(Generation {
+            tokens,
+            prefill_tok_s,
+            decode_tok_s,
+        })
+    }
+
+    /// Ids inside the vocabulary, and room in the context for `tokens` plus
+    /// `extra` positions; checked on the host before anything is uploaded.
+    fn check_request(&self, tokens: &[u32], extra: usize) -> Result<()> {
+        if let Some((i, t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.cfg.vocab)
+        {
+            return Err(Error::InvalidInput(format!(
+                "token id {t} at index {i} is past the vocabulary of {}",
+                self.cfg.vocab
+            )));
+        }
+        let need = self.pos + tokens.len() + extra;
+        if need > self.max_context {
+            return Err(Error::InvalidInput(format!(
+                "{} context tokens + {} new + {extra} to generate = {need} exceeds the \
+                 maximum context of {} (raise --max-context)",
+                self.pos,
+                tokens.len(),
+                self.max_context
+            )));
+        }
+        Ok(())
+    }
+
+    /// Run `tokens` through every layer (no LM head), in micro-batches.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        for chunk in tokens.chunks(MAX_PREFILL_BATCH) {
+            self.forward_chunk(chunk, false)?;
+            self.backend.flush()?;
+            self.pos += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// One decode step at `self.pos`, the token id already in the single
+    /// scratch's id buffer: record the forward pass, pick the next token, one
+    /// submit. Greedy: argmax into the id buffer (next step's input), 4 bytes
+    /// read back.
+    fn decode_step(&mut self, greedy: bool, sampler: &mut Sampler) -> Result<u32> {
+        let pos = self.pos as u32;
+        self.backend.write_u32(&self.single.pos, 0, &[pos])?;
+        self.record_forward(&self.single, 1, true)?;
+        let logits = self.final_logits(&self.single);
+        let tok = if greedy {
+            self.backend
+                .argmax(logits, &self.single.ids, 1, self.cfg.vocab)?;
+            let ids = self.backend.download_u32(&self.single.ids)?;
+            *ids.first()
+                .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?
+        } else {
+            let row = self.backend.download_f32(logits)?;
+            sampler.sample(&row[..self.cfg.vocab.min(row.len())])?
+        };
+        self.pos += 1;
+        Ok(tok)
+    }
+
+    /// The scratch for an `m`-token pass (the batched one created on first use).
+    fn scratch(&self, m: usize) -> Result<&Scratch<B>> {
+        if m == 1 {
+            return Ok(&self.single);
+        }
+        self.batch
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput("batched scratch not allocated".into()))
+    }
+
+    /// Write ids and positions for `chunk` at `self.pos` and record its pass.
+    fn forward_chunk(&mut self, chunk: &[u32], head: bool) -> Result<()> {
+        let m = chunk.len();
+        if m > 1 && self.batch.is_none() {
+            self.batch = Some(Scratch::new(&self.backend, &self.cfg, MAX_PREFILL_BATCH)?);
+        }
+        let s = self.scratch(m)?;
+        let positions: Vec<u32> = (self.pos..self.pos + m).map(|p| p as u32).collect();
+        self.backend.write_u32(&s.ids, 0, chunk)?;
+        self.backend.write_u32(&s.pos, 0, &positions)?;
+        self.record_forward(s, m, head)
+    }
+
+    /// The buffer holding the final logits after the head ran.
+    fn final_logits<'a>(&self, s: &'a Scratch<B>) -> &'a B::Buffer {
+        if self.cfg.final_softcap.is_some() {
+            &s.capped
+        } else {
+            &s.logits
+        }
+    }
+
+    /// Record embedding, every layer and (if `head`) the final norm, LM head
+    /// and softcap for the `m` tokens whose ids and positions are in `s`.
+    fn record_forward(&self, s: &Scratch<B>, m: usize, head: bool) -> Result<()> {
+        debug_assert!(m <= s.rows);
+        let (be, cfg) = (&self.backend, &self.cfg);
+        let h = cfg.hidden;
+        be.embed(
+            &s.ids,
+            &self.weights.embed,
+            &s.x,
+            Embed {
+                m,
+                hidden: h,
+                vocab: cfg.vocab,
+                scale: self.embed_scale,
+            },
+        )?;
+        for li in 0..cfg.layers.len() {
+            self.record_layer(li, s, m)?;
+        }
+        if head {
+            be.rms_norm(
+                &s.x,
+                Some(&self.weights.final_norm),
+                None,
+                &s.normed,
+                self.norm(m, h),
+            )?;
+            be.matmul(
+                &self.weights.embed,
+                &s.normed,
+                &s.logits,
+                Matmul {
+                    m,
+                    n: cfg.vocab,
+                    k: h,
+                },
+            )?;
+            if let Some(cap) = cfg.final_softcap {
+                be.softcap(&s.logits, &s.capped, m * cfg.vocab, cap)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn norm(&self, rows: usize, dim: usize) -> RmsNorm {
+        RmsNorm {
+            rows,
+            dim,
+            eps: self.cfg.eps,
+            scale: 1.0,
+        }
+    }
+
+    fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize) -> Result<()> {
+        let (be, cfg) = (&self.backend, &self.cfg);
+        let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
+        let h = cfg.hidden;
+        let (nh, kvh, hd) = (cfg.heads, spec.kv_heads, spec.head_dim);
+        let (qd, kd) = (nh * hd, kvh * hd);
+
+        // ---- attention ----
+        be.rms_norm(&s.x, Some(&w.input_norm), None, &s.normed, self.norm(m, h))?;
+        be.matmul(&w.q_proj, &s.normed, &s.q_raw, Matmul { m, n: qd, k: h })?;
+        be.matmul(&w.k_proj, &s.normed, &s.k_raw, Matmul { m, n: kd, k: h })?;
+        let v_src = match &w.v_proj {
+            Some(v_proj) => {
+                be.matmul(v_proj, &s.normed, &s.v_raw, Matmul { m, n: kd, k: h })?;
+                &s.v_raw
+            }
+            // attention_k_eq_v: V is the raw K projection, before k_norm.
+            None => &s.k_raw,
+        };
+        be.rms_norm(&s.q_raw, Some(&w.q_norm), None, &s.q, self.norm(m * nh, hd))?;
+        be.rms_norm(
+            &s.k_raw,
+            Some(&w.k_norm),
+            None,
+            &s.k,
+            self.norm(m * kvh, hd),
+        )?;
+        be.rms_norm(v_src, None, None, &s.v, self.norm(m * kvh, hd))?;
+        let rope = |heads| Rope {
+            m,
+            heads,
+            head_dim: hd,
+            rot_pairs: spec.rot_pairs,
+            theta: spec.rope_theta,
+        };
+        be.rope(&s.q, &s.pos, rope(nh))?;
+        be.rope(&s.k, &s.pos, rope(kvh))?;
+        be.kv_append(
+            &s.k,
+            &s.v,
+            &cache.k,
+            &cache.v,
+            &s.pos,
+            KvAppend {
+                m,
+                kv_heads: kvh,
+                head_dim: hd,
+                capacity: cache.capacity,
+            },
+        )?;
+        be.attention(
+            &s.q,
+            &cache.k,
+            &cache.v,
+            &s.pos,
+            &s.attn,
+            Attention {
+                m,
+                heads: nh,
+                kv_heads: kvh,
+                head_dim: hd,
+                capacity: cache.capacity,
+                window: match spec.kind {
+                    LayerKind::Sliding => cfg.sliding_window,
+                    LayerKind::Full => 0,
+                },
+                // q_norm and k_norm take the place of 1/sqrt(head_dim).
+                scale: 1.0,
+            },
+        )?;
+        be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })?;
+        // r = x + post_attention_layernorm(o)
+        be.rms_norm(
+            &s.o,
+            Some(&w.post_attn_norm),
+            Some(&s.x),
+            &s.r,
+            self.norm(m, h),
+        )?;
+
+        // ---- dense MLP branch ----
+        let inter = cfg.intermediate;
+        be.rms_norm(&s.r, Some(&w.pre_ff_norm), None, &s.ff_in, self.norm(m, h))?;
+        be.matmul(
+            &w.mlp_gate_up,
+            &s.ff_in,
+            &s.gate_up,
+            Matmul {
+                m,
+                n: 2 * inter,
+                k: h,
+            },
+        )?;
+        be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
+        be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })?;
+
+        let out_norm = RmsNorm {
+            scale: w.layer_scalar,
+            ..self.norm(m, h)
+        };
+        let (Some(moe), Some(post_ff1)) = (&w.moe, &w.post_ff1_norm) else {
+            // No MoE block: x = (r + post_feedforward_layernorm(dense)) * layer_scalar.
+            return be.rms_norm(&s.dense, Some(&w.post_ff_norm), Some(&s.r), &s.x, out_norm);
+        };
+        be.rms_norm(&s.dense, Some(post_ff1), None, &s.h1, self.norm(m, h))?;
+
+        // ---- routed experts branch (router reads r, not the pre-norm output) ----
+        be.router(
+            &s.r,
+            &moe.eff_scale,
+            &moe.router_proj,
+            &moe.per_expert_scale,
+            &s.route_ids,
+            &s.route_w,
+            Router {
+                m,
+                hidden: h,
+                experts: cfg.experts,
+                top_k: cfg.top_k,
+                eps: cfg.eps,
+            },
+        )?;
+        be.rms_norm(&s.r, Some(&moe.pre_norm), None, &s.moe_in, self.norm(m, h))?;
+        let mp = Moe {
+            m,
+            hidden: h,
+            inter: cfg.moe_inter,
+            experts: cfg.experts,
+            top_k: cfg.top_k,
+        };
+        be.moe_gate_up(&s.moe_in, &moe.gate_up, &s.route_ids, &s.moe_act, mp)?;
+        be.moe_down(
+            &s.moe_act,
+            &moe.down,
+            &s.route_ids,
+            &s.route_w,
+            &s.moe_out,
+            mp,
+        )?;
+        be.rms_norm(
+            &s.moe_out,
+            Some(&moe.post_norm),
+            None,
+            &s.h2,
+            self.norm(m, h),
+        )?;
+
+        // ---- combine: x = (r + post_ff(h1 + h2)) * layer_scalar ----
+        be.add(&s.h1, &s.h2, &s.h_sum, m * h)?;
+        be.rms_norm(&s.h_sum, Some(&w.post_ff_norm), Some(&s.r), &s.x, out_norm)
+    }
+}
+
+/// KV cache slots of a layer (see [`Model::load`] for why sliding layers
+/// get `MAX_PREFILL_BATCH - 1` extra).
+pub fn cache_capacity(cfg: &ModelConfig, kind: LayerKind, max_context: usize) -> usize {
+    match kind {
+        LayerKind::Full => max_context,
+        LayerKind::Sliding => (cfg.sliding_window + MAX_PREFILL_BATCH - 1).min(max_context),
+    }
+}
+
+/// Device bytes a run needs beyond the weights: KV caches and both scratches.
+pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize) -> u64 {
+    let kv: usize = cfg
+        .layers
+        .iter()
+        .map(|l| 2 * l.kv_heads * l.head_dim * cache_capacity(cfg, l.kind, max_context))
+        .sum();
+    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+    let max_kv = cfg
+        .layers
+        .iter()
+        .map(|l| l.kv_heads * l.head_dim)
+        .max()
+        .unwrap_or(0);
+    let per_row = 2
+        + 12 * cfg.hidden
+        + 3 * cfg.heads * max_hd
+        + 4 * max_kv
+        + 3 * cfg.intermediate
+        + 2 * cfg.top_k
+        + cfg.top_k * cfg.moe_inter
+        + 2 * cfg.vocab;
+    ((kv + per_row * (1 + MAX_PREFILL_BATCH)) * 4) as u64
+}
+
+fn rate(n: usize, since: Instant) -> f64 {
+    let s = since.elapsed().as_secs_f64();
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}
