@@ -169,7 +169,7 @@ impl CpuBackend {
 }
 
 fn element_count(op: &'static str, dtype: DType, nbytes: usize) -> Result<usize> {
-    if nbytes % dtype.size() != 0 {
+    if !nbytes.is_multiple_of(dtype.size()) {
         return Err(Error::shape(
             op,
             format!("{nbytes} bytes is not a whole number of {dtype} elements"),

@@ -198,7 +198,7 @@ impl WgpuBackend {
 
     fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         // queue.write_buffer wants whole words; pad the tail.
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, bytes);
         } else {
             let mut v = bytes.to_vec();
@@ -286,7 +286,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn upload(&self, dtype: DType, bytes: HostBytes<'_>, label: &str) -> Result<WgpuBuffer> {
         let s = bytes.as_slice();
-        if s.len() % dtype.size() != 0 {
+        if !s.len().is_multiple_of(dtype.size()) {
             return Err(Error::shape(
                 "upload",
                 format!(
