@@ -71,7 +71,7 @@ const QUICK: Shapes = Shapes {
 };
 
 fn ctx_name(c: usize) -> String {
-    if c % 1024 == 0 {
+    if c >= 1024 && c.trailing_zeros() >= 10 {
         format!("{}K", c / 1024)
     } else {
         c.to_string()
@@ -259,12 +259,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             Op::Add { n: m * h },
             m,
         );
-        push(
-            format!("lm_head m={m}"),
-            "lm head",
-            mm(m, s.vocab, h),
-            m,
-        );
+        push(format!("lm_head m={m}"), "lm head", mm(m, s.vocab, h), m);
         push(
             format!("softcap logits m={m}"),
             "lm head",
@@ -328,7 +323,9 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
     let ids = || match inputs.get(2) {
         Some(HostTensor::U32(ids)) => distinct_experts(ids),
         _ => match op {
-            Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => (p.m * p.top_k).min(p.experts) as u64,
+            Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => {
+                (p.m * p.top_k).min(p.experts) as u64
+            }
             _ => 0,
         },
     };
@@ -377,16 +374,15 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
         Op::GeluMul { rows, n } => (rows * n) as u64 * f * 3,
         // Everything else: the inputs once and each output once.
         _ => {
-            let outs: u64 = op
-                .outputs()
-                .iter()
-                .map(|o| match o {
-                    turbospark::parity::OutSpec::F32(n) | turbospark::parity::OutSpec::U32(n) => {
-                        *n as u64 * 4
-                    }
-                    turbospark::parity::OutSpec::InPlace(_, n) => *n as u64 * 4,
-                })
-                .sum();
+            let outs: u64 =
+                op.outputs()
+                    .iter()
+                    .map(|o| match o {
+                        turbospark::parity::OutSpec::F32(n)
+                        | turbospark::parity::OutSpec::U32(n) => *n as u64 * 4,
+                        turbospark::parity::OutSpec::InPlace(_, n) => *n as u64 * 4,
+                    })
+                    .sum();
             inputs.iter().map(tensor_bytes).sum::<u64>() + outs
         }
     }

@@ -83,6 +83,8 @@ pub struct Budget {
     pub max_sets: usize,
     /// Bytes of the ceiling's streamed buffer (clamped to what the device allows).
     pub ceiling_bytes: u64,
+    /// Time with the wall clock even where the GPU has timestamps.
+    pub wall_clock: bool,
 }
 
 /// What the bench needs of a backend beyond [`ComputeBackend`].
@@ -94,6 +96,7 @@ pub trait Bench: ComputeBackend<Buffer: Clone> {
     fn time(
         &self,
         reps: usize,
+        budget: &Budget,
         f: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<(Vec<f64>, &'static str)>;
     /// Stream a buffer larger than the caches; bytes read per second.
@@ -108,6 +111,7 @@ impl Bench for CpuBackend {
     fn time(
         &self,
         reps: usize,
+        _budget: &Budget,
         f: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<(Vec<f64>, &'static str)> {
         let mut v = Vec::with_capacity(reps);
@@ -154,7 +158,7 @@ impl Bench for CpuBackend {
             method: "wall clock per pass",
             how: format!(
                 "one thread folding {} MiB of u64 (the CPU reference is single-threaded)",
-                words * 8 >> 20
+                (words * 8) >> 20
             ),
         })
     }
@@ -168,10 +172,13 @@ impl Bench for WgpuBackend {
     fn time(
         &self,
         reps: usize,
+        budget: &Budget,
         f: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<(Vec<f64>, &'static str)> {
-        if let Some(v) = self.time_ops(reps, &mut *f)? {
-            return Ok((v, "gpu timestamps, one pass per dispatch"));
+        if !budget.wall_clock {
+            if let Some(v) = self.time_ops(reps, &mut *f)? {
+                return Ok((v, "gpu timestamps, one pass per dispatch"));
+            }
         }
         // No timestamps: batches of calls in one submit, a blocking wait
         // around each; a sample is the batch's time over its calls.
@@ -213,7 +220,7 @@ impl Bench for WgpuBackend {
         self.sync()?;
         let reps = ((budget.seconds / t.elapsed().as_secs_f64().max(1e-9)) as usize)
             .clamp(budget.min_reps.max(3), budget.max_reps);
-        let (samples, method) = self.time(reps, &mut |_| self.stream_read(&src, &sink))?;
+        let (samples, method) = self.time(reps, budget, &mut |_| self.stream_read(&src, &sink))?;
         Ok(Ceiling {
             bytes,
             stats: Stats::of(&samples),
@@ -228,8 +235,12 @@ impl Bench for WgpuBackend {
 
 fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, label: &str) -> Result<B::Buffer> {
     match t {
-        HostTensor::F32(v) => b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label),
-        HostTensor::U32(v) => b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label),
+        HostTensor::F32(v) => {
+            b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+        }
+        HostTensor::U32(v) => {
+            b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+        }
         HostTensor::Weight {
             dtype,
             rows,
@@ -324,7 +335,7 @@ pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) 
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     let reps = ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps, budget.max_reps);
-    match b.time(reps, &mut |i| record(i + 2)) {
+    match b.time(reps, budget, &mut |i| record(i + 2)) {
         Ok((samples, method)) => Outcome::Measured {
             stats: Stats::of(&samples),
             method,

@@ -62,6 +62,10 @@ pub struct Args {
     /// clamped to the device's largest binding).
     #[arg(long)]
     pub ceiling_mib: Option<u64>,
+    /// Time GPU ops with the wall clock around a blocking wait even where the
+    /// adapter has timestamp queries (includes submit and launch overhead).
+    #[arg(long)]
+    pub wall_clock: bool,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -88,6 +92,7 @@ fn budgets(a: &Args) -> (Budget, Budget) {
         rotate_bytes: if a.quick { 4 << 20 } else { 256 << 20 },
         max_sets: if a.quick { 4 } else { 128 },
         ceiling_bytes: mib,
+        wall_clock: a.wall_clock,
     };
     let cpu = Budget {
         seconds: a.cpu_seconds.unwrap_or(if a.quick { 0.02 } else { 2.0 }),
@@ -96,6 +101,7 @@ fn budgets(a: &Args) -> (Budget, Budget) {
         rotate_bytes: if a.quick { 4 << 20 } else { 256 << 20 },
         max_sets: 4,
         ceiling_bytes: mib,
+        wall_clock: true,
     };
     (gpu, cpu)
 }
@@ -109,7 +115,12 @@ fn open_run<B: Bench>(b: &B, budget: Budget, extra: serde_json::Value) -> Run {
     );
     let ceiling = b.ceiling(&budget).map_err(|e| e.to_string());
     match &ceiling {
-        Ok(c) => eprintln!("bench: {} ceiling {:.1} GB/s ({})", b.name(), c.gbps(), c.how),
+        Ok(c) => eprintln!(
+            "bench: {} ceiling {:.1} GB/s ({})",
+            b.name(),
+            c.gbps(),
+            c.how
+        ),
         Err(e) => eprintln!("bench: {} ceiling failed: {e}", b.name()),
     }
     Run {
@@ -140,8 +151,42 @@ fn step<B: Bench>(
         cases::host_sets(&case.op, seed, budget.rotate_bytes, budget.max_sets)
     });
     let o = measure::run_case(b, case, host, &budget);
-    eprintln!("bench:   {:<5} {}", b.name(), report::outcome_brief(&o, host.bytes));
+    eprintln!(
+        "bench:   {:<5} {}",
+        b.name(),
+        report::outcome_brief(&o, host.bytes)
+    );
     run.outcomes.push(o);
+}
+
+/// Write `--json` and `--plot` for the cases measured so far.
+fn write_files(
+    args: &Args,
+    cases: &[cases::Case],
+    bytes: &[u64],
+    runs: &[Run],
+    notes: &[String],
+    complete: bool,
+) -> Result<(), ()> {
+    let rep = report::Report {
+        args,
+        cases: &cases[..bytes.len()],
+        bytes,
+        runs,
+        notes,
+        end_to_end: e2e::end_to_end(),
+    };
+    let mut json = rep.json();
+    json["complete"] = complete.into();
+    let files = [(&args.json, json.to_string()), (&args.plot, rep.svg())];
+    for (path, text) in files {
+        if let Some(path) = path {
+            std::fs::write(path, text).map_err(|e| {
+                eprintln!("bench: writing {}: {e}", path.display());
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// `turbospark bench`.
@@ -185,14 +230,18 @@ pub fn main(args: Args) -> ExitCode {
     }
 
     let all = cases::cases(args.quick);
-    let selected: Vec<cases::Case> = all
+    // Each case's seed follows its place in the full list, so a filtered
+    // run times the same inputs.
+    let (seeds, selected): (Vec<u64>, Vec<cases::Case>) = all
         .into_iter()
-        .filter(|c| args.filter.is_empty() || c.label.contains(&args.filter))
-        .collect();
+        .enumerate()
+        .filter(|(_, c)| args.filter.is_empty() || c.label.contains(&args.filter))
+        .map(|(i, c)| (args.seed.wrapping_add(i as u64), c))
+        .unzip();
     let mut bytes = Vec::with_capacity(selected.len());
     for (i, case) in selected.iter().enumerate() {
         eprintln!("bench: [{}/{}] {}", i + 1, selected.len(), case.label);
-        let seed = args.seed.wrapping_add(i as u64);
+        let seed = seeds[i];
         let mut host = None;
         let mut k = 0;
         if let Some(b) = &wgpu {
@@ -208,6 +257,12 @@ pub fn main(args: Args) -> ExitCode {
             host.map(|h| h.bytes)
                 .unwrap_or_else(|| cases::bytes_moved(&case.op, &[])),
         );
+        // Rewrite the files after every case, so a run cut short by a time
+        // limit still leaves what it measured (`"complete": false`).
+        let done = bytes.len() == selected.len();
+        if !done && write_files(&args, &selected, &bytes, &runs, &notes, false).is_err() {
+            return ExitCode::FAILURE;
+        }
     }
 
     let rep = report::Report {
@@ -219,24 +274,12 @@ pub fn main(args: Args) -> ExitCode {
         end_to_end: e2e::end_to_end(),
     };
     print!("{}", rep.table());
-    if let Some(path) = &args.json {
-        if let Err(e) = std::fs::write(path, rep.json().to_string()) {
-            eprintln!("bench: writing {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
+    if write_files(&args, &selected, &bytes, &runs, &notes, true).is_err() {
+        return ExitCode::FAILURE;
     }
-    if let Some(path) = &args.plot {
-        if let Err(e) = std::fs::write(path, rep.svg()) {
-            eprintln!("bench: writing {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-    }
-    let failed = runs.iter().any(|r| {
-        r.ceiling.is_err()
-            || r.outcomes
-                .iter()
-                .any(|o| matches!(o, Outcome::Failed(_)))
-    });
+    let failed = runs
+        .iter()
+        .any(|r| r.ceiling.is_err() || r.outcomes.iter().any(|o| matches!(o, Outcome::Failed(_))));
     if failed {
         eprintln!("bench: some measurements failed (see the table)");
         ExitCode::FAILURE

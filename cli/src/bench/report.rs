@@ -317,7 +317,7 @@ impl Report<'_> {
     pub fn svg(&self) -> String {
         const LABEL_W: f64 = 230.0;
         const PANEL_W: f64 = 380.0;
-        const GAP: f64 = 30.0;
+        const GAP: f64 = 50.0;
         const ROW_H: f64 = 18.0;
         const TOP: f64 = 86.0;
         const BOTTOM: f64 = 40.0;
