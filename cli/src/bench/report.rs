@@ -201,7 +201,11 @@ impl Report<'_> {
         }
         let _ = writeln!(
             s,
-            "\nend to end: {}",
+            "\nMB moved: each input read once, each output written once (MoE: the selected \
+             experts only; attention: the keys in the window). %ceil is GB/s over the \
+             backend's ceiling; over 100% means the data came from a cache (inputs rotate over \
+             the input sets shown, still within cache for the smallest ops).\n\
+             end to end: {}",
             self.end_to_end["note"].as_str().unwrap_or("-")
         );
         s
@@ -323,7 +327,7 @@ impl Report<'_> {
         const BOTTOM: f64 = 40.0;
         let n = self.cases.len().max(1) as f64;
         let panels = self.runs.len().max(1) as f64;
-        let width = LABEL_W + panels * (PANEL_W + GAP) + 10.0;
+        let width = (LABEL_W + panels * (PANEL_W + GAP) + 10.0).max(960.0);
         let height = TOP + n * ROW_H + BOTTOM;
         let mut s = String::new();
         let _ = writeln!(
@@ -474,7 +478,9 @@ fn nice_axis(max: f64) -> (f64, f64) {
 }
 
 fn fmt_num(v: f64) -> String {
-    if v >= 100.0 {
+    if v == 0.0 {
+        "0".into()
+    } else if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 1.0 {
         format!("{v:.1}")
