@@ -2,6 +2,7 @@
 //! in its own module (`cli/src/<cmd>.rs`) with its clap arguments and `run`.
 //! With no arguments it runs the main job on the bundled default checkpoint.
 
+mod bench;
 mod common;
 mod default_job;
 mod generate;
@@ -27,6 +28,9 @@ enum Command {
     Generate(generate::Args),
     /// Teacher-forced logits of a token sequence, written to a safetensors file.
     Logits(logits::Args),
+    /// Per-op timings at Gemma 4 26B-A4B's shapes, per backend, against the
+    /// bandwidth ceiling measured in the same run.
+    Bench(bench::Args),
 }
 
 fn main() {
@@ -36,6 +40,13 @@ fn main() {
         Some(Command::Info(a)) => info::run(a),
         Some(Command::Generate(a)) => generate::run(a),
         Some(Command::Logits(a)) => logits::run(a),
+        Some(Command::Bench(a)) => {
+            let code = bench::main(a);
+            if code != std::process::ExitCode::SUCCESS {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     };
     if let Err(e) = result {
         common::print_error_chain(e.as_ref());

@@ -2,6 +2,7 @@
 
 use turbospark::Result;
 
+use crate::bench::Timing;
 use crate::kernels::PipelineKey;
 use crate::{WgpuBackend, PARAM_SLOT, PARAM_SLOTS};
 
@@ -15,6 +16,9 @@ pub(crate) struct Batch {
     /// Dispatches recorded and submits made since the backend opened.
     pub dispatches: u64,
     pub submits: u64,
+    /// Set while `WgpuBackend::time_ops` runs: every dispatch gets its own
+    /// pass with timestamps at its boundaries.
+    pub timing: Option<Timing>,
 }
 
 impl Batch {
@@ -22,13 +26,19 @@ impl Batch {
     pub fn submit(&mut self, be: &WgpuBackend) {
         // The pass must end before its encoder can finish.
         drop(self.pass.take());
-        if let Some(enc) = self.encoder.take() {
+        if let Some(mut enc) = self.encoder.take() {
             if !self.params.is_empty() {
                 be.queue.write_buffer(&be.params_buffer, 0, &self.params);
                 self.params.clear();
             }
+            let timed = self.timing.as_ref().is_some_and(|t| t.resolve(&mut enc));
             be.queue.submit([enc.finish()]);
             self.submits += 1;
+            if timed {
+                if let Some(t) = self.timing.as_mut() {
+                    t.collect(be);
+                }
+            }
         }
     }
 }
@@ -71,8 +81,11 @@ impl WgpuBackend {
             layout: &pipe.storage_layout,
             entries: &entries,
         });
-        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        if b.params.len() as u64 + PARAM_SLOT > PARAM_SLOT * PARAM_SLOTS {
+        let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        let b = &mut *guard;
+        if b.params.len() as u64 + PARAM_SLOT > PARAM_SLOT * PARAM_SLOTS
+            || b.timing.as_ref().is_some_and(Timing::full)
+        {
             b.submit(self);
         }
         let offset = b.params.len() as u32;
@@ -86,14 +99,19 @@ impl WgpuBackend {
                     }),
             );
         }
+        if b.timing.is_some() {
+            // Timed: this dispatch gets a pass of its own.
+            drop(b.pass.take());
+        }
         if b.pass.is_none() {
+            let timestamp_writes = b.timing.as_mut().map(Timing::next_pass);
             let pass = b
                 .encoder
                 .as_mut()
                 .expect("encoder created above")
                 .begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("turbospark ops"),
-                    timestamp_writes: None,
+                    timestamp_writes,
                 })
                 .forget_lifetime();
             b.pass = Some(pass);

@@ -28,6 +28,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("rope", include_str!("../../../kernels/rope.wgsl")),
     ("kv_cache", include_str!("../../../kernels/kv_cache.wgsl")),
     ("attention", include_str!("../../../kernels/attention.wgsl")),
+    ("bench", include_str!("../../../kernels/bench.wgsl")),
 ];
 
 /// The full WGSL text of a kernel family (common prelude + file).

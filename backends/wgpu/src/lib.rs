@@ -7,6 +7,7 @@
 //! offsets), so recording allocates no GPU memory.
 
 mod batch;
+mod bench;
 mod buffer;
 mod device;
 pub mod kernels;

@@ -1,0 +1,237 @@
+//! What `turbospark bench` needs from the device beyond the ops: per-op GPU
+//! time from timestamp queries, and a bandwidth-ceiling kernel
+//! (`kernels/bench.wgsl`) that streams a buffer larger than any cache.
+//!
+//! Timing writes timestamps at compute-pass boundaries only (all that Metal
+//! supports): while [`WgpuBackend::time_ops`] runs, every dispatch is recorded
+//! in a pass of its own, and an op's time spans from the start of its first
+//! dispatch to the end of its last.
+
+use turbospark::{DeviceBuffer, Error, Result};
+
+use crate::batch::Launch;
+use crate::{WgpuBackend, WgpuBuffer};
+
+/// Queries per query set (wgpu's maximum); two per dispatch.
+const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
+
+/// Timestamp state of a timed batch.
+pub(crate) struct Timing {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Queries written in the batch being recorded.
+    next: u32,
+    /// Raw ticks of the batches already submitted, in query order.
+    ticks: Vec<u64>,
+}
+
+impl Timing {
+    fn new(device: &wgpu::Device) -> Self {
+        let bytes = QUERIES as u64 * wgpu::QUERY_SIZE as u64;
+        Timing {
+            set: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("bench timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: QUERIES,
+            }),
+            resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench timestamps resolve"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench timestamps readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            next: 0,
+            ticks: Vec::new(),
+        }
+    }
+
+    /// No room for another dispatch's pair of queries.
+    pub fn full(&self) -> bool {
+        self.next + 2 > QUERIES
+    }
+
+    /// Timestamp writes for the next pass (one dispatch).
+    pub fn next_pass(&mut self) -> wgpu::ComputePassTimestampWrites<'_> {
+        let i = self.next;
+        self.next += 2;
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.set,
+            beginning_of_pass_write_index: Some(i),
+            end_of_pass_write_index: Some(i + 1),
+        }
+    }
+
+    /// Global index of the next query (over all batches of this timing).
+    fn position(&self) -> usize {
+        self.ticks.len() + self.next as usize
+    }
+
+    /// Append the resolve of this batch's queries to `enc` (after its passes
+    /// ended); false when it wrote none.
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) -> bool {
+        if self.next == 0 {
+            return false;
+        }
+        enc.resolve_query_set(&self.set, 0..self.next, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(
+            &self.resolve,
+            0,
+            &self.readback,
+            0,
+            self.next as u64 * wgpu::QUERY_SIZE as u64,
+        );
+        true
+    }
+
+    /// After the submit that resolved them: wait, read the ticks, start over.
+    /// Errors surface through the backend's error sink.
+    pub fn collect(&mut self, be: &WgpuBackend) {
+        let n = self.next as usize;
+        self.next = 0;
+        let slice = self.readback.slice(..(n * 8) as u64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let polled = be.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        });
+        let mapped = polled.is_ok() && matches!(rx.recv(), Ok(Ok(())));
+        let got: Vec<u64> = match mapped.then(|| slice.get_mapped_range()) {
+            Some(Ok(view)) => bytemuck::pod_collect_to_vec(&view),
+            _ => {
+                be.report_error("timestamp readback failed".into());
+                vec![0; n]
+            }
+        };
+        if mapped {
+            self.readback.unmap();
+        }
+        self.ticks.extend(got);
+    }
+}
+
+impl WgpuBackend {
+    /// Whether [`WgpuBackend::time_ops`] can time on the GPU (the adapter has
+    /// `TIMESTAMP_QUERY`).
+    pub fn has_timestamps(&self) -> bool {
+        self.info.features.timestamps
+    }
+
+    /// GPU time, in seconds, of each of `reps` calls of `f` (call `i` gets
+    /// `i`), from timestamp queries. Each dispatch the calls record runs in its
+    /// own compute pass; a call's time spans from the start of its first
+    /// dispatch to the end of its last (a call that records nothing gets 0).
+    /// Work recorded before is submitted first. `Ok(None)` when the adapter
+    /// has no timestamps: time with the wall clock around [`ComputeBackend::sync`]
+    /// instead.
+    ///
+    /// [`ComputeBackend::sync`]: turbospark::ComputeBackend::sync
+    pub fn time_ops(
+        &self,
+        reps: usize,
+        mut f: impl FnMut(usize) -> Result<()>,
+    ) -> Result<Option<Vec<f64>>> {
+        if !self.has_timestamps() {
+            return Ok(None);
+        }
+        turbospark::ComputeBackend::flush(self)?;
+        self.batch_lock().timing = Some(Timing::new(&self.device));
+        let pos = || {
+            self.batch_lock()
+                .timing
+                .as_ref()
+                .map_or(0, Timing::position)
+        };
+        let mut spans = Vec::with_capacity(reps);
+        let mut per_call = 2usize;
+        let run = (|| {
+            for i in 0..reps {
+                // A call must not straddle two submits: its span would
+                // include the wait between them.
+                let room = self
+                    .batch_lock()
+                    .timing
+                    .as_ref()
+                    .map_or(0, |t| (QUERIES - t.next) as usize);
+                if room < per_call {
+                    turbospark::ComputeBackend::flush(self)?;
+                }
+                let start = pos();
+                f(i)?;
+                let end = pos();
+                per_call = per_call.max(end - start);
+                spans.push((start, end));
+            }
+            turbospark::ComputeBackend::flush(self)
+        })();
+        let timing = self.batch_lock().timing.take();
+        run?;
+        self.check_errors()?;
+        let ticks = timing.map(|t| t.ticks).unwrap_or_default();
+        let period_s = self.queue.get_timestamp_period() as f64 * 1e-9;
+        spans
+            .iter()
+            .map(|&(s, e)| {
+                if e <= s {
+                    return Ok(0.0);
+                }
+                let (a, b) = match (ticks.get(s), ticks.get(e - 1)) {
+                    (Some(a), Some(b)) => (*a, *b),
+                    _ => return Err(Error::Gpu("missing timestamps".into())),
+                };
+                Ok(b.saturating_sub(a) as f64 * period_s)
+            })
+            .collect::<Result<Vec<f64>>>()
+            .map(Some)
+    }
+
+    /// Record one pass of the bandwidth-ceiling kernel: every thread of a
+    /// grid-stride loop reads `src` as `vec4<u32>` and folds it into a value
+    /// written to `sink` only if it matches a sentinel (so the reads cannot be
+    /// eliminated, and almost nothing is written). `src` must be a u32 buffer
+    /// of a multiple of 4 elements; `sink` a u32 buffer of at least 256.
+    pub fn stream_read(&self, src: &WgpuBuffer, sink: &WgpuBuffer) -> Result<()> {
+        let (Some(s), Some(k)) = (src.single(), sink.single()) else {
+            return Err(Error::shape("stream_read", "buffers must be single"));
+        };
+        turbospark::ops::check_buf("stream_read", "src", src, &turbospark::ops::U32, 4)?;
+        turbospark::ops::check_buf("stream_read", "sink", sink, &turbospark::ops::U32, 256)?;
+        let vec4s = (src.len() / 4) as u32;
+        // Enough threads to fill any GPU, each with several loads in flight.
+        let groups = (vec4s / (256 * 8)).clamp(1, 16384);
+        let params: [u32; 4] = [vec4s, 0x9e37_79b9, 0, 0];
+        self.launch(Launch {
+            kernel: "bench",
+            entry: "stream_read",
+            constants: &[],
+            params: bytemuck::cast_slice(&params),
+            buffers: &[(s, true), (k, false)],
+            groups: self.grid(groups),
+        })
+    }
+
+    /// Largest buffer `stream_read` may read, in bytes: one binding.
+    pub fn max_stream_bytes(&self) -> u64 {
+        self.max_binding() & !15
+    }
+
+    fn batch_lock(&self) -> std::sync::MutexGuard<'_, crate::batch::Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn report_error(&self, e: String) {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e);
+    }
+}

@@ -1,0 +1,469 @@
+//! The bench cases: Gemma 4 26B-A4B's decode ops at their real shapes (or
+//! small ones under `--quick`), what each must move, and the input sets
+//! that rotate between repetitions.
+
+use turbospark::ops::{Attention, Matmul, Moe, RmsNorm, Router};
+use turbospark::parity::{HostTensor, Op};
+use turbospark::DType::{self, BF16};
+
+/// One bench case.
+pub struct Case {
+    /// Short readable name (`moe_gate_up m=1`, `attn full ctx=8K m=1`).
+    pub label: String,
+    /// What it is in the model, for the table's notes and the plot.
+    pub group: &'static str,
+    pub op: Op,
+    /// Tokens per call.
+    pub m: usize,
+    /// Why the CPU reference skips it by default (`--cpu-all` runs it).
+    pub cpu_skip: Option<&'static str>,
+    /// The target on the H200, in microseconds, where it sets one.
+    pub target_us: Option<f64>,
+}
+
+/// The sizes the cases are built from.
+struct Shapes {
+    hidden: usize,
+    experts: usize,
+    top_k: usize,
+    moe_inter: usize,
+    dense_inter: usize,
+    vocab: usize,
+    /// (heads, kv_heads, head_dim) of sliding and full layers.
+    sliding: (usize, usize, usize),
+    full: (usize, usize, usize),
+    window: usize,
+    /// Ring capacity of a sliding layer's cache.
+    ring: usize,
+    contexts: [usize; 3],
+    ms: [usize; 2],
+}
+
+const GEMMA4_26B_A4B: Shapes = Shapes {
+    hidden: 2816,
+    experts: 128,
+    top_k: 8,
+    moe_inter: 704,
+    dense_inter: 2112,
+    vocab: 262144,
+    sliding: (16, 8, 256),
+    full: (16, 2, 512),
+    window: 1024,
+    ring: 1039,
+    contexts: [1024, 8192, 32768],
+    ms: [1, 16],
+};
+
+/// The same structure, small enough for lavapipe and a debug build in CI.
+const QUICK: Shapes = Shapes {
+    hidden: 256,
+    experts: 8,
+    top_k: 2,
+    moe_inter: 64,
+    dense_inter: 192,
+    vocab: 4096,
+    sliding: (4, 2, 64),
+    full: (4, 1, 128),
+    window: 64,
+    ring: 79,
+    contexts: [64, 256, 512],
+    ms: [1, 4],
+};
+
+fn ctx_name(c: usize) -> String {
+    if c >= 1024 && c.trailing_zeros() >= 10 {
+        format!("{}K", c / 1024)
+    } else {
+        c.to_string()
+    }
+}
+
+/// Every case, in table order.
+pub fn cases(quick: bool) -> Vec<Case> {
+    let s = if quick { &QUICK } else { &GEMMA4_26B_A4B };
+    let h = s.hidden;
+    let mut v = Vec::new();
+    let mut push = |label: String, group: &'static str, op: Op, m: usize| {
+        v.push(Case {
+            label,
+            group,
+            op,
+            m,
+            cpu_skip: None,
+            target_us: None,
+        });
+    };
+    let mm = |m, n, k| Op::Matmul {
+        p: Matmul { m, n, k },
+        w: BF16,
+    };
+    for &m in &s.ms {
+        push(
+            format!("rms_norm m={m}"),
+            "norm",
+            Op::RmsNorm {
+                p: RmsNorm {
+                    rows: m,
+                    dim: h,
+                    eps: 1e-6,
+                    scale: 1.0,
+                },
+                weight: Some(BF16),
+                residual: false,
+            },
+            m,
+        );
+        push(
+            format!("router m={m}"),
+            "moe",
+            Op::Router {
+                p: Router {
+                    m,
+                    hidden: h,
+                    experts: s.experts,
+                    top_k: s.top_k,
+                    eps: 1e-6,
+                },
+                w: BF16,
+            },
+            m,
+        );
+        let moe = Moe {
+            m,
+            hidden: h,
+            inter: s.moe_inter,
+            experts: s.experts,
+            top_k: s.top_k,
+        };
+        push(
+            format!("moe_gate_up m={m}"),
+            "moe",
+            Op::MoeGateUp { p: moe, w: BF16 },
+            m,
+        );
+        push(
+            format!("moe_down m={m}"),
+            "moe",
+            Op::MoeDown { p: moe, w: BF16 },
+            m,
+        );
+        push(
+            format!("dense gate|up m={m}"),
+            "dense mlp",
+            mm(m, 2 * s.dense_inter, h),
+            m,
+        );
+        push(
+            format!("dense gelu_mul m={m}"),
+            "dense mlp",
+            Op::GeluMul {
+                rows: m,
+                n: s.dense_inter,
+            },
+            m,
+        );
+        push(
+            format!("dense down m={m}"),
+            "dense mlp",
+            mm(m, h, s.dense_inter),
+            m,
+        );
+        let (sh, skv, sd) = s.sliding;
+        push(
+            format!("q_proj sliding m={m}"),
+            "attn proj",
+            mm(m, sh * sd, h),
+            m,
+        );
+        push(
+            format!("k_proj sliding m={m}"),
+            "attn proj",
+            mm(m, skv * sd, h),
+            m,
+        );
+        push(
+            format!("v_proj sliding m={m}"),
+            "attn proj",
+            mm(m, skv * sd, h),
+            m,
+        );
+        push(
+            format!("o_proj sliding m={m}"),
+            "attn proj",
+            mm(m, h, sh * sd),
+            m,
+        );
+        let (fh, fkv, fd) = s.full;
+        push(
+            format!("q_proj full m={m}"),
+            "attn proj",
+            mm(m, fh * fd, h),
+            m,
+        );
+        // Full layers have no v_proj: v is k_proj's output (attention_k_eq_v).
+        push(
+            format!("k_proj full (=v) m={m}"),
+            "attn proj",
+            mm(m, fkv * fd, h),
+            m,
+        );
+        push(
+            format!("o_proj full m={m}"),
+            "attn proj",
+            mm(m, h, fh * fd),
+            m,
+        );
+        for &ctx in &s.contexts {
+            let sliding = Attention {
+                m,
+                heads: sh,
+                kv_heads: skv,
+                head_dim: sd,
+                capacity: s.ring,
+                window: s.window,
+                scale: 1.0,
+            };
+            push(
+                format!("attn sliding ctx={} m={m}", ctx_name(ctx)),
+                "attention",
+                Op::Attention {
+                    p: sliding,
+                    pos0: ctx - m,
+                },
+                m,
+            );
+        }
+        for &ctx in &s.contexts {
+            let full = Attention {
+                m,
+                heads: fh,
+                kv_heads: fkv,
+                head_dim: fd,
+                capacity: ctx,
+                window: 0,
+                scale: 1.0,
+            };
+            push(
+                format!("attn full ctx={} m={m}", ctx_name(ctx)),
+                "attention",
+                Op::Attention {
+                    p: full,
+                    pos0: ctx - m,
+                },
+                m,
+            );
+        }
+        push(
+            format!("add (residual) m={m}"),
+            "glue",
+            Op::Add { n: m * h },
+            m,
+        );
+        push(format!("lm_head m={m}"), "lm head", mm(m, s.vocab, h), m);
+        push(
+            format!("softcap logits m={m}"),
+            "lm head",
+            Op::Softcap {
+                n: m * s.vocab,
+                cap: 30.0,
+            },
+            m,
+        );
+        push(
+            format!("argmax logits m={m}"),
+            "lm head",
+            Op::Argmax {
+                rows: m,
+                n: s.vocab,
+            },
+            m,
+        );
+    }
+    if !quick {
+        for c in &mut v {
+            match (&c.op, c.m) {
+                (Op::MoeGateUp { .. }, 1) => c.target_us = Some(17.0),
+                (Op::MoeDown { .. }, 1) => c.target_us = Some(9.0),
+                (Op::Matmul { p, .. }, 16) if p.n == s.vocab => {
+                    c.cpu_skip = Some("about a minute per call on the CPU reference")
+                }
+                (Op::Attention { p, .. }, 16) if p.window == 0 && p.capacity >= 32768 => {
+                    c.cpu_skip = Some("tens of seconds per call on the CPU reference")
+                }
+                _ => {}
+            }
+        }
+    }
+    v
+}
+
+fn tensor_bytes(t: &HostTensor) -> u64 {
+    match t {
+        HostTensor::F32(v) => v.len() as u64 * 4,
+        HostTensor::U32(v) => v.len() as u64 * 4,
+        HostTensor::Weight { bytes, .. } => bytes.len() as u64,
+    }
+}
+
+/// Distinct experts among the ids (each selected expert's weights are read once).
+fn distinct_experts(ids: &[u32]) -> u64 {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v.len() as u64
+}
+
+/// Bytes an op must move at least: every input it needs read once, every
+/// output written once. Only the selected experts count for MoE, and only
+/// the keys in the window for attention. Without inputs (a case no backend
+/// ran), MoE counts every slot as a distinct expert.
+pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
+    let f = 4u64;
+    let ws = |d: &DType| d.size() as u64;
+    let ids = || match inputs.get(2) {
+        Some(HostTensor::U32(ids)) => distinct_experts(ids),
+        _ => match op {
+            Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => {
+                (p.m * p.top_k).min(p.experts) as u64
+            }
+            _ => 0,
+        },
+    };
+    match op {
+        Op::Matmul { p, w } => {
+            let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
+            n * k * ws(w) + m * k * f + m * n * f
+        }
+        Op::Router { p, w } => {
+            let (m, h, e, k) = (
+                p.m as u64,
+                p.hidden as u64,
+                p.experts as u64,
+                p.top_k as u64,
+            );
+            m * h * f + h * f + e * h * ws(w) + e * f + 2 * m * k * f
+        }
+        Op::MoeGateUp { p, w } => {
+            let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
+            ids() * 2 * i * h * ws(w) + m * h * f + m * k * f + m * k * i * f
+        }
+        Op::MoeDown { p, w } => {
+            let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
+            m * k * i * f + ids() * h * i * ws(w) + 2 * m * k * f + m * h * f
+        }
+        Op::Attention { p, pos0 } => {
+            let last = pos0 + p.m - 1;
+            let lo = if p.window > 0 {
+                (pos0 + 1).saturating_sub(p.window)
+            } else {
+                0
+            };
+            let keys = ((last - lo + 1).min(p.capacity)) as u64;
+            let q = (p.m * p.heads * p.head_dim) as u64 * f;
+            2 * q + 2 * keys * (p.kv_heads * p.head_dim) as u64 * f + p.m as u64 * 4
+        }
+        Op::RmsNorm {
+            p,
+            weight,
+            residual,
+        } => {
+            let n = (p.rows * p.dim) as u64;
+            n * f * (2 + *residual as u64) + weight.map_or(0, |d| p.dim as u64 * ws(&d))
+        }
+        Op::Argmax { rows, n } => (rows * n) as u64 * f + *rows as u64 * 4,
+        Op::GeluMul { rows, n } => (rows * n) as u64 * f * 3,
+        // Everything else: the inputs once and each output once.
+        _ => {
+            let outs: u64 =
+                op.outputs()
+                    .iter()
+                    .map(|o| match o {
+                        turbospark::parity::OutSpec::F32(n)
+                        | turbospark::parity::OutSpec::U32(n) => *n as u64 * 4,
+                        turbospark::parity::OutSpec::InPlace(_, n) => *n as u64 * 4,
+                    })
+                    .sum();
+            inputs.iter().map(tensor_bytes).sum::<u64>() + outs
+        }
+    }
+}
+
+/// How input `i` of a rotation set other than the first is made.
+#[derive(Clone, Debug)]
+pub enum Variant {
+    /// The first set's device buffer, shared (a tensor larger than any cache).
+    Share,
+    /// A fresh device buffer holding the first set's data.
+    Copy,
+    /// A fresh device buffer holding other data (MoE: other experts).
+    Replace(HostTensor),
+}
+
+/// Inputs of a case: the first set, and how the other sets differ.
+pub struct HostSets {
+    pub first: Vec<HostTensor>,
+    /// One entry per further set, one `Variant` per input.
+    pub others: Vec<Vec<Variant>>,
+    pub bytes: u64,
+}
+
+/// Inputs for `op`, rotated over enough sets that one pass over them all is
+/// at least `target` bytes (at most `max_sets`). A tensor over half the
+/// target is shared by every set; MoE sets shift the expert ids so each set
+/// selects other experts of the shared weights.
+pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
+    let first = op.inputs(&mut turbospark::rng::Rng::new(seed));
+    let bytes = bytes_moved(op, &first);
+    let shared: Vec<bool> = first.iter().map(|t| tensor_bytes(t) > target / 2).collect();
+    let out_bytes: u64 = op
+        .outputs()
+        .iter()
+        .map(|o| match o {
+            turbospark::parity::OutSpec::F32(n) | turbospark::parity::OutSpec::U32(n) => {
+                *n as u64 * 4
+            }
+            turbospark::parity::OutSpec::InPlace(..) => 0,
+        })
+        .sum();
+    let rotating: u64 = first
+        .iter()
+        .zip(&shared)
+        .filter(|(_, s)| !**s)
+        .map(|(t, _)| tensor_bytes(t))
+        .sum::<u64>()
+        + out_bytes;
+    // Data a call touches per set: what rotates, plus (MoE) the selected experts.
+    let per_set = match op {
+        Op::MoeGateUp { .. } | Op::MoeDown { .. } => rotating.max(bytes),
+        _ => rotating,
+    };
+    let sets = (target.div_ceil(per_set.max(1)) as usize).clamp(1, max_sets.max(1));
+    let experts = match op {
+        Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => Some(p.experts as u32),
+        _ => None,
+    };
+    let others = (1..sets)
+        .map(|s| {
+            first
+                .iter()
+                .enumerate()
+                .map(|(i, t)| match (experts, i, t) {
+                    (Some(e), 2, HostTensor::U32(ids)) => {
+                        // A bijection on expert ids keeps each token's ids distinct.
+                        let shift = (s as u32 * (e / sets as u32).max(1)) % e;
+                        Variant::Replace(HostTensor::U32(
+                            ids.iter().map(|id| (id + shift) % e).collect(),
+                        ))
+                    }
+                    _ if shared[i] => Variant::Share,
+                    _ => Variant::Copy,
+                })
+                .collect()
+        })
+        .collect();
+    HostSets {
+        first,
+        others,
+        bytes,
+    }
+}

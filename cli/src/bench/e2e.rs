@@ -1,0 +1,120 @@
+//! End-to-end decode and prefill tokens/s on a synthetic model
+//! (`--synthetic gemma-4-26b-a4b`, or `tiny`), next to the bandwidth bound:
+//! bytes of weights read per decoded token over the ceiling measured in the
+//! same run.
+
+use serde_json::{json, Value};
+use turbospark::model::synthetic::named_config;
+use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, SyntheticSource};
+use turbospark::rng::Rng;
+use turbospark::{ComputeBackend, DType};
+use turbospark_wgpu::WgpuBackend;
+
+/// What the report holds when no end-to-end run was asked for.
+pub fn not_run() -> Value {
+    json!({ "status": "not run", "note": "not run (pass --synthetic gemma-4-26b-a4b or tiny)" })
+}
+
+/// Counts dispatches and submits where the backend can tell.
+pub trait Counters {
+    fn counters(&self) -> Option<(u64, u64)>;
+}
+
+impl Counters for WgpuBackend {
+    fn counters(&self) -> Option<(u64, u64)> {
+        Some(WgpuBackend::counters(self))
+    }
+}
+
+impl Counters for turbospark_cpu::CpuBackend {
+    fn counters(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+/// Load the synthetic model `name` on `backend`, then time a prefill of
+/// `prompt_len` tokens and `decode` greedy tokens after it.
+pub fn run<B: ComputeBackend + Counters>(
+    backend: B,
+    name: &str,
+    prompt_len: usize,
+    decode: usize,
+    ceiling_gbps: Option<f64>,
+    seed: u64,
+) -> Value {
+    match measure(backend, name, prompt_len, decode, ceiling_gbps, seed) {
+        Ok(v) => v,
+        Err(e) => json!({ "status": "failed", "model": name, "note": format!("{name}: {e}") }),
+    }
+}
+
+fn measure<B: ComputeBackend + Counters>(
+    backend: B,
+    name: &str,
+    prompt_len: usize,
+    decode: usize,
+    ceiling_gbps: Option<f64>,
+    seed: u64,
+) -> turbospark::Result<Value> {
+    let cfg = named_config(name)?;
+    let device = backend.info().device_name.clone();
+    let bytes_per_token = cfg.bytes_per_token(DType::BF16);
+    let source = SyntheticSource::new(cfg.clone(), seed)?;
+    eprintln!("bench: end to end: loading synthetic {name} on {device}");
+    let t = std::time::Instant::now();
+    let mut model = Model::load(
+        backend,
+        &source,
+        ModelOptions {
+            max_context: prompt_len + decode + 32,
+        },
+    )?;
+    let load_s = t.elapsed().as_secs_f64();
+    let mut rng = Rng::new(seed);
+    let vocab = cfg.vocab as u64;
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
+    let greedy = |n| GenerateOptions {
+        max_new_tokens: n,
+        sampling: Sampling::Greedy,
+    };
+    // Warm up: compile every pipeline (both the batched and the decode path).
+    model.generate(&prompt[..prompt_len.min(20)], &greedy(3))?;
+    model.reset();
+    let before = model.backend().counters();
+    let g = model.generate(&prompt, &greedy(decode))?;
+    let after = model.backend().counters();
+    let bound_tok_s = ceiling_gbps.map(|c| c * 1e9 / bytes_per_token as f64);
+    let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
+        // The counters cover prefill and decode; the decode share is what
+        // one token costs once the prompt is in.
+        let steps = (prompt_len.div_ceil(turbospark::model::MAX_PREFILL_BATCH) + decode) as f64;
+        ((d1 - d0) as f64 / steps, (s1 - s0) as f64 / steps)
+    });
+    let note = format!(
+        "{name} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}",
+        g.prefill_tok_s,
+        g.decode_tok_s,
+        bound_tok_s
+            .map(|b| format!(
+                ", bandwidth bound {b:.1} tok/s ({:.0}% of it)",
+                100.0 * g.decode_tok_s / b
+            ))
+            .unwrap_or_default()
+    );
+    Ok(json!({
+        "status": "measured",
+        "model": name,
+        "device": device,
+        "load_seconds": load_s,
+        "prompt_tokens": prompt_len,
+        "decode_tokens": decode,
+        "prefill_tok_s": g.prefill_tok_s,
+        "decode_tok_s": g.decode_tok_s,
+        "bytes_per_token": bytes_per_token,
+        "bandwidth_bound_tok_s": bound_tok_s,
+        "decode_share_of_bound": bound_tok_s.map(|b| g.decode_tok_s / b),
+        "dispatches_per_step": per_token.map(|p| p.0),
+        "submits_per_step": per_token.map(|p| p.1),
+        "note": note,
+    }))
+}

@@ -1,0 +1,347 @@
+//! Timing an op on one backend, and each backend's bandwidth ceiling.
+
+use std::time::Instant;
+
+use turbospark::parity::{HostTensor, Op, OutSpec};
+use turbospark::{ComputeBackend, DType, Error, HostBytes, Result, Support};
+use turbospark_cpu::CpuBackend;
+use turbospark_wgpu::WgpuBackend;
+
+use super::cases::{Case, HostSets, Variant};
+
+/// Timing figures over repeated calls, in seconds.
+#[derive(Clone, Debug)]
+pub struct Stats {
+    pub median: f64,
+    pub p10: f64,
+    pub p90: f64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub n: usize,
+}
+
+impl Stats {
+    pub fn of(samples: &[f64]) -> Stats {
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            let x = p * (v.len() - 1) as f64;
+            let (lo, hi) = (x.floor() as usize, x.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (x - lo as f64)
+        };
+        Stats {
+            median: q(0.5),
+            p10: q(0.1),
+            p90: q(0.9),
+            min: v[0],
+            max: v[v.len() - 1],
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            n: v.len(),
+        }
+    }
+}
+
+/// How one case ended on one backend.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    Measured {
+        stats: Stats,
+        method: &'static str,
+        sets: usize,
+    },
+    Unsupported(String),
+    Skipped(String),
+    Failed(String),
+}
+
+/// The measured bandwidth ceiling of one backend.
+#[derive(Clone, Debug)]
+pub struct Ceiling {
+    pub bytes: u64,
+    pub stats: Stats,
+    pub method: &'static str,
+    /// What was streamed, by what.
+    pub how: String,
+}
+
+impl Ceiling {
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.stats.median / 1e9
+    }
+}
+
+/// Repetition budget of one case on one backend.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    /// Time to aim for over all repetitions of a case, in seconds.
+    pub seconds: f64,
+    pub min_reps: usize,
+    pub max_reps: usize,
+    /// Bytes one pass over all rotation sets should cover, and their cap.
+    pub rotate_bytes: u64,
+    pub max_sets: usize,
+    /// Bytes of the ceiling's streamed buffer (clamped to what the device allows).
+    pub ceiling_bytes: u64,
+    /// Time with the wall clock even where the GPU has timestamps.
+    pub wall_clock: bool,
+}
+
+/// What the bench needs of a backend beyond [`ComputeBackend`].
+pub trait Bench: ComputeBackend<Buffer: Clone> {
+    /// `cpu` or `wgpu`.
+    fn name(&self) -> &'static str;
+    /// Seconds per call of each of `reps` calls of `f` (which records one
+    /// op), and how they were taken.
+    fn time(
+        &self,
+        reps: usize,
+        budget: &Budget,
+        f: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(Vec<f64>, &'static str)>;
+    /// Stream a buffer larger than the caches; bytes read per second.
+    fn ceiling(&self, budget: &Budget) -> Result<Ceiling>;
+}
+
+impl Bench for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn time(
+        &self,
+        reps: usize,
+        _budget: &Budget,
+        f: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(Vec<f64>, &'static str)> {
+        let mut v = Vec::with_capacity(reps);
+        for i in 0..reps {
+            let t = Instant::now();
+            f(i)?;
+            self.sync()?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        Ok((v, "wall clock per call"))
+    }
+
+    fn ceiling(&self, budget: &Budget) -> Result<Ceiling> {
+        // The CPU reference runs on one thread, so its ceiling is one
+        // thread's read bandwidth.
+        let words = (budget.ceiling_bytes / 8) as usize;
+        let buf: Vec<u64> = (0..words as u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let read = || {
+            let mut acc = [0u64; 8];
+            for c in buf.chunks_exact(8) {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a ^= *x;
+                }
+            }
+            std::hint::black_box(acc);
+        };
+        read();
+        let t = Instant::now();
+        read();
+        let reps = ((budget.seconds / t.elapsed().as_secs_f64().max(1e-9)) as usize)
+            .clamp(3, budget.max_reps);
+        let samples: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                read();
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        Ok(Ceiling {
+            bytes: words as u64 * 8,
+            stats: Stats::of(&samples),
+            method: "wall clock per pass",
+            how: format!(
+                "one thread folding {} MiB of u64 (the CPU reference is single-threaded)",
+                (words * 8) >> 20
+            ),
+        })
+    }
+}
+
+impl Bench for WgpuBackend {
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn time(
+        &self,
+        reps: usize,
+        budget: &Budget,
+        f: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(Vec<f64>, &'static str)> {
+        if !budget.wall_clock {
+            if let Some(v) = self.time_ops(reps, &mut *f)? {
+                return Ok((v, "gpu timestamps, one pass per dispatch"));
+            }
+        }
+        // No timestamps: batches of calls in one submit, a blocking wait
+        // around each; a sample is the batch's time over its calls.
+        self.sync()?;
+        let batches = reps.clamp(1, 10);
+        let per = reps.div_ceil(batches);
+        let mut v = Vec::with_capacity(batches);
+        for b in 0..batches {
+            let t = Instant::now();
+            for j in 0..per {
+                f(b * per + j)?;
+            }
+            self.sync()?;
+            v.push(t.elapsed().as_secs_f64() / per as f64);
+        }
+        Ok((v, "wall clock over batched calls"))
+    }
+
+    fn ceiling(&self, budget: &Budget) -> Result<Ceiling> {
+        let bytes = budget.ceiling_bytes.min(self.max_stream_bytes()) & !15;
+        let words = (bytes / 4) as usize;
+        let src = self.alloc(DType::U32, words, "bench stream")?;
+        // Fill with data (zero pages could be special-cased by a driver).
+        let chunk = (16usize << 20).min(words);
+        let pattern: Vec<u32> = (0..chunk as u32)
+            .map(|i| i.wrapping_mul(0x9E37_79B9))
+            .collect();
+        let mut off = 0;
+        while off < words {
+            let n = chunk.min(words - off);
+            self.write_u32(&src, off, &pattern[..n])?;
+            off += n;
+        }
+        let sink = self.alloc(DType::U32, 256, "bench sink")?;
+        self.stream_read(&src, &sink)?;
+        self.sync()?;
+        let t = Instant::now();
+        self.stream_read(&src, &sink)?;
+        self.sync()?;
+        let reps = ((budget.seconds / t.elapsed().as_secs_f64().max(1e-9)) as usize)
+            .clamp(budget.min_reps.max(3), budget.max_reps);
+        let (samples, method) = self.time(reps, budget, &mut |_| self.stream_read(&src, &sink))?;
+        Ok(Ceiling {
+            bytes,
+            stats: Stats::of(&samples),
+            method,
+            how: format!(
+                "kernels/bench.wgsl stream_read: grid-stride vec4<u32> read of {} MiB",
+                bytes >> 20
+            ),
+        })
+    }
+}
+
+fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, label: &str) -> Result<B::Buffer> {
+    match t {
+        HostTensor::F32(v) => {
+            b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+        }
+        HostTensor::U32(v) => {
+            b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+        }
+        HostTensor::Weight {
+            dtype,
+            rows,
+            cols,
+            bytes,
+        } => b.upload_weight(*dtype, *rows, *cols, HostBytes::Slice(bytes), label),
+    }
+}
+
+type Sets<Buf> = Vec<(Vec<Buf>, Vec<Buf>)>;
+
+/// Every rotation set on the device: (inputs, outputs) per set.
+fn device_sets<B: Bench>(
+    b: &B,
+    op: &Op,
+    host: &HostSets,
+    max_sets: usize,
+) -> Result<Sets<B::Buffer>> {
+    let outputs = |s: usize| -> Result<Vec<B::Buffer>> {
+        op.outputs()
+            .iter()
+            .filter_map(|o| match o {
+                OutSpec::F32(n) => Some(b.alloc(DType::F32, *n, &format!("set{s} out"))),
+                OutSpec::U32(n) => Some(b.alloc(DType::U32, *n, &format!("set{s} out"))),
+                OutSpec::InPlace(..) => None,
+            })
+            .collect()
+    };
+    let first = host
+        .first
+        .iter()
+        .enumerate()
+        .map(|(i, t)| upload(b, t, &format!("set0 in{i}")))
+        .collect::<Result<Vec<_>>>()?;
+    let mut sets = vec![(first, outputs(0)?)];
+    for (s, variants) in host
+        .others
+        .iter()
+        .take(max_sets.saturating_sub(1))
+        .enumerate()
+    {
+        let ins = variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Variant::Share => Ok(sets[0].0[i].clone()),
+                Variant::Copy => upload(b, &host.first[i], &format!("set{} in{i}", s + 1)),
+                Variant::Replace(t) => upload(b, t, &format!("set{} in{i}", s + 1)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        sets.push((ins, outputs(s + 1)?));
+    }
+    Ok(sets)
+}
+
+/// Whether a case will run on `b` without building its inputs.
+pub fn precheck<B: Bench>(b: &B, case: &Case, cpu_all: bool) -> Option<Outcome> {
+    if let Support::No(why) = b.supports(&case.op.kind()) {
+        return Some(Outcome::Unsupported(why));
+    }
+    match case.cpu_skip {
+        Some(why) if b.name() == "cpu" && !cpu_all => {
+            Some(Outcome::Skipped(format!("{why}; --cpu-all runs it")))
+        }
+        _ => None,
+    }
+}
+
+/// Time one case on one backend.
+pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) -> Outcome {
+    let sets = match device_sets(b, &case.op, host, budget.max_sets) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(format!("inputs: {e}")),
+    };
+    let n = sets.len();
+    let record = |i: usize| {
+        let (ins, outs) = &sets[i % n];
+        case.op.record(b, ins, outs)
+    };
+    // Warm up (compiles pipelines), then size the repetitions from one call.
+    let warm = (|| -> Result<f64> {
+        record(0)?;
+        b.sync()?;
+        let t = Instant::now();
+        record(1)?;
+        b.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    })();
+    let once = match warm {
+        Ok(t) => t,
+        Err(Error::Unsupported { reason, .. }) => return Outcome::Unsupported(reason),
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
+    let reps = ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps, budget.max_reps);
+    match b.time(reps, budget, &mut |i| record(i + 2)) {
+        Ok((samples, method)) => Outcome::Measured {
+            stats: Stats::of(&samples),
+            method,
+            sets: n,
+        },
+        Err(Error::Unsupported { reason, .. }) => Outcome::Unsupported(reason),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}

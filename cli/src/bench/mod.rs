@@ -1,0 +1,362 @@
+//! `turbospark bench`: every decode op of Gemma 4 26B-A4B at its real shape,
+//! per backend, against the bandwidth ceiling measured in the same run.
+//!
+//! For each case and backend: median and spread of the time per call over
+//! repeated calls (GPU timestamps where the adapter has them, else the wall
+//! clock around a blocking wait), the bytes the op must move (each input read
+//! once, each output written once; only the selected experts for MoE), the
+//! GB/s that makes, and its share of the ceiling. Inputs rotate over several
+//! buffer sets so a small op's data is not served from cache.
+
+mod cases;
+mod e2e;
+mod measure;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use turbospark_cpu::CpuBackend;
+use turbospark_wgpu::{WgpuBackend, WgpuOptions};
+
+use measure::{Bench, Budget, Ceiling, Outcome};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Which {
+    Cpu,
+    Wgpu,
+    All,
+}
+
+/// Per-op timings at Gemma 4 26B-A4B's shapes against the measured bandwidth ceiling.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Backends to measure side by side.
+    #[arg(long, value_enum, default_value = "all")]
+    pub backend: Which,
+    /// Small shapes and short runs (CI).
+    #[arg(long)]
+    pub quick: bool,
+    /// Write every figure and the machine's description as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw achieved GB/s per op and backend against the ceiling as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Only cases whose label contains this.
+    #[arg(long, default_value = "")]
+    pub filter: String,
+    /// Case-insensitive substring of the wgpu adapter name (else TURBOSPARK_ADAPTER).
+    #[arg(long)]
+    pub adapter: Option<String>,
+    /// Also run the cases the CPU reference skips by default (the LM head at M = 16).
+    #[arg(long)]
+    pub cpu_all: bool,
+    /// Seconds to spend per case on the GPU (default 0.25, quick 0.02).
+    #[arg(long)]
+    pub gpu_seconds: Option<f64>,
+    /// Seconds to spend per case on the CPU (default 2, quick 0.02).
+    #[arg(long)]
+    pub cpu_seconds: Option<f64>,
+    /// Size of the ceiling's streamed buffer in MiB (default 1024, quick 64;
+    /// clamped to the device's largest binding).
+    #[arg(long)]
+    pub ceiling_mib: Option<u64>,
+    /// Time GPU ops with the wall clock around a blocking wait even where the
+    /// adapter has timestamp queries (includes submit and launch overhead).
+    #[arg(long)]
+    pub wall_clock: bool,
+    /// End to end: also load this synthetic model (`gemma-4-26b-a4b`, `tiny`)
+    /// with random bf16 weights and time prefill and decode on every backend.
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// Prompt length of the end-to-end prefill.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens decoded in the end-to-end run.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// One backend, opened, with its ceiling and results.
+pub struct Run {
+    pub name: &'static str,
+    pub info: turbospark::BackendInfo,
+    pub budget: Budget,
+    pub ceiling: Result<Ceiling, String>,
+    /// One outcome per case, in case order.
+    pub outcomes: Vec<Outcome>,
+    /// Timestamp period and such, for the JSON.
+    pub extra: serde_json::Value,
+}
+
+fn budgets(a: &Args) -> (Budget, Budget) {
+    let mib = a.ceiling_mib.unwrap_or(if a.quick { 64 } else { 1024 }) << 20;
+    let gpu = Budget {
+        seconds: a.gpu_seconds.unwrap_or(if a.quick { 0.02 } else { 0.25 }),
+        min_reps: if a.quick { 3 } else { 10 },
+        max_reps: if a.quick { 20 } else { 200 },
+        rotate_bytes: if a.quick { 4 << 20 } else { 256 << 20 },
+        max_sets: if a.quick { 4 } else { 128 },
+        ceiling_bytes: mib,
+        wall_clock: a.wall_clock,
+    };
+    let cpu = Budget {
+        seconds: a.cpu_seconds.unwrap_or(if a.quick { 0.02 } else { 2.0 }),
+        min_reps: if a.quick { 3 } else { 2 },
+        max_reps: if a.quick { 10 } else { 20 },
+        rotate_bytes: if a.quick { 4 << 20 } else { 256 << 20 },
+        max_sets: 4,
+        ceiling_bytes: mib,
+        wall_clock: true,
+    };
+    (gpu, cpu)
+}
+
+fn open_run<B: Bench>(b: &B, budget: Budget, extra: serde_json::Value) -> Run {
+    eprintln!(
+        "bench: {} on {} ({}): measuring the ceiling",
+        b.name(),
+        b.info().device_name,
+        b.info().api
+    );
+    let ceiling = b.ceiling(&budget).map_err(|e| e.to_string());
+    match &ceiling {
+        Ok(c) => eprintln!(
+            "bench: {} ceiling {:.1} GB/s ({})",
+            b.name(),
+            c.gbps(),
+            c.how
+        ),
+        Err(e) => eprintln!("bench: {} ceiling failed: {e}", b.name()),
+    }
+    Run {
+        name: b.name(),
+        info: b.info().clone(),
+        budget,
+        ceiling,
+        outcomes: Vec::new(),
+        extra,
+    }
+}
+
+fn step<B: Bench>(
+    b: &B,
+    run: &mut Run,
+    case: &cases::Case,
+    host: &mut Option<cases::HostSets>,
+    seed: u64,
+    cpu_all: bool,
+) {
+    if let Some(o) = measure::precheck(b, case, cpu_all) {
+        run.outcomes.push(o);
+        return;
+    }
+    let budget = run.budget;
+    // Inputs are made once per case and shared by every backend.
+    let host = host.get_or_insert_with(|| {
+        cases::host_sets(&case.op, seed, budget.rotate_bytes, budget.max_sets)
+    });
+    let o = measure::run_case(b, case, host, &budget);
+    eprintln!(
+        "bench:   {:<5} {}",
+        b.name(),
+        report::outcome_brief(&o, host.bytes)
+    );
+    run.outcomes.push(o);
+}
+
+/// Write `--json` and `--plot` for the cases measured so far.
+fn write_files(
+    args: &Args,
+    cases: &[cases::Case],
+    bytes: &[u64],
+    runs: &[Run],
+    notes: &[String],
+    end_to_end: &serde_json::Value,
+    complete: bool,
+) -> Result<(), ()> {
+    let rep = report::Report {
+        args,
+        cases: &cases[..bytes.len()],
+        bytes,
+        runs,
+        notes,
+        end_to_end: end_to_end.clone(),
+    };
+    let mut json = rep.json();
+    json["complete"] = complete.into();
+    let files = [(&args.json, json.to_string()), (&args.plot, rep.svg())];
+    for (path, text) in files {
+        if let Some(path) = path {
+            std::fs::write(path, text).map_err(|e| {
+                eprintln!("bench: writing {}: {e}", path.display());
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// `turbospark bench`.
+pub fn main(args: Args) -> ExitCode {
+    let (gpu_budget, cpu_budget) = budgets(&args);
+    let want_cpu = matches!(args.backend, Which::Cpu | Which::All);
+    let want_wgpu = matches!(args.backend, Which::Wgpu | Which::All);
+    let mut notes = Vec::new();
+
+    let mut wgpu = if want_wgpu {
+        match WgpuBackend::new(&WgpuOptions {
+            adapter: args.adapter.clone(),
+        }) {
+            Ok(b) => Some(b),
+            Err(e) if args.backend == Which::Wgpu => {
+                eprintln!("bench: the wgpu backend could not start: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("bench: no wgpu backend ({e}); measuring the CPU only");
+                notes.push(format!("wgpu unavailable: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut cpu = want_cpu.then(CpuBackend::new);
+
+    let mut runs: Vec<Run> = Vec::new();
+    if let Some(b) = &wgpu {
+        let extra = serde_json::json!({
+            "timestamp_period_ns": b.queue().get_timestamp_period(),
+            "limits": format!("{:?}", b.wgpu_limits()),
+        });
+        runs.push(open_run(b, gpu_budget, extra));
+    }
+    if let Some(b) = &cpu {
+        let extra = serde_json::json!({ "threads": 1 });
+        runs.push(open_run(b, cpu_budget, extra));
+    }
+
+    let all = cases::cases(args.quick);
+    // Each case's seed follows its place in the full list, so a filtered
+    // run times the same inputs.
+    let (seeds, selected): (Vec<u64>, Vec<cases::Case>) = all
+        .into_iter()
+        .enumerate()
+        .filter(|(_, c)| args.filter.is_empty() || c.label.contains(&args.filter))
+        .map(|(i, c)| (args.seed.wrapping_add(i as u64), c))
+        .unzip();
+    let mut bytes = Vec::with_capacity(selected.len());
+    for (i, case) in selected.iter().enumerate() {
+        eprintln!("bench: [{}/{}] {}", i + 1, selected.len(), case.label);
+        let seed = seeds[i];
+        let mut host = None;
+        let mut k = 0;
+        if let Some(b) = &wgpu {
+            step(b, &mut runs[k], case, &mut host, seed, args.cpu_all);
+            k += 1;
+        }
+        if let Some(b) = &cpu {
+            step(b, &mut runs[k], case, &mut host, seed, args.cpu_all);
+        }
+        // Bytes moved do not depend on the backend; cases no backend ran
+        // still get their figure.
+        bytes.push(
+            host.map(|h| h.bytes)
+                .unwrap_or_else(|| cases::bytes_moved(&case.op, &[])),
+        );
+        // Rewrite the files after every case, so a run cut short by a time
+        // limit still leaves what it measured (`"complete": false`).
+        let done = bytes.len() == selected.len();
+        if !done
+            && write_files(
+                &args,
+                &selected,
+                &bytes,
+                &runs,
+                &notes,
+                &e2e::not_run(),
+                false,
+            )
+            .is_err()
+        {
+            return ExitCode::FAILURE;
+        }
+    }
+
+    // End to end last: the model takes the backend over, after the per-op
+    // cases have released their buffers.
+    let end_to_end = match &args.synthetic {
+        None => e2e::not_run(),
+        Some(name) => {
+            let ceiling = |k: usize| {
+                runs.get(k)
+                    .and_then(|r| r.ceiling.as_ref().ok())
+                    .map(|c| c.gbps())
+            };
+            let mut all = Vec::new();
+            let mut k = 0;
+            if let Some(b) = wgpu.take() {
+                all.push(e2e::run(
+                    b,
+                    name,
+                    args.prompt_tokens,
+                    args.decode_tokens,
+                    ceiling(k),
+                    args.seed,
+                ));
+                k += 1;
+            }
+            if let Some(b) = cpu.take() {
+                all.push(e2e::run(
+                    b,
+                    name,
+                    args.prompt_tokens,
+                    args.decode_tokens,
+                    ceiling(k),
+                    args.seed,
+                ));
+            }
+            let note = all
+                .iter()
+                .filter_map(|v| v["note"].as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            serde_json::json!({ "runs": all, "note": note })
+        }
+    };
+    let rep = report::Report {
+        args: &args,
+        cases: &selected,
+        bytes: &bytes,
+        runs: &runs,
+        notes: &notes,
+        end_to_end,
+    };
+    print!("{}", rep.table());
+    if write_files(
+        &args,
+        &selected,
+        &bytes,
+        &runs,
+        &notes,
+        &rep.end_to_end,
+        true,
+    )
+    .is_err()
+    {
+        return ExitCode::FAILURE;
+    }
+    let failed = runs
+        .iter()
+        .any(|r| r.ceiling.is_err() || r.outcomes.iter().any(|o| matches!(o, Outcome::Failed(_))));
+    if failed {
+        eprintln!("bench: some measurements failed (see the table)");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,108 @@
+//! `turbospark bench --quick` on the CPU reference and on wgpu (lavapipe in
+//! CI): every figure is produced and positive. Speeds are not checked.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Run the quick bench on one backend; returns (JSON, SVG, stdout).
+fn quick(backend: &str) -> (Value, String, String) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let json = dir.join(format!("bench-quick-{backend}.json"));
+    let svg = dir.join(format!("bench-quick-{backend}.svg"));
+    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(["bench", "--quick", "--backend", backend, "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .expect("turbospark runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "bench --quick --backend {backend} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).expect("JSON");
+    (
+        v,
+        std::fs::read_to_string(&svg).expect("SVG written"),
+        stdout,
+    )
+}
+
+fn positive(v: &Value, what: &str) {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x > 0.0 && x.is_finite(), "{what} = {x}");
+}
+
+fn check_timing(t: &Value, what: &str) {
+    for k in ["median_s", "p10_s", "p90_s", "min_s", "max_s", "mean_s"] {
+        positive(&t[k], &format!("{what} {k}"));
+    }
+    assert!(t["samples"].as_u64().unwrap_or(0) >= 3, "{what}: {t}");
+}
+
+/// Checks the report of one backend; returns how many cases it measured.
+fn check(backend: &str, allow_unsupported: bool) -> usize {
+    let (v, svg, stdout) = quick(backend);
+    assert_eq!(v["mode"], "quick");
+    assert_eq!(v["complete"], true);
+    assert!(v["date"].as_str().is_some_and(|d| d.len() == 20));
+    assert!(v["command_line"].as_array().is_some_and(|a| !a.is_empty()));
+    let b = &v["backends"][0];
+    assert_eq!(b["name"], backend);
+    assert!(b["adapter"].as_str().is_some_and(|s| !s.is_empty()));
+    assert_eq!(b["ceiling"]["status"], "ok", "{}", b["ceiling"]);
+    positive(&b["ceiling"]["gbps"], "ceiling gbps");
+    positive(&b["ceiling"]["bytes"], "ceiling bytes");
+    check_timing(&b["ceiling"]["timing"], "ceiling");
+    let cases = v["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    let mut measured = 0;
+    for c in cases {
+        let label = c["label"].as_str().expect("label");
+        assert!(stdout.contains(label), "{label} missing from the table");
+        assert!(svg.contains(label), "{label} missing from the plot");
+        positive(&c["bytes"], &format!("{label} bytes"));
+        let r = &c["results"][backend];
+        match r["status"].as_str() {
+            Some("ok") => {
+                measured += 1;
+                check_timing(&r["timing"], label);
+                positive(&r["gbps"], &format!("{label} gbps"));
+                positive(&r["pct_of_ceiling"], &format!("{label} % of ceiling"));
+                assert!(r["method"].as_str().is_some(), "{label}: {r}");
+            }
+            Some("unsupported") if allow_unsupported => {}
+            _ => panic!("{backend} {label}: {r}"),
+        }
+    }
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(v["end_to_end"]["status"], "todo");
+    measured
+}
+
+#[test]
+fn quick_bench_on_cpu_measures_every_case() {
+    check("cpu", false);
+}
+
+#[test]
+fn quick_bench_on_wgpu_measures_every_supported_case() {
+    // Without an adapter: skipped on a developer machine, a failure under CI.
+    if let Err(e) = turbospark_wgpu::WgpuBackend::new(&Default::default()) {
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("CI=true but the wgpu backend could not start: {e}");
+        }
+        eprintln!("SKIPPED (no wgpu adapter; set CI=true to make this a failure): {e}");
+        return;
+    }
+    // Unimplemented kernels report unsupported; the ones that exist
+    // (norms, elementwise, argmax) must be measured.
+    assert!(check("wgpu", true) >= 5);
+}

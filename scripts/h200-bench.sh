@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `turbospark bench` on the lent NVIDIA H200, through Vulkan.
+#
+# The device machine has no cargo and no Vulkan loader, so both travel:
+#   here (x86-64), in the repository root:
+#     cargo build --release -p turbospark-cli
+#     mkdir -p .bin && cp "${CARGO_TARGET_DIR:-target}/release/turbospark" .bin/ && strip .bin/turbospark
+#     # .gl/ holds the loader debs (libvulkan1 libegl1 libglvnd0 libopengl0
+#     # libgl1 libglx0 libgles2, amd64): see ../shared/reference/gpu-machines.md
+#   then the device tool's `run`, with carry [".gl", ".bin"] and the command
+#     bash scripts/h200-bench.sh            (extra arguments go to `bench`)
+#
+# Writes into $OUT (what the device tool brings back; ./bench-out elsewhere):
+#   bench.json  every figure and the machine's description (rewritten after
+#               each case, so a run cut short keeps what it measured)
+#   bench.svg   achieved GB/s per op against the measured ceiling
+#   bench.log   the table (stdout) and progress (stderr)
+#   gpu.txt     nvidia-smi's view of the GPU, driver, clocks and the loader used
+set -uo pipefail
+
+OUT=${OUT:-$PWD/bench-out}
+mkdir -p "$OUT"
+BIN=${TURBOSPARK_BIN:-.bin/turbospark}
+if [ ! -x "$BIN" ]; then
+    echo "no turbospark binary at $BIN (build it here and carry .bin/)" >&2
+    exit 2
+fi
+if ! ls .gl/*.deb >/dev/null 2>&1; then
+    echo "no .gl/*.deb: carry the Vulkan loader debs (.gl) with the command" >&2
+    exit 2
+fi
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+# Vulkan only: the adapter is the H200 through NVIDIA's ICD, not a GL one.
+export WGPU_BACKEND=${WGPU_BACKEND:-vulkan}
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit,pcie.link.gen.max --format=csv
+    echo "VK_DRIVER_FILES=$VK_DRIVER_FILES"
+    ldconfig -p | grep -E 'libvulkan|libEGL' || true
+    nproc
+    uname -a
+} >"$OUT/gpu.txt" 2>&1
+
+# The whole bench takes a few minutes at the real shapes (inputs of up to
+# 1.5 GB are generated on the host); stay inside the device tool's 10 minutes.
+timeout "${BENCH_TIMEOUT:-540}" "$BIN" bench --backend wgpu \
+    --json "$OUT/bench.json" --plot "$OUT/bench.svg" "$@" \
+    2>&1 | tee "$OUT/bench.log"
+rc=${PIPESTATUS[0]}
+echo "bench exit status $rc" | tee -a "$OUT/bench.log"
+exit "$rc"
