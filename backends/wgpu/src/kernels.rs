@@ -23,6 +23,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("embed", include_str!("../../../kernels/embed.wgsl")),
     ("argmax", include_str!("../../../kernels/argmax.wgsl")),
     ("matmul", include_str!("../../../kernels/matmul.wgsl")),
+    ("gemv", include_str!("../../../kernels/gemv.wgsl")),
     ("router", include_str!("../../../kernels/router.wgsl")),
     ("moe", include_str!("../../../kernels/moe.wgsl")),
     ("rope", include_str!("../../../kernels/rope.wgsl")),

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Matmul;
-use turbospark::Result;
+use turbospark::{DType, Result};
 
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
@@ -44,6 +44,9 @@ pub(crate) fn matmul(
 ) -> Result<()> {
     let xb = x.single().expect("activations are one buffer");
     let ob = out.single().expect("activations are one buffer");
+    if p.m == 1 && p.k.is_multiple_of(8) && matches!(w.dtype, DType::BF16 | DType::F16) {
+        return gemv(be, w, xb, ob, p);
+    }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
     let (mb, rt, kl) = config(p.m.min(16));
     let per_group = rt * (WG / kl);
@@ -85,6 +88,52 @@ pub(crate) fn matmul(
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
             groups: be.grid((rows as u32).div_ceil(per_group)),
+        })?;
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemvParams {
+    n: u32,
+    k: u32,
+    rows: u32,
+    row0: u32,
+}
+
+/// Rows per workgroup of kernels/gemv.wgsl.
+const GEMV_ROWS: u32 = 8;
+
+/// The decode fast path (kernels/gemv.wgsl): one row of x, 16-bit weights
+/// read 16 bytes per load. Rows of a multiple-of-8 k start on 16-byte
+/// boundaries, so the weight binds as `array<vec4<u32>>`.
+fn gemv(
+    be: &WgpuBackend,
+    w: &WgpuBuffer,
+    xb: &wgpu::Buffer,
+    ob: &wgpu::Buffer,
+    p: Matmul,
+) -> Result<()> {
+    for c in w.chunks.iter() {
+        let (row0, rows) = if w.chunks.len() == 1 {
+            (0, p.n)
+        } else {
+            (c.row_start, c.rows)
+        };
+        let params = GemvParams {
+            n: p.n as u32,
+            k: p.k as u32,
+            rows: rows as u32,
+            row0: row0 as u32,
+        };
+        be.launch(Launch {
+            kernel: "gemv",
+            entry: "gemv",
+            constants: &super::wdtype(w.dtype),
+            params: bytemuck::bytes_of(&params),
+            buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
+            groups: be.grid((rows as u32).div_ceil(GEMV_ROWS)),
         })?;
     }
     Ok(())
