@@ -46,13 +46,14 @@ fn generate_on<B: ComputeBackend>(
 ) -> CliResult<Generation> {
     let ck = open_checkpoint(dir)?;
     let mut model = Model::load(backend, &ck, ModelOptions { max_context: 256 })?;
-    Ok(model.generate(
-        prompt,
-        &GenerateOptions {
-            max_new_tokens: n,
-            sampling: Sampling::Greedy,
-        },
-    )?)
+    let opts = GenerateOptions {
+        max_new_tokens: n,
+        sampling: Sampling::Greedy,
+    };
+    // The first run compiles the GPU pipelines; time the second.
+    model.generate(prompt, &opts)?;
+    model.reset();
+    Ok(model.generate(prompt, &opts)?)
 }
 
 fn report(what: &str, g: &Generation) {
