@@ -88,6 +88,8 @@ fn moe(full: bool) -> Vec<Op> {
             (2, 4, 2, 64, 24, F32),
             // partial row blocks, row tails, more tokens than one group
             (17, 6, 3, 130, 42, BF16),
+            // decode fast path with f16 weights and small sizes
+            (1, 5, 3, 64, 24, F16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

@@ -26,6 +26,10 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("gemv", include_str!("../../../kernels/gemv.wgsl")),
     ("router", include_str!("../../../kernels/router.wgsl")),
     ("moe", include_str!("../../../kernels/moe.wgsl")),
+    (
+        "moe_decode",
+        include_str!("../../../kernels/moe_decode.wgsl"),
+    ),
     ("rope", include_str!("../../../kernels/rope.wgsl")),
     ("kv_cache", include_str!("../../../kernels/kv_cache.wgsl")),
     ("attention", include_str!("../../../kernels/attention.wgsl")),

@@ -20,6 +20,8 @@ const GATE_UP_ROWS: usize = 8;
 const DOWN_ROWS: usize = 4;
 /// Tokens per phase-2 workgroup.
 const TOKENS_PER_GROUP: usize = 16;
+/// Output rows per workgroup of the decode kernels (kernels/moe_decode.wgsl).
+const DECODE_ROWS: usize = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -166,6 +168,24 @@ fn route(be: &WgpuBackend, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, Wgpu
     Ok((params, scratch))
 }
 
+/// Parameters of a decode fast-path dispatch (kernels/moe_decode.wgsl): one
+/// token, slot `j` is the token's `j`-th expert, no route list. Taken when
+/// m = 1, the weights are 16-bit and the reduced dimension is a multiple of 8
+/// (weight rows start on 16-byte boundaries, so they bind as
+/// `array<vec4<u32>>`).
+fn decode_params(p: &Moe) -> MoeParams {
+    MoeParams {
+        m: 1,
+        hidden: p.hidden as u32,
+        inter: p.inter as u32,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        direct: 1,
+        nslots: p.top_k as u32,
+        nrb: 0,
+    }
+}
+
 pub(crate) fn moe_gate_up(
     be: &WgpuBackend,
     x: &WgpuBuffer,
@@ -175,6 +195,26 @@ pub(crate) fn moe_gate_up(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
+    if p.m == 1 && p.hidden.is_multiple_of(8) && matches!(gu.dtype, DType::BF16 | DType::F16) {
+        let mut params = decode_params(&p);
+        params.nrb = p.inter.div_ceil(DECODE_ROWS) as u32;
+        let xb = one(x);
+        return be.launch(Launch {
+            kernel: "moe_decode",
+            entry: "moe_gate_up_decode",
+            constants: &super::wdtype(gu.dtype),
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (one(ids), true),
+                (wb, true),
+                (xb, true),
+                // phase 1 has no routing weights: x stands in, never read
+                (xb, true),
+                (one(act), false),
+            ],
+            groups: be.grid(params.top_k * params.nrb),
+        });
+    }
     let (mut params, scratch) = route(be, ids, &p)?;
     params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
     let xb = one(x);
@@ -206,6 +246,23 @@ pub(crate) fn moe_down(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
+    if p.m == 1 && p.inter.is_multiple_of(8) && matches!(d.dtype, DType::BF16 | DType::F16) {
+        let params = decode_params(&p);
+        return be.launch(Launch {
+            kernel: "moe_decode",
+            entry: "moe_down_decode",
+            constants: &super::wdtype(d.dtype),
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (one(ids), true),
+                (wb, true),
+                (one(act), true),
+                (one(w), true),
+                (one(out), false),
+            ],
+            groups: be.grid(p.hidden.div_ceil(DECODE_ROWS) as u32),
+        });
+    }
     let (mut params, scratch) = route(be, ids, &p)?;
     params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
