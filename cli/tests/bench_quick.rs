@@ -12,7 +12,16 @@ fn quick(backend: &str) -> (Value, String, String) {
     let json = dir.join(format!("bench-quick-{backend}.json"));
     let svg = dir.join(format!("bench-quick-{backend}.svg"));
     let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args(["bench", "--quick", "--backend", backend, "--json"])
+        .args(["bench", "--quick", "--backend", backend])
+        .args([
+            "--synthetic",
+            "tiny",
+            "--prompt-tokens",
+            "24",
+            "--decode-tokens",
+            "4",
+        ])
+        .arg("--json")
         .arg(&json)
         .arg("--plot")
         .arg(&svg)
@@ -83,7 +92,24 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
         }
     }
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    assert_eq!(v["end_to_end"]["status"], "todo");
+    // End to end on the tiny synthetic model: every figure present and positive.
+    let runs = v["end_to_end"]["runs"].as_array().expect("end-to-end runs");
+    assert_eq!(runs.len(), 1, "{}", v["end_to_end"]);
+    let e = &runs[0];
+    assert_eq!(e["status"], "measured", "{e}");
+    for k in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "bytes_per_token",
+        "bandwidth_bound_tok_s",
+        "load_seconds",
+    ] {
+        positive(&e[k], &format!("end to end {k}"));
+    }
+    assert!(
+        stdout.contains("end to end: tiny on"),
+        "end-to-end line missing from the table"
+    );
     measured
 }
 
@@ -102,7 +128,6 @@ fn quick_bench_on_wgpu_measures_every_supported_case() {
         eprintln!("SKIPPED (no wgpu adapter; set CI=true to make this a failure): {e}");
         return;
     }
-    // Unimplemented kernels report unsupported; the ones that exist
-    // (norms, elementwise, argmax) must be measured.
-    assert!(check("wgpu", true) >= 5);
+    // Every op has a wgpu kernel: every case must be measured.
+    check("wgpu", false);
 }
