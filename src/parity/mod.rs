@@ -89,31 +89,35 @@ pub enum OutSpec {
     InPlace(usize, usize),
 }
 
-fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, guard: bool, label: &str) -> Result<B::Buffer> {
-    match t {
-        HostTensor::F32(v) => {
-            if guard {
-                // In-place buffers get a poisoned guard too.
-                let mut w = v.clone();
-                w.extend(std::iter::repeat_n(f32::NAN, GUARD));
-                b.upload(
-                    DType::F32,
-                    HostBytes::Slice(bytemuck::cast_slice(&w)),
-                    label,
-                )
-            } else {
+impl HostTensor {
+    /// Upload to a backend as it is (weights through `upload_weight`).
+    pub fn upload<B: ComputeBackend>(&self, b: &B, label: &str) -> Result<B::Buffer> {
+        match self {
+            HostTensor::F32(v) => {
                 b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
             }
+            HostTensor::U32(v) => {
+                b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+            }
+            HostTensor::Weight {
+                dtype,
+                rows,
+                cols,
+                bytes,
+            } => b.upload_weight(*dtype, *rows, *cols, HostBytes::Slice(bytes), label),
         }
-        HostTensor::U32(v) => {
-            b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+    }
+}
+
+/// Upload an input; an in-place one gets a poisoned guard region after it.
+fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, guard: bool, label: &str) -> Result<B::Buffer> {
+    match t {
+        HostTensor::F32(v) if guard => {
+            let mut w = v.clone();
+            w.extend(std::iter::repeat_n(f32::NAN, GUARD));
+            HostTensor::F32(w).upload(b, label)
         }
-        HostTensor::Weight {
-            dtype,
-            rows,
-            cols,
-            bytes,
-        } => b.upload_weight(*dtype, *rows, *cols, HostBytes::Slice(bytes), label),
+        _ => t.upload(b, label),
     }
 }
 

@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use turbospark::parity::{HostTensor, Op, OutSpec};
-use turbospark::{ComputeBackend, DType, Error, HostBytes, Result, Support};
+use turbospark::parity::{Op, OutSpec};
+use turbospark::{ComputeBackend, DType, Error, Result, Support};
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::WgpuBackend;
 
@@ -233,23 +233,6 @@ impl Bench for WgpuBackend {
     }
 }
 
-fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, label: &str) -> Result<B::Buffer> {
-    match t {
-        HostTensor::F32(v) => {
-            b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
-        }
-        HostTensor::U32(v) => {
-            b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
-        }
-        HostTensor::Weight {
-            dtype,
-            rows,
-            cols,
-            bytes,
-        } => b.upload_weight(*dtype, *rows, *cols, HostBytes::Slice(bytes), label),
-    }
-}
-
 type Sets<Buf> = Vec<(Vec<Buf>, Vec<Buf>)>;
 
 /// Every rotation set on the device: (inputs, outputs) per set.
@@ -273,7 +256,7 @@ fn device_sets<B: Bench>(
         .first
         .iter()
         .enumerate()
-        .map(|(i, t)| upload(b, t, &format!("set0 in{i}")))
+        .map(|(i, t)| t.upload(b, &format!("set0 in{i}")))
         .collect::<Result<Vec<_>>>()?;
     let mut sets = vec![(first, outputs(0)?)];
     for (s, variants) in host
@@ -287,8 +270,8 @@ fn device_sets<B: Bench>(
             .enumerate()
             .map(|(i, v)| match v {
                 Variant::Share => Ok(sets[0].0[i].clone()),
-                Variant::Copy => upload(b, &host.first[i], &format!("set{} in{i}", s + 1)),
-                Variant::Replace(t) => upload(b, t, &format!("set{} in{i}", s + 1)),
+                Variant::Copy => host.first[i].upload(b, &format!("set{} in{i}", s + 1)),
+                Variant::Replace(t) => t.upload(b, &format!("set{} in{i}", s + 1)),
             })
             .collect::<Result<Vec<_>>>()?;
         sets.push((ins, outputs(s + 1)?));
