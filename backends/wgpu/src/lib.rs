@@ -270,6 +270,19 @@ fn no_alias(op: &'static str, out: &WgpuBuffer, inputs: &[Option<&WgpuBuffer>]) 
     Ok(())
 }
 
+/// Every argument but a split-capable weight must be one binding: a weight
+/// uploaded with `upload_weight` and split by rows is only read by `matmul`
+/// (and reported `Unsupported` by the MoE, router and embed launchers).
+fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
+    if args.iter().flatten().any(|b| b.single().is_none()) {
+        return Err(Error::shape(
+            op,
+            "an argument is a weight split across bindings; only matmul's weight may be split",
+        ));
+    }
+    Ok(())
+}
+
 impl ComputeBackend for WgpuBackend {
     type Buffer = WgpuBuffer;
 
@@ -362,6 +375,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
         v::check_buf("write_f32", "buf", buf, &v::F32, offset + data.len())?;
+        whole("write_f32", &[Some(buf)])?;
         // Ops recorded earlier must see the old contents: submit them first.
         self.flush()?;
         self.write_bytes(
@@ -374,6 +388,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn write_u32(&self, buf: &WgpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
         v::check_buf("write_u32", "buf", buf, &v::U32, offset + data.len())?;
+        whole("write_u32", &[Some(buf)])?;
         self.flush()?;
         self.write_bytes(
             buf.single().expect("id buffers are one buffer"),
@@ -415,12 +430,14 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         p.validate(x, w, res, out)?;
         no_alias("rms_norm", out, &[Some(x), w, res])?;
+        whole("rms_norm", &[Some(x), w, res, Some(out)])?;
         ops::norm::rms_norm(self, x, w, res, out, p)
     }
 
     fn matmul(&self, w: &WgpuBuffer, x: &WgpuBuffer, out: &WgpuBuffer, p: Matmul) -> Result<()> {
         p.validate(w, x, out)?;
         no_alias("matmul", out, &[Some(w), Some(x)])?;
+        whole("matmul", &[Some(x), Some(out)])?;
         ops::matmul::matmul(self, w, x, out, p)
     }
 
@@ -445,6 +462,10 @@ impl ComputeBackend for WgpuBackend {
             wts,
             &[Some(x), Some(scale), Some(proj), Some(pes)],
         )?;
+        whole(
+            "router",
+            &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
+        )?;
         ops::moe::router(self, x, scale, proj, pes, ids, wts, p)
     }
 
@@ -458,6 +479,7 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         p.validate_gate_up(x, gate_up, ids, act)?;
         no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
+        whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])?;
         ops::moe::moe_gate_up(self, x, gate_up, ids, act, p)
     }
 
@@ -476,12 +498,14 @@ impl ComputeBackend for WgpuBackend {
             out,
             &[Some(act), Some(down), Some(ids), Some(wts)],
         )?;
+        whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])?;
         ops::moe::moe_down(self, act, down, ids, wts, out, p)
     }
 
     fn rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
         p.validate(x, positions)?;
         no_alias("rope", x, &[Some(positions)])?;
+        whole("rope", &[Some(x), Some(positions)])?;
         ops::attention::rope(self, x, positions, p)
     }
 
@@ -501,6 +525,10 @@ impl ComputeBackend for WgpuBackend {
             &[Some(k), Some(vb), Some(vc), Some(positions)],
         )?;
         no_alias("kv_append", vc, &[Some(k), Some(vb), Some(positions)])?;
+        whole(
+            "kv_append",
+            &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
+        )?;
         ops::attention::kv_append(self, k, vb, kc, vc, positions, p)
     }
 
@@ -519,30 +547,38 @@ impl ComputeBackend for WgpuBackend {
             out,
             &[Some(q), Some(kc), Some(vc), Some(positions)],
         )?;
+        whole(
+            "attention",
+            &[Some(q), Some(kc), Some(vc), Some(positions), Some(out)],
+        )?;
         ops::attention::attention(self, q, kc, vc, positions, out, p)
     }
 
     fn add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
         v::validate_binary("add", a, b, out, n)?;
         no_alias("add", out, &[Some(a), Some(b)])?;
+        whole("add", &[Some(a), Some(b), Some(out)])?;
         ops::elementwise::add(self, a, b, out, n)
     }
 
     fn scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
         v::validate_unary("scale", x, out, n)?;
         no_alias("scale", out, &[Some(x)])?;
+        whole("scale", &[Some(x), Some(out)])?;
         ops::elementwise::scale(self, x, out, n, s)
     }
 
     fn gelu_mul(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         v::validate_gelu_mul(x, out, rows, n)?;
         no_alias("gelu_mul", out, &[Some(x)])?;
+        whole("gelu_mul", &[Some(x), Some(out)])?;
         ops::elementwise::gelu_mul(self, x, out, rows, n)
     }
 
     fn softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
         v::validate_unary("softcap", x, out, n)?;
         no_alias("softcap", out, &[Some(x)])?;
+        whole("softcap", &[Some(x), Some(out)])?;
         ops::elementwise::softcap(self, x, out, n, cap)
     }
 
@@ -555,12 +591,14 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         p.validate(ids, table, out)?;
         no_alias("embed", out, &[Some(ids), Some(table)])?;
+        whole("embed", &[Some(ids), Some(out)])?;
         ops::elementwise::embed(self, ids, table, out, p)
     }
 
     fn argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         v::validate_argmax(x, out, rows, n)?;
         no_alias("argmax", out, &[Some(x)])?;
+        whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(self, x, out, rows, n)
     }
 }
