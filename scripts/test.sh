@@ -23,4 +23,11 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/turbospark-xdg-$(id -u)}"
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 
 echo "== cargo test --workspace"
-cargo test --workspace "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+# One closing line over every test binary (cargo prints one per binary, the
+# last of them for doc-tests, which this workspace has none of).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
