@@ -24,20 +24,33 @@ pub(crate) struct Batch {
 impl Batch {
     /// End the pass and submit what was recorded (nothing if empty).
     pub fn submit(&mut self, be: &WgpuBackend) {
+        if self.encoder.is_some() {
+            self.submit_with(be, |_| {});
+        }
+    }
+
+    /// End the pass, let `extra` record after it (a readback copy), and
+    /// submit everything as one submission.
+    pub fn submit_with(&mut self, be: &WgpuBackend, extra: impl FnOnce(&mut wgpu::CommandEncoder)) {
         // The pass must end before its encoder can finish.
         drop(self.pass.take());
-        if let Some(mut enc) = self.encoder.take() {
-            if !self.params.is_empty() {
-                be.queue.write_buffer(&be.params_buffer, 0, &self.params);
-                self.params.clear();
-            }
-            let timed = self.timing.as_ref().is_some_and(|t| t.resolve(&mut enc));
-            be.queue.submit([enc.finish()]);
-            self.submits += 1;
-            if timed {
-                if let Some(t) = self.timing.as_mut() {
-                    t.collect(be);
-                }
+        let mut enc = self.encoder.take().unwrap_or_else(|| {
+            be.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("turbospark batch"),
+                })
+        });
+        if !self.params.is_empty() {
+            be.queue.write_buffer(&be.params_buffer, 0, &self.params);
+            self.params.clear();
+        }
+        let timed = self.timing.as_ref().is_some_and(|t| t.resolve(&mut enc));
+        extra(&mut enc);
+        be.queue.submit([enc.finish()]);
+        self.submits += 1;
+        if timed {
+            if let Some(t) = self.timing.as_mut() {
+                t.collect(be);
             }
         }
     }

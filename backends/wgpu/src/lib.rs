@@ -47,6 +47,8 @@ pub struct WgpuBackend {
     errors: Arc<Mutex<Vec<String>>>,
     /// Scratch kept across calls, created on first use (e.g. attention split-K).
     scratch: Mutex<ops::Scratch>,
+    /// The readback buffer, created on first download and grown as needed.
+    staging: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl WgpuBackend {
@@ -112,6 +114,7 @@ impl WgpuBackend {
             batch: Mutex::new(Batch::default()),
             errors,
             scratch: Mutex::default(),
+            staging: Mutex::default(),
         })
     }
 
@@ -212,31 +215,39 @@ impl WgpuBackend {
         let src = buf.single().ok_or_else(|| {
             Error::shape("download", "cannot download a weight split across bindings")
         })?;
-        self.flush()?;
         let size = src.size();
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("download"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        // One staging buffer, kept and grown: a decode step reads back 4
+        // bytes per token and must not create a buffer for it.
+        let mut cached = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if cached.as_ref().is_none_or(|b| b.size() < size) {
+            *cached = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("download"),
+                size: size.max(256),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let staging = cached.as_ref().expect("created above");
+        // The copy rides in the same submission as the recorded ops.
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .submit_with(self, |enc| {
+                enc.copy_buffer_to_buffer(src, 0, staging, 0, size)
             });
-        enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
+        self.check_errors()?;
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        staging
+            .slice(..size)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
         self.wait()?;
         rx.recv()
             .map_err(|_| Error::Gpu("map callback never ran".into()))?
             .map_err(|e| Error::Gpu(format!("map_async: {e}")))?;
         let data = staging
-            .slice(..)
+            .slice(..size)
             .get_mapped_range()
             .map_err(|e| Error::Gpu(format!("mapped range: {e}")))?
             .to_vec();
