@@ -173,13 +173,14 @@ pub(crate) fn attention(
         .max(1);
     let scratch_len = nsplit * nq * (d4 + 1) * 4;
 
-    let mut s = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
-    if s.attention.as_ref().is_none_or(|b| b.len < scratch_len) {
-        s.attention =
-            Some(be.single_buffer(DType::F32, scratch_len, "attention split-K scratch")?);
-    }
-    let part = s.attention.clone().expect("created above");
-    drop(s);
+    let part = super::scratch_buffer(
+        be,
+        |s| &mut s.attention,
+        DType::F32,
+        scratch_len,
+        0,
+        "attention split-K scratch",
+    )?;
 
     let params = AttnParams {
         m: p.m as u32,

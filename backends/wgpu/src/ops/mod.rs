@@ -23,6 +23,29 @@ pub(crate) struct Scratch {
     pub router: Option<crate::WgpuBuffer>,
 }
 
+/// The scratch buffer in `slot`, grown to at least `need` elements (at least
+/// `min` when first made). Scratch is created on first use, so a feature that
+/// is not used allocates nothing.
+pub(crate) fn scratch_buffer(
+    be: &WgpuBackend,
+    slot: impl FnOnce(&mut Scratch) -> &mut Option<crate::WgpuBuffer>,
+    dtype: DType,
+    need: usize,
+    min: usize,
+    label: &str,
+) -> turbospark::Result<crate::WgpuBuffer> {
+    let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = slot(&mut sc);
+    match slot {
+        Some(b) if b.len >= need => Ok(b.clone()),
+        _ => {
+            let b = be.single_buffer(dtype, need.max(min), label)?;
+            *slot = Some(b.clone());
+            Ok(b)
+        }
+    }
+}
+
 pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
     match op {
         OpKind::Matmul { w }

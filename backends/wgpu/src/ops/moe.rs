@@ -76,18 +76,14 @@ pub(crate) fn router(
     p: Router,
 ) -> Result<()> {
     let pb = weight(be, proj, "router")?;
-    let logits = {
-        let need = p.m * p.experts;
-        let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        match &sc.router {
-            Some(b) if b.len >= need => b.clone(),
-            _ => {
-                let b = be.single_buffer(DType::F32, need.max(4096), "router logits")?;
-                sc.router = Some(b.clone());
-                b
-            }
-        }
-    };
+    let logits = super::scratch_buffer(
+        be,
+        |s| &mut s.router,
+        DType::F32,
+        p.m * p.experts,
+        4096,
+        "router logits",
+    )?;
     let params = RouterParams {
         m: p.m as u32,
         hidden: p.hidden as u32,
@@ -134,17 +130,7 @@ fn route(be: &WgpuBackend, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, Wgpu
     let pairs = p.m * p.top_k;
     let direct = p.m == 1;
     let need = 1 + 3 * p.experts + pairs;
-    let scratch = {
-        let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        match &sc.route {
-            Some(b) if b.len >= need => b.clone(),
-            _ => {
-                let b = be.single_buffer(DType::U32, need.max(1024), "moe route")?;
-                sc.route = Some(b.clone());
-                b
-            }
-        }
-    };
+    let scratch = super::scratch_buffer(be, |s| &mut s.route, DType::U32, need, 1024, "moe route")?;
     let params = MoeParams {
         m: p.m as u32,
         hidden: p.hidden as u32,
