@@ -99,6 +99,8 @@ pub trait DeviceBuffer {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Whether both handles name the same device storage.
+    fn same_storage(&self, other: &Self) -> bool;
 }
 
 /// Whether a backend implements an op case.

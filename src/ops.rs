@@ -152,6 +152,15 @@ pub fn check_weight<B: DeviceBuffer>(
     Ok(())
 }
 
+/// Outputs must not alias inputs: a GPU cannot bind one buffer read-only
+/// and read-write in one dispatch, so no backend accepts it.
+pub fn no_alias<B: DeviceBuffer>(op: &'static str, out: &B, inputs: &[Option<&B>]) -> Result<()> {
+    if inputs.iter().flatten().any(|i| i.same_storage(out)) {
+        return Err(Error::shape(op, "output buffer aliases an input"));
+    }
+    Ok(())
+}
+
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub const F32: [DType; 1] = [DType::F32];
 pub const U32: [DType; 1] = [DType::U32];

@@ -46,6 +46,9 @@ impl DeviceBuffer for CpuBuffer {
     fn len(&self) -> usize {
         self.len
     }
+    fn same_storage(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
 }
 
 struct Read<'a>(RwLockReadGuard<'a, Storage>, usize);
@@ -107,17 +110,6 @@ impl CpuBuffer {
         }
         Ok(Write(g, self.nbytes()))
     }
-    fn same(&self, other: &CpuBuffer) -> bool {
-        Arc::ptr_eq(&self.storage, &other.storage)
-    }
-}
-
-/// Outputs must not alias inputs (the GPU backends cannot bind them twice).
-fn no_alias(op: &'static str, out: &CpuBuffer, inputs: &[Option<&CpuBuffer>]) -> Result<()> {
-    if inputs.iter().flatten().any(|i| i.same(out)) {
-        return Err(Error::shape(op, "output buffer aliases an input"));
-    }
-    Ok(())
 }
 
 fn weights<'a>(r: &'a Read<'_>, dtype: DType) -> Weights<'a> {
@@ -272,7 +264,7 @@ impl ComputeBackend for CpuBackend {
         p: RmsNorm,
     ) -> Result<()> {
         p.validate(x, w, res, out)?;
-        no_alias("rms_norm", out, &[Some(x), w, res])?;
+        v::no_alias("rms_norm", out, &[Some(x), w, res])?;
         let (xr, wr, rr) = (x.read(), w.map(|w| w.read()), res.map(|r| r.read()));
         let wv = wr.as_ref().zip(w).map(|(r, w)| weights(r, w.dtype()));
         ops::rms_norm(
@@ -287,7 +279,7 @@ impl ComputeBackend for CpuBackend {
 
     fn matmul(&self, w: &CpuBuffer, x: &CpuBuffer, out: &CpuBuffer, p: Matmul) -> Result<()> {
         p.validate(w, x, out)?;
-        no_alias("matmul", out, &[Some(w), Some(x)])?;
+        v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         let (wr, xr) = (w.read(), x.read());
         ops::matmul(
             &weights(&wr, w.dtype()),
@@ -309,12 +301,12 @@ impl ComputeBackend for CpuBackend {
         p: Router,
     ) -> Result<()> {
         p.validate(x, scale, proj, pes, ids, wts)?;
-        no_alias(
+        v::no_alias(
             "router",
             ids,
             &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
         )?;
-        no_alias(
+        v::no_alias(
             "router",
             wts,
             &[Some(x), Some(scale), Some(proj), Some(pes)],
@@ -341,7 +333,7 @@ impl ComputeBackend for CpuBackend {
         p: Moe,
     ) -> Result<()> {
         p.validate_gate_up(x, gate_up, ids, act)?;
-        no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
+        v::no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
         let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
         ops::moe_gate_up(
             xr.f32(),
@@ -362,7 +354,7 @@ impl ComputeBackend for CpuBackend {
         p: Moe,
     ) -> Result<()> {
         p.validate_down(act, down, ids, wts, out)?;
-        no_alias(
+        v::no_alias(
             "moe_down",
             out,
             &[Some(act), Some(down), Some(ids), Some(wts)],
@@ -380,7 +372,7 @@ impl ComputeBackend for CpuBackend {
 
     fn rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
         p.validate(x, positions)?;
-        no_alias("rope", x, &[Some(positions)])?;
+        v::no_alias("rope", x, &[Some(positions)])?;
         let pr = positions.read();
         ops::rope(x.write("rope")?.f32(), pr.u32(), p);
         Ok(())
@@ -396,12 +388,12 @@ impl ComputeBackend for CpuBackend {
         p: KvAppend,
     ) -> Result<()> {
         p.validate(k, v, kc, vc, positions)?;
-        no_alias(
+        v::no_alias(
             "kv_append",
             kc,
             &[Some(k), Some(v), Some(vc), Some(positions)],
         )?;
-        no_alias("kv_append", vc, &[Some(k), Some(v), Some(positions)])?;
+        v::no_alias("kv_append", vc, &[Some(k), Some(v), Some(positions)])?;
         let (kr, vr, pr) = (k.read(), v.read(), positions.read());
         ops::kv_append(kr.f32(), kc.write("kv_append")?.f32(), pr.u32(), p);
         ops::kv_append(vr.f32(), vc.write("kv_append")?.f32(), pr.u32(), p);
@@ -418,7 +410,7 @@ impl ComputeBackend for CpuBackend {
         p: Attention,
     ) -> Result<()> {
         p.validate(q, kc, vc, positions, out)?;
-        no_alias(
+        v::no_alias(
             "attention",
             out,
             &[Some(q), Some(kc), Some(vc), Some(positions)],
@@ -436,7 +428,7 @@ impl ComputeBackend for CpuBackend {
 
     fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
         v::validate_binary("add", a, b, out, n)?;
-        no_alias("add", out, &[Some(a), Some(b)])?;
+        v::no_alias("add", out, &[Some(a), Some(b)])?;
         let (ar, br) = (a.read(), b.read());
         ops::add(
             &ar.f32()[..n],
@@ -448,7 +440,7 @@ impl ComputeBackend for CpuBackend {
 
     fn scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
         v::validate_unary("scale", x, out, n)?;
-        no_alias("scale", out, &[Some(x)])?;
+        v::no_alias("scale", out, &[Some(x)])?;
         let xr = x.read();
         ops::scale(&xr.f32()[..n], &mut out.write("scale")?.f32()[..n], s);
         Ok(())
@@ -456,7 +448,7 @@ impl ComputeBackend for CpuBackend {
 
     fn gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
         v::validate_gelu_mul(x, out, rows, n)?;
-        no_alias("gelu_mul", out, &[Some(x)])?;
+        v::no_alias("gelu_mul", out, &[Some(x)])?;
         let xr = x.read();
         ops::gelu_mul(xr.f32(), out.write("gelu_mul")?.f32(), rows, n);
         Ok(())
@@ -464,7 +456,7 @@ impl ComputeBackend for CpuBackend {
 
     fn softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
         v::validate_unary("softcap", x, out, n)?;
-        no_alias("softcap", out, &[Some(x)])?;
+        v::no_alias("softcap", out, &[Some(x)])?;
         let xr = x.read();
         ops::softcap(&xr.f32()[..n], &mut out.write("softcap")?.f32()[..n], cap);
         Ok(())
@@ -472,7 +464,7 @@ impl ComputeBackend for CpuBackend {
 
     fn embed(&self, ids: &CpuBuffer, table: &CpuBuffer, out: &CpuBuffer, p: Embed) -> Result<()> {
         p.validate(ids, table, out)?;
-        no_alias("embed", out, &[Some(ids), Some(table)])?;
+        v::no_alias("embed", out, &[Some(ids), Some(table)])?;
         let (ir, tr) = (ids.read(), table.read());
         ops::embed(
             ir.u32(),
@@ -484,7 +476,7 @@ impl ComputeBackend for CpuBackend {
 
     fn argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
         v::validate_argmax(x, out, rows, n)?;
-        no_alias("argmax", out, &[Some(x)])?;
+        v::no_alias("argmax", out, &[Some(x)])?;
         let xr = x.read();
         ops::argmax(xr.f32(), out.write("argmax")?.u32(), rows, n);
         Ok(())

@@ -29,6 +29,9 @@ impl DeviceBuffer for WgpuBuffer {
     fn len(&self) -> usize {
         self.len
     }
+    fn same_storage(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.chunks, &other.chunks)
+    }
 }
 
 impl WgpuBuffer {
@@ -38,10 +41,6 @@ impl WgpuBuffer {
             [c] => Some(&c.buffer),
             _ => None,
         }
-    }
-
-    pub(crate) fn same(&self, other: &WgpuBuffer) -> bool {
-        Arc::ptr_eq(&self.chunks, &other.chunks)
     }
 
     /// Total bytes on the device (padded to 4-byte words).

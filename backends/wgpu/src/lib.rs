@@ -272,15 +272,6 @@ impl WgpuBackend {
     }
 }
 
-/// Outputs must not alias inputs: wgpu cannot bind one buffer read-only and
-/// read-write in one dispatch.
-fn no_alias(op: &'static str, out: &WgpuBuffer, inputs: &[Option<&WgpuBuffer>]) -> Result<()> {
-    if inputs.iter().flatten().any(|i| i.same(out)) {
-        return Err(Error::shape(op, "output buffer aliases an input"));
-    }
-    Ok(())
-}
-
 /// Every argument but a split-capable weight must be one binding: a weight
 /// uploaded with `upload_weight` and split by rows is only read by `matmul`
 /// (and reported `Unsupported` by the MoE, router and embed launchers).
@@ -440,14 +431,14 @@ impl ComputeBackend for WgpuBackend {
         p: RmsNorm,
     ) -> Result<()> {
         p.validate(x, w, res, out)?;
-        no_alias("rms_norm", out, &[Some(x), w, res])?;
+        v::no_alias("rms_norm", out, &[Some(x), w, res])?;
         whole("rms_norm", &[Some(x), w, res, Some(out)])?;
         ops::norm::rms_norm(self, x, w, res, out, p)
     }
 
     fn matmul(&self, w: &WgpuBuffer, x: &WgpuBuffer, out: &WgpuBuffer, p: Matmul) -> Result<()> {
         p.validate(w, x, out)?;
-        no_alias("matmul", out, &[Some(w), Some(x)])?;
+        v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         whole("matmul", &[Some(x), Some(out)])?;
         ops::matmul::matmul(self, w, x, out, p)
     }
@@ -463,12 +454,12 @@ impl ComputeBackend for WgpuBackend {
         p: Router,
     ) -> Result<()> {
         p.validate(x, scale, proj, pes, ids, wts)?;
-        no_alias(
+        v::no_alias(
             "router",
             ids,
             &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
         )?;
-        no_alias(
+        v::no_alias(
             "router",
             wts,
             &[Some(x), Some(scale), Some(proj), Some(pes)],
@@ -489,7 +480,7 @@ impl ComputeBackend for WgpuBackend {
         p: Moe,
     ) -> Result<()> {
         p.validate_gate_up(x, gate_up, ids, act)?;
-        no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
+        v::no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
         whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])?;
         ops::moe::moe_gate_up(self, x, gate_up, ids, act, p)
     }
@@ -504,7 +495,7 @@ impl ComputeBackend for WgpuBackend {
         p: Moe,
     ) -> Result<()> {
         p.validate_down(act, down, ids, wts, out)?;
-        no_alias(
+        v::no_alias(
             "moe_down",
             out,
             &[Some(act), Some(down), Some(ids), Some(wts)],
@@ -515,7 +506,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
         p.validate(x, positions)?;
-        no_alias("rope", x, &[Some(positions)])?;
+        v::no_alias("rope", x, &[Some(positions)])?;
         whole("rope", &[Some(x), Some(positions)])?;
         ops::attention::rope(self, x, positions, p)
     }
@@ -530,12 +521,12 @@ impl ComputeBackend for WgpuBackend {
         p: KvAppend,
     ) -> Result<()> {
         p.validate(k, vb, kc, vc, positions)?;
-        no_alias(
+        v::no_alias(
             "kv_append",
             kc,
             &[Some(k), Some(vb), Some(vc), Some(positions)],
         )?;
-        no_alias("kv_append", vc, &[Some(k), Some(vb), Some(positions)])?;
+        v::no_alias("kv_append", vc, &[Some(k), Some(vb), Some(positions)])?;
         whole(
             "kv_append",
             &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
@@ -553,7 +544,7 @@ impl ComputeBackend for WgpuBackend {
         p: Attention,
     ) -> Result<()> {
         p.validate(q, kc, vc, positions, out)?;
-        no_alias(
+        v::no_alias(
             "attention",
             out,
             &[Some(q), Some(kc), Some(vc), Some(positions)],
@@ -567,28 +558,28 @@ impl ComputeBackend for WgpuBackend {
 
     fn add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
         v::validate_binary("add", a, b, out, n)?;
-        no_alias("add", out, &[Some(a), Some(b)])?;
+        v::no_alias("add", out, &[Some(a), Some(b)])?;
         whole("add", &[Some(a), Some(b), Some(out)])?;
         ops::elementwise::add(self, a, b, out, n)
     }
 
     fn scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
         v::validate_unary("scale", x, out, n)?;
-        no_alias("scale", out, &[Some(x)])?;
+        v::no_alias("scale", out, &[Some(x)])?;
         whole("scale", &[Some(x), Some(out)])?;
         ops::elementwise::scale(self, x, out, n, s)
     }
 
     fn gelu_mul(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         v::validate_gelu_mul(x, out, rows, n)?;
-        no_alias("gelu_mul", out, &[Some(x)])?;
+        v::no_alias("gelu_mul", out, &[Some(x)])?;
         whole("gelu_mul", &[Some(x), Some(out)])?;
         ops::elementwise::gelu_mul(self, x, out, rows, n)
     }
 
     fn softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
         v::validate_unary("softcap", x, out, n)?;
-        no_alias("softcap", out, &[Some(x)])?;
+        v::no_alias("softcap", out, &[Some(x)])?;
         whole("softcap", &[Some(x), Some(out)])?;
         ops::elementwise::softcap(self, x, out, n, cap)
     }
@@ -601,14 +592,14 @@ impl ComputeBackend for WgpuBackend {
         p: Embed,
     ) -> Result<()> {
         p.validate(ids, table, out)?;
-        no_alias("embed", out, &[Some(ids), Some(table)])?;
+        v::no_alias("embed", out, &[Some(ids), Some(table)])?;
         whole("embed", &[Some(ids), Some(out)])?;
         ops::elementwise::embed(self, ids, table, out, p)
     }
 
     fn argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         v::validate_argmax(x, out, rows, n)?;
-        no_alias("argmax", out, &[Some(x)])?;
+        v::no_alias("argmax", out, &[Some(x)])?;
         whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(self, x, out, rows, n)
     }
