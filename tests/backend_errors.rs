@@ -1,0 +1,44 @@
+//! Bad calls are errors that name the op, the same on both backends.
+
+mod common;
+
+use turbospark::{ComputeBackend, DType, Error, HostBytes};
+use turbospark_cpu::CpuBackend;
+
+fn bad_calls<B: ComputeBackend>(b: &B) {
+    let v: Vec<f32> = (0..8).map(|i| i as f32 + 0.5).collect();
+    let a = b
+        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "a")
+        .unwrap();
+    let c = b
+        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "c")
+        .unwrap();
+    // An output aliasing an input.
+    let e = b.add(&a, &c, &a, 8).unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { op: "add", .. }) && e.to_string().contains("aliases"),
+        "{e}"
+    );
+    // A buffer too short for the shape.
+    let e = b.add(&a, &c, &c, 9).unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { op: "add", .. }) && e.to_string().contains("needs 9"),
+        "{e}"
+    );
+    // A dtype the op does not take.
+    let ids = b.alloc(DType::U32, 8, "ids").unwrap();
+    let e = b.scale(&ids, &c, 8, 2.0).unwrap_err();
+    assert!(e.to_string().contains("dtype u32"), "{e}");
+}
+
+#[test]
+fn cpu_rejects_bad_calls() {
+    bad_calls(&CpuBackend::new());
+}
+
+#[test]
+fn wgpu_rejects_bad_calls() {
+    if let Some(b) = common::wgpu_backend() {
+        bad_calls(&b);
+    }
+}
