@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Embed;
-use turbospark::Result;
+use turbospark::{DType, Result};
 
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
@@ -154,6 +154,13 @@ pub(crate) fn embed(
     })
 }
 
+/// Elements per workgroup of `argmax_partial` to aim for, and most chunks
+/// per row (`argmax_final` reduces them with one workgroup).
+const ARGMAX_CHUNK: usize = 2048;
+const ARGMAX_MAX_CHUNKS: usize = 256;
+
+/// Two dispatches (kernels/argmax.wgsl): chunks of each row reduced by many
+/// workgroups, then one workgroup per row over the chunks' winners.
 pub(crate) fn argmax(
     be: &WgpuBackend,
     x: &WgpuBuffer,
@@ -161,18 +168,35 @@ pub(crate) fn argmax(
     rows: usize,
     n: usize,
 ) -> Result<()> {
+    let chunks = n.div_ceil(ARGMAX_CHUNK).clamp(1, ARGMAX_MAX_CHUNKS);
+    let part = super::scratch_buffer(
+        be,
+        |s| &mut s.argmax,
+        DType::U32,
+        rows * chunks * 2,
+        ARGMAX_MAX_CHUNKS * 2,
+        "argmax partials",
+    )?;
     let params = Params {
         n: n as u32,
         rows: rows as u32,
         s: 0.0,
-        vocab: 0,
+        vocab: chunks as u32,
     };
     be.launch(Launch {
         kernel: "argmax",
-        entry: "argmax",
+        entry: "argmax_partial",
         constants: &[],
         params: bytemuck::bytes_of(&params),
-        buffers: &[(one(x), true), (one(out), false)],
+        buffers: &[(one(x), true), (one(&part), false)],
+        groups: be.grid((rows * chunks) as u32),
+    })?;
+    be.launch(Launch {
+        kernel: "argmax",
+        entry: "argmax_final",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(&part), true), (one(out), false)],
         groups: be.grid(rows as u32),
     })
 }

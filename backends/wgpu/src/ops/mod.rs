@@ -19,6 +19,8 @@ pub(crate) struct Scratch {
     /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
     pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
+    /// Argmax chunk winners `[rows, chunks]` between its two dispatches.
+    pub argmax: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
     pub router: Option<crate::WgpuBuffer>,
 }
