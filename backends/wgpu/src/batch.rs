@@ -16,12 +16,22 @@ pub(crate) struct Batch {
     /// Dispatches recorded and submits made since the backend opened.
     pub dispatches: u64,
     pub submits: u64,
-    /// Set while `WgpuBackend::time_ops` runs: every dispatch gets its own
-    /// pass with timestamps at its boundaries.
+    /// Set while `WgpuBackend::time_ops` runs: each sample's dispatches get
+    /// a pass of their own with timestamps at its boundaries.
     pub timing: Option<Timing>,
 }
 
 impl Batch {
+    /// End the open compute pass (the next dispatch begins a new one).
+    pub fn end_pass(&mut self) {
+        drop(self.pass.take());
+    }
+
+    /// Parameter slots used by the batch being recorded.
+    pub fn params_slots(&self) -> u64 {
+        self.params.len() as u64 / PARAM_SLOT
+    }
+
     /// End the pass and submit what was recorded (nothing if empty).
     pub fn submit(&mut self, be: &WgpuBackend) {
         if self.encoder.is_some() {
@@ -111,10 +121,6 @@ impl WgpuBackend {
                         label: Some("turbospark batch"),
                     }),
             );
-        }
-        if b.timing.is_some() {
-            // Timed: this dispatch gets a pass of its own.
-            drop(b.pass.take());
         }
         if b.pass.is_none() {
             let timestamp_writes = b.timing.as_mut().map(Timing::next_pass);

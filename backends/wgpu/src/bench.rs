@@ -3,9 +3,9 @@
 //! (`kernels/bench.wgsl`) that streams a buffer larger than any cache.
 //!
 //! Timing writes timestamps at compute-pass boundaries only (all that Metal
-//! supports): while [`WgpuBackend::time_ops`] runs, every dispatch is recorded
-//! in a pass of its own, and an op's time spans from the start of its first
-//! dispatch to the end of its last.
+//! supports): while [`WgpuBackend::time_ops`] runs, each sample's calls are
+//! recorded in one pass of their own, and a call's time is the pass's span
+//! over the calls in it.
 
 use turbospark::{DeviceBuffer, Error, Result};
 
@@ -69,7 +69,7 @@ impl Timing {
     }
 
     /// Global index of the next query (over all batches of this timing).
-    fn position(&self) -> usize {
+    pub fn position(&self) -> usize {
         self.ticks.len() + self.next as usize
     }
 
@@ -126,13 +126,16 @@ impl WgpuBackend {
         self.info.features.timestamps
     }
 
-    /// GPU time, in seconds, of each of `reps` calls of `f` (call `i` gets
-    /// `i`), from timestamp queries. Each dispatch the calls record runs in its
-    /// own compute pass; a call's time spans from the start of its first
-    /// dispatch to the end of its last (a call that records nothing gets 0).
-    /// Work recorded before is submitted first. `Ok(None)` when the adapter
-    /// has no timestamps: time with the wall clock around [`ComputeBackend::sync`]
-    /// instead.
+    /// GPU time per call, in seconds, of `f` called `reps` times (call `i`
+    /// gets `i`), from timestamp queries at compute-pass boundaries (all that
+    /// Metal supports). The calls are recorded in passes of about `reps / 10`
+    /// consecutive calls each, the way a decode step records its dispatches;
+    /// a sample is one pass's span over its calls, so the launch gap between
+    /// dependent dispatches inside a pass is counted and the host's waits are
+    /// not. (A pass per dispatch, as before, inflated short kernels 2-4x on
+    /// the H200.) Work recorded before is submitted first. `Ok(None)` when the
+    /// adapter has no timestamps: time with the wall clock around
+    /// [`ComputeBackend::sync`] instead.
     ///
     /// [`ComputeBackend::sync`]: turbospark::ComputeBackend::sync
     pub fn time_ops(
@@ -145,30 +148,34 @@ impl WgpuBackend {
         }
         turbospark::ComputeBackend::flush(self)?;
         self.batch_lock().timing = Some(Timing::new(&self.device));
-        let pos = || {
-            self.batch_lock()
-                .timing
-                .as_ref()
-                .map_or(0, Timing::position)
-        };
-        let mut spans = Vec::with_capacity(reps);
-        let mut per_call = 2usize;
+        let per = (reps / 10).max(1);
+        let samples = reps.div_ceil(per).max(1);
+        let mut spans = Vec::with_capacity(samples);
+        // Dispatches one call records (learnt from the first sample), so a
+        // sample never straddles a submit forced by a full parameter arena.
+        let mut per_call = 8u64;
         let run = (|| {
-            for i in 0..reps {
-                // A call must not straddle two submits: its span would
-                // include the wait between them.
-                let room = self
-                    .batch_lock()
-                    .timing
-                    .as_ref()
-                    .map_or(0, |t| (QUERIES - t.next) as usize);
-                if room < per_call {
+            for smp in 0..samples {
+                let (queries_full, params_used) = {
+                    let b = self.batch_lock();
+                    (
+                        b.timing.as_ref().is_some_and(Timing::full),
+                        b.params_slots(),
+                    )
+                };
+                if queries_full || params_used + per_call * per as u64 > crate::PARAM_SLOTS {
                     turbospark::ComputeBackend::flush(self)?;
                 }
-                let start = pos();
-                f(i)?;
-                let end = pos();
-                per_call = per_call.max(end - start);
+                let (d0, _) = self.counters();
+                let start = self.timing_position();
+                for j in 0..per {
+                    f(smp * per + j)?;
+                }
+                // End the sample's pass: its end timestamp closes the span.
+                self.batch_lock().end_pass();
+                let end = self.timing_position();
+                let (d1, _) = self.counters();
+                per_call = per_call.max((d1 - d0).div_ceil(per as u64));
                 spans.push((start, end));
             }
             turbospark::ComputeBackend::flush(self)
@@ -188,10 +195,18 @@ impl WgpuBackend {
                     (Some(a), Some(b)) => (*a, *b),
                     _ => return Err(Error::Gpu("missing timestamps".into())),
                 };
-                Ok(b.saturating_sub(a) as f64 * period_s)
+                Ok(b.saturating_sub(a) as f64 * period_s / per as f64)
             })
             .collect::<Result<Vec<f64>>>()
             .map(Some)
+    }
+
+    /// Global index of the next timestamp query of the running timing.
+    fn timing_position(&self) -> usize {
+        self.batch_lock()
+            .timing
+            .as_ref()
+            .map_or(0, Timing::position)
     }
 
     /// Record one pass of the bandwidth-ceiling kernel: every thread of a
