@@ -265,6 +265,179 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
+// ---- decode (m = 1): attn_decode ----------------------------------------
+//
+// The split phase for one query row, in place of attn_split (same PART
+// layout, same attn_combine after it). Workgroup (split, kv head g) walks
+// its chunk of keys 32 at a time:
+//   scores  thread (key kk = lid / 8, dim part dp = lid % 8) dots vec4
+//           columns dp, dp + 8, ... of its key with the G query heads of g
+//           (GD of them, a pipeline constant, so the G accumulators are
+//           registers); the 8 parts are summed through workgroup memory. Q is
+//           read straight from global memory (16 KB at most, cached).
+//   softmax one thread per query head: running max and sum over the chunk.
+//   values  thread (column c = lid % D4, key slice lid / D4) accumulates
+//           p * V over its slice's keys for the G heads, in registers.
+// No subgroup operations; every loop bound is a constant or uniform.
+
+// Query heads per kv head and head_dim / 4, compiled in per layer type.
+override GD: u32 = 1u;
+override D4: u32 = 64u;
+// Keys per chunk and dim parts per key (KD * DP = 256 threads).
+const KD: u32 = 32u;
+const DP: u32 = 8u;
+
+var<workgroup> dred: array<f32, 2048>; // [DP][GD][KD], then p [GD][KD]
+var<workgroup> dmax: array<f32, 8>;
+var<workgroup> dsum: array<f32, 8>;
+var<workgroup> dalpha: array<f32, 8>;
+var<workgroup> dacc: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let id = linear_group(wg, nwg);
+    let split = id % P.nsplit;
+    let g = id / P.nsplit;
+    if (g >= P.kv_heads) {
+        return;
+    }
+    let nq = P.heads;
+    let kr = key_range(0u);
+    let n = kr.y - kr.x;
+    let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
+    let chunk = ((n + nsplit - 1u) / nsplit + KD - 1u) / KD * KD;
+    let c_lo = min(kr.x + split * chunk, kr.y);
+    let c_hi = min(c_lo + chunk, kr.y);
+    let kbase = g * P.capacity;
+    let qbase = g * GD * D4;
+
+    // Score roles: key kk, vec4 columns dpart, dpart + DP, ... of it (the DP
+    // lanes of a key read 128 contiguous bytes per step: coalesced).
+    let kk = lid / DP;
+    let dpart = lid % DP;
+    // Value roles: column c, keys vs * vrows .. of the chunk.
+    let c = lid % D4;
+    let vslices = min(256u / D4, KD);
+    let vs = lid / D4;
+    let vrows = (KD + vslices - 1u) / vslices;
+
+    if (lid < GD) {
+        dmax[lid] = NEG;
+        dsum[lid] = 0.0;
+    }
+    var acc: array<vec4<f32>, 8>;
+    for (var q = 0u; q < GD; q++) {
+        acc[q] = vec4<f32>(0.0);
+    }
+
+    for (var j0 = c_lo; j0 < c_hi; j0 += KD) {
+        let j = j0 + kk;
+        var part: array<f32, 8>;
+        for (var q = 0u; q < GD; q++) {
+            part[q] = 0.0;
+        }
+        if (j < c_hi) {
+            let krow = (kbase + j % P.capacity) * D4;
+            for (var t = 0u; t < (D4 + DP - 1u) / DP; t++) {
+                let i = dpart + DP * t;
+                if (i < D4) {
+                    let k = KC[krow + i];
+                    for (var q = 0u; q < GD; q++) {
+                        part[q] += dot(Q[qbase + q * D4 + i], k);
+                    }
+                }
+            }
+        }
+        for (var q = 0u; q < GD; q++) {
+            dred[(dpart * GD + q) * KD + kk] = part[q];
+        }
+        workgroupBarrier();
+
+        // Scores: thread (q, key) sums the DP parts.
+        var sc = NEG;
+        if (lid < GD * KD) {
+            let q = lid / KD;
+            let k = lid % KD;
+            var s = 0.0;
+            for (var d = 0u; d < DP; d++) {
+                s += dred[(d * GD + q) * KD + k];
+            }
+            if (j0 + k < c_hi) {
+                sc = s * P.scale;
+            }
+        }
+        workgroupBarrier();
+        if (lid < GD * KD) {
+            dred[lid] = sc;
+        }
+        workgroupBarrier();
+
+        // Online softmax: one thread per query head.
+        if (lid < GD) {
+            let mold = dmax[lid];
+            var mnew = mold;
+            for (var k = 0u; k < KD; k++) {
+                mnew = max(mnew, dred[lid * KD + k]);
+            }
+            let alpha = exp(mold - mnew);
+            var l = 0.0;
+            for (var k = 0u; k < KD; k++) {
+                let s = dred[lid * KD + k];
+                var pk = 0.0;
+                if (s > NEG) {
+                    pk = exp(s - mnew);
+                }
+                dred[lid * KD + k] = pk;
+                l += pk;
+            }
+            dsum[lid] = dsum[lid] * alpha + l;
+            dmax[lid] = mnew;
+            dalpha[lid] = alpha;
+        }
+        workgroupBarrier();
+
+        // Values: this slice's keys of the chunk.
+        if (vs < vslices) {
+            for (var q = 0u; q < GD; q++) {
+                acc[q] *= dalpha[q];
+            }
+            for (var r = 0u; r < vrows; r++) {
+                let k = vs * vrows + r;
+                if (k < KD && j0 + k < c_hi) {
+                    let v = VC[(kbase + (j0 + k) % P.capacity) * D4 + c];
+                    for (var q = 0u; q < GD; q++) {
+                        acc[q] += dred[q * KD + k] * v;
+                    }
+                }
+            }
+        }
+        // dred is rewritten by the next chunk's scores.
+        workgroupBarrier();
+    }
+
+    let mlbase = P.nsplit * nq * D4;
+    if (lid < GD) {
+        PART[mlbase + split * nq + g * GD + lid] = vec4<f32>(dmax[lid], dsum[lid], 0.0, 0.0);
+    }
+    if (c_lo >= c_hi) {
+        return;
+    }
+    // Sum the slices' accumulators, one head at a time.
+    for (var q = 0u; q < GD; q++) {
+        workgroupBarrier();
+        dacc[lid] = acc[q];
+        workgroupBarrier();
+        if (vs == 0u) {
+            var a = dacc[c];
+            for (var k = 1u; k < vslices; k++) {
+                a += dacc[k * D4 + c];
+            }
+            PART[(split * nq + g * GD + q) * D4 + c] = a;
+        }
+    }
+}
+
 @group(1) @binding(0) var<storage, read> PARTS: array<vec4<f32>>;
 @group(1) @binding(1) var<storage, read_write> OUT: array<vec4<f32>>;
 

@@ -170,6 +170,12 @@ fn attention(full: bool) -> Vec<Op> {
         c(3, 8, 2, 128, 300, 0, 250),     // GQA 4: a partial second query tile
         c(16, 16, 2, 512, 2048, 0, 1500), // full prefill: 16 query tiles x splits
         c(7, 8, 4, 256, 40, 16, 100),     // short window inside one split, wrapped ring
+        // Decode kernel edges: head_dim/4 not a multiple of its 8 dim parts
+        // (3, 48), a partial last chunk, a window that wraps a small ring,
+        // and 16 query heads per kv head (past its 8: the general kernel).
+        c(1, 4, 2, 12, 70, 0, 69),
+        c(1, 6, 3, 192, 300, 50, 777),
+        c(1, 16, 1, 64, 100, 0, 40),
     ];
     if full {
         v.push(c(1, 16, 2, 512, 32768, 0, 32767));

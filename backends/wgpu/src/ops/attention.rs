@@ -148,6 +148,9 @@ pub(crate) fn attention(
         });
     }
     let d4 = p.head_dim / 4;
+    if p.m == 1 && p.heads / p.kv_heads <= MAX_TILE {
+        return attention_decode(be, q, kc, vc, pos, out, p);
+    }
     // vec4 per lane of a row: 32 lanes cover 128, 256 or 512 dims.
     let nv = d4.div_ceil(32).next_power_of_two();
     let group = p.heads / p.kv_heads;
@@ -209,6 +212,83 @@ pub(crate) fn attention(
             (one(&part), false),
         ],
         groups: be.grid((nsplit * p.kv_heads * ntiles) as u32),
+    })?;
+    be.launch(Launch {
+        kernel: "attention",
+        entry: "attn_combine",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(&part), true), (one(out), false)],
+        groups: be.grid((nq * d4.div_ceil(32)) as u32),
+    })
+}
+
+/// Keys per chunk of `attn_decode` (its `KD`); a split takes at least two.
+const DECODE_KEYS: usize = 32;
+/// Decode workgroups to aim for: a few per compute unit of a large GPU,
+/// without making the partials a noticeable share of the K/V read.
+const DECODE_GROUPS: usize = 512;
+
+/// One query row (decode): `attn_decode` (per key split and kv head, the
+/// kv head's query heads together) then the same `attn_combine`.
+fn attention_decode(
+    be: &WgpuBackend,
+    q: &WgpuBuffer,
+    kc: &WgpuBuffer,
+    vc: &WgpuBuffer,
+    pos: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Attention,
+) -> Result<()> {
+    let d4 = p.head_dim / 4;
+    let group = p.heads / p.kv_heads;
+    let keys = if p.window > 0 {
+        p.window.min(p.capacity)
+    } else {
+        p.capacity
+    };
+    let min_chunk = 2 * DECODE_KEYS;
+    let nq = p.heads;
+    let nsplit = keys
+        .div_ceil(min_chunk)
+        .min(MAX_SPLIT)
+        .min((DECODE_GROUPS / p.kv_heads).max(1))
+        .max(1);
+    let part = super::scratch_buffer(
+        be,
+        |s| &mut s.attention,
+        DType::F32,
+        nsplit * nq * (d4 + 1) * 4,
+        0,
+        "attention split-K scratch",
+    )?;
+    let params = AttnParams {
+        m: 1,
+        heads: p.heads as u32,
+        kv_heads: p.kv_heads as u32,
+        group: group as u32,
+        d4: d4 as u32,
+        capacity: p.capacity as u32,
+        window: p.window as u32,
+        scale: p.scale,
+        nsplit: nsplit as u32,
+        min_chunk: min_chunk as u32,
+        nslots: group as u32,
+        ntiles: 1,
+    };
+    be.launch(Launch {
+        kernel: "attention",
+        entry: "attn_decode",
+        constants: &[("GD", group as i64), ("D4", d4 as i64)],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(q), true),
+            (one(kc), true),
+            (one(vc), true),
+            (one(pos), true),
+            (one(&part), false),
+        ],
+        groups: be.grid((nsplit * p.kv_heads) as u32),
     })?;
     be.launch(Launch {
         kernel: "attention",

@@ -1,0 +1,493 @@
+//! Kernel design lab: times decode-GEMV variants (examples/kernel_lab.wgsl)
+//! and the backend's MoE decode kernels side by side at Gemma 4 26B-A4B
+//! shapes, with and without wgpu's injected runtime checks. Each figure is a
+//! chain of dependent dispatches in one compute pass (as in a decode step),
+//! timed by GPU timestamps around the pass, weights rotated over enough
+//! copies that they cannot sit in cache. Every variant is checked against an
+//! f64 host result before it is timed.
+//!
+//! `cargo run --release -p turbospark-wgpu --example kernel_lab [FILTER]`
+
+use std::time::Instant;
+
+use wgpu::util::DeviceExt;
+
+const LAB: &str = include_str!("kernel_lab.wgsl");
+const COMMON: &str = include_str!("../../../kernels/common.wgsl");
+const MOE: &str = include_str!("../../../kernels/moe_decode.wgsl");
+
+/// Dispatches per timed pass and timed passes per figure.
+const CHAIN: u32 = 100;
+const REPS: usize = 5;
+
+struct Lab {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    qset: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    period_ns: f64,
+    subgroups: bool,
+}
+
+fn rng(state: &mut u64) -> f32 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    ((*state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn bf16_bits(v: f32) -> u16 {
+    half::bf16::from_f32(v).to_bits()
+}
+
+impl Lab {
+    fn open() -> Lab {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+        let inst = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+        adapters.sort_by_key(|a| match a.get_info().device_type {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::Cpu => 3,
+            _ => 2,
+        });
+        let adapter = adapters.into_iter().next().expect("no adapter");
+        let info = adapter.get_info();
+        println!(
+            "adapter: {} ({:?}, {} {})",
+            info.name, info.backend, info.driver, info.driver_info
+        );
+        let feats =
+            adapter.features() & (wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY);
+        assert!(
+            feats.contains(wgpu::Features::TIMESTAMP_QUERY),
+            "lab needs timestamps"
+        );
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: None,
+            required_features: feats,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .expect("device");
+        let qset = device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: None,
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let readback = device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let period_ns = queue.get_timestamp_period() as f64;
+        Lab {
+            subgroups: feats.contains(wgpu::Features::SUBGROUP),
+            device,
+            queue,
+            qset,
+            resolve,
+            readback,
+            period_ns,
+        }
+    }
+
+    fn module(&self, src: &str, checked: bool) -> wgpu::ShaderModule {
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: None,
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        };
+        if checked {
+            self.device.create_shader_module(desc)
+        } else {
+            // SAFETY: lab kernels index only inside their bindings (each is
+            // checked against the host result first).
+            unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        }
+    }
+
+    fn pipeline(
+        &self,
+        module: &wgpu::ShaderModule,
+        entry: &str,
+        constants: &[(&str, f64)],
+        storage: usize,
+    ) -> wgpu::ComputePipeline {
+        let entry_of = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let g0 = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &[entry_of(0, wgpu::BufferBindingType::Uniform)],
+            });
+        let e1: Vec<_> = (0..storage)
+            .map(|i| {
+                entry_of(
+                    i as u32,
+                    wgpu::BufferBindingType::Storage {
+                        read_only: i + 1 < storage,
+                    },
+                )
+            })
+            .collect();
+        let g1 = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &e1,
+            });
+        let layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&g0), Some(&g1)],
+                immediate_size: 0,
+            });
+        self.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&layout),
+                module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            })
+    }
+
+    fn storage(&self, bytes: &[u8]) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            })
+    }
+
+    fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: bytemuck::cast_slice(words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    fn bind(
+        &self,
+        p: &wgpu::ComputePipeline,
+        params: &wgpu::Buffer,
+        bufs: &[&wgpu::Buffer],
+    ) -> (wgpu::BindGroup, wgpu::BindGroup) {
+        let g0 = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &p.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params.as_entire_binding(),
+            }],
+        });
+        let entries: Vec<wgpu::BindGroupEntry> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let g1 = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &p.get_bind_group_layout(1),
+            entries: &entries,
+        });
+        (g0, g1)
+    }
+
+    /// Median microseconds per dispatch over a chain of `CHAIN` dispatches,
+    /// `groups[i % len]` bound for dispatch i.
+    fn time(
+        &self,
+        p: &wgpu::ComputePipeline,
+        groups: &[(wgpu::BindGroup, wgpu::BindGroup)],
+        wgs: u32,
+        chain: u32,
+    ) -> f64 {
+        let mut per = Vec::new();
+        for _ in 0..REPS {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &self.qset,
+                        beginning_of_pass_write_index: Some(0),
+                        end_of_pass_write_index: Some(1),
+                    }),
+                });
+                pass.set_pipeline(p);
+                for i in 0..chain as usize {
+                    let (g0, g1) = &groups[i % groups.len()];
+                    pass.set_bind_group(0, g0, &[]);
+                    pass.set_bind_group(1, g1, &[]);
+                    pass.dispatch_workgroups(wgs, 1, 1);
+                }
+            }
+            enc.resolve_query_set(&self.qset, 0..2, &self.resolve, 0);
+            enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 16);
+            self.queue.submit([enc.finish()]);
+            let slice = self.readback.slice(..);
+            slice.map_async(wgpu::MapMode::Read, |_| {});
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                })
+                .unwrap();
+            let t: Vec<u64> = bytemuck::pod_collect_to_vec(&slice.get_mapped_range().unwrap());
+            self.readback.unmap();
+            per.push((t[1] - t[0]) as f64 * self.period_ns / 1e3 / chain as f64);
+        }
+        per.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        per[REPS / 2]
+    }
+
+    fn read_f32(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+        let st = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (n * 4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(b, 0, &st, 0, (n * 4) as u64);
+        self.queue.submit([enc.finish()]);
+        st.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .unwrap();
+        let v = bytemuck::pod_collect_to_vec(&st.slice(..).get_mapped_range().unwrap());
+        v
+    }
+}
+
+/// Max |got - want| / max |want|.
+fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+/// Copies of a `bytes`-sized weight so the rotation spans >= 512 MB.
+fn copies(bytes: usize) -> usize {
+    (512usize << 20).div_ceil(bytes).clamp(1, 64)
+}
+
+fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
+    let blocks = k / 8;
+    let mut s = 0x9e3779b97f4a7c15u64 ^ rows as u64;
+    let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
+    let wq: Vec<u16> = (0..rows * k)
+        .map(|_| bf16_bits(rng(&mut s) * 0.05))
+        .collect();
+    let want: Vec<f64> = (0..rows)
+        .map(|r| {
+            (0..k)
+                .map(|c| half::bf16::from_bits(wq[r * k + c]).to_f64() * x[c] as f64)
+                .sum()
+        })
+        .collect();
+    let n = copies(rows * k * 2);
+    let ws: Vec<wgpu::Buffer> = (0..n)
+        .map(|_| lab.storage(bytemuck::cast_slice(&wq)))
+        .collect();
+    let xb = lab.storage(bytemuck::cast_slice(&x));
+    let out = lab.storage(&vec![0u8; rows * 4 + 64]);
+    let params = lab.uniform(&[rows as u32, blocks as u32, 0, 0]);
+    let gb = rows as f64 * k as f64 * 2.0 / 1e9;
+    println!(
+        "\n{name}: {rows} x {k} bf16, {:.1} MB, {n} weight copies",
+        gb * 1e3
+    );
+    let src = format!("{}{COMMON}\n{LAB}", "");
+    let variants: &[(&str, u32, u32, bool)] = &[
+        // (entry, rows per workgroup, threads, needs subgroups)
+        ("empty", 8, 256, false),
+        ("base", 8, 256, false),
+        ("u4", 8, 256, false),
+        ("sg", 8, 256, true),
+        ("xs4", 8, 256, false),
+        ("r4", 32, 256, true),
+        ("kc", 8, 256, true),
+        ("xs_kc", 8, 256, true),
+        ("small", 2, 64, true),
+    ];
+    for checked in [true, false] {
+        let module = lab.module(&src, checked);
+        for &(entry, rpw, _threads, needs_sg) in variants {
+            let label = format!(
+                "{name}/{entry}/{}",
+                if checked { "checked" } else { "unchecked" }
+            );
+            if !label.contains(filter) || (needs_sg && !lab.subgroups) {
+                continue;
+            }
+            if entry.starts_with("xs") && k > 8192 {
+                continue;
+            }
+            let p = lab.pipeline(&module, entry, &[("WDTYPE", 2.0), ("BK", blocks as f64)], 3);
+            let groups: Vec<_> = ws
+                .iter()
+                .map(|w| lab.bind(&p, &params, &[w, &xb, &out]))
+                .collect();
+            let wgs = rows.div_ceil(rpw as usize) as u32;
+            if wgs > 65535 {
+                continue;
+            }
+            let err = if entry == "empty" {
+                0.0
+            } else {
+                lab.time(&p, &groups[..1], wgs, 1);
+                rel_err(&lab.read_f32(&out, rows), &want)
+            };
+            let t0 = Instant::now();
+            let us = lab.time(&p, &groups, wgs, CHAIN);
+            let solo = lab.time(&p, &groups, wgs, 1);
+            println!(
+                "  {entry:8} {:9}  chain {us:8.2} us  {:7.0} GB/s  solo pass {solo:8.2} us  err {err:.1e}  ({:.1}s)",
+                if checked { "checked" } else { "unchecked" },
+                gb / us * 1e6 / 1e3,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// The backend's MoE decode kernels (kernels/moe_decode.wgsl), top-8 of 128.
+fn moe_case(lab: &Lab, filter: &str) {
+    let (hidden, inter, experts, top_k) = (2816usize, 704usize, 128usize, 8usize);
+    let mut s = 0x1234_5678_9abcu64;
+    let gu_words = experts * 2 * inter * hidden / 2;
+    let dn_words = experts * hidden * inter / 2;
+    let gu: Vec<u32> = (0..gu_words)
+        .map(|_| {
+            bf16_bits(rng(&mut s) * 0.05) as u32 | (bf16_bits(rng(&mut s) * 0.05) as u32) << 16
+        })
+        .collect();
+    let dn: Vec<u32> = (0..dn_words)
+        .map(|_| {
+            bf16_bits(rng(&mut s) * 0.05) as u32 | (bf16_bits(rng(&mut s) * 0.05) as u32) << 16
+        })
+        .collect();
+    let gub = lab.storage(bytemuck::cast_slice(&gu));
+    let dnb = lab.storage(bytemuck::cast_slice(&dn));
+    let x: Vec<f32> = (0..hidden).map(|_| rng(&mut s)).collect();
+    let act: Vec<f32> = (0..top_k * inter).map(|_| rng(&mut s)).collect();
+    let xb = lab.storage(bytemuck::cast_slice(&x));
+    let actb = lab.storage(bytemuck::cast_slice(&act));
+    let wts = lab.storage(bytemuck::cast_slice(&[0.125f32; 8]));
+    let ids: Vec<wgpu::Buffer> = (0..16)
+        .map(|i| {
+            let mut v: Vec<u32> = Vec::new();
+            let mut st = 77 + i as u64;
+            while v.len() < top_k {
+                let e = ((rng(&mut st) + 1.0) * 0.5 * experts as f32) as u32 % experts as u32;
+                if !v.contains(&e) {
+                    v.push(e);
+                }
+            }
+            lab.storage(bytemuck::cast_slice(&v))
+        })
+        .collect();
+    let act_out = lab.storage(&vec![0u8; top_k * inter * 4]);
+    let out = lab.storage(&vec![0u8; hidden * 4]);
+    let rb = 8u32;
+    let nrb = inter as u32 / rb;
+    let params = lab.uniform(&[
+        1,
+        hidden as u32,
+        inter as u32,
+        experts as u32,
+        top_k as u32,
+        1,
+        top_k as u32,
+        nrb,
+    ]);
+    let src = format!("{COMMON}\n{MOE}");
+    println!("\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}");
+    for checked in [true, false] {
+        let module = lab.module(&src, checked);
+        let tag = if checked { "checked" } else { "unchecked" };
+        let label = format!("moe/{tag}");
+        if !label.contains(filter) {
+            continue;
+        }
+        let p = lab.pipeline(&module, "moe_gate_up_decode", &[("WDTYPE", 2.0)], 5);
+        let groups: Vec<_> = ids
+            .iter()
+            .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
+            .collect();
+        let us = lab.time(&p, &groups, top_k as u32 * nrb, CHAIN);
+        let mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
+        println!(
+            "  gate_up {tag:9} chain {us:8.2} us  {:7.0} GB/s",
+            mb / us * 1e3
+        );
+        let p = lab.pipeline(&module, "moe_down_decode", &[("WDTYPE", 2.0)], 5);
+        let groups: Vec<_> = ids
+            .iter()
+            .map(|id| lab.bind(&p, &params, &[id, &dnb, &actb, &wts, &out]))
+            .collect();
+        let us = lab.time(&p, &groups, hidden as u32 / 8, CHAIN);
+        let mb = (top_k * inter * hidden * 2) as f64 / 1e6;
+        println!(
+            "  down    {tag:9} chain {us:8.2} us  {:7.0} GB/s",
+            mb / us * 1e3
+        );
+    }
+}
+
+fn main() {
+    let filter = std::env::args().nth(1).unwrap_or_default();
+    let lab = Lab::open();
+    let small = std::env::var("LAB_SMALL").is_ok();
+    if small {
+        gemv_case(&lab, "tiny", 64, 512, &filter);
+        return;
+    }
+    moe_case(&lab, &filter);
+    gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
+    gemv_case(&lab, "q_proj", 4096, 2816, &filter);
+    gemv_case(&lab, "o_proj", 2816, 4096, &filter);
+    gemv_case(&lab, "lm_head", 262144, 2816, &filter);
+}
