@@ -5,12 +5,16 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// The state's step per draw: the state after `d` draws from seed `s` is
+    /// `s + d * GAMMA`, so a stream can be entered at any draw.
+    pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(Self::GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
