@@ -90,20 +90,7 @@ impl WgpuBackend {
             access: l.buffers.iter().map(|(_, ro)| *ro).collect(),
         };
         let pipe = self.cache.get(&self.device, &self.params_layout, &key)?;
-        let entries: Vec<wgpu::BindGroupEntry> = l
-            .buffers
-            .iter()
-            .enumerate()
-            .map(|(i, (b, _))| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(l.entry),
-            layout: &pipe.storage_layout,
-            entries: &entries,
-        });
+        let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
         let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
         if b.params.len() as u64 + PARAM_SLOT > PARAM_SLOT * PARAM_SLOTS

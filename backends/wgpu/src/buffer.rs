@@ -2,7 +2,7 @@
 //! when it is larger than one storage binding (the 1.48 GB tied LM head on
 //! lavapipe's 128 MiB or a small Mac's binding limit).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use turbospark::{DType, DeviceBuffer};
 
@@ -12,6 +12,23 @@ pub struct Chunk {
     pub buffer: wgpu::Buffer,
     pub row_start: usize,
     pub rows: usize,
+    /// Where the chunk reports its buffer when dropped, so the backend's
+    /// bind-group cache lets go of it (a cached bind group keeps its
+    /// buffers alive).
+    pub(crate) reaper: Reaper,
+}
+
+/// Buffers whose last handle was dropped, waiting for the bind-group cache
+/// to forget them.
+pub(crate) type Reaper = Arc<Mutex<Vec<wgpu::Buffer>>>;
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        self.reaper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.buffer.clone());
+    }
 }
 
 /// A turbospark buffer on a wgpu device. Cheap to clone.

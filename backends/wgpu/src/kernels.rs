@@ -202,3 +202,88 @@ impl Cache {
         Ok(m)
     }
 }
+
+/// Most cached bind groups before the cache starts over (a decode step of a
+/// 30-layer model uses under a thousand).
+const MAX_BIND_GROUPS: usize = 8192;
+
+/// Bind groups keyed by (pipeline address, buffers). `wgpu::Buffer` hashes
+/// and compares by identity, which its interior state never changes (hence
+/// the `mutable_key_type` allowances).
+type BindGroups = HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>;
+
+/// Storage bind groups by (pipeline, buffers): creating one costs about
+/// 2.5 us of CPU in wgpu, and a decode step binds the same weights and
+/// activations every token. Entries whose buffers were dropped are removed
+/// before the next lookup (see [`crate::buffer::Chunk`]).
+#[derive(Default)]
+pub(crate) struct BindCache {
+    groups: Mutex<BindGroups>,
+    dropped: crate::buffer::Reaper,
+}
+
+impl BindCache {
+    /// Bind groups held now.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn reaper(&self) -> crate::buffer::Reaper {
+        self.dropped.clone()
+    }
+
+    /// Drop the bind groups of buffers dropped since the last call, so their
+    /// device memory is freed (called before every lookup and allocation).
+    pub fn purge(&self) {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        Self::forget_dropped(&mut groups, &self.dropped);
+    }
+
+    #[allow(clippy::mutable_key_type)]
+    fn forget_dropped(groups: &mut BindGroups, dropped: &crate::buffer::Reaper) {
+        let dead = std::mem::take(&mut *dropped.lock().unwrap_or_else(|e| e.into_inner()));
+        if !dead.is_empty() {
+            groups.retain(|(_, bufs), _| !bufs.iter().any(|b| dead.contains(b)));
+        }
+    }
+
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        pipe: &Arc<Pipeline>,
+        label: &str,
+        buffers: &[(&wgpu::Buffer, bool)],
+    ) -> wgpu::BindGroup {
+        let key = (
+            Arc::as_ptr(pipe) as usize,
+            buffers
+                .iter()
+                .map(|(b, _)| (*b).clone())
+                .collect::<Vec<_>>(),
+        );
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        Self::forget_dropped(&mut groups, &self.dropped);
+        if let Some(g) = groups.get(&key) {
+            return g.clone();
+        }
+        if groups.len() >= MAX_BIND_GROUPS {
+            groups.clear();
+        }
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, (b, _))| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let g = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &pipe.storage_layout,
+            entries: &entries,
+        });
+        groups.insert(key, g.clone());
+        g
+    }
+}

@@ -39,6 +39,7 @@ pub struct WgpuBackend {
     info: BackendInfo,
     limits: wgpu::Limits,
     cache: kernels::Cache,
+    binds: kernels::BindCache,
     params_layout: wgpu::BindGroupLayout,
     params_buffer: wgpu::Buffer,
     params_group: wgpu::BindGroup,
@@ -108,6 +109,7 @@ impl WgpuBackend {
             info: o.info,
             limits: o.limits,
             cache: kernels::Cache::default(),
+            binds: kernels::BindCache::default(),
             params_layout,
             params_buffer,
             params_group,
@@ -157,6 +159,8 @@ impl WgpuBackend {
                 limit_name,
             });
         }
+        // Memory of dropped buffers still held by cached bind groups goes first.
+        self.binds.purge();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let b = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -194,6 +198,7 @@ impl WgpuBackend {
                 buffer,
                 row_start: 0,
                 rows: 1,
+                reaper: self.binds.reaper(),
             }]),
             dtype,
             len,
@@ -365,6 +370,7 @@ impl ComputeBackend for WgpuBackend {
                 buffer,
                 row_start: r,
                 rows: n,
+                reaper: self.binds.reaper(),
             });
             r += n;
         }
@@ -602,5 +608,37 @@ impl ComputeBackend for WgpuBackend {
         v::no_alias("argmax", out, &[Some(x)])?;
         whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(self, x, out, rows, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bind-group cache reuses a group for the same buffers and lets go
+    /// of a dropped buffer's groups before the next allocation.
+    #[test]
+    fn bind_groups_are_reused_and_released() {
+        let be = match WgpuBackend::new(&WgpuOptions::default()) {
+            Ok(b) => b,
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("CI=true but no wgpu adapter: {e}")
+            }
+            Err(_) => return,
+        };
+        let a = be.alloc(DType::F32, 64, "a").unwrap();
+        let b = be.alloc(DType::F32, 64, "b").unwrap();
+        let out = be.alloc(DType::F32, 64, "out").unwrap();
+        be.add(&a, &b, &out, 64).unwrap();
+        be.add(&a, &b, &out, 64).unwrap();
+        be.sync().unwrap();
+        assert_eq!(be.binds.len(), 1, "the same buffers share one bind group");
+        drop(a);
+        let _c = be.alloc(DType::F32, 64, "c").unwrap();
+        assert_eq!(
+            be.binds.len(),
+            0,
+            "a dropped buffer's bind group is released"
+        );
     }
 }
