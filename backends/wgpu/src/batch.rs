@@ -98,6 +98,11 @@ impl WgpuBackend {
         {
             b.submit(self);
         }
+        // Profiling: this dispatch gets a pass of its own, its entry noted.
+        if let Some(labels) = b.timing.as_mut().and_then(|t| t.labels.as_mut()) {
+            labels.push(l.entry);
+            drop(b.pass.take());
+        }
         let offset = b.params.len() as u32;
         b.params.extend_from_slice(l.params);
         b.params.resize(offset as usize + PARAM_SLOT as usize, 0);

@@ -24,6 +24,9 @@ pub(crate) struct Timing {
     next: u32,
     /// Raw ticks of the batches already submitted, in query order.
     ticks: Vec<u64>,
+    /// Profiling ([`WgpuBackend::profile_start`]): every dispatch gets a pass
+    /// of its own, and its entry point is kept here in dispatch order.
+    pub labels: Option<Vec<&'static str>>,
 }
 
 impl Timing {
@@ -49,6 +52,7 @@ impl Timing {
             }),
             next: 0,
             ticks: Vec::new(),
+            labels: None,
         }
     }
 
@@ -199,6 +203,38 @@ impl WgpuBackend {
             })
             .collect::<Result<Vec<f64>>>()
             .map(Some)
+    }
+
+    /// Start a per-dispatch GPU profile: until [`WgpuBackend::profile_stop`],
+    /// every dispatch runs in a compute pass of its own with timestamps at
+    /// its boundaries. False (and nothing changes) without timestamp queries.
+    pub fn profile_start(&self) -> Result<bool> {
+        if !self.has_timestamps() {
+            return Ok(false);
+        }
+        turbospark::ComputeBackend::flush(self)?;
+        let mut t = Timing::new(&self.device);
+        t.labels = Some(Vec::new());
+        self.batch_lock().timing = Some(t);
+        Ok(true)
+    }
+
+    /// End the profile: `(kernel entry point, seconds)` of every dispatch
+    /// since [`WgpuBackend::profile_start`], in order. A pass per dispatch
+    /// adds its own overhead, so read the figures as shares of a step.
+    pub fn profile_stop(&self) -> Result<Vec<(&'static str, f64)>> {
+        turbospark::ComputeBackend::flush(self)?;
+        let Some(t) = self.batch_lock().timing.take() else {
+            return Ok(Vec::new());
+        };
+        self.check_errors()?;
+        let period_s = self.queue.get_timestamp_period() as f64 * 1e-9;
+        Ok(t.labels
+            .unwrap_or_default()
+            .into_iter()
+            .zip(t.ticks.chunks_exact(2))
+            .map(|(l, w)| (l, w[1].saturating_sub(w[0]) as f64 * period_s))
+            .collect())
     }
 
     /// Global index of the next timestamp query of the running timing.

@@ -15,15 +15,60 @@ pub fn not_run() -> Value {
     json!({ "status": "not run", "note": "not run (pass --synthetic gemma-4-26b-a4b or tiny)" })
 }
 
-/// Counts dispatches and submits where the backend can tell.
+/// Counts dispatches and submits, and profiles a step, where the backend can.
 pub trait Counters {
     fn counters(&self) -> Option<(u64, u64)>;
+    /// Start a per-dispatch GPU profile; false where there is none.
+    fn profile_start(&self) -> bool {
+        false
+    }
+    /// `(kernel, seconds)` per dispatch since `profile_start`.
+    fn profile_stop(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
 }
 
 impl Counters for WgpuBackend {
     fn counters(&self) -> Option<(u64, u64)> {
         Some(WgpuBackend::counters(self))
     }
+    fn profile_start(&self) -> bool {
+        WgpuBackend::profile_start(self).unwrap_or(false)
+    }
+    fn profile_stop(&self) -> Vec<(&'static str, f64)> {
+        WgpuBackend::profile_stop(self).unwrap_or_default()
+    }
+}
+
+/// Decode steps the profile covers (the last prompt token's and one more).
+const PROFILE_STEPS: usize = 2;
+
+/// GPU time per decode step by kernel, largest first, from a profile of
+/// [`PROFILE_STEPS`] steps.
+fn step_profile(samples: &[(&'static str, f64)]) -> Value {
+    let mut by: Vec<(&str, usize, f64)> = Vec::new();
+    for (k, t) in samples {
+        match by.iter_mut().find(|e| e.0 == *k) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += t;
+            }
+            None => by.push((k, 1, *t)),
+        }
+    }
+    by.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let steps = PROFILE_STEPS as f64;
+    Value::Array(
+        by.iter()
+            .map(|(k, n, t)| {
+                json!({
+                    "kernel": k,
+                    "dispatches_per_step": *n as f64 / steps,
+                    "us_per_step": t / steps * 1e6,
+                })
+            })
+            .collect(),
+    )
 }
 
 impl Counters for turbospark_cpu::CpuBackend {
@@ -83,6 +128,26 @@ fn measure<B: ComputeBackend + Counters>(
     let before = model.backend().counters();
     let g = model.generate(&prompt, &greedy(decode))?;
     let after = model.backend().counters();
+    // Where a decode step's GPU time goes: two more steps, a pass per
+    // dispatch (the context has room: max_context has 32 spare positions).
+    let profile = if model.backend().profile_start() {
+        let last = *g.tokens.last().unwrap_or(&0);
+        let run = model.generate(&[last], &greedy(PROFILE_STEPS));
+        let samples = model.backend().profile_stop();
+        run?;
+        let p = step_profile(&samples);
+        for e in p.as_array().into_iter().flatten() {
+            eprintln!(
+                "bench: decode step profile: {:>24} {:>6.1} dispatches {:>9.1} us",
+                e["kernel"].as_str().unwrap_or(""),
+                e["dispatches_per_step"].as_f64().unwrap_or(0.0),
+                e["us_per_step"].as_f64().unwrap_or(0.0)
+            );
+        }
+        p
+    } else {
+        Value::Null
+    };
     let bound_tok_s = ceiling_gbps.map(|c| c * 1e9 / bytes_per_token as f64);
     let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
         // The counters cover prefill and decode; the decode share is what
@@ -115,6 +180,7 @@ fn measure<B: ComputeBackend + Counters>(
         "decode_share_of_bound": bound_tok_s.map(|b| g.decode_tok_s / b),
         "dispatches_per_step": per_token.map(|p| p.0),
         "submits_per_step": per_token.map(|p| p.1),
+        "decode_step_profile": profile,
         "note": note,
     }))
 }
