@@ -30,22 +30,31 @@ fn f16_to_f32(h: u32) -> f32 {
     return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
 }
 
-// Element `i` of a weight stored as words, given the word that holds it.
-// A bf16 is the high half of an f32, so its decode is a shift.
-fn decode_weight(word: u32, i: u32) -> f32 {
-    if (WDTYPE == 0u) {
+// Element `i` of a weight of dtype code `dt` stored as words, given the word
+// that holds it. A bf16 is the high half of an f32, so its decode is a shift.
+fn decode_as(word: u32, i: u32, dt: u32) -> f32 {
+    if (dt == 0u) {
         return bitcast<f32>(word);
     }
     let hi = (i & 1u) == 1u;
-    if (WDTYPE == 1u) {
+    if (dt == 1u) {
         return f16_to_f32(select(word & 0xffffu, word >> 16u, hi));
     }
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, hi));
 }
 
-// Index of the word holding weight element `i`.
+// Index of the word holding element `i` of a weight of dtype code `dt`.
+fn word_of(i: u32, dt: u32) -> u32 {
+    return select(i >> 1u, i, dt == 0u);
+}
+
+// The same for the kernel's one weight dtype, WDTYPE.
+fn decode_weight(word: u32, i: u32) -> f32 {
+    return decode_as(word, i, WDTYPE);
+}
+
 fn weight_word(i: u32) -> u32 {
-    return select(i >> 1u, i, WDTYPE == 0u);
+    return word_of(i, WDTYPE);
 }
 
 // Both elements of a 16-bit word as f32 (low index first).

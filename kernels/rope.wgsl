@@ -126,3 +126,125 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     X[base + d] = a * c - b * s;
     X[base + d + half] = b * c + a * s;
 }
+
+// ---- qkv_post: after the fused q|k|v projection -------------------------
+//
+// One workgroup per (token t, head slot): slots [0, heads) are query heads,
+// then kv_heads key heads, then kv_heads value heads. Each head's raw row is
+// RMS-normalised (q and k times their weights WQ / WK, v without one), q and
+// k are turned by RoPE as in `rope` above, q goes to QO and k / v to the
+// caches at slot POS[t] % capacity. The raw row of a token is
+// [q | k | v], or [q | k] with V taken from the raw k (attention_k_eq_v).
+
+struct QkvParams {
+    m: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    rot_pairs: u32,
+    capacity: u32,
+    eps: f32,
+    // 1: V is the raw k (no v part in the raw row)
+    v_from_k: u32,
+}
+
+@group(0) @binding(0) var<uniform> QP: QkvParams;
+@group(1) @binding(0) var<storage, read> RAW: array<f32>;
+@group(1) @binding(1) var<storage, read> WQ: array<u32>;
+@group(1) @binding(2) var<storage, read> WK: array<u32>;
+@group(1) @binding(3) var<storage, read> QPOS: array<u32>;
+@group(1) @binding(4) var<storage, read> QFREQ: array<f32>;
+@group(1) @binding(5) var<storage, read_write> QO: array<f32>;
+@group(1) @binding(6) var<storage, read_write> KCACHE: array<f32>;
+@group(1) @binding(7) var<storage, read_write> VCACHE: array<f32>;
+
+// dtype codes of WQ and WK
+override WQD: u32 = 0u;
+override WKD: u32 = 0u;
+
+var<workgroup> qred: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let id = linear_group(wg, nwg);
+    let slots = QP.heads + 2u * QP.kv_heads;
+    let t = id / slots;
+    let s = id % slots;
+    if (t >= QP.m) {
+        return;
+    }
+    let d = QP.head_dim;
+    let qd = QP.heads * d;
+    let kd = QP.kv_heads * d;
+    let row = qd + kd * (2u - QP.v_from_k);
+    // 0: query, 1: key, 2: value; h: head within its kind.
+    var kind = 0u;
+    var h = s;
+    var off = s * d;
+    if (s >= QP.heads + QP.kv_heads) {
+        kind = 2u;
+        h = s - QP.heads - QP.kv_heads;
+        off = qd + select(kd, 0u, QP.v_from_k == 1u) + h * d;
+    } else if (s >= QP.heads) {
+        kind = 1u;
+        h = s - QP.heads;
+        off = qd + h * d;
+    }
+    let src = t * row + off;
+
+    var ss = 0.0;
+    for (var i = lid; i < d; i += 256u) {
+        let v = RAW[src + i];
+        ss += v * v;
+    }
+    qred[lid] = ss;
+    workgroupBarrier();
+    for (var st = 128u; st > 0u; st >>= 1u) {
+        if (lid < st) {
+            qred[lid] += qred[lid + st];
+        }
+        workgroupBarrier();
+    }
+    let inv = inverseSqrt(qred[0] / f32(d) + QP.eps);
+    let slot = QPOS[t] % QP.capacity;
+
+    if (kind == 2u) {
+        let dst = (h * QP.capacity + slot) * d;
+        for (var i = lid; i < d; i += 256u) {
+            VCACHE[dst + i] = RAW[src + i] * inv;
+        }
+        return;
+    }
+    let half = d / 2u;
+    let pos = QPOS[t];
+    for (var i = lid; i < half; i += 256u) {
+        var a: f32;
+        var b: f32;
+        if (kind == 0u) {
+            a = RAW[src + i] * inv * decode_as(WQ[word_of(i, WQD)], i, WQD);
+            b = RAW[src + i + half] * inv * decode_as(WQ[word_of(i + half, WQD)], i + half, WQD);
+        } else {
+            a = RAW[src + i] * inv * decode_as(WK[word_of(i, WKD)], i, WKD);
+            b = RAW[src + i + half] * inv * decode_as(WK[word_of(i + half, WKD)], i + half, WKD);
+        }
+        var ra = a;
+        var rb = b;
+        if (i < QP.rot_pairs) {
+            let r = reduce_angle(mul_rn(pos, QFREQ[i]));
+            let sn = sin(r);
+            let cs = cos(r);
+            ra = a * cs - b * sn;
+            rb = b * cs + a * sn;
+        }
+        if (kind == 0u) {
+            let dst = (t * QP.heads + h) * d;
+            QO[dst + i] = ra;
+            QO[dst + i + half] = rb;
+        } else {
+            let dst = (h * QP.capacity + slot) * d;
+            KCACHE[dst + i] = ra;
+            KCACHE[dst + i + half] = rb;
+        }
+    }
+}

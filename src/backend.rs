@@ -284,4 +284,54 @@ pub trait ComputeBackend {
     ) -> Result<()>;
     /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`.
     fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()>;
+
+    // ---- fused decoder steps (each one kernel on a GPU) -------------------
+
+    /// [`PostAttention`]: `r = x + rmsnorm(o) * w_post`,
+    /// `ff = rmsnorm(r) * w_ff` and, with `moe = Some((w_moe, out))`,
+    /// `out = rmsnorm(r) * w_moe`.
+    #[allow(clippy::too_many_arguments)]
+    fn post_attention(
+        &self,
+        o: &Self::Buffer,
+        x: &Self::Buffer,
+        w_post: &Self::Buffer,
+        w_ff: &Self::Buffer,
+        r: &Self::Buffer,
+        ff: &Self::Buffer,
+        moe: Option<(&Self::Buffer, &Self::Buffer)>,
+        p: PostAttention,
+    ) -> Result<()>;
+
+    /// [`PostFfn`]: `h = rmsnorm(dense) * w_dense`; with
+    /// `moe = Some((moe_out, w_moe, w_sum))`,
+    /// `h = rmsnorm(h + rmsnorm(moe_out) * w_moe) * w_sum`; `x = (r + h) *
+    /// scale`; with `next = Some((w_next, normed))`, `normed = rmsnorm(x) *
+    /// w_next`.
+    #[allow(clippy::too_many_arguments)]
+    fn post_ffn(
+        &self,
+        dense: &Self::Buffer,
+        w_dense: &Self::Buffer,
+        moe: Option<(&Self::Buffer, &Self::Buffer, &Self::Buffer)>,
+        r: &Self::Buffer,
+        x: &Self::Buffer,
+        next: Option<(&Self::Buffer, &Self::Buffer)>,
+        p: PostFfn,
+    ) -> Result<()>;
+
+    /// [`QkvPost`]: per-head q/k/v norms, RoPE on q and k, and the cache
+    /// append of k and v, from the fused projection's raw rows.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_post(
+        &self,
+        raw: &Self::Buffer,
+        w_q: &Self::Buffer,
+        w_k: &Self::Buffer,
+        positions: &Self::Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        p: QkvPost,
+    ) -> Result<()>;
 }

@@ -24,6 +24,9 @@ pub enum OpKind {
     Softcap,
     Embed { w: DType },
     Argmax,
+    PostAttention,
+    PostFfn,
+    QkvPost { head_dim: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -103,6 +106,162 @@ pub struct Embed {
     pub vocab: usize,
     /// sqrt(hidden), rounded to the table's dtype (Gemma convention).
     pub scale: f32,
+}
+
+/// The attention block's residual and the feed-forward branches' pre-norms,
+/// per row of `dim` (one fused op between o_proj and the MLP / experts):
+/// `r = x + rmsnorm(o) * w_post`, `ff = rmsnorm(r) * w_ff` and, when asked,
+/// `moe = rmsnorm(r) * w_moe`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PostAttention {
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
+/// The end of a decoder layer, per row of `dim` (one fused op):
+/// `h = rmsnorm(dense) * w_dense`; with experts,
+/// `h = rmsnorm(h + rmsnorm(moe) * w_moe) * w_sum`; then
+/// `x = (r + h) * scale` and, when asked, `normed = rmsnorm(x) * w_next`
+/// (the next layer's input norm, or the final norm before the LM head).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PostFfn {
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+    /// `layer_scalar`.
+    pub scale: f32,
+}
+
+/// After the fused q|k|v projection, per token and head (one fused op):
+/// `q = rope(rmsnorm(q) * w_q)` to `q_out`; `k = rope(rmsnorm(k) * w_k)` and
+/// `v = rmsnorm(v)` (no weight) into the caches at slot `pos % capacity`.
+/// A raw row is `[q (heads * head_dim) | k (kv_heads * head_dim) | v]`; with
+/// `v_from_k` (attention_k_eq_v) there is no v part and V is the raw k.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkvPost {
+    pub m: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rot_pairs: usize,
+    pub theta: f32,
+    pub eps: f32,
+    pub capacity: usize,
+    pub v_from_k: bool,
+}
+
+impl PostAttention {
+    pub fn validate<B: DeviceBuffer>(
+        &self,
+        o: &B,
+        x: &B,
+        weights: [Option<&B>; 3],
+        outs: [Option<&B>; 3],
+    ) -> Result<()> {
+        const OP: &str = "post_attention";
+        nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
+        let n = self.rows * self.dim;
+        check_buf(OP, "o", o, &F32, n)?;
+        check_buf(OP, "x", x, &F32, n)?;
+        for (name, w) in ["w_post", "w_ff", "w_moe"].iter().zip(weights) {
+            if let Some(w) = w {
+                check_buf(OP, name, w, &FLOATS, self.dim)?;
+            }
+        }
+        for (name, b) in ["r", "ff", "moe"].iter().zip(outs) {
+            if let Some(b) = b {
+                check_buf(OP, name, b, &F32, n)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PostFfn {
+    pub fn validate<B: DeviceBuffer>(
+        &self,
+        acts: [Option<&B>; 3],
+        weights: [Option<&B>; 4],
+        outs: [Option<&B>; 2],
+    ) -> Result<()> {
+        const OP: &str = "post_ffn";
+        nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
+        let n = self.rows * self.dim;
+        for (name, b) in ["dense", "moe", "r"].iter().zip(acts) {
+            if let Some(b) = b {
+                check_buf(OP, name, b, &F32, n)?;
+            }
+        }
+        for (name, w) in ["w_dense", "w_moe", "w_sum", "w_next"].iter().zip(weights) {
+            if let Some(w) = w {
+                check_buf(OP, name, w, &FLOATS, self.dim)?;
+            }
+        }
+        for (name, b) in ["x", "normed"].iter().zip(outs) {
+            if let Some(b) = b {
+                check_buf(OP, name, b, &F32, n)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QkvPost {
+    /// Elements of one raw q|k|v row.
+    pub fn raw_row(&self) -> usize {
+        (self.heads + self.kv_heads * if self.v_from_k { 1 } else { 2 }) * self.head_dim
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn validate<B: DeviceBuffer>(
+        &self,
+        raw: &B,
+        wq: &B,
+        wk: &B,
+        pos: &B,
+        q: &B,
+        kc: &B,
+        vc: &B,
+    ) -> Result<()> {
+        const OP: &str = "qkv_post";
+        nonzero(
+            OP,
+            &[
+                ("m", self.m),
+                ("heads", self.heads),
+                ("kv_heads", self.kv_heads),
+                ("head_dim", self.head_dim),
+                ("capacity", self.capacity),
+            ],
+        )?;
+        if self.head_dim % 2 != 0 || self.rot_pairs > self.head_dim / 2 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "head_dim {} must be even and rot_pairs {} <= head_dim/2",
+                    self.head_dim, self.rot_pairs
+                ),
+            ));
+        }
+        if self.m > self.capacity {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{} new entries do not fit a cache of {} slots",
+                    self.m, self.capacity
+                ),
+            ));
+        }
+        let kv = self.kv_heads * self.head_dim;
+        check_buf(OP, "raw", raw, &F32, self.m * self.raw_row())?;
+        check_buf(OP, "w_q", wq, &FLOATS, self.head_dim)?;
+        check_buf(OP, "w_k", wk, &FLOATS, self.head_dim)?;
+        check_buf(OP, "positions", pos, &U32, self.m)?;
+        check_buf(OP, "q", q, &F32, self.m * self.heads * self.head_dim)?;
+        check_buf(OP, "k_cache", kc, &F32, self.capacity * kv)?;
+        check_buf(OP, "v_cache", vc, &F32, self.capacity * kv)
+    }
 }
 
 /// Checks one buffer argument: dtype in `dtypes`, at least `need` elements.

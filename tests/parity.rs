@@ -89,3 +89,18 @@ fn embed() {
 fn argmax() {
     family("argmax");
 }
+
+#[test]
+fn post_attention() {
+    family("post_attention");
+}
+
+#[test]
+fn post_ffn() {
+    family("post_ffn");
+}
+
+#[test]
+fn qkv_post() {
+    family("qkv_post");
+}

@@ -5,7 +5,9 @@
 //! workgroup width, and M in {1, 2, 5, 16}.
 
 use super::Op;
-use crate::ops::{Attention, Embed, KvAppend, Matmul, Moe, RmsNorm, Rope, Router};
+use crate::ops::{
+    Attention, Embed, KvAppend, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Rope, Router,
+};
 use crate::DType::{BF16, F16, F32};
 
 const EPS: f32 = 1e-6;
@@ -229,6 +231,63 @@ fn glue() -> Vec<Op> {
     ]
 }
 
+/// The fused decoder steps at Gemma 4 shapes and odd ones, each weight dtype.
+fn fused() -> Vec<Op> {
+    let pa = |rows, dim, moe, w| Op::PostAttention {
+        p: PostAttention {
+            rows,
+            dim,
+            eps: EPS,
+        },
+        moe,
+        w,
+    };
+    let pf = |rows, dim, moe, next, scale, w| Op::PostFfn {
+        p: PostFfn {
+            rows,
+            dim,
+            eps: EPS,
+            scale,
+        },
+        moe,
+        next,
+        w,
+    };
+    let qkv = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, pos0, w| Op::QkvPost {
+        p: QkvPost {
+            m,
+            heads,
+            kv_heads,
+            head_dim,
+            rot_pairs,
+            theta: if rot_pairs * 2 == head_dim {
+                10_000.0
+            } else {
+                1_000_000.0
+            },
+            eps: EPS,
+            capacity,
+            v_from_k,
+        },
+        pos0,
+        w,
+    };
+    vec![
+        pa(1, 2816, true, BF16),
+        pa(5, 2816, true, F32),
+        pa(3, 333, false, F16),
+        pf(1, 2816, true, true, 0.73, BF16),
+        pf(5, 2816, true, false, 1.0, F32),
+        pf(2, 333, false, true, 0.5, F16),
+        pf(1, 100, false, false, 1.0, BF16),
+        // sliding layer (v projected), full layer (V = raw k, partial RoPE)
+        qkv(1, 16, 8, 256, 128, 1039, false, 30_000, BF16),
+        qkv(1, 16, 2, 512, 64, 4096, true, 4000, BF16),
+        qkv(16, 16, 8, 256, 128, 1039, false, 1030, F32),
+        qkv(3, 4, 2, 12, 3, 5, true, 7, F16),
+    ]
+}
+
 fn cases(full: bool) -> Vec<Op> {
     [
         rms_norm(),
@@ -239,6 +298,7 @@ fn cases(full: bool) -> Vec<Op> {
         kv_append(),
         attention(full),
         glue(),
+        fused(),
     ]
     .concat()
 }

@@ -4,7 +4,10 @@
 use super::{HostTensor, OutSpec};
 use crate::backend::ComputeBackend;
 use crate::dtype::encode_f32;
-use crate::ops::{Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router};
+use crate::ops::{
+    Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
+    Rope, Router,
+};
 use crate::rng::Rng;
 use crate::{DType, Result};
 
@@ -69,6 +72,35 @@ pub enum Op {
         rows: usize,
         n: usize,
     },
+    /// Norm weights all of dtype `w`; `moe`: the third pre-norm output too.
+    PostAttention {
+        p: PostAttention,
+        moe: bool,
+        w: DType,
+    },
+    /// `moe`: the experts branch; `next`: the next layer's normed input.
+    PostFfn {
+        p: PostFfn,
+        moe: bool,
+        next: bool,
+        w: DType,
+    },
+    /// m tokens at positions `pos0..pos0+m` into random caches.
+    QkvPost {
+        p: QkvPost,
+        pos0: usize,
+        w: DType,
+    },
+}
+
+/// An RMSNorm weight away from 1 (so a missing multiply shows).
+fn norm_weight(rng: &mut Rng, dtype: DType, dim: usize) -> HostTensor {
+    HostTensor::Weight {
+        dtype,
+        rows: 1,
+        cols: dim,
+        bytes: encode_f32(dtype, &rng.vec_range(dim, 0.2, 1.8)),
+    }
 }
 
 fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, std: f32) -> HostTensor {
@@ -115,6 +147,9 @@ impl Op {
             Op::Softcap { .. } => "softcap",
             Op::Embed { .. } => "embed",
             Op::Argmax { .. } => "argmax",
+            Op::PostAttention { .. } => "post_attention",
+            Op::PostFfn { .. } => "post_ffn",
+            Op::QkvPost { .. } => "qkv_post",
         }
     }
 
@@ -163,6 +198,17 @@ impl Op {
                 format!("{f}(m={},hidden={},vocab={},w={w})", p.m, p.hidden, p.vocab)
             }
             Op::Argmax { rows, n } => format!("{f}(rows={rows},n={n})"),
+            Op::PostAttention { p, moe, w } => {
+                format!("{f}(rows={},dim={},moe={moe},w={w})", p.rows, p.dim)
+            }
+            Op::PostFfn { p, moe, next, w } => format!(
+                "{f}(rows={},dim={},moe={moe},next={next},scale={},w={w})",
+                p.rows, p.dim, p.scale
+            ),
+            Op::QkvPost { p, pos0, w } => format!(
+                "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},pos0={pos0},w={w})",
+                p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k
+            ),
         }
     }
 
@@ -184,6 +230,11 @@ impl Op {
             Op::Softcap { .. } => OpKind::Softcap,
             Op::Embed { w, .. } => OpKind::Embed { w: *w },
             Op::Argmax { .. } => OpKind::Argmax,
+            Op::PostAttention { .. } => OpKind::PostAttention,
+            Op::PostFfn { .. } => OpKind::PostFfn,
+            Op::QkvPost { p, .. } => OpKind::QkvPost {
+                head_dim: p.head_dim as u32,
+            },
         }
     }
 
@@ -197,7 +248,10 @@ impl Op {
             Op::Add { .. } | Op::Scale { .. } | Op::Embed { .. } | Op::KvAppend { .. } => 0.0,
             // One tanh (a few ulp on GPUs) per element.
             Op::GeluMul { .. } | Op::Softcap { .. } => 1e-11,
-            Op::RmsNorm { .. } => 1e-11,
+            // Chains of 2-4 RMSNorms over the same row.
+            Op::RmsNorm { .. } | Op::PostAttention { .. } | Op::PostFfn { .. } => 1e-11,
+            // Norms, then RoPE at positions up to ~3e4 (as `Rope`).
+            Op::QkvPost { .. } => 1e-9,
             // sin/cos of angles up to ~1e5 rad after range reduction.
             Op::Rope { .. } => 1e-9,
             // Dot products of thousands of terms, reordered.
@@ -307,6 +361,47 @@ impl Op {
                 weight(rng, *w, p.vocab, p.hidden, 1.0),
             ],
             Op::Argmax { rows, n } => vec![HostTensor::F32(rng.vec_normal(rows * n, 3.0))],
+            Op::PostAttention { p, moe, w } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![
+                    HostTensor::F32(rng.vec_normal(n, 2.0)),
+                    HostTensor::F32(rng.vec_normal(n, 1.0)),
+                    norm_weight(rng, *w, p.dim),
+                    norm_weight(rng, *w, p.dim),
+                ];
+                if *moe {
+                    v.push(norm_weight(rng, *w, p.dim));
+                }
+                v
+            }
+            Op::PostFfn { p, moe, next, w } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![
+                    HostTensor::F32(rng.vec_normal(n, 2.0)),
+                    HostTensor::F32(rng.vec_normal(n, 1.0)),
+                    norm_weight(rng, *w, p.dim),
+                ];
+                if *moe {
+                    v.push(HostTensor::F32(rng.vec_normal(n, 0.5)));
+                    v.push(norm_weight(rng, *w, p.dim));
+                    v.push(norm_weight(rng, *w, p.dim));
+                }
+                if *next {
+                    v.push(norm_weight(rng, *w, p.dim));
+                }
+                v
+            }
+            Op::QkvPost { p, pos0, w } => {
+                let cache = p.capacity * p.kv_heads * p.head_dim;
+                vec![
+                    HostTensor::F32(rng.vec_normal(p.m * p.raw_row(), 1.0)),
+                    norm_weight(rng, *w, p.head_dim),
+                    norm_weight(rng, *w, p.head_dim),
+                    HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
+                    HostTensor::F32(rng.vec_normal(cache, 1.0)),
+                    HostTensor::F32(rng.vec_normal(cache, 1.0)),
+                ]
+            }
         }
     }
 
@@ -327,6 +422,30 @@ impl Op {
             Op::GeluMul { rows, n } => vec![OutSpec::F32(rows * n)],
             Op::Embed { p, .. } => vec![OutSpec::F32(p.m * p.hidden)],
             Op::Argmax { rows, .. } => vec![OutSpec::U32(*rows)],
+            Op::PostAttention { p, moe, .. } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![OutSpec::F32(n), OutSpec::F32(n)];
+                if *moe {
+                    v.push(OutSpec::F32(n));
+                }
+                v
+            }
+            Op::PostFfn { p, next, .. } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![OutSpec::F32(n)];
+                if *next {
+                    v.push(OutSpec::F32(n));
+                }
+                v
+            }
+            Op::QkvPost { p, .. } => {
+                let cache = p.capacity * p.kv_heads * p.head_dim;
+                vec![
+                    OutSpec::F32(p.m * p.heads * p.head_dim),
+                    OutSpec::InPlace(4, cache),
+                    OutSpec::InPlace(5, cache),
+                ]
+            }
         }
     }
 
@@ -355,6 +474,19 @@ impl Op {
             Op::Softcap { n, cap } => b.softcap(&i[0], &o[0], *n, *cap),
             Op::Embed { p, .. } => b.embed(&i[0], &i[1], &o[0], *p),
             Op::Argmax { rows, n } => b.argmax(&i[0], &o[0], *rows, *n),
+            Op::PostAttention { p, moe, .. } => {
+                let m = moe.then(|| (&i[4], &o[2]));
+                b.post_attention(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], m, *p)
+            }
+            Op::PostFfn { p, moe, next, .. } => {
+                let m = moe.then(|| (&i[3], &i[4], &i[5]));
+                let wn = if *moe { 6 } else { 3 };
+                let n = next.then(|| (&i[wn], &o[1]));
+                b.post_ffn(&i[0], &i[2], m, &i[1], &o[0], n, *p)
+            }
+            Op::QkvPost { p, .. } => {
+                b.qkv_post(&i[0], &i[1], &i[2], &i[3], &o[0], &i[4], &i[5], *p)
+            }
         }
     }
 }

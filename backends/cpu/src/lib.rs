@@ -12,7 +12,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use turbospark::backend::{BackendInfo, Features, Limits};
 use turbospark::ops::{
-    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router,
+    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost,
+    RmsNorm, Rope, Router,
 };
 use turbospark::{
     ComputeBackend, DType, DeviceBuffer, DeviceType, Error, HostBytes, Result, Support,
@@ -479,6 +480,144 @@ impl ComputeBackend for CpuBackend {
         v::no_alias("argmax", out, &[Some(x)])?;
         let xr = x.read();
         ops::argmax(xr.f32(), out.write("argmax")?.u32(), rows, n);
+        Ok(())
+    }
+
+    fn post_attention(
+        &self,
+        o: &CpuBuffer,
+        x: &CpuBuffer,
+        w_post: &CpuBuffer,
+        w_ff: &CpuBuffer,
+        r: &CpuBuffer,
+        ff: &CpuBuffer,
+        moe: Option<(&CpuBuffer, &CpuBuffer)>,
+        p: PostAttention,
+    ) -> Result<()> {
+        const OP: &str = "post_attention";
+        let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
+        p.validate(
+            o,
+            x,
+            [Some(w_post), Some(w_ff), w_moe],
+            [Some(r), Some(ff), moe_out],
+        )?;
+        let ins = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
+        v::no_alias(OP, r, &ins)?;
+        v::no_alias(OP, ff, &[ins.as_slice(), &[Some(r)]].concat())?;
+        if let Some(m) = moe_out {
+            v::no_alias(OP, m, &[ins.as_slice(), &[Some(r), Some(ff)]].concat())?;
+        }
+        let (or, xr, wpr, wfr) = (o.read(), x.read(), w_post.read(), w_ff.read());
+        let wmr = w_moe.map(|w| w.read());
+        let (mut rw, mut fw) = (r.write(OP)?, ff.write(OP)?);
+        let mut mw = moe_out.map(|m| m.write(OP)).transpose()?;
+        let wm = wmr.as_ref().zip(w_moe).map(|(g, w)| weights(g, w.dtype()));
+        ops::post_attention(
+            or.f32(),
+            xr.f32(),
+            &weights(&wpr, w_post.dtype()),
+            &weights(&wfr, w_ff.dtype()),
+            rw.f32(),
+            fw.f32(),
+            wm.as_ref().zip(mw.as_mut().map(|m| m.f32())),
+            p,
+        );
+        Ok(())
+    }
+
+    fn post_ffn(
+        &self,
+        dense: &CpuBuffer,
+        w_dense: &CpuBuffer,
+        moe: Option<(&CpuBuffer, &CpuBuffer, &CpuBuffer)>,
+        r: &CpuBuffer,
+        x: &CpuBuffer,
+        next: Option<(&CpuBuffer, &CpuBuffer)>,
+        p: PostFfn,
+    ) -> Result<()> {
+        const OP: &str = "post_ffn";
+        let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
+        let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
+        p.validate(
+            [Some(dense), m_act, Some(r)],
+            [Some(w_dense), w_moe, w_sum, w_next],
+            [Some(x), normed],
+        )?;
+        let ins = [
+            Some(dense),
+            Some(w_dense),
+            m_act,
+            w_moe,
+            w_sum,
+            Some(r),
+            w_next,
+        ];
+        v::no_alias(OP, x, &ins)?;
+        if let Some(nb) = normed {
+            v::no_alias(OP, nb, &[ins.as_slice(), &[Some(x)]].concat())?;
+        }
+        let (dr, wdr, rr) = (dense.read(), w_dense.read(), r.read());
+        let (mr, wmr, wsr, wnr) = (
+            m_act.map(|b| b.read()),
+            w_moe.map(|b| b.read()),
+            w_sum.map(|b| b.read()),
+            w_next.map(|b| b.read()),
+        );
+        let mut xw = x.write(OP)?;
+        let mut nw = normed.map(|b| b.write(OP)).transpose()?;
+        let wm = wmr.as_ref().zip(w_moe).map(|(g, w)| weights(g, w.dtype()));
+        let ws = wsr.as_ref().zip(w_sum).map(|(g, w)| weights(g, w.dtype()));
+        let wn = wnr.as_ref().zip(w_next).map(|(g, w)| weights(g, w.dtype()));
+        let moe_args = match (&mr, &wm, &ws) {
+            (Some(a), Some(wm), Some(ws)) => Some((a.f32(), wm, ws)),
+            _ => None,
+        };
+        ops::post_ffn(
+            dr.f32(),
+            &weights(&wdr, w_dense.dtype()),
+            moe_args,
+            rr.f32(),
+            xw.f32(),
+            wn.as_ref().zip(nw.as_mut().map(|n| n.f32())),
+            p,
+        );
+        Ok(())
+    }
+
+    fn qkv_post(
+        &self,
+        raw: &CpuBuffer,
+        w_q: &CpuBuffer,
+        w_k: &CpuBuffer,
+        positions: &CpuBuffer,
+        q: &CpuBuffer,
+        k_cache: &CpuBuffer,
+        v_cache: &CpuBuffer,
+        p: QkvPost,
+    ) -> Result<()> {
+        const OP: &str = "qkv_post";
+        p.validate(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        let ins = [Some(raw), Some(w_q), Some(w_k), Some(positions)];
+        v::no_alias(OP, q, &ins)?;
+        v::no_alias(OP, k_cache, &[ins.as_slice(), &[Some(q)]].concat())?;
+        v::no_alias(
+            OP,
+            v_cache,
+            &[ins.as_slice(), &[Some(q), Some(k_cache)]].concat(),
+        )?;
+        let (rr, wqr, wkr, pr) = (raw.read(), w_q.read(), w_k.read(), positions.read());
+        let (mut qw, mut kw, mut vw) = (q.write(OP)?, k_cache.write(OP)?, v_cache.write(OP)?);
+        ops::qkv_post(
+            rr.f32(),
+            &weights(&wqr, w_q.dtype()),
+            &weights(&wkr, w_k.dtype()),
+            pr.u32(),
+            qw.f32(),
+            kw.f32(),
+            vw.f32(),
+            p,
+        );
         Ok(())
     }
 }

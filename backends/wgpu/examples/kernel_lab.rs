@@ -15,6 +15,8 @@ use wgpu::util::DeviceExt;
 const LAB: &str = include_str!("kernel_lab.wgsl");
 const COMMON: &str = include_str!("../../../kernels/common.wgsl");
 const MOE: &str = include_str!("../../../kernels/moe_decode.wgsl");
+const GEMV: &str = include_str!("../../../kernels/gemv.wgsl");
+const MOE_LAB: &str = include_str!("kernel_lab_moe.wgsl");
 
 /// Dispatches per timed pass and timed passes per figure.
 const CHAIN: u32 = 100;
@@ -72,6 +74,10 @@ impl Lab {
             ..Default::default()
         }))
         .expect("device");
+        Lab::with_device(device, queue, feats.contains(wgpu::Features::SUBGROUP))
+    }
+
+    fn with_device(device: wgpu::Device, queue: wgpu::Queue, subgroups: bool) -> Lab {
         let qset = device.create_query_set(&wgpu::QuerySetDescriptor {
             label: None,
             ty: wgpu::QueryType::Timestamp,
@@ -91,7 +97,7 @@ impl Lab {
         });
         let period_ns = queue.get_timestamp_period() as f64;
         Lab {
-            subgroups: feats.contains(wgpu::Features::SUBGROUP),
+            subgroups,
             device,
             queue,
             qset,
@@ -353,6 +359,25 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         ("small", 2, 64, true),
     ];
     for checked in [true, false] {
+        // The backend's own kernels/gemv.wgsl, bound as the lab binds.
+        let tag = if checked { "checked" } else { "unchecked" };
+        if format!("{name}/real/{tag}").contains(filter) && rows / 8 <= 65535 {
+            let m = lab.module(&format!("{COMMON}\n{GEMV}"), checked);
+            let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
+            let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
+            let groups: Vec<_> = ws
+                .iter()
+                .map(|w| lab.bind(&p, &rp, &[w, &xb, &out]))
+                .collect();
+            let wgs = rows.div_ceil(8) as u32;
+            lab.time(&p, &groups[..1], wgs, 1);
+            let err = rel_err(&lab.read_f32(&out, rows), &want);
+            let us = lab.time(&p, &groups, wgs, CHAIN);
+            println!(
+                "  real gemv {tag:9} chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
+                gb / us * 1e6
+            );
+        }
         let module = lab.module(&src, checked);
         for &(entry, rpw, _threads, needs_sg) in variants {
             let label = format!(
@@ -431,6 +456,16 @@ fn moe_case(lab: &Lab, filter: &str) {
         .collect();
     let act_out = lab.storage(&vec![0u8; top_k * inter * 4]);
     let out = lab.storage(&vec![0u8; hidden * 4]);
+    // Neighbouring experts (8 consecutive ids, rotating base): is the
+    // random spread over the 1 GB tensor what costs?
+    let near: Vec<wgpu::Buffer> = (0..16u32)
+        .map(|i| {
+            let v: Vec<u32> = (0..top_k as u32)
+                .map(|k| (i * 8 + k) % experts as u32)
+                .collect();
+            lab.storage(bytemuck::cast_slice(&v))
+        })
+        .collect();
     let rb = 8u32;
     let nrb = inter as u32 / rb;
     let params = lab.uniform(&[
@@ -459,6 +494,18 @@ fn moe_case(lab: &Lab, filter: &str) {
             .collect();
         let us = lab.time(&p, &groups, top_k as u32 * nrb, CHAIN);
         let mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
+        let ngroups: Vec<_> = near
+            .iter()
+            .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
+            .collect();
+        let nus = lab.time(&p, &ngroups, top_k as u32 * nrb, CHAIN);
+        println!("  gate_up {tag:9} neighbouring experts: chain {nus:8.2} us");
+        let one: Vec<_> = ids[..1]
+            .iter()
+            .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
+            .collect();
+        let ous = lab.time(&p, &one, top_k as u32 * nrb, CHAIN);
+        println!("  gate_up {tag:9} same 8 experts every call (in L2): chain {ous:8.2} us");
         println!(
             "  gate_up {tag:9} chain {us:8.2} us  {:7.0} GB/s",
             mb / us * 1e3
@@ -474,6 +521,72 @@ fn moe_case(lab: &Lab, filter: &str) {
             "  down    {tag:9} chain {us:8.2} us  {:7.0} GB/s",
             mb / us * 1e3
         );
+        if !lab.subgroups {
+            continue;
+        }
+        let lsrc = format!("{COMMON}\n{MOE_LAB}");
+        let lm = lab.module(&lsrc, checked);
+        let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
+        for (entry, wgs, bk, is_down) in [
+            (
+                "gu_split",
+                top_k as u32 * inter as u32 / 4,
+                hidden / 8,
+                false,
+            ),
+            ("gu_small", (top_k * inter) as u32, hidden / 8, false),
+            ("gu_flat", (top_k * 2 * inter) as u32 / 8, hidden / 8, false),
+            (
+                "gu_flat_noid",
+                (top_k * 2 * inter) as u32 / 8,
+                hidden / 8,
+                false,
+            ),
+            ("dn_slots", hidden as u32 / 8, inter / 8, true),
+            ("dn_small", hidden as u32 / 2, inter / 8, true),
+            ("dn_half", hidden as u32 / 8, inter / 8, true),
+        ] {
+            let p = lab.pipeline(
+                &lm,
+                entry,
+                &[("WDTYPE", 2.0), ("BK", bk as f64), ("TOPK", top_k as f64)],
+                5,
+            );
+            let groups: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    if is_down {
+                        lab.bind(&p, &params, &[id, &dnb, &actb, &wts, &out])
+                    } else {
+                        lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out])
+                    }
+                })
+                .collect();
+            // Check against the backend kernel's result on the first id set.
+            let (want, got) = if is_down {
+                let bp = lab.pipeline(&module, "moe_down_decode", &[("WDTYPE", 2.0)], 5);
+                let bg = [lab.bind(&bp, &params, &[&ids[0], &dnb, &actb, &wts, &out])];
+                lab.time(&bp, &bg, hidden as u32 / 8, 1);
+                let want = lab.read_f32(&out, hidden);
+                lab.time(&p, &groups[..1], wgs, 1);
+                (want, lab.read_f32(&out, hidden))
+            } else {
+                let bp = lab.pipeline(&module, "moe_gate_up_decode", &[("WDTYPE", 2.0)], 5);
+                let bg = [lab.bind(&bp, &params, &[&ids[0], &gub, &xb, &wts, &act_out])];
+                lab.time(&bp, &bg, top_k as u32 * nrb, 1);
+                let want = lab.read_f32(&act_out, top_k * inter);
+                lab.time(&p, &groups[..1], wgs, 1);
+                (want, lab.read_f32(&act_out, top_k * inter))
+            };
+            let want64: Vec<f64> = want.iter().map(|v| *v as f64).collect();
+            let err = rel_err(&got, &want64);
+            let us = lab.time(&p, &groups, wgs, CHAIN);
+            let mb = if is_down { mb } else { gu_mb };
+            println!(
+                "  {entry:8} {tag:9} chain {us:8.2} us  {:7.0} GB/s  err vs backend {err:.1e}",
+                mb / us * 1e3
+            );
+        }
     }
 }
 
@@ -485,9 +598,61 @@ fn main() {
         gemv_case(&lab, "tiny", 64, 512, &filter);
         return;
     }
+    if filter == "backend" {
+        backend_case(262144, 2816);
+        backend_case(4224, 2816);
+        return;
+    }
     moe_case(&lab, &filter);
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);
     gemv_case(&lab, "o_proj", 2816, 4096, &filter);
     gemv_case(&lab, "lm_head", 262144, 2816, &filter);
+}
+
+/// The backend's own `matmul` at one shape: timed by its `time_ops`, by the
+/// wall clock, and the lab's copy of the kernel on the backend's device.
+fn backend_case(rows: usize, k: usize) {
+    use turbospark::ops::Matmul;
+    use turbospark::{ComputeBackend, DType, HostBytes};
+    let be = turbospark_wgpu::WgpuBackend::new(&Default::default()).unwrap();
+    let mut s = 7u64;
+    let wq: Vec<u16> = (0..rows * k)
+        .map(|_| bf16_bits(rng(&mut s) * 0.05))
+        .collect();
+    let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
+    let w = be
+        .upload_weight(
+            DType::BF16,
+            rows,
+            k,
+            HostBytes::Slice(bytemuck::cast_slice(&wq)),
+            "w",
+        )
+        .unwrap();
+    let xb = be
+        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
+        .unwrap();
+    let out = be.alloc(DType::F32, rows, "out").unwrap();
+    let p = Matmul { m: 1, n: rows, k };
+    be.matmul(&w, &xb, &out, p).unwrap();
+    be.sync().unwrap();
+    let mut v = be
+        .time_ops(100, |_| be.matmul(&w, &xb, &out, p))
+        .unwrap()
+        .unwrap();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let t = Instant::now();
+    for _ in 0..20 {
+        be.matmul(&w, &xb, &out, p).unwrap();
+    }
+    be.sync().unwrap();
+    let wall = t.elapsed().as_secs_f64() / 20.0;
+    println!(
+        "backend matmul {rows} x {k}: time_ops median {:.2} us, wall {:.2} us",
+        v[v.len() / 2] * 1e6,
+        wall * 1e6
+    );
+    let lab = Lab::with_device(be.device().clone(), be.queue().clone(), true);
+    gemv_case(&lab, "on-backend-device", rows, k, "checked");
 }

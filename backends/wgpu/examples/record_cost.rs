@@ -17,6 +17,56 @@ fn main() {
         be.matmul(&w, &x, &o, p).unwrap();
     }
     be.sync().unwrap();
+    {
+        let d = be.device();
+        let lay = d.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: None,
+            entries: &(0..3)
+                .map(|i| wgpu::BindGroupLayoutEntry {
+                    binding: i,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: i < 2 },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                })
+                .collect::<Vec<_>>(),
+        });
+        let bufs: Vec<wgpu::Buffer> = (0..3)
+            .map(|_| {
+                d.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size: 1024,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        let t = Instant::now();
+        let mut v = Vec::new();
+        for _ in 0..1000 {
+            v.push(
+                d.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("x"),
+                    layout: &lay,
+                    entries: &bufs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| wgpu::BindGroupEntry {
+                            binding: i as u32,
+                            resource: b.as_entire_binding(),
+                        })
+                        .collect::<Vec<_>>(),
+                }),
+            );
+        }
+        println!(
+            "create_bind_group: {:.2} us each",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
     for n in [100, 1000] {
         let t = Instant::now();
         for _ in 0..n {
@@ -30,3 +80,6 @@ fn main() {
             rec.as_secs_f64()*1e6/n as f64, sub.as_secs_f64()*1e6/n as f64, t.elapsed().as_secs_f64()*1e6/n as f64);
     }
 }
+
+#[allow(dead_code)]
+fn unused() {}

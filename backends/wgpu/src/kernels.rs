@@ -33,6 +33,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("rope", include_str!("../../../kernels/rope.wgsl")),
     ("kv_cache", include_str!("../../../kernels/kv_cache.wgsl")),
     ("attention", include_str!("../../../kernels/attention.wgsl")),
+    ("fused", include_str!("../../../kernels/fused.wgsl")),
     ("bench", include_str!("../../../kernels/bench.wgsl")),
 ];
 

@@ -16,7 +16,8 @@ mod ops;
 use std::sync::{Arc, Mutex};
 
 use turbospark::ops::{
-    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router,
+    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost,
+    RmsNorm, Rope, Router,
 };
 use turbospark::{BackendInfo, ComputeBackend, DType, Error, HostBytes, Result, Support};
 
@@ -608,6 +609,110 @@ impl ComputeBackend for WgpuBackend {
         v::no_alias("argmax", out, &[Some(x)])?;
         whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(self, x, out, rows, n)
+    }
+
+    fn post_attention(
+        &self,
+        o: &WgpuBuffer,
+        x: &WgpuBuffer,
+        w_post: &WgpuBuffer,
+        w_ff: &WgpuBuffer,
+        r: &WgpuBuffer,
+        ff: &WgpuBuffer,
+        moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
+        p: PostAttention,
+    ) -> Result<()> {
+        const OP: &str = "post_attention";
+        let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
+        p.validate(
+            o,
+            x,
+            [Some(w_post), Some(w_ff), w_moe],
+            [Some(r), Some(ff), moe_out],
+        )?;
+        let ins = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
+        v::no_alias(OP, r, &ins)?;
+        v::no_alias(OP, ff, &[ins.as_slice(), &[Some(r)]].concat())?;
+        if let Some(m) = moe_out {
+            v::no_alias(OP, m, &[ins.as_slice(), &[Some(r), Some(ff)]].concat())?;
+        }
+        whole(
+            OP,
+            &[ins.as_slice(), &[Some(r), Some(ff), moe_out]].concat(),
+        )?;
+        ops::fused::post_attention(self, o, x, w_post, w_ff, r, ff, moe, p)
+    }
+
+    fn post_ffn(
+        &self,
+        dense: &WgpuBuffer,
+        w_dense: &WgpuBuffer,
+        moe: Option<(&WgpuBuffer, &WgpuBuffer, &WgpuBuffer)>,
+        r: &WgpuBuffer,
+        x: &WgpuBuffer,
+        next: Option<(&WgpuBuffer, &WgpuBuffer)>,
+        p: PostFfn,
+    ) -> Result<()> {
+        const OP: &str = "post_ffn";
+        let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
+        let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
+        p.validate(
+            [Some(dense), m_act, Some(r)],
+            [Some(w_dense), w_moe, w_sum, w_next],
+            [Some(x), normed],
+        )?;
+        let ins = [
+            Some(dense),
+            Some(w_dense),
+            m_act,
+            w_moe,
+            w_sum,
+            Some(r),
+            w_next,
+        ];
+        v::no_alias(OP, x, &ins)?;
+        if let Some(nb) = normed {
+            v::no_alias(OP, nb, &[ins.as_slice(), &[Some(x)]].concat())?;
+        }
+        whole(OP, &[ins.as_slice(), &[Some(x), normed]].concat())?;
+        ops::fused::post_ffn(self, dense, w_dense, moe, r, x, next, p)
+    }
+
+    fn qkv_post(
+        &self,
+        raw: &WgpuBuffer,
+        w_q: &WgpuBuffer,
+        w_k: &WgpuBuffer,
+        positions: &WgpuBuffer,
+        q: &WgpuBuffer,
+        k_cache: &WgpuBuffer,
+        v_cache: &WgpuBuffer,
+        p: QkvPost,
+    ) -> Result<()> {
+        const OP: &str = "qkv_post";
+        p.validate(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        let ins = [Some(raw), Some(w_q), Some(w_k), Some(positions)];
+        v::no_alias(OP, q, &ins)?;
+        v::no_alias(OP, k_cache, &[ins.as_slice(), &[Some(q)]].concat())?;
+        v::no_alias(
+            OP,
+            v_cache,
+            &[ins.as_slice(), &[Some(q), Some(k_cache)]].concat(),
+        )?;
+        whole(
+            OP,
+            &[ins.as_slice(), &[Some(q), Some(k_cache), Some(v_cache)]].concat(),
+        )?;
+        if let Support::No(reason) = self.supports(&OpKind::QkvPost {
+            head_dim: p.head_dim as u32,
+        }) {
+            return Err(Error::Unsupported {
+                backend: self.info.backend.clone(),
+                op: OP.into(),
+                reason,
+            });
+        }
+        ops::attention::qkv_post(self, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 }
 

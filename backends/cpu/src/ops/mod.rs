@@ -3,12 +3,14 @@
 
 mod attention;
 mod elementwise;
+mod fused;
 mod matmul;
 mod moe;
 mod norm;
 
 pub use attention::{attention, kv_append, rope};
 pub use elementwise::{add, argmax, embed, gelu_mul, scale, softcap};
+pub use fused::{post_attention, post_ffn, qkv_post};
 pub use matmul::matmul;
 pub use moe::{moe_down, moe_gate_up, router};
 pub use norm::rms_norm;

@@ -2,14 +2,95 @@
 //! `kernels/kv_cache.wgsl`, `kernels/attention.wgsl`).
 
 use bytemuck::{Pod, Zeroable};
-use turbospark::ops::{rope_inv_freq, Attention, KvAppend, Rope};
+use turbospark::ops::{rope_inv_freq, Attention, KvAppend, QkvPost, Rope};
 use turbospark::{DType, Error, Result};
 
 use crate::batch::Launch;
+use crate::kernels::wdtype_code;
 use crate::{WgpuBackend, WgpuBuffer};
 
 fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
     b.single().expect("activations and caches are one buffer")
+}
+
+/// The RoPE frequency table `rope_inv_freq(theta, head_dim, rot_pairs)` on
+/// the device, uploaded on first use and kept in the backend's scratch.
+fn freq_table(
+    be: &WgpuBackend,
+    theta: f32,
+    head_dim: usize,
+    rot_pairs: usize,
+) -> Result<WgpuBuffer> {
+    let key = (theta.to_bits(), head_dim, rot_pairs);
+    let mut s = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = s.rope_freq.get(&key) {
+        return Ok(f.clone());
+    }
+    let table = rope_inv_freq(theta, head_dim, rot_pairs);
+    let f = be.single_buffer(DType::F32, table.len(), "rope inv_freq")?;
+    be.write_bytes(one(&f), 0, bytemuck::cast_slice(&table));
+    s.rope_freq.insert(key, f.clone());
+    Ok(f)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct QkvParams {
+    m: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    rot_pairs: u32,
+    capacity: u32,
+    eps: f32,
+    v_from_k: u32,
+}
+
+/// Per-head norms, RoPE and the cache append in one dispatch
+/// (`kernels/rope.wgsl` `qkv_post`): a workgroup per (token, head slot).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qkv_post(
+    be: &WgpuBackend,
+    raw: &WgpuBuffer,
+    w_q: &WgpuBuffer,
+    w_k: &WgpuBuffer,
+    pos: &WgpuBuffer,
+    q: &WgpuBuffer,
+    kc: &WgpuBuffer,
+    vc: &WgpuBuffer,
+    p: QkvPost,
+) -> Result<()> {
+    let freq = freq_table(be, p.theta, p.head_dim, p.rot_pairs)?;
+    let params = QkvParams {
+        m: p.m as u32,
+        heads: p.heads as u32,
+        kv_heads: p.kv_heads as u32,
+        head_dim: p.head_dim as u32,
+        rot_pairs: p.rot_pairs as u32,
+        capacity: p.capacity as u32,
+        eps: p.eps,
+        v_from_k: p.v_from_k as u32,
+    };
+    be.launch(Launch {
+        kernel: "rope",
+        entry: "qkv_post",
+        constants: &[
+            ("WQD", wdtype_code(w_q.dtype) as i64),
+            ("WKD", wdtype_code(w_k.dtype) as i64),
+        ],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(raw), true),
+            (one(w_q), true),
+            (one(w_k), true),
+            (one(pos), true),
+            (one(&freq), true),
+            (one(q), false),
+            (one(kc), false),
+            (one(vc), false),
+        ],
+        groups: be.grid((p.m * (p.heads + 2 * p.kv_heads)) as u32),
+    })
 }
 
 #[repr(C)]
@@ -28,20 +109,7 @@ pub(crate) fn rope(be: &WgpuBackend, x: &WgpuBuffer, pos: &WgpuBuffer, p: Rope) 
     if p.rot_pairs == 0 {
         return Ok(());
     }
-    let key = (p.theta.to_bits(), p.head_dim, p.rot_pairs);
-    let freq = {
-        let mut s = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        match s.rope_freq.get(&key) {
-            Some(f) => f.clone(),
-            None => {
-                let table = rope_inv_freq(p.theta, p.head_dim, p.rot_pairs);
-                let f = be.single_buffer(DType::F32, table.len(), "rope inv_freq")?;
-                be.write_bytes(one(&f), 0, bytemuck::cast_slice(&table));
-                s.rope_freq.insert(key, f.clone());
-                f
-            }
-        }
-    };
+    let freq = freq_table(be, p.theta, p.head_dim, p.rot_pairs)?;
     let params = RopeParams {
         m: p.m as u32,
         heads: p.heads as u32,

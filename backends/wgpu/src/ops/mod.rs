@@ -3,6 +3,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod elementwise;
+pub(crate) mod fused;
 pub(crate) mod matmul;
 pub(crate) mod moe;
 pub(crate) mod norm;
@@ -19,6 +20,8 @@ pub(crate) struct Scratch {
     /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
     pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
+    /// Bound where an optional argument of a fused kernel is absent.
+    pub unused: [Option<crate::WgpuBuffer>; 2],
     /// Argmax chunk winners `[rows, chunks]` between its two dispatches.
     pub argmax: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
@@ -65,6 +68,9 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
                 turbospark::ops::MAX_HEAD_DIM
             ))
         }
+        OpKind::QkvPost { head_dim } if *head_dim as usize > 2 * 256 => Support::No(format!(
+            "head_dim {head_dim} over 512 (one workgroup of 256 turns a head's pairs)"
+        )),
         OpKind::Attention { head_dim } if head_dim % 4 != 0 => Support::No(format!(
             "head_dim {head_dim} is not a multiple of 4 (K/V rows are read as vec4)"
         )),

@@ -1,0 +1,133 @@
+//! Fused decoder steps (`kernels/fused.wgsl`): one workgroup per row.
+
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::{PostAttention, PostFfn};
+use turbospark::{DType, Result};
+
+use crate::batch::Launch;
+use crate::kernels::wdtype_code;
+use crate::{WgpuBackend, WgpuBuffer};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    scale: f32,
+    flags: u32,
+    _pad: [u32; 3],
+}
+
+fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
+    b.single().expect("activations and norms are one buffer")
+}
+
+/// One-element buffers bound where an optional input / output is absent
+/// (the kernel's flags keep them from being touched). Two, because one
+/// buffer cannot be bound read-only and read-write in one dispatch.
+fn unused(be: &WgpuBackend) -> Result<(WgpuBuffer, WgpuBuffer)> {
+    Ok((
+        super::scratch_buffer(be, |s| &mut s.unused[0], DType::F32, 1, 1, "unused input")?,
+        super::scratch_buffer(be, |s| &mut s.unused[1], DType::F32, 1, 1, "unused output")?,
+    ))
+}
+
+/// `WDn` overrides for up to four norm weights (absent ones: f32).
+fn dtypes(ws: [Option<&WgpuBuffer>; 4]) -> [(&'static str, i64); 4] {
+    let code = |w: Option<&WgpuBuffer>| w.map_or(0, |w| wdtype_code(w.dtype) as i64);
+    [
+        ("WD0", code(ws[0])),
+        ("WD1", code(ws[1])),
+        ("WD2", code(ws[2])),
+        ("WD3", code(ws[3])),
+    ]
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn post_attention(
+    be: &WgpuBackend,
+    o: &WgpuBuffer,
+    x: &WgpuBuffer,
+    w_post: &WgpuBuffer,
+    w_ff: &WgpuBuffer,
+    r: &WgpuBuffer,
+    ff: &WgpuBuffer,
+    moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
+    p: PostAttention,
+) -> Result<()> {
+    let (pad_in, pad_out) = unused(be)?;
+    let (w_moe, moe_out) = moe.unwrap_or((&pad_in, &pad_out));
+    let params = Params {
+        rows: p.rows as u32,
+        dim: p.dim as u32,
+        eps: p.eps,
+        scale: 1.0,
+        flags: moe.is_some() as u32,
+        _pad: [0; 3],
+    };
+    be.launch(Launch {
+        kernel: "fused",
+        entry: "post_attention",
+        constants: &dtypes([Some(w_post), Some(w_ff), moe.map(|m| m.0), None]),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(o), true),
+            (one(x), true),
+            (one(w_post), true),
+            (one(w_ff), true),
+            (one(w_moe), true),
+            (one(r), false),
+            (one(ff), false),
+            (one(moe_out), false),
+        ],
+        groups: be.grid(p.rows as u32),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn post_ffn(
+    be: &WgpuBackend,
+    dense: &WgpuBuffer,
+    w_dense: &WgpuBuffer,
+    moe: Option<(&WgpuBuffer, &WgpuBuffer, &WgpuBuffer)>,
+    r: &WgpuBuffer,
+    x: &WgpuBuffer,
+    next: Option<(&WgpuBuffer, &WgpuBuffer)>,
+    p: PostFfn,
+) -> Result<()> {
+    let (pad_in, pad_out) = unused(be)?;
+    let (e, w_moe, w_sum) = moe.unwrap_or((&pad_in, &pad_in, &pad_in));
+    let (w_next, normed) = next.unwrap_or((&pad_in, &pad_out));
+    let params = Params {
+        rows: p.rows as u32,
+        dim: p.dim as u32,
+        eps: p.eps,
+        scale: p.scale,
+        flags: moe.is_some() as u32 | (next.is_some() as u32) << 1,
+        _pad: [0; 3],
+    };
+    be.launch(Launch {
+        kernel: "fused",
+        entry: "post_ffn",
+        constants: &dtypes([
+            Some(w_dense),
+            moe.map(|m| m.1),
+            moe.map(|m| m.2),
+            next.map(|n| n.0),
+        ]),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(dense), true),
+            (one(e), true),
+            (one(r), true),
+            (one(w_dense), true),
+            (one(w_moe), true),
+            (one(w_sum), true),
+            (one(w_next), true),
+            (one(x), false),
+            (one(normed), false),
+        ],
+        groups: be.grid(p.rows as u32),
+    })
+}
