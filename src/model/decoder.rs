@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::sampling::{Sampler, Sampling};
 use crate::model::weights::{TensorSource, Weights};
-use crate::ops::{Attention, Embed, KvAppend, Matmul, Moe, RmsNorm, Rope, Router};
+use crate::ops::{Attention, Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 /// Most tokens one prefill micro-batch carries (the seed's `MAX_PREFILL_BATCH`).
 pub const MAX_PREFILL_BATCH: usize = 16;
@@ -84,14 +84,13 @@ struct Scratch<B: ComputeBackend> {
     rows: usize,
     ids: B::Buffer,
     pos: B::Buffer,
+    /// The residual stream.
     x: B::Buffer,
+    /// The current layer's normed input (then the final norm's output).
     normed: B::Buffer,
-    q_raw: B::Buffer,
+    /// The fused q|k|v projection.
+    qkv: B::Buffer,
     q: B::Buffer,
-    k_raw: B::Buffer,
-    k: B::Buffer,
-    v_raw: B::Buffer,
-    v: B::Buffer,
     attn: B::Buffer,
     o: B::Buffer,
     r: B::Buffer,
@@ -99,14 +98,11 @@ struct Scratch<B: ComputeBackend> {
     gate_up: B::Buffer,
     act: B::Buffer,
     dense: B::Buffer,
-    h1: B::Buffer,
     moe_in: B::Buffer,
     route_ids: B::Buffer,
     route_w: B::Buffer,
     moe_act: B::Buffer,
     moe_out: B::Buffer,
-    h2: B::Buffer,
-    h_sum: B::Buffer,
     logits: B::Buffer,
     capped: B::Buffer,
 }
@@ -115,10 +111,10 @@ impl<B: ComputeBackend> Scratch<B> {
     fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Result<Self> {
         let h = cfg.hidden;
         let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
-        let max_kv = cfg
+        let max_qkv = cfg
             .layers
             .iter()
-            .map(|l| l.kv_heads * l.head_dim)
+            .map(|l| (cfg.heads + l.kv_heads * if l.k_eq_v { 1 } else { 2 }) * l.head_dim)
             .max()
             .unwrap_or(0);
         let qd = cfg.heads * max_hd;
@@ -136,12 +132,8 @@ impl<B: ComputeBackend> Scratch<B> {
             pos: u(1, "positions")?,
             x: f(h, "x")?,
             normed: f(h, "normed")?,
-            q_raw: f(qd, "q_raw")?,
+            qkv: f(max_qkv, "qkv")?,
             q: f(qd, "q")?,
-            k_raw: f(max_kv, "k_raw")?,
-            k: f(max_kv, "k")?,
-            v_raw: f(max_kv, "v_raw")?,
-            v: f(max_kv, "v")?,
             attn: f(qd, "attn")?,
             o: f(h, "o")?,
             r: f(h, "r")?,
@@ -149,14 +141,11 @@ impl<B: ComputeBackend> Scratch<B> {
             gate_up: f(2 * cfg.intermediate, "mlp_gate_up")?,
             act: f(cfg.intermediate, "mlp_act")?,
             dense: f(h, "dense")?,
-            h1: f(h, "h1")?,
             moe_in: f(h, "moe_in")?,
             route_ids: u(k_, "route_ids")?,
             route_w: f(k_, "route_w")?,
             moe_act: f(k_ * mi, "moe_act")?,
             moe_out: f(h, "moe_out")?,
-            h2: f(h, "h2")?,
-            h_sum: f(h, "h_sum")?,
             logits: f(cfg.vocab, "logits")?,
             capped: f(cfg.vocab, "logits_capped")?,
         })
@@ -441,17 +430,30 @@ impl<B: ComputeBackend> Model<B> {
                 scale: self.embed_scale,
             },
         )?;
-        for li in 0..cfg.layers.len() {
-            self.record_layer(li, s, m)?;
-        }
-        if head {
+        // Layer 0's input norm; every later norm of the residual stream (the
+        // next layer's input norm, the final norm) ends the layer before it.
+        if let Some(first) = self.weights.layers.first() {
             be.rms_norm(
                 &s.x,
-                Some(&self.weights.final_norm),
+                Some(&first.input_norm),
                 None,
                 &s.normed,
                 self.norm(m, h),
             )?;
+        }
+        for li in 0..cfg.layers.len() {
+            self.record_layer(li, s, m, head)?;
+        }
+        if head {
+            if cfg.layers.is_empty() {
+                be.rms_norm(
+                    &s.x,
+                    Some(&self.weights.final_norm),
+                    None,
+                    &s.normed,
+                    self.norm(m, h),
+                )?;
+            }
             be.matmul(
                 &self.weights.embed,
                 &s.normed,
@@ -478,54 +480,48 @@ impl<B: ComputeBackend> Model<B> {
         }
     }
 
-    fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize) -> Result<()> {
+    /// One decoder layer for the `m` tokens of `s`: reads the residual
+    /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
+    /// residual in `s.x` and the next layer's normed input (the final norm's
+    /// output after the last layer when `head`) in `s.normed`.
+    fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, head: bool) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
         let h = cfg.hidden;
         let (nh, kvh, hd) = (cfg.heads, spec.kv_heads, spec.head_dim);
-        let (qd, kd) = (nh * hd, kvh * hd);
+        let qd = nh * hd;
+        let qkv_rows = (nh + kvh * if spec.k_eq_v { 1 } else { 2 }) * hd;
 
-        // ---- attention ----
-        be.rms_norm(&s.x, Some(&w.input_norm), None, &s.normed, self.norm(m, h))?;
-        be.matmul(&w.q_proj, &s.normed, &s.q_raw, Matmul { m, n: qd, k: h })?;
-        be.matmul(&w.k_proj, &s.normed, &s.k_raw, Matmul { m, n: kd, k: h })?;
-        let v_src = match &w.v_proj {
-            Some(v_proj) => {
-                be.matmul(v_proj, &s.normed, &s.v_raw, Matmul { m, n: kd, k: h })?;
-                &s.v_raw
-            }
-            // attention_k_eq_v: V is the raw K projection, before k_norm.
-            None => &s.k_raw,
-        };
-        be.rms_norm(&s.q_raw, Some(&w.q_norm), None, &s.q, self.norm(m * nh, hd))?;
-        be.rms_norm(
-            &s.k_raw,
-            Some(&w.k_norm),
-            None,
-            &s.k,
-            self.norm(m * kvh, hd),
+        // ---- attention: q|k|v in one GEMV, then norms + RoPE + cache append ----
+        be.matmul(
+            &w.qkv,
+            &s.normed,
+            &s.qkv,
+            Matmul {
+                m,
+                n: qkv_rows,
+                k: h,
+            },
         )?;
-        be.rms_norm(v_src, None, None, &s.v, self.norm(m * kvh, hd))?;
-        let rope = |heads| Rope {
-            m,
-            heads,
-            head_dim: hd,
-            rot_pairs: spec.rot_pairs,
-            theta: spec.rope_theta,
-        };
-        be.rope(&s.q, &s.pos, rope(nh))?;
-        be.rope(&s.k, &s.pos, rope(kvh))?;
-        be.kv_append(
-            &s.k,
-            &s.v,
+        be.qkv_post(
+            &s.qkv,
+            &w.q_norm,
+            &w.k_norm,
+            &s.pos,
+            &s.q,
             &cache.k,
             &cache.v,
-            &s.pos,
-            KvAppend {
+            QkvPost {
                 m,
+                heads: nh,
                 kv_heads: kvh,
                 head_dim: hd,
+                rot_pairs: spec.rot_pairs,
+                theta: spec.rope_theta,
+                eps: cfg.eps,
                 capacity: cache.capacity,
+                // attention_k_eq_v: V is the raw K projection, before k_norm.
+                v_from_k: spec.k_eq_v,
             },
         )?;
         be.attention(
@@ -549,18 +545,24 @@ impl<B: ComputeBackend> Model<B> {
             },
         )?;
         be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })?;
-        // r = x + post_attention_layernorm(o)
-        be.rms_norm(
+        // r = x + post_attention_layernorm(o), and the branches' pre-norms of r.
+        be.post_attention(
             &s.o,
-            Some(&w.post_attn_norm),
-            Some(&s.x),
+            &s.x,
+            &w.post_attn_norm,
+            &w.pre_ff_norm,
             &s.r,
-            self.norm(m, h),
+            &s.ff_in,
+            w.moe.as_ref().map(|moe| (&moe.pre_norm, &s.moe_in)),
+            PostAttention {
+                rows: m,
+                dim: h,
+                eps: cfg.eps,
+            },
         )?;
 
         // ---- dense MLP branch ----
         let inter = cfg.intermediate;
-        be.rms_norm(&s.r, Some(&w.pre_ff_norm), None, &s.ff_in, self.norm(m, h))?;
         be.matmul(
             &w.mlp_gate_up,
             &s.ff_in,
@@ -574,60 +576,71 @@ impl<B: ComputeBackend> Model<B> {
         be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
         be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })?;
 
-        let out_norm = RmsNorm {
-            scale: w.layer_scalar,
-            ..self.norm(m, h)
+        // ---- routed experts branch (the router reads r, not a pre-norm) ----
+        let experts = match (&w.moe, &w.post_ff1_norm) {
+            (Some(moe), Some(post_ff1)) => {
+                be.router(
+                    &s.r,
+                    &moe.eff_scale,
+                    &moe.router_proj,
+                    &moe.per_expert_scale,
+                    &s.route_ids,
+                    &s.route_w,
+                    Router {
+                        m,
+                        hidden: h,
+                        experts: cfg.experts,
+                        top_k: cfg.top_k,
+                        eps: cfg.eps,
+                    },
+                )?;
+                let mp = Moe {
+                    m,
+                    hidden: h,
+                    inter: cfg.moe_inter,
+                    experts: cfg.experts,
+                    top_k: cfg.top_k,
+                };
+                be.moe_gate_up(&s.moe_in, &moe.gate_up, &s.route_ids, &s.moe_act, mp)?;
+                be.moe_down(
+                    &s.moe_act,
+                    &moe.down,
+                    &s.route_ids,
+                    &s.route_w,
+                    &s.moe_out,
+                    mp,
+                )?;
+                Some((post_ff1, (&s.moe_out, &moe.post_norm, &w.post_ff_norm)))
+            }
+            _ => None,
         };
-        let (Some(moe), Some(post_ff1)) = (&w.moe, &w.post_ff1_norm) else {
-            // No MoE block: x = (r + post_feedforward_layernorm(dense)) * layer_scalar.
-            return be.rms_norm(&s.dense, Some(&w.post_ff_norm), Some(&s.r), &s.x, out_norm);
-        };
-        be.rms_norm(&s.dense, Some(post_ff1), None, &s.h1, self.norm(m, h))?;
 
-        // ---- routed experts branch (router reads r, not the pre-norm output) ----
-        be.router(
+        // ---- x = (r + post_ff(...)) * layer_scalar, then the next norm ----
+        // With experts: post_ff(post_ff1(dense) + post_ff2(moe)); without:
+        // post_ff(dense).
+        let (w_dense, moe) = match experts {
+            Some((post_ff1, moe)) => (post_ff1, Some(moe)),
+            None => (&w.post_ff_norm, None),
+        };
+        let next = match self.weights.layers.get(li + 1) {
+            Some(next) => Some((&next.input_norm, &s.normed)),
+            None if head => Some((&self.weights.final_norm, &s.normed)),
+            None => None,
+        };
+        be.post_ffn(
+            &s.dense,
+            w_dense,
+            moe,
             &s.r,
-            &moe.eff_scale,
-            &moe.router_proj,
-            &moe.per_expert_scale,
-            &s.route_ids,
-            &s.route_w,
-            Router {
-                m,
-                hidden: h,
-                experts: cfg.experts,
-                top_k: cfg.top_k,
+            &s.x,
+            next,
+            PostFfn {
+                rows: m,
+                dim: h,
                 eps: cfg.eps,
+                scale: w.layer_scalar,
             },
-        )?;
-        be.rms_norm(&s.r, Some(&moe.pre_norm), None, &s.moe_in, self.norm(m, h))?;
-        let mp = Moe {
-            m,
-            hidden: h,
-            inter: cfg.moe_inter,
-            experts: cfg.experts,
-            top_k: cfg.top_k,
-        };
-        be.moe_gate_up(&s.moe_in, &moe.gate_up, &s.route_ids, &s.moe_act, mp)?;
-        be.moe_down(
-            &s.moe_act,
-            &moe.down,
-            &s.route_ids,
-            &s.route_w,
-            &s.moe_out,
-            mp,
-        )?;
-        be.rms_norm(
-            &s.moe_out,
-            Some(&moe.post_norm),
-            None,
-            &s.h2,
-            self.norm(m, h),
-        )?;
-
-        // ---- combine: x = (r + post_ff(h1 + h2)) * layer_scalar ----
-        be.add(&s.h1, &s.h2, &s.h_sum, m * h)?;
-        be.rms_norm(&s.h_sum, Some(&w.post_ff_norm), Some(&s.r), &s.x, out_norm)
+        )
     }
 }
 

@@ -56,10 +56,9 @@ pub struct MoeWeights<B: ComputeBackend> {
 /// One decoder layer's device state.
 pub struct LayerWeights<B: ComputeBackend> {
     pub input_norm: B::Buffer,
-    pub q_proj: B::Buffer,
-    pub k_proj: B::Buffer,
-    /// None on `attention_k_eq_v` layers: V is the raw K projection.
-    pub v_proj: Option<B::Buffer>,
+    /// q_proj, k_proj and v_proj stacked by rows, `[q | k | v]`; on
+    /// `attention_k_eq_v` layers `[q | k]` (V is the raw K projection).
+    pub qkv: B::Buffer,
     pub o_proj: B::Buffer,
     pub q_norm: B::Buffer,
     pub k_norm: B::Buffer,
@@ -173,38 +172,35 @@ impl<B: ComputeBackend> Loader<'_, B> {
         )
     }
 
-    /// gate_proj and up_proj stacked into one `[2 * inter, hidden]` weight.
-    fn fused_gate_up(&self, p: &str, inter: usize, hidden: usize) -> Result<B::Buffer> {
-        let gate = fetch(
-            self.src,
-            &format!("{p}mlp.gate_proj.weight"),
-            &[inter, hidden],
-        )?;
-        let up = fetch(
-            self.src,
-            &format!("{p}mlp.up_proj.weight"),
-            &[inter, hidden],
-        )?;
+    /// Several `[rows_i, cols]` tensors stacked by rows into one weight (one
+    /// GEMV reads them all): gate|up of the MLP, q|k|v of attention.
+    fn stacked(&self, parts: &[(String, usize)], cols: usize, label: &str) -> Result<B::Buffer> {
+        let tensors = parts
+            .iter()
+            .map(|(name, rows)| fetch(self.src, name, &[*rows, cols]))
+            .collect::<Result<Vec<_>>>()?;
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        let dtype = tensors[0].dtype;
         // Mixed dtypes (never seen in practice) are widened to f32 rather than refused.
-        let (dtype, bytes) = if gate.dtype == up.dtype {
-            let mut b = Vec::with_capacity(2 * gate.bytes.as_slice().len());
-            b.extend_from_slice(gate.bytes.as_slice());
-            b.extend_from_slice(up.bytes.as_slice());
-            (gate.dtype, b)
+        let (dtype, bytes) = if tensors.iter().all(|t| t.dtype == dtype) {
+            let mut b = Vec::with_capacity(rows * cols * dtype.size());
+            for t in &tensors {
+                b.extend_from_slice(t.bytes.as_slice());
+            }
+            (dtype, b)
         } else {
-            let mut v = to_f32(&gate);
-            v.extend(to_f32(&up));
+            let v: Vec<f32> = tensors.iter().flat_map(to_f32).collect();
             (DType::F32, encode_f32(DType::F32, &v))
         };
-        let buf = self.backend.upload_weight(
-            dtype,
-            2 * inter,
-            hidden,
-            HostBytes::Slice(&bytes),
-            &format!("{p}mlp.gate_up"),
-        )?;
-        self.bar
-            .inc((gate.bytes.as_slice().len() + up.bytes.as_slice().len()) as u64);
+        let buf = self
+            .backend
+            .upload_weight(dtype, rows, cols, HostBytes::Slice(&bytes), label)?;
+        self.bar.inc(
+            tensors
+                .iter()
+                .map(|t| t.bytes.as_slice().len() as u64)
+                .sum(),
+        );
         Ok(buf)
     }
 }
@@ -267,11 +263,13 @@ impl<B: ComputeBackend> Weights<B> {
             let qd = cfg.heads * hd;
             let kd = kvh * hd;
             let a = format!("{p}self_attn.");
-            let v_proj = if spec.k_eq_v {
-                None
-            } else {
-                Some(ld.weight(&format!("{a}v_proj.weight"), kd, h)?)
-            };
+            let mut qkv = vec![
+                (format!("{a}q_proj.weight"), qd),
+                (format!("{a}k_proj.weight"), kd),
+            ];
+            if !spec.k_eq_v {
+                qkv.push((format!("{a}v_proj.weight"), kd));
+            }
             let moe = if cfg.enable_moe {
                 let (e, mi) = (cfg.experts, cfg.moe_inter);
                 let scale = ld.host_f32(&format!("{p}router.scale"), &[h])?;
@@ -307,15 +305,20 @@ impl<B: ComputeBackend> Weights<B> {
                 .unwrap_or(1.0);
             layers.push(LayerWeights {
                 input_norm: ld.norm(&format!("{p}input_layernorm.weight"), h)?,
-                q_proj: ld.weight(&format!("{a}q_proj.weight"), qd, h)?,
-                k_proj: ld.weight(&format!("{a}k_proj.weight"), kd, h)?,
-                v_proj,
+                qkv: ld.stacked(&qkv, h, &format!("{a}qkv_proj"))?,
                 o_proj: ld.weight(&format!("{a}o_proj.weight"), h, qd)?,
                 q_norm: ld.norm(&format!("{a}q_norm.weight"), hd)?,
                 k_norm: ld.norm(&format!("{a}k_norm.weight"), hd)?,
                 post_attn_norm: ld.norm(&format!("{p}post_attention_layernorm.weight"), h)?,
                 pre_ff_norm: ld.norm(&format!("{p}pre_feedforward_layernorm.weight"), h)?,
-                mlp_gate_up: ld.fused_gate_up(&p, cfg.intermediate, h)?,
+                mlp_gate_up: ld.stacked(
+                    &[
+                        (format!("{p}mlp.gate_proj.weight"), cfg.intermediate),
+                        (format!("{p}mlp.up_proj.weight"), cfg.intermediate),
+                    ],
+                    h,
+                    &format!("{p}mlp.gate_up"),
+                )?,
                 mlp_down: ld.weight(&format!("{p}mlp.down_proj.weight"), h, cfg.intermediate)?,
                 post_ff1_norm: if cfg.enable_moe {
                     Some(ld.norm(&format!("{p}post_feedforward_layernorm_1.weight"), h)?)
