@@ -1,8 +1,7 @@
 // Fused decoder steps between the big GEMVs: each replaces several
 // rms_norm / add dispatches (see turbospark::ops::{PostAttention, PostFfn}).
-// One workgroup per row; each thread keeps to the same columns in every pass,
-// so it reads back what it wrote itself. The arithmetic is the unfused ops'
-// in the same order: (v * inv) * w, then + residual.
+// One workgroup per row. The arithmetic is the unfused ops' in the same
+// order: (v * inv) * w, then + residual.
 //
 //   post_attention  r = x + rmsnorm(o) * w_post; ff = rmsnorm(r) * w_ff;
 //                   moe = rmsnorm(r) * w_moe (when P.flags & 1)
@@ -51,6 +50,12 @@ fn inv_rms(ss: f32) -> f32 {
     return inverseSqrt(ss / f32(P.dim) + P.eps);
 }
 
+// A thread's columns are lid + j * 256 for j < PER (PER = ceil(dim / 256),
+// a pipeline constant, at most MAXPER): its values stay in registers from
+// pass to pass, and each pass issues all its loads before using any.
+override PER: u32 = 11u;
+const MAXPER: u32 = 32u;
+
 // ---- post_attention ----
 
 @group(1) @binding(0) var<storage, read> AO: array<f32>;
@@ -70,24 +75,37 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     let base = row * P.dim;
+    var v: array<f32, MAXPER>;
     var ss = 0.0;
-    for (var i = lid; i < P.dim; i += WG) {
-        let v = AO[base + i];
-        ss += v * v;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        var o = 0.0;
+        if (i < P.dim) {
+            o = AO[base + i];
+        }
+        v[j] = o;
+        ss += o * o;
     }
     let inv = inv_rms(block_sum(ss, lid));
     var ss2 = 0.0;
-    for (var i = lid; i < P.dim; i += WG) {
-        let r = AO[base + i] * inv * decode_as(AW0[word_of(i, WD0)], i, WD0) + AX[base + i];
-        AR[base + i] = r;
-        ss2 += r * r;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < P.dim) {
+            let r = v[j] * inv * decode_as(AW0[word_of(i, WD0)], i, WD0) + AX[base + i];
+            AR[base + i] = r;
+            v[j] = r;
+            ss2 += r * r;
+        }
     }
     let inv2 = inv_rms(block_sum(ss2, lid));
-    for (var i = lid; i < P.dim; i += WG) {
-        let n = AR[base + i] * inv2;
-        AFF[base + i] = n * decode_as(AW1[word_of(i, WD1)], i, WD1);
-        if ((P.flags & 1u) != 0u) {
-            AMOE[base + i] = n * decode_as(AW2[word_of(i, WD2)], i, WD2);
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < P.dim) {
+            let n = v[j] * inv2;
+            AFF[base + i] = n * decode_as(AW1[word_of(i, WD1)], i, WD1);
+            if ((P.flags & 1u) != 0u) {
+                AMOE[base + i] = n * decode_as(AW2[word_of(i, WD2)], i, WD2);
+            }
         }
     }
 }
@@ -113,46 +131,69 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let base = row * P.dim;
     let moe = (P.flags & 1u) != 0u;
+    // h: the dense branch, then the branch sum; x: the new residual.
+    var h: array<f32, MAXPER>;
+    var e: array<f32, MAXPER>;
     var sd = 0.0;
     var se = 0.0;
-    for (var i = lid; i < P.dim; i += WG) {
-        let d = FD[base + i];
-        sd += d * d;
-        if (moe) {
-            let e = FE[base + i];
-            se += e * e;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        var d = 0.0;
+        var ev = 0.0;
+        if (i < P.dim) {
+            d = FD[base + i];
+            if (moe) {
+                ev = FE[base + i];
+            }
         }
+        h[j] = d;
+        e[j] = ev;
+        sd += d * d;
+        se += ev * ev;
     }
     let inv_d = inv_rms(block_sum(sd, lid));
-    var inv_s = 0.0;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < P.dim) {
+            h[j] = h[j] * inv_d * decode_as(FW0[word_of(i, WD0)], i, WD0);
+        }
+    }
     if (moe) {
-        // FX holds h + rmsnorm(e) * w_e until x is written.
         let inv_e = inv_rms(block_sum(se, lid));
         var ss = 0.0;
-        for (var i = lid; i < P.dim; i += WG) {
-            let h = FD[base + i] * inv_d * decode_as(FW0[word_of(i, WD0)], i, WD0);
-            let s = FE[base + i] * inv_e * decode_as(FW1[word_of(i, WD1)], i, WD1) + h;
-            FX[base + i] = s;
-            ss += s * s;
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < P.dim) {
+                let s = e[j] * inv_e * decode_as(FW1[word_of(i, WD1)], i, WD1) + h[j];
+                h[j] = s;
+                ss += s * s;
+            }
         }
-        inv_s = inv_rms(block_sum(ss, lid));
+        let inv_s = inv_rms(block_sum(ss, lid));
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < P.dim) {
+                h[j] = h[j] * inv_s * decode_as(FW2[word_of(i, WD2)], i, WD2);
+            }
+        }
     }
     var sx = 0.0;
-    for (var i = lid; i < P.dim; i += WG) {
-        var h: f32;
-        if (moe) {
-            h = FX[base + i] * inv_s * decode_as(FW2[word_of(i, WD2)], i, WD2);
-        } else {
-            h = FD[base + i] * inv_d * decode_as(FW0[word_of(i, WD0)], i, WD0);
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < P.dim) {
+            let x = (FR[base + i] + h[j]) * P.scale;
+            FX[base + i] = x;
+            h[j] = x;
+            sx += x * x;
         }
-        let x = (FR[base + i] + h) * P.scale;
-        FX[base + i] = x;
-        sx += x * x;
     }
     if ((P.flags & 2u) != 0u) {
         let inv_x = inv_rms(block_sum(sx, lid));
-        for (var i = lid; i < P.dim; i += WG) {
-            FN[base + i] = FX[base + i] * inv_x * decode_as(FW3[word_of(i, WD3)], i, WD3);
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < P.dim) {
+                FN[base + i] = h[j] * inv_x * decode_as(FW3[word_of(i, WD3)], i, WD3);
+            }
         }
     }
 }

@@ -24,8 +24,8 @@ pub enum OpKind {
     Softcap,
     Embed { w: DType },
     Argmax,
-    PostAttention,
-    PostFfn,
+    PostAttention { dim: u32 },
+    PostFfn { dim: u32 },
     QkvPost { head_dim: u32 },
 }
 

@@ -276,10 +276,12 @@ fn fused() -> Vec<Op> {
         pa(1, 2816, true, BF16),
         pa(5, 2816, true, F32),
         pa(3, 333, false, F16),
+        pa(2, 4097, true, BF16), // 17 columns per thread, the last one partial
         pf(1, 2816, true, true, 0.73, BF16),
         pf(5, 2816, true, false, 1.0, F32),
         pf(2, 333, false, true, 0.5, F16),
         pf(1, 100, false, false, 1.0, BF16),
+        pf(1, 8192, true, true, 1.0, BF16), // the widest row a workgroup keeps
         // sliding layer (v projected), full layer (V = raw k, partial RoPE)
         qkv(1, 16, 8, 256, 128, 1039, false, 30_000, BF16),
         qkv(1, 16, 2, 512, 64, 4096, true, 4000, BF16),

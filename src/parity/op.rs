@@ -230,8 +230,8 @@ impl Op {
             Op::Softcap { .. } => OpKind::Softcap,
             Op::Embed { w, .. } => OpKind::Embed { w: *w },
             Op::Argmax { .. } => OpKind::Argmax,
-            Op::PostAttention { .. } => OpKind::PostAttention,
-            Op::PostFfn { .. } => OpKind::PostFfn,
+            Op::PostAttention { p, .. } => OpKind::PostAttention { dim: p.dim as u32 },
+            Op::PostFfn { p, .. } => OpKind::PostFfn { dim: p.dim as u32 },
             Op::QkvPost { p, .. } => OpKind::QkvPost {
                 head_dim: p.head_dim as u32,
             },

@@ -281,6 +281,20 @@ impl WgpuBackend {
 /// Every argument but a split-capable weight must be one binding: a weight
 /// uploaded with `upload_weight` and split by rows is only read by `matmul`
 /// (and reported `Unsupported` by the MoE, router and embed launchers).
+impl WgpuBackend {
+    /// `Unsupported` naming the reason when `supports(kind)` says no.
+    fn require(&self, op: &'static str, kind: OpKind) -> Result<()> {
+        match ComputeBackend::supports(self, &kind) {
+            Support::Yes => Ok(()),
+            Support::No(reason) => Err(Error::Unsupported {
+                backend: self.info.backend.clone(),
+                op: op.into(),
+                reason,
+            }),
+        }
+    }
+}
+
 fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     if args.iter().flatten().any(|b| b.single().is_none()) {
         return Err(Error::shape(
@@ -640,6 +654,7 @@ impl ComputeBackend for WgpuBackend {
             OP,
             &[ins.as_slice(), &[Some(r), Some(ff), moe_out]].concat(),
         )?;
+        self.require(OP, OpKind::PostAttention { dim: p.dim as u32 })?;
         ops::fused::post_attention(self, o, x, w_post, w_ff, r, ff, moe, p)
     }
 
@@ -675,6 +690,7 @@ impl ComputeBackend for WgpuBackend {
             v::no_alias(OP, nb, &[ins.as_slice(), &[Some(x)]].concat())?;
         }
         whole(OP, &[ins.as_slice(), &[Some(x), normed]].concat())?;
+        self.require(OP, OpKind::PostFfn { dim: p.dim as u32 })?;
         ops::fused::post_ffn(self, dense, w_dense, moe, r, x, next, p)
     }
 
@@ -703,15 +719,12 @@ impl ComputeBackend for WgpuBackend {
             OP,
             &[ins.as_slice(), &[Some(q), Some(k_cache), Some(v_cache)]].concat(),
         )?;
-        if let Support::No(reason) = self.supports(&OpKind::QkvPost {
-            head_dim: p.head_dim as u32,
-        }) {
-            return Err(Error::Unsupported {
-                backend: self.info.backend.clone(),
-                op: OP.into(),
-                reason,
-            });
-        }
+        self.require(
+            OP,
+            OpKind::QkvPost {
+                head_dim: p.head_dim as u32,
+            },
+        )?;
         ops::attention::qkv_post(self, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 }

@@ -33,14 +33,21 @@ fn unused(be: &WgpuBackend) -> Result<(WgpuBuffer, WgpuBuffer)> {
     ))
 }
 
-/// `WDn` overrides for up to four norm weights (absent ones: f32).
-fn dtypes(ws: [Option<&WgpuBuffer>; 4]) -> [(&'static str, i64); 4] {
+/// Threads per row (the kernels' `WG`) and most columns one thread keeps
+/// in registers (`MAXPER`): rows of up to 8192.
+const WG: usize = 256;
+pub(crate) const MAX_DIM: usize = WG * 32;
+
+/// Pipeline constants: `WDn` dtype codes of up to four norm weights (absent
+/// ones: f32) and `PER`, columns per thread.
+fn constants(ws: [Option<&WgpuBuffer>; 4], dim: usize) -> [(&'static str, i64); 5] {
     let code = |w: Option<&WgpuBuffer>| w.map_or(0, |w| wdtype_code(w.dtype) as i64);
     [
         ("WD0", code(ws[0])),
         ("WD1", code(ws[1])),
         ("WD2", code(ws[2])),
         ("WD3", code(ws[3])),
+        ("PER", dim.div_ceil(WG) as i64),
     ]
 }
 
@@ -69,7 +76,7 @@ pub(crate) fn post_attention(
     be.launch(Launch {
         kernel: "fused",
         entry: "post_attention",
-        constants: &dtypes([Some(w_post), Some(w_ff), moe.map(|m| m.0), None]),
+        constants: &constants([Some(w_post), Some(w_ff), moe.map(|m| m.0), None], p.dim),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(o), true),
@@ -110,12 +117,15 @@ pub(crate) fn post_ffn(
     be.launch(Launch {
         kernel: "fused",
         entry: "post_ffn",
-        constants: &dtypes([
-            Some(w_dense),
-            moe.map(|m| m.1),
-            moe.map(|m| m.2),
-            next.map(|n| n.0),
-        ]),
+        constants: &constants(
+            [
+                Some(w_dense),
+                moe.map(|m| m.1),
+                moe.map(|m| m.2),
+                next.map(|n| n.0),
+            ],
+            p.dim,
+        ),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(dense), true),

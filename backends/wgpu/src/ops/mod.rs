@@ -68,6 +68,14 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
                 turbospark::ops::MAX_HEAD_DIM
             ))
         }
+        OpKind::PostAttention { dim } | OpKind::PostFfn { dim }
+            if *dim as usize > fused::MAX_DIM =>
+        {
+            Support::No(format!(
+                "rows of {dim} over {} (a workgroup keeps a row in registers)",
+                fused::MAX_DIM
+            ))
+        }
         OpKind::QkvPost { head_dim } if *head_dim as usize > 2 * 256 => Support::No(format!(
             "head_dim {head_dim} over 512 (one workgroup of 256 turns a head's pairs)"
         )),
