@@ -8,8 +8,7 @@
 //   moe_gate_up_decode  ACT[j, i] = gelu_tanh(gate_e . x) * (up_e . x), e = IDS[j]
 //                       (hidden a multiple of 8: rows start on 16-byte boundaries)
 //   moe_down_decode     OUT[r] = sum_j WTS[j] * (down_e[r, :] . ACT[j]), e = IDS[j]
-//                       (inter a multiple of 8), the sum over j in registers in
-//                       a fixed order: deterministic, no atomics.
+//                       (inter a multiple of 8).
 //
 // An expert id past P.experts selects nothing, as in kernels/moe.wgsl: phase 1
 // leaves its activation row untouched and phase 2 skips the slot.
@@ -64,6 +63,16 @@ fn reduce_lanes(t: u32, lane: u32, both: bool) {
     }
 }
 
+// Blocks (8 weights, 16 bytes) per reduced row -- hidden / 8 for gate_up,
+// inter / 8 for down -- and the expert count per token, compiled in: every
+// lane's loop has a constant trip count, so the driver can issue all of a
+// lane's loads before the first one returns.
+override BK: u32 = 352u;
+override TOPK: u32 = 8u;
+const MAXK: u32 = 16u;
+var<workgroup> sid: array<u32, MAXK>;
+var<workgroup> swt: array<f32, MAXK>;
+
 // Workgroup g: slot j = g / nrb, rows (g % nrb) * 8 .. + 8 of the slot's
 // activation row, one gate row and its up row per 32 threads.
 @compute @workgroup_size(256)
@@ -74,38 +83,24 @@ fn moe_gate_up_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let lane = t % LANES;
     let i = (g % P.nrb) * ROWS + t / LANES;
     let n = P.inter;
-    let blocks = P.hidden / 8u;
     var ag = 0.0;
     var au = 0.0;
     var valid = false;
-    if (j < P.top_k && i < n) {
+    if (j < TOPK && i < n) {
         let e = IDS[j];
         valid = e < P.experts;
         if (valid) {
-            let gbase = (e * 2u * n + i) * blocks;
-            let ubase = gbase + n * blocks;
-            // Two blocks of each row per iteration: four loads in flight.
-            var ag2 = 0.0;
-            var au2 = 0.0;
-            var b = lane;
-            for (; b + LANES < blocks; b += 2u * LANES) {
-                let g0 = W[gbase + b];
-                let u0 = W[ubase + b];
-                let g1 = W[gbase + b + LANES];
-                let u1 = W[ubase + b + LANES];
-                ag += dot8(g0, 2u * b);
-                au += dot8(u0, 2u * b);
-                ag2 += dot8(g1, 2u * (b + LANES));
-                au2 += dot8(u1, 2u * (b + LANES));
+            let gbase = (e * 2u * n + i) * BK;
+            let ubase = gbase + n * BK;
+            for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+                let b = lane + c * LANES;
+                if (b < BK) {
+                    let gw = W[gbase + b];
+                    let uw = W[ubase + b];
+                    ag += dot8(gw, 2u * b);
+                    au += dot8(uw, 2u * b);
+                }
             }
-            if (b < blocks) {
-                let g0 = W[gbase + b];
-                let u0 = W[ubase + b];
-                ag += dot8(g0, 2u * b);
-                au += dot8(u0, 2u * b);
-            }
-            ag += ag2;
-            au += au2;
         }
     }
     part_a[t] = ag;
@@ -116,48 +111,39 @@ fn moe_gate_up_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     }
 }
 
-// Block f of the flat run over (slot, block) of output row r: WTS[j] times
-// the block's dot with ACT[j]; zero past the end or for an invalid expert
-// (the loads stay in range).
-fn down_block(f: u32, total: u32, blocks: u32, r: u32) -> f32 {
-    let fc = min(f, total - 1u);
-    let j = fc / blocks;
-    let b = fc - j * blocks;
-    let e = IDS[j];
-    let ok = e < P.experts && f < total;
-    let ec = select(0u, e, ok);
-    let w = W[(ec * P.hidden + r) * blocks + b];
-    let v = WTS[j] * dot8(w, j * (P.inter / 4u) + 2u * b);
-    return select(0.0, v, ok);
-}
-
-// Workgroup g: output rows g * 8 .. + 8, one row per 32 threads. The threads
-// of a row walk the down rows of all top_k slots as one flat run of (slot,
-// block) indices, four blocks in flight, so the slots' loads overlap.
+// Workgroup g: output rows g * 8 .. + 8, one row per 32 threads. The slots'
+// expert ids and weights are read once into workgroup memory; a lane then
+// walks its blocks of every slot's down row (TOPK x ceil(BK / 32) loads, a
+// constant count), the sum over slots in registers in a fixed order:
+// deterministic, no atomics.
 @compute @workgroup_size(256)
 fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) t: u32) {
+    if (t < TOPK) {
+        sid[t] = IDS[t];
+        swt[t] = WTS[t];
+    }
+    workgroupBarrier();
     let lane = t % LANES;
     let r = linear_group(wg, nwg) * ROWS + t / LANES;
     let h = P.hidden;
-    let blocks = P.inter / 8u;
-    let total = P.top_k * blocks;
+    let arow = P.inter / 4u;
     var acc = 0.0;
-    if (r < h && total > 0u) {
-        var acc2 = 0.0;
-        var acc3 = 0.0;
-        var acc4 = 0.0;
-        for (var f = lane; f < total; f += 4u * LANES) {
-            let v0 = down_block(f, total, blocks, r);
-            let v1 = down_block(f + LANES, total, blocks, r);
-            let v2 = down_block(f + 2u * LANES, total, blocks, r);
-            let v3 = down_block(f + 3u * LANES, total, blocks, r);
-            acc += v0;
-            acc2 += v1;
-            acc3 += v2;
-            acc4 += v3;
+    if (r < h) {
+        for (var j = 0u; j < TOPK; j++) {
+            let e = sid[j];
+            if (e < P.experts) {
+                let base = (e * h + r) * BK;
+                var a = 0.0;
+                for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+                    let b = lane + c * LANES;
+                    if (b < BK) {
+                        a += dot8(W[base + b], j * arow + 2u * b);
+                    }
+                }
+                acc += swt[j] * a;
+            }
         }
-        acc = (acc + acc2) + (acc3 + acc4);
     }
     part_a[t] = acc;
     reduce_lanes(t, lane, false);

@@ -172,6 +172,28 @@ fn decode_params(p: &Moe) -> MoeParams {
     }
 }
 
+/// Most experts per token the decode kernels take (their `MAXK`).
+const DECODE_MAX_TOP_K: usize = 16;
+
+/// Whether a phase takes the decode kernel: one token, 16-bit weights, a
+/// reduced dimension `k` that is a multiple of 8 and at most 16 experts.
+fn decode_path(p: &Moe, k: usize, dtype: DType) -> bool {
+    p.m == 1
+        && k.is_multiple_of(8)
+        && p.top_k <= DECODE_MAX_TOP_K
+        && matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// Pipeline constants of a decode kernel: weight dtype, 16-byte blocks per
+/// reduced row (`k / 8`) and experts per token.
+fn decode_constants(dtype: DType, k: usize, top_k: usize) -> [(&'static str, i64); 3] {
+    [
+        super::wdtype(dtype)[0],
+        ("BK", (k / 8) as i64),
+        ("TOPK", top_k as i64),
+    ]
+}
+
 pub(crate) fn moe_gate_up(
     be: &WgpuBackend,
     x: &WgpuBuffer,
@@ -181,14 +203,14 @@ pub(crate) fn moe_gate_up(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
-    if p.m == 1 && p.hidden.is_multiple_of(8) && matches!(gu.dtype, DType::BF16 | DType::F16) {
+    if decode_path(&p, p.hidden, gu.dtype) {
         let mut params = decode_params(&p);
         params.nrb = p.inter.div_ceil(DECODE_ROWS) as u32;
         let xb = one(x);
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_gate_up_decode",
-            constants: &super::wdtype(gu.dtype),
+            constants: &decode_constants(gu.dtype, p.hidden, p.top_k),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
@@ -232,12 +254,12 @@ pub(crate) fn moe_down(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
-    if p.m == 1 && p.inter.is_multiple_of(8) && matches!(d.dtype, DType::BF16 | DType::F16) {
+    if decode_path(&p, p.inter, d.dtype) {
         let params = decode_params(&p);
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_down_decode",
-            constants: &super::wdtype(d.dtype),
+            constants: &decode_constants(d.dtype, p.inter, p.top_k),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
