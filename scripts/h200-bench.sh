@@ -16,6 +16,7 @@
 #   bench.svg   achieved GB/s per op against the measured ceiling
 #   bench.log   the table (stdout) and progress (stderr)
 #   gpu.txt     nvidia-smi's view of the GPU, driver, clocks and the loader used
+#   clocks.csv  SM / memory clock, utilisation and power every 200 ms
 set -uo pipefail
 
 OUT=${OUT:-$PWD/bench-out}
@@ -46,11 +47,18 @@ export WGPU_BACKEND=${WGPU_BACKEND:-vulkan}
     uname -a
 } >"$OUT/gpu.txt" 2>&1
 
+# SM / memory clocks, utilisation and power every 200 ms while the bench
+# runs (clocks.csv): idle GPUs sit at low clocks, which short cases feel.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw \
+    --format=csv -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
+smi=$!
+
 # The whole bench takes a few minutes at the real shapes (inputs of up to
 # 1.5 GB are generated on the host); stay inside the device tool's 10 minutes.
 timeout "${BENCH_TIMEOUT:-540}" "$BIN" bench --backend wgpu \
     --json "$OUT/bench.json" --plot "$OUT/bench.svg" "$@" \
     2>&1 | tee "$OUT/bench.log"
 rc=${PIPESTATUS[0]}
+kill "$smi" 2>/dev/null
 echo "bench exit status $rc" | tee -a "$OUT/bench.log"
 exit "$rc"

@@ -600,7 +600,6 @@ fn main() {
     }
     if filter == "backend" {
         backend_case(262144, 2816);
-        backend_case(4224, 2816);
         return;
     }
     moe_case(&lab, &filter);
@@ -654,5 +653,82 @@ fn backend_case(rows: usize, k: usize) {
         wall * 1e6
     );
     let lab = Lab::with_device(be.device().clone(), be.queue().clone(), true);
-    gemv_case(&lab, "on-backend-device", rows, k, "checked");
+    // The lab's pipeline over the backend's own weight, x and out buffers.
+    let src = format!("{COMMON}\n{GEMV}");
+    let m = lab.module(&src, false);
+    let pl = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
+    let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
+    let wbuf = w.wgpu_buffers().next().unwrap();
+    let xbuf = xb.wgpu_buffers().next().unwrap();
+    let obuf = out.wgpu_buffers().next().unwrap();
+    let g = [lab.bind(&pl, &rp, &[wbuf, xbuf, obuf])];
+    let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
+    println!("lab pipeline on the backend's buffers: chain {us:.2} us");
+    // The backend's own compiled pipeline, timed and bound by the lab.
+    let bp = be
+        .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
+        .unwrap();
+    let g = [lab.bind(&bp, &rp, &[wbuf, xbuf, obuf])];
+    let us = lab.time(&bp, &g, rows.div_ceil(8) as u32, CHAIN);
+    println!("backend pipeline, lab binding and timing: chain {us:.2} us");
+    // Parameters in a 1 MB arena (UNIFORM | COPY_DST) at slot 3, written
+    // with queue.write_buffer, as the backend keeps them.
+    let arena = lab.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 1 << 20,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    lab.queue.write_buffer(
+        &arena,
+        768,
+        bytemuck::cast_slice(&[k as u32, k as u32, rows as u32, 0]),
+    );
+    let g0 = lab.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &bp.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &arena,
+                offset: 768,
+                size: wgpu::BufferSize::new(256),
+            }),
+        }],
+    });
+    let (_, g1) = lab.bind(&bp, &rp, &[wbuf, xbuf, obuf]);
+    let us = lab.time(&bp, &[(g0, g1)], rows.div_ceil(8) as u32, CHAIN);
+    println!("backend pipeline, params in an arena slot: chain {us:.2} us");
+    // The backend itself, recording 100 calls in one batch, wall clock.
+    be.sync().unwrap();
+    let t = Instant::now();
+    for _ in 0..100 {
+        be.matmul(&w, &xb, &out, p).unwrap();
+    }
+    let rec = t.elapsed().as_secs_f64();
+    be.sync().unwrap();
+    println!(
+        "backend, 100 calls in one batch: {:.2} us per call wall ({:.2} us recording)",
+        t.elapsed().as_secs_f64() * 1e4,
+        rec * 1e4
+    );
+    // The same on a weight the lab uploads itself (create_buffer_init).
+    let own = lab.storage(bytemuck::cast_slice(&wq));
+    let g = [lab.bind(&pl, &rp, &[&own, xbuf, obuf])];
+    let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
+    println!("lab pipeline on a lab-made weight: chain {us:.2} us");
+    // A weight made like the backend's (create_buffer + write_buffer).
+    let made = lab.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: (wq.len() * 2) as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    lab.queue.write_buffer(&made, 0, bytemuck::cast_slice(&wq));
+    let g = [lab.bind(&pl, &rp, &[&made, xbuf, obuf])];
+    let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
+    println!("lab pipeline on a write_buffer weight: chain {us:.2} us");
+    gemv_case(&lab, "on-backend-device", rows, k, "base/unchecked");
 }

@@ -129,7 +129,11 @@ impl WgpuBackend {
         }
         let pass = b.pass.as_mut().expect("pass begun above");
         pass.set_pipeline(&pipe.pipeline);
-        pass.set_bind_group(0, &self.params_group, &[offset]);
+        pass.set_bind_group(
+            0,
+            &self.params_groups[offset as usize / PARAM_SLOT as usize],
+            &[],
+        );
         pass.set_bind_group(1, &bind, &[]);
         pass.dispatch_workgroups(l.groups[0], l.groups[1], l.groups[2]);
         b.dispatches += 1;

@@ -60,6 +60,12 @@ impl WgpuBuffer {
         }
     }
 
+    /// The wgpu buffers holding the tensor, in row order (one unless a
+    /// weight was split across bindings): for tools and interop.
+    pub fn wgpu_buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
+        self.chunks.iter().map(|c| &c.buffer)
+    }
+
     /// Total bytes on the device (padded to 4-byte words).
     pub fn device_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.buffer.size()).sum()

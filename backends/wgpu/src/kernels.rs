@@ -3,7 +3,7 @@
 //! Every kernel file is compiled with `kernels/common.wgsl` prepended (shared
 //! helpers: weight decoding, gelu, grid indexing). Bindings follow one
 //! convention: `@group(0) @binding(0)` is the op's uniform parameter block
-//! (bound with a dynamic offset into a per-batch arena), `@group(1)
+//! (a 256-byte slot of a per-batch arena, one bind group per slot), `@group(1)
 //! @binding(i)` are the storage buffers in the launcher's order.
 
 use std::collections::HashMap;

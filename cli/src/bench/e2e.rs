@@ -122,8 +122,9 @@ fn measure<B: ComputeBackend + Counters>(
         max_new_tokens: n,
         sampling: Sampling::Greedy,
     };
-    // Warm up: compile every pipeline (both the batched and the decode path).
-    model.generate(&prompt[..prompt_len.min(20)], &greedy(3))?;
+    // Warm up: compile every pipeline (both the batched and the decode path)
+    // and bring the device to its working clocks.
+    model.generate(&prompt[..prompt_len.min(20)], &greedy(decode.clamp(3, 32)))?;
     model.reset();
     let before = model.backend().counters();
     let g = model.generate(&prompt, &greedy(decode))?;

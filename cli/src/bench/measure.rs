@@ -85,6 +85,27 @@ pub struct Budget {
     pub ceiling_bytes: u64,
     /// Time with the wall clock even where the GPU has timestamps.
     pub wall_clock: bool,
+    /// Seconds of back-to-back calls before a case is timed, so the device
+    /// is at its working clocks rather than idle ones.
+    pub warmup_seconds: f64,
+}
+
+/// Calls of `f` back to back for about `seconds` (one call takes `once`),
+/// then a wait: the clock warm-up before timing.
+fn warm_up<B: Bench>(
+    b: &B,
+    seconds: f64,
+    once: f64,
+    f: &mut dyn FnMut(usize) -> Result<()>,
+) -> Result<()> {
+    if seconds <= 0.0 {
+        return Ok(());
+    }
+    let n = ((seconds / once.max(1e-7)) as usize).clamp(1, 50_000);
+    for i in 0..n {
+        f(i)?;
+    }
+    b.sync()
 }
 
 /// What the bench needs of a backend beyond [`ComputeBackend`].
@@ -218,8 +239,12 @@ impl Bench for WgpuBackend {
         let t = Instant::now();
         self.stream_read(&src, &sink)?;
         self.sync()?;
-        let reps = ((budget.seconds / t.elapsed().as_secs_f64().max(1e-9)) as usize)
+        let once = t.elapsed().as_secs_f64();
+        let reps = ((budget.seconds / once.max(1e-9)) as usize)
             .clamp(budget.min_reps.max(3), budget.max_reps);
+        warm_up(self, budget.warmup_seconds, once, &mut |_| {
+            self.stream_read(&src, &sink)
+        })?;
         let (samples, method) = self.time(reps, budget, &mut |_| self.stream_read(&src, &sink))?;
         Ok(Ceiling {
             bytes,
@@ -321,6 +346,9 @@ pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) 
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     let reps = ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps, budget.max_reps);
+    if let Err(e) = warm_up(b, budget.warmup_seconds, once, &mut |i| record(i)) {
+        return Outcome::Failed(e.to_string());
+    }
     match b.time(reps, budget, &mut |i| record(i + 2)) {
         Ok((samples, method)) => Outcome::Measured {
             stats: Stats::of(&samples),
