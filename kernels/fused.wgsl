@@ -29,8 +29,10 @@ override WD1: u32 = 0u;
 override WD2: u32 = 0u;
 override WD3: u32 = 0u;
 
-const WG: u32 = 256u;
-var<workgroup> red: array<f32, WG>;
+// Threads per row: 1024 where the device allows, else 256 (a power of two).
+override WG: u32 = 256u;
+const MAXWG: u32 = 1024u;
+var<workgroup> red: array<f32, MAXWG>;
 
 fn block_sum(v: f32, lid: u32) -> f32 {
     red[lid] = v;
@@ -50,9 +52,10 @@ fn inv_rms(ss: f32) -> f32 {
     return inverseSqrt(ss / f32(P.dim) + P.eps);
 }
 
-// A thread's columns are lid + j * 256 for j < PER (PER = ceil(dim / 256),
-// a pipeline constant, at most MAXPER): its values stay in registers from
-// pass to pass, and each pass issues all its loads before using any.
+// A thread's columns are lid + j * WG for j < PER (PER = ceil(dim / WG), a
+// pipeline constant, at most MAXPER): its values stay in registers from pass
+// to pass. With 1024 threads a 2816-wide row is 3 columns per thread, so a
+// pass waits on at most 3 loads in turn.
 override PER: u32 = 11u;
 const MAXPER: u32 = 32u;
 
@@ -67,7 +70,7 @@ const MAXPER: u32 = 32u;
 @group(1) @binding(6) var<storage, read_write> AFF: array<f32>;
 @group(1) @binding(7) var<storage, read_write> AMOE: array<f32>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let row = linear_group(wg, nwg);
@@ -122,7 +125,7 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 @group(1) @binding(7) var<storage, read_write> FX: array<f32>;
 @group(1) @binding(8) var<storage, read_write> FN: array<f32>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let row = linear_group(wg, nwg);

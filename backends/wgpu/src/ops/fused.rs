@@ -33,21 +33,41 @@ fn unused(be: &WgpuBackend) -> Result<(WgpuBuffer, WgpuBuffer)> {
     ))
 }
 
-/// Threads per row (the kernels' `WG`) and most columns one thread keeps
-/// in registers (`MAXPER`): rows of up to 8192.
-const WG: usize = 256;
-pub(crate) const MAX_DIM: usize = WG * 32;
+/// Threads per row (the kernels' `WG`): 1024 where the device allows it
+/// (a one-workgroup kernel is latency-bound: fewer columns per thread, fewer
+/// loads waited on in turn), else 256. A thread keeps up to `MAXPER` = 32
+/// columns in registers.
+fn threads(be: &WgpuBackend) -> usize {
+    if be.wgpu_limits().max_compute_invocations_per_workgroup >= 1024 {
+        1024
+    } else {
+        256
+    }
+}
+
+const MAXPER: usize = 32;
+
+/// Widest row the fused kernels take on this device.
+pub(crate) fn max_dim(be: &WgpuBackend) -> usize {
+    threads(be) * MAXPER
+}
 
 /// Pipeline constants: `WDn` dtype codes of up to four norm weights (absent
-/// ones: f32) and `PER`, columns per thread.
-fn constants(ws: [Option<&WgpuBuffer>; 4], dim: usize) -> [(&'static str, i64); 5] {
+/// ones: f32), `WG` threads per row and `PER` columns per thread.
+fn constants(
+    be: &WgpuBackend,
+    ws: [Option<&WgpuBuffer>; 4],
+    dim: usize,
+) -> [(&'static str, i64); 6] {
     let code = |w: Option<&WgpuBuffer>| w.map_or(0, |w| wdtype_code(w.dtype) as i64);
+    let wg = threads(be);
     [
         ("WD0", code(ws[0])),
         ("WD1", code(ws[1])),
         ("WD2", code(ws[2])),
         ("WD3", code(ws[3])),
-        ("PER", dim.div_ceil(WG) as i64),
+        ("WG", wg as i64),
+        ("PER", dim.div_ceil(wg) as i64),
     ]
 }
 
@@ -76,7 +96,11 @@ pub(crate) fn post_attention(
     be.launch(Launch {
         kernel: "fused",
         entry: "post_attention",
-        constants: &constants([Some(w_post), Some(w_ff), moe.map(|m| m.0), None], p.dim),
+        constants: &constants(
+            be,
+            [Some(w_post), Some(w_ff), moe.map(|m| m.0), None],
+            p.dim,
+        ),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(o), true),
@@ -118,6 +142,7 @@ pub(crate) fn post_ffn(
         kernel: "fused",
         entry: "post_ffn",
         constants: &constants(
+            be,
             [
                 Some(w_dense),
                 moe.map(|m| m.1),

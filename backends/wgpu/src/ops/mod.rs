@@ -69,11 +69,11 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
             ))
         }
         OpKind::PostAttention { dim } | OpKind::PostFfn { dim }
-            if *dim as usize > fused::MAX_DIM =>
+            if *dim as usize > fused::max_dim(be) =>
         {
             Support::No(format!(
                 "rows of {dim} over {} (a workgroup keeps a row in registers)",
-                fused::MAX_DIM
+                fused::max_dim(be)
             ))
         }
         OpKind::QkvPost { head_dim } if *head_dim as usize > 2 * 256 => Support::No(format!(
