@@ -20,7 +20,7 @@
 
 use std::time::Instant;
 
-use crate::backend::ComputeBackend;
+use crate::backend::{ComputeBackend, HostBytes};
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
@@ -101,6 +101,8 @@ struct Scratch<B: ComputeBackend> {
     moe_in: B::Buffer,
     route_ids: B::Buffer,
     route_w: B::Buffer,
+    /// Expert id 0 for every row: the dense MLP run as a one-expert MoE.
+    zero_ids: B::Buffer,
     moe_act: B::Buffer,
     moe_out: B::Buffer,
     logits: B::Buffer,
@@ -144,6 +146,11 @@ impl<B: ComputeBackend> Scratch<B> {
             moe_in: f(h, "moe_in")?,
             route_ids: u(k_, "route_ids")?,
             route_w: f(k_, "route_w")?,
+            zero_ids: be.upload(
+                DType::U32,
+                HostBytes::Slice(bytemuck::cast_slice(&vec![0u32; rows])),
+                "zero_ids",
+            )?,
             moe_act: f(k_ * mi, "moe_act")?,
             moe_out: f(h, "moe_out")?,
             logits: f(cfg.vocab, "logits")?,
@@ -563,17 +570,31 @@ impl<B: ComputeBackend> Model<B> {
 
         // ---- dense MLP branch ----
         let inter = cfg.intermediate;
-        be.matmul(
-            &w.mlp_gate_up,
-            &s.ff_in,
-            &s.gate_up,
-            Matmul {
+        if m == 1 {
+            // A dense MLP is a one-expert MoE: the decode MoE kernel reads
+            // expert 0's gate|up rows and applies the activation itself (one
+            // dispatch instead of a GEMV and gelu_mul).
+            let one_expert = Moe {
                 m,
-                n: 2 * inter,
-                k: h,
-            },
-        )?;
-        be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
+                hidden: h,
+                inter,
+                experts: 1,
+                top_k: 1,
+            };
+            be.moe_gate_up(&s.ff_in, &w.mlp_gate_up, &s.zero_ids, &s.act, one_expert)?;
+        } else {
+            be.matmul(
+                &w.mlp_gate_up,
+                &s.ff_in,
+                &s.gate_up,
+                Matmul {
+                    m,
+                    n: 2 * inter,
+                    k: h,
+                },
+            )?;
+            be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
+        }
         be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })?;
 
         // ---- routed experts branch (the router reads r, not a pre-norm) ----
