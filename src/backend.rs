@@ -103,6 +103,10 @@ pub trait DeviceBuffer {
     fn same_storage(&self, other: &Self) -> bool;
 }
 
+/// A readback begun by [`ComputeBackend::begin_read_u32`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ReadTicket(pub u64);
+
 /// Whether a backend implements an op case.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Support {
@@ -156,6 +160,16 @@ pub trait ComputeBackend {
     fn download_f32(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
     /// Read back a u32 buffer (flushes and waits).
     fn download_u32(&self, buf: &Self::Buffer) -> Result<Vec<u32>>;
+
+    /// Start reading a u32 buffer back without waiting for it: the copy rides
+    /// in the submission of everything recorded so far (which this submits),
+    /// so the host can record more work before
+    /// [`ComputeBackend::finish_read_u32`] waits for this copy alone. Greedy
+    /// decode records token n + 1 while the device computes token n.
+    fn begin_read_u32(&self, buf: &Self::Buffer) -> Result<ReadTicket>;
+    /// The contents `buf` had when [`ComputeBackend::begin_read_u32`] gave
+    /// `ticket` (waits for that submission only).
+    fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>>;
 
     // ---- normalisation -------------------------------------------------
 

@@ -13,6 +13,8 @@ pub mod ops;
 pub mod parity;
 pub mod rng;
 
-pub use backend::{BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, HostBytes, Support};
+pub use backend::{
+    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, HostBytes, ReadTicket, Support,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -83,6 +83,9 @@ struct KvCache<B: ComputeBackend> {
 struct Scratch<B: ComputeBackend> {
     rows: usize,
     ids: B::Buffer,
+    /// The other id buffer of pipelined greedy decode: step n embeds one and
+    /// its argmax writes the other.
+    ids_next: B::Buffer,
     pos: B::Buffer,
     /// The residual stream.
     x: B::Buffer,
@@ -131,6 +134,7 @@ impl<B: ComputeBackend> Scratch<B> {
         Ok(Scratch {
             rows,
             ids: u(1, "ids")?,
+            ids_next: u(1, "ids_next")?,
             pos: u(1, "positions")?,
             x: f(h, "x")?,
             normed: f(h, "normed")?,
@@ -305,17 +309,72 @@ impl<B: ComputeBackend> Model<B> {
         let (head, last) = prompt.split_at(prompt.len() - 1);
         self.prefill(head)?;
         self.backend.write_u32(&self.single.ids, 0, last)?;
+        if greedy {
+            return self.generate_greedy(opts.max_new_tokens, prompt.len(), t0);
+        }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
-        let mut tok = self.decode_step(greedy, &mut sampler)?;
+        let mut tok = self.decode_step(&mut sampler)?;
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
         let t1 = Instant::now();
         while tokens.len() < opts.max_new_tokens {
-            if !greedy {
-                self.backend.write_u32(&self.single.ids, 0, &[tok])?;
-            }
-            tok = self.decode_step(greedy, &mut sampler)?;
+            self.backend.write_u32(&self.single.ids, 0, &[tok])?;
+            tok = self.decode_step(&mut sampler)?;
             tokens.push(tok);
+        }
+        let decode_tok_s = if tokens.len() > 1 {
+            rate(tokens.len() - 1, t1)
+        } else {
+            0.0
+        };
+        Ok(Generation {
+            tokens,
+            prefill_tok_s,
+            decode_tok_s,
+        })
+    }
+
+    /// Greedy decode of `n` tokens after the prompt's last token (already in
+    /// `single.ids`), pipelined: the argmax runs on the device and writes the
+    /// id the next step embeds, so step k + 1 is recorded and submitted
+    /// before step k's 4-byte readback is waited for, and the device never
+    /// idles while the host records a step. Still one submit per token.
+    fn generate_greedy(&mut self, n: usize, prompt_len: usize, t0: Instant) -> Result<Generation> {
+        /// Steps recorded ahead of the token the host waits for.
+        const AHEAD: usize = 2;
+        let mut tokens = Vec::with_capacity(n);
+        let mut in_flight = std::collections::VecDeque::with_capacity(AHEAD);
+        let (mut recorded, mut flip) = (0, false);
+        let (mut prefill_tok_s, mut t1) = (0.0, Instant::now());
+        while tokens.len() < n {
+            while recorded < n && in_flight.len() < AHEAD {
+                let s = &self.single;
+                let (cur, next) = if flip {
+                    (&s.ids_next, &s.ids)
+                } else {
+                    (&s.ids, &s.ids_next)
+                };
+                self.backend.write_u32(&s.pos, 0, &[self.pos as u32])?;
+                self.record_forward(s, cur, 1, true)?;
+                self.backend
+                    .argmax(self.final_logits(s), next, 1, self.cfg.vocab)?;
+                in_flight.push_back(self.backend.begin_read_u32(next)?);
+                self.pos += 1;
+                recorded += 1;
+                flip = !flip;
+            }
+            let ticket = in_flight
+                .pop_front()
+                .ok_or_else(|| Error::Gpu("no decode step in flight".into()))?;
+            let ids = self.backend.finish_read_u32(ticket)?;
+            tokens.push(
+                *ids.first()
+                    .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?,
+            );
+            if tokens.len() == 1 {
+                prefill_tok_s = rate(prompt_len, t0);
+                t1 = Instant::now();
+            }
         }
         let decode_tok_s = if tokens.len() > 1 {
             rate(tokens.len() - 1, t1)
@@ -369,21 +428,14 @@ impl<B: ComputeBackend> Model<B> {
     /// scratch's id buffer: record the forward pass, pick the next token, one
     /// submit. Greedy: argmax into the id buffer (next step's input), 4 bytes
     /// read back.
-    fn decode_step(&mut self, greedy: bool, sampler: &mut Sampler) -> Result<u32> {
+    /// One sampled (not greedy) decode step: the logits row comes back and
+    /// the host samples it.
+    fn decode_step(&mut self, sampler: &mut Sampler) -> Result<u32> {
         let pos = self.pos as u32;
         self.backend.write_u32(&self.single.pos, 0, &[pos])?;
-        self.record_forward(&self.single, 1, true)?;
-        let logits = self.final_logits(&self.single);
-        let tok = if greedy {
-            self.backend
-                .argmax(logits, &self.single.ids, 1, self.cfg.vocab)?;
-            let ids = self.backend.download_u32(&self.single.ids)?;
-            *ids.first()
-                .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?
-        } else {
-            let row = self.backend.download_f32(logits)?;
-            sampler.sample(&row[..self.cfg.vocab.min(row.len())])?
-        };
+        self.record_forward(&self.single, &self.single.ids, 1, true)?;
+        let row = self.backend.download_f32(self.final_logits(&self.single))?;
+        let tok = sampler.sample(&row[..self.cfg.vocab.min(row.len())])?;
         self.pos += 1;
         Ok(tok)
     }
@@ -408,7 +460,7 @@ impl<B: ComputeBackend> Model<B> {
         let positions: Vec<u32> = (self.pos..self.pos + m).map(|p| p as u32).collect();
         self.backend.write_u32(&s.ids, 0, chunk)?;
         self.backend.write_u32(&s.pos, 0, &positions)?;
-        self.record_forward(s, m, head)
+        self.record_forward(s, &s.ids, m, head)
     }
 
     /// The buffer holding the final logits after the head ran.
@@ -422,12 +474,12 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Record embedding, every layer and (if `head`) the final norm, LM head
     /// and softcap for the `m` tokens whose ids and positions are in `s`.
-    fn record_forward(&self, s: &Scratch<B>, m: usize, head: bool) -> Result<()> {
+    fn record_forward(&self, s: &Scratch<B>, ids: &B::Buffer, m: usize, head: bool) -> Result<()> {
         debug_assert!(m <= s.rows);
         let (be, cfg) = (&self.backend, &self.cfg);
         let h = cfg.hidden;
         be.embed(
-            &s.ids,
+            ids,
             &self.weights.embed,
             &s.x,
             Embed {

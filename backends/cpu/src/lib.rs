@@ -16,7 +16,7 @@ use turbospark::ops::{
     RmsNorm, Rope, Router,
 };
 use turbospark::{
-    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, HostBytes, Result, Support,
+    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, HostBytes, ReadTicket, Result, Support,
 };
 
 pub use ops::Weights;
@@ -120,6 +120,9 @@ fn weights<'a>(r: &'a Read<'_>, dtype: DType) -> Weights<'a> {
 /// The CPU reference backend.
 pub struct CpuBackend {
     info: BackendInfo,
+    /// Readbacks begun and not yet finished (ops run at once on the CPU, so
+    /// a read is a copy taken when it begins).
+    reads: std::sync::Mutex<(u64, std::collections::HashMap<u64, Vec<u32>>)>,
 }
 
 impl Default for CpuBackend {
@@ -144,6 +147,7 @@ impl CpuBackend {
                     max_workgroups_per_dim: u32::MAX,
                 },
             },
+            reads: Default::default(),
         }
     }
 
@@ -254,6 +258,24 @@ impl ComputeBackend for CpuBackend {
     fn download_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>> {
         v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
         Ok(buf.read().u32().to_vec())
+    }
+
+    fn begin_read_u32(&self, buf: &CpuBuffer) -> Result<ReadTicket> {
+        let data = self.download_u32(buf)?;
+        let mut r = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        r.0 += 1;
+        let id = r.0;
+        r.1.insert(id, data);
+        Ok(ReadTicket(id))
+    }
+
+    fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>> {
+        self.reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(&ticket.0)
+            .ok_or_else(|| Error::InvalidInput(format!("no readback with ticket {}", ticket.0)))
     }
 
     fn rms_norm(

@@ -40,8 +40,12 @@ impl Batch {
     }
 
     /// End the pass, let `extra` record after it (a readback copy), and
-    /// submit everything as one submission.
-    pub fn submit_with(&mut self, be: &WgpuBackend, extra: impl FnOnce(&mut wgpu::CommandEncoder)) {
+    /// submit everything as one submission; returns its index.
+    pub fn submit_with(
+        &mut self,
+        be: &WgpuBackend,
+        extra: impl FnOnce(&mut wgpu::CommandEncoder),
+    ) -> wgpu::SubmissionIndex {
         // The pass must end before its encoder can finish.
         drop(self.pass.take());
         let mut enc = self.encoder.take().unwrap_or_else(|| {
@@ -56,13 +60,14 @@ impl Batch {
         }
         let timed = self.timing.as_ref().is_some_and(|t| t.resolve(&mut enc));
         extra(&mut enc);
-        be.queue.submit([enc.finish()]);
+        let index = be.queue.submit([enc.finish()]);
         self.submits += 1;
         if timed {
             if let Some(t) = self.timing.as_mut() {
                 t.collect(be);
             }
         }
+        index
     }
 }
 

@@ -12,6 +12,7 @@ mod buffer;
 mod device;
 pub mod kernels;
 mod ops;
+mod readback;
 
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +20,9 @@ use turbospark::ops::{
     self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost,
     RmsNorm, Rope, Router,
 };
-use turbospark::{BackendInfo, ComputeBackend, DType, Error, HostBytes, Result, Support};
+use turbospark::{
+    BackendInfo, ComputeBackend, DType, Error, HostBytes, ReadTicket, Result, Support,
+};
 
 pub use buffer::WgpuBuffer;
 pub use device::{list_adapters, AdapterSummary, WgpuOptions};
@@ -51,6 +54,8 @@ pub struct WgpuBackend {
     errors: Arc<Mutex<Vec<String>>>,
     /// Scratch kept across calls, created on first use (e.g. attention split-K).
     scratch: Mutex<ops::Scratch>,
+    /// Readbacks begun and not finished (`begin_read_u32`).
+    reads: Mutex<readback::Reads>,
     /// The readback buffer, created on first download and grown as needed.
     staging: Mutex<Option<wgpu::Buffer>>,
 }
@@ -124,6 +129,7 @@ impl WgpuBackend {
             errors,
             scratch: Mutex::default(),
             staging: Mutex::default(),
+            reads: Mutex::default(),
         })
     }
 
@@ -469,6 +475,15 @@ impl ComputeBackend for WgpuBackend {
     fn download_u32(&self, buf: &WgpuBuffer) -> Result<Vec<u32>> {
         v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
         Ok(bytemuck::pod_collect_to_vec(&self.download_bytes(buf)?))
+    }
+
+    fn begin_read_u32(&self, buf: &WgpuBuffer) -> Result<ReadTicket> {
+        v::check_buf("begin_read_u32", "buf", buf, &v::U32, 0)?;
+        self.begin_read(buf)
+    }
+
+    fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>> {
+        self.finish_read(ticket)
     }
 
     fn rms_norm(
