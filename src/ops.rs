@@ -151,59 +151,113 @@ pub struct QkvPost {
     pub v_from_k: bool,
 }
 
+/// No output aliases an input or an earlier output.
+pub fn no_alias_all<B: DeviceBuffer>(
+    op: &'static str,
+    outs: &[Option<&B>],
+    ins: &[Option<&B>],
+) -> Result<()> {
+    for (i, out) in outs.iter().enumerate() {
+        if let Some(o) = out {
+            no_alias(op, *o, &[ins, &outs[..i]].concat())?;
+        }
+    }
+    Ok(())
+}
+
 impl PostAttention {
-    pub fn validate<B: DeviceBuffer>(
+    /// Shapes, dtypes and aliasing of a `post_attention` call (the trait
+    /// method's arguments); returns every buffer argument, inputs first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check<'a, B: DeviceBuffer>(
         &self,
-        o: &B,
-        x: &B,
-        weights: [Option<&B>; 3],
-        outs: [Option<&B>; 3],
-    ) -> Result<()> {
+        o: &'a B,
+        x: &'a B,
+        w_post: &'a B,
+        w_ff: &'a B,
+        r: &'a B,
+        ff: &'a B,
+        moe: Option<(&'a B, &'a B)>,
+    ) -> Result<Vec<Option<&'a B>>> {
         const OP: &str = "post_attention";
         nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
         let n = self.rows * self.dim;
+        let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
         check_buf(OP, "o", o, &F32, n)?;
         check_buf(OP, "x", x, &F32, n)?;
-        for (name, w) in ["w_post", "w_ff", "w_moe"].iter().zip(weights) {
+        let weights = [
+            ("w_post", Some(w_post)),
+            ("w_ff", Some(w_ff)),
+            ("w_moe", w_moe),
+        ];
+        for (name, w) in weights {
             if let Some(w) = w {
                 check_buf(OP, name, w, &FLOATS, self.dim)?;
             }
         }
-        for (name, b) in ["r", "ff", "moe"].iter().zip(outs) {
+        for (name, b) in [("r", Some(r)), ("ff", Some(ff)), ("moe", moe_out)] {
             if let Some(b) = b {
                 check_buf(OP, name, b, &F32, n)?;
             }
         }
-        Ok(())
+        let ins = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
+        let outs = [Some(r), Some(ff), moe_out];
+        no_alias_all(OP, &outs, &ins)?;
+        Ok([ins.as_slice(), &outs].concat())
     }
 }
 
 impl PostFfn {
-    pub fn validate<B: DeviceBuffer>(
+    /// Shapes, dtypes and aliasing of a `post_ffn` call (the trait method's
+    /// arguments); returns every buffer argument, inputs first.
+    #[allow(clippy::type_complexity)]
+    pub fn check<'a, B: DeviceBuffer>(
         &self,
-        acts: [Option<&B>; 3],
-        weights: [Option<&B>; 4],
-        outs: [Option<&B>; 2],
-    ) -> Result<()> {
+        dense: &'a B,
+        w_dense: &'a B,
+        moe: Option<(&'a B, &'a B, &'a B)>,
+        r: &'a B,
+        x: &'a B,
+        next: Option<(&'a B, &'a B)>,
+    ) -> Result<Vec<Option<&'a B>>> {
         const OP: &str = "post_ffn";
         nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
         let n = self.rows * self.dim;
-        for (name, b) in ["dense", "moe", "r"].iter().zip(acts) {
+        let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
+        let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
+        for (name, b) in [("dense", Some(dense)), ("moe", m_act), ("r", Some(r))] {
             if let Some(b) = b {
                 check_buf(OP, name, b, &F32, n)?;
             }
         }
-        for (name, w) in ["w_dense", "w_moe", "w_sum", "w_next"].iter().zip(weights) {
+        let weights = [
+            ("w_dense", Some(w_dense)),
+            ("w_moe", w_moe),
+            ("w_sum", w_sum),
+            ("w_next", w_next),
+        ];
+        for (name, w) in weights {
             if let Some(w) = w {
                 check_buf(OP, name, w, &FLOATS, self.dim)?;
             }
         }
-        for (name, b) in ["x", "normed"].iter().zip(outs) {
+        for (name, b) in [("x", Some(x)), ("normed", normed)] {
             if let Some(b) = b {
                 check_buf(OP, name, b, &F32, n)?;
             }
         }
-        Ok(())
+        let ins = [
+            Some(dense),
+            Some(w_dense),
+            m_act,
+            w_moe,
+            w_sum,
+            Some(r),
+            w_next,
+        ];
+        let outs = [Some(x), normed];
+        no_alias_all(OP, &outs, &ins)?;
+        Ok([ins.as_slice(), &outs].concat())
     }
 }
 
@@ -213,17 +267,19 @@ impl QkvPost {
         (self.heads + self.kv_heads * if self.v_from_k { 1 } else { 2 }) * self.head_dim
     }
 
+    /// Shapes, dtypes and aliasing of a `qkv_post` call (the trait method's
+    /// arguments); returns every buffer argument, inputs first.
     #[allow(clippy::too_many_arguments)]
-    pub fn validate<B: DeviceBuffer>(
+    pub fn check<'a, B: DeviceBuffer>(
         &self,
-        raw: &B,
-        wq: &B,
-        wk: &B,
-        pos: &B,
-        q: &B,
-        kc: &B,
-        vc: &B,
-    ) -> Result<()> {
+        raw: &'a B,
+        wq: &'a B,
+        wk: &'a B,
+        pos: &'a B,
+        q: &'a B,
+        kc: &'a B,
+        vc: &'a B,
+    ) -> Result<Vec<Option<&'a B>>> {
         const OP: &str = "qkv_post";
         nonzero(
             OP,
@@ -260,7 +316,11 @@ impl QkvPost {
         check_buf(OP, "positions", pos, &U32, self.m)?;
         check_buf(OP, "q", q, &F32, self.m * self.heads * self.head_dim)?;
         check_buf(OP, "k_cache", kc, &F32, self.capacity * kv)?;
-        check_buf(OP, "v_cache", vc, &F32, self.capacity * kv)
+        check_buf(OP, "v_cache", vc, &F32, self.capacity * kv)?;
+        let ins = [Some(raw), Some(wq), Some(wk), Some(pos)];
+        let outs = [Some(q), Some(kc), Some(vc)];
+        no_alias_all(OP, &outs, &ins)?;
+        Ok([ins.as_slice(), &outs].concat())
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod common;
 
+use turbospark::ops::{PostAttention, PostFfn};
 use turbospark::{ComputeBackend, DType, Error, HostBytes};
 use turbospark_cpu::CpuBackend;
 
@@ -29,6 +30,40 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     let ids = b.alloc(DType::U32, 8, "ids").unwrap();
     let e = b.scale(&ids, &c, 8, 2.0).unwrap_err();
     assert!(e.to_string().contains("dtype u32"), "{e}");
+    // Fused ops: two outputs that are one buffer, an output over an input.
+    let w = b
+        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "w")
+        .unwrap();
+    let out = b.alloc(DType::F32, 8, "out").unwrap();
+    let p = PostAttention {
+        rows: 1,
+        dim: 8,
+        eps: 1e-6,
+    };
+    let e = b
+        .post_attention(&a, &c, &w, &w, &out, &out, None, p)
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Shape {
+                op: "post_attention",
+                ..
+            }
+        ) && e.to_string().contains("aliases"),
+        "{e}"
+    );
+    let p = PostFfn {
+        rows: 1,
+        dim: 8,
+        eps: 1e-6,
+        scale: 1.0,
+    };
+    let e = b.post_ffn(&a, &w, None, &c, &c, None, p).unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { op: "post_ffn", .. }) && e.to_string().contains("aliases"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -72,6 +72,23 @@ pub struct Generation {
     pub decode_tok_s: f64,
 }
 
+impl Generation {
+    /// `tokens`, the prefill rate, and the decode rate of every token after
+    /// the first, which came at `first_token_at`.
+    fn timed(tokens: Vec<u32>, prefill_tok_s: f64, first_token_at: Instant) -> Self {
+        let decode_tok_s = if tokens.len() > 1 {
+            rate(tokens.len() - 1, first_token_at)
+        } else {
+            0.0
+        };
+        Generation {
+            tokens,
+            prefill_tok_s,
+            decode_tok_s,
+        }
+    }
+}
+
 /// Per-layer KV cache, `[kv_heads, capacity, head_dim]` f32 for K and for V.
 struct KvCache<B: ComputeBackend> {
     k: B::Buffer,
@@ -322,16 +339,7 @@ impl<B: ComputeBackend> Model<B> {
             tok = self.decode_step(&mut sampler)?;
             tokens.push(tok);
         }
-        let decode_tok_s = if tokens.len() > 1 {
-            rate(tokens.len() - 1, t1)
-        } else {
-            0.0
-        };
-        Ok(Generation {
-            tokens,
-            prefill_tok_s,
-            decode_tok_s,
-        })
+        Ok(Generation::timed(tokens, prefill_tok_s, t1))
     }
 
     /// Greedy decode of `n` tokens after the prompt's last token (already in
@@ -376,16 +384,7 @@ impl<B: ComputeBackend> Model<B> {
                 t1 = Instant::now();
             }
         }
-        let decode_tok_s = if tokens.len() > 1 {
-            rate(tokens.len() - 1, t1)
-        } else {
-            0.0
-        };
-        Ok(Generation {
-            tokens,
-            prefill_tok_s,
-            decode_tok_s,
-        })
+        Ok(Generation::timed(tokens, prefill_tok_s, t1))
     }
 
     /// Ids inside the vocabulary, and room in the context for `tokens` plus

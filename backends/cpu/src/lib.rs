@@ -517,19 +517,8 @@ impl ComputeBackend for CpuBackend {
         p: PostAttention,
     ) -> Result<()> {
         const OP: &str = "post_attention";
+        p.check(o, x, w_post, w_ff, r, ff, moe)?;
         let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
-        p.validate(
-            o,
-            x,
-            [Some(w_post), Some(w_ff), w_moe],
-            [Some(r), Some(ff), moe_out],
-        )?;
-        let ins = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
-        v::no_alias(OP, r, &ins)?;
-        v::no_alias(OP, ff, &[ins.as_slice(), &[Some(r)]].concat())?;
-        if let Some(m) = moe_out {
-            v::no_alias(OP, m, &[ins.as_slice(), &[Some(r), Some(ff)]].concat())?;
-        }
         let (or, xr, wpr, wfr) = (o.read(), x.read(), w_post.read(), w_ff.read());
         let wmr = w_moe.map(|w| w.read());
         let (mut rw, mut fw) = (r.write(OP)?, ff.write(OP)?);
@@ -559,26 +548,9 @@ impl ComputeBackend for CpuBackend {
         p: PostFfn,
     ) -> Result<()> {
         const OP: &str = "post_ffn";
+        p.check(dense, w_dense, moe, r, x, next)?;
         let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
         let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
-        p.validate(
-            [Some(dense), m_act, Some(r)],
-            [Some(w_dense), w_moe, w_sum, w_next],
-            [Some(x), normed],
-        )?;
-        let ins = [
-            Some(dense),
-            Some(w_dense),
-            m_act,
-            w_moe,
-            w_sum,
-            Some(r),
-            w_next,
-        ];
-        v::no_alias(OP, x, &ins)?;
-        if let Some(nb) = normed {
-            v::no_alias(OP, nb, &[ins.as_slice(), &[Some(x)]].concat())?;
-        }
         let (dr, wdr, rr) = (dense.read(), w_dense.read(), r.read());
         let (mr, wmr, wsr, wnr) = (
             m_act.map(|b| b.read()),
@@ -619,15 +591,7 @@ impl ComputeBackend for CpuBackend {
         p: QkvPost,
     ) -> Result<()> {
         const OP: &str = "qkv_post";
-        p.validate(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
-        let ins = [Some(raw), Some(w_q), Some(w_k), Some(positions)];
-        v::no_alias(OP, q, &ins)?;
-        v::no_alias(OP, k_cache, &[ins.as_slice(), &[Some(q)]].concat())?;
-        v::no_alias(
-            OP,
-            v_cache,
-            &[ins.as_slice(), &[Some(q), Some(k_cache)]].concat(),
-        )?;
+        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
         let (rr, wqr, wkr, pr) = (raw.read(), w_q.read(), w_k.read(), positions.read());
         let (mut qw, mut kw, mut vw) = (q.write(OP)?, k_cache.write(OP)?, v_cache.write(OP)?);
         ops::qkv_post(

@@ -680,23 +680,7 @@ impl ComputeBackend for WgpuBackend {
         p: PostAttention,
     ) -> Result<()> {
         const OP: &str = "post_attention";
-        let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
-        p.validate(
-            o,
-            x,
-            [Some(w_post), Some(w_ff), w_moe],
-            [Some(r), Some(ff), moe_out],
-        )?;
-        let ins = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
-        v::no_alias(OP, r, &ins)?;
-        v::no_alias(OP, ff, &[ins.as_slice(), &[Some(r)]].concat())?;
-        if let Some(m) = moe_out {
-            v::no_alias(OP, m, &[ins.as_slice(), &[Some(r), Some(ff)]].concat())?;
-        }
-        whole(
-            OP,
-            &[ins.as_slice(), &[Some(r), Some(ff), moe_out]].concat(),
-        )?;
+        whole(OP, &p.check(o, x, w_post, w_ff, r, ff, moe)?)?;
         self.require(OP, OpKind::PostAttention { dim: p.dim as u32 })?;
         ops::fused::post_attention(self, o, x, w_post, w_ff, r, ff, moe, p)
     }
@@ -712,27 +696,7 @@ impl ComputeBackend for WgpuBackend {
         p: PostFfn,
     ) -> Result<()> {
         const OP: &str = "post_ffn";
-        let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
-        let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
-        p.validate(
-            [Some(dense), m_act, Some(r)],
-            [Some(w_dense), w_moe, w_sum, w_next],
-            [Some(x), normed],
-        )?;
-        let ins = [
-            Some(dense),
-            Some(w_dense),
-            m_act,
-            w_moe,
-            w_sum,
-            Some(r),
-            w_next,
-        ];
-        v::no_alias(OP, x, &ins)?;
-        if let Some(nb) = normed {
-            v::no_alias(OP, nb, &[ins.as_slice(), &[Some(x)]].concat())?;
-        }
-        whole(OP, &[ins.as_slice(), &[Some(x), normed]].concat())?;
+        whole(OP, &p.check(dense, w_dense, moe, r, x, next)?)?;
         self.require(OP, OpKind::PostFfn { dim: p.dim as u32 })?;
         ops::fused::post_ffn(self, dense, w_dense, moe, r, x, next, p)
     }
@@ -749,19 +713,7 @@ impl ComputeBackend for WgpuBackend {
         p: QkvPost,
     ) -> Result<()> {
         const OP: &str = "qkv_post";
-        p.validate(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
-        let ins = [Some(raw), Some(w_q), Some(w_k), Some(positions)];
-        v::no_alias(OP, q, &ins)?;
-        v::no_alias(OP, k_cache, &[ins.as_slice(), &[Some(q)]].concat())?;
-        v::no_alias(
-            OP,
-            v_cache,
-            &[ins.as_slice(), &[Some(q), Some(k_cache)]].concat(),
-        )?;
-        whole(
-            OP,
-            &[ins.as_slice(), &[Some(q), Some(k_cache), Some(v_cache)]].concat(),
-        )?;
+        whole(OP, &p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
         self.require(
             OP,
             OpKind::QkvPost {

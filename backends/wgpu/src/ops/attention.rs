@@ -267,27 +267,50 @@ pub(crate) fn attention(
         nslots: nslots as u32,
         ntiles: ntiles as u32,
     };
+    split_and_combine(
+        be,
+        ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)]),
+        &params,
+        [q, kc, vc, pos],
+        &part,
+        out,
+        nsplit * p.kv_heads * ntiles,
+    )
+}
+
+/// The split phase `entry` (with its constants) over `split_groups`
+/// workgroups writing partials into `part`, then `attn_combine` into `out`.
+fn split_and_combine(
+    be: &WgpuBackend,
+    (entry, constants): (&'static str, &[(&'static str, i64)]),
+    params: &AttnParams,
+    [q, kc, vc, pos]: [&WgpuBuffer; 4],
+    part: &WgpuBuffer,
+    out: &WgpuBuffer,
+    split_groups: usize,
+) -> Result<()> {
     be.launch(Launch {
         kernel: "attention",
-        entry: "attn_split",
-        constants: &[("NV", nv as i64), ("QT", qt as i64)],
-        params: bytemuck::bytes_of(&params),
+        entry,
+        constants,
+        params: bytemuck::bytes_of(params),
         buffers: &[
             (one(q), true),
             (one(kc), true),
             (one(vc), true),
             (one(pos), true),
-            (one(&part), false),
+            (one(part), false),
         ],
-        groups: be.grid((nsplit * p.kv_heads * ntiles) as u32),
+        groups: be.grid(split_groups as u32),
     })?;
+    let nq = (params.m * params.heads) as usize;
     be.launch(Launch {
         kernel: "attention",
         entry: "attn_combine",
         constants: &[],
-        params: bytemuck::bytes_of(&params),
-        buffers: &[(one(&part), true), (one(out), false)],
-        groups: be.grid((nq * d4.div_ceil(32)) as u32),
+        params: bytemuck::bytes_of(params),
+        buffers: &[(one(part), true), (one(out), false)],
+        groups: be.grid((nq * (params.d4 as usize).div_ceil(32)) as u32),
     })
 }
 
@@ -344,26 +367,13 @@ fn attention_decode(
         nslots: group as u32,
         ntiles: 1,
     };
-    be.launch(Launch {
-        kernel: "attention",
-        entry: "attn_decode",
-        constants: &[("GD", group as i64), ("D4", d4 as i64)],
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(q), true),
-            (one(kc), true),
-            (one(vc), true),
-            (one(pos), true),
-            (one(&part), false),
-        ],
-        groups: be.grid((nsplit * p.kv_heads) as u32),
-    })?;
-    be.launch(Launch {
-        kernel: "attention",
-        entry: "attn_combine",
-        constants: &[],
-        params: bytemuck::bytes_of(&params),
-        buffers: &[(one(&part), true), (one(out), false)],
-        groups: be.grid((nq * d4.div_ceil(32)) as u32),
-    })
+    split_and_combine(
+        be,
+        ("attn_decode", &[("GD", group as i64), ("D4", d4 as i64)]),
+        &params,
+        [q, kc, vc, pos],
+        &part,
+        out,
+        nsplit * p.kv_heads,
+    )
 }
