@@ -635,3 +635,32 @@ fn validate_names_the_field() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn eos_token_ids_one_or_many() {
+    let ids = |extra| parse(&text_json(extra)).unwrap().eos_token_ids;
+    assert_eq!(ids(serde_json::json!({})), Vec::<u32>::new());
+    assert_eq!(ids(serde_json::json!({"eos_token_id": 1})), vec![1]);
+    assert_eq!(
+        ids(serde_json::json!({"eos_token_id": [1, 106]})),
+        vec![1, 106]
+    );
+    // The multimodal spelling keeps it at the top level.
+    let mm = multimodal_json(
+        &text_json(serde_json::json!({})),
+        serde_json::json!({"eos_token_id": [1, 7]}),
+    );
+    assert_eq!(parse(&mm).unwrap().eos_token_ids, vec![1, 7]);
+    assert_config_err(
+        &text_json(serde_json::json!({"eos_token_id": "one"})),
+        &["eos_token_id"],
+    );
+    assert_config_err(
+        &text_json(serde_json::json!({"eos_token_id": [1, -2]})),
+        &["eos_token_id"],
+    );
+    assert_config_err(
+        &text_json(serde_json::json!({"eos_token_id": 512})),
+        &["eos_token_id"],
+    );
+}

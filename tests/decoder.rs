@@ -65,6 +65,7 @@ fn generate_matches_teacher_forced_greedy() {
             &GenerateOptions {
                 max_new_tokens: 10,
                 sampling: Sampling::Greedy,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -86,6 +87,7 @@ fn generate_matches_teacher_forced_greedy() {
             &GenerateOptions {
                 max_new_tokens: 0,
                 sampling: Sampling::Greedy,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -99,6 +101,7 @@ fn generate_matches_teacher_forced_greedy() {
             &GenerateOptions {
                 max_new_tokens: 10,
                 sampling: Sampling::Greedy,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -117,6 +120,7 @@ fn seeded_sampling_is_reproducible() {
             top_p: Some(0.9),
             seed: 5,
         },
+        ..Default::default()
     };
     let a = m.generate(&p, &opts).unwrap();
     m.reset();
@@ -132,6 +136,7 @@ fn decode_only_run_allocates_no_batch_scratch() {
         &GenerateOptions {
             max_new_tokens: 4,
             sampling: Sampling::Greedy,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -154,6 +159,7 @@ fn context_and_vocab_limits_are_errors() {
             &GenerateOptions {
                 max_new_tokens: 8,
                 sampling: Sampling::Greedy,
+                ..Default::default()
             },
         )
         .unwrap_err();
@@ -233,4 +239,64 @@ fn named_synthetic_configs() {
         .iter()
         .any(|(n, _)| n == "layers.4.self_attn.v_proj.weight"));
     assert!(named_config("nope").is_err());
+}
+
+/// Greedy and sampled generation stop at an end-of-sequence token when asked
+/// (it is the last token returned) and leave the position where a run of
+/// that many tokens would; without the flag they run to the length asked.
+/// On the wgpu backend too: its greedy decode has steps in flight past the
+/// stop token that must be taken back.
+fn stops_at_eos<B: ComputeBackend>(open: impl Fn() -> B) {
+    let free = |eos: Vec<u32>| {
+        let mut cfg = tiny_config();
+        cfg.eos_token_ids = eos;
+        // Weights depend on (seed, tensor name) only: same model, other eos.
+        let src = SyntheticSource::new(cfg, 42).unwrap();
+        Model::load(open(), &src, ModelOptions { max_context: 64 }).unwrap()
+    };
+    let mut m = free(vec![]);
+    let p = prompt(9, m.config().vocab);
+    let opts = |stop_at_eos, sampling| GenerateOptions {
+        max_new_tokens: 12,
+        sampling,
+        stop_at_eos,
+    };
+    let sampled = Sampling::Random {
+        temperature: 1.0,
+        top_k: Some(20),
+        top_p: None,
+        seed: 3,
+    };
+    for sampling in [Sampling::Greedy, sampled] {
+        m.reset();
+        let all = m.generate(&p, &opts(true, sampling.clone())).unwrap();
+        assert_eq!(all.tokens.len(), 12, "no eos configured: full length");
+        let eos = all.tokens[4];
+        let k = all.tokens.iter().position(|&t| t == eos).unwrap() + 1;
+        let mut stopping = free(vec![eos]);
+        let g = stopping
+            .generate(&p, &opts(true, sampling.clone()))
+            .unwrap();
+        assert_eq!(g.tokens, all.tokens[..k], "stops after the first eos");
+        assert_eq!(
+            stopping.position(),
+            p.len() + k - 1,
+            "position after the stop"
+        );
+        stopping.reset();
+        let g = stopping.generate(&p, &opts(false, sampling)).unwrap();
+        assert_eq!(g.tokens, all.tokens, "stop_at_eos off: full length");
+    }
+}
+
+#[test]
+fn cpu_stops_at_eos() {
+    stops_at_eos(CpuBackend::new);
+}
+
+#[test]
+fn wgpu_stops_at_eos() {
+    if common::wgpu_backend().is_some() {
+        stops_at_eos(|| common::wgpu_backend().unwrap());
+    }
 }

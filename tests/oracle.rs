@@ -104,6 +104,7 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
             &GenerateOptions {
                 max_new_tokens: want.tokens.len() - p,
                 sampling: Sampling::Greedy,
+                ..Default::default()
             },
         )
         .unwrap();

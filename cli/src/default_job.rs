@@ -49,6 +49,8 @@ fn generate_on<B: ComputeBackend>(
     let opts = GenerateOptions {
         max_new_tokens: n,
         sampling: Sampling::Greedy,
+        // A fixed length: compared (or timed) token for token.
+        stop_at_eos: false,
     };
     // The first run compiles the GPU pipelines; time the second.
     model.generate(prompt, &opts)?;

@@ -26,6 +26,10 @@ pub struct Args {
     tokens: Option<String>,
     #[arg(long, default_value_t = 32)]
     max_new_tokens: usize,
+    /// Keep generating past the model's end-of-sequence tokens
+    /// (config.json's `eos_token_id`); by default generation stops at one.
+    #[arg(long)]
+    ignore_eos: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[arg(long, value_enum, default_value = "wgpu")]
@@ -87,6 +91,7 @@ pub fn run(a: Args) -> CliResult {
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         sampling: a.sampling.sampling(),
+        stop_at_eos: !a.ignore_eos,
     };
     let (g, device) = match a.backend {
         BackendKind::Cpu => generate_on(CpuBackend::new(), &a, &prompt, &opts)?,

@@ -69,6 +69,9 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     pub eps: f32,
     pub tie_embeddings: bool,
+    /// `eos_token_id` (one id or a list; empty when absent): the tokens
+    /// generation stops at when asked to.
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// Upper bounds that keep every size product far from overflow and reject
@@ -148,6 +151,8 @@ impl ModelConfig {
             final_softcap: Some(30.0),
             eps: 1e-6,
             tie_embeddings: true,
+            // Gemma 4: <eos> and <end_of_turn>.
+            eos_token_ids: vec![1, 106],
         }
     }
 
@@ -174,6 +179,16 @@ impl ModelConfig {
         in_range("num_hidden_layers", self.layers.len(), MAX_LAYERS)?;
         in_range("intermediate_size", self.intermediate, MAX_INTER)?;
         in_range("vocab_size", self.vocab, MAX_VOCAB)?;
+        if let Some(&id) = self
+            .eos_token_ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab)
+        {
+            bad(
+                "eos_token_id",
+                format!("{id} is past the vocabulary ({} tokens)", self.vocab),
+            )?;
+        }
         if self.sliding_window == 0 {
             return bad("sliding_window", "must be positive".into());
         }
@@ -444,6 +459,10 @@ fn parse_text_config(f: &Fields<'_>, root: &Fields<'_>) -> Result<ModelConfig> {
     // The model class reads tie_word_embeddings from the top-level config:
     // Gemma4ForConditionalGeneration ties by `Gemma4Config`, not `text_config`.
     let tie_embeddings = root.opt_bool("tie_word_embeddings")?.unwrap_or(true);
+    let eos_token_ids = match root.get("eos_token_id") {
+        Some(_) => parse_token_ids(root, "eos_token_id")?,
+        None => parse_token_ids(f, "eos_token_id")?,
+    };
 
     Ok(ModelConfig {
         hidden,
@@ -459,7 +478,22 @@ fn parse_text_config(f: &Fields<'_>, root: &Fields<'_>) -> Result<ModelConfig> {
         final_softcap,
         eps,
         tie_embeddings,
+        eos_token_ids,
     })
+}
+
+/// A token id field that may be one id or a list of ids (absent or null: none).
+fn parse_token_ids(f: &Fields<'_>, key: &str) -> Result<Vec<u32>> {
+    let one = |v: &serde_json::Value| -> Result<u32> {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| f.err(key, format!("{v} is not a token id")))
+    };
+    match f.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
+    }
 }
 
 /// `layer_types`, or transformers' default (5 sliding then 1 full). As in

@@ -50,6 +50,9 @@ impl Default for ModelOptions {
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     pub sampling: Sampling,
+    /// Stop after a token of the config's `eos_token_id` (it is the last
+    /// token returned). Off by default, so a run has a fixed length.
+    pub stop_at_eos: bool,
 }
 
 impl Default for GenerateOptions {
@@ -57,6 +60,7 @@ impl Default for GenerateOptions {
         GenerateOptions {
             max_new_tokens: 32,
             sampling: Sampling::Greedy,
+            stop_at_eos: false,
         }
     }
 }
@@ -326,15 +330,20 @@ impl<B: ComputeBackend> Model<B> {
         let (head, last) = prompt.split_at(prompt.len() - 1);
         self.prefill(head)?;
         self.backend.write_u32(&self.single.ids, 0, last)?;
+        let stop = if opts.stop_at_eos {
+            self.cfg.eos_token_ids.clone()
+        } else {
+            Vec::new()
+        };
         if greedy {
-            return self.generate_greedy(opts.max_new_tokens, prompt.len(), t0);
+            return self.generate_greedy(opts.max_new_tokens, &stop, prompt.len(), t0);
         }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
         let mut tok = self.decode_step(&mut sampler)?;
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
         let t1 = Instant::now();
-        while tokens.len() < opts.max_new_tokens {
+        while tokens.len() < opts.max_new_tokens && !stop.contains(&tok) {
             self.backend.write_u32(&self.single.ids, 0, &[tok])?;
             tok = self.decode_step(&mut sampler)?;
             tokens.push(tok);
@@ -347,7 +356,13 @@ impl<B: ComputeBackend> Model<B> {
     /// id the next step embeds, so step k + 1 is recorded and submitted
     /// before step k's 4-byte readback is waited for, and the device never
     /// idles while the host records a step. Still one submit per token.
-    fn generate_greedy(&mut self, n: usize, prompt_len: usize, t0: Instant) -> Result<Generation> {
+    fn generate_greedy(
+        &mut self,
+        n: usize,
+        stop: &[u32],
+        prompt_len: usize,
+        t0: Instant,
+    ) -> Result<Generation> {
         /// Steps recorded ahead of the token the host waits for.
         const AHEAD: usize = 2;
         let mut tokens = Vec::with_capacity(n);
@@ -382,6 +397,16 @@ impl<B: ComputeBackend> Model<B> {
             if tokens.len() == 1 {
                 prefill_tok_s = rate(prompt_len, t0);
                 t1 = Instant::now();
+            }
+            if tokens.last().is_some_and(|t| stop.contains(t)) {
+                // Steps recorded past the stop token never happened: drain
+                // their readbacks and take their positions back (their cache
+                // entries are overwritten by whatever comes next).
+                self.pos -= in_flight.len();
+                for t in in_flight.drain(..) {
+                    self.backend.finish_read_u32(t)?;
+                }
+                break;
             }
         }
         Ok(Generation::timed(tokens, prefill_tok_s, t1))

@@ -251,6 +251,7 @@ pub fn tiny_config() -> ModelConfig {
         final_softcap: Some(30.0),
         eps: 1e-6,
         tie_embeddings: true,
+        eos_token_ids: vec![1],
     }
 }
 

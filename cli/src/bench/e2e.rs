@@ -121,6 +121,8 @@ fn measure<B: ComputeBackend + Counters>(
     let greedy = |n| GenerateOptions {
         max_new_tokens: n,
         sampling: Sampling::Greedy,
+        // A fixed length: compared (or timed) token for token.
+        stop_at_eos: false,
     };
     // Warm up: compile every pipeline (both the batched and the decode path)
     // and bring the device to its working clocks.
