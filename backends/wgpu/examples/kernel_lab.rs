@@ -7,6 +7,12 @@
 //! f64 host result before it is timed.
 //!
 //! `cargo run --release -p turbospark-wgpu --example kernel_lab [FILTER]`
+//! (FILTER: a substring of `case/variant/checked`), or one of two special
+//! modes: `backend` (the backend's own LM head matmul against the lab's
+//! pipeline on its buffers) and `slots` (a 23 MB GEMV: the bench's chain
+//! against the lab's, one parameter binding or an arena slot per dispatch;
+//! written to settle why the bench's chain reads mid-size kernels slower
+//! than the lab and the decode profile, not yet run on the H200).
 
 use std::time::Instant;
 
@@ -598,6 +604,10 @@ fn main() {
         gemv_case(&lab, "tiny", 64, 512, &filter);
         return;
     }
+    if filter == "slots" {
+        slots_case();
+        return;
+    }
     if filter == "backend" {
         backend_case(262144, 2816);
         return;
@@ -731,4 +741,101 @@ fn backend_case(rows: usize, k: usize) {
     let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
     println!("lab pipeline on a write_buffer weight: chain {us:.2} us");
     gemv_case(&lab, "on-backend-device", rows, k, "base/unchecked");
+}
+
+/// The bench's chain against the lab's for a 23 MB GEMV on one device:
+/// the backend's `time_ops` over rotated weights, and the backend's
+/// pipeline timed by the lab with one parameter binding for every dispatch
+/// or a different arena slot per dispatch (as the backend binds them).
+fn slots_case() {
+    use turbospark::ops::Matmul;
+    use turbospark::{ComputeBackend, DType, HostBytes};
+    let (rows, k) = (4224usize, 2816usize);
+    let be = turbospark_wgpu::WgpuBackend::new(&Default::default()).unwrap();
+    let mut s = 9u64;
+    let wq: Vec<u16> = (0..rows * k)
+        .map(|_| bf16_bits(rng(&mut s) * 0.05))
+        .collect();
+    let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
+    let ws: Vec<_> = (0..23)
+        .map(|_| {
+            be.upload_weight(
+                DType::BF16,
+                rows,
+                k,
+                HostBytes::Slice(bytemuck::cast_slice(&wq)),
+                "w",
+            )
+            .unwrap()
+        })
+        .collect();
+    let xb = be
+        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
+        .unwrap();
+    let out = be.alloc(DType::F32, rows, "out").unwrap();
+    let p = Matmul { m: 1, n: rows, k };
+    let lab = Lab::with_device(be.device().clone(), be.queue().clone(), true);
+    let bp = be
+        .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
+        .unwrap();
+    let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
+    let xbuf = xb.wgpu_buffers().next().unwrap();
+    let obuf = out.wgpu_buffers().next().unwrap();
+    let one: Vec<_> = ws
+        .iter()
+        .map(|w| lab.bind(&bp, &rp, &[w.wgpu_buffers().next().unwrap(), xbuf, obuf]))
+        .collect();
+    // Warm the clocks: ~0.5 s of chains.
+    for _ in 0..50 {
+        lab.time(&bp, &one, (rows / 8) as u32, CHAIN);
+    }
+    let us = lab.time(&bp, &one, (rows / 8) as u32, CHAIN);
+    println!("lab chain, one parameter binding: {us:.2} us");
+    let arena = lab.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 1 << 20,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut groups = Vec::new();
+    for i in 0..CHAIN as usize {
+        let off = (i * 256) as u64;
+        lab.queue.write_buffer(
+            &arena,
+            off,
+            bytemuck::cast_slice(&[k as u32, k as u32, rows as u32, 0]),
+        );
+        let g0 = lab.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &bp.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &arena,
+                    offset: off,
+                    size: wgpu::BufferSize::new(256),
+                }),
+            }],
+        });
+        let w = ws[i % ws.len()].wgpu_buffers().next().unwrap();
+        let (_, g1) = lab.bind(&bp, &rp, &[w, xbuf, obuf]);
+        groups.push((g0, g1));
+    }
+    let us = lab.time(&bp, &groups, (rows / 8) as u32, CHAIN);
+    println!("lab chain, an arena slot per dispatch: {us:.2} us");
+    let mut v = be
+        .time_ops(200, |i| be.matmul(&ws[i % ws.len()], &xb, &out, p))
+        .unwrap()
+        .unwrap();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("backend time_ops chain: {:.2} us", v[v.len() / 2] * 1e6);
+    let t = Instant::now();
+    for i in 0..2000 {
+        be.matmul(&ws[i % ws.len()], &xb, &out, p).unwrap();
+    }
+    be.sync().unwrap();
+    println!(
+        "backend, 2000 calls, wall: {:.2} us per call",
+        t.elapsed().as_secs_f64() * 1e6 / 2000.0
+    );
 }
