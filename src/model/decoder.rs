@@ -1,22 +1,28 @@
 //! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
 //!
 //! One forward pass over `m` tokens (a prefill micro-batch, or one decode
-//! token) records, per layer:
+//! token) records, per layer (13 ops when decoding):
 //!
 //! ```text
-//! y  = input_layernorm(x)
-//! q  = rope(q_norm(q_proj y)); k = rope(k_norm(k_proj y))
-//! v  = rmsnorm_noweight(v_proj y)       (k_eq_v layers: of the RAW k_proj y)
-//! kv_append(k, v); a = attention(q, cache, scale 1, window on sliding layers)
-//! r  = x + post_attention_layernorm(o_proj a)                 (one rms_norm op)
-//! h1 = post_ff_1(down(gelu_mul(gate_up(pre_ff(r)))))
-//! h2 = post_ff_2(moe(pre_ff_2(r), router(r)))
-//! x  = (r + post_feedforward_layernorm(h1 + h2)) * layer_scalar (one rms_norm op)
+//! y   = input_layernorm(x)                   (the previous layer's post_ffn)
+//! qkv = [q_proj | k_proj | v_proj] y         (one matmul over stacked weights)
+//! q = rope(q_norm q); k = rope(k_norm k); v = rmsnorm_noweight(v)
+//!       (k_eq_v layers: v from the RAW k), k and v appended to the cache
+//!                                            (qkv_post)
+//! a   = attention(q, cache, scale 1, window on sliding layers)
+//! r   = x + post_attention_layernorm(o_proj a);
+//!       ff = pre_ff(r); moe_in = pre_ff_2(r) (post_attention)
+//! h1  = down(gelu(gate ff) * up ff)          (decode: a one-expert moe_gate_up)
+//! h2  = moe(moe_in, router(r))
+//! x   = (r + post_feedforward_layernorm(post_ff_1 h1 + post_ff_2 h2))
+//!       * layer_scalar, and the next layer's input norm of x
+//!                                            (post_ffn)
 //! ```
 //!
-//! then the final norm, the tied LM head and the softcap. Ops never alias
-//! their inputs, so every stage writes its own scratch buffer; the residual
-//! stream needs no ping-pong because the layer's last op reads `r`, not `x`.
+//! then the tied LM head (the last post_ffn applied the final norm) and the
+//! softcap. Ops never alias their inputs, so every stage writes its own
+//! scratch buffer; the residual stream needs no ping-pong because post_ffn
+//! reads `r`, not `x`.
 
 use std::time::Instant;
 
@@ -309,7 +315,9 @@ impl<B: ComputeBackend> Model<B> {
     /// the head runs once per new token. Each decode step is one submit and
     /// one small readback: with greedy sampling the argmax runs on the device
     /// and writes straight into the id buffer the next step embeds, so only
-    /// 4 bytes come back; other sampling reads back the logits row.
+    /// 4 bytes come back and the next step is recorded before they do
+    /// (pipelined); other sampling reads back the logits row. With
+    /// `opts.stop_at_eos`, generation ends after an `eos_token_id` token.
     pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
         if prompt.is_empty() {
             return Err(Error::InvalidInput("empty prompt".into()));
