@@ -291,24 +291,8 @@ impl QkvPost {
                 ("capacity", self.capacity),
             ],
         )?;
-        if self.head_dim % 2 != 0 || self.rot_pairs > self.head_dim / 2 {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "head_dim {} must be even and rot_pairs {} <= head_dim/2",
-                    self.head_dim, self.rot_pairs
-                ),
-            ));
-        }
-        if self.m > self.capacity {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "{} new entries do not fit a cache of {} slots",
-                    self.m, self.capacity
-                ),
-            ));
-        }
+        rope_dims(OP, self.head_dim, self.rot_pairs)?;
+        fits_cache(OP, self.m, self.capacity)?;
         let kv = self.kv_heads * self.head_dim;
         check_buf(OP, "raw", raw, &F32, self.m * self.raw_row())?;
         check_buf(OP, "w_q", wq, &FLOATS, self.head_dim)?;
@@ -383,6 +367,29 @@ pub fn no_alias<B: DeviceBuffer>(op: &'static str, out: &B, inputs: &[Option<&B>
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub const F32: [DType; 1] = [DType::F32];
 pub const U32: [DType; 1] = [DType::U32];
+
+/// RoPE turns pairs (d, d + head_dim / 2): head_dim even, at most half of
+/// it rotated.
+fn rope_dims(op: &'static str, head_dim: usize, rot_pairs: usize) -> Result<()> {
+    if head_dim % 2 != 0 || rot_pairs > head_dim / 2 {
+        return Err(Error::shape(
+            op,
+            format!("head_dim {head_dim} must be even and rot_pairs {rot_pairs} <= head_dim/2"),
+        ));
+    }
+    Ok(())
+}
+
+/// `m` new cache entries at once need `m` distinct slots.
+fn fits_cache(op: &'static str, m: usize, capacity: usize) -> Result<()> {
+    if m > capacity {
+        return Err(Error::shape(
+            op,
+            format!("{m} new entries do not fit a cache of {capacity} slots"),
+        ));
+    }
+    Ok(())
+}
 
 pub fn nonzero(op: &'static str, what: &[(&str, usize)]) -> Result<()> {
     for (name, v) in what {
@@ -541,15 +548,7 @@ impl Rope {
                 ("head_dim", self.head_dim),
             ],
         )?;
-        if self.head_dim % 2 != 0 || self.rot_pairs > self.head_dim / 2 {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "head_dim {} must be even and rot_pairs {} <= head_dim/2",
-                    self.head_dim, self.rot_pairs
-                ),
-            ));
-        }
+        rope_dims(OP, self.head_dim, self.rot_pairs)?;
         check_buf(OP, "x", x, &F32, self.m * self.heads * self.head_dim)?;
         check_buf(OP, "positions", pos, &U32, self.m)
     }
@@ -567,15 +566,7 @@ impl KvAppend {
                 ("capacity", self.capacity),
             ],
         )?;
-        if self.m > self.capacity {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "{} new entries do not fit a cache of {} slots",
-                    self.m, self.capacity
-                ),
-            ));
-        }
+        fits_cache(OP, self.m, self.capacity)?;
         let row = self.kv_heads * self.head_dim;
         check_buf(OP, "k", k, &F32, self.m * row)?;
         check_buf(OP, "v", v, &F32, self.m * row)?;
