@@ -417,7 +417,7 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
             println!(
                 "  {entry:8} {:9}  chain {us:8.2} us  {:7.0} GB/s  solo pass {solo:8.2} us  err {err:.1e}  ({:.1}s)",
                 if checked { "checked" } else { "unchecked" },
-                gb / us * 1e6 / 1e3,
+                gb / us * 1e6,
                 t0.elapsed().as_secs_f64()
             );
         }

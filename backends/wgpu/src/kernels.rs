@@ -47,10 +47,8 @@ pub fn source(name: &str) -> Option<String> {
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index
 /// clamping, loop bounding, division guards): `TURBOSPARK_SHADER_CHECKS=1`.
-/// Off by default: on the H200 the checks made the decode GEMV 2.6x slower
-/// (888 us against 337 us for the LM head) and the MoE GEMVs 1.4x slower,
-/// mostly by clamping indices into per-thread arrays, which then cannot live
-/// in registers.
+/// Off by default: on the H200 the checks made the LM head GEMV 2.6x slower
+/// (888 us against 337 us, docs/decisions.md).
 pub fn shader_checks() -> bool {
     std::env::var("TURBOSPARK_SHADER_CHECKS").is_ok_and(|v| v == "1")
 }
