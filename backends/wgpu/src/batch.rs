@@ -88,12 +88,12 @@ impl WgpuBackend {
     /// Record one dispatch into the current batch.
     pub(crate) fn launch(&self, l: Launch<'_>) -> Result<()> {
         debug_assert!(l.params.len() as u64 <= PARAM_SLOT);
-        let key = PipelineKey {
-            kernel: l.kernel,
-            entry: l.entry,
-            constants: l.constants.to_vec(),
-            access: l.buffers.iter().map(|(_, ro)| *ro).collect(),
-        };
+        let key = PipelineKey::new(
+            l.kernel,
+            l.entry,
+            l.constants,
+            l.buffers.iter().map(|(_, ro)| *ro),
+        );
         let pipe = self.cache.get(&self.device, &self.params_layout, &key)?;
         let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
         let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());

@@ -74,6 +74,22 @@ pub(crate) struct PipelineKey {
     pub access: Vec<bool>,
 }
 
+impl PipelineKey {
+    pub fn new(
+        kernel: &'static str,
+        entry: &'static str,
+        constants: &[(&'static str, i64)],
+        read_only: impl IntoIterator<Item = bool>,
+    ) -> Self {
+        PipelineKey {
+            kernel,
+            entry,
+            constants: constants.to_vec(),
+            access: read_only.into_iter().collect(),
+        }
+    }
+}
+
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub storage_layout: wgpu::BindGroupLayout,

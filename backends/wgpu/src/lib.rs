@@ -303,12 +303,7 @@ impl WgpuBackend {
         constants: &[(&'static str, i64)],
         read_only: &[bool],
     ) -> Result<wgpu::ComputePipeline> {
-        let key = kernels::PipelineKey {
-            kernel,
-            entry,
-            constants: constants.to_vec(),
-            access: read_only.to_vec(),
-        };
+        let key = kernels::PipelineKey::new(kernel, entry, constants, read_only.iter().copied());
         Ok(self
             .cache
             .get(&self.device, &self.params_layout, &key)?
