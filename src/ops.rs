@@ -151,6 +151,32 @@ pub struct QkvPost {
     pub v_from_k: bool,
 }
 
+/// The argument checks of a fused op: each present input has one of its
+/// dtypes and at least its elements, each present output is f32 with at
+/// least its elements, no output aliases an input or an earlier output.
+/// Returns every argument, inputs first (absent ones as `None`).
+#[allow(clippy::type_complexity)]
+fn check_args<'a, B: DeviceBuffer>(
+    op: &'static str,
+    ins: &[(&str, Option<&'a B>, &[DType], usize)],
+    outs: &[(&str, Option<&'a B>, usize)],
+) -> Result<Vec<Option<&'a B>>> {
+    for (name, b, dtypes, need) in ins {
+        if let Some(b) = b {
+            check_buf(op, name, *b, dtypes, *need)?;
+        }
+    }
+    for (name, b, need) in outs {
+        if let Some(b) = b {
+            check_buf(op, name, *b, &F32, *need)?;
+        }
+    }
+    let ins: Vec<Option<&B>> = ins.iter().map(|a| a.1).collect();
+    let outs: Vec<Option<&B>> = outs.iter().map(|a| a.1).collect();
+    no_alias_all(op, &outs, &ins)?;
+    Ok([ins, outs].concat())
+}
+
 /// No output aliases an input or an earlier output.
 pub fn no_alias_all<B: DeviceBuffer>(
     op: &'static str,
@@ -183,27 +209,18 @@ impl PostAttention {
         nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
         let n = self.rows * self.dim;
         let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
-        check_buf(OP, "o", o, &F32, n)?;
-        check_buf(OP, "x", x, &F32, n)?;
-        let weights = [
-            ("w_post", Some(w_post)),
-            ("w_ff", Some(w_ff)),
-            ("w_moe", w_moe),
-        ];
-        for (name, w) in weights {
-            if let Some(w) = w {
-                check_buf(OP, name, w, &FLOATS, self.dim)?;
-            }
-        }
-        for (name, b) in [("r", Some(r)), ("ff", Some(ff)), ("moe", moe_out)] {
-            if let Some(b) = b {
-                check_buf(OP, name, b, &F32, n)?;
-            }
-        }
-        let ins = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
-        let outs = [Some(r), Some(ff), moe_out];
-        no_alias_all(OP, &outs, &ins)?;
-        Ok([ins.as_slice(), &outs].concat())
+        let d = self.dim;
+        check_args(
+            OP,
+            &[
+                ("o", Some(o), &F32, n),
+                ("x", Some(x), &F32, n),
+                ("w_post", Some(w_post), &FLOATS, d),
+                ("w_ff", Some(w_ff), &FLOATS, d),
+                ("w_moe", w_moe, &FLOATS, d),
+            ],
+            &[("r", Some(r), n), ("ff", Some(ff), n), ("moe", moe_out, n)],
+        )
     }
 }
 
@@ -225,39 +242,20 @@ impl PostFfn {
         let n = self.rows * self.dim;
         let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
         let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
-        for (name, b) in [("dense", Some(dense)), ("moe", m_act), ("r", Some(r))] {
-            if let Some(b) = b {
-                check_buf(OP, name, b, &F32, n)?;
-            }
-        }
-        let weights = [
-            ("w_dense", Some(w_dense)),
-            ("w_moe", w_moe),
-            ("w_sum", w_sum),
-            ("w_next", w_next),
-        ];
-        for (name, w) in weights {
-            if let Some(w) = w {
-                check_buf(OP, name, w, &FLOATS, self.dim)?;
-            }
-        }
-        for (name, b) in [("x", Some(x)), ("normed", normed)] {
-            if let Some(b) = b {
-                check_buf(OP, name, b, &F32, n)?;
-            }
-        }
-        let ins = [
-            Some(dense),
-            Some(w_dense),
-            m_act,
-            w_moe,
-            w_sum,
-            Some(r),
-            w_next,
-        ];
-        let outs = [Some(x), normed];
-        no_alias_all(OP, &outs, &ins)?;
-        Ok([ins.as_slice(), &outs].concat())
+        let d = self.dim;
+        check_args(
+            OP,
+            &[
+                ("dense", Some(dense), &F32, n),
+                ("moe", m_act, &F32, n),
+                ("r", Some(r), &F32, n),
+                ("w_dense", Some(w_dense), &FLOATS, d),
+                ("w_moe", w_moe, &FLOATS, d),
+                ("w_sum", w_sum, &FLOATS, d),
+                ("w_next", w_next, &FLOATS, d),
+            ],
+            &[("x", Some(x), n), ("normed", normed, n)],
+        )
     }
 }
 
@@ -293,18 +291,21 @@ impl QkvPost {
         )?;
         rope_dims(OP, self.head_dim, self.rot_pairs)?;
         fits_cache(OP, self.m, self.capacity)?;
-        let kv = self.kv_heads * self.head_dim;
-        check_buf(OP, "raw", raw, &F32, self.m * self.raw_row())?;
-        check_buf(OP, "w_q", wq, &FLOATS, self.head_dim)?;
-        check_buf(OP, "w_k", wk, &FLOATS, self.head_dim)?;
-        check_buf(OP, "positions", pos, &U32, self.m)?;
-        check_buf(OP, "q", q, &F32, self.m * self.heads * self.head_dim)?;
-        check_buf(OP, "k_cache", kc, &F32, self.capacity * kv)?;
-        check_buf(OP, "v_cache", vc, &F32, self.capacity * kv)?;
-        let ins = [Some(raw), Some(wq), Some(wk), Some(pos)];
-        let outs = [Some(q), Some(kc), Some(vc)];
-        no_alias_all(OP, &outs, &ins)?;
-        Ok([ins.as_slice(), &outs].concat())
+        let (kv, hd) = (self.capacity * self.kv_heads * self.head_dim, self.head_dim);
+        check_args(
+            OP,
+            &[
+                ("raw", Some(raw), &F32, self.m * self.raw_row()),
+                ("w_q", Some(wq), &FLOATS, hd),
+                ("w_k", Some(wk), &FLOATS, hd),
+                ("positions", Some(pos), &U32, self.m),
+            ],
+            &[
+                ("q", Some(q), self.m * self.heads * hd),
+                ("k_cache", Some(kc), kv),
+                ("v_cache", Some(vc), kv),
+            ],
+        )
     }
 }
 
