@@ -530,7 +530,7 @@ fn moe_case(lab: &Lab, filter: &str) {
         if !lab.subgroups {
             continue;
         }
-        let lsrc = format!("{COMMON}\n{MOE_LAB}");
+        let lsrc = format!("{COMMON}\n{MOE}\n{MOE_LAB}");
         let lm = lab.module(&lsrc, checked);
         let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
         for (entry, wgs, bk, is_down) in [

@@ -1,37 +1,8 @@
 // MoE decode variants for examples/kernel_lab.rs: top-8 experts, bf16,
-// hidden 2816, inter 704. Bindings as kernels/moe_decode.wgsl.
-struct Params {
-    m: u32,
-    hidden: u32,
-    inter: u32,
-    experts: u32,
-    top_k: u32,
-    direct: u32,
-    nslots: u32,
-    nrb: u32,
-}
+// hidden 2816, inter 704. Compiled after kernels/moe_decode.wgsl, whose
+// parameters, bindings, constants (LANES, BK, TOPK) and dot8 it reuses.
 
-@group(0) @binding(0) var<uniform> P: Params;
-@group(1) @binding(0) var<storage, read> IDS: array<u32>;
-@group(1) @binding(1) var<storage, read> W: array<vec4<u32>>;
-@group(1) @binding(2) var<storage, read> A: array<vec4<f32>>;
-@group(1) @binding(3) var<storage, read> WTS: array<f32>;
-@group(1) @binding(4) var<storage, read_write> OUT: array<f32>;
-
-const LANES: u32 = 32u;
-override TOPK: u32 = 8u;
-// blocks (16 bytes) per row: hidden / 8 for gate_up, inter / 8 for down.
-override BK: u32 = 352u;
-var<workgroup> red: array<f32, 256>;
 var<workgroup> wsum: array<f32, 64>;
-
-fn dot8(w: vec4<u32>, xi: u32) -> f32 {
-    let a = decode_pair(w.x);
-    let b = decode_pair(w.y);
-    let c = decode_pair(w.z);
-    let d = decode_pair(w.w);
-    return dot(vec4<f32>(a, b), A[xi]) + dot(vec4<f32>(c, d), A[xi + 1u]);
-}
 
 fn row_dot(base: u32, lane: u32) -> f32 {
     var a0 = 0.0;

@@ -80,3 +80,34 @@ fn every_kernel_file_is_registered() {
         }
     }
 }
+
+/// The kernel lab's variant files (examples/kernel_lab*.wgsl) still parse and
+/// validate against the kernels they build on, so the lab does not rot
+/// between GPU sessions.
+#[test]
+fn kernel_lab_sources_validate() {
+    let common = include_str!("../../../kernels/common.wgsl");
+    for (name, src) in [
+        (
+            "kernel_lab.wgsl",
+            format!("{common}\n{}", include_str!("../examples/kernel_lab.wgsl")),
+        ),
+        (
+            "kernel_lab_moe.wgsl",
+            format!(
+                "{common}\n{}\n{}",
+                include_str!("../../../kernels/moe_decode.wgsl"),
+                include_str!("../examples/kernel_lab_moe.wgsl")
+            ),
+        ),
+    ] {
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+        Validator::new(
+            ValidationFlags::all(),
+            Capabilities::default() | Capabilities::SUBGROUP,
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+    }
+}
