@@ -2,7 +2,7 @@
 //! small ones under `--quick`), what each must move, and the input sets
 //! that rotate between repetitions.
 
-use turbospark::ops::{Attention, Matmul, Moe, RmsNorm, Router};
+use turbospark::ops::{Attention, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 use turbospark::parity::{HostTensor, Op};
 use turbospark::DType::{self, BF16};
 
@@ -253,10 +253,64 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 m,
             );
         }
+        // The fused steps between the GEMVs (the decoder's "glue").
+        let qkv = |heads, kv_heads, head_dim, rot_pairs, theta, capacity, v_from_k| Op::QkvPost {
+            p: QkvPost {
+                m,
+                heads,
+                kv_heads,
+                head_dim,
+                rot_pairs,
+                theta,
+                eps: 1e-6,
+                capacity,
+                v_from_k,
+            },
+            pos0: s.ring + 3,
+            w: BF16,
+        };
         push(
-            format!("add (residual) m={m}"),
+            format!("qkv_post sliding m={m}"),
             "glue",
-            Op::Add { n: m * h },
+            qkv(sh, skv, sd, sd / 2, 10_000.0, s.ring, false),
+            m,
+        );
+        // Full layers: partial RoPE (a quarter of the dims), V from raw K.
+        let ctx = s.contexts[1];
+        push(
+            format!("qkv_post full m={m}"),
+            "glue",
+            qkv(fh, fkv, fd, fd / 8, 1_000_000.0, ctx, true),
+            m,
+        );
+        push(
+            format!("post_attention m={m}"),
+            "glue",
+            Op::PostAttention {
+                p: PostAttention {
+                    rows: m,
+                    dim: h,
+                    eps: 1e-6,
+                },
+                moe: true,
+                w: BF16,
+            },
+            m,
+        );
+        push(
+            format!("post_ffn m={m}"),
+            "glue",
+            Op::PostFfn {
+                p: PostFfn {
+                    rows: m,
+                    dim: h,
+                    eps: 1e-6,
+                    scale: 1.0,
+                },
+                moe: true,
+                next: true,
+                w: BF16,
+            },
             m,
         );
         push(format!("lm_head m={m}"), "lm head", mm(m, s.vocab, h), m);
@@ -371,6 +425,17 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
             n * f * (2 + *residual as u64) + weight.map_or(0, |d| p.dim as u64 * ws(&d))
         }
         Op::Argmax { rows, n } => (rows * n) as u64 * f + *rows as u64 * 4,
+        // The raw rows, two norm weights and the positions in; q out, and
+        // only the new cache entries (not the whole caches).
+        Op::QkvPost { p, w, .. } => {
+            let (m, hd) = (p.m as u64, p.head_dim as u64);
+            let kv = m * p.kv_heads as u64 * hd * f;
+            m * p.raw_row() as u64 * f
+                + 2 * hd * ws(w)
+                + m * 4
+                + m * p.heads as u64 * hd * f
+                + 2 * kv
+        }
         Op::GeluMul { rows, n } => (rows * n) as u64 * f * 3,
         // Everything else: the inputs once and each output once.
         _ => {
