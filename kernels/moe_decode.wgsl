@@ -2,8 +2,9 @@
 // fast path of kernels/moe.wgsl, laid out like kernels/gemv.wgsl. Each weight
 // row is read by 32 threads as vec4<u32> (8 weights, 16 bytes) per load,
 // consecutive threads on consecutive 16-byte blocks, with plain scalar
-// accumulators (no dynamically indexed arrays that could spill); 8 rows per
-// 256-thread workgroup, reduced in workgroup memory (no subgroup operations).
+// accumulators (no dynamically indexed arrays that could spill); 8 weight
+// rows per 256-thread workgroup, reduced in workgroup memory (no subgroup
+// operations).
 //
 //   moe_gate_up_decode  ACT[j, i] = gelu_tanh(gate_e . x) * (up_e . x), e = IDS[j]
 //                       (hidden a multiple of 8: rows start on 16-byte boundaries)
@@ -37,7 +38,6 @@ struct Params {
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;
 var<workgroup> part_a: array<f32, 256>;
-var<workgroup> part_b: array<f32, 256>;
 
 // Eight weights (one 16-byte block) dotted with the 8 activations starting at
 // vec4 index `xi` of A.
@@ -49,15 +49,12 @@ fn dot8(w: vec4<u32>, xi: u32) -> f32 {
     return dot(vec4<f32>(a, b), A[xi]) + dot(vec4<f32>(c, d), A[xi + 1u]);
 }
 
-// Sum part_a (and part_b when `both`) over the 32 lanes of each row (into lane 0).
-fn reduce_lanes(t: u32, lane: u32, both: bool) {
+// Sum part_a over the 32 lanes of each row (into lane 0).
+fn reduce_lanes(t: u32, lane: u32) {
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
             part_a[t] += part_a[t + s];
-            if (both) {
-                part_b[t] += part_b[t + s];
-            }
         }
         workgroupBarrier();
     }
@@ -73,41 +70,47 @@ const MAXK: u32 = 16u;
 var<workgroup> sid: array<u32, MAXK>;
 var<workgroup> swt: array<f32, MAXK>;
 
-// Workgroup g: slot j = g / nrb, rows (g % nrb) * 8 .. + 8 of the slot's
-// activation row, one gate row and its up row per 32 threads.
+// Workgroup g: slot j = g / nrb, activation rows i0 = (g % nrb) * 4 .. + 4.
+// Each 32 threads take one weight row: threads 0-127 the gate rows i0.., 128-255
+// the up rows i0.. (one row per 32 lanes rather than a gate and an up row
+// each: twice the lanes, each with half the loads in turn; on the H200 this
+// is 3x faster at top-8 of 128, see BENCHMARKS.md).
+const PAIRS: u32 = 4u;
+
 @compute @workgroup_size(256)
 fn moe_gate_up_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) t: u32) {
     let g = linear_group(wg, nwg);
     let j = g / P.nrb;
     let lane = t % LANES;
-    let i = (g % P.nrb) * ROWS + t / LANES;
+    let s = t / LANES;
+    let i0 = (g % P.nrb) * PAIRS;
+    let i = i0 + s % PAIRS;
+    let up = s / PAIRS;
     let n = P.inter;
-    var ag = 0.0;
-    var au = 0.0;
+    var acc = 0.0;
     var valid = false;
-    if (j < TOPK && i < n) {
+    if (j < TOPK) {
+        valid = IDS[j] < P.experts;
+    }
+    if (valid && i < n) {
         let e = IDS[j];
-        valid = e < P.experts;
-        if (valid) {
-            let gbase = (e * 2u * n + i) * BK;
-            let ubase = gbase + n * BK;
+        {
+            let base = (e * 2u * n + up * n + i) * BK;
             for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
                 let b = lane + c * LANES;
                 if (b < BK) {
-                    let gw = W[gbase + b];
-                    let uw = W[ubase + b];
-                    ag += dot8(gw, 2u * b);
-                    au += dot8(uw, 2u * b);
+                    acc += dot8(W[base + b], 2u * b);
                 }
             }
         }
     }
-    part_a[t] = ag;
-    part_b[t] = au;
-    reduce_lanes(t, lane, true);
-    if (lane == 0u && valid) {
-        OUT[j * n + i] = gelu_tanh(part_a[t]) * part_b[t];
+    part_a[t] = acc;
+    reduce_lanes(t, lane);
+    // Thread t < 4 writes activation row i0 + t (valid is the slot's, the
+    // same for every thread).
+    if (t < PAIRS && valid && i0 + t < n) {
+        OUT[j * n + i0 + t] = gelu_tanh(part_a[t * LANES]) * part_a[(t + PAIRS) * LANES];
     }
 }
 
@@ -146,7 +149,7 @@ fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         }
     }
     part_a[t] = acc;
-    reduce_lanes(t, lane, false);
+    reduce_lanes(t, lane);
     if (lane == 0u && r < h) {
         OUT[r] = part_a[t];
     }

@@ -92,6 +92,8 @@ fn moe(full: bool) -> Vec<Op> {
             (17, 6, 3, 130, 42, BF16),
             // decode fast path with f16 weights and small sizes
             (1, 5, 3, 64, 24, F16),
+            // decode gate_up with a partial last workgroup (inter % 4 != 0)
+            (1, 6, 2, 128, 30, BF16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

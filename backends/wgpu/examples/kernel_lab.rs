@@ -27,6 +27,8 @@ const MOE_LAB: &str = include_str!("kernel_lab_moe.wgsl");
 /// Dispatches per timed pass and timed passes per figure.
 const CHAIN: u32 = 100;
 const REPS: usize = 5;
+/// Seconds of back-to-back passes before each figure (clock warm-up).
+const WARM: f64 = 0.15;
 
 struct Lab {
     device: wgpu::Device,
@@ -249,6 +251,30 @@ impl Lab {
         wgs: u32,
         chain: u32,
     ) -> f64 {
+        // Keep the GPU busy for a while first: an H200 that idled (between
+        // cases the host builds data) runs at low clocks, and a cold chain
+        // reads 2-4x slow. Ten passes per wait, until WARM has passed.
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < WARM {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            for _ in 0..10 {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(p);
+                for i in 0..chain as usize {
+                    let (g0, g1) = &groups[i % groups.len()];
+                    pass.set_bind_group(0, g0, &[]);
+                    pass.set_bind_group(1, g1, &[]);
+                    pass.dispatch_workgroups(wgs, 1, 1);
+                }
+            }
+            self.queue.submit([enc.finish()]);
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                })
+                .unwrap();
+        }
         let mut per = Vec::new();
         for _ in 0..REPS {
             let mut enc = self.device.create_command_encoder(&Default::default());
@@ -472,7 +498,8 @@ fn moe_case(lab: &Lab, filter: &str) {
             lab.storage(bytemuck::cast_slice(&v))
         })
         .collect();
-    let rb = 8u32;
+    // Activation rows per gate_up workgroup (moe_decode.wgsl's PAIRS).
+    let rb = 4u32;
     let nrb = inter as u32 / rb;
     let params = lab.uniform(&[
         1,
@@ -484,6 +511,8 @@ fn moe_case(lab: &Lab, filter: &str) {
         top_k as u32,
         nrb,
     ]);
+    // moe_decode.wgsl's BK defaults to gate_up's hidden / 8: down's is inter / 8.
+    let down_k = [("WDTYPE", 2.0), ("BK", (inter / 8) as f64)];
     let src = format!("{COMMON}\n{MOE}");
     println!("\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}");
     for checked in [true, false] {
@@ -516,7 +545,7 @@ fn moe_case(lab: &Lab, filter: &str) {
             "  gate_up {tag:9} chain {us:8.2} us  {:7.0} GB/s",
             mb / us * 1e3
         );
-        let p = lab.pipeline(&module, "moe_down_decode", &[("WDTYPE", 2.0)], 5);
+        let p = lab.pipeline(&module, "moe_down_decode", &down_k, 5);
         let groups: Vec<_> = ids
             .iter()
             .map(|id| lab.bind(&p, &params, &[id, &dnb, &actb, &wts, &out]))
@@ -570,7 +599,7 @@ fn moe_case(lab: &Lab, filter: &str) {
                 .collect();
             // Check against the backend kernel's result on the first id set.
             let (want, got) = if is_down {
-                let bp = lab.pipeline(&module, "moe_down_decode", &[("WDTYPE", 2.0)], 5);
+                let bp = lab.pipeline(&module, "moe_down_decode", &down_k, 5);
                 let bg = [lab.bind(&bp, &params, &[&ids[0], &dnb, &actb, &wts, &out])];
                 lab.time(&bp, &bg, hidden as u32 / 8, 1);
                 let want = lab.read_f32(&out, hidden);
@@ -616,6 +645,10 @@ fn main() {
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);
     gemv_case(&lab, "o_proj", 2816, 4096, &filter);
+    // The MoE phases' byte counts as plain GEMVs: does the GEMV itself slow
+    // down past ~24 MB, or is it the expert layout?
+    gemv_case(&lab, "rows_11264", 11264, 2816, &filter);
+    gemv_case(&lab, "rows_5632", 5632, 2816, &filter);
     gemv_case(&lab, "lm_head", 262144, 2816, &filter);
 }
 
@@ -829,6 +862,26 @@ fn slots_case() {
         .unwrap();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!("backend time_ops chain: {:.2} us", v[v.len() / 2] * 1e6);
+    // What the bench does differently: many more calls per sample, and x
+    // rotating with the weights (its input sets).
+    let mut v = be
+        .time_ops(2000, |i| be.matmul(&ws[i % ws.len()], &xb, &out, p))
+        .unwrap()
+        .unwrap();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("backend time_ops, 2000 calls: {:.2} us", v[v.len() / 2] * 1e6);
+    let xs: Vec<_> = (0..ws.len())
+        .map(|_| {
+            be.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
+                .unwrap()
+        })
+        .collect();
+    let mut v = be
+        .time_ops(200, |i| be.matmul(&ws[i % ws.len()], &xs[i % ws.len()], &out, p))
+        .unwrap()
+        .unwrap();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("backend time_ops, x rotating too: {:.2} us", v[v.len() / 2] * 1e6);
     let t = Instant::now();
     for i in 0..2000 {
         be.matmul(&ws[i % ws.len()], &xb, &out, p).unwrap();

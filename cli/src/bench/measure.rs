@@ -90,8 +90,12 @@ pub struct Budget {
     pub warmup_seconds: f64,
 }
 
-/// Calls of `f` back to back for about `seconds` (one call takes `once`),
-/// then a wait: the clock warm-up before timing.
+/// Calls of `f` back to back until about `seconds` of wall time have passed
+/// (one call takes `once`): the clock warm-up before timing. The calls go in
+/// batches of about 20 ms with a wait after each, so the device is busy the
+/// whole time rather than for one batch sized from the host's recording speed
+/// (an H200 that idled between cases runs at low clocks, and a mid-size
+/// kernel timed cold reads 2-4x slow).
 fn warm_up<B: Bench>(
     b: &B,
     seconds: f64,
@@ -101,11 +105,17 @@ fn warm_up<B: Bench>(
     if seconds <= 0.0 {
         return Ok(());
     }
-    let n = ((seconds / once.max(1e-7)) as usize).clamp(1, 50_000);
-    for i in 0..n {
-        f(i)?;
+    let batch = ((0.02 / once.max(1e-7)) as usize).clamp(1, 2_000);
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed().as_secs_f64() < seconds {
+        for _ in 0..batch {
+            f(i)?;
+            i += 1;
+        }
+        b.sync()?;
     }
-    b.sync()
+    Ok(())
 }
 
 /// What the bench needs of a backend beyond [`ComputeBackend`].

@@ -314,7 +314,9 @@ fn split_and_combine(
     })
 }
 
-/// Keys per chunk of `attn_decode` (its `KD`); a split takes at least two.
+/// Keys per chunk of `attn_decode` (its `KD`), the least a split takes: at
+/// decode contexts of a few hundred keys, more splits of one chunk each beat
+/// fewer of two (the chunk loop is a serial chain of barriers).
 const DECODE_KEYS: usize = 32;
 /// Decode workgroups to aim for: a few per compute unit of a large GPU,
 /// without making the partials a noticeable share of the K/V read.
@@ -338,7 +340,7 @@ fn attention_decode(
     } else {
         p.capacity
     };
-    let min_chunk = 2 * DECODE_KEYS;
+    let min_chunk = DECODE_KEYS;
     let nq = p.heads;
     let nsplit = keys
         .div_ceil(min_chunk)

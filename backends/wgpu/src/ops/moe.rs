@@ -22,6 +22,9 @@ const DOWN_ROWS: usize = 4;
 const TOKENS_PER_GROUP: usize = 16;
 /// Output rows per workgroup of the decode kernels (kernels/moe_decode.wgsl).
 const DECODE_ROWS: usize = 8;
+/// Activation rows (gate and up row pairs) per `moe_gate_up_decode` workgroup
+/// (its `PAIRS`).
+const DECODE_PAIRS: usize = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -205,7 +208,7 @@ pub(crate) fn moe_gate_up(
     let wb = weight(be, gu, "moe_gate_up")?;
     if decode_path(&p, p.hidden, gu.dtype) {
         let mut params = decode_params(&p);
-        params.nrb = p.inter.div_ceil(DECODE_ROWS) as u32;
+        params.nrb = p.inter.div_ceil(DECODE_PAIRS) as u32;
         let xb = one(x);
         return be.launch(Launch {
             kernel: "moe_decode",
