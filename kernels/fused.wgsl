@@ -31,21 +31,11 @@ override WD3: u32 = 0u;
 
 // Threads per row: 1024 where the device allows, else 256 (a power of two).
 override WG: u32 = 256u;
-const MAXWG: u32 = 1024u;
-var<workgroup> red: array<f32, MAXWG>;
 
+// Row sums through workgroup_sum (kernels/reduce*.wgsl): two barriers with
+// subgroup operations, log2(WG) + 2 without.
 fn block_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
+    return workgroup_sum(v, lid, WG);
 }
 
 fn inv_rms(ss: f32) -> f32 {
@@ -78,13 +68,26 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     let base = row * P.dim;
+    let moe = (P.flags & 1u) != 0u;
+    // Every input a thread needs is loaded first, so its loads are in flight
+    // together (one memory latency, not one per step of the chain).
     var v: array<f32, MAXPER>;
+    var x: array<f32, MAXPER>;
+    var w0: array<f32, MAXPER>;
+    var w1: array<f32, MAXPER>;
+    var w2: array<f32, MAXPER>;
     var ss = 0.0;
     for (var j = 0u; j < PER; j++) {
         let i = lid + j * WG;
         var o = 0.0;
         if (i < P.dim) {
             o = AO[base + i];
+            x[j] = AX[base + i];
+            w0[j] = decode_as(AW0[word_of(i, WD0)], i, WD0);
+            w1[j] = decode_as(AW1[word_of(i, WD1)], i, WD1);
+            if (moe) {
+                w2[j] = decode_as(AW2[word_of(i, WD2)], i, WD2);
+            }
         }
         v[j] = o;
         ss += o * o;
@@ -94,7 +97,7 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     for (var j = 0u; j < PER; j++) {
         let i = lid + j * WG;
         if (i < P.dim) {
-            let r = v[j] * inv * decode_as(AW0[word_of(i, WD0)], i, WD0) + AX[base + i];
+            let r = v[j] * inv * w0[j] + x[j];
             AR[base + i] = r;
             v[j] = r;
             ss2 += r * r;
@@ -105,9 +108,9 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         let i = lid + j * WG;
         if (i < P.dim) {
             let n = v[j] * inv2;
-            AFF[base + i] = n * decode_as(AW1[word_of(i, WD1)], i, WD1);
-            if ((P.flags & 1u) != 0u) {
-                AMOE[base + i] = n * decode_as(AW2[word_of(i, WD2)], i, WD2);
+            AFF[base + i] = n * w1[j];
+            if (moe) {
+                AMOE[base + i] = n * w2[j];
             }
         }
     }
@@ -134,9 +137,16 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let base = row * P.dim;
     let moe = (P.flags & 1u) != 0u;
-    // h: the dense branch, then the branch sum; x: the new residual.
+    let next = (P.flags & 2u) != 0u;
+    // Every input a thread needs is loaded first (see post_attention).
+    // h: the dense branch, then the branch sum, then the new residual x.
     var h: array<f32, MAXPER>;
     var e: array<f32, MAXPER>;
+    var r: array<f32, MAXPER>;
+    var w0: array<f32, MAXPER>;
+    var w1: array<f32, MAXPER>;
+    var w2: array<f32, MAXPER>;
+    var w3: array<f32, MAXPER>;
     var sd = 0.0;
     var se = 0.0;
     for (var j = 0u; j < PER; j++) {
@@ -145,8 +155,15 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         var ev = 0.0;
         if (i < P.dim) {
             d = FD[base + i];
+            r[j] = FR[base + i];
+            w0[j] = decode_as(FW0[word_of(i, WD0)], i, WD0);
             if (moe) {
                 ev = FE[base + i];
+                w1[j] = decode_as(FW1[word_of(i, WD1)], i, WD1);
+                w2[j] = decode_as(FW2[word_of(i, WD2)], i, WD2);
+            }
+            if (next) {
+                w3[j] = decode_as(FW3[word_of(i, WD3)], i, WD3);
             }
         }
         h[j] = d;
@@ -156,10 +173,7 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let inv_d = inv_rms(block_sum(sd, lid));
     for (var j = 0u; j < PER; j++) {
-        let i = lid + j * WG;
-        if (i < P.dim) {
-            h[j] = h[j] * inv_d * decode_as(FW0[word_of(i, WD0)], i, WD0);
-        }
+        h[j] = h[j] * inv_d * w0[j];
     }
     if (moe) {
         let inv_e = inv_rms(block_sum(se, lid));
@@ -167,35 +181,32 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         for (var j = 0u; j < PER; j++) {
             let i = lid + j * WG;
             if (i < P.dim) {
-                let s = e[j] * inv_e * decode_as(FW1[word_of(i, WD1)], i, WD1) + h[j];
+                let s = e[j] * inv_e * w1[j] + h[j];
                 h[j] = s;
                 ss += s * s;
             }
         }
         let inv_s = inv_rms(block_sum(ss, lid));
         for (var j = 0u; j < PER; j++) {
-            let i = lid + j * WG;
-            if (i < P.dim) {
-                h[j] = h[j] * inv_s * decode_as(FW2[word_of(i, WD2)], i, WD2);
-            }
+            h[j] = h[j] * inv_s * w2[j];
         }
     }
     var sx = 0.0;
     for (var j = 0u; j < PER; j++) {
         let i = lid + j * WG;
         if (i < P.dim) {
-            let x = (FR[base + i] + h[j]) * P.scale;
+            let x = (r[j] + h[j]) * P.scale;
             FX[base + i] = x;
             h[j] = x;
             sx += x * x;
         }
     }
-    if ((P.flags & 2u) != 0u) {
+    if (next) {
         let inv_x = inv_rms(block_sum(sx, lid));
         for (var j = 0u; j < PER; j++) {
             let i = lid + j * WG;
             if (i < P.dim) {
-                FN[base + i] = h[j] * inv_x * decode_as(FW3[word_of(i, WD3)], i, WD3);
+                FN[base + i] = h[j] * inv_x * w3[j];
             }
         }
     }

@@ -162,8 +162,6 @@ struct QkvParams {
 override WQD: u32 = 0u;
 override WKD: u32 = 0u;
 
-var<workgroup> qred: array<f32, 256>;
-
 @compute @workgroup_size(256)
 fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -198,15 +196,7 @@ fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         let v = RAW[src + i];
         ss += v * v;
     }
-    qred[lid] = ss;
-    workgroupBarrier();
-    for (var st = 128u; st > 0u; st >>= 1u) {
-        if (lid < st) {
-            qred[lid] += qred[lid + st];
-        }
-        workgroupBarrier();
-    }
-    let inv = inverseSqrt(qred[0] / f32(d) + QP.eps);
+    let inv = inverseSqrt(workgroup_sum(ss, lid, 256u) / f32(d) + QP.eps);
     let slot = QPOS[t] % QP.capacity;
 
     if (kind == 2u) {

@@ -36,22 +36,10 @@ struct Params {
 const WG: u32 = 256u;
 const MAXE: u32 = 256u;
 
-var<workgroup> red: array<f32, WG>;
 var<workgroup> logits: array<f32, MAXE>;
 var<workgroup> sel_id: array<u32, 8>;
 var<workgroup> sel_v: array<f32, 8>;
 
-fn reduce(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    return red[0];
-}
 
 // Weight element pair `u` of row `row` (hidden even): one word for 16-bit
 // weights, two for f32.
@@ -108,7 +96,7 @@ fn router_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
             acc += decode_weight(PROJ[weight_word(gi)], gi) * (X[xb + i] * SCALE[i]);
         }
     }
-    let sum = reduce(lid, acc);
+    let sum = workgroup_sum(acc, lid, WG);
     if (lid == 0u) {
         LOG[t * P.experts + e] = sum;
     }
@@ -130,7 +118,7 @@ fn router_topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         let v = X[xb + i];
         ss += v * v;
     }
-    let inv = inverseSqrt(reduce(lid, ss) / f32(h) + P.eps);
+    let inv = inverseSqrt(workgroup_sum(ss, lid, WG) / f32(h) + P.eps);
     if (lid < ne) {
         logits[lid] = LOG[t * ne + lid] * inv;
     }

@@ -5,9 +5,28 @@ mod common;
 
 use turbospark::parity::{ci_cases, run_cases, seed_from_env};
 use turbospark_cpu::CpuBackend;
+use turbospark_wgpu::WgpuOptions;
 
 fn family(name: &str) {
-    let Some(device) = common::wgpu_backend() else {
+    family_on(name, &WgpuOptions::default());
+}
+
+/// The families whose kernels reduce across a workgroup
+/// (kernels/reduce*.wgsl) again with subgroup operations turned off: the
+/// default run takes the subgroup path wherever the device has it (lavapipe
+/// does), so this keeps the workgroup-memory path tested too.
+fn family_without_subgroups(name: &str) {
+    family_on(
+        name,
+        &WgpuOptions {
+            no_subgroups: true,
+            ..Default::default()
+        },
+    );
+}
+
+fn family_on(name: &str, opts: &WgpuOptions) {
+    let Some(device) = common::wgpu_backend_with(opts) else {
         return;
     };
     let cases: Vec<_> = ci_cases()
@@ -103,4 +122,21 @@ fn post_ffn() {
 #[test]
 fn qkv_post() {
     family("qkv_post");
+}
+
+#[test]
+fn router_without_subgroups() {
+    family_without_subgroups("router");
+}
+#[test]
+fn qkv_post_without_subgroups() {
+    family_without_subgroups("qkv_post");
+}
+#[test]
+fn post_attention_without_subgroups() {
+    family_without_subgroups("post_attention");
+}
+#[test]
+fn post_ffn_without_subgroups() {
+    family_without_subgroups("post_ffn");
 }

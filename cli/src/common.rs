@@ -32,7 +32,10 @@ pub fn print_error_chain(e: &(dyn StdError + 'static)) {
 }
 
 pub fn open_wgpu(adapter: Option<String>) -> CliResult<WgpuBackend> {
-    Ok(WgpuBackend::new(&WgpuOptions { adapter })?)
+    Ok(WgpuBackend::new(&WgpuOptions {
+        adapter,
+        ..Default::default()
+    })?)
 }
 
 pub fn open_checkpoint(dir: &Path) -> CliResult<Checkpoint> {

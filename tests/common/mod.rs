@@ -19,7 +19,12 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
 /// except under `CI=true`, where a missing adapter FAILS the test: CI must
 /// run the GPU path (on lavapipe), never silently skip it.
 pub fn wgpu_backend() -> Option<WgpuBackend> {
-    match WgpuBackend::new(&WgpuOptions::default()) {
+    wgpu_backend_with(&WgpuOptions::default())
+}
+
+/// [`wgpu_backend`] with options (the same skip / CI rule).
+pub fn wgpu_backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
+    match WgpuBackend::new(opts) {
         Ok(b) => {
             use turbospark::ComputeBackend;
             eprintln!("wgpu adapter: {} ({})", b.info().device_name, b.info().api);

@@ -869,7 +869,10 @@ fn slots_case() {
         .unwrap()
         .unwrap();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("backend time_ops, 2000 calls: {:.2} us", v[v.len() / 2] * 1e6);
+    println!(
+        "backend time_ops, 2000 calls: {:.2} us",
+        v[v.len() / 2] * 1e6
+    );
     let xs: Vec<_> = (0..ws.len())
         .map(|_| {
             be.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
@@ -877,11 +880,16 @@ fn slots_case() {
         })
         .collect();
     let mut v = be
-        .time_ops(200, |i| be.matmul(&ws[i % ws.len()], &xs[i % ws.len()], &out, p))
+        .time_ops(200, |i| {
+            be.matmul(&ws[i % ws.len()], &xs[i % ws.len()], &out, p)
+        })
         .unwrap()
         .unwrap();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("backend time_ops, x rotating too: {:.2} us", v[v.len() / 2] * 1e6);
+    println!(
+        "backend time_ops, x rotating too: {:.2} us",
+        v[v.len() / 2] * 1e6
+    );
     let t = Instant::now();
     for i in 0..2000 {
         be.matmul(&ws[i % ws.len()], &xb, &out, p).unwrap();

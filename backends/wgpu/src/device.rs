@@ -9,6 +9,11 @@ pub struct WgpuOptions {
     /// Case-insensitive substring of the adapter name (`"llvmpipe"`, `"H200"`).
     /// Defaults to the `TURBOSPARK_ADAPTER` environment variable.
     pub adapter: Option<String>,
+    /// Leave subgroup operations off even where the adapter has them, so
+    /// every reduction takes the workgroup-memory path (kernels/reduce.wgsl):
+    /// for testing that path on devices that have subgroups. Also set by
+    /// `TURBOSPARK_NO_SUBGROUPS=1`.
+    pub no_subgroups: bool,
 }
 
 /// What an adapter is, for listings (`turbospark info`).
@@ -117,8 +122,13 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     let ainfo = adapter.get_info();
     let afeat = adapter.features();
     // Ask for what helps and the adapter has; kernels never require it.
-    let wanted_features =
+    let no_subgroups =
+        opts.no_subgroups || std::env::var("TURBOSPARK_NO_SUBGROUPS").is_ok_and(|v| v == "1");
+    let mut wanted_features =
         wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
+    if no_subgroups {
+        wanted_features.remove(wgpu::Features::SUBGROUP);
+    }
     let required_features = afeat & wanted_features;
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {

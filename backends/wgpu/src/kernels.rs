@@ -1,7 +1,9 @@
 //! The WGSL kernels, embedded at build time, and the compiled-pipeline cache.
 //!
 //! Every kernel file is compiled with `kernels/common.wgsl` prepended (shared
-//! helpers: weight decoding, gelu, grid indexing). Bindings follow one
+//! helpers: weight decoding, gelu, grid indexing), then the workgroup
+//! reduction helpers: `kernels/reduce_subgroup.wgsl` where the device has
+//! subgroup operations, else `kernels/reduce.wgsl` (same functions). Bindings follow one
 //! convention: `@group(0) @binding(0)` is the op's uniform parameter block
 //! (a 256-byte slot of a per-batch arena, one bind group per slot), `@group(1)
 //! @binding(i)` are the storage buffers in the launcher's order.
@@ -12,6 +14,9 @@ use std::sync::{Arc, Mutex};
 use turbospark::{DType, Error, Result};
 
 pub const COMMON: &str = include_str!("../../../kernels/common.wgsl");
+/// Reduction helpers without and with subgroup operations (same functions).
+pub const REDUCE: &str = include_str!("../../../kernels/reduce.wgsl");
+pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
@@ -37,12 +42,14 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("bench", include_str!("../../../kernels/bench.wgsl")),
 ];
 
-/// The full WGSL text of a kernel family (common prelude + file).
-pub fn source(name: &str) -> Option<String> {
+/// The full WGSL text of a kernel family: the common prelude, the reduction
+/// helpers (the subgroup ones when `subgroups`), then the file.
+pub fn source(name: &str, subgroups: bool) -> Option<String> {
+    let reduce = if subgroups { REDUCE_SUBGROUP } else { REDUCE };
     KERNELS
         .iter()
         .find(|(n, _)| *n == name)
-        .map(|(_, s)| format!("{COMMON}\n{s}"))
+        .map(|(_, s)| format!("{COMMON}\n{reduce}\n{s}"))
 }
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index
@@ -101,9 +108,20 @@ pub(crate) struct Pipeline {
 pub(crate) struct Cache {
     modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
+    /// Whether the device has subgroup operations (picks the reduce helpers).
+    subgroups: bool,
 }
 
 impl Cache {
+    /// An empty cache for a device with (`subgroups`) or without subgroup
+    /// operations.
+    pub fn new(subgroups: bool) -> Cache {
+        Cache {
+            subgroups,
+            ..Default::default()
+        }
+    }
+
     pub fn get(
         &self,
         device: &wgpu::Device,
@@ -185,8 +203,8 @@ impl Cache {
         {
             return Ok(m.clone());
         }
-        let src =
-            source(kernel).ok_or_else(|| Error::Gpu(format!("no kernel family named {kernel}")))?;
+        let src = source(kernel, self.subgroups)
+            .ok_or_else(|| Error::Gpu(format!("no kernel family named {kernel}")))?;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(kernel),

@@ -115,12 +115,13 @@ impl WgpuBackend {
                 })
             })
             .collect();
+        let subgroups = o.info.features.subgroups;
         Ok(WgpuBackend {
             device: o.device,
             queue: o.queue,
             info: o.info,
             limits: o.limits,
-            cache: kernels::Cache::default(),
+            cache: kernels::Cache::new(subgroups),
             binds: kernels::BindCache::default(),
             params_layout,
             params_buffer,

@@ -7,12 +7,17 @@ use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use turbospark_wgpu::kernels::{source, KERNELS};
 
-fn translate(name: &str, wdtype: f64) -> Result<(), String> {
-    let src = source(name).ok_or("missing")?;
+fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
+    let src = source(name, subgroups).ok_or("missing")?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
-    // Subgroup operations are optional: kernels that use them carry a
-    // fallback, and validation must still pass with them enabled.
-    let caps = Capabilities::default() | Capabilities::SUBGROUP;
+    // Subgroup operations are optional: only the subgroup build of a family
+    // may use them (validated with the capability), the other is validated
+    // without it.
+    let caps = if subgroups {
+        Capabilities::default() | Capabilities::SUBGROUP
+    } else {
+        Capabilities::default()
+    };
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| e.emit_to_string(&src))?;
@@ -54,8 +59,12 @@ fn every_kernel_validates_and_translates() {
     let mut failures = Vec::new();
     for (name, _) in KERNELS {
         for wdtype in [0.0, 1.0, 2.0] {
-            if let Err(e) = translate(name, wdtype) {
-                failures.push(format!("kernels/{name}.wgsl (WDTYPE={wdtype}): {e}"));
+            for subgroups in [false, true] {
+                if let Err(e) = translate(name, wdtype, subgroups) {
+                    failures.push(format!(
+                        "kernels/{name}.wgsl (WDTYPE={wdtype}, subgroups {subgroups}): {e}"
+                    ));
+                }
             }
         }
     }
@@ -72,7 +81,8 @@ fn every_kernel_file_is_registered() {
             .and_then(|s| s.to_str())
             .unwrap_or_default()
             .to_string();
-        if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && stem != "common" {
+        let prelude = ["common", "reduce", "reduce_subgroup"].contains(&stem.as_str());
+        if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {
             assert!(
                 KERNELS.iter().any(|(n, _)| *n == stem),
                 "kernels/{stem}.wgsl is not in KERNELS"

@@ -90,32 +90,48 @@ pub struct Budget {
     pub warmup_seconds: f64,
 }
 
-/// Calls of `f` back to back until about `seconds` of wall time have passed
-/// (one call takes `once`): the clock warm-up before timing. The calls go in
-/// batches of about 20 ms with a wait after each, so the device is busy the
-/// whole time rather than for one batch sized from the host's recording speed
-/// (an H200 that idled between cases runs at low clocks, and a mid-size
-/// kernel timed cold reads 2-4x slow).
+/// Clock warm-up before timing: calls of `f` back to back for at least
+/// `seconds` (one call takes `once`), then on until two short timed samples
+/// agree within 3% (at most 10x `seconds`). The H200 idles at 345 MHz and
+/// under load ramps to 1980 MHz in anything from 0.2 s to several seconds
+/// (clocks.csv in docs/bench/); a mid-size kernel timed before the ramp ends
+/// reads 2-4x slow. The calls go in batches of about 20 ms with a wait after
+/// each, so the device is busy the whole time.
 fn warm_up<B: Bench>(
     b: &B,
-    seconds: f64,
+    budget: &Budget,
     once: f64,
     f: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<()> {
+    let seconds = budget.warmup_seconds;
     if seconds <= 0.0 {
         return Ok(());
     }
     let batch = ((0.02 / once.max(1e-7)) as usize).clamp(1, 2_000);
     let start = Instant::now();
     let mut i = 0;
-    while start.elapsed().as_secs_f64() < seconds {
+    let mut last: Option<f64> = None;
+    loop {
         for _ in 0..batch {
             f(i)?;
             i += 1;
         }
         b.sync()?;
+        let t = start.elapsed().as_secs_f64();
+        if t < seconds {
+            continue;
+        }
+        if t > 10.0 * seconds {
+            return Ok(());
+        }
+        let (mut v, _) = b.time(batch.clamp(10, 200), budget, &mut *f)?;
+        v.sort_by(f64::total_cmp);
+        let now = v[v.len() / 2];
+        if last.is_some_and(|l| (now - l).abs() <= 0.03 * l) {
+            return Ok(());
+        }
+        last = Some(now);
     }
-    Ok(())
 }
 
 /// What the bench needs of a backend beyond [`ComputeBackend`].
@@ -252,9 +268,7 @@ impl Bench for WgpuBackend {
         let once = t.elapsed().as_secs_f64();
         let reps = ((budget.seconds / once.max(1e-9)) as usize)
             .clamp(budget.min_reps.max(3), budget.max_reps);
-        warm_up(self, budget.warmup_seconds, once, &mut |_| {
-            self.stream_read(&src, &sink)
-        })?;
+        warm_up(self, budget, once, &mut |_| self.stream_read(&src, &sink))?;
         let (samples, method) = self.time(reps, budget, &mut |_| self.stream_read(&src, &sink))?;
         Ok(Ceiling {
             bytes,
@@ -356,7 +370,7 @@ pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) 
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     let reps = ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps, budget.max_reps);
-    if let Err(e) = warm_up(b, budget.warmup_seconds, once, &mut |i| record(i)) {
+    if let Err(e) = warm_up(b, budget, once, &mut |i| record(i)) {
         return Outcome::Failed(e.to_string());
     }
     match b.time(reps, budget, &mut |i| record(i + 2)) {

@@ -214,6 +214,7 @@ pub fn main(args: Args) -> ExitCode {
     let mut wgpu = if want_wgpu {
         match WgpuBackend::new(&WgpuOptions {
             adapter: args.adapter.clone(),
+            ..Default::default()
         }) {
             Ok(b) => Some(b),
             Err(e) if args.backend == Which::Wgpu => {
