@@ -133,19 +133,23 @@ fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     let arow = P.inter / 4u;
     var acc = 0.0;
     if (r < h) {
+        // No branch around a load: a slot with no expert reads expert 0's
+        // row and is dropped by a select, and the last partial block column
+        // rereads block BK - 1; so every load of all TOPK slots can issue
+        // before the first returns (a branch per slot made them wait slot
+        // by slot).
         for (var j = 0u; j < TOPK; j++) {
             let e = sid[j];
-            if (e < P.experts) {
-                let base = (e * h + r) * BK;
-                var a = 0.0;
-                for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-                    let b = lane + c * LANES;
-                    if (b < BK) {
-                        a += dot8(W[base + b], j * arow + 2u * b);
-                    }
-                }
-                acc += swt[j] * a;
+            let ok = e < P.experts;
+            let base = (select(0u, e, ok) * h + r) * BK;
+            var a = 0.0;
+            for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+                let b = lane + c * LANES;
+                let bb = min(b, BK - 1u);
+                let d = dot8(W[base + bb], j * arow + 2u * bb);
+                a += select(0.0, d, b < BK);
             }
+            acc += select(0.0, swt[j] * a, ok);
         }
     }
     part_a[t] = acc;
