@@ -15,6 +15,15 @@
 // leaves its activation row untouched and phase 2 skips the slot.
 //
 // Bindings: 0 IDS, 1 W (weights), 2 A (x or act), 3 WTS, 4 OUT (act or out).
+//
+// Pairs (moe_gate_up_pair_decode, moe_down_pair_decode): two independent
+// problems in one launch, the second one's bindings at 5-9 in the same order
+// and its sizes in the `*2` parameters; workgroups below P.groups_a take the
+// first problem. Decode runs the dense MLP (a one-expert MoE) beside the
+// routed experts this way: one launch instead of two, and the small dense
+// problem fills the GPU while the experts' workgroups drain. WGSL cannot
+// pass a storage binding to a function, so each phase's body is written
+// once per binding set (`_a` / `_b`), the same code on different names.
 
 struct Params {
     m: u32,
@@ -26,6 +35,15 @@ struct Params {
     nslots: u32,
     // row blocks per slot (phase 1)
     nrb: u32,
+    // the second problem of a pair launch
+    inter2: u32,
+    experts2: u32,
+    top_k2: u32,
+    nrb2: u32,
+    groups_a: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -34,19 +52,32 @@ struct Params {
 @group(1) @binding(2) var<storage, read> A: array<vec4<f32>>;
 @group(1) @binding(3) var<storage, read> WTS: array<f32>;
 @group(1) @binding(4) var<storage, read_write> OUT: array<f32>;
+@group(1) @binding(5) var<storage, read> IDS2: array<u32>;
+@group(1) @binding(6) var<storage, read> W2: array<vec4<u32>>;
+@group(1) @binding(7) var<storage, read> A2: array<vec4<f32>>;
+@group(1) @binding(8) var<storage, read> WTS2: array<f32>;
+@group(1) @binding(9) var<storage, read_write> OUT2: array<f32>;
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;
 var<workgroup> part_a: array<f32, 256>;
 
 // Eight weights (one 16-byte block) dotted with the 8 activations starting at
-// vec4 index `xi` of A.
+// vec4 index `xi` of A (dot8b: of A2).
 fn dot8(w: vec4<u32>, xi: u32) -> f32 {
+    return dot8_with(w, A[xi], A[xi + 1u]);
+}
+
+fn dot8b(w: vec4<u32>, xi: u32) -> f32 {
+    return dot8_with(w, A2[xi], A2[xi + 1u]);
+}
+
+fn dot8_with(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>) -> f32 {
     let a = decode_pair(w.x);
     let b = decode_pair(w.y);
     let c = decode_pair(w.z);
     let d = decode_pair(w.w);
-    return dot(vec4<f32>(a, b), A[xi]) + dot(vec4<f32>(c, d), A[xi + 1u]);
+    return dot(vec4<f32>(a, b), x0) + dot(vec4<f32>(c, d), x1);
 }
 
 // Sum part_a over the 32 lanes of each row (into lane 0).
@@ -61,11 +92,14 @@ fn reduce_lanes(t: u32, lane: u32) {
 }
 
 // Blocks (8 weights, 16 bytes) per reduced row -- hidden / 8 for gate_up,
-// inter / 8 for down -- and the expert count per token, compiled in: every
-// lane's loop has a constant trip count, so the driver can issue all of a
-// lane's loads before the first one returns.
+// inter / 8 for down -- and the expert count per token (down only), compiled
+// in: every lane's loop has a constant trip count, so the driver can issue
+// all of a lane's loads before the first one returns. BK2 / TOPK2: the
+// second problem of a down pair (a gate_up pair shares BK: same hidden).
 override BK: u32 = 352u;
 override TOPK: u32 = 8u;
+override BK2: u32 = 352u;
+override TOPK2: u32 = 8u;
 const MAXK: u32 = 16u;
 var<workgroup> sid: array<u32, MAXK>;
 var<workgroup> swt: array<f32, MAXK>;
@@ -77,40 +111,86 @@ var<workgroup> swt: array<f32, MAXK>;
 // is 3x faster at top-8 of 128, see BENCHMARKS.md).
 const PAIRS: u32 = 4u;
 
-@compute @workgroup_size(256)
-fn moe_gate_up_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) t: u32) {
-    let g = linear_group(wg, nwg);
-    let j = g / P.nrb;
-    let lane = t % LANES;
+// Thread t's role in workgroup g of a gate_up problem with nrb workgroups
+// per slot: slot j, activation rows i0 .. i0 + 4, its own weight row
+// (`i`, gate or `up`) and lane.
+struct GateUpRole {
+    j: u32,
+    i0: u32,
+    i: u32,
+    up: u32,
+    lane: u32,
+}
+
+fn gate_up_role(g: u32, t: u32, nrb: u32) -> GateUpRole {
     let s = t / LANES;
-    let i0 = (g % P.nrb) * PAIRS;
-    let i = i0 + s % PAIRS;
-    let up = s / PAIRS;
+    let i0 = (g % nrb) * PAIRS;
+    return GateUpRole(g / nrb, i0, i0 + s % PAIRS, s / PAIRS, t % LANES);
+}
+
+fn gate_up_a(g: u32, t: u32) {
+    let q = gate_up_role(g, t, P.nrb);
     let n = P.inter;
-    var acc = 0.0;
     var valid = false;
-    if (j < TOPK) {
-        valid = IDS[j] < P.experts;
+    if (q.j < P.top_k) {
+        valid = IDS[q.j] < P.experts;
     }
-    if (valid && i < n) {
-        let e = IDS[j];
-        {
-            let base = (e * 2u * n + up * n + i) * BK;
-            for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-                let b = lane + c * LANES;
-                if (b < BK) {
-                    acc += dot8(W[base + b], 2u * b);
-                }
-            }
+    var acc = 0.0;
+    if (valid && q.i < n) {
+        let base = (IDS[q.j] * 2u * n + q.up * n + q.i) * BK;
+        for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+            let b = q.lane + c * LANES;
+            let bb = min(b, BK - 1u);
+            acc += select(0.0, dot8(W[base + bb], 2u * bb), b < BK);
         }
     }
     part_a[t] = acc;
-    reduce_lanes(t, lane);
+    reduce_lanes(t, q.lane);
     // Thread t < 4 writes activation row i0 + t (valid is the slot's, the
     // same for every thread).
-    if (t < PAIRS && valid && i0 + t < n) {
-        OUT[j * n + i0 + t] = gelu_tanh(part_a[t * LANES]) * part_a[(t + PAIRS) * LANES];
+    if (t < PAIRS && valid && q.i0 + t < n) {
+        OUT[q.j * n + q.i0 + t] = gelu_tanh(part_a[t * LANES]) * part_a[(t + PAIRS) * LANES];
+    }
+}
+
+// gate_up_a on the second binding set.
+fn gate_up_b(g: u32, t: u32) {
+    let q = gate_up_role(g, t, P.nrb2);
+    let n = P.inter2;
+    var valid = false;
+    if (q.j < P.top_k2) {
+        valid = IDS2[q.j] < P.experts2;
+    }
+    var acc = 0.0;
+    if (valid && q.i < n) {
+        let base = (IDS2[q.j] * 2u * n + q.up * n + q.i) * BK;
+        for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+            let b = q.lane + c * LANES;
+            let bb = min(b, BK - 1u);
+            acc += select(0.0, dot8b(W2[base + bb], 2u * bb), b < BK);
+        }
+    }
+    part_a[t] = acc;
+    reduce_lanes(t, q.lane);
+    if (t < PAIRS && valid && q.i0 + t < n) {
+        OUT2[q.j * n + q.i0 + t] = gelu_tanh(part_a[t * LANES]) * part_a[(t + PAIRS) * LANES];
+    }
+}
+
+@compute @workgroup_size(256)
+fn moe_gate_up_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) t: u32) {
+    gate_up_a(linear_group(wg, nwg), t);
+}
+
+@compute @workgroup_size(256)
+fn moe_gate_up_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) t: u32) {
+    let g = linear_group(wg, nwg);
+    if (g < P.groups_a) {
+        gate_up_a(g, t);
+    } else {
+        gate_up_b(g - P.groups_a, t);
     }
 }
 
@@ -119,25 +199,23 @@ fn moe_gate_up_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 // walks its blocks of every slot's down row (TOPK x ceil(BK / 32) loads, a
 // constant count), the sum over slots in registers in a fixed order:
 // deterministic, no atomics.
-@compute @workgroup_size(256)
-fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) t: u32) {
+//
+// No branch around a load: a slot with no expert reads expert 0's row and is
+// dropped by a select, and the last partial block column rereads block
+// BK - 1; so every load of all TOPK slots can issue before the first returns
+// (a branch per slot made them wait slot by slot).
+fn down_a(g: u32, t: u32) {
     if (t < TOPK) {
         sid[t] = IDS[t];
         swt[t] = WTS[t];
     }
     workgroupBarrier();
     let lane = t % LANES;
-    let r = linear_group(wg, nwg) * ROWS + t / LANES;
+    let r = g * ROWS + t / LANES;
     let h = P.hidden;
     let arow = P.inter / 4u;
     var acc = 0.0;
     if (r < h) {
-        // No branch around a load: a slot with no expert reads expert 0's
-        // row and is dropped by a select, and the last partial block column
-        // rereads block BK - 1; so every load of all TOPK slots can issue
-        // before the first returns (a branch per slot made them wait slot
-        // by slot).
         for (var j = 0u; j < TOPK; j++) {
             let e = sid[j];
             let ok = e < P.experts;
@@ -146,8 +224,7 @@ fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
             for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
                 let b = lane + c * LANES;
                 let bb = min(b, BK - 1u);
-                let d = dot8(W[base + bb], j * arow + 2u * bb);
-                a += select(0.0, d, b < BK);
+                a += select(0.0, dot8(W[base + bb], j * arow + 2u * bb), b < BK);
             }
             acc += select(0.0, swt[j] * a, ok);
         }
@@ -156,5 +233,55 @@ fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     reduce_lanes(t, lane);
     if (lane == 0u && r < h) {
         OUT[r] = part_a[t];
+    }
+}
+
+// down_a on the second binding set (its BK2, TOPK2).
+fn down_b(g: u32, t: u32) {
+    if (t < TOPK2) {
+        sid[t] = IDS2[t];
+        swt[t] = WTS2[t];
+    }
+    workgroupBarrier();
+    let lane = t % LANES;
+    let r = g * ROWS + t / LANES;
+    let h = P.hidden;
+    let arow = P.inter2 / 4u;
+    var acc = 0.0;
+    if (r < h) {
+        for (var j = 0u; j < TOPK2; j++) {
+            let e = sid[j];
+            let ok = e < P.experts2;
+            let base = (select(0u, e, ok) * h + r) * BK2;
+            var a = 0.0;
+            for (var c = 0u; c < (BK2 + LANES - 1u) / LANES; c++) {
+                let b = lane + c * LANES;
+                let bb = min(b, BK2 - 1u);
+                a += select(0.0, dot8b(W2[base + bb], j * arow + 2u * bb), b < BK2);
+            }
+            acc += select(0.0, swt[j] * a, ok);
+        }
+    }
+    part_a[t] = acc;
+    reduce_lanes(t, lane);
+    if (lane == 0u && r < h) {
+        OUT2[r] = part_a[t];
+    }
+}
+
+@compute @workgroup_size(256)
+fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) t: u32) {
+    down_a(linear_group(wg, nwg), t);
+}
+
+@compute @workgroup_size(256)
+fn moe_down_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) t: u32) {
+    let g = linear_group(wg, nwg);
+    if (g < P.groups_a) {
+        down_a(g, t);
+    } else {
+        down_b(g - P.groups_a, t);
     }
 }

@@ -23,6 +23,25 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::*;
 
+/// The arguments of one [`ComputeBackend::moe_gate_up`], for the pair op.
+pub struct GateUpArgs<'a, B> {
+    pub x: &'a B,
+    pub gate_up: &'a B,
+    pub ids: &'a B,
+    pub act: &'a B,
+    pub p: Moe,
+}
+
+/// The arguments of one [`ComputeBackend::moe_down`], for the pair op.
+pub struct DownArgs<'a, B> {
+    pub act: &'a B,
+    pub down: &'a B,
+    pub ids: &'a B,
+    pub weights: &'a B,
+    pub out: &'a B,
+    pub p: Moe,
+}
+
 /// What kind of device a backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceType {
@@ -238,6 +257,42 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Moe,
     ) -> Result<()>;
+
+    /// Two independent MoE phase-1 problems: [`ComputeBackend::moe_gate_up`]
+    /// on `a`, then on `b`. Decode runs the dense MLP (a one-expert MoE)
+    /// beside the routed experts this way, so that a GPU can take both in
+    /// one launch. Neither output may alias the other or any input.
+    fn moe_gate_up_pair(
+        &self,
+        a: GateUpArgs<'_, Self::Buffer>,
+        b: GateUpArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        crate::ops::pair_apart(
+            "moe_gate_up_pair",
+            &[a.x, a.gate_up, a.ids, a.act],
+            &[b.x, b.gate_up, b.ids, b.act],
+        )?;
+        self.moe_gate_up(a.x, a.gate_up, a.ids, a.act, a.p)?;
+        self.moe_gate_up(b.x, b.gate_up, b.ids, b.act, b.p)
+    }
+
+    /// Two independent MoE phase-2 problems: [`ComputeBackend::moe_down`] on
+    /// `a`, then on `b` (the dense MLP's down projection as a one-expert MoE
+    /// with weight 1, beside the routed experts). Neither output may alias
+    /// the other or any input.
+    fn moe_down_pair(
+        &self,
+        a: DownArgs<'_, Self::Buffer>,
+        b: DownArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        crate::ops::pair_apart(
+            "moe_down_pair",
+            &[a.act, a.down, a.ids, a.weights, a.out],
+            &[b.act, b.down, b.ids, b.weights, b.out],
+        )?;
+        self.moe_down(a.act, a.down, a.ids, a.weights, a.out, a.p)?;
+        self.moe_down(b.act, b.down, b.ids, b.weights, b.out, b.p)
+    }
 
     // ---- attention -------------------------------------------------------
 

@@ -358,6 +358,19 @@ pub fn check_weight<B: DeviceBuffer>(
 
 /// Outputs must not alias inputs: a GPU cannot bind one buffer read-only
 /// and read-write in one dispatch, so no backend accepts it.
+/// The pair ops' extra rule: neither problem's output aliases the other
+/// problem's buffers (a GPU runs the two at once). `a` and `b` list each
+/// problem's inputs then its output last.
+pub fn pair_apart<B: DeviceBuffer>(op: &'static str, a: &[&B], b: &[&B]) -> Result<()> {
+    let (Some(oa), Some(ob)) = (a.last(), b.last()) else {
+        return Ok(());
+    };
+    let ins_b: Vec<Option<&B>> = b.iter().map(|x| Some(*x)).collect();
+    let ins_a: Vec<Option<&B>> = a.iter().map(|x| Some(*x)).collect();
+    no_alias(op, *oa, &ins_b)?;
+    no_alias(op, *ob, &ins_a)
+}
+
 pub fn no_alias<B: DeviceBuffer>(op: &'static str, out: &B, inputs: &[Option<&B>]) -> Result<()> {
     if inputs.iter().flatten().any(|i| i.same_storage(out)) {
         return Err(Error::shape(op, "output buffer aliases an input"));

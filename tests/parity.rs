@@ -125,6 +125,15 @@ fn qkv_post() {
 }
 
 #[test]
+fn moe_gate_up_pair() {
+    family("moe_gate_up_pair");
+}
+#[test]
+fn moe_down_pair() {
+    family("moe_down_pair");
+}
+
+#[test]
 fn router_without_subgroups() {
     family_without_subgroups("router");
 }

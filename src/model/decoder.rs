@@ -26,12 +26,12 @@
 
 use std::time::Instant;
 
-use crate::backend::{ComputeBackend, HostBytes};
+use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, HostBytes};
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::sampling::{Sampler, Sampling};
-use crate::model::weights::{TensorSource, Weights};
+use crate::model::weights::{LayerWeights, TensorSource, Weights};
 use crate::ops::{Attention, Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 /// Most tokens one prefill micro-batch carries (the seed's `MAX_PREFILL_BATCH`).
@@ -133,6 +133,9 @@ struct Scratch<B: ComputeBackend> {
     route_w: B::Buffer,
     /// Expert id 0 for every row: the dense MLP run as a one-expert MoE.
     zero_ids: B::Buffer,
+    /// Weight 1.0 for every row: the dense down projection as a one-expert
+    /// MoE phase 2 (multiplying by 1 is exact).
+    one_w: B::Buffer,
     moe_act: B::Buffer,
     moe_out: B::Buffer,
     logits: B::Buffer,
@@ -181,6 +184,11 @@ impl<B: ComputeBackend> Scratch<B> {
                 DType::U32,
                 HostBytes::Slice(bytemuck::cast_slice(&vec![0u32; rows])),
                 "zero_ids",
+            )?,
+            one_w: be.upload(
+                DType::F32,
+                HostBytes::Slice(bytemuck::cast_slice(&vec![1.0f32; rows])),
+                "one_w",
             )?,
             moe_act: f(k_ * mi, "moe_act")?,
             moe_out: f(h, "moe_out")?,
@@ -575,6 +583,24 @@ impl<B: ComputeBackend> Model<B> {
     /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
     /// residual in `s.x` and the next layer's normed input (the final norm's
     /// output after the last layer when `head`) in `s.normed`.
+    /// The dense MLP of `m > 1` rows (prefill): gate|up GEMM, activation,
+    /// down GEMM, into `s.dense`.
+    fn dense_mlp(&self, s: &Scratch<B>, w: &LayerWeights<B>, m: usize) -> Result<()> {
+        let (be, h, inter) = (&self.backend, self.cfg.hidden, self.cfg.intermediate);
+        be.matmul(
+            &w.mlp_gate_up,
+            &s.ff_in,
+            &s.gate_up,
+            Matmul {
+                m,
+                n: 2 * inter,
+                k: h,
+            },
+        )?;
+        be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
+        be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })
+    }
+
     fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, head: bool) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
@@ -652,38 +678,37 @@ impl<B: ComputeBackend> Model<B> {
             },
         )?;
 
-        // ---- dense MLP branch ----
+        // ---- the two branches: dense MLP and routed experts ----
         let inter = cfg.intermediate;
-        if m == 1 {
-            // A dense MLP is a one-expert MoE: the decode MoE kernel reads
-            // expert 0's gate|up rows and applies the activation itself (one
-            // dispatch instead of a GEMV and gelu_mul).
-            let one_expert = Moe {
-                m,
-                hidden: h,
-                inter,
-                experts: 1,
-                top_k: 1,
-            };
-            be.moe_gate_up(&s.ff_in, &w.mlp_gate_up, &s.zero_ids, &s.act, one_expert)?;
-        } else {
-            be.matmul(
-                &w.mlp_gate_up,
-                &s.ff_in,
-                &s.gate_up,
-                Matmul {
-                    m,
-                    n: 2 * inter,
-                    k: h,
-                },
-            )?;
-            be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
-        }
-        be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })?;
-
-        // ---- routed experts branch (the router reads r, not a pre-norm) ----
+        // A dense MLP is a one-expert MoE: in decode the MoE kernels read
+        // expert 0's rows and apply the activation themselves (one dispatch
+        // instead of a GEMV and gelu_mul), and with experts both branches
+        // run as one launch per phase (`moe_*_pair`).
+        let one_expert = Moe {
+            m,
+            hidden: h,
+            inter,
+            experts: 1,
+            top_k: 1,
+        };
+        let dense_gate_up = GateUpArgs {
+            x: &s.ff_in,
+            gate_up: &w.mlp_gate_up,
+            ids: &s.zero_ids,
+            act: &s.act,
+            p: one_expert,
+        };
+        let dense_down = DownArgs {
+            act: &s.act,
+            down: &w.mlp_down,
+            ids: &s.zero_ids,
+            weights: &s.one_w,
+            out: &s.dense,
+            p: one_expert,
+        };
         let experts = match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
+                // The router reads r, not a pre-norm.
                 be.router(
                     &s.r,
                     &moe.eff_scale,
@@ -706,18 +731,44 @@ impl<B: ComputeBackend> Model<B> {
                     experts: cfg.experts,
                     top_k: cfg.top_k,
                 };
-                be.moe_gate_up(&s.moe_in, &moe.gate_up, &s.route_ids, &s.moe_act, mp)?;
-                be.moe_down(
-                    &s.moe_act,
-                    &moe.down,
-                    &s.route_ids,
-                    &s.route_w,
-                    &s.moe_out,
-                    mp,
-                )?;
+                let routed_gate_up = GateUpArgs {
+                    x: &s.moe_in,
+                    gate_up: &moe.gate_up,
+                    ids: &s.route_ids,
+                    act: &s.moe_act,
+                    p: mp,
+                };
+                let routed_down = DownArgs {
+                    act: &s.moe_act,
+                    down: &moe.down,
+                    ids: &s.route_ids,
+                    weights: &s.route_w,
+                    out: &s.moe_out,
+                    p: mp,
+                };
+                if m == 1 {
+                    be.moe_gate_up_pair(dense_gate_up, routed_gate_up)?;
+                    be.moe_down_pair(dense_down, routed_down)?;
+                } else {
+                    self.dense_mlp(s, w, m)?;
+                    let g = routed_gate_up;
+                    be.moe_gate_up(g.x, g.gate_up, g.ids, g.act, g.p)?;
+                    let d = routed_down;
+                    be.moe_down(d.act, d.down, d.ids, d.weights, d.out, d.p)?;
+                }
                 Some((post_ff1, (&s.moe_out, &moe.post_norm, &w.post_ff_norm)))
             }
-            _ => None,
+            _ => {
+                if m == 1 {
+                    let g = dense_gate_up;
+                    be.moe_gate_up(g.x, g.gate_up, g.ids, g.act, g.p)?;
+                    let d = dense_down;
+                    be.moe_down(d.act, d.down, d.ids, d.weights, d.out, d.p)?;
+                } else {
+                    self.dense_mlp(s, w, m)?;
+                }
+                None
+            }
         };
 
         // ---- x = (r + post_ff(...)) * layer_scalar, then the next norm ----

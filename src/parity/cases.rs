@@ -117,6 +117,35 @@ fn moe(full: bool) -> Vec<Op> {
     v
 }
 
+/// The pair ops as decode uses them: the dense MLP as a one-expert MoE
+/// (problem a) beside the routed experts (b); plus cases a GPU must split
+/// back into two launches (different hidden sizes, m > 1, f32 weights).
+fn moe_pair(full: bool) -> Vec<Op> {
+    let moe = |m, experts, top_k, hidden, inter| Moe {
+        m,
+        hidden,
+        inter,
+        experts,
+        top_k,
+    };
+    let mut shapes = vec![
+        (moe(1, 1, 1, 256, 96), moe(1, 6, 3, 256, 40), BF16),
+        (moe(1, 1, 1, 64, 30), moe(1, 5, 2, 64, 24), F16),
+        (moe(1, 1, 1, 64, 24), moe(1, 4, 2, 128, 16), BF16),
+        (moe(2, 1, 1, 64, 24), moe(2, 4, 2, 64, 16), BF16),
+        (moe(1, 1, 1, 32, 8), moe(1, 3, 2, 32, 8), F32),
+    ];
+    if full {
+        shapes.push((moe(1, 1, 1, 2816, 2112), moe(1, 128, 8, 2816, 704), BF16));
+    }
+    let mut v = Vec::new();
+    for (a, b, w) in shapes {
+        v.push(Op::MoeGateUpPair { a, b, w });
+        v.push(Op::MoeDownPair { a, b, w });
+    }
+    v
+}
+
 fn rope() -> Vec<Op> {
     let c = |m, heads, head_dim, rot_pairs, theta| Op::Rope {
         p: Rope {
@@ -299,6 +328,7 @@ fn cases(full: bool) -> Vec<Op> {
         matmul(full),
         router(full),
         moe(full),
+        moe_pair(full),
         rope(),
         kv_append(),
         attention(full),

@@ -2,7 +2,7 @@
 //! how to record it on any backend.
 
 use super::{HostTensor, OutSpec};
-use crate::backend::ComputeBackend;
+use crate::backend::{ComputeBackend, DownArgs, GateUpArgs};
 use crate::dtype::encode_f32;
 use crate::ops::{
     Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
@@ -34,6 +34,18 @@ pub enum Op {
     },
     MoeDown {
         p: Moe,
+        w: DType,
+    },
+    /// `moe_gate_up_pair`: problems `a` and `b` (weights of dtype `w`).
+    MoeGateUpPair {
+        a: Moe,
+        b: Moe,
+        w: DType,
+    },
+    /// `moe_down_pair`.
+    MoeDownPair {
+        a: Moe,
+        b: Moe,
         w: DType,
     },
     Rope {
@@ -138,6 +150,8 @@ impl Op {
             Op::Router { .. } => "router",
             Op::MoeGateUp { .. } => "moe_gate_up",
             Op::MoeDown { .. } => "moe_down",
+            Op::MoeGateUpPair { .. } => "moe_gate_up_pair",
+            Op::MoeDownPair { .. } => "moe_down_pair",
             Op::Rope { .. } => "rope",
             Op::KvAppend { .. } => "kv_append",
             Op::Attention { .. } => "attention",
@@ -177,6 +191,10 @@ impl Op {
             Op::MoeGateUp { p, w } | Op::MoeDown { p, w } => format!(
                 "{f}(e={},k={},hidden={},inter={},m={},w={w})",
                 p.experts, p.top_k, p.hidden, p.inter, p.m
+            ),
+            Op::MoeGateUpPair { a, b, w } | Op::MoeDownPair { a, b, w } => format!(
+                "{f}(a=e{}k{}h{}i{}m{},b=e{}k{}h{}i{}m{},w={w})",
+                a.experts, a.top_k, a.hidden, a.inter, a.m, b.experts, b.top_k, b.hidden, b.inter, b.m
             ),
             Op::Rope { p } => format!(
                 "{f}(m={},heads={},head_dim={},rot_pairs={},theta={})",
@@ -219,6 +237,8 @@ impl Op {
             Op::Router { w, .. } => OpKind::Router { w: *w },
             Op::MoeGateUp { w, .. } => OpKind::MoeGateUp { w: *w },
             Op::MoeDown { w, .. } => OpKind::MoeDown { w: *w },
+            Op::MoeGateUpPair { w, .. } => OpKind::MoeGateUp { w: *w },
+            Op::MoeDownPair { w, .. } => OpKind::MoeDown { w: *w },
             Op::Rope { .. } => OpKind::Rope,
             Op::KvAppend { .. } => OpKind::KvAppend,
             Op::Attention { p, .. } => OpKind::Attention {
@@ -255,9 +275,12 @@ impl Op {
             // sin/cos of angles up to ~1e5 rad after range reduction.
             Op::Rope { .. } => 1e-9,
             // Dot products of thousands of terms, reordered.
-            Op::Matmul { .. } | Op::Router { .. } | Op::MoeGateUp { .. } | Op::MoeDown { .. } => {
-                1e-9
-            }
+            Op::Matmul { .. }
+            | Op::Router { .. }
+            | Op::MoeGateUp { .. }
+            | Op::MoeDown { .. }
+            | Op::MoeGateUpPair { .. }
+            | Op::MoeDownPair { .. } => 1e-9,
             // Softmax over up to thousands of keys, split and recombined.
             Op::Attention { .. } => 1e-9,
             Op::Argmax { .. } => 0.0,
@@ -326,6 +349,16 @@ impl Op {
                 HostTensor::U32(expert_ids(rng, p.m, p.top_k, p.experts)),
                 HostTensor::F32(rng.vec_range(p.m * p.top_k, 0.05, 1.0)),
             ],
+            Op::MoeGateUpPair { a, b, w } => {
+                let mut v = Op::MoeGateUp { p: *a, w: *w }.inputs(rng);
+                v.extend(Op::MoeGateUp { p: *b, w: *w }.inputs(rng));
+                v
+            }
+            Op::MoeDownPair { a, b, w } => {
+                let mut v = Op::MoeDown { p: *a, w: *w }.inputs(rng);
+                v.extend(Op::MoeDown { p: *b, w: *w }.inputs(rng));
+                v
+            }
             Op::Rope { p } => vec![
                 HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 1.0)),
                 HostTensor::U32((0..p.m).map(|_| rng.below(40_000) as u32).collect()),
@@ -412,6 +445,13 @@ impl Op {
             Op::Router { p, .. } => vec![OutSpec::U32(p.m * p.top_k), OutSpec::F32(p.m * p.top_k)],
             Op::MoeGateUp { p, .. } => vec![OutSpec::F32(p.m * p.top_k * p.inter)],
             Op::MoeDown { p, .. } => vec![OutSpec::F32(p.m * p.hidden)],
+            Op::MoeGateUpPair { a, b, .. } => vec![
+                OutSpec::F32(a.m * a.top_k * a.inter),
+                OutSpec::F32(b.m * b.top_k * b.inter),
+            ],
+            Op::MoeDownPair { a, b, .. } => {
+                vec![OutSpec::F32(a.m * a.hidden), OutSpec::F32(b.m * b.hidden)]
+            }
             Op::Rope { p } => vec![OutSpec::InPlace(0, p.m * p.heads * p.head_dim)],
             Op::KvAppend { p, .. } => {
                 let n = p.capacity * p.kv_heads * p.head_dim;
@@ -465,6 +505,40 @@ impl Op {
             Op::Router { p, .. } => b.router(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], *p),
             Op::MoeGateUp { p, .. } => b.moe_gate_up(&i[0], &i[1], &i[2], &o[0], *p),
             Op::MoeDown { p, .. } => b.moe_down(&i[0], &i[1], &i[2], &i[3], &o[0], *p),
+            Op::MoeGateUpPair { a, b: pb, .. } => b.moe_gate_up_pair(
+                GateUpArgs {
+                    x: &i[0],
+                    gate_up: &i[1],
+                    ids: &i[2],
+                    act: &o[0],
+                    p: *a,
+                },
+                GateUpArgs {
+                    x: &i[3],
+                    gate_up: &i[4],
+                    ids: &i[5],
+                    act: &o[1],
+                    p: *pb,
+                },
+            ),
+            Op::MoeDownPair { a, b: pb, .. } => b.moe_down_pair(
+                DownArgs {
+                    act: &i[0],
+                    down: &i[1],
+                    ids: &i[2],
+                    weights: &i[3],
+                    out: &o[0],
+                    p: *a,
+                },
+                DownArgs {
+                    act: &i[4],
+                    down: &i[5],
+                    ids: &i[6],
+                    weights: &i[7],
+                    out: &o[1],
+                    p: *pb,
+                },
+            ),
             Op::Rope { p } => b.rope(&i[0], &i[1], *p),
             Op::KvAppend { p, .. } => b.kv_append(&i[0], &i[1], &i[2], &i[3], &i[4], *p),
             Op::Attention { p, .. } => b.attention(&i[0], &i[1], &i[2], &i[3], &o[0], *p),

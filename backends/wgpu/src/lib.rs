@@ -21,7 +21,8 @@ use turbospark::ops::{
     RmsNorm, Rope, Router,
 };
 use turbospark::{
-    BackendInfo, ComputeBackend, DType, Error, HostBytes, ReadTicket, Result, Support,
+    BackendInfo, ComputeBackend, DType, DownArgs, Error, GateUpArgs, HostBytes, ReadTicket, Result,
+    Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -562,6 +563,53 @@ impl ComputeBackend for WgpuBackend {
         )?;
         whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])?;
         ops::moe::moe_down(self, act, down, ids, wts, out, p)
+    }
+
+    fn moe_gate_up_pair(
+        &self,
+        a: GateUpArgs<'_, WgpuBuffer>,
+        b: GateUpArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        for q in [&a, &b] {
+            q.p.validate_gate_up(q.x, q.gate_up, q.ids, q.act)?;
+            v::no_alias(
+                "moe_gate_up",
+                q.act,
+                &[Some(q.x), Some(q.gate_up), Some(q.ids)],
+            )?;
+            whole("moe_gate_up", &[Some(q.x), Some(q.ids), Some(q.act)])?;
+        }
+        v::pair_apart(
+            "moe_gate_up_pair",
+            &[a.x, a.gate_up, a.ids, a.act],
+            &[b.x, b.gate_up, b.ids, b.act],
+        )?;
+        ops::moe::moe_gate_up_pair(self, &a, &b)
+    }
+
+    fn moe_down_pair(
+        &self,
+        a: DownArgs<'_, WgpuBuffer>,
+        b: DownArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        for q in [&a, &b] {
+            q.p.validate_down(q.act, q.down, q.ids, q.weights, q.out)?;
+            v::no_alias(
+                "moe_down",
+                q.out,
+                &[Some(q.act), Some(q.down), Some(q.ids), Some(q.weights)],
+            )?;
+            whole(
+                "moe_down",
+                &[Some(q.act), Some(q.ids), Some(q.weights), Some(q.out)],
+            )?;
+        }
+        v::pair_apart(
+            "moe_down_pair",
+            &[a.act, a.down, a.ids, a.weights, a.out],
+            &[b.act, b.down, b.ids, b.weights, b.out],
+        )?;
+        ops::moe::moe_down_pair(self, &a, &b)
     }
 
     fn rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {

@@ -147,6 +147,37 @@ pub fn cases(quick: bool) -> Vec<Case> {
             Op::MoeDown { p: moe, w: BF16 },
             m,
         );
+        if m == 1 {
+            // What decode runs: the dense MLP (a one-expert MoE) and the
+            // routed experts in one launch per phase.
+            let dense = Moe {
+                m,
+                hidden: h,
+                inter: s.dense_inter,
+                experts: 1,
+                top_k: 1,
+            };
+            push(
+                format!("dense+moe gate_up pair m={m}"),
+                "moe",
+                Op::MoeGateUpPair {
+                    a: dense,
+                    b: moe,
+                    w: BF16,
+                },
+                m,
+            );
+            push(
+                format!("dense+moe down pair m={m}"),
+                "moe",
+                Op::MoeDownPair {
+                    a: dense,
+                    b: moe,
+                    w: BF16,
+                },
+                m,
+            );
+        }
         push(
             format!("dense gate|up m={m}"),
             "dense mlp",
@@ -437,6 +468,17 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
                 + 2 * kv
         }
         Op::GeluMul { rows, n } => (rows * n) as u64 * f * 3,
+        // Each problem's own count, over its own inputs.
+        Op::MoeGateUpPair { a, b, w } => {
+            let split = inputs.len().min(3);
+            bytes_moved(&Op::MoeGateUp { p: *a, w: *w }, &inputs[..split])
+                + bytes_moved(&Op::MoeGateUp { p: *b, w: *w }, &inputs[split..])
+        }
+        Op::MoeDownPair { a, b, w } => {
+            let split = inputs.len().min(4);
+            bytes_moved(&Op::MoeDown { p: *a, w: *w }, &inputs[..split])
+                + bytes_moved(&Op::MoeDown { p: *b, w: *w }, &inputs[split..])
+        }
         // Everything else: the inputs once and each output once.
         _ => {
             let outs: u64 =
@@ -498,31 +540,37 @@ pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
         .sum::<u64>()
         + out_bytes;
     // Data a call touches per set: what rotates, plus (MoE) the selected experts.
-    let per_set = match op {
-        Op::MoeGateUp { .. } | Op::MoeDown { .. } => rotating.max(bytes),
-        _ => rotating,
+    // Expert-id inputs (index, expert count): each set shifts them.
+    let id_inputs: Vec<(usize, u32)> = match op {
+        Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => vec![(2, p.experts as u32)],
+        Op::MoeGateUpPair { a, b, .. } => vec![(2, a.experts as u32), (5, b.experts as u32)],
+        Op::MoeDownPair { a, b, .. } => vec![(2, a.experts as u32), (6, b.experts as u32)],
+        _ => vec![],
+    };
+    let per_set = if id_inputs.is_empty() {
+        rotating
+    } else {
+        rotating.max(bytes)
     };
     let sets = (target.div_ceil(per_set.max(1)) as usize).clamp(1, max_sets.max(1));
-    let experts = match op {
-        Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => Some(p.experts as u32),
-        _ => None,
-    };
     let others = (1..sets)
         .map(|s| {
             first
                 .iter()
                 .enumerate()
-                .map(|(i, t)| match (experts, i, t) {
-                    (Some(e), 2, HostTensor::U32(ids)) => {
-                        // A bijection on expert ids keeps each token's ids distinct.
-                        let shift = (s as u32 * (e / sets as u32).max(1)) % e;
-                        Variant::Replace(HostTensor::U32(
-                            ids.iter().map(|id| (id + shift) % e).collect(),
-                        ))
-                    }
-                    _ if shared[i] => Variant::Share,
-                    _ => Variant::Copy,
-                })
+                .map(
+                    |(i, t)| match (id_inputs.iter().find(|(k, _)| *k == i), t) {
+                        (Some(&(_, e)), HostTensor::U32(ids)) => {
+                            // A bijection on expert ids keeps each token's ids distinct.
+                            let shift = (s as u32 * (e / sets as u32).max(1)) % e;
+                            Variant::Replace(HostTensor::U32(
+                                ids.iter().map(|id| (id + shift) % e).collect(),
+                            ))
+                        }
+                        _ if shared[i] => Variant::Share,
+                        _ => Variant::Copy,
+                    },
+                )
                 .collect()
         })
         .collect();

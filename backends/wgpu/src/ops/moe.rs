@@ -13,6 +13,7 @@ use turbospark::{DType, Error, Result};
 
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
+use turbospark::{DownArgs, GateUpArgs};
 
 /// Output rows per workgroup: phase 1 (8 teams of 32 lanes), phase 2 (4
 /// teams of 64 lanes).
@@ -244,6 +245,138 @@ pub(crate) fn moe_gate_up(
             (one(act), false),
         ],
         groups: be.grid(params.nslots * params.nrb),
+    })
+}
+
+/// Parameters of a pair launch: the first problem's decode parameters, then
+/// the second's sizes (kernels/moe_decode.wgsl `Params`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct PairParams {
+    a: MoeParams,
+    inter2: u32,
+    experts2: u32,
+    top_k2: u32,
+    nrb2: u32,
+    groups_a: u32,
+    _pad: [u32; 3],
+}
+
+/// Storage bindings a pair launch needs (kernels/moe_decode.wgsl, 0-9).
+const PAIR_BINDINGS: u32 = 10;
+
+/// Whether two problems of a pair op run as one launch: both take the
+/// decode kernels with the same weight dtype and hidden size, both weights
+/// are one binding, and the device takes ten storage bindings per kernel.
+/// Otherwise each runs on its own (the same results).
+fn pair_fits(
+    be: &WgpuBackend,
+    a: (&Moe, usize, &WgpuBuffer),
+    b: (&Moe, usize, &WgpuBuffer),
+) -> bool {
+    decode_path(a.0, a.1, a.2.dtype)
+        && decode_path(b.0, b.1, b.2.dtype)
+        && a.2.dtype == b.2.dtype
+        && a.0.hidden == b.0.hidden
+        && a.2.single().is_some()
+        && b.2.single().is_some()
+        && be.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
+}
+
+fn pair_params(a: &Moe, b: &Moe, nrb: (usize, usize), groups_a: u32) -> PairParams {
+    let mut pa = decode_params(a);
+    pa.nrb = nrb.0 as u32;
+    PairParams {
+        a: pa,
+        inter2: b.inter as u32,
+        experts2: b.experts as u32,
+        top_k2: b.top_k as u32,
+        nrb2: nrb.1 as u32,
+        groups_a,
+        _pad: [0; 3],
+    }
+}
+
+pub(crate) fn moe_gate_up_pair(
+    be: &WgpuBackend,
+    a: &GateUpArgs<'_, WgpuBuffer>,
+    b: &GateUpArgs<'_, WgpuBuffer>,
+) -> Result<()> {
+    if !pair_fits(
+        be,
+        (&a.p, a.p.hidden, a.gate_up),
+        (&b.p, b.p.hidden, b.gate_up),
+    ) {
+        moe_gate_up(be, a.x, a.gate_up, a.ids, a.act, a.p)?;
+        return moe_gate_up(be, b.x, b.gate_up, b.ids, b.act, b.p);
+    }
+    let nrb = (
+        a.p.inter.div_ceil(DECODE_PAIRS),
+        b.p.inter.div_ceil(DECODE_PAIRS),
+    );
+    let groups_a = (a.p.top_k * nrb.0) as u32;
+    let params = pair_params(&a.p, &b.p, nrb, groups_a);
+    let (xa, xb) = (one(a.x), one(b.x));
+    be.launch(Launch {
+        kernel: "moe_decode",
+        entry: "moe_gate_up_pair_decode",
+        constants: &[
+            super::wdtype(a.gate_up.dtype)[0],
+            ("BK", (a.p.hidden / 8) as i64),
+        ],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(a.ids), true),
+            (weight(be, a.gate_up, "moe_gate_up")?, true),
+            (xa, true),
+            // phase 1 has no routing weights: x stands in, never read
+            (xa, true),
+            (one(a.act), false),
+            (one(b.ids), true),
+            (weight(be, b.gate_up, "moe_gate_up")?, true),
+            (xb, true),
+            (xb, true),
+            (one(b.act), false),
+        ],
+        groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
+    })
+}
+
+pub(crate) fn moe_down_pair(
+    be: &WgpuBackend,
+    a: &DownArgs<'_, WgpuBuffer>,
+    b: &DownArgs<'_, WgpuBuffer>,
+) -> Result<()> {
+    if !pair_fits(be, (&a.p, a.p.inter, a.down), (&b.p, b.p.inter, b.down)) {
+        moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
+        return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
+    }
+    let groups_a = a.p.hidden.div_ceil(DECODE_ROWS) as u32;
+    let params = pair_params(&a.p, &b.p, (0, 0), groups_a);
+    be.launch(Launch {
+        kernel: "moe_decode",
+        entry: "moe_down_pair_decode",
+        constants: &[
+            super::wdtype(a.down.dtype)[0],
+            ("BK", (a.p.inter / 8) as i64),
+            ("TOPK", a.p.top_k as i64),
+            ("BK2", (b.p.inter / 8) as i64),
+            ("TOPK2", b.p.top_k as i64),
+        ],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(a.ids), true),
+            (weight(be, a.down, "moe_down")?, true),
+            (one(a.act), true),
+            (one(a.weights), true),
+            (one(a.out), false),
+            (one(b.ids), true),
+            (weight(be, b.down, "moe_down")?, true),
+            (one(b.act), true),
+            (one(b.weights), true),
+            (one(b.out), false),
+        ],
+        groups: be.grid(2 * groups_a),
     })
 }
 
