@@ -1,7 +1,6 @@
 // Decode GEMV, the bandwidth-bound fast path of `matmul` for one row of x and
 // 16-bit weights with k a multiple of 8: OUT[row0 + r] = W[r, :] . X.
-// k / 8 is the pipeline constant BK. Each row is read by 32 threads as
-// vec4<u32> (8 weights, 16 bytes) per load,
+// Each row is read by 32 threads as vec4<u32> (8 weights, 16 bytes) per load,
 // consecutive threads on consecutive 16-byte blocks, with plain scalar
 // accumulators (no arrays that could spill); 8 rows per workgroup, reduced
 // in workgroup memory (no subgroup operations).
@@ -20,8 +19,6 @@ struct Params {
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;
-// 16-byte blocks per row (k / 8), compiled in per shape.
-override BK: u32 = 352u;
 var<workgroup> part: array<f32, 256>;
 
 fn dot8(w: vec4<u32>, i: u32) -> f32 {
@@ -39,23 +36,21 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
     let r = linear_group(wg, nwg) * ROWS + t / LANES;
+    let blocks = P.k / 8u;
     var acc = 0.0;
     if (r < P.rows) {
-        let base = r * BK;
-        // A constant trip count (BK is compiled in) and no branch around a
-        // load (the last partial column of blocks rereads block BK - 1 and
-        // drops it): all of a lane's loads can issue before the first
-        // returns. Two accumulators for the adds.
+        let base = r * blocks;
+        // Two independent accumulators keep two loads in flight per thread.
         var acc2 = 0.0;
-        for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-            let b = lane + c * LANES;
-            let bb = min(b, BK - 1u);
-            let d = select(0.0, dot8(W[base + bb], bb), b < BK);
-            if ((c & 1u) == 0u) {
-                acc += d;
-            } else {
-                acc2 += d;
-            }
+        var i = lane;
+        for (; i + LANES < blocks; i += 2u * LANES) {
+            let w0 = W[base + i];
+            let w1 = W[base + i + LANES];
+            acc += dot8(w0, i);
+            acc2 += dot8(w1, i + LANES);
+        }
+        if (i < blocks) {
+            acc += dot8(W[base + i], i);
         }
         acc += acc2;
     }

@@ -198,12 +198,9 @@ fn moe_gate_up_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 // expert ids and weights are read once into workgroup memory; a lane then
 // walks its blocks of every slot's down row (TOPK x ceil(BK / 32) loads, a
 // constant count), the sum over slots in registers in a fixed order:
-// deterministic, no atomics.
-//
-// No branch around a load: a slot with no expert reads expert 0's row and is
-// dropped by a select, and the last partial block column rereads block
-// BK - 1; so every load of all TOPK slots can issue before the first returns
-// (a branch per slot made them wait slot by slot).
+// deterministic, no atomics. (Loads without branches -- a select dropping
+// an absent slot and the last partial column -- measured 2.7x slower on the
+// H200: 44 against 16 us, BENCHMARKS.md.)
 fn down_a(g: u32, t: u32) {
     if (t < TOPK) {
         sid[t] = IDS[t];
@@ -218,15 +215,17 @@ fn down_a(g: u32, t: u32) {
     if (r < h) {
         for (var j = 0u; j < TOPK; j++) {
             let e = sid[j];
-            let ok = e < P.experts;
-            let base = (select(0u, e, ok) * h + r) * BK;
-            var a = 0.0;
-            for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-                let b = lane + c * LANES;
-                let bb = min(b, BK - 1u);
-                a += select(0.0, dot8(W[base + bb], j * arow + 2u * bb), b < BK);
+            if (e < P.experts) {
+                let base = (e * h + r) * BK;
+                var a = 0.0;
+                for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+                    let b = lane + c * LANES;
+                    if (b < BK) {
+                        a += dot8(W[base + b], j * arow + 2u * b);
+                    }
+                }
+                acc += swt[j] * a;
             }
-            acc += select(0.0, swt[j] * a, ok);
         }
     }
     part_a[t] = acc;
@@ -251,15 +250,17 @@ fn down_b(g: u32, t: u32) {
     if (r < h) {
         for (var j = 0u; j < TOPK2; j++) {
             let e = sid[j];
-            let ok = e < P.experts2;
-            let base = (select(0u, e, ok) * h + r) * BK2;
-            var a = 0.0;
-            for (var c = 0u; c < (BK2 + LANES - 1u) / LANES; c++) {
-                let b = lane + c * LANES;
-                let bb = min(b, BK2 - 1u);
-                a += select(0.0, dot8b(W2[base + bb], j * arow + 2u * bb), b < BK2);
+            if (e < P.experts2) {
+                let base = (e * h + r) * BK2;
+                var a = 0.0;
+                for (var c = 0u; c < (BK2 + LANES - 1u) / LANES; c++) {
+                    let b = lane + c * LANES;
+                    if (b < BK2) {
+                        a += dot8b(W2[base + b], j * arow + 2u * b);
+                    }
+                }
+                acc += swt[j] * a;
             }
-            acc += select(0.0, swt[j] * a, ok);
         }
     }
     part_a[t] = acc;

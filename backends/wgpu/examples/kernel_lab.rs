@@ -395,7 +395,7 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         let tag = if checked { "checked" } else { "unchecked" };
         if format!("{name}/real/{tag}").contains(filter) && rows / 8 <= 65535 {
             let m = lab.module(&format!("{COMMON}\n{GEMV}"), checked);
-            let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0), ("BK", (k / 8) as f64)], 3);
+            let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
             let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
             let groups: Vec<_> = ws
                 .iter()
@@ -699,7 +699,7 @@ fn backend_case(rows: usize, k: usize) {
     // The lab's pipeline over the backend's own weight, x and out buffers.
     let src = format!("{COMMON}\n{GEMV}");
     let m = lab.module(&src, false);
-    let pl = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0), ("BK", (k / 8) as f64)], 3);
+    let pl = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
     let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
     let wbuf = w.wgpu_buffers().next().unwrap();
     let xbuf = xb.wgpu_buffers().next().unwrap();
@@ -709,12 +709,7 @@ fn backend_case(rows: usize, k: usize) {
     println!("lab pipeline on the backend's buffers: chain {us:.2} us");
     // The backend's own compiled pipeline, timed and bound by the lab.
     let bp = be
-        .pipeline(
-            "gemv",
-            "gemv",
-            &[("WDTYPE", 2), ("BK", (k / 8) as i64)],
-            &[true, true, false],
-        )
+        .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
         .unwrap();
     let g = [lab.bind(&bp, &rp, &[wbuf, xbuf, obuf])];
     let us = lab.time(&bp, &g, rows.div_ceil(8) as u32, CHAIN);
@@ -814,12 +809,7 @@ fn slots_case() {
     let p = Matmul { m: 1, n: rows, k };
     let lab = Lab::with_device(be.device().clone(), be.queue().clone(), true);
     let bp = be
-        .pipeline(
-            "gemv",
-            "gemv",
-            &[("WDTYPE", 2), ("BK", (k / 8) as i64)],
-            &[true, true, false],
-        )
+        .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
         .unwrap();
     let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
     let xbuf = xb.wgpu_buffers().next().unwrap();

@@ -130,7 +130,7 @@ fn gemv(
         be.launch(Launch {
             kernel: "gemv",
             entry: "gemv",
-            constants: &[super::wdtype(w.dtype)[0], ("BK", (p.k / 8) as i64)],
+            constants: &super::wdtype(w.dtype),
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
             groups: be.grid((rows as u32).div_ceil(GEMV_ROWS)),
