@@ -275,7 +275,8 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 //           (GD of them, a pipeline constant, so the G accumulators are
 //           registers); the 8 parts are summed through workgroup memory. Q is
 //           read straight from global memory (16 KB at most, cached).
-//   softmax one thread per query head: running max and sum over the chunk.
+//   softmax one thread per (query head, key): the running max and the
+//           key's exp; one thread per head sums the chunk's exps.
 //   values  thread (column c = lid % D4, key slice lid / D4) accumulates
 //           p * V over its slice's keys for the G heads, in registers.
 // No subgroup operations; every loop bound is a constant or uniform.
@@ -291,6 +292,7 @@ var<workgroup> dred: array<f32, 2048>; // [DP][GD][KD], then p [GD][KD]
 var<workgroup> dmax: array<f32, 8>;
 var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
+var<workgroup> dmnew: array<f32, 8>;
 var<workgroup> dacc: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(256)
@@ -373,23 +375,37 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         workgroupBarrier();
 
-        // Online softmax: one thread per query head.
+        // Online softmax. Thread (head q, key k) finds the head's new running
+        // max over the chunk's scores (independent loads, no chain) and its
+        // own key's exp; then one thread per head adds the chunk's exps. The
+        // same arithmetic in the same order as one thread per head doing it
+        // all, without its chain of 2 x KD dependent steps and KD exps.
+        var pk = 0.0;
+        if (lid < GD * KD) {
+            let q = lid / KD;
+            var mnew = dmax[q];
+            for (var k = 0u; k < KD; k++) {
+                mnew = max(mnew, dred[q * KD + k]);
+            }
+            if (sc > NEG) {
+                pk = exp(sc - mnew);
+            }
+            if (lid % KD == 0u) {
+                dmnew[q] = mnew;
+            }
+        }
+        workgroupBarrier();
+        if (lid < GD * KD) {
+            dred[lid] = pk;
+        }
+        workgroupBarrier();
         if (lid < GD) {
             let mold = dmax[lid];
-            var mnew = mold;
-            for (var k = 0u; k < KD; k++) {
-                mnew = max(mnew, dred[lid * KD + k]);
-            }
+            let mnew = dmnew[lid];
             let alpha = exp(mold - mnew);
             var l = 0.0;
             for (var k = 0u; k < KD; k++) {
-                let s = dred[lid * KD + k];
-                var pk = 0.0;
-                if (s > NEG) {
-                    pk = exp(s - mnew);
-                }
-                dred[lid * KD + k] = pk;
-                l += pk;
+                l += dred[lid * KD + k];
             }
             dsum[lid] = dsum[lid] * alpha + l;
             dmax[lid] = mnew;
@@ -441,7 +457,6 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 @group(1) @binding(0) var<storage, read> PARTS: array<vec4<f32>>;
 @group(1) @binding(1) var<storage, read_write> OUT: array<vec4<f32>>;
 
-var<workgroup> cred: array<f32, 256>;
 var<workgroup> cw: array<f32, 256>;
 var<workgroup> cacc: array<vec4<f32>, 256>;
 
@@ -466,16 +481,7 @@ fn attn_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
             mx = max(mx, e.x);
         }
     }
-    cred[lid] = mx;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            cred[lid] = max(cred[lid], cred[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let m = cred[0];
-    workgroupBarrier();
+    let m = workgroup_max(mx, lid, 256u);
 
     // Each split's weight exp(max_k - m), and the total sum of exp.
     var l = 0.0;
@@ -488,15 +494,8 @@ fn attn_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
         cw[k] = w;
         l += w * e.y;
     }
-    cred[lid] = l;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            cred[lid] += cred[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = cred[0];
+    // (its barriers also publish cw)
+    let total = workgroup_sum(l, lid, 256u);
 
     // 8 groups of splits x 32 vec4 columns, then a sum over the groups.
     let ci = lid % 32u;

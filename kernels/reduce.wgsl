@@ -23,3 +23,19 @@ fn workgroup_sum(v: f32, lid: u32, n: u32) -> f32 {
     workgroupBarrier();
     return total;
 }
+
+// Largest `v` over the `n` threads of the workgroup (same rules as
+// workgroup_sum).
+fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {
+    red_buf[lid] = v;
+    workgroupBarrier();
+    for (var s = n / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_buf[lid] = max(red_buf[lid], red_buf[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = red_buf[0];
+    workgroupBarrier();
+    return m;
+}

@@ -37,3 +37,21 @@ fn workgroup_sum(v: f32, lid: u32, n: u32) -> f32 {
     workgroupBarrier();
     return total;
 }
+
+// Largest `v` over the `n` threads of the workgroup (same rules as
+// workgroup_sum; a max does not depend on order).
+fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {
+    let s = subgroupMax(v);
+    let size = subgroupAdd(1u);
+    if (subgroupExclusiveAdd(1u) == 0u) {
+        red_buf[lid / size] = s;
+    }
+    workgroupBarrier();
+    let parts = (n + size - 1u) / size;
+    var m = red_buf[0];
+    for (var k = 1u; k < parts; k++) {
+        m = max(m, red_buf[k]);
+    }
+    workgroupBarrier();
+    return m;
+}

@@ -146,6 +146,10 @@ fn post_attention_without_subgroups() {
     family_without_subgroups("post_attention");
 }
 #[test]
+fn attention_without_subgroups() {
+    family_without_subgroups("attention");
+}
+#[test]
 fn post_ffn_without_subgroups() {
     family_without_subgroups("post_ffn");
 }
