@@ -300,3 +300,52 @@ fn wgpu_stops_at_eos() {
         stops_at_eos(|| common::wgpu_backend().unwrap());
     }
 }
+
+/// A decode step on the GPU is one submit and at most 11 dispatches per
+/// layer (q|k|v GEMV, qkv_post, attention split + combine, o_proj,
+/// post_attention, router logits + top-k, the dense and routed gate_up as
+/// one launch, the same for down, post_ffn) plus 6 around them (embed, the
+/// first input norm, LM head, softcap, two argmax passes). Counted from the
+/// difference between two greedy runs of different lengths.
+#[test]
+fn wgpu_decode_step_is_one_submit() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    // Sizes the decode kernels take (reduced dimensions multiples of 8; the
+    // tiny model's moe_inter of 12 sends phase 2 down the general path).
+    let mut cfg = tiny_config();
+    cfg.moe_inter = 16;
+    assert!(cfg.enable_moe, "the tiny model exercises the MoE path");
+    let layers = cfg.layers.len() as u64;
+    let src = SyntheticSource::new(cfg, 42).unwrap();
+    let mut m = Model::load(be, &src, ModelOptions { max_context: 64 }).unwrap();
+    let p = prompt(5, m.config().vocab);
+    let mut run = |n: usize| {
+        m.reset();
+        let before = m.backend().counters();
+        let opts = GenerateOptions {
+            max_new_tokens: n,
+            sampling: Sampling::Greedy,
+            stop_at_eos: false,
+        };
+        let g = m.generate(&p, &opts).unwrap();
+        assert_eq!(g.tokens.len(), n);
+        let after = m.backend().counters();
+        (after.0 - before.0, after.1 - before.1)
+    };
+    run(2); // compile every pipeline first
+    let (d2, s2) = run(2);
+    let (d8, s8) = run(8);
+    let (dispatches, submits) = ((d8 - d2) / 6, (s8 - s2) / 6);
+    assert_eq!(
+        (s8 - s2) % 6,
+        0,
+        "submits per step not constant: {s2} vs {s8}"
+    );
+    assert_eq!(submits, 1, "one submit per decode step");
+    assert!(
+        dispatches <= 11 * layers + 6,
+        "{dispatches} dispatches per decode step over {layers} layers"
+    );
+}

@@ -501,6 +501,7 @@ fn moe_case(lab: &Lab, filter: &str) {
     // Activation rows per gate_up workgroup (moe_decode.wgsl's PAIRS).
     let rb = 4u32;
     let nrb = inter as u32 / rb;
+    // moe_decode.wgsl's Params: 8 words, then the pair launches' 8 (unused).
     let params = lab.uniform(&[
         1,
         hidden as u32,
@@ -510,10 +511,24 @@ fn moe_case(lab: &Lab, filter: &str) {
         1,
         top_k as u32,
         nrb,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
     ]);
     // moe_decode.wgsl's BK defaults to gate_up's hidden / 8: down's is inter / 8.
     let down_k = [("WDTYPE", 2.0), ("BK", (inter / 8) as f64)];
-    let src = format!("{COMMON}\n{MOE}");
+    // LAB_MOE_SRC=file.wgsl times another version of kernels/moe_decode.wgsl
+    // (same entry points and bindings) without rebuilding.
+    let moe_src = match std::env::var("LAB_MOE_SRC") {
+        Ok(path) => std::fs::read_to_string(&path).expect("LAB_MOE_SRC readable"),
+        Err(_) => MOE.to_string(),
+    };
+    let src = format!("{COMMON}\n{moe_src}");
     println!("\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}");
     for checked in [true, false] {
         let module = lab.module(&src, checked);
@@ -559,7 +574,7 @@ fn moe_case(lab: &Lab, filter: &str) {
         if !lab.subgroups {
             continue;
         }
-        let lsrc = format!("{COMMON}\n{MOE}\n{MOE_LAB}");
+        let lsrc = format!("{COMMON}\n{moe_src}\n{MOE_LAB}");
         let lm = lab.module(&lsrc, checked);
         let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
         for (entry, wgs, bk, is_down) in [

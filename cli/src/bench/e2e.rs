@@ -181,8 +181,16 @@ fn measure<B: ComputeBackend + Counters>(
         "bytes_per_token": bytes_per_token,
         "bandwidth_bound_tok_s": bound_tok_s,
         "decode_share_of_bound": bound_tok_s.map(|b| g.decode_tok_s / b),
-        "dispatches_per_step": per_token.map(|p| p.0),
-        "submits_per_step": per_token.map(|p| p.1),
+        // Averages over every forward pass of the timed run (prefill chunks
+        // included, which dispatch more); a decode step alone is in
+        // decode_dispatches_per_step (from the profile).
+        "dispatches_per_forward": per_token.map(|p| p.0),
+        "submits_per_forward": per_token.map(|p| p.1),
+        "decode_dispatches_per_step": profile.as_array().map(|p| {
+            p.iter()
+                .filter_map(|e| e["dispatches_per_step"].as_f64())
+                .sum::<f64>()
+        }),
         "decode_step_profile": profile,
         "note": note,
     }))
