@@ -66,3 +66,54 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         OUT[P.row0 + r] = part[t];
     }
 }
+
+// ---- gemv_rows: a few rows of x (prefill micro-batches, m <= 16) ----------
+//
+// OUT[j, row0 + r] = W[r, :] . X[j, :] for the MT rows j of X (MT = m,
+// compiled in). Laid out as `gemv`: each weight row read once by 32 lanes,
+// 16 bytes per load, and each block applied to all MT rows of x (read from
+// cache) with MT scalar accumulators per lane. The lane sums go through
+// workgroup memory for all rows at once (5 barriers, not 5 per row).
+
+override MT: u32 = 1u;
+const MAXT: u32 = 16u;
+var<workgroup> pt: array<f32, 4096>; // [MAXT][256]
+
+@compute @workgroup_size(256)
+fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) t: u32) {
+    let lane = t % LANES;
+    let r = linear_group(wg, nwg) * ROWS + t / LANES;
+    let blocks = P.k / 8u;
+    let k4 = P.k / 4u;
+    var acc: array<f32, MAXT>;
+    if (r < P.rows) {
+        let base = r * blocks;
+        for (var i = lane; i < blocks; i += LANES) {
+            let w = W[base + i];
+            let lo = vec4<f32>(decode_pair(w.x), decode_pair(w.y));
+            let hi = vec4<f32>(decode_pair(w.z), decode_pair(w.w));
+            for (var j = 0u; j < MT; j++) {
+                let xi = j * k4 + 2u * i;
+                acc[j] += dot(lo, X[xi]) + dot(hi, X[xi + 1u]);
+            }
+        }
+    }
+    for (var j = 0u; j < MT; j++) {
+        pt[j * 256u + t] = acc[j];
+    }
+    workgroupBarrier();
+    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            for (var j = 0u; j < MT; j++) {
+                pt[j * 256u + t] += pt[j * 256u + t + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && r < P.rows) {
+        for (var j = 0u; j < MT; j++) {
+            OUT[j * P.n + P.row0 + r] = pt[j * 256u + t];
+        }
+    }
+}

@@ -201,16 +201,17 @@ fn moe_gate_up_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 // deterministic, no atomics. (Loads without branches -- a select dropping
 // an absent slot and the last partial column -- measured 2.7x slower on the
 // H200: 44 against 16 us, BENCHMARKS.md.)
-fn down_a(g: u32, t: u32) {
+fn down_a(g: u32, t: u32, tok: u32) {
     if (t < TOPK) {
-        sid[t] = IDS[t];
-        swt[t] = WTS[t];
+        sid[t] = IDS[tok * TOPK + t];
+        swt[t] = WTS[tok * TOPK + t];
     }
     workgroupBarrier();
     let lane = t % LANES;
     let r = g * ROWS + t / LANES;
     let h = P.hidden;
     let arow = P.inter / 4u;
+    let a0 = tok * TOPK * arow;
     var acc = 0.0;
     if (r < h) {
         for (var j = 0u; j < TOPK; j++) {
@@ -221,7 +222,7 @@ fn down_a(g: u32, t: u32) {
                 for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
                     let b = lane + c * LANES;
                     if (b < BK) {
-                        a += dot8(W[base + b], j * arow + 2u * b);
+                        a += dot8(W[base + b], a0 + j * arow + 2u * b);
                     }
                 }
                 acc += swt[j] * a;
@@ -231,7 +232,7 @@ fn down_a(g: u32, t: u32) {
     part_a[t] = acc;
     reduce_lanes(t, lane);
     if (lane == 0u && r < h) {
-        OUT[r] = part_a[t];
+        OUT[tok * h + r] = part_a[t];
     }
 }
 
@@ -270,10 +271,20 @@ fn down_b(g: u32, t: u32) {
     }
 }
 
+// Workgroup g: token g / per, its output rows (g % per) * 8 .. + 8 (per =
+// ceil(hidden / 8)). Prefill micro-batches (m <= 16) take this too: each
+// token reads its own k experts' rows, which on the H200 beats the route-list
+// kernel of kernels/moe.wgsl that reads each expert once for all its tokens
+// (moe_down M = 16: 1.03 ms there).
 @compute @workgroup_size(256)
 fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) t: u32) {
-    down_a(linear_group(wg, nwg), t);
+    let g = linear_group(wg, nwg);
+    let per = (P.hidden + ROWS - 1u) / ROWS;
+    let tok = g / per;
+    if (tok < P.m) {
+        down_a(g % per, t, tok);
+    }
 }
 
 @compute @workgroup_size(256)
@@ -281,7 +292,7 @@ fn moe_down_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
                         @builtin(local_invocation_index) t: u32) {
     let g = linear_group(wg, nwg);
     if (g < P.groups_a) {
-        down_a(g, t);
+        down_a(g, t, 0u);
     } else {
         down_b(g - P.groups_a, t);
     }

@@ -41,6 +41,7 @@ fn matmul(full: bool) -> Vec<Op> {
         c(1, 2 * 2112, 2816, BF16), // dense gate|up
         c(1, 1003, 72, F16),        // decode GEMV path, odd rows, few blocks
         c(1, 2816, 2112, BF16),     // dense down: a partial last column of blocks
+        c(3, 130, 64, F16),         // gemv_rows: a few rows of x, a partial workgroup
         c(1, 24001, 2816, BF16),    // decode GEMV over a weight split across bindings
         c(16, 2816, 2112, BF16),    // dense down, micro-batch
         c(1, 16 * 256, 2816, BF16), // q_proj, sliding
@@ -95,6 +96,8 @@ fn moe(full: bool) -> Vec<Op> {
             (1, 5, 3, 64, 24, F16),
             // decode gate_up with a partial last workgroup (inter % 4 != 0)
             (1, 6, 2, 128, 30, BF16),
+            // a prefill micro-batch through the decode down kernel
+            (4, 5, 3, 64, 24, F16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

@@ -33,6 +33,10 @@ fn config(m: usize) -> (u32, u32, u32) {
     }
 }
 
+/// Most rows of x the GEMV kernels take (`gemv_rows`' MAXT): a prefill
+/// micro-batch. Each weight row is read once for all of them.
+const GEMV_MAX_M: usize = 16;
+
 /// One dispatch per weight binding (a weight larger than one binding is split
 /// by rows), each writing its chunk's output columns.
 pub(crate) fn matmul(
@@ -44,7 +48,7 @@ pub(crate) fn matmul(
 ) -> Result<()> {
     let xb = x.single().expect("activations are one buffer");
     let ob = out.single().expect("activations are one buffer");
-    if p.m == 1 && p.k.is_multiple_of(8) && matches!(w.dtype, DType::BF16 | DType::F16) {
+    if p.m <= GEMV_MAX_M && p.k.is_multiple_of(8) && matches!(w.dtype, DType::BF16 | DType::F16) {
         return gemv(be, w, xb, ob, p);
     }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
@@ -105,8 +109,8 @@ struct GemvParams {
 /// Rows per workgroup of kernels/gemv.wgsl.
 const GEMV_ROWS: u32 = 8;
 
-/// The decode fast path (kernels/gemv.wgsl): one row of x, 16-bit weights
-/// read 16 bytes per load. Rows of a multiple-of-8 k start on 16-byte
+/// The decode and prefill fast path (kernels/gemv.wgsl): up to 16 rows of x,
+/// 16-bit weights read 16 bytes per load, each weight row read once. Rows of a multiple-of-8 k start on 16-byte
 /// boundaries, so the weight binds as `array<vec4<u32>>`.
 fn gemv(
     be: &WgpuBackend,
@@ -127,10 +131,19 @@ fn gemv(
             rows: rows as u32,
             row0: row0 as u32,
         };
+        // One row of x: `gemv`; a few (prefill): `gemv_rows` with MT = m.
+        let (entry, constants) = if p.m == 1 {
+            ("gemv", vec![super::wdtype(w.dtype)[0]])
+        } else {
+            (
+                "gemv_rows",
+                vec![super::wdtype(w.dtype)[0], ("MT", p.m as i64)],
+            )
+        };
         be.launch(Launch {
             kernel: "gemv",
-            entry: "gemv",
-            constants: &super::wdtype(w.dtype),
+            entry,
+            constants: &constants,
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
             groups: be.grid((rows as u32).div_ceil(GEMV_ROWS)),

@@ -176,6 +176,11 @@ fn decode_params(p: &Moe) -> MoeParams {
     }
 }
 
+/// Most tokens `moe_down` runs through the decode kernel (a prefill
+/// micro-batch is 16; past that the route-list kernel's one read of each
+/// expert for all of its tokens should win).
+const DECODE_DOWN_MAX_M: usize = 16;
+
 /// Most experts per token the decode kernels take (their `MAXK`).
 const DECODE_MAX_TOP_K: usize = 16;
 
@@ -390,8 +395,14 @@ pub(crate) fn moe_down(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
-    if decode_path(&p, p.inter, d.dtype) {
-        let params = decode_params(&p);
+    // Phase 2 takes the decode kernel for prefill micro-batches too (one
+    // token per row of workgroups; see kernels/moe_decode.wgsl).
+    let tokens = Moe { m: 1, ..p };
+    if p.m <= DECODE_DOWN_MAX_M && decode_path(&tokens, p.inter, d.dtype) {
+        let params = MoeParams {
+            m: p.m as u32,
+            ..decode_params(&p)
+        };
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_down_decode",
@@ -404,7 +415,7 @@ pub(crate) fn moe_down(
                 (one(w), true),
                 (one(out), false),
             ],
-            groups: be.grid(p.hidden.div_ceil(DECODE_ROWS) as u32),
+            groups: be.grid((p.m * p.hidden.div_ceil(DECODE_ROWS)) as u32),
         });
     }
     let (mut params, scratch) = route(be, ids, &p)?;
