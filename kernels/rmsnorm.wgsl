@@ -17,7 +17,6 @@ struct Params {
 @group(1) @binding(3) var<storage, read_write> OUT: array<f32>;
 
 const WG: u32 = 256u;
-var<workgroup> partial: array<f32, WG>;
 
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -32,15 +31,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         let v = X[base + i];
         ss += v * v;
     }
-    partial[lid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            partial[lid] += partial[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = inverseSqrt(partial[0] / f32(P.dim) + P.eps);
+    let inv = inverseSqrt(workgroup_sum(ss, lid, WG) / f32(P.dim) + P.eps);
     for (var i = lid; i < P.dim; i += WG) {
         var y = X[base + i] * inv;
         if (P.has_weight != 0u) {

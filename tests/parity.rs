@@ -134,6 +134,10 @@ fn moe_down_pair() {
 }
 
 #[test]
+fn rms_norm_without_subgroups() {
+    family_without_subgroups("rms_norm");
+}
+#[test]
 fn router_without_subgroups() {
     family_without_subgroups("router");
 }

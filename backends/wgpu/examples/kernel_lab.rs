@@ -9,10 +9,12 @@
 //! `cargo run --release -p turbospark-wgpu --example kernel_lab [FILTER]`
 //! (FILTER: a substring of `case/variant/checked`), or one of two special
 //! modes: `backend` (the backend's own LM head matmul against the lab's
-//! pipeline on its buffers) and `slots` (a 23 MB GEMV: the bench's chain
+//! pipeline on its buffers) and `slots` (a 23 MB GEMV: the backend's chain
 //! against the lab's, one parameter binding or an arena slot per dispatch;
-//! written to settle why the bench's chain reads mid-size kernels slower
-//! than the lab and the decode profile, not yet run on the H200).
+//! on the H200 all read 10.0-10.5 us once warm, which showed the bench's
+//! slower figures were its clock warm-up, BENCHMARKS.md). Every figure is
+//! taken after WARM seconds of back-to-back passes. `LAB_MOE_SRC=file.wgsl`
+//! times another version of kernels/moe_decode.wgsl.
 
 use std::time::Instant;
 
@@ -259,13 +261,7 @@ impl Lab {
             let mut enc = self.device.create_command_encoder(&Default::default());
             for _ in 0..10 {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(p);
-                for i in 0..chain as usize {
-                    let (g0, g1) = &groups[i % groups.len()];
-                    pass.set_bind_group(0, g0, &[]);
-                    pass.set_bind_group(1, g1, &[]);
-                    pass.dispatch_workgroups(wgs, 1, 1);
-                }
+                record_chain(&mut pass, p, groups, wgs, chain);
             }
             self.queue.submit([enc.finish()]);
             self.device
@@ -287,13 +283,7 @@ impl Lab {
                         end_of_pass_write_index: Some(1),
                     }),
                 });
-                pass.set_pipeline(p);
-                for i in 0..chain as usize {
-                    let (g0, g1) = &groups[i % groups.len()];
-                    pass.set_bind_group(0, g0, &[]);
-                    pass.set_bind_group(1, g1, &[]);
-                    pass.dispatch_workgroups(wgs, 1, 1);
-                }
+                record_chain(&mut pass, p, groups, wgs, chain);
             }
             enc.resolve_query_set(&self.qset, 0..2, &self.resolve, 0);
             enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 16);
@@ -333,6 +323,23 @@ impl Lab {
             .unwrap();
         let v = bytemuck::pod_collect_to_vec(&st.slice(..).get_mapped_range().unwrap());
         v
+    }
+}
+
+/// `chain` dispatches of `p` in `pass`, the bind groups in rotation.
+fn record_chain(
+    pass: &mut wgpu::ComputePass<'_>,
+    p: &wgpu::ComputePipeline,
+    groups: &[(wgpu::BindGroup, wgpu::BindGroup)],
+    wgs: u32,
+    chain: u32,
+) {
+    pass.set_pipeline(p);
+    for i in 0..chain as usize {
+        let (g0, g1) = &groups[i % groups.len()];
+        pass.set_bind_group(0, g0, &[]);
+        pass.set_bind_group(1, g1, &[]);
+        pass.dispatch_workgroups(wgs, 1, 1);
     }
 }
 

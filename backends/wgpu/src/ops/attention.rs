@@ -314,9 +314,9 @@ fn split_and_combine(
     })
 }
 
-/// Keys per chunk of `attn_decode` (its `KD`), the least a split takes: at
-/// decode contexts of a few hundred keys, more splits of one chunk each beat
-/// fewer of two (the chunk loop is a serial chain of barriers).
+/// Keys per chunk of `attn_decode` (its `KD`), and the least a split takes:
+/// one chunk per split gives decode contexts of a few hundred keys the most
+/// workgroups (the chunk loop is a serial chain of barriers).
 const DECODE_KEYS: usize = 32;
 /// Decode workgroups to aim for: a few per compute unit of a large GPU,
 /// without making the partials a noticeable share of the K/V read.

@@ -184,13 +184,15 @@ const DECODE_DOWN_MAX_M: usize = 16;
 /// Most experts per token the decode kernels take (their `MAXK`).
 const DECODE_MAX_TOP_K: usize = 16;
 
-/// Whether a phase takes the decode kernel: one token, 16-bit weights, a
-/// reduced dimension `k` that is a multiple of 8 and at most 16 experts.
+/// Whether a phase fits the decode kernels: 16-bit weights, a reduced
+/// dimension `k` that is a multiple of 8 and at most 16 experts per token.
+fn decode_fits(p: &Moe, k: usize, dtype: DType) -> bool {
+    k.is_multiple_of(8) && p.top_k <= DECODE_MAX_TOP_K && matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// Whether a phase takes the decode kernel: one token, and it fits.
 fn decode_path(p: &Moe, k: usize, dtype: DType) -> bool {
-    p.m == 1
-        && k.is_multiple_of(8)
-        && p.top_k <= DECODE_MAX_TOP_K
-        && matches!(dtype, DType::BF16 | DType::F16)
+    p.m == 1 && decode_fits(p, k, dtype)
 }
 
 /// Pipeline constants of a decode kernel: weight dtype, 16-byte blocks per
@@ -397,8 +399,7 @@ pub(crate) fn moe_down(
     let wb = weight(be, d, "moe_down")?;
     // Phase 2 takes the decode kernel for prefill micro-batches too (one
     // token per row of workgroups; see kernels/moe_decode.wgsl).
-    let tokens = Moe { m: 1, ..p };
-    if p.m <= DECODE_DOWN_MAX_M && decode_path(&tokens, p.inter, d.dtype) {
+    if p.m <= DECODE_DOWN_MAX_M && decode_fits(&p, p.inter, d.dtype) {
         let params = MoeParams {
             m: p.m as u32,
             ..decode_params(&p)
