@@ -70,37 +70,22 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // ---- gemv_rows: a few rows of x (prefill micro-batches, m <= 16) ----------
 //
 // OUT[j, row0 + r] = W[r, :] . X[j, :] for the MT rows j of X (MT = m,
-// compiled in). Laid out as `gemv`: each weight row read once by 32 lanes,
-// 16 bytes per load, and each block applied to all MT rows of x (read from
-// cache) with MT scalar accumulators per lane. The lane sums go through
-// workgroup memory for all rows at once (5 barriers, not 5 per row).
+// compiled in). Laid out as `gemv` but with two weight rows per 32 lanes
+// (16 rows per workgroup): each weight row is read once, 16 bytes per load,
+// and each pair of blocks is applied to all MT rows of x, every x block
+// read once (from cache) for both weight rows, with 2 x MT scalar
+// accumulators per lane. The lane sums go through workgroup memory for all
+// of x's rows at once (5 barriers per weight row, not per x row).
 
 override MT: u32 = 1u;
 const MAXT: u32 = 16u;
 var<workgroup> pt: array<f32, 4096>; // [MAXT][256]
 
-@compute @workgroup_size(256)
-fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r = linear_group(wg, nwg) * ROWS + t / LANES;
-    let blocks = P.k / 8u;
-    let k4 = P.k / 4u;
-    var acc: array<f32, MAXT>;
-    if (r < P.rows) {
-        let base = r * blocks;
-        for (var i = lane; i < blocks; i += LANES) {
-            let w = W[base + i];
-            let lo = vec4<f32>(decode_pair(w.x), decode_pair(w.y));
-            let hi = vec4<f32>(decode_pair(w.z), decode_pair(w.w));
-            for (var j = 0u; j < MT; j++) {
-                let xi = j * k4 + 2u * i;
-                acc[j] += dot(lo, X[xi]) + dot(hi, X[xi + 1u]);
-            }
-        }
-    }
+// Sum each row's 32 lanes of `acc` (MT values per lane) and write them as
+// weight row r of OUT.
+fn rows_out(acc: ptr<function, array<f32, MAXT>>, t: u32, lane: u32, r: u32, ok: bool) {
     for (var j = 0u; j < MT; j++) {
-        pt[j * 256u + t] = acc[j];
+        pt[j * 256u + t] = (*acc)[j];
     }
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
@@ -111,9 +96,46 @@ fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         }
         workgroupBarrier();
     }
-    if (lane == 0u && r < P.rows) {
+    if (lane == 0u && ok) {
         for (var j = 0u; j < MT; j++) {
             OUT[j * P.n + P.row0 + r] = pt[j * 256u + t];
         }
     }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) t: u32) {
+    let lane = t % LANES;
+    let r0 = (linear_group(wg, nwg) * ROWS + t / LANES) * 2u;
+    let r1 = r0 + 1u;
+    let ok0 = r0 < P.rows;
+    let ok1 = r1 < P.rows;
+    let blocks = P.k / 8u;
+    let k4 = P.k / 4u;
+    var acc0: array<f32, MAXT>;
+    var acc1: array<f32, MAXT>;
+    if (ok0) {
+        let b0 = r0 * blocks;
+        // A missing second row rereads the first (dropped when written).
+        let b1 = select(r0, r1, ok1) * blocks;
+        for (var i = lane; i < blocks; i += LANES) {
+            let w0 = W[b0 + i];
+            let w1 = W[b1 + i];
+            let lo0 = vec4<f32>(decode_pair(w0.x), decode_pair(w0.y));
+            let hi0 = vec4<f32>(decode_pair(w0.z), decode_pair(w0.w));
+            let lo1 = vec4<f32>(decode_pair(w1.x), decode_pair(w1.y));
+            let hi1 = vec4<f32>(decode_pair(w1.z), decode_pair(w1.w));
+            for (var j = 0u; j < MT; j++) {
+                let xi = j * k4 + 2u * i;
+                let x0 = X[xi];
+                let x1 = X[xi + 1u];
+                acc0[j] += dot(lo0, x0) + dot(hi0, x1);
+                acc1[j] += dot(lo1, x0) + dot(hi1, x1);
+            }
+        }
+    }
+    rows_out(&acc0, t, lane, r0, ok0);
+    rows_out(&acc1, t, lane, r1, ok1);
 }

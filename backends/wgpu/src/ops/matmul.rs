@@ -106,8 +106,9 @@ struct GemvParams {
     row0: u32,
 }
 
-/// Rows per workgroup of kernels/gemv.wgsl.
+/// Weight rows per workgroup of kernels/gemv.wgsl: `gemv`, `gemv_rows`.
 const GEMV_ROWS: u32 = 8;
+const GEMV_ROWS_M: u32 = 16;
 
 /// The decode and prefill fast path (kernels/gemv.wgsl): up to 16 rows of x,
 /// 16-bit weights read 16 bytes per load, each weight row read once. Rows of a multiple-of-8 k start on 16-byte
@@ -132,12 +133,13 @@ fn gemv(
             row0: row0 as u32,
         };
         // One row of x: `gemv`; a few (prefill): `gemv_rows` with MT = m.
-        let (entry, constants) = if p.m == 1 {
-            ("gemv", vec![super::wdtype(w.dtype)[0]])
+        let (entry, constants, per_group) = if p.m == 1 {
+            ("gemv", vec![super::wdtype(w.dtype)[0]], GEMV_ROWS)
         } else {
             (
                 "gemv_rows",
                 vec![super::wdtype(w.dtype)[0], ("MT", p.m as i64)],
+                GEMV_ROWS_M,
             )
         };
         be.launch(Launch {
@@ -146,7 +148,7 @@ fn gemv(
             constants: &constants,
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
-            groups: be.grid((rows as u32).div_ceil(GEMV_ROWS)),
+            groups: be.grid((rows as u32).div_ceil(per_group)),
         })?;
     }
     Ok(())
