@@ -70,14 +70,17 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // ---- gemv_rows: a few rows of x (prefill micro-batches, m <= 16) ----------
 //
 // OUT[j, row0 + r] = W[r, :] . X[j, :] for the MT rows j of X (MT = m,
-// compiled in). Laid out as `gemv` but with two weight rows per 32 lanes
-// (16 rows per workgroup): each weight row is read once, 16 bytes per load,
-// and each pair of blocks is applied to all MT rows of x, every x block
-// read once (from cache) for both weight rows, with 2 x MT scalar
-// accumulators per lane. The lane sums go through workgroup memory for all
-// of x's rows at once (5 barriers per weight row, not per x row).
+// compiled in). Laid out as `gemv`, with RPL weight rows (1 or 2, compiled
+// in) per 32 lanes: each weight row is read once, 16 bytes per load, and
+// each block is applied to all MT rows of x, an x block read once (from
+// cache) for the RPL weight rows, with RPL x MT scalar accumulators per
+// lane. The lane sums go through workgroup memory for all of x's rows at
+// once (5 barriers per weight row, not per x row). Two rows per lane group
+// pay off for wide weights (4096+ rows) and cost for narrow ones (fewer
+// workgroups in flight): the launcher picks by shape, BENCHMARKS.md.
 
 override MT: u32 = 1u;
+override RPL: u32 = 2u;
 const MAXT: u32 = 16u;
 var<workgroup> pt: array<f32, 4096>; // [MAXT][256]
 
@@ -108,10 +111,10 @@ fn rows_out(acc: ptr<function, array<f32, MAXT>>, t: u32, lane: u32, r: u32, ok:
 fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
-    let r0 = (linear_group(wg, nwg) * ROWS + t / LANES) * 2u;
+    let r0 = (linear_group(wg, nwg) * ROWS + t / LANES) * RPL;
     let r1 = r0 + 1u;
     let ok0 = r0 < P.rows;
-    let ok1 = r1 < P.rows;
+    let ok1 = RPL == 2u && r1 < P.rows;
     let blocks = P.k / 8u;
     let k4 = P.k / 4u;
     var acc0: array<f32, MAXT>;
@@ -122,20 +125,29 @@ fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         let b1 = select(r0, r1, ok1) * blocks;
         for (var i = lane; i < blocks; i += LANES) {
             let w0 = W[b0 + i];
-            let w1 = W[b1 + i];
             let lo0 = vec4<f32>(decode_pair(w0.x), decode_pair(w0.y));
             let hi0 = vec4<f32>(decode_pair(w0.z), decode_pair(w0.w));
-            let lo1 = vec4<f32>(decode_pair(w1.x), decode_pair(w1.y));
-            let hi1 = vec4<f32>(decode_pair(w1.z), decode_pair(w1.w));
-            for (var j = 0u; j < MT; j++) {
-                let xi = j * k4 + 2u * i;
-                let x0 = X[xi];
-                let x1 = X[xi + 1u];
-                acc0[j] += dot(lo0, x0) + dot(hi0, x1);
-                acc1[j] += dot(lo1, x0) + dot(hi1, x1);
+            if (RPL == 2u) {
+                let w1 = W[b1 + i];
+                let lo1 = vec4<f32>(decode_pair(w1.x), decode_pair(w1.y));
+                let hi1 = vec4<f32>(decode_pair(w1.z), decode_pair(w1.w));
+                for (var j = 0u; j < MT; j++) {
+                    let xi = j * k4 + 2u * i;
+                    let x0 = X[xi];
+                    let x1 = X[xi + 1u];
+                    acc0[j] += dot(lo0, x0) + dot(hi0, x1);
+                    acc1[j] += dot(lo1, x0) + dot(hi1, x1);
+                }
+            } else {
+                for (var j = 0u; j < MT; j++) {
+                    let xi = j * k4 + 2u * i;
+                    acc0[j] += dot(lo0, X[xi]) + dot(hi0, X[xi + 1u]);
+                }
             }
         }
     }
     rows_out(&acc0, t, lane, r0, ok0);
-    rows_out(&acc1, t, lane, r1, ok1);
+    if (RPL == 2u) {
+        rows_out(&acc1, t, lane, r1, ok1);
+    }
 }

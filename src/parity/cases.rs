@@ -41,7 +41,8 @@ fn matmul(full: bool) -> Vec<Op> {
         c(1, 2 * 2112, 2816, BF16), // dense gate|up
         c(1, 1003, 72, F16),        // decode GEMV path, odd rows, few blocks
         c(1, 2816, 2112, BF16),     // dense down: a partial last column of blocks
-        c(3, 131, 64, F16),         // gemv_rows: a few rows of x, an odd last row pair
+        c(3, 131, 64, F16),         // gemv_rows, one weight row per lane group
+        c(2, 4097, 64, BF16),       // gemv_rows, two per lane group, an odd last one
         c(1, 24001, 2816, BF16),    // decode GEMV over a weight split across bindings
         c(16, 2816, 2112, BF16),    // dense down, micro-batch
         c(1, 16 * 256, 2816, BF16), // q_proj, sliding

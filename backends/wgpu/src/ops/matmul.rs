@@ -106,9 +106,11 @@ struct GemvParams {
     row0: u32,
 }
 
-/// Weight rows per workgroup of kernels/gemv.wgsl: `gemv`, `gemv_rows`.
+/// Lane groups (of 32) per workgroup of kernels/gemv.wgsl: one weight row
+/// each in `gemv`, `RPL` in `gemv_rows`.
 const GEMV_ROWS: u32 = 8;
-const GEMV_ROWS_M: u32 = 16;
+/// Weight rows from which `gemv_rows` takes two rows per lane group.
+const GEMV_WIDE_ROWS: usize = 4096;
 
 /// The decode and prefill fast path (kernels/gemv.wgsl): up to 16 rows of x,
 /// 16-bit weights read 16 bytes per load, each weight row read once. Rows of a multiple-of-8 k start on 16-byte
@@ -132,14 +134,18 @@ fn gemv(
             rows: rows as u32,
             row0: row0 as u32,
         };
-        // One row of x: `gemv`; a few (prefill): `gemv_rows` with MT = m.
+        // One row of x: `gemv`; a few (prefill): `gemv_rows` with MT = m and
+        // two weight rows per lane group for wide weights only (on the H200,
+        // BENCHMARKS.md runs 9-10: 4096-8192 rows gained 16-24%, 1024-2816
+        // rows lost 10-78%).
         let (entry, constants, per_group) = if p.m == 1 {
             ("gemv", vec![super::wdtype(w.dtype)[0]], GEMV_ROWS)
         } else {
+            let rpl = if rows >= GEMV_WIDE_ROWS { 2 } else { 1 };
             (
                 "gemv_rows",
-                vec![super::wdtype(w.dtype)[0], ("MT", p.m as i64)],
-                GEMV_ROWS_M,
+                vec![super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)],
+                GEMV_ROWS * rpl as u32,
             )
         };
         be.launch(Launch {
