@@ -12,18 +12,23 @@
 const RED_MAX: u32 = 1024u;
 var<workgroup> red_buf: array<f32, RED_MAX>;
 
-// Sum of `v` over the `n` threads of the workgroup (`n` a power of two of at
-// most 1024, `lid` its local index); every thread gets the total. Call from
-// workgroup-uniform control flow.
-fn workgroup_sum(v: f32, lid: u32, n: u32) -> f32 {
-    let s = subgroupAdd(v);
+// Each subgroup's first lane writes its subgroup's `s` at the subgroup's
+// index of red_buf; returns how many partials `n` threads leave.
+fn publish_partials(s: f32, lid: u32, n: u32) -> u32 {
     let size = subgroupAdd(1u);
     // this thread's place in its subgroup (0 for the first)
     if (subgroupExclusiveAdd(1u) == 0u) {
         red_buf[lid / size] = s;
     }
     workgroupBarrier();
-    let parts = (n + size - 1u) / size;
+    return (n + size - 1u) / size;
+}
+
+// Sum of `v` over the `n` threads of the workgroup (`n` a power of two of at
+// most 1024, `lid` its local index); every thread gets the total. Call from
+// workgroup-uniform control flow.
+fn workgroup_sum(v: f32, lid: u32, n: u32) -> f32 {
+    let parts = publish_partials(subgroupAdd(v), lid, n);
     // Four independent chains: the loads issue back to back.
     var a = vec4<f32>(0.0);
     var k = 0u;
@@ -41,13 +46,7 @@ fn workgroup_sum(v: f32, lid: u32, n: u32) -> f32 {
 // Largest `v` over the `n` threads of the workgroup (same rules as
 // workgroup_sum; a max does not depend on order).
 fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {
-    let s = subgroupMax(v);
-    let size = subgroupAdd(1u);
-    if (subgroupExclusiveAdd(1u) == 0u) {
-        red_buf[lid / size] = s;
-    }
-    workgroupBarrier();
-    let parts = (n + size - 1u) / size;
+    let parts = publish_partials(subgroupMax(v), lid, n);
     var m = red_buf[0];
     for (var k = 1u; k < parts; k++) {
         m = max(m, red_buf[k]);
