@@ -8,8 +8,9 @@
 //
 //   moe_gate_up_decode  ACT[j, i] = gelu_tanh(gate_e . x) * (up_e . x), e = IDS[j]
 //                       (hidden a multiple of 8: rows start on 16-byte boundaries)
-//   moe_down_decode     OUT[r] = sum_j WTS[j] * (down_e[r, :] . ACT[j]), e = IDS[j]
-//                       (inter a multiple of 8).
+//   moe_down_decode     OUT[t, r] = sum_j WTS[t, j] * (down_e[r, :] . ACT[t, j]),
+//                       e = IDS[t, j], for each of P.m tokens (decode: 1; a
+//                       prefill micro-batch: up to 16) (inter a multiple of 8).
 //
 // An expert id past P.experts selects nothing, as in kernels/moe.wgsl: phase 1
 // leaves its activation row untouched and phase 2 skips the slot.
