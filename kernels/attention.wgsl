@@ -15,7 +15,9 @@
 // Memory access: a K row is read by 32 consecutive lanes, each a vec4 at a
 // time (NV vec4 per lane: head_dim 512 -> 4, 256 -> 2); a V row likewise by
 // consecutive threads over vec4 columns. Queries live in registers. Partial
-// dot products are reduced through workgroup memory (no subgroups).
+// dot products are reduced through workgroup memory; attn_combine's max and
+// sum go through workgroup_max / workgroup_sum (kernels/reduce*.wgsl:
+// subgroup operations where the device has them).
 
 struct Params {
     m: u32,

@@ -73,9 +73,10 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // compiled in). Laid out as `gemv`, with RPL weight rows (1 or 2, compiled
 // in) per 32 lanes: each weight row is read once, 16 bytes per load, and
 // each block is applied to all MT rows of x, an x block read once (from
-// cache) for the RPL weight rows, with RPL x MT scalar accumulators per
-// lane. The lane sums go through workgroup memory for all of x's rows at
-// once (5 barriers per weight row, not per x row). Two rows per lane group
+// cache) for the RPL weight rows, with RPL x MT accumulators per lane
+// (arrays indexed by loops over the compiled-in MT). The lane sums go
+// through workgroup memory for all of x's rows at once (one tree of
+// barriers per weight row, not per x row). Two rows per lane group
 // pay off for wide weights (4096+ rows) and cost for narrow ones (fewer
 // workgroups in flight): the launcher picks by shape, BENCHMARKS.md.
 

@@ -200,8 +200,8 @@ fn moe_gate_up_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 // walks its blocks of every slot's down row (TOPK x ceil(BK / 32) loads, a
 // constant count), the sum over slots in registers in a fixed order:
 // deterministic, no atomics. (Loads without branches -- a select dropping
-// an absent slot and the last partial column -- measured 2.7x slower on the
-// H200: 44 against 16 us, BENCHMARKS.md.)
+// an absent slot and the last partial column -- were tried and reverted;
+// their one reliable figure is the GEMV's, BENCHMARKS.md.)
 fn down_a(g: u32, t: u32, tok: u32) {
     if (t < TOPK) {
         sid[t] = IDS[tok * TOPK + t];

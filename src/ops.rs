@@ -356,8 +356,6 @@ pub fn check_weight<B: DeviceBuffer>(
     Ok(())
 }
 
-/// Outputs must not alias inputs: a GPU cannot bind one buffer read-only
-/// and read-write in one dispatch, so no backend accepts it.
 /// The pair ops' extra rule: neither problem's output aliases the other
 /// problem's buffers (a GPU runs the two at once). `a` and `b` list each
 /// problem's inputs then its output last.
@@ -371,6 +369,8 @@ pub fn pair_apart<B: DeviceBuffer>(op: &'static str, a: &[&B], b: &[&B]) -> Resu
     no_alias(op, *ob, &ins_a)
 }
 
+/// Outputs must not alias inputs: a GPU cannot bind one buffer read-only
+/// and read-write in one dispatch, so no backend accepts it.
 pub fn no_alias<B: DeviceBuffer>(op: &'static str, out: &B, inputs: &[Option<&B>]) -> Result<()> {
     if inputs.iter().flatten().any(|i| i.same_storage(out)) {
         return Err(Error::shape(op, "output buffer aliases an input"));

@@ -1,7 +1,7 @@
 //! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
 //!
 //! One forward pass over `m` tokens (a prefill micro-batch, or one decode
-//! token) records, per layer (13 ops when decoding):
+//! token) records, per layer (9 ops, 11 dispatches, when decoding):
 //!
 //! ```text
 //! y   = input_layernorm(x)                   (the previous layer's post_ffn)
@@ -464,10 +464,6 @@ impl<B: ComputeBackend> Model<B> {
         Ok(())
     }
 
-    /// One decode step at `self.pos`, the token id already in the single
-    /// scratch's id buffer: record the forward pass, pick the next token, one
-    /// submit. Greedy: argmax into the id buffer (next step's input), 4 bytes
-    /// read back.
     /// One sampled (not greedy) decode step: the logits row comes back and
     /// the host samples it.
     fn decode_step(&mut self, sampler: &mut Sampler) -> Result<u32> {
@@ -579,10 +575,6 @@ impl<B: ComputeBackend> Model<B> {
         }
     }
 
-    /// One decoder layer for the `m` tokens of `s`: reads the residual
-    /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
-    /// residual in `s.x` and the next layer's normed input (the final norm's
-    /// output after the last layer when `head`) in `s.normed`.
     /// The dense MLP of `m > 1` rows (prefill): gate|up GEMM, activation,
     /// down GEMM, into `s.dense`.
     fn dense_mlp(&self, s: &Scratch<B>, w: &LayerWeights<B>, m: usize) -> Result<()> {
@@ -601,6 +593,10 @@ impl<B: ComputeBackend> Model<B> {
         be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })
     }
 
+    /// One decoder layer for the `m` tokens of `s`: reads the residual
+    /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
+    /// residual in `s.x` and the next layer's normed input (the final norm's
+    /// output after the last layer when `head`) in `s.normed`.
     fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, head: bool) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);

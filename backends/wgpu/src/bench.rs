@@ -136,8 +136,7 @@ impl WgpuBackend {
     /// consecutive calls each, the way a decode step records its dispatches;
     /// a sample is one pass's span over its calls, so the launch gap between
     /// dependent dispatches inside a pass is counted and the host's waits are
-    /// not. (A pass per dispatch, as before, inflated short kernels 2-4x on
-    /// the H200.) Work recorded before is submitted first. `Ok(None)` when the
+    /// not. Work recorded before is submitted first. `Ok(None)` when the
     /// adapter has no timestamps: time with the wall clock around
     /// [`ComputeBackend::sync`] instead.
     ///

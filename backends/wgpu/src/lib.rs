@@ -3,8 +3,8 @@
 //!
 //! Ops are recorded as dispatches into one open compute pass; `flush` ends the
 //! pass and submits, so a decode step is a single submit. Each op's uniform
-//! parameters go into a per-batch arena (one uniform buffer bound with dynamic
-//! offsets), so recording allocates no GPU memory.
+//! parameters go into a per-batch arena (one uniform buffer, a bind group
+//! per 256-byte slot), so recording allocates no GPU memory.
 
 mod batch;
 mod bench;
@@ -47,8 +47,8 @@ pub struct WgpuBackend {
     binds: kernels::BindCache,
     params_layout: wgpu::BindGroupLayout,
     params_buffer: wgpu::Buffer,
-    /// One bind group per parameter slot of the arena (static offsets: on
-    /// the H200 a dynamic-offset uniform made the decode GEMV 4.4x slower).
+    /// One bind group per parameter slot of the arena (static offsets rather
+    /// than one bind group with a dynamic offset; docs/decisions.md).
     params_groups: Vec<wgpu::BindGroup>,
     batch: Mutex<Batch>,
     /// Errors wgpu reported outside an error scope (validation, OOM, loss).

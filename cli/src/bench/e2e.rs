@@ -153,9 +153,13 @@ fn measure<B: ComputeBackend + Counters>(
     };
     let bound_tok_s = ceiling_gbps.map(|c| c * 1e9 / bytes_per_token as f64);
     let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
-        // The counters cover prefill and decode; the decode share is what
-        // one token costs once the prompt is in.
-        let steps = (prompt_len.div_ceil(turbospark::model::MAX_PREFILL_BATCH) + decode) as f64;
+        // The counters cover every forward pass of the run: the prefill
+        // chunks (the prompt but its last token, which the first decode
+        // step takes) and the decode steps.
+        let chunks = prompt_len
+            .saturating_sub(1)
+            .div_ceil(turbospark::model::MAX_PREFILL_BATCH);
+        let steps = (chunks + decode) as f64;
         ((d1 - d0) as f64 / steps, (s1 - s0) as f64 / steps)
     });
     let note = format!(
