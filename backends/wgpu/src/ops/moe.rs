@@ -158,21 +158,22 @@ fn route(be: &WgpuBackend, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, Wgpu
     Ok((params, scratch))
 }
 
-/// Parameters of a decode fast-path dispatch (kernels/moe_decode.wgsl): one
-/// token, slot `j` is the token's `j`-th expert, no route list. Taken when
-/// m = 1, the weights are 16-bit and the reduced dimension is a multiple of 8
-/// (weight rows start on 16-byte boundaries, so they bind as
-/// `array<vec4<u32>>`).
-fn decode_params(p: &Moe) -> MoeParams {
+/// Parameters of a decode-kernel dispatch (kernels/moe_decode.wgsl): slot
+/// `j` of token `t` is its `j`-th expert, no route list; `nrb` workgroups
+/// per slot (phase 1; 0 for phase 2). Taken when the weights are 16-bit and
+/// the reduced dimension is a multiple of 8 (weight rows start on 16-byte
+/// boundaries, so they bind as `array<vec4<u32>>`): phase 1 for one token,
+/// phase 2 for up to DECODE_DOWN_MAX_M.
+fn decode_params(p: &Moe, nrb: usize) -> MoeParams {
     MoeParams {
-        m: 1,
+        m: p.m as u32,
         hidden: p.hidden as u32,
         inter: p.inter as u32,
         experts: p.experts as u32,
         top_k: p.top_k as u32,
         direct: 1,
         nslots: p.top_k as u32,
-        nrb: 0,
+        nrb: nrb as u32,
     }
 }
 
@@ -195,12 +196,18 @@ fn decode_path(p: &Moe, k: usize, dtype: DType) -> bool {
     p.m == 1 && decode_fits(p, k, dtype)
 }
 
-/// Pipeline constants of a decode kernel: weight dtype, 16-byte blocks per
-/// reduced row (`k / 8`) and experts per token.
-fn decode_constants(dtype: DType, k: usize, top_k: usize) -> [(&'static str, i64); 3] {
+/// Pipeline constants of the decode gate_up kernels: weight dtype and
+/// 16-byte blocks per row (`hidden / 8`); the slot count is a parameter.
+fn gate_up_constants(dtype: DType, hidden: usize) -> [(&'static str, i64); 2] {
+    [super::wdtype(dtype)[0], ("BK", (hidden / 8) as i64)]
+}
+
+/// Pipeline constants of the decode down kernels: weight dtype, 16-byte
+/// blocks per row (`inter / 8`) and experts per token (constant trip counts).
+fn down_constants(dtype: DType, inter: usize, top_k: usize) -> [(&'static str, i64); 3] {
     [
         super::wdtype(dtype)[0],
-        ("BK", (k / 8) as i64),
+        ("BK", (inter / 8) as i64),
         ("TOPK", top_k as i64),
     ]
 }
@@ -215,13 +222,12 @@ pub(crate) fn moe_gate_up(
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
     if decode_path(&p, p.hidden, gu.dtype) {
-        let mut params = decode_params(&p);
-        params.nrb = p.inter.div_ceil(DECODE_PAIRS) as u32;
+        let params = decode_params(&p, p.inter.div_ceil(DECODE_PAIRS));
         let xb = one(x);
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_gate_up_decode",
-            constants: &decode_constants(gu.dtype, p.hidden, p.top_k),
+            constants: &gate_up_constants(gu.dtype, p.hidden),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
@@ -273,8 +279,9 @@ struct PairParams {
 const PAIR_BINDINGS: u32 = 10;
 
 /// Whether two problems of a pair op run as one launch: both take the
-/// decode kernels with the same weight dtype and hidden size, both weights
-/// are one binding, and the device takes ten storage bindings per kernel.
+/// decode kernels with the same weight dtype and hidden size, and the device
+/// takes ten storage bindings per kernel (a weight split across bindings is
+/// Unsupported either way).
 /// Otherwise each runs on its own (the same results).
 fn pair_fits(
     be: &WgpuBackend,
@@ -285,16 +292,12 @@ fn pair_fits(
         && decode_path(b.0, b.1, b.2.dtype)
         && a.2.dtype == b.2.dtype
         && a.0.hidden == b.0.hidden
-        && a.2.single().is_some()
-        && b.2.single().is_some()
         && be.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
 }
 
 fn pair_params(a: &Moe, b: &Moe, nrb: (usize, usize), groups_a: u32) -> PairParams {
-    let mut pa = decode_params(a);
-    pa.nrb = nrb.0 as u32;
     PairParams {
-        a: pa,
+        a: decode_params(a, nrb.0),
         inter2: b.inter as u32,
         experts2: b.experts as u32,
         top_k2: b.top_k as u32,
@@ -327,10 +330,7 @@ pub(crate) fn moe_gate_up_pair(
     be.launch(Launch {
         kernel: "moe_decode",
         entry: "moe_gate_up_pair_decode",
-        constants: &[
-            super::wdtype(a.gate_up.dtype)[0],
-            ("BK", (a.p.hidden / 8) as i64),
-        ],
+        constants: &gate_up_constants(a.gate_up.dtype, a.p.hidden),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(a.ids), true),
@@ -363,13 +363,11 @@ pub(crate) fn moe_down_pair(
     be.launch(Launch {
         kernel: "moe_decode",
         entry: "moe_down_pair_decode",
-        constants: &[
-            super::wdtype(a.down.dtype)[0],
-            ("BK", (a.p.inter / 8) as i64),
-            ("TOPK", a.p.top_k as i64),
-            ("BK2", (b.p.inter / 8) as i64),
-            ("TOPK2", b.p.top_k as i64),
-        ],
+        constants: &{
+            let [w, bk, topk] = down_constants(a.down.dtype, a.p.inter, a.p.top_k);
+            let [_, (_, bk2), (_, topk2)] = down_constants(b.down.dtype, b.p.inter, b.p.top_k);
+            [w, bk, topk, ("BK2", bk2), ("TOPK2", topk2)]
+        },
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(a.ids), true),
@@ -400,14 +398,11 @@ pub(crate) fn moe_down(
     // Phase 2 takes the decode kernel for prefill micro-batches too (one
     // token per row of workgroups; see kernels/moe_decode.wgsl).
     if p.m <= DECODE_DOWN_MAX_M && decode_fits(&p, p.inter, d.dtype) {
-        let params = MoeParams {
-            m: p.m as u32,
-            ..decode_params(&p)
-        };
+        let params = decode_params(&p, 0);
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_down_decode",
-            constants: &decode_constants(d.dtype, p.inter, p.top_k),
+            constants: &down_constants(d.dtype, p.inter, p.top_k),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
