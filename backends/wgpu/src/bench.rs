@@ -130,11 +130,12 @@ impl WgpuBackend {
         self.info.features.timestamps
     }
 
-    /// GPU time per call, in seconds, of `f` called `reps` times (call `i`
-    /// gets `i`), from timestamp queries at compute-pass boundaries (all that
-    /// Metal supports). The calls are recorded in passes of about `reps / 10`
-    /// consecutive calls each, the way a decode step records its dispatches;
-    /// a sample is one pass's span over its calls, so the launch gap between
+    /// GPU time per call, in seconds, of `f` called about `reps` times (call
+    /// `i` gets `i < reps`), from timestamp queries at compute-pass
+    /// boundaries (all that Metal supports). The calls are recorded in passes
+    /// of `reps / 10` consecutive calls each (the remainder is not run), the
+    /// way a decode step records its dispatches; one value per pass: its
+    /// span over its calls, so the launch gap between
     /// dependent dispatches inside a pass is counted and the host's waits are
     /// not. Work recorded before is submitted first. `Ok(None)` when the
     /// adapter has no timestamps: time with the wall clock around
@@ -152,7 +153,7 @@ impl WgpuBackend {
         turbospark::ComputeBackend::flush(self)?;
         self.batch_lock().timing = Some(Timing::new(&self.device));
         let per = (reps / 10).max(1);
-        let samples = reps.div_ceil(per).max(1);
+        let samples = (reps / per).max(1);
         let mut spans = Vec::with_capacity(samples);
         // Dispatches one call records (learnt from the first sample), so a
         // sample never straddles a submit forced by a full parameter arena.

@@ -282,32 +282,33 @@ impl Bench for WgpuBackend {
     }
 }
 
-type Sets<Buf> = Vec<(Vec<Buf>, Vec<Buf>)>;
+/// The rotation sets' inputs (one list per set) and the one set of outputs
+/// every call writes.
+type Sets<Buf> = (Vec<Vec<Buf>>, Vec<Buf>);
 
-/// Every rotation set on the device: (inputs, outputs) per set.
+/// Every rotation set's inputs on the device, and the outputs.
 fn device_sets<B: Bench>(
     b: &B,
     op: &Op,
     host: &HostSets,
     max_sets: usize,
 ) -> Result<Sets<B::Buffer>> {
-    let outputs = |s: usize| -> Result<Vec<B::Buffer>> {
-        op.outputs()
-            .iter()
-            .filter_map(|o| match o {
-                OutSpec::F32(n) => Some(b.alloc(DType::F32, *n, &format!("set{s} out"))),
-                OutSpec::U32(n) => Some(b.alloc(DType::U32, *n, &format!("set{s} out"))),
-                OutSpec::InPlace(..) => None,
-            })
-            .collect()
-    };
+    let outputs = op
+        .outputs()
+        .iter()
+        .filter_map(|o| match o {
+            OutSpec::F32(n) => Some(b.alloc(DType::F32, *n, "out")),
+            OutSpec::U32(n) => Some(b.alloc(DType::U32, *n, "out")),
+            OutSpec::InPlace(..) => None,
+        })
+        .collect::<Result<Vec<_>>>()?;
     let first = host
         .first
         .iter()
         .enumerate()
         .map(|(i, t)| t.upload(b, &format!("set0 in{i}")))
         .collect::<Result<Vec<_>>>()?;
-    let mut sets = vec![(first, outputs(0)?)];
+    let mut sets = vec![first];
     for (s, variants) in host
         .others
         .iter()
@@ -318,14 +319,14 @@ fn device_sets<B: Bench>(
             .iter()
             .enumerate()
             .map(|(i, v)| match v {
-                Variant::Share => Ok(sets[0].0[i].clone()),
+                Variant::Share => Ok(sets[0][i].clone()),
                 Variant::Copy => host.first[i].upload(b, &format!("set{} in{i}", s + 1)),
                 Variant::Replace(t) => t.upload(b, &format!("set{} in{i}", s + 1)),
             })
             .collect::<Result<Vec<_>>>()?;
-        sets.push((ins, outputs(s + 1)?));
+        sets.push(ins);
     }
-    Ok(sets)
+    Ok((sets, outputs))
 }
 
 /// Whether a case will run on `b` without building its inputs.
@@ -343,18 +344,15 @@ pub fn precheck<B: Bench>(b: &B, case: &Case, cpu_all: bool) -> Option<Outcome> 
 
 /// Time one case on one backend.
 pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) -> Outcome {
-    let sets = match device_sets(b, &case.op, host, budget.max_sets) {
+    let (sets, outs) = match device_sets(b, &case.op, host, budget.max_sets) {
         Ok(s) => s,
         Err(e) => return Outcome::Failed(format!("inputs: {e}")),
     };
     let n = sets.len();
-    // Inputs rotate; every call writes the first set's outputs, so on a GPU
+    // Inputs rotate; every call writes the same outputs, so on a GPU
     // consecutive calls depend on each other as a decode step's do (a
     // dispatch waits for the one before it instead of overlapping it).
-    let record = |i: usize| {
-        let (ins, _) = &sets[i % n];
-        case.op.record(b, ins, &sets[0].1)
-    };
+    let record = |i: usize| case.op.record(b, &sets[i % n], &outs);
     // Warm up (compiles pipelines), then size the repetitions from one call.
     let warm = (|| -> Result<f64> {
         record(0)?;
