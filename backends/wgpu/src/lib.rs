@@ -292,9 +292,6 @@ impl WgpuBackend {
     }
 }
 
-/// Every argument but a split-capable weight must be one binding: a weight
-/// uploaded with `upload_weight` and split by rows is only read by `matmul`
-/// (and reported `Unsupported` by the MoE, router and embed launchers).
 impl WgpuBackend {
     /// The compiled pipeline the backend uses for a kernel entry point, for
     /// tools that time a kernel outside the backend (examples/kernel_lab).
@@ -326,6 +323,41 @@ impl WgpuBackend {
     }
 }
 
+/// Shapes, aliasing and single bindings of one MoE phase-1 call (the single
+/// op and each half of the pair op).
+fn check_gate_up(
+    x: &WgpuBuffer,
+    gate_up: &WgpuBuffer,
+    ids: &WgpuBuffer,
+    act: &WgpuBuffer,
+    p: Moe,
+) -> Result<()> {
+    p.validate_gate_up(x, gate_up, ids, act)?;
+    v::no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
+    whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])
+}
+
+/// The same for one MoE phase-2 call.
+fn check_down(
+    act: &WgpuBuffer,
+    down: &WgpuBuffer,
+    ids: &WgpuBuffer,
+    wts: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Moe,
+) -> Result<()> {
+    p.validate_down(act, down, ids, wts, out)?;
+    v::no_alias(
+        "moe_down",
+        out,
+        &[Some(act), Some(down), Some(ids), Some(wts)],
+    )?;
+    whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
+}
+
+/// Every argument but a split-capable weight must be one binding: a weight
+/// uploaded with `upload_weight` and split by rows is only read by `matmul`
+/// (the MoE and router launchers report such a weight `Unsupported`).
 fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     if args.iter().flatten().any(|b| b.single().is_none()) {
         return Err(Error::shape(
@@ -540,9 +572,7 @@ impl ComputeBackend for WgpuBackend {
         act: &WgpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_gate_up(x, gate_up, ids, act)?;
-        v::no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
-        whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])?;
+        check_gate_up(x, gate_up, ids, act, p)?;
         ops::moe::moe_gate_up(self, x, gate_up, ids, act, p)
     }
 
@@ -555,13 +585,7 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_down(act, down, ids, wts, out)?;
-        v::no_alias(
-            "moe_down",
-            out,
-            &[Some(act), Some(down), Some(ids), Some(wts)],
-        )?;
-        whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])?;
+        check_down(act, down, ids, wts, out, p)?;
         ops::moe::moe_down(self, act, down, ids, wts, out, p)
     }
 
@@ -571,13 +595,7 @@ impl ComputeBackend for WgpuBackend {
         b: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         for q in [&a, &b] {
-            q.p.validate_gate_up(q.x, q.gate_up, q.ids, q.act)?;
-            v::no_alias(
-                "moe_gate_up",
-                q.act,
-                &[Some(q.x), Some(q.gate_up), Some(q.ids)],
-            )?;
-            whole("moe_gate_up", &[Some(q.x), Some(q.ids), Some(q.act)])?;
+            check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
         }
         v::pair_apart(
             "moe_gate_up_pair",
@@ -593,16 +611,7 @@ impl ComputeBackend for WgpuBackend {
         b: DownArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         for q in [&a, &b] {
-            q.p.validate_down(q.act, q.down, q.ids, q.weights, q.out)?;
-            v::no_alias(
-                "moe_down",
-                q.out,
-                &[Some(q.act), Some(q.down), Some(q.ids), Some(q.weights)],
-            )?;
-            whole(
-                "moe_down",
-                &[Some(q.act), Some(q.ids), Some(q.weights), Some(q.out)],
-            )?;
+            check_down(q.act, q.down, q.ids, q.weights, q.out, q.p)?;
         }
         v::pair_apart(
             "moe_down_pair",
