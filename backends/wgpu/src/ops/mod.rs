@@ -76,16 +76,22 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
                 fused::max_dim(be)
             ))
         }
+        // post_ffn binds 9 storage buffers (kernels/fused.wgsl); WebGPU's
+        // baseline guarantees 8. A device below it gets this, not a
+        // pipeline error.
+        OpKind::PostFfn { .. } if be.limits.max_storage_buffers_per_shader_stage < 9 => {
+            Support::No(format!(
+                "post_ffn binds 9 storage buffers; the device allows {} per kernel",
+                be.limits.max_storage_buffers_per_shader_stage
+            ))
+        }
         OpKind::QkvPost { head_dim } if *head_dim as usize > 2 * 256 => Support::No(format!(
             "head_dim {head_dim} over 512 (one workgroup of 256 turns a head's pairs)"
         )),
         OpKind::Attention { head_dim } if head_dim % 4 != 0 => Support::No(format!(
             "head_dim {head_dim} is not a multiple of 4 (K/V rows are read as vec4)"
         )),
-        _ => {
-            let _ = be;
-            Support::Yes
-        }
+        _ => Support::Yes,
     }
 }
 
