@@ -138,20 +138,22 @@ fn gemv(
         // two weight rows per lane group for wide weights only (on the H200,
         // BENCHMARKS.md runs 9-10: 4096-8192 rows gained 16-24%, 1024-2816
         // rows lost 10-78%).
-        let (entry, constants, per_group) = if p.m == 1 {
-            ("gemv", vec![super::wdtype(w.dtype)[0]], GEMV_ROWS)
+        let rpl: i64 = if p.m > 1 && rows >= GEMV_WIDE_ROWS {
+            2
         } else {
-            let rpl = if rows >= GEMV_WIDE_ROWS { 2 } else { 1 };
-            (
-                "gemv_rows",
-                vec![super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)],
-                GEMV_ROWS * rpl as u32,
-            )
+            1
         };
+        let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
+        let (entry, constants) = if p.m == 1 {
+            ("gemv", &all[..1])
+        } else {
+            ("gemv_rows", &all[..])
+        };
+        let per_group = GEMV_ROWS * rpl as u32;
         be.launch(Launch {
             kernel: "gemv",
             entry,
-            constants: &constants,
+            constants,
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
             groups: be.grid((rows as u32).div_ceil(per_group)),
