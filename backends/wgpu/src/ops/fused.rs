@@ -23,14 +23,12 @@ fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
     b.single().expect("activations and norms are one buffer")
 }
 
-/// One-element buffers bound where an optional input / output is absent
-/// (the kernel's flags keep them from being touched). Two, because one
-/// buffer cannot be bound read-only and read-write in one dispatch.
-fn unused(be: &WgpuBackend) -> Result<(WgpuBuffer, WgpuBuffer)> {
-    Ok((
-        super::scratch_buffer(be, |s| &mut s.unused[0], DType::F32, 1, 1, "unused input")?,
-        super::scratch_buffer(be, |s| &mut s.unused[1], DType::F32, 1, 1, "unused output")?,
-    ))
+/// A one-element buffer bound where an optional output is absent (the
+/// kernel's flags keep it from being touched); looked up only then. An
+/// absent input binds one of the op's own read-only inputs instead, as
+/// rms_norm does.
+fn unused_out(be: &WgpuBackend) -> Result<WgpuBuffer> {
+    super::scratch_buffer(be, |s| &mut s.unused_out, DType::F32, 1, 1, "unused output")
 }
 
 /// Threads per row (the kernels' `WG`): 1024 where the device allows it
@@ -83,8 +81,14 @@ pub(crate) fn post_attention(
     moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
     p: PostAttention,
 ) -> Result<()> {
-    let (pad_in, pad_out) = unused(be)?;
-    let (w_moe, moe_out) = moe.unwrap_or((&pad_in, &pad_out));
+    let pad;
+    let (w_moe, moe_out) = match moe {
+        Some(m) => m,
+        None => {
+            pad = unused_out(be)?;
+            (o, &pad)
+        }
+    };
     let params = Params {
         rows: p.rows as u32,
         dim: p.dim as u32,
@@ -127,9 +131,15 @@ pub(crate) fn post_ffn(
     next: Option<(&WgpuBuffer, &WgpuBuffer)>,
     p: PostFfn,
 ) -> Result<()> {
-    let (pad_in, pad_out) = unused(be)?;
-    let (e, w_moe, w_sum) = moe.unwrap_or((&pad_in, &pad_in, &pad_in));
-    let (w_next, normed) = next.unwrap_or((&pad_in, &pad_out));
+    let (e, w_moe, w_sum) = moe.unwrap_or((dense, dense, dense));
+    let pad;
+    let (w_next, normed) = match next {
+        Some(n) => n,
+        None => {
+            pad = unused_out(be)?;
+            (dense, &pad)
+        }
+    };
     let params = Params {
         rows: p.rows as u32,
         dim: p.dim as u32,

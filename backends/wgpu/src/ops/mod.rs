@@ -20,8 +20,8 @@ pub(crate) struct Scratch {
     /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
     pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
-    /// Bound where an optional argument of a fused kernel is absent.
-    pub unused: [Option<crate::WgpuBuffer>; 2],
+    /// Bound where an optional output of a fused kernel is absent.
+    pub unused_out: Option<crate::WgpuBuffer>,
     /// Argmax chunk winners `[rows, chunks]` between its two dispatches.
     pub argmax: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
