@@ -18,12 +18,11 @@
 
 use std::time::Instant;
 
+use turbospark_wgpu::kernels;
 use wgpu::util::DeviceExt;
 
 const LAB: &str = include_str!("kernel_lab.wgsl");
 const COMMON: &str = include_str!("../../../kernels/common.wgsl");
-const MOE: &str = include_str!("../../../kernels/moe_decode.wgsl");
-const GEMV: &str = include_str!("../../../kernels/gemv.wgsl");
 const MOE_LAB: &str = include_str!("kernel_lab_moe.wgsl");
 
 /// Dispatches per timed pass and timed passes per figure.
@@ -39,7 +38,11 @@ struct Lab {
     resolve: wgpu::Buffer,
     readback: wgpu::Buffer,
     period_ns: f64,
+    /// The device has subgroup operations (the backend's reduce helpers).
     subgroups: bool,
+    /// ... in subgroups of exactly 32: the variants that sum a 32-lane row
+    /// with one subgroupAdd need it (lavapipe's are 8 wide).
+    lanes32: bool,
 }
 
 fn rng(state: &mut u64) -> f32 {
@@ -84,7 +87,11 @@ impl Lab {
             ..Default::default()
         }))
         .expect("device");
-        Lab::with_device(device, queue, feats.contains(wgpu::Features::SUBGROUP))
+        let subgroups = feats.contains(wgpu::Features::SUBGROUP);
+        Lab {
+            lanes32: subgroups && info.subgroup_min_size == 32 && info.subgroup_max_size == 32,
+            ..Lab::with_device(device, queue, subgroups)
+        }
     }
 
     fn with_device(device: wgpu::Device, queue: wgpu::Queue, subgroups: bool) -> Lab {
@@ -108,6 +115,7 @@ impl Lab {
         let period_ns = queue.get_timestamp_period() as f64;
         Lab {
             subgroups,
+            lanes32: false,
             device,
             queue,
             qset,
@@ -343,6 +351,11 @@ fn record_chain(
     }
 }
 
+/// kernels/gemv.wgsl as the backend compiles it.
+fn gemv_source(lab: &Lab) -> String {
+    kernels::source("gemv", lab.subgroups).expect("gemv")
+}
+
 /// Max |got - want| / max |want|.
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
@@ -384,24 +397,19 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         "\n{name}: {rows} x {k} bf16, {:.1} MB, {n} weight copies",
         gb * 1e3
     );
-    let src = format!("{}{COMMON}\n{LAB}", "");
-    let variants: &[(&str, u32, u32, bool)] = &[
-        // (entry, rows per workgroup, threads, needs subgroups)
-        ("empty", 8, 256, false),
-        ("base", 8, 256, false),
-        ("u4", 8, 256, false),
-        ("sg", 8, 256, true),
-        ("xs4", 8, 256, false),
-        ("r4", 32, 256, true),
-        ("kc", 8, 256, true),
-        ("xs_kc", 8, 256, true),
-        ("small", 2, 64, true),
+    let src = format!("{COMMON}\n{LAB}");
+    let variants: &[(&str, u32, bool)] = &[
+        // (entry, rows per 256-thread workgroup, needs 32-wide subgroups)
+        ("empty", 8, false),
+        ("base", 8, false),
+        ("u4", 8, false),
+        ("kc", 8, true),
     ];
     for checked in [true, false] {
         // The backend's own kernels/gemv.wgsl, bound as the lab binds.
         let tag = if checked { "checked" } else { "unchecked" };
         if format!("{name}/real/{tag}").contains(filter) && rows / 8 <= 65535 {
-            let m = lab.module(&format!("{COMMON}\n{GEMV}"), checked);
+            let m = lab.module(&gemv_source(lab), checked);
             let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
             let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
             let groups: Vec<_> = ws
@@ -418,12 +426,12 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
             );
         }
         let module = lab.module(&src, checked);
-        for &(entry, rpw, _threads, needs_sg) in variants {
+        for &(entry, rpw, needs_sg) in variants {
             let label = format!(
                 "{name}/{entry}/{}",
                 if checked { "checked" } else { "unchecked" }
             );
-            if !label.contains(filter) || (needs_sg && !lab.subgroups) {
+            if !label.contains(filter) || (needs_sg && !lab.lanes32) {
                 continue;
             }
             if entry.starts_with("xs") && k > 8192 {
@@ -533,9 +541,15 @@ fn moe_case(lab: &Lab, filter: &str) {
     // (same entry points and bindings) without rebuilding.
     let moe_src = match std::env::var("LAB_MOE_SRC") {
         Ok(path) => std::fs::read_to_string(&path).expect("LAB_MOE_SRC readable"),
-        Err(_) => MOE.to_string(),
+        Err(_) => String::new(),
     };
-    let src = format!("{COMMON}\n{moe_src}");
+    // The backend's own composition (common, reduce helpers, family) unless
+    // a variant file is given.
+    let src = if moe_src.is_empty() {
+        kernels::source("moe_decode", lab.subgroups).expect("moe_decode")
+    } else {
+        format!("{COMMON}\n{moe_src}")
+    };
     println!("\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}");
     for checked in [true, false] {
         let module = lab.module(&src, checked);
@@ -578,70 +592,30 @@ fn moe_case(lab: &Lab, filter: &str) {
             "  down    {tag:9} chain {us:8.2} us  {:7.0} GB/s",
             mb / us * 1e3
         );
-        if !lab.subgroups {
+        if !lab.lanes32 {
             continue;
         }
-        let lsrc = format!("{COMMON}\n{moe_src}\n{MOE_LAB}");
-        let lm = lab.module(&lsrc, checked);
+        // The layout probes (kernel_lab_moe.wgsl): gate_up as a flat GEMV
+        // over the selected experts' rows, raw dots without the activation,
+        // so there is no backend result to check them against.
+        let lm = lab.module(&format!("{src}\n{MOE_LAB}"), checked);
         let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
-        for (entry, wgs, bk, is_down) in [
-            (
-                "gu_split",
-                top_k as u32 * inter as u32 / 4,
-                hidden / 8,
-                false,
-            ),
-            ("gu_small", (top_k * inter) as u32, hidden / 8, false),
-            ("gu_flat", (top_k * 2 * inter) as u32 / 8, hidden / 8, false),
-            (
-                "gu_flat_noid",
-                (top_k * 2 * inter) as u32 / 8,
-                hidden / 8,
-                false,
-            ),
-            ("dn_slots", hidden as u32 / 8, inter / 8, true),
-            ("dn_small", hidden as u32 / 2, inter / 8, true),
-            ("dn_half", hidden as u32 / 8, inter / 8, true),
-        ] {
+        let wgs = (top_k * 2 * inter) as u32 / 8;
+        for entry in ["gu_flat", "gu_flat_noid"] {
             let p = lab.pipeline(
                 &lm,
                 entry,
-                &[("WDTYPE", 2.0), ("BK", bk as f64), ("TOPK", top_k as f64)],
+                &[("WDTYPE", 2.0), ("BK", (hidden / 8) as f64)],
                 5,
             );
             let groups: Vec<_> = ids
                 .iter()
-                .map(|id| {
-                    if is_down {
-                        lab.bind(&p, &params, &[id, &dnb, &actb, &wts, &out])
-                    } else {
-                        lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out])
-                    }
-                })
+                .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
                 .collect();
-            // Check against the backend kernel's result on the first id set.
-            let (want, got) = if is_down {
-                let bp = lab.pipeline(&module, "moe_down_decode", &down_k, 5);
-                let bg = [lab.bind(&bp, &params, &[&ids[0], &dnb, &actb, &wts, &out])];
-                lab.time(&bp, &bg, hidden as u32 / 8, 1);
-                let want = lab.read_f32(&out, hidden);
-                lab.time(&p, &groups[..1], wgs, 1);
-                (want, lab.read_f32(&out, hidden))
-            } else {
-                let bp = lab.pipeline(&module, "moe_gate_up_decode", &[("WDTYPE", 2.0)], 5);
-                let bg = [lab.bind(&bp, &params, &[&ids[0], &gub, &xb, &wts, &act_out])];
-                lab.time(&bp, &bg, top_k as u32 * nrb, 1);
-                let want = lab.read_f32(&act_out, top_k * inter);
-                lab.time(&p, &groups[..1], wgs, 1);
-                (want, lab.read_f32(&act_out, top_k * inter))
-            };
-            let want64: Vec<f64> = want.iter().map(|v| *v as f64).collect();
-            let err = rel_err(&got, &want64);
             let us = lab.time(&p, &groups, wgs, CHAIN);
-            let mb = if is_down { mb } else { gu_mb };
             println!(
-                "  {entry:8} {tag:9} chain {us:8.2} us  {:7.0} GB/s  err vs backend {err:.1e}",
-                mb / us * 1e3
+                "  {entry:12} {tag:9} chain {us:8.2} us  {:7.0} GB/s  (raw dots, not checked)",
+                gu_mb / us * 1e3
             );
         }
     }
@@ -717,10 +691,13 @@ fn backend_case(rows: usize, k: usize) {
         v[v.len() / 2] * 1e6,
         wall * 1e6
     );
-    let lab = Lab::with_device(be.device().clone(), be.queue().clone(), true);
+    let lab = Lab::with_device(
+        be.device().clone(),
+        be.queue().clone(),
+        be.info().features.subgroups,
+    );
     // The lab's pipeline over the backend's own weight, x and out buffers.
-    let src = format!("{COMMON}\n{GEMV}");
-    let m = lab.module(&src, false);
+    let m = lab.module(&gemv_source(&lab), false);
     let pl = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
     let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
     let wbuf = w.wgpu_buffers().next().unwrap();
@@ -829,7 +806,11 @@ fn slots_case() {
         .unwrap();
     let out = be.alloc(DType::F32, rows, "out").unwrap();
     let p = Matmul { m: 1, n: rows, k };
-    let lab = Lab::with_device(be.device().clone(), be.queue().clone(), true);
+    let lab = Lab::with_device(
+        be.device().clone(),
+        be.queue().clone(),
+        be.info().features.subgroups,
+    );
     let bp = be
         .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
         .unwrap();

@@ -1,7 +1,12 @@
 // Decode GEMV design variants for examples/kernel_lab.rs (not used by the
 // backend): OUT[r] = W[r, :] . X with bf16 weights (vec4<u32> = 8 weights)
 // and f32 X, k = 8 * P.blocks. Each variant is one entry point; the lab
-// times them side by side at real Gemma 4 shapes.
+// times them side by side at real Gemma 4 shapes. Kept: the ones decisions
+// and BENCHMARKS.md cite (empty: the per-dispatch cost) and the directions
+// left open (u4: more loads in flight, kc: a constant trip count). Variants
+// measured slower and dropped (X staged in workgroup memory, four rows per
+// lane group, 64-thread groups, a subgroup lane sum) are in the outputs of
+// docs/bench/h200-2026-11-29-s2/lab and s3/lab.
 
 struct Params {
     rows: u32,
@@ -15,13 +20,12 @@ struct Params {
 @group(1) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
 
-// Blocks per row as a pipeline constant (variants *_kc): the loop trip count
+// Blocks per row as a pipeline constant (variant kc): the loop trip count
 // is known when the driver compiles, so it can unroll and hoist the loads.
 override BK: u32 = 352u;
 
 const LANES: u32 = 32u;
 var<workgroup> part: array<f32, 256>;
-var<workgroup> xs: array<vec4<f32>, 2048>;
 
 fn dot8g(w: vec4<u32>, i: u32) -> f32 {
     let a = decode_pair(w.x);
@@ -29,14 +33,6 @@ fn dot8g(w: vec4<u32>, i: u32) -> f32 {
     let c = decode_pair(w.z);
     let d = decode_pair(w.w);
     return dot(vec4<f32>(a, b), X[2u * i]) + dot(vec4<f32>(c, d), X[2u * i + 1u]);
-}
-
-fn dot8s(w: vec4<u32>, i: u32) -> f32 {
-    let a = decode_pair(w.x);
-    let b = decode_pair(w.y);
-    let c = decode_pair(w.z);
-    let d = decode_pair(w.w);
-    return dot(vec4<f32>(a, b), xs[2u * i]) + dot(vec4<f32>(c, d), xs[2u * i + 1u]);
 }
 
 fn reduce32(t: u32, lane: u32, v: f32) -> f32 {
@@ -51,13 +47,6 @@ fn reduce32(t: u32, lane: u32, v: f32) -> f32 {
     return part[t];
 }
 
-fn stage_x(t: u32) {
-    for (var i = t; i < 2u * P.blocks; i += 256u) {
-        xs[i] = X[i];
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(256)
 fn empty(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     if (wg.x == 0u && t == 0u) {
@@ -65,7 +54,8 @@ fn empty(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
 }
 
-// The current kernels/gemv.wgsl.
+// kernels/gemv.wgsl's loop as of the second session (the backend's own
+// kernel is timed beside the variants as `real gemv`).
 @compute @workgroup_size(256)
 fn base(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
@@ -126,115 +116,6 @@ fn u4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
     }
 }
 
-// u4 with the lane reduction done by subgroupAdd (assumes 32-wide subgroups).
-@compute @workgroup_size(256)
-fn sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r = wg.x * 8u + t / LANES;
-    let blocks = P.blocks;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
-    if (r < P.rows) {
-        let base = r * blocks;
-        var i = lane;
-        for (; i + 3u * LANES < blocks; i += 4u * LANES) {
-            let w0 = W[base + i];
-            let w1 = W[base + i + LANES];
-            let w2 = W[base + i + 2u * LANES];
-            let w3 = W[base + i + 3u * LANES];
-            a0 += dot8g(w0, i);
-            a1 += dot8g(w1, i + LANES);
-            a2 += dot8g(w2, i + 2u * LANES);
-            a3 += dot8g(w3, i + 3u * LANES);
-        }
-        for (; i < blocks; i += LANES) {
-            a0 += dot8g(W[base + i], i);
-        }
-    }
-    let s = subgroupAdd((a0 + a1) + (a2 + a3));
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
-}
-
-// u4 with X staged in workgroup memory.
-@compute @workgroup_size(256)
-fn xs4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    stage_x(t);
-    let lane = t % LANES;
-    let r = wg.x * 8u + t / LANES;
-    let blocks = P.blocks;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
-    if (r < P.rows) {
-        let base = r * blocks;
-        var i = lane;
-        for (; i + 3u * LANES < blocks; i += 4u * LANES) {
-            let w0 = W[base + i];
-            let w1 = W[base + i + LANES];
-            let w2 = W[base + i + 2u * LANES];
-            let w3 = W[base + i + 3u * LANES];
-            a0 += dot8s(w0, i);
-            a1 += dot8s(w1, i + LANES);
-            a2 += dot8s(w2, i + 2u * LANES);
-            a3 += dot8s(w3, i + 3u * LANES);
-        }
-        for (; i < blocks; i += LANES) {
-            a0 += dot8s(W[base + i], i);
-        }
-    }
-    let s = reduce32(t, lane, (a0 + a1) + (a2 + a3));
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
-}
-
-// Four rows per 32-lane group (32 rows per workgroup): each X block is loaded
-// once and used four times; four independent weight loads per step.
-@compute @workgroup_size(256)
-fn r4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r0 = (wg.x * 8u + t / LANES) * 4u;
-    let blocks = P.blocks;
-    let last = P.rows - 1u;
-    let b0 = min(r0, last) * blocks;
-    let b1 = min(r0 + 1u, last) * blocks;
-    let b2 = min(r0 + 2u, last) * blocks;
-    let b3 = min(r0 + 3u, last) * blocks;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
-    if (r0 < P.rows) {
-        for (var i = lane; i < blocks; i += LANES) {
-            let w0 = W[b0 + i];
-            let w1 = W[b1 + i];
-            let w2 = W[b2 + i];
-            let w3 = W[b3 + i];
-            let x0 = X[2u * i];
-            let x1 = X[2u * i + 1u];
-            a0 += dot(vec4<f32>(decode_pair(w0.x), decode_pair(w0.y)), x0) + dot(vec4<f32>(decode_pair(w0.z), decode_pair(w0.w)), x1);
-            a1 += dot(vec4<f32>(decode_pair(w1.x), decode_pair(w1.y)), x0) + dot(vec4<f32>(decode_pair(w1.z), decode_pair(w1.w)), x1);
-            a2 += dot(vec4<f32>(decode_pair(w2.x), decode_pair(w2.y)), x0) + dot(vec4<f32>(decode_pair(w2.z), decode_pair(w2.w)), x1);
-            a3 += dot(vec4<f32>(decode_pair(w3.x), decode_pair(w3.y)), x0) + dot(vec4<f32>(decode_pair(w3.z), decode_pair(w3.w)), x1);
-        }
-    }
-    let s0 = subgroupAdd(a0);
-    let s1 = subgroupAdd(a1);
-    let s2 = subgroupAdd(a2);
-    let s3 = subgroupAdd(a3);
-    if (lane == 0u) {
-        if (r0 < P.rows) { OUT[r0] = s0; }
-        if (r0 + 1u < P.rows) { OUT[r0 + 1u] = s1; }
-        if (r0 + 2u < P.rows) { OUT[r0 + 2u] = s2; }
-        if (r0 + 3u < P.rows) { OUT[r0 + 3u] = s3; }
-    }
-}
-
 // Blocks per row as a constant: a fixed trip count the driver can unroll.
 @compute @workgroup_size(256)
 fn kc(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -260,70 +141,6 @@ fn kc(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
         }
     }
     let s = subgroupAdd(a0 + a1);
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
-}
-
-// kc with X in workgroup memory.
-@compute @workgroup_size(256)
-fn xs_kc(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    stage_x(t);
-    let lane = t % LANES;
-    let r = wg.x * 8u + t / LANES;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    if (r < P.rows) {
-        let base = r * BK;
-        for (var j = 0u; j < BK / (2u * LANES); j++) {
-            let i = lane + j * 2u * LANES;
-            let w0 = W[base + i];
-            let w1 = W[base + i + LANES];
-            a0 += dot8s(w0, i);
-            a1 += dot8s(w1, i + LANES);
-        }
-        let i = lane + (BK / (2u * LANES)) * 2u * LANES;
-        if (i < BK) {
-            a0 += dot8s(W[base + i], i);
-        }
-        if (i + LANES < BK) {
-            a1 += dot8s(W[base + i + LANES], i + LANES);
-        }
-    }
-    let s = subgroupAdd(a0 + a1);
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
-}
-
-// 64 threads per workgroup, 2 rows (one per subgroup): many small groups.
-@compute @workgroup_size(64)
-fn small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r = wg.x * 2u + t / LANES;
-    let blocks = P.blocks;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
-    if (r < P.rows) {
-        let base = r * blocks;
-        var i = lane;
-        for (; i + 3u * LANES < blocks; i += 4u * LANES) {
-            let w0 = W[base + i];
-            let w1 = W[base + i + LANES];
-            let w2 = W[base + i + 2u * LANES];
-            let w3 = W[base + i + 3u * LANES];
-            a0 += dot8g(w0, i);
-            a1 += dot8g(w1, i + LANES);
-            a2 += dot8g(w2, i + 2u * LANES);
-            a3 += dot8g(w3, i + 3u * LANES);
-        }
-        for (; i < blocks; i += LANES) {
-            a0 += dot8g(W[base + i], i);
-        }
-    }
-    let s = subgroupAdd((a0 + a1) + (a2 + a3));
     if (lane == 0u && r < P.rows) {
         OUT[r] = s;
     }

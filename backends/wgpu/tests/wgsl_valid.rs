@@ -104,9 +104,10 @@ fn kernel_lab_sources_validate() {
         ),
         (
             "kernel_lab_moe.wgsl",
+            // as the lab composes it: after the backend's moe_decode source
             format!(
-                "{common}\n{}\n{}",
-                include_str!("../../../kernels/moe_decode.wgsl"),
+                "{}\n{}",
+                source("moe_decode", true).expect("moe_decode"),
                 include_str!("../examples/kernel_lab_moe.wgsl")
             ),
         ),
