@@ -22,7 +22,6 @@ use turbospark_wgpu::kernels;
 use wgpu::util::DeviceExt;
 
 const LAB: &str = include_str!("kernel_lab.wgsl");
-const COMMON: &str = include_str!("../../../kernels/common.wgsl");
 const MOE_LAB: &str = include_str!("kernel_lab_moe.wgsl");
 
 /// Dispatches per timed pass and timed passes per figure.
@@ -391,13 +390,14 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         .collect();
     let xb = lab.storage(bytemuck::cast_slice(&x));
     let out = lab.storage(&vec![0u8; rows * 4 + 64]);
-    let params = lab.uniform(&[rows as u32, blocks as u32, 0, 0]);
+    // gemv.wgsl's Params: n, k, rows, row0.
+    let params = lab.uniform(&[rows as u32, k as u32, rows as u32, 0]);
     let gb = rows as f64 * k as f64 * 2.0 / 1e9;
     println!(
         "\n{name}: {rows} x {k} bf16, {:.1} MB, {n} weight copies",
         gb * 1e3
     );
-    let src = format!("{COMMON}\n{LAB}");
+    let src = format!("{}\n{LAB}", gemv_source(lab));
     let variants: &[(&str, u32, bool)] = &[
         // (entry, rows per 256-thread workgroup, needs 32-wide subgroups)
         ("empty", 8, false),
@@ -548,7 +548,13 @@ fn moe_case(lab: &Lab, filter: &str) {
     let src = if moe_src.is_empty() {
         kernels::source("moe_decode", lab.subgroups).expect("moe_decode")
     } else {
-        format!("{COMMON}\n{moe_src}")
+        // the backend's prelude, then the given file in moe_decode's place
+        let reduce = if lab.subgroups {
+            kernels::REDUCE_SUBGROUP
+        } else {
+            kernels::REDUCE
+        };
+        format!("{}\n{reduce}\n{moe_src}", kernels::COMMON)
     };
     println!("\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}");
     for checked in [true, false] {

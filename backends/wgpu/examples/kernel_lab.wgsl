@@ -1,6 +1,6 @@
 // Decode GEMV design variants for examples/kernel_lab.rs (not used by the
 // backend): OUT[r] = W[r, :] . X with bf16 weights (vec4<u32> = 8 weights)
-// and f32 X, k = 8 * P.blocks. Each variant is one entry point; the lab
+// and f32 X. Each variant is one entry point; the lab
 // times them side by side at real Gemma 4 shapes. Kept: the ones decisions
 // and BENCHMARKS.md cite (empty: the per-dispatch cost) and the directions
 // left open (u4: more loads in flight, kc: a constant trip count). Variants
@@ -8,32 +8,13 @@
 // lane group, 64-thread groups, a subgroup lane sum) are in the outputs of
 // docs/bench/h200-2026-11-29-s2/lab and s3/lab.
 
-struct Params {
-    rows: u32,
-    blocks: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(1) @binding(0) var<storage, read> W: array<vec4<u32>>;
-@group(1) @binding(1) var<storage, read> X: array<vec4<f32>>;
-@group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
+// Compiled after kernels/gemv.wgsl (as the backend composes it), whose
+// Params (k = P.k, rows = P.rows), bindings W / X / OUT, LANES, `part` and
+// dot8 it reuses.
 
 // Blocks per row as a pipeline constant (variant kc): the loop trip count
 // is known when the driver compiles, so it can unroll and hoist the loads.
 override BK: u32 = 352u;
-
-const LANES: u32 = 32u;
-var<workgroup> part: array<f32, 256>;
-
-fn dot8g(w: vec4<u32>, i: u32) -> f32 {
-    let a = decode_pair(w.x);
-    let b = decode_pair(w.y);
-    let c = decode_pair(w.z);
-    let d = decode_pair(w.w);
-    return dot(vec4<f32>(a, b), X[2u * i]) + dot(vec4<f32>(c, d), X[2u * i + 1u]);
-}
 
 fn reduce32(t: u32, lane: u32, v: f32) -> f32 {
     part[t] = v;
@@ -60,7 +41,7 @@ fn empty(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 fn base(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
     let r = wg.x * 8u + t / LANES;
-    let blocks = P.blocks;
+    let blocks = P.k / 8u;
     var acc = 0.0;
     if (r < P.rows) {
         let base = r * blocks;
@@ -69,11 +50,11 @@ fn base(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         for (; i + LANES < blocks; i += 2u * LANES) {
             let w0 = W[base + i];
             let w1 = W[base + i + LANES];
-            acc += dot8g(w0, i);
-            acc2 += dot8g(w1, i + LANES);
+            acc += dot8(w0, i);
+            acc2 += dot8(w1, i + LANES);
         }
         if (i < blocks) {
-            acc += dot8g(W[base + i], i);
+            acc += dot8(W[base + i], i);
         }
         acc += acc2;
     }
@@ -88,7 +69,7 @@ fn base(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 fn u4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
     let r = wg.x * 8u + t / LANES;
-    let blocks = P.blocks;
+    let blocks = P.k / 8u;
     var a0 = 0.0;
     var a1 = 0.0;
     var a2 = 0.0;
@@ -101,13 +82,13 @@ fn u4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
             let w1 = W[base + i + LANES];
             let w2 = W[base + i + 2u * LANES];
             let w3 = W[base + i + 3u * LANES];
-            a0 += dot8g(w0, i);
-            a1 += dot8g(w1, i + LANES);
-            a2 += dot8g(w2, i + 2u * LANES);
-            a3 += dot8g(w3, i + 3u * LANES);
+            a0 += dot8(w0, i);
+            a1 += dot8(w1, i + LANES);
+            a2 += dot8(w2, i + 2u * LANES);
+            a3 += dot8(w3, i + 3u * LANES);
         }
         for (; i < blocks; i += LANES) {
-            a0 += dot8g(W[base + i], i);
+            a0 += dot8(W[base + i], i);
         }
     }
     let s = reduce32(t, lane, (a0 + a1) + (a2 + a3));
@@ -129,15 +110,15 @@ fn kc(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
             let i = lane + j * 2u * LANES;
             let w0 = W[base + i];
             let w1 = W[base + i + LANES];
-            a0 += dot8g(w0, i);
-            a1 += dot8g(w1, i + LANES);
+            a0 += dot8(w0, i);
+            a1 += dot8(w1, i + LANES);
         }
         let i = lane + (BK / (2u * LANES)) * 2u * LANES;
         if (i < BK) {
-            a0 += dot8g(W[base + i], i);
+            a0 += dot8(W[base + i], i);
         }
         if (i + LANES < BK) {
-            a1 += dot8g(W[base + i + LANES], i + LANES);
+            a1 += dot8(W[base + i + LANES], i + LANES);
         }
     }
     let s = subgroupAdd(a0 + a1);

@@ -96,11 +96,15 @@ fn every_kernel_file_is_registered() {
 /// between GPU sessions.
 #[test]
 fn kernel_lab_sources_validate() {
-    let common = include_str!("../../../kernels/common.wgsl");
     for (name, src) in [
         (
             "kernel_lab.wgsl",
-            format!("{common}\n{}", include_str!("../examples/kernel_lab.wgsl")),
+            // as the lab composes it: after the backend's gemv source
+            format!(
+                "{}\n{}",
+                source("gemv", true).expect("gemv"),
+                include_str!("../examples/kernel_lab.wgsl")
+            ),
         ),
         (
             "kernel_lab_moe.wgsl",
