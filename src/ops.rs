@@ -513,6 +513,7 @@ impl Moe {
         Ok(())
     }
 
+    /// Shapes, dtypes and aliasing of a `moe_gate_up` call.
     pub fn validate_gate_up<B: DeviceBuffer>(
         &self,
         x: &B,
@@ -530,9 +531,11 @@ impl Moe {
             self.experts * 2 * self.inter * self.hidden,
         )?;
         check_buf(OP, "ids", ids, &U32, self.m * self.top_k)?;
-        check_buf(OP, "act", act, &F32, self.m * self.top_k * self.inter)
+        check_buf(OP, "act", act, &F32, self.m * self.top_k * self.inter)?;
+        no_alias(OP, act, &[Some(x), Some(gate_up), Some(ids)])
     }
 
+    /// Shapes, dtypes and aliasing of a `moe_down` call.
     pub fn validate_down<B: DeviceBuffer>(
         &self,
         act: &B,
@@ -547,7 +550,8 @@ impl Moe {
         check_weight(OP, "down", down, self.experts * self.hidden * self.inter)?;
         check_buf(OP, "ids", ids, &U32, self.m * self.top_k)?;
         check_buf(OP, "weights", weights, &F32, self.m * self.top_k)?;
-        check_buf(OP, "out", out, &F32, self.m * self.hidden)
+        check_buf(OP, "out", out, &F32, self.m * self.hidden)?;
+        no_alias(OP, out, &[Some(act), Some(down), Some(ids), Some(weights)])
     }
 }
 

@@ -356,7 +356,6 @@ impl ComputeBackend for CpuBackend {
         p: Moe,
     ) -> Result<()> {
         p.validate_gate_up(x, gate_up, ids, act)?;
-        v::no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
         let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
         ops::moe_gate_up(
             xr.f32(),
@@ -377,11 +376,6 @@ impl ComputeBackend for CpuBackend {
         p: Moe,
     ) -> Result<()> {
         p.validate_down(act, down, ids, wts, out)?;
-        v::no_alias(
-            "moe_down",
-            out,
-            &[Some(act), Some(down), Some(ids), Some(wts)],
-        )?;
         let (ar, dr, ir, wr) = (act.read(), down.read(), ids.read(), wts.read());
         ops::moe_down(
             ar.f32(),

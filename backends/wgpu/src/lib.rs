@@ -333,7 +333,6 @@ fn check_gate_up(
     p: Moe,
 ) -> Result<()> {
     p.validate_gate_up(x, gate_up, ids, act)?;
-    v::no_alias("moe_gate_up", act, &[Some(x), Some(gate_up), Some(ids)])?;
     whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])
 }
 
@@ -347,11 +346,6 @@ fn check_down(
     p: Moe,
 ) -> Result<()> {
     p.validate_down(act, down, ids, wts, out)?;
-    v::no_alias(
-        "moe_down",
-        out,
-        &[Some(act), Some(down), Some(ids), Some(wts)],
-    )?;
     whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
 }
 
