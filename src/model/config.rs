@@ -50,6 +50,14 @@ pub struct LayerSpec {
     pub k_eq_v: bool,
 }
 
+impl LayerSpec {
+    /// Rows of the stacked q|k|v projection (`heads` query heads; no v rows
+    /// when V is the raw K).
+    pub fn qkv_rows(&self, heads: usize) -> usize {
+        (heads + self.kv_heads * if self.k_eq_v { 1 } else { 2 }) * self.head_dim
+    }
+}
+
 /// Everything the decoder needs to size buffers and run the Gemma 4 MoE text
 /// model. When `enable_moe` is false, `experts`, `top_k` and `moe_inter` are 0.
 #[derive(Clone, Debug, PartialEq)]
@@ -272,9 +280,7 @@ impl ModelConfig {
         let mut elems: u64 = 0;
         for l in &self.layers {
             let q = (self.heads * l.head_dim) as u64;
-            let kv = (l.kv_heads * l.head_dim) as u64;
-            let v = if l.k_eq_v { 0 } else { kv };
-            elems += h * (q + kv + v) + q * h + 2 * l.head_dim as u64;
+            elems += h * l.qkv_rows(self.heads) as u64 + q * h + 2 * l.head_dim as u64;
             elems += 3 * self.intermediate as u64 * h;
             elems += 4 * h + 1; // input, post-attention, pre-ff, post-ff norms; layer_scalar
             if self.enable_moe {

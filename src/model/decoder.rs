@@ -149,7 +149,7 @@ impl<B: ComputeBackend> Scratch<B> {
         let max_qkv = cfg
             .layers
             .iter()
-            .map(|l| (cfg.heads + l.kv_heads * if l.k_eq_v { 1 } else { 2 }) * l.head_dim)
+            .map(|l| l.qkv_rows(cfg.heads))
             .max()
             .unwrap_or(0);
         let qd = cfg.heads * max_hd;
@@ -603,7 +603,7 @@ impl<B: ComputeBackend> Model<B> {
         let h = cfg.hidden;
         let (nh, kvh, hd) = (cfg.heads, spec.kv_heads, spec.head_dim);
         let qd = nh * hd;
-        let qkv_rows = (nh + kvh * if spec.k_eq_v { 1 } else { 2 }) * hd;
+        let qkv_rows = spec.qkv_rows(nh);
 
         // ---- attention: q|k|v in one GEMV, then norms + RoPE + cache append ----
         be.matmul(
