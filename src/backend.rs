@@ -42,6 +42,27 @@ pub struct DownArgs<'a, B> {
     pub p: Moe,
 }
 
+impl<B> GateUpArgs<'_, B> {
+    /// This one call: `be.moe_gate_up(..)`.
+    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
+        be.moe_gate_up(self.x, self.gate_up, self.ids, self.act, self.p)
+    }
+}
+
+impl<B> DownArgs<'_, B> {
+    /// This one call: `be.moe_down(..)`.
+    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
+        be.moe_down(
+            self.act,
+            self.down,
+            self.ids,
+            self.weights,
+            self.out,
+            self.p,
+        )
+    }
+}
+
 /// What kind of device a backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceType {
@@ -272,8 +293,8 @@ pub trait ComputeBackend {
             &[a.x, a.gate_up, a.ids, a.act],
             &[b.x, b.gate_up, b.ids, b.act],
         )?;
-        self.moe_gate_up(a.x, a.gate_up, a.ids, a.act, a.p)?;
-        self.moe_gate_up(b.x, b.gate_up, b.ids, b.act, b.p)
+        a.run(self)?;
+        b.run(self)
     }
 
     /// Two independent MoE phase-2 problems: [`ComputeBackend::moe_down`] on
@@ -290,8 +311,8 @@ pub trait ComputeBackend {
             &[a.act, a.down, a.ids, a.weights, a.out],
             &[b.act, b.down, b.ids, b.weights, b.out],
         )?;
-        self.moe_down(a.act, a.down, a.ids, a.weights, a.out, a.p)?;
-        self.moe_down(b.act, b.down, b.ids, b.weights, b.out, b.p)
+        a.run(self)?;
+        b.run(self)
     }
 
     // ---- attention -------------------------------------------------------

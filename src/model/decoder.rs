@@ -702,7 +702,10 @@ impl<B: ComputeBackend> Model<B> {
             out: &s.dense,
             p: one_expert,
         };
-        let experts = match (&w.moe, &w.post_ff1_norm) {
+        // x = (r + post_ff(...)) * layer_scalar, then the next norm: with
+        // experts post_ff(post_ff1(dense) + post_ff2(moe)), without
+        // post_ff(dense).
+        let (w_dense, moe) = match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
                 // The router reads r, not a pre-norm.
                 be.router(
@@ -747,32 +750,21 @@ impl<B: ComputeBackend> Model<B> {
                     be.moe_down_pair(dense_down, routed_down)?;
                 } else {
                     self.dense_mlp(s, w, m)?;
-                    let g = routed_gate_up;
-                    be.moe_gate_up(g.x, g.gate_up, g.ids, g.act, g.p)?;
-                    let d = routed_down;
-                    be.moe_down(d.act, d.down, d.ids, d.weights, d.out, d.p)?;
+                    routed_gate_up.run(be)?;
+                    routed_down.run(be)?;
                 }
-                Some((post_ff1, (&s.moe_out, &moe.post_norm, &w.post_ff_norm)))
+                let moe_branch = (&s.moe_out, &moe.post_norm, &w.post_ff_norm);
+                (post_ff1, Some(moe_branch))
             }
             _ => {
                 if m == 1 {
-                    let g = dense_gate_up;
-                    be.moe_gate_up(g.x, g.gate_up, g.ids, g.act, g.p)?;
-                    let d = dense_down;
-                    be.moe_down(d.act, d.down, d.ids, d.weights, d.out, d.p)?;
+                    dense_gate_up.run(be)?;
+                    dense_down.run(be)?;
                 } else {
                     self.dense_mlp(s, w, m)?;
                 }
-                None
+                (&w.post_ff_norm, None)
             }
-        };
-
-        // ---- x = (r + post_ff(...)) * layer_scalar, then the next norm ----
-        // With experts: post_ff(post_ff1(dense) + post_ff2(moe)); without:
-        // post_ff(dense).
-        let (w_dense, moe) = match experts {
-            Some((post_ff1, moe)) => (post_ff1, Some(moe)),
-            None => (&w.post_ff_norm, None),
         };
         let next = match self.weights.layers.get(li + 1) {
             Some(next) => Some((&next.input_norm, &s.normed)),
