@@ -144,6 +144,13 @@ fn fill_bf16_parallel(out: &mut [u8], init: Init, seed: u64) {
     const MIN_SLICE: usize = 8 << 20;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = (out.len().div_ceil(threads).div_ceil(8) * 8).max(MIN_SLICE);
+    fill_bf16_sliced(out, init, seed, per);
+}
+
+/// The parallel fill with slices of `per` bytes (a multiple of 8), one
+/// thread each: slice i starts its generator where the sequential stream
+/// would be after `i * per / 8` draws.
+fn fill_bf16_sliced(out: &mut [u8], init: Init, seed: u64, per: usize) {
     std::thread::scope(|s| {
         for (i, slice) in out.chunks_mut(per).enumerate() {
             let draws = (i * per / 8) as u64;
@@ -261,12 +268,23 @@ mod tests {
 
     #[test]
     fn parallel_fill_is_the_sequential_stream() {
-        // Three slices of the parallel fill, the last one short.
-        let len = 2 * (8 << 20) + 4098;
-        let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+        // Slices of a fixed size whatever the machine's core count (the
+        // real slice size depends on it): four, the last one short and
+        // ending mid-draw.
+        let len = 3 * 4096 + 1030;
         let init = Init::Centered(0.02);
+        let mut a = vec![0u8; len];
         fill_bf16(&mut a, init, &mut Rng::new(42));
-        fill_bf16_parallel(&mut b, init, 42);
-        assert!(a == b, "parallel fill differs from the sequential stream");
+        for per in [4096, len] {
+            let mut b = vec![0u8; len];
+            fill_bf16_sliced(&mut b, init, 42, per);
+            assert!(
+                a == b,
+                "slices of {per} bytes differ from the sequential stream"
+            );
+        }
+        let mut c = vec![0u8; len];
+        fill_bf16_parallel(&mut c, init, 42);
+        assert!(a == c, "parallel fill differs from the sequential stream");
     }
 }
