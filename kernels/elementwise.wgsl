@@ -1,4 +1,5 @@
-// Elementwise ops and glue: add, scale, gelu_mul, softcap, embed, argmax.
+// Elementwise ops: add, scale, gelu_mul, softcap (embed and argmax have
+// their own files).
 // Each entry point is one op; flat ops use 256 threads per workgroup over a
 // grid spread across x and y.
 

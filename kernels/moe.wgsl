@@ -14,8 +14,8 @@
 //   [1+3E ..]           the pair list: pair ids p, ascending within a slot
 // With P.direct = 1 (decode, m = 1) there is no list: slot s is pair s.
 //
-// Both phases: 8 teams of 32 lanes per workgroup, one weight row (phase 1: a
-// gate row and its up row) per team; lanes stride over the row in 32-bit
+// Phase 1: 8 teams of 32 lanes per workgroup, phase 2: 4 teams of 64; one
+// weight row (phase 1: a gate row and its up row) per team; lanes stride over the row in 32-bit
 // words, several words in flight each, so one load instruction of a team
 // reads a contiguous 128-byte run. Each weight row is read once and applied to all
 // the tokens routed to its expert. Phase 2 loops over the experts inside the

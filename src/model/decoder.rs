@@ -525,30 +525,20 @@ impl<B: ComputeBackend> Model<B> {
                 scale: self.embed_scale,
             },
         )?;
-        // Layer 0's input norm; every later norm of the residual stream (the
-        // next layer's input norm, the final norm) ends the layer before it.
-        if let Some(first) = self.weights.layers.first() {
-            be.rms_norm(
-                &s.x,
-                Some(&first.input_norm),
-                None,
-                &s.normed,
-                self.norm(m, h),
-            )?;
-        }
+        // Layer 0's input norm (a config has at least one layer); every
+        // later norm of the residual stream (the next layer's input norm,
+        // the final norm) ends the layer before it.
+        be.rms_norm(
+            &s.x,
+            Some(&self.weights.layers[0].input_norm),
+            None,
+            &s.normed,
+            self.norm(m, h),
+        )?;
         for li in 0..cfg.layers.len() {
             self.record_layer(li, s, m, head)?;
         }
         if head {
-            if cfg.layers.is_empty() {
-                be.rms_norm(
-                    &s.x,
-                    Some(&self.weights.final_norm),
-                    None,
-                    &s.normed,
-                    self.norm(m, h),
-                )?;
-            }
             be.matmul(
                 &self.weights.embed,
                 &s.normed,

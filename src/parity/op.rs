@@ -298,13 +298,7 @@ impl Op {
                 let n = p.rows * p.dim;
                 let mut v = vec![HostTensor::F32(rng.vec_normal(n, 1.5))];
                 if let Some(d) = weight {
-                    let w = rng.vec_range(p.dim, 0.2, 1.8);
-                    v.push(HostTensor::Weight {
-                        dtype: *d,
-                        rows: 1,
-                        cols: p.dim,
-                        bytes: encode_f32(*d, &w),
-                    });
+                    v.push(norm_weight(rng, *d, p.dim));
                 }
                 if *residual {
                     v.push(HostTensor::F32(rng.vec_normal(n, 1.0)));
