@@ -205,7 +205,10 @@ pub trait ComputeBackend {
     /// in the submission of everything recorded so far (which this submits),
     /// so the host can record more work before
     /// [`ComputeBackend::finish_read_u32`] waits for this copy alone. Greedy
-    /// decode records token n + 1 while the device computes token n.
+    /// decode records token n + 1 while the device computes token n. A
+    /// backend may bound the reads in flight (wgpu: 4, shared with
+    /// downloads): one begun past the bound finishes the oldest and drops
+    /// its data, and that ticket's `finish_read_u32` is then an error.
     fn begin_read_u32(&self, buf: &Self::Buffer) -> Result<ReadTicket>;
     /// The contents `buf` had when [`ComputeBackend::begin_read_u32`] gave
     /// `ticket` (waits for that submission only).

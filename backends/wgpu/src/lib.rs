@@ -55,10 +55,8 @@ pub struct WgpuBackend {
     errors: Arc<Mutex<Vec<String>>>,
     /// Scratch kept across calls, created on first use (e.g. attention split-K).
     scratch: Mutex<ops::Scratch>,
-    /// Readbacks begun and not finished (`begin_read_u32`).
+    /// Readbacks in flight (`begin_read_u32`, downloads), their staging pool.
     reads: Mutex<readback::Reads>,
-    /// The readback buffer, created on first download and grown as needed.
-    staging: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl WgpuBackend {
@@ -130,7 +128,6 @@ impl WgpuBackend {
             batch: Mutex::new(Batch::default()),
             errors,
             scratch: Mutex::default(),
-            staging: Mutex::default(),
             reads: Mutex::default(),
         })
     }
@@ -231,49 +228,13 @@ impl WgpuBackend {
         }
     }
 
+    /// A buffer's bytes: a readback begun and finished at once (the copy
+    /// rides in the same submission as the recorded ops).
     fn download_bytes(&self, buf: &WgpuBuffer) -> Result<Vec<u8>> {
-        let src = buf.single().ok_or_else(|| {
-            Error::shape("download", "cannot download a weight split across bindings")
-        })?;
-        let size = src.size();
-        // One staging buffer, kept and grown: a decode step reads back 4
-        // bytes per token and must not create a buffer for it.
-        let mut cached = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if cached.as_ref().is_none_or(|b| b.size() < size) {
-            *cached = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("download"),
-                size: size.max(256),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
-        }
-        let staging = cached.as_ref().expect("created above");
-        // The copy rides in the same submission as the recorded ops.
-        self.batch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .submit_with(self, |enc| {
-                enc.copy_buffer_to_buffer(src, 0, staging, 0, size)
-            });
-        self.check_errors()?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging
-            .slice(..size)
-            .map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("map callback never ran".into()))?
-            .map_err(|e| Error::Gpu(format!("map_async: {e}")))?;
-        let data = staging
-            .slice(..size)
-            .get_mapped_range()
-            .map_err(|e| Error::Gpu(format!("mapped range: {e}")))?
-            .to_vec();
-        staging.unmap();
-        let nbytes = buf.len * buf.dtype.size();
-        Ok(data[..nbytes].to_vec())
+        let ticket = self.begin_read(buf, "download")?;
+        let mut data = self.finish_read_bytes(ticket)?;
+        data.truncate(buf.len * buf.dtype.size());
+        Ok(data)
     }
 
     fn wait(&self) -> Result<()> {
@@ -502,7 +463,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn begin_read_u32(&self, buf: &WgpuBuffer) -> Result<ReadTicket> {
         v::check_buf("begin_read_u32", "buf", buf, &v::U32, 0)?;
-        self.begin_read(buf)
+        self.begin_read(buf, "begin_read_u32")
     }
 
     fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>> {

@@ -1,7 +1,8 @@
-//! Readbacks that do not wait (`begin_read_u32` / `finish_read_u32`): each
-//! takes a staging buffer from a small pool, copies into it at the end of
-//! the submission that produced the data, and maps it only when finished,
-//! waiting for that submission alone. Decode keeps two in flight.
+//! Readbacks: each takes a staging buffer from a small pool, copies into it
+//! at the end of the submission that produced the data, and maps it only
+//! when finished, waiting for that submission alone. `begin_read_u32` /
+//! `finish_read_u32` split the two halves (decode keeps two in flight);
+//! a download is both at once.
 
 use std::sync::mpsc::{channel, Receiver};
 
@@ -9,8 +10,18 @@ use turbospark::{Error, ReadTicket, Result};
 
 use crate::{WgpuBackend, WgpuBuffer};
 
-/// Most readbacks in flight; beginning one more first finishes the oldest.
+/// Most readbacks in flight; beginning one more first finishes the oldest
+/// and drops its data (its ticket then finds nothing: an error).
 const SLOTS: usize = 4;
+
+fn staging_buffer(device: &wgpu::Device, bytes: u64) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback"),
+        size: bytes.max(256),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
+}
 
 struct InFlight {
     ticket: u64,
@@ -31,10 +42,11 @@ pub(crate) struct Reads {
 }
 
 impl WgpuBackend {
-    pub(crate) fn begin_read(&self, buf: &WgpuBuffer) -> Result<ReadTicket> {
+    /// Start copying `buf` back (`op` names the caller in errors).
+    pub(crate) fn begin_read(&self, buf: &WgpuBuffer, op: &'static str) -> Result<ReadTicket> {
         let src = buf
             .single()
-            .ok_or_else(|| Error::shape("begin_read_u32", "a weight split across bindings"))?
+            .ok_or_else(|| Error::shape(op, "a weight split across bindings"))?
             .clone();
         let bytes = src.size();
         let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
@@ -46,12 +58,7 @@ impl WgpuBackend {
         {
             Some(i) => i,
             None if reads.slots.len() < SLOTS => {
-                let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("readback"),
-                    size: bytes.max(256),
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
+                let staging = staging_buffer(&self.device, bytes);
                 reads.slots.push(Slot {
                     staging,
                     busy: None,
@@ -66,13 +73,7 @@ impl WgpuBackend {
                     self.complete(&reads.slots[oldest].staging, b)?;
                 }
                 if reads.slots[oldest].staging.size() < bytes {
-                    reads.slots[oldest].staging =
-                        self.device.create_buffer(&wgpu::BufferDescriptor {
-                            label: Some("readback"),
-                            size: bytes.max(256),
-                            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                            mapped_at_creation: false,
-                        });
+                    reads.slots[oldest].staging = staging_buffer(&self.device, bytes);
                 }
                 oldest
             }
@@ -107,6 +108,13 @@ impl WgpuBackend {
     /// The words of the buffer a ticket's readback copied (a u32 buffer's
     /// size is exactly its elements).
     pub(crate) fn finish_read(&self, ticket: ReadTicket) -> Result<Vec<u32>> {
+        Ok(bytemuck::pod_collect_to_vec(
+            &self.finish_read_bytes(ticket)?,
+        ))
+    }
+
+    /// The bytes of the buffer a ticket's readback copied.
+    pub(crate) fn finish_read_bytes(&self, ticket: ReadTicket) -> Result<Vec<u8>> {
         let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
         let slot = reads
             .slots
@@ -120,7 +128,7 @@ impl WgpuBackend {
     }
 
     /// Wait for a readback's submission, copy its bytes out, unmap.
-    fn complete(&self, staging: &wgpu::Buffer, b: InFlight) -> Result<Vec<u32>> {
+    fn complete(&self, staging: &wgpu::Buffer, b: InFlight) -> Result<Vec<u8>> {
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(b.submission),
@@ -131,13 +139,14 @@ impl WgpuBackend {
             .recv()
             .map_err(|_| Error::Gpu("map callback never ran".into()))?
             .map_err(|e| Error::Gpu(format!("map_async: {e}")))?;
-        let data: Vec<u32> = bytemuck::pod_collect_to_vec(
-            &staging
-                .slice(..b.bytes)
-                .get_mapped_range()
-                .map_err(|e| Error::Gpu(format!("mapped range: {e}")))?,
-        );
+        // Unmapped whatever the range gives, so the slot can map again.
+        let data = staging
+            .slice(..b.bytes)
+            .get_mapped_range()
+            .map(|r| r.to_vec())
+            .map_err(|e| Error::Gpu(format!("mapped range: {e}")));
         staging.unmap();
+        let data = data?;
         self.check_errors()?;
         Ok(data)
     }
