@@ -197,8 +197,22 @@ const TARGET_GROUPS: usize = 2048;
 /// Largest split-K scratch (bytes).
 const MAX_SCRATCH: u64 = 64 << 20;
 
-/// Attention in two dispatches: `attn_split` (per key split, kv head and
-/// query tile: partial softmax into scratch), `attn_combine` (merge).
+/// Keys per chunk of `attn_decode` (its `KD`), and the least a split takes:
+/// one chunk per split gives decode contexts of a few hundred keys the most
+/// workgroups (the chunk loop is a serial chain of barriers).
+const DECODE_KEYS: usize = 32;
+/// Decode workgroups to aim for: a few per compute unit of a large GPU,
+/// without making the partials a noticeable share of the K/V read.
+const DECODE_GROUPS: usize = 512;
+/// Most query heads per kv head `attn_decode` keeps in registers (its
+/// per-head arrays).
+const DECODE_MAX_GROUP: usize = 8;
+
+/// Attention in two dispatches: a split phase (per key split and kv head:
+/// partial softmax into scratch) and `attn_combine` (merge). The split phase
+/// is `attn_decode` for one query row whose kv head's query heads fit its
+/// registers (all of them together per workgroup), else `attn_split` (query
+/// tiles of up to MAX_TILE slots).
 pub(crate) fn attention(
     be: &WgpuBackend,
     q: &WgpuBuffer,
@@ -216,43 +230,42 @@ pub(crate) fn attention(
         });
     }
     let d4 = p.head_dim / 4;
-    if p.m == 1 && p.heads / p.kv_heads <= MAX_TILE {
-        return attention_decode(be, q, kc, vc, pos, out, p);
-    }
-    // vec4 per lane of a row: 32 lanes cover 128, 256 or 512 dims.
-    let nv = d4.div_ceil(32).next_power_of_two();
     let group = p.heads / p.kv_heads;
     let nslots = p.m * group;
-    let qt = nslots.min(MAX_TILE);
+    let decode = p.m == 1 && group <= DECODE_MAX_GROUP;
+    // Query slots per workgroup, the fewest keys a split takes (attn_split:
+    // 16 per query of its tile, so its partials stay small next to the K/V
+    // it reads) and the workgroups to aim for.
+    let (qt, min_chunk, target) = if decode {
+        (group, DECODE_KEYS, DECODE_GROUPS)
+    } else {
+        let qt = nslots.min(MAX_TILE);
+        (qt, (16 * qt).max(KEYS_PER_STEP), TARGET_GROUPS)
+    };
     let ntiles = nslots.div_ceil(qt);
-    // Keys one query can see; a split takes at least 16 keys per query of its
-    // tile, so its partials stay small next to the K/V it reads.
+    // Keys one query can see.
     let keys = if p.window > 0 {
         p.window.min(p.capacity)
     } else {
         p.capacity
     };
-    let min_chunk = (16 * qt).max(KEYS_PER_STEP);
     let nq = p.m * p.heads;
     let split_bytes = (nq * (d4 + 1) * 16) as u64;
     let max_by_scratch = (MAX_SCRATCH.min(be.max_binding()) / split_bytes).max(1) as usize;
     let nsplit = keys
         .div_ceil(min_chunk)
         .min(MAX_SPLIT)
-        .min((TARGET_GROUPS / (p.kv_heads * ntiles)).max(1))
+        .min((target / (p.kv_heads * ntiles)).max(1))
         .min(max_by_scratch)
         .max(1);
-    let scratch_len = nsplit * nq * (d4 + 1) * 4;
-
     let part = super::scratch_buffer(
         be,
         |s| &mut s.attention,
         DType::F32,
-        scratch_len,
+        nsplit * nq * (d4 + 1) * 4,
         0,
         "attention split-K scratch",
     )?;
-
     let params = AttnParams {
         m: p.m as u32,
         heads: p.heads as u32,
@@ -267,115 +280,33 @@ pub(crate) fn attention(
         nslots: nslots as u32,
         ntiles: ntiles as u32,
     };
-    split_and_combine(
-        be,
-        ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)]),
-        &params,
-        [q, kc, vc, pos],
-        &part,
-        out,
-        nsplit * p.kv_heads * ntiles,
-    )
-}
-
-/// The split phase `entry` (with its constants) over `split_groups`
-/// workgroups writing partials into `part`, then `attn_combine` into `out`.
-fn split_and_combine(
-    be: &WgpuBackend,
-    (entry, constants): (&'static str, &[(&'static str, i64)]),
-    params: &AttnParams,
-    [q, kc, vc, pos]: [&WgpuBuffer; 4],
-    part: &WgpuBuffer,
-    out: &WgpuBuffer,
-    split_groups: usize,
-) -> Result<()> {
+    // vec4 per lane of a K row in attn_split: 32 lanes cover 128-512 dims.
+    let nv = d4.div_ceil(32).next_power_of_two();
+    let (entry, constants) = if decode {
+        ("attn_decode", [("GD", group as i64), ("D4", d4 as i64)])
+    } else {
+        ("attn_split", [("NV", nv as i64), ("QT", qt as i64)])
+    };
     be.launch(Launch {
         kernel: "attention",
         entry,
-        constants,
-        params: bytemuck::bytes_of(params),
+        constants: &constants,
+        params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(q), true),
             (one(kc), true),
             (one(vc), true),
             (one(pos), true),
-            (one(part), false),
+            (one(&part), false),
         ],
-        groups: be.grid(split_groups as u32),
+        groups: be.grid((nsplit * p.kv_heads * ntiles) as u32),
     })?;
-    let nq = (params.m * params.heads) as usize;
     be.launch(Launch {
         kernel: "attention",
         entry: "attn_combine",
         constants: &[],
-        params: bytemuck::bytes_of(params),
-        buffers: &[(one(part), true), (one(out), false)],
-        groups: be.grid((nq * (params.d4 as usize).div_ceil(32)) as u32),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(&part), true), (one(out), false)],
+        groups: be.grid((nq * d4.div_ceil(32)) as u32),
     })
-}
-
-/// Keys per chunk of `attn_decode` (its `KD`), and the least a split takes:
-/// one chunk per split gives decode contexts of a few hundred keys the most
-/// workgroups (the chunk loop is a serial chain of barriers).
-const DECODE_KEYS: usize = 32;
-/// Decode workgroups to aim for: a few per compute unit of a large GPU,
-/// without making the partials a noticeable share of the K/V read.
-const DECODE_GROUPS: usize = 512;
-
-/// One query row (decode): `attn_decode` (per key split and kv head, the
-/// kv head's query heads together) then the same `attn_combine`.
-fn attention_decode(
-    be: &WgpuBackend,
-    q: &WgpuBuffer,
-    kc: &WgpuBuffer,
-    vc: &WgpuBuffer,
-    pos: &WgpuBuffer,
-    out: &WgpuBuffer,
-    p: Attention,
-) -> Result<()> {
-    let d4 = p.head_dim / 4;
-    let group = p.heads / p.kv_heads;
-    let keys = if p.window > 0 {
-        p.window.min(p.capacity)
-    } else {
-        p.capacity
-    };
-    let min_chunk = DECODE_KEYS;
-    let nq = p.heads;
-    let nsplit = keys
-        .div_ceil(min_chunk)
-        .min(MAX_SPLIT)
-        .min((DECODE_GROUPS / p.kv_heads).max(1))
-        .max(1);
-    let part = super::scratch_buffer(
-        be,
-        |s| &mut s.attention,
-        DType::F32,
-        nsplit * nq * (d4 + 1) * 4,
-        0,
-        "attention split-K scratch",
-    )?;
-    let params = AttnParams {
-        m: 1,
-        heads: p.heads as u32,
-        kv_heads: p.kv_heads as u32,
-        group: group as u32,
-        d4: d4 as u32,
-        capacity: p.capacity as u32,
-        window: p.window as u32,
-        scale: p.scale,
-        nsplit: nsplit as u32,
-        min_chunk: min_chunk as u32,
-        nslots: group as u32,
-        ntiles: 1,
-    };
-    split_and_combine(
-        be,
-        ("attn_decode", &[("GD", group as i64), ("D4", d4 as i64)]),
-        &params,
-        [q, kc, vc, pos],
-        &part,
-        out,
-        nsplit * p.kv_heads,
-    )
 }
