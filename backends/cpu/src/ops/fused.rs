@@ -49,16 +49,22 @@ pub fn post_ffn(
 ) {
     let len = p.rows * p.dim;
     let n = norm(p.rows, p.dim, p.eps);
-    let mut h = vec![0.0f32; len];
-    rms_norm(dense, Some(w_dense), None, &mut h, n);
-    if let Some((e, w_moe, w_sum)) = moe {
-        // h + rmsnorm(e) * w_moe, then its norm
-        let mut sum = vec![0.0f32; len];
-        rms_norm(e, Some(w_moe), Some(&h), &mut sum, n);
-        rms_norm(&sum, Some(w_sum), None, &mut h, n);
-    }
-    for i in 0..len {
-        x[i] = (r[i] + h[i]) * p.scale;
+    // The branch's last norm takes the residual and the layer scalar:
+    // x = (r + rmsnorm(..) * w) * scale.
+    let last = RmsNorm {
+        scale: p.scale,
+        ..n
+    };
+    match moe {
+        Some((e, w_moe, w_sum)) => {
+            // dense norm, + rmsnorm(e) * w_moe, then the sum's norm
+            let mut h = vec![0.0f32; len];
+            rms_norm(dense, Some(w_dense), None, &mut h, n);
+            let mut sum = vec![0.0f32; len];
+            rms_norm(e, Some(w_moe), Some(&h), &mut sum, n);
+            rms_norm(&sum, Some(w_sum), Some(r), x, last);
+        }
+        None => rms_norm(dense, Some(w_dense), Some(r), x, last),
     }
     if let Some((w, normed)) = next {
         rms_norm(x, Some(w), None, normed, n);
