@@ -171,10 +171,14 @@ fn check_args<'a, B: DeviceBuffer>(
             check_buf(op, name, *b, &F32, *need)?;
         }
     }
-    let ins: Vec<Option<&B>> = ins.iter().map(|a| a.1).collect();
-    let outs: Vec<Option<&B>> = outs.iter().map(|a| a.1).collect();
-    no_alias_all(op, &outs, &ins)?;
-    Ok([ins, outs].concat())
+    let all: Vec<Option<&B>> = ins
+        .iter()
+        .map(|a| a.1)
+        .chain(outs.iter().map(|a| a.1))
+        .collect();
+    let (ins, outs) = all.split_at(ins.len());
+    no_alias_all(op, outs, ins)?;
+    Ok(all)
 }
 
 /// No output aliases an input or an earlier output.
@@ -185,10 +189,21 @@ pub fn no_alias_all<B: DeviceBuffer>(
 ) -> Result<()> {
     for (i, out) in outs.iter().enumerate() {
         if let Some(o) = out {
-            no_alias(op, *o, &[ins, &outs[..i]].concat())?;
+            if aliases(*o, ins.iter().chain(&outs[..i]).flatten().copied()) {
+                return Err(aliased(op));
+            }
         }
     }
     Ok(())
+}
+
+/// Whether `out` shares storage with any of `others`.
+fn aliases<'x, B: DeviceBuffer + 'x>(out: &B, mut others: impl Iterator<Item = &'x B>) -> bool {
+    others.any(|b| b.same_storage(out))
+}
+
+fn aliased(op: &'static str) -> Error {
+    Error::shape(op, "output buffer aliases an input")
 }
 
 impl PostAttention {
@@ -363,17 +378,17 @@ pub fn pair_apart<B: DeviceBuffer>(op: &'static str, a: &[&B], b: &[&B]) -> Resu
     let (Some(oa), Some(ob)) = (a.last(), b.last()) else {
         return Ok(());
     };
-    let ins_b: Vec<Option<&B>> = b.iter().map(|x| Some(*x)).collect();
-    let ins_a: Vec<Option<&B>> = a.iter().map(|x| Some(*x)).collect();
-    no_alias(op, *oa, &ins_b)?;
-    no_alias(op, *ob, &ins_a)
+    if aliases(*oa, b.iter().copied()) || aliases(*ob, a.iter().copied()) {
+        return Err(aliased(op));
+    }
+    Ok(())
 }
 
 /// Outputs must not alias inputs: a GPU cannot bind one buffer read-only
 /// and read-write in one dispatch, so no backend accepts it.
 pub fn no_alias<B: DeviceBuffer>(op: &'static str, out: &B, inputs: &[Option<&B>]) -> Result<()> {
-    if inputs.iter().flatten().any(|i| i.same_storage(out)) {
-        return Err(Error::shape(op, "output buffer aliases an input"));
+    if aliases(out, inputs.iter().flatten().copied()) {
+        return Err(aliased(op));
     }
     Ok(())
 }
