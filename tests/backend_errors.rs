@@ -2,8 +2,8 @@
 
 mod common;
 
-use turbospark::ops::{PostAttention, PostFfn};
-use turbospark::{ComputeBackend, DType, Error, HostBytes};
+use turbospark::ops::{Moe, PostAttention, PostFfn};
+use turbospark::{ComputeBackend, DType, Error, GateUpArgs, HostBytes};
 use turbospark_cpu::CpuBackend;
 
 fn bad_calls<B: ComputeBackend>(b: &B) {
@@ -62,6 +62,53 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     let e = b.post_ffn(&a, &w, None, &c, &c, None, p).unwrap_err();
     assert!(
         matches!(&e, Error::Shape { op: "post_ffn", .. }) && e.to_string().contains("aliases"),
+        "{e}"
+    );
+    // Pair ops: each half is fine alone, but the second writes the first's
+    // input (a GPU runs the halves at once).
+    let gu = b
+        .upload(
+            DType::F32,
+            HostBytes::Slice(bytemuck::cast_slice(&[0.5f32; 32])),
+            "gu",
+        )
+        .unwrap();
+    let id0 = b
+        .upload(
+            DType::U32,
+            HostBytes::Slice(bytemuck::cast_slice(&[0u32])),
+            "ids",
+        )
+        .unwrap();
+    let (act, x2) = (
+        b.alloc(DType::F32, 2, "act").unwrap(),
+        b.alloc(DType::F32, 8, "x2").unwrap(),
+    );
+    let p = Moe {
+        m: 1,
+        hidden: 8,
+        inter: 2,
+        experts: 1,
+        top_k: 1,
+    };
+    let half = |x, act| GateUpArgs {
+        x,
+        gate_up: &gu,
+        ids: &id0,
+        act,
+        p,
+    };
+    let mid = b.alloc(DType::F32, 8, "mid").unwrap();
+    let act2 = b.alloc(DType::F32, 2, "act2").unwrap();
+    // Apart: accepted. Then the second half's output is the first's x.
+    b.moe_gate_up_pair(half(&x2, &act), half(&mid, &act2))
+        .unwrap();
+    let e = b
+        .moe_gate_up_pair(half(&a, &act), half(&mid, &a))
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { op, .. } if op.contains("moe_gate_up"))
+            && e.to_string().contains("aliases"),
         "{e}"
     );
 }
