@@ -5,13 +5,10 @@ use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{rope_inv_freq, Attention, KvAppend, QkvPost, Rope};
 use turbospark::{DType, Error, Result};
 
+use super::one;
 use crate::batch::Launch;
 use crate::kernels::wdtype_code;
 use crate::{WgpuBackend, WgpuBuffer};
-
-fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
-    b.single().expect("activations and caches are one buffer")
-}
 
 /// The RoPE frequency table `rope_inv_freq(theta, head_dim, rot_pairs)` on
 /// the device, uploaded on first use and kept in the backend's scratch.

@@ -2,6 +2,7 @@ use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Embed;
 use turbospark::{DType, Result};
 
+use super::one;
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
@@ -13,10 +14,6 @@ struct Params {
     rows: u32,
     s: f32,
     vocab: u32,
-}
-
-fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
-    b.single().expect("activations are one buffer")
 }
 
 fn flat(

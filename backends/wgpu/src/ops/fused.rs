@@ -4,6 +4,7 @@ use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{PostAttention, PostFfn};
 use turbospark::{DType, Result};
 
+use super::one;
 use crate::batch::Launch;
 use crate::kernels::wdtype_code;
 use crate::{WgpuBackend, WgpuBuffer};
@@ -17,10 +18,6 @@ struct Params {
     scale: f32,
     flags: u32,
     _pad: [u32; 3],
-}
-
-fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
-    b.single().expect("activations and norms are one buffer")
 }
 
 /// A one-element buffer bound where an optional output is absent (the

@@ -2,6 +2,7 @@ use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Matmul;
 use turbospark::{DType, Result};
 
+use super::one;
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
@@ -46,8 +47,8 @@ pub(crate) fn matmul(
     out: &WgpuBuffer,
     p: Matmul,
 ) -> Result<()> {
-    let xb = x.single().expect("activations are one buffer");
-    let ob = out.single().expect("activations are one buffer");
+    let xb = one(x);
+    let ob = one(out);
     if p.m <= GEMV_MAX_M && p.k.is_multiple_of(8) && matches!(w.dtype, DType::BF16 | DType::F16) {
         return gemv(be, w, xb, ob, p);
     }

@@ -51,6 +51,13 @@ pub(crate) fn scratch_buffer(
     }
 }
 
+/// The one binding of an activation, cache, id or norm-weight buffer: every
+/// argument but matmul's weight is one (the trait methods check it with
+/// `whole` before any launcher runs).
+pub(crate) fn one(b: &crate::WgpuBuffer) -> &wgpu::Buffer {
+    b.single().expect("checked by whole() before the launch")
+}
+
 pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
     match op {
         OpKind::Matmul { w }

@@ -11,6 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{Moe, Router};
 use turbospark::{DType, Error, Result};
 
+use super::one;
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 use turbospark::{DownArgs, GateUpArgs};
@@ -48,10 +49,6 @@ struct MoeParams {
     direct: u32,
     nslots: u32,
     nrb: u32,
-}
-
-fn one(b: &WgpuBuffer) -> &wgpu::Buffer {
-    b.single().expect("activations are one buffer")
 }
 
 /// The single binding of a weight; expert tensors split across bindings (a

@@ -2,6 +2,7 @@ use bytemuck::{Pod, Zeroable};
 use turbospark::ops::RmsNorm;
 use turbospark::Result;
 
+use super::one;
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
@@ -26,13 +27,9 @@ pub(crate) fn rms_norm(
     out: &WgpuBuffer,
     p: RmsNorm,
 ) -> Result<()> {
-    let xb = x.single().expect("activations are one buffer");
-    let wb = w
-        .map(|w| w.single().expect("norm weights are one buffer"))
-        .unwrap_or(xb);
-    let rb = res
-        .map(|r| r.single().expect("activations are one buffer"))
-        .unwrap_or(xb);
+    let xb = one(x);
+    let wb = w.map(one).unwrap_or(xb);
+    let rb = res.map(one).unwrap_or(xb);
     let params = Params {
         rows: p.rows as u32,
         dim: p.dim as u32,
@@ -47,12 +44,7 @@ pub(crate) fn rms_norm(
         entry: "rms_norm",
         constants: &super::wdtype(wd),
         params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (xb, true),
-            (wb, true),
-            (rb, true),
-            (out.single().expect("activations are one buffer"), false),
-        ],
+        buffers: &[(xb, true), (wb, true), (rb, true), (one(out), false)],
         groups: be.grid(p.rows as u32),
     })
 }
