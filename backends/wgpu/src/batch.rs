@@ -98,8 +98,12 @@ impl WgpuBackend {
         let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
         let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
+        // Queries are taken when a pass begins (every dispatch when
+        // profiling), so only then can they run out.
+        let profiling = b.timing.as_ref().is_some_and(|t| t.labels.is_some());
+        let new_pass = b.pass.is_none() || profiling;
         if b.params.len() as u64 + PARAM_SLOT > PARAM_SLOT * PARAM_SLOTS
-            || b.timing.as_ref().is_some_and(Timing::full)
+            || (new_pass && b.timing.as_ref().is_some_and(Timing::full))
         {
             b.submit(self);
         }

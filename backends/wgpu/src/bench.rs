@@ -12,7 +12,7 @@ use turbospark::{DeviceBuffer, Error, Result};
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
-/// Queries per query set (wgpu's maximum); two per dispatch.
+/// Queries per query set (wgpu's maximum); two per timed pass.
 const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 
 /// Timestamp state of a timed batch.
@@ -56,12 +56,13 @@ impl Timing {
         }
     }
 
-    /// No room for another dispatch's pair of queries.
+    /// No room for another pass's pair of queries.
     pub fn full(&self) -> bool {
         self.next + 2 > QUERIES
     }
 
-    /// Timestamp writes for the next pass (one dispatch).
+    /// Timestamp writes for the next pass (a sample of `time_ops`, or one
+    /// dispatch when profiling).
     pub fn next_pass(&mut self) -> wgpu::ComputePassTimestampWrites<'_> {
         let i = self.next;
         self.next += 2;
