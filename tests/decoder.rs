@@ -6,7 +6,7 @@ mod common;
 
 use common::nmse;
 use turbospark::model::synthetic::{tiny_config, SyntheticSource};
-use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, MAX_PREFILL_BATCH};
+use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, LOGITS_BATCH};
 use turbospark::{ComputeBackend, Error};
 use turbospark_cpu::CpuBackend;
 
@@ -14,12 +14,19 @@ use turbospark_cpu::CpuBackend;
 /// independently), so they agree to rounding of identical operations.
 const SAME_PATH_NMSE: f64 = 1e-10;
 
-fn tiny_model(max_context: usize) -> Model<CpuBackend> {
-    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
-    Model::load(CpuBackend::new(), &src, ModelOptions { max_context }).unwrap()
+fn opts(max_context: usize) -> ModelOptions {
+    ModelOptions {
+        max_context,
+        ..Default::default()
+    }
 }
 
-/// A prompt longer than one micro-batch and than the sliding window.
+fn tiny_model(max_context: usize) -> Model<CpuBackend> {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    Model::load(CpuBackend::new(), &src, opts(max_context)).unwrap()
+}
+
+/// A prompt longer than one batch and than the sliding window.
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
 }
@@ -51,7 +58,61 @@ fn batched_and_single<B: ComputeBackend>(m: &mut Model<B>, tokens: &[u32]) {
 fn prefill_batches_match_token_by_token_decode() {
     let mut m = tiny_model(64);
     let vocab = m.config().vocab;
-    batched_and_single(&mut m, &prompt(2 * MAX_PREFILL_BATCH + 5, vocab));
+    batched_and_single(&mut m, &prompt(2 * LOGITS_BATCH + 5, vocab));
+}
+
+/// Prefill in batches of `batch` (the last one partial) leaves the same KV
+/// caches as prefill one token at a time: the next token's logits agree.
+/// Batches past 16 tokens take a GPU's prefill GEMM.
+fn prefill_batch_sizes_agree<B: ComputeBackend>(open: impl Fn() -> B, batch: usize) {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    let row_after_prefill = |prefill_batch| {
+        let o = ModelOptions {
+            max_context: 64,
+            prefill_batch,
+        };
+        let mut m = Model::load(open(), &src, o).unwrap();
+        let p = prompt(2 * batch + 5, m.config().vocab);
+        let none = GenerateOptions {
+            max_new_tokens: 0,
+            ..Default::default()
+        };
+        m.generate(&p, &none).unwrap();
+        assert_eq!(m.position(), p.len());
+        m.logits(&[3]).unwrap().remove(0)
+    };
+    let (batched, single) = (row_after_prefill(batch), row_after_prefill(1));
+    let e = nmse(&batched, &single);
+    assert!(
+        e < SAME_PATH_NMSE,
+        "NMSE {e:e} between prefill batches of {batch} and 1"
+    );
+    assert_eq!(argmax(&batched), argmax(&single));
+}
+
+#[test]
+fn prefill_batch_size_does_not_change_the_caches() {
+    prefill_batch_sizes_agree(CpuBackend::new, 24);
+}
+
+#[test]
+fn wgpu_prefill_batch_size_does_not_change_the_caches() {
+    if common::wgpu_backend().is_some() {
+        prefill_batch_sizes_agree(|| common::wgpu_backend().unwrap(), 24);
+    }
+}
+
+#[test]
+fn bad_prefill_batch_is_refused() {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    for prefill_batch in [0, turbospark::model::MAX_PREFILL_BATCH + 1] {
+        let o = ModelOptions {
+            prefill_batch,
+            ..Default::default()
+        };
+        let e = Model::load(CpuBackend::new(), &src, o).err().unwrap();
+        assert!(e.to_string().contains("prefill_batch"), "{e}");
+    }
 }
 
 #[test]
@@ -214,9 +275,9 @@ fn misshapen_tensor_is_named() {
 fn wgpu_prefill_batches_match_token_by_token_decode() {
     if let Some(b) = common::wgpu_backend() {
         let src = SyntheticSource::new(tiny_config(), 42).unwrap();
-        let mut m = Model::load(b, &src, ModelOptions { max_context: 64 }).unwrap();
+        let mut m = Model::load(b, &src, opts(64)).unwrap();
         let vocab = m.config().vocab;
-        batched_and_single(&mut m, &prompt(2 * MAX_PREFILL_BATCH + 5, vocab));
+        batched_and_single(&mut m, &prompt(2 * LOGITS_BATCH + 5, vocab));
     }
 }
 
@@ -252,7 +313,7 @@ fn stops_at_eos<B: ComputeBackend>(open: impl Fn() -> B) {
         cfg.eos_token_ids = eos;
         // Weights depend on (seed, tensor name) only: same model, other eos.
         let src = SyntheticSource::new(cfg, 42).unwrap();
-        Model::load(open(), &src, ModelOptions { max_context: 64 }).unwrap()
+        Model::load(open(), &src, opts(64)).unwrap()
     };
     let mut m = free(vec![]);
     let p = prompt(9, m.config().vocab);
@@ -319,7 +380,7 @@ fn wgpu_decode_step_is_one_submit() {
     assert!(cfg.enable_moe, "the tiny model exercises the MoE path");
     let layers = cfg.layers.len() as u64;
     let src = SyntheticSource::new(cfg, 42).unwrap();
-    let mut m = Model::load(be, &src, ModelOptions { max_context: 64 }).unwrap();
+    let mut m = Model::load(be, &src, opts(64)).unwrap();
     let p = prompt(5, m.config().vocab);
     let mut run = |n: usize| {
         m.reset();

@@ -68,7 +68,15 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
     let dir = fixture(name);
     let want = expected(&dir);
     let ck = Checkpoint::open(&dir).unwrap();
-    let mut model = Model::load(backend, &ck, ModelOptions { max_context: 64 }).unwrap();
+    let mut model = Model::load(
+        backend,
+        &ck,
+        ModelOptions {
+            max_context: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(model.config().vocab, want.vocab);
 
     // Teacher-forced logits, every position, through the prefill micro-batches.

@@ -45,7 +45,14 @@ fn generate_on<B: ComputeBackend>(
     n: usize,
 ) -> CliResult<Generation> {
     let ck = open_checkpoint(dir)?;
-    let mut model = Model::load(backend, &ck, ModelOptions { max_context: 256 })?;
+    let mut model = Model::load(
+        backend,
+        &ck,
+        ModelOptions {
+            max_context: 256,
+            ..Default::default()
+        },
+    )?;
     let opts = GenerateOptions {
         max_new_tokens: n,
         sampling: Sampling::Greedy,

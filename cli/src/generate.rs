@@ -40,6 +40,9 @@ pub struct Args {
     /// Longest context (prompt + new tokens); sizes the KV caches up front.
     #[arg(long, default_value_t = 4096)]
     max_context: usize,
+    /// Most prompt tokens per prefill pass (more: fewer weight reads, more memory).
+    #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH)]
+    prefill_batch: usize,
 }
 
 /// Sampling flags: none (or a temperature of 0) means greedy decoding.
@@ -135,6 +138,7 @@ fn generate_on<B: ComputeBackend>(
         &ck,
         ModelOptions {
             max_context: a.max_context,
+            prefill_batch: a.prefill_batch,
         },
     )?;
     Ok((model.generate(prompt, opts)?, device))

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use turbospark::model::decoder::runtime_bytes;
+use turbospark::model::decoder::{runtime_bytes, DEFAULT_PREFILL_BATCH};
 use turbospark::model::{LayerKind, ModelConfig};
 use turbospark::{BackendInfo, ComputeBackend, DType};
 
@@ -100,9 +100,10 @@ fn print_model(cfg: &ModelConfig, dtype: DType, weight_bytes: u64, max_context: 
         "  bytes read per decoded token ({dtype}): {}",
         human_bytes(cfg.bytes_per_token(dtype))
     );
-    let run = runtime_bytes(cfg, max_context);
+    let run = runtime_bytes(cfg, max_context, DEFAULT_PREFILL_BATCH);
     println!(
-        "  memory for a run at --max-context {max_context}: {} weights + {} KV caches and scratch = {}",
+        "  memory for a run at --max-context {max_context} (prefill batches of \
+         {DEFAULT_PREFILL_BATCH}): {} weights + {} KV caches and scratch = {}",
         human_bytes(weight_bytes),
         human_bytes(run),
         human_bytes(weight_bytes + run)

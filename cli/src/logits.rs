@@ -54,6 +54,7 @@ fn logits_on<B: ComputeBackend>(backend: B, a: &Args, tokens: &[u32]) -> CliResu
     let ck = open_checkpoint(&a.model)?;
     let opts = ModelOptions {
         max_context: tokens.len(),
+        ..Default::default()
     };
     let mut model = Model::load(backend, &ck, opts)?;
     Ok(model.logits(tokens)?)

@@ -34,8 +34,19 @@ use crate::model::sampling::{Sampler, Sampling};
 use crate::model::weights::{LayerWeights, TensorSource, Weights};
 use crate::ops::{Attention, Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
-/// Most tokens one prefill micro-batch carries (the seed's `MAX_PREFILL_BATCH`).
-pub const MAX_PREFILL_BATCH: usize = 16;
+/// Tokens one prefill batch carries by default. Large enough that each
+/// expert of Gemma 4 26B-A4B sees a full GEMM tile of tokens per batch
+/// (512 x top-8 / 128 experts = 32), so a batch reads the weights once for
+/// many tokens; the batch's activations cost ~0.3 GB at that size.
+pub const DEFAULT_PREFILL_BATCH: usize = 512;
+
+/// Most tokens a prefill batch may carry (`ModelOptions::prefill_batch`).
+pub const MAX_PREFILL_BATCH: usize = 4096;
+
+/// Rows of logits one pass of [`Model::logits`] computes: the LM head's
+/// output is `vocab` wide (1 MiB per row for Gemma 4), so teacher forcing
+/// runs the head over at most this many tokens at a time.
+pub const LOGITS_BATCH: usize = 16;
 
 /// How a model is opened.
 #[derive(Clone, Debug)]
@@ -43,11 +54,19 @@ pub struct ModelOptions {
     /// Longest sequence (prompt plus generated tokens) the KV caches hold;
     /// they are sized for it up front, and a request past it is an error.
     pub max_context: usize,
+    /// Most prompt tokens one prefill pass carries (1..=[`MAX_PREFILL_BATCH`]).
+    /// Larger batches read the weights fewer times per prompt and keep the
+    /// GPU's GEMM tiles full; they cost activation memory and sliding-window
+    /// cache slots (see [`Model::load`]).
+    pub prefill_batch: usize,
 }
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { max_context: 4096 }
+        ModelOptions {
+            max_context: 4096,
+            prefill_batch: DEFAULT_PREFILL_BATCH,
+        }
     }
 }
 
@@ -106,9 +125,11 @@ struct KvCache<B: ComputeBackend> {
     capacity: usize,
 }
 
-/// Activation scratch for up to `rows` tokens at once.
+/// Activation scratch for up to `rows` tokens at once (logits for up to
+/// `head_rows` of them).
 struct Scratch<B: ComputeBackend> {
     rows: usize,
+    head_rows: usize,
     ids: B::Buffer,
     /// The other id buffer of pipelined greedy decode: step n embeds one and
     /// its argmax writes the other.
@@ -143,7 +164,7 @@ struct Scratch<B: ComputeBackend> {
 }
 
 impl<B: ComputeBackend> Scratch<B> {
-    fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Result<Self> {
+    fn new(be: &B, cfg: &ModelConfig, rows: usize, head_rows: usize) -> Result<Self> {
         let h = cfg.hidden;
         let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
         let max_qkv = cfg
@@ -161,8 +182,10 @@ impl<B: ComputeBackend> Scratch<B> {
         };
         let f = |n: usize, label: &str| be.alloc(DType::F32, rows * n.max(1), label);
         let u = |n: usize, label: &str| be.alloc(DType::U32, rows * n.max(1), label);
+        let logits = |label: &str| be.alloc(DType::F32, head_rows * cfg.vocab.max(1), label);
         Ok(Scratch {
             rows,
+            head_rows,
             ids: u(1, "ids")?,
             ids_next: u(1, "ids_next")?,
             pos: u(1, "positions")?,
@@ -192,8 +215,8 @@ impl<B: ComputeBackend> Scratch<B> {
             )?,
             moe_act: f(k_ * mi, "moe_act")?,
             moe_out: f(h, "moe_out")?,
-            logits: f(cfg.vocab, "logits")?,
-            capped: f(cfg.vocab, "logits_capped")?,
+            logits: logits("logits")?,
+            capped: logits("logits_capped")?,
         })
     }
 }
@@ -206,9 +229,10 @@ pub struct Model<B: ComputeBackend> {
     caches: Vec<KvCache<B>>,
     /// One-row scratch: decode, and prefill of a single token.
     single: Scratch<B>,
-    /// [`MAX_PREFILL_BATCH`]-row scratch for batched prefill, created on first
+    /// `prefill_batch`-row scratch for batched prefill, created on first
     /// use so a decode-only run allocates none of it.
     batch: Option<Scratch<B>>,
+    prefill_batch: usize,
     /// Tokens already in the caches (the next token's position).
     pos: usize,
     max_context: usize,
@@ -220,7 +244,7 @@ impl<B: ComputeBackend> Model<B> {
     ///
     /// Cache capacity per layer: full-attention layers keep every position,
     /// `max_context` slots. Sliding layers keep a ring of
-    /// `sliding_window + MAX_PREFILL_BATCH - 1` slots, not `sliding_window`: a
+    /// `sliding_window + prefill_batch - 1` slots, not `sliding_window`: a
     /// micro-batch of m tokens appends all m keys before any of its queries
     /// attend, and the first query (position p) still needs keys back to
     /// `p + 1 - window` while the last append writes `p + m - 1`; the ring
@@ -233,6 +257,12 @@ impl<B: ComputeBackend> Model<B> {
         if opts.max_context == 0 {
             return Err(Error::InvalidInput("max_context must be positive".into()));
         }
+        if !(1..=MAX_PREFILL_BATCH).contains(&opts.prefill_batch) {
+            return Err(Error::InvalidInput(format!(
+                "prefill_batch {} is outside 1..={MAX_PREFILL_BATCH}",
+                opts.prefill_batch
+            )));
+        }
         if u32::try_from(opts.max_context).is_err() {
             return Err(Error::InvalidInput(format!(
                 "max_context {} does not fit u32 positions",
@@ -242,7 +272,7 @@ impl<B: ComputeBackend> Model<B> {
         let weights = Weights::load(&backend, source)?;
         let mut caches = Vec::with_capacity(cfg.layers.len());
         for (i, l) in cfg.layers.iter().enumerate() {
-            let capacity = cache_capacity(&cfg, l.kind, opts.max_context);
+            let capacity = cache_capacity(&cfg, l.kind, opts.max_context, opts.prefill_batch);
             let n = l.kv_heads * capacity * l.head_dim;
             caches.push(KvCache {
                 k: backend.alloc(DType::F32, n, &format!("layers.{i}.k_cache"))?,
@@ -250,7 +280,7 @@ impl<B: ComputeBackend> Model<B> {
                 capacity,
             });
         }
-        let single = Scratch::new(&backend, &cfg, 1)?;
+        let single = Scratch::new(&backend, &cfg, 1, 1)?;
         let embed_scale = round_to(weights.embed_dtype, (cfg.hidden as f32).sqrt());
         Ok(Model {
             backend,
@@ -259,6 +289,7 @@ impl<B: ComputeBackend> Model<B> {
             caches,
             single,
             batch: None,
+            prefill_batch: opts.prefill_batch,
             pos: 0,
             max_context: opts.max_context,
             embed_scale,
@@ -299,7 +330,7 @@ impl<B: ComputeBackend> Model<B> {
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         self.check_request(tokens, 0)?;
         let mut rows = Vec::with_capacity(tokens.len());
-        for chunk in tokens.chunks(MAX_PREFILL_BATCH) {
+        for chunk in tokens.chunks(LOGITS_BATCH.min(self.prefill_batch)) {
             let m = chunk.len();
             self.forward_chunk(chunk, true)?;
             let s = self.scratch(m)?;
@@ -454,9 +485,9 @@ impl<B: ComputeBackend> Model<B> {
         Ok(())
     }
 
-    /// Run `tokens` through every layer (no LM head), in micro-batches.
+    /// Run `tokens` through every layer (no LM head), in batches.
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
-        for chunk in tokens.chunks(MAX_PREFILL_BATCH) {
+        for chunk in tokens.chunks(self.prefill_batch) {
             self.forward_chunk(chunk, false)?;
             self.backend.flush()?;
             self.pos += chunk.len();
@@ -490,7 +521,13 @@ impl<B: ComputeBackend> Model<B> {
     fn forward_chunk(&mut self, chunk: &[u32], head: bool) -> Result<()> {
         let m = chunk.len();
         if m > 1 && self.batch.is_none() {
-            self.batch = Some(Scratch::new(&self.backend, &self.cfg, MAX_PREFILL_BATCH)?);
+            let head_rows = LOGITS_BATCH.min(self.prefill_batch);
+            self.batch = Some(Scratch::new(
+                &self.backend,
+                &self.cfg,
+                self.prefill_batch,
+                head_rows,
+            )?);
         }
         let s = self.scratch(m)?;
         let positions: Vec<u32> = (self.pos..self.pos + m).map(|p| p as u32).collect();
@@ -511,7 +548,7 @@ impl<B: ComputeBackend> Model<B> {
     /// Record embedding, every layer and (if `head`) the final norm, LM head
     /// and softcap for the `m` tokens whose ids and positions are in `s`.
     fn record_forward(&self, s: &Scratch<B>, ids: &B::Buffer, m: usize, head: bool) -> Result<()> {
-        debug_assert!(m <= s.rows);
+        debug_assert!(m <= s.rows && (!head || m <= s.head_rows));
         let (be, cfg) = (&self.backend, &self.cfg);
         let h = cfg.hidden;
         be.embed(
@@ -779,20 +816,27 @@ impl<B: ComputeBackend> Model<B> {
 }
 
 /// KV cache slots of a layer (see [`Model::load`] for why sliding layers
-/// get `MAX_PREFILL_BATCH - 1` extra).
-pub fn cache_capacity(cfg: &ModelConfig, kind: LayerKind, max_context: usize) -> usize {
+/// get `prefill_batch - 1` extra).
+pub fn cache_capacity(
+    cfg: &ModelConfig,
+    kind: LayerKind,
+    max_context: usize,
+    prefill_batch: usize,
+) -> usize {
     match kind {
         LayerKind::Full => max_context,
-        LayerKind::Sliding => (cfg.sliding_window + MAX_PREFILL_BATCH - 1).min(max_context),
+        LayerKind::Sliding => (cfg.sliding_window + prefill_batch - 1).min(max_context),
     }
 }
 
 /// Device bytes a run needs beyond the weights: KV caches and both scratches.
-pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize) -> u64 {
+pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize) -> u64 {
     let kv: usize = cfg
         .layers
         .iter()
-        .map(|l| 2 * l.kv_heads * l.head_dim * cache_capacity(cfg, l.kind, max_context))
+        .map(|l| {
+            2 * l.kv_heads * l.head_dim * cache_capacity(cfg, l.kind, max_context, prefill_batch)
+        })
         .sum();
     let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
     let max_kv = cfg
@@ -808,8 +852,11 @@ pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize) -> u64 {
         + 3 * cfg.intermediate
         + 2 * cfg.top_k
         + cfg.top_k * cfg.moe_inter
-        + 2 * cfg.vocab;
-    ((kv + per_row * (1 + MAX_PREFILL_BATCH)) * 4) as u64
+        // a GPU's MoE down phase keeps each (token, expert) row
+        + cfg.top_k * cfg.hidden;
+    // Logits rows: one for decode, LOGITS_BATCH for teacher forcing.
+    let logits = 2 * cfg.vocab * (1 + LOGITS_BATCH.min(prefill_batch));
+    ((kv + per_row * (1 + prefill_batch) + logits) * 4) as u64
 }
 
 fn rate(n: usize, since: Instant) -> f64 {

@@ -21,7 +21,10 @@ pub mod weights;
 
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::{LayerKind, LayerSpec, ModelConfig};
-pub use decoder::{GenerateOptions, Generation, Model, ModelOptions, MAX_PREFILL_BATCH};
+pub use decoder::{
+    GenerateOptions, Generation, Model, ModelOptions, DEFAULT_PREFILL_BATCH, LOGITS_BATCH,
+    MAX_PREFILL_BATCH,
+};
 pub use layer_state::LayerHostState;
 pub use sampling::Sampling;
 pub use synthetic::SyntheticSource;

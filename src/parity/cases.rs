@@ -2,7 +2,7 @@
 //! 26B-A4B (hidden 2816, dense inter 2112, 128 experts top-8 at 704, head_dim
 //! 256 sliding / 512 full), with fewer experts or keys where a CI run on
 //! lavapipe needs it, plus odd sizes that are not multiples of any
-//! workgroup width, and M in {1, 2, 5, 16}.
+//! workgroup width, and M in {1, 2, 5, 16} and prefill batches past 16 (the GEMM).
 
 use super::Op;
 use crate::ops::{
@@ -49,8 +49,11 @@ fn matmul(full: bool) -> Vec<Op> {
         c(2, 2816, 16 * 512, BF16), // o_proj, full
         c(5, 1001, 777, F16),
         c(2, 333, 129, F32),
-        c(3, 130, 257, BF16), // odd k, 16-bit: rows start mid-word
-        c(20, 67, 96, BF16),  // m over 16: x rows in blocks
+        c(3, 130, 257, BF16),  // odd k, 16-bit: rows start mid-word
+        c(20, 67, 98, BF16),   // m over 16, k not a multiple of 8: x rows in blocks
+        c(20, 67, 96, BF16),   // prefill GEMM: one partial tile each way
+        c(40, 200, 96, F16),   // GEMM, a partial second row block
+        c(70, 131, 264, BF16), // GEMM, two token tiles, a partial last k step
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];
@@ -99,6 +102,12 @@ fn moe(full: bool) -> Vec<Op> {
             (1, 6, 2, 128, 30, BF16),
             // a prefill micro-batch through the decode down kernel
             (4, 5, 3, 64, 24, F16),
+            // prefill GEMM: tokens over several experts' tiles, an expert
+            // with more pairs than one tile, partial row blocks
+            (40, 6, 3, 64, 40, BF16),
+            (70, 3, 2, 136, 24, F16),
+            // the route-list kernels past 16 tokens (k not a multiple of 8)
+            (20, 4, 2, 66, 20, BF16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

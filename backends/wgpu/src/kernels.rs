@@ -29,6 +29,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("argmax", include_str!("../../../kernels/argmax.wgsl")),
     ("matmul", include_str!("../../../kernels/matmul.wgsl")),
     ("gemv", include_str!("../../../kernels/gemv.wgsl")),
+    ("gemm", include_str!("../../../kernels/gemm.wgsl")),
     ("router", include_str!("../../../kernels/router.wgsl")),
     ("moe", include_str!("../../../kernels/moe.wgsl")),
     (

@@ -84,10 +84,17 @@ pub fn run<B: ComputeBackend + Counters>(
     name: &str,
     prompt_len: usize,
     decode: usize,
+    prefill_batch: usize,
     ceiling_gbps: Option<f64>,
     seed: u64,
 ) -> Value {
-    match measure(backend, name, prompt_len, decode, ceiling_gbps, seed) {
+    match measure(
+        backend,
+        name,
+        (prompt_len, decode, prefill_batch),
+        ceiling_gbps,
+        seed,
+    ) {
         Ok(v) => v,
         Err(e) => json!({ "status": "failed", "model": name, "note": format!("{name}: {e}") }),
     }
@@ -96,8 +103,7 @@ pub fn run<B: ComputeBackend + Counters>(
 fn measure<B: ComputeBackend + Counters>(
     backend: B,
     name: &str,
-    prompt_len: usize,
-    decode: usize,
+    (prompt_len, decode, prefill_batch): (usize, usize, usize),
     ceiling_gbps: Option<f64>,
     seed: u64,
 ) -> turbospark::Result<Value> {
@@ -112,6 +118,7 @@ fn measure<B: ComputeBackend + Counters>(
         &source,
         ModelOptions {
             max_context: prompt_len + decode + 32,
+            prefill_batch,
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();
@@ -156,9 +163,7 @@ fn measure<B: ComputeBackend + Counters>(
         // The counters cover every forward pass of the run: the prefill
         // chunks (the prompt but its last token, which the first decode
         // step takes) and the decode steps.
-        let chunks = prompt_len
-            .saturating_sub(1)
-            .div_ceil(turbospark::model::MAX_PREFILL_BATCH);
+        let chunks = prompt_len.saturating_sub(1).div_ceil(prefill_batch);
         let steps = (chunks + decode) as f64;
         ((d1 - d0) as f64 / steps, (s1 - s0) as f64 / steps)
     });
@@ -180,6 +185,7 @@ fn measure<B: ComputeBackend + Counters>(
         "load_seconds": load_s,
         "prompt_tokens": prompt_len,
         "decode_tokens": decode,
+        "prefill_batch": prefill_batch,
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
         "bytes_per_token": bytes_per_token,

@@ -76,6 +76,9 @@ pub struct Args {
     /// Tokens decoded in the end-to-end run.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
+    /// Most prompt tokens per prefill pass in the end-to-end run.
+    #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH)]
+    pub prefill_batch: usize,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -310,6 +313,7 @@ pub fn main(args: Args) -> ExitCode {
                     name,
                     args.prompt_tokens,
                     args.decode_tokens,
+                    args.prefill_batch,
                     ceiling(k),
                     args.seed,
                 ));
@@ -321,6 +325,7 @@ pub fn main(args: Args) -> ExitCode {
                     name,
                     args.prompt_tokens,
                     args.decode_tokens,
+                    args.prefill_batch,
                     ceiling(k),
                     args.seed,
                 ));

@@ -52,6 +52,9 @@ pub(crate) fn matmul(
     if p.m <= GEMV_MAX_M && p.k.is_multiple_of(8) && matches!(w.dtype, DType::BF16 | DType::F16) {
         return gemv(be, w, xb, ob, p);
     }
+    if super::gemm::fits(p.m, p.k, w.dtype) {
+        return super::gemm::dense(be, w, xb, ob, p);
+    }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
     let (mb, rt, kl) = config(p.m.min(16));
     let per_group = rt * (WG / kl);

@@ -4,6 +4,7 @@
 pub(crate) mod attention;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
+pub(crate) mod gemm;
 pub(crate) mod matmul;
 pub(crate) mod moe;
 pub(crate) mod norm;
@@ -20,6 +21,8 @@ pub(crate) struct Scratch {
     /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
     pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
+    /// The prefill MoE down phase's per-pair rows `[m * top_k, hidden]`.
+    pub moe_pairs: Option<crate::WgpuBuffer>,
     /// Bound where an optional output of a fused kernel is absent.
     pub unused_out: Option<crate::WgpuBuffer>,
     /// Argmax chunk winners `[rows, chunks]` between its two dispatches.

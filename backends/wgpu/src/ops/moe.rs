@@ -238,6 +238,9 @@ pub(crate) fn moe_gate_up(
         });
     }
     let (mut params, scratch) = route(be, ids, &p)?;
+    if super::gemm::fits(p.m, p.hidden, gu.dtype) {
+        return super::gemm::gate_up(be, one(x), (wb, gu.dtype), one(&scratch), one(act), &p);
+    }
     params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
     let xb = one(x);
     be.launch(Launch {
@@ -412,6 +415,10 @@ pub(crate) fn moe_down(
         });
     }
     let (mut params, scratch) = route(be, ids, &p)?;
+    if super::gemm::fits(p.m, p.inter, d.dtype) {
+        let route = one(&scratch);
+        return super::gemm::down(be, one(act), (wb, d.dtype), route, one(w), one(out), &p);
+    }
     params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
     be.launch(Launch {

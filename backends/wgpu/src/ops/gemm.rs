@@ -1,0 +1,304 @@
+//! The prefill GEMM (`kernels/gemm.wgsl`): matmul and the MoE phases for
+//! more than [`GEMM_MIN_M`] - 1 rows of x with 16-bit weights and a reduced
+//! dimension that is a multiple of 8. Below that the GEMV kernels, which read
+//! each weight row once for all rows of x, are the faster path.
+
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::{Matmul, Moe};
+use turbospark::{DType, Error, Result};
+
+use super::one;
+use crate::batch::Launch;
+use crate::{WgpuBackend, WgpuBuffer};
+
+/// Fewest rows of x (tokens) the GEMM takes.
+pub(crate) const GEMM_MIN_M: usize = 17;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    rows: u32,
+    row0: u32,
+    experts: u32,
+    top_k: u32,
+    mtiles: u32,
+}
+
+/// A tile shape: token rows per thread, weight-row groups of 4 per thread,
+/// 32-lane warps along the weight rows, k per step (the kernel's overrides).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Tile {
+    pub tm: u32,
+    pub tn4: u32,
+    pub wn: u32,
+    pub bk: u32,
+}
+
+/// Threads per workgroup, and the kernel's workgroup arrays (`WG`, `MAX_TM`,
+/// `MAX_TN4`, `MAX_BM`, `XS`, `WS4`).
+const WG: u32 = 256;
+const MAX_TM: u32 = 8;
+const MAX_TN4: u32 = 4;
+const MAX_BM: u32 = 128;
+const XS: u32 = 1024;
+const WS4: u32 = 512;
+
+impl Tile {
+    /// Token rows per tile.
+    pub fn bm(self) -> u32 {
+        self.tm * (WG / (8 * self.wn))
+    }
+    /// Weight rows per tile.
+    pub fn bn(self) -> u32 {
+        4 * self.tn4 * 8 * self.wn
+    }
+    /// Whether the kernel's arrays hold the tile.
+    pub fn fits(self) -> bool {
+        (1..=MAX_TM).contains(&self.tm)
+            && (1..=MAX_TN4).contains(&self.tn4)
+            && matches!(self.wn, 1 | 2 | 4 | 8)
+            && matches!(self.bk, 8 | 16)
+            && self.bm() <= MAX_BM
+            && self.bm() * self.bk <= XS
+            && self.bn() * self.bk <= 4 * WS4
+    }
+    fn constants(self, mode: u32, dtype: DType) -> [(&'static str, i64); 6] {
+        [
+            super::wdtype(dtype)[0],
+            ("MODE", mode as i64),
+            ("TM", self.tm as i64),
+            ("TN4", self.tn4 as i64),
+            ("WN", self.wn as i64),
+            ("BK", self.bk as i64),
+        ]
+    }
+}
+
+/// Dense projections: 64 tokens x 128 weight rows per tile.
+pub(crate) const DENSE: Tile = Tile {
+    tm: 4,
+    tn4: 2,
+    wn: 2,
+    bk: 16,
+};
+/// MoE phases: an expert sees m * top_k / experts tokens (32 of a 512-token
+/// batch of Gemma 4), so 32 tokens x 256 weight rows per tile.
+pub(crate) const GROUPED: Tile = Tile {
+    tm: 4,
+    tn4: 2,
+    wn: 4,
+    bk: 8,
+};
+
+/// The tiles in use: [`DENSE`] and [`GROUPED`], or for kernel authors
+/// `TURBOSPARK_GEMM_TILES="tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped),
+/// read once. A tile the kernel cannot hold is an error at the launch.
+fn tiles() -> (Tile, Tile) {
+    static T: std::sync::OnceLock<(Tile, Tile)> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let parse = |s: &str| -> Option<Tile> {
+            let v: Vec<u32> = s
+                .split(',')
+                .map(|x| x.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            match v[..] {
+                [tm, tn4, wn, bk] => Some(Tile { tm, tn4, wn, bk }),
+                _ => None,
+            }
+        };
+        match std::env::var("TURBOSPARK_GEMM_TILES") {
+            Ok(s) => match s.split_once(';') {
+                Some((d, g)) => (
+                    parse(d).unwrap_or(Tile { tm: 0, ..DENSE }),
+                    parse(g).unwrap_or(Tile { tm: 0, ..GROUPED }),
+                ),
+                None => (Tile { tm: 0, ..DENSE }, Tile { tm: 0, ..GROUPED }),
+            },
+            Err(_) => (DENSE, GROUPED),
+        }
+    })
+}
+
+fn checked(t: Tile) -> Result<Tile> {
+    if t.fits() {
+        Ok(t)
+    } else {
+        Err(Error::InvalidInput(format!(
+            "GEMM tile {t:?} does not fit kernels/gemm.wgsl (TURBOSPARK_GEMM_TILES)"
+        )))
+    }
+}
+
+/// Whether an `m`-row problem reducing over `k` takes the GEMM.
+pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
+    m >= GEMM_MIN_M && k.is_multiple_of(8) && matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// `OUT = X W^T` per weight binding (a weight split across bindings is one
+/// dispatch per chunk, each writing its chunk's output columns).
+pub(crate) fn dense(
+    be: &WgpuBackend,
+    w: &WgpuBuffer,
+    xb: &wgpu::Buffer,
+    ob: &wgpu::Buffer,
+    p: Matmul,
+) -> Result<()> {
+    let t = checked(tiles().0)?;
+    let mtiles = (p.m as u32).div_ceil(t.bm());
+    for c in w.chunks.iter() {
+        let (row0, rows) = if w.chunks.len() == 1 {
+            (0, p.n)
+        } else {
+            (c.row_start, c.rows)
+        };
+        let params = Params {
+            m: p.m as u32,
+            n: p.n as u32,
+            k: p.k as u32,
+            rows: rows as u32,
+            row0: row0 as u32,
+            experts: 1,
+            top_k: 1,
+            mtiles,
+        };
+        be.launch(Launch {
+            kernel: "gemm",
+            entry: "gemm",
+            constants: &t.constants(0, w.dtype),
+            params: bytemuck::bytes_of(&params),
+            // ROUTE and WTS are not read in dense mode: x stands in.
+            buffers: &[
+                (&c.buffer, true),
+                (xb, true),
+                (ob, false),
+                (xb, true),
+                (xb, true),
+            ],
+            groups: be.grid(mtiles * (rows as u32).div_ceil(t.bn())),
+        })?;
+    }
+    Ok(())
+}
+
+/// Token tiles a grouped launch dispatches: every expert slot in use cuts
+/// its pairs into tiles of `bm`, at most one of them partial.
+fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
+    let pairs = (p.m * p.top_k) as u32;
+    pairs.div_ceil(bm) + pairs.min(p.experts as u32)
+}
+
+/// Phase 1 over the route list `route` (built by `moe_route`):
+/// `act[p] = gelu(gate_e x_t) * (up_e x_t)`.
+pub(crate) fn gate_up(
+    be: &WgpuBackend,
+    x: &wgpu::Buffer,
+    gu: (&wgpu::Buffer, DType),
+    route: &wgpu::Buffer,
+    act: &wgpu::Buffer,
+    p: &Moe,
+) -> Result<()> {
+    let t = checked(tiles().1)?;
+    let mtiles = grouped_tiles(p, t.bm());
+    let params = Params {
+        m: p.m as u32,
+        n: p.inter as u32,
+        k: p.hidden as u32,
+        rows: p.inter as u32,
+        row0: 0,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        mtiles,
+    };
+    be.launch(Launch {
+        kernel: "gemm",
+        entry: "gemm",
+        constants: &t.constants(1, gu.1),
+        params: bytemuck::bytes_of(&params),
+        // phase 1 has no routing weights: x stands in, never read
+        buffers: &[
+            (gu.0, true),
+            (x, true),
+            (act, false),
+            (route, true),
+            (x, true),
+        ],
+        groups: be.grid(mtiles * (p.inter as u32).div_ceil(t.bn() / 2)),
+    })
+}
+
+/// Phase 2 over the route list: each pair's weighted down projection into
+/// scratch, then each token's `top_k` rows summed in order.
+pub(crate) fn down(
+    be: &WgpuBackend,
+    act: &wgpu::Buffer,
+    d: (&wgpu::Buffer, DType),
+    route: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    p: &Moe,
+) -> Result<()> {
+    let t = checked(tiles().1)?;
+    let pairs = p.m * p.top_k;
+    let per_pair = super::scratch_buffer(
+        be,
+        |s| &mut s.moe_pairs,
+        DType::F32,
+        pairs * p.hidden,
+        0,
+        "moe per-pair rows",
+    )?;
+    let mtiles = grouped_tiles(p, t.bm());
+    let mut params = Params {
+        m: p.m as u32,
+        n: p.hidden as u32,
+        k: p.inter as u32,
+        rows: p.hidden as u32,
+        row0: 0,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        mtiles,
+    };
+    be.launch(Launch {
+        kernel: "gemm",
+        entry: "gemm",
+        constants: &t.constants(2, d.1),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (d.0, true),
+            (act, true),
+            (one(&per_pair), false),
+            (route, true),
+            (wts, true),
+        ],
+        groups: be.grid(mtiles * (p.hidden as u32).div_ceil(t.bn())),
+    })?;
+    params.mtiles = 0;
+    let pb = one(&per_pair);
+    be.launch(Launch {
+        kernel: "gemm",
+        entry: "moe_sum",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        // moe_sum reads the per-pair rows as X; the weight slot is not read.
+        buffers: &[(pb, true), (pb, true), (out, false)],
+        groups: be.grid(((p.m * p.hidden / 4) as u32).div_ceil(WG)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_tiles_fit_the_kernel() {
+        for t in [DENSE, GROUPED] {
+            assert!(t.fits(), "{t:?}");
+        }
+        assert_eq!((DENSE.bm(), DENSE.bn()), (64, 128));
+        assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 256));
+        assert!(!Tile { bk: 16, ..GROUPED }.fits(), "W tile over WS4");
+    }
+}

@@ -1,0 +1,267 @@
+// Tiled GEMM for prefill batches (more than 16 rows of x) with 16-bit
+// weights and k a multiple of 8. One entry point, three modes (the MODE
+// pipeline constant):
+//
+//   0 dense    OUT[i, row0 + r] = W[r, :] . X[i, :]      (a matmul chunk)
+//   1 gate_up  OUT[p, f] = gelu_tanh(gate_e[f] . x_t) * (up_e[f] . x_t)
+//              for every routed pair p = t * top_k + j with e = IDS[p]
+//   2 down     OUT[p, r] = WTS[p] * (down_e[r] . X[p, :])   (per pair; the
+//              moe_sum entry then adds each token's top_k rows in order)
+//
+// Grouped modes read the ROUTE list moe_route (kernels/moe.wgsl) built: the
+// pairs grouped by expert, so one tile of BM pairs shares one expert's
+// weights. Workgroup (token tile, row block): token tiles run fastest, so the
+// tiles that read one weight block run side by side and share it in cache.
+//
+// A workgroup of 256 threads computes a BM x BN output tile (BM token rows,
+// BN weight rows), stepping over k BK at a time: the X tile (f32) and the
+// decoded W tile go to workgroup memory, then each thread accumulates TM
+// token rows x TN4 groups of 4 weight rows in registers. Within a 32-lane
+// warp the lanes form 4 token rows x 8 weight-row groups, so every
+// workgroup-memory read of a warp is one broadcast or one contiguous 128-byte
+// line. Every weight element is read once per token tile; accumulation is
+// f32. In gate_up mode a group of 4 tile rows is (gate f, gate f + 1, up f,
+// up f + 1), so the activation is computed from registers.
+
+struct Params {
+    // dense: rows of x; grouped: tokens
+    m: u32,
+    // output row stride
+    n: u32,
+    k: u32,
+    // dense: weight rows of this binding; gate_up: inter (features); down: hidden
+    rows: u32,
+    // dense: first output feature of this chunk
+    row0: u32,
+    experts: u32,
+    top_k: u32,
+    // token tiles dispatched per row block
+    mtiles: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(1) @binding(0) var<storage, read> W: array<vec4<u32>>;
+@group(1) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
+@group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
+@group(1) @binding(4) var<storage, read> WTS: array<f32>;
+
+override MODE: u32 = 0u;
+// Token rows per thread, weight-row groups (of 4) per thread, warps along
+// the weight rows, k per step (8 or 16). The launcher checks the tile fits
+// the workgroup arrays: BM <= MAX_BM, BM * BK <= XS, BN * BK <= 4 * WS4.
+override TM: u32 = 4u;
+override TN4: u32 = 2u;
+override WN: u32 = 2u;
+override BK: u32 = 16u;
+
+const WG: u32 = 256u;
+const MAX_TM: u32 = 8u;
+const MAX_TN4: u32 = 4u;
+const MAX_BM: u32 = 128u;
+const XS: u32 = 1024u;
+const WS4: u32 = 512u;
+
+var<workgroup> xs: array<f32, XS>;
+var<workgroup> ws: array<vec4<f32>, WS4>;
+// Row of X each tile row reads, row of OUT it writes.
+var<workgroup> src_row: array<u32, MAX_BM>;
+var<workgroup> dst_row: array<u32, MAX_BM>;
+// (expert, rows in this tile, first pair-list index or row, unused)
+var<workgroup> tile: vec4<u32>;
+
+// Threads along the weight rows and along the tokens; the tile's size.
+fn wgn() -> u32 {
+    return 8u * WN;
+}
+fn wgt() -> u32 {
+    return WG / wgn();
+}
+fn bm() -> u32 {
+    return TM * wgt();
+}
+fn bn() -> u32 {
+    return 4u * TN4 * wgn();
+}
+
+// The token tile `tm`: (expert, rows, start). Grouped: the slots of ROUTE in
+// order, each cut into ceil(count / BM) tiles; past the last, zero rows.
+fn find_tile(tm: u32) -> vec4<u32> {
+    let b = bm();
+    if (MODE == 0u) {
+        let start = tm * b;
+        if (start >= P.m) {
+            return vec4<u32>(0u);
+        }
+        return vec4<u32>(0u, min(b, P.m - start), start, 0u);
+    }
+    let ne = P.experts;
+    let used = ROUTE[0];
+    var first = 0u;
+    for (var s = 0u; s < used; s++) {
+        let cnt = ROUTE[1u + ne + s];
+        let nt = (cnt + b - 1u) / b;
+        if (tm < first + nt) {
+            let start = (tm - first) * b;
+            return vec4<u32>(ROUTE[1u + s], min(b, cnt - start), ROUTE[1u + 2u * ne + s] + start, 0u);
+        }
+        first += nt;
+    }
+    return vec4<u32>(0u);
+}
+
+// Weight row (within the binding) of tile row `jl` of row block `nb`, and
+// whether it exists.
+fn weight_row(jl: u32, nb: u32, expert: u32) -> vec2<u32> {
+    if (MODE == 1u) {
+        let f = nb * (bn() / 2u) + 2u * (jl / 4u) + (jl % 2u);
+        let up = select(0u, P.rows, (jl % 4u) >= 2u);
+        return vec2<u32>(expert * 2u * P.rows + up + f, u32(f < P.rows));
+    }
+    let r = nb * bn() + jl;
+    return vec2<u32>(expert * P.rows + r, u32(r < P.rows));
+}
+
+@compute @workgroup_size(256)
+fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = linear_group(wg, nwg);
+    let tm = g % P.mtiles;
+    let nb = g / P.mtiles;
+    if (lid == 0u) {
+        tile = find_tile(tm);
+    }
+    let info = workgroupUniformLoad(&tile);
+    let cnt = info.y;
+    if (cnt == 0u) {
+        return;
+    }
+    let b_m = bm();
+    let b_n4 = bn() / 4u;
+    for (var i = lid; i < cnt; i += WG) {
+        var s = info.z + i;
+        var d = s;
+        if (MODE != 0u) {
+            d = ROUTE[1u + 3u * P.experts + s];
+            s = select(d, d / P.top_k, MODE == 1u);
+        }
+        src_row[i] = s;
+        dst_row[i] = d;
+    }
+
+    let lane = lid % 32u;
+    let warp = lid / 32u;
+    let tn = lane % 8u + 8u * (warp % WN);
+    let tt = lane / 8u + 4u * (warp / WN);
+    let kw = P.k / 8u;
+    var acc: array<vec4<f32>, 32>;
+    for (var k0 = 0u; k0 < P.k; k0 += BK) {
+        workgroupBarrier();
+        let xq = BK / 4u;
+        for (var e = lid; e < b_m * xq; e += WG) {
+            let i = e / xq;
+            let q = e % xq;
+            let kc = k0 + 4u * q;
+            var v = vec4<f32>(0.0);
+            if (i < cnt && kc < P.k) {
+                v = X[(src_row[i] * P.k + kc) / 4u];
+            }
+            let o = 4u * q * b_m + i;
+            xs[o] = v.x;
+            xs[o + b_m] = v.y;
+            xs[o + 2u * b_m] = v.z;
+            xs[o + 3u * b_m] = v.w;
+        }
+        let wq = BK / 8u;
+        for (var e = lid; e < 4u * b_n4 * wq; e += WG) {
+            let jl = e / wq;
+            let q = e % wq;
+            let kc = k0 + 8u * q;
+            let r = weight_row(jl, nb, info.x);
+            var w = vec4<u32>(0u);
+            if (r.y == 1u && kc < P.k) {
+                w = W[r.x * kw + kc / 8u];
+            }
+            let a = decode_pair(w.x);
+            let b = decode_pair(w.y);
+            let c = decode_pair(w.z);
+            let d = decode_pair(w.w);
+            let o = 8u * q * b_n4 + jl / 4u;
+            let cc = jl % 4u;
+            ws[o][cc] = a.x;
+            ws[o + b_n4][cc] = a.y;
+            ws[o + 2u * b_n4][cc] = b.x;
+            ws[o + 3u * b_n4][cc] = b.y;
+            ws[o + 4u * b_n4][cc] = c.x;
+            ws[o + 5u * b_n4][cc] = c.y;
+            ws[o + 6u * b_n4][cc] = d.x;
+            ws[o + 7u * b_n4][cc] = d.y;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            var xv: array<f32, MAX_TM>;
+            for (var i = 0u; i < TM; i++) {
+                xv[i] = xs[kk * b_m + tt + wgt() * i];
+            }
+            for (var j = 0u; j < TN4; j++) {
+                let wv = ws[kk * b_n4 + tn + wgn() * j];
+                for (var i = 0u; i < TM; i++) {
+                    acc[j * MAX_TM + i] = fma(wv, vec4<f32>(xv[i]), acc[j * MAX_TM + i]);
+                }
+            }
+        }
+    }
+
+    for (var j = 0u; j < TN4; j++) {
+        let grp = tn + wgn() * j;
+        for (var i = 0u; i < TM; i++) {
+            let li = tt + wgt() * i;
+            if (li >= cnt) {
+                continue;
+            }
+            let a = acc[j * MAX_TM + i];
+            let d = dst_row[li];
+            if (MODE == 1u) {
+                let f = nb * (2u * b_n4) + 2u * grp;
+                if (f < P.rows) {
+                    OUT[d * P.n + f] = gelu_tanh(a.x) * a.z;
+                }
+                if (f + 1u < P.rows) {
+                    OUT[d * P.n + f + 1u] = gelu_tanh(a.y) * a.w;
+                }
+                continue;
+            }
+            let scale = select(1.0, WTS[d], MODE == 2u);
+            let r0 = nb * 4u * b_n4 + 4u * grp;
+            let col0 = select(0u, P.row0, MODE == 0u);
+            for (var c = 0u; c < 4u; c++) {
+                if (r0 + c < P.rows) {
+                    OUT[d * P.n + col0 + r0 + c] = scale * a[c];
+                }
+            }
+        }
+    }
+}
+
+// OUT[t, c] = sum_j X[t * top_k + j, c] (X: the down mode's per-pair rows),
+// in order of j, one thread per 4 columns of a token.
+@compute @workgroup_size(256)
+fn moe_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let idx = linear_group(wg, nwg) * WG + lid;
+    let h4 = P.n / 4u;
+    if (idx >= P.m * h4) {
+        return;
+    }
+    let t = idx / h4;
+    let c = idx % h4;
+    var s = vec4<f32>(0.0);
+    for (var j = 0u; j < P.top_k; j++) {
+        s += X[(t * P.top_k + j) * h4 + c];
+    }
+    let o = t * P.n + 4u * c;
+    OUT[o] = s.x;
+    OUT[o + 1u] = s.y;
+    OUT[o + 2u] = s.z;
+    OUT[o + 3u] = s.w;
+}
