@@ -1,12 +1,12 @@
 // Tiled GEMM for prefill batches (more than 16 rows of x) with 16-bit
-// weights and k a multiple of 8. One entry point, three modes (the MODE
-// pipeline constant):
+// weights and k a multiple of 8. Three entry points over one body (its
+// `mode`), all with the same bindings:
 //
-//   0 dense    OUT[i, row0 + r] = W[r, :] . X[i, :]      (a matmul chunk)
-//   1 gate_up  OUT[p, f] = gelu_tanh(gate_e[f] . x_t) * (up_e[f] . x_t)
-//              for every routed pair p = t * top_k + j with e = IDS[p]
-//   2 down     OUT[p, r] = WTS[p] * (down_e[r] . X[p, :])   (per pair; the
-//              moe_sum entry then adds each token's top_k rows in order)
+//   gemm          OUT[i, row0 + r] = W[r, :] . X[i, :]      (a matmul chunk)
+//   gemm_gate_up  OUT[p, f] = gelu_tanh(gate_e[f] . x_t) * (up_e[f] . x_t)
+//                 for every routed pair p = t * top_k + j with e = IDS[p]
+//   gemm_down     OUT[p, r] = WTS[p] * (down_e[r] . X[p, :])   (per pair;
+//                 moe_sum then adds each token's top_k rows in order)
 //
 // Grouped modes read the ROUTE list moe_route (kernels/moe.wgsl) built: the
 // pairs grouped by expert, so one tile of BM pairs shares one expert's
@@ -46,7 +46,9 @@ struct Params {
 @group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
 @group(1) @binding(4) var<storage, read> WTS: array<f32>;
 
-override MODE: u32 = 0u;
+const DENSE: u32 = 0u;
+const GATE_UP: u32 = 1u;
+const DOWN: u32 = 2u;
 // Token rows per thread, weight-row groups (of 4) per thread, warps along
 // the weight rows, k per step (8 or 16). The launcher checks the tile fits
 // the workgroup arrays: BM <= MAX_BM, BM * BK <= XS, BN * BK <= 4 * WS4.
@@ -86,9 +88,9 @@ fn bn() -> u32 {
 
 // The token tile `tm`: (expert, rows, start). Grouped: the slots of ROUTE in
 // order, each cut into ceil(count / BM) tiles; past the last, zero rows.
-fn find_tile(tm: u32) -> vec4<u32> {
+fn find_tile(mode: u32, tm: u32) -> vec4<u32> {
     let b = bm();
-    if (MODE == 0u) {
+    if (mode == DENSE) {
         let start = tm * b;
         if (start >= P.m) {
             return vec4<u32>(0u);
@@ -112,8 +114,8 @@ fn find_tile(tm: u32) -> vec4<u32> {
 
 // Weight row (within the binding) of tile row `jl` of row block `nb`, and
 // whether it exists.
-fn weight_row(jl: u32, nb: u32, expert: u32) -> vec2<u32> {
-    if (MODE == 1u) {
+fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
+    if (mode == GATE_UP) {
         let f = nb * (bn() / 2u) + 2u * (jl / 4u) + (jl % 2u);
         let up = select(0u, P.rows, (jl % 4u) >= 2u);
         return vec2<u32>(expert * 2u * P.rows + up + f, u32(f < P.rows));
@@ -125,11 +127,27 @@ fn weight_row(jl: u32, nb: u32, expert: u32) -> vec2<u32> {
 @compute @workgroup_size(256)
 fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let g = linear_group(wg, nwg);
+    gemm_tile(DENSE, linear_group(wg, nwg), lid);
+}
+
+@compute @workgroup_size(256)
+fn gemm_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    gemm_tile(GATE_UP, linear_group(wg, nwg), lid);
+}
+
+@compute @workgroup_size(256)
+fn gemm_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    gemm_tile(DOWN, linear_group(wg, nwg), lid);
+}
+
+// Workgroup `g`'s output tile (`mode` is a constant at every call).
+fn gemm_tile(mode: u32, g: u32, lid: u32) {
     let tm = g % P.mtiles;
     let nb = g / P.mtiles;
     if (lid == 0u) {
-        tile = find_tile(tm);
+        tile = find_tile(mode, tm);
     }
     let info = workgroupUniformLoad(&tile);
     let cnt = info.y;
@@ -141,9 +159,9 @@ fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var i = lid; i < cnt; i += WG) {
         var s = info.z + i;
         var d = s;
-        if (MODE != 0u) {
+        if (mode != DENSE) {
             d = ROUTE[1u + 3u * P.experts + s];
-            s = select(d, d / P.top_k, MODE == 1u);
+            s = select(d, d / P.top_k, mode == GATE_UP);
         }
         src_row[i] = s;
         dst_row[i] = d;
@@ -177,7 +195,7 @@ fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let jl = e / wq;
             let q = e % wq;
             let kc = k0 + 8u * q;
-            let r = weight_row(jl, nb, info.x);
+            let r = weight_row(mode, jl, nb, info.x);
             var w = vec4<u32>(0u);
             if (r.y == 1u && kc < P.k) {
                 w = W[r.x * kw + kc / 8u];
@@ -221,7 +239,7 @@ fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
             let a = acc[j * MAX_TM + i];
             let d = dst_row[li];
-            if (MODE == 1u) {
+            if (mode == GATE_UP) {
                 let f = nb * (2u * b_n4) + 2u * grp;
                 if (f < P.rows) {
                     OUT[d * P.n + f] = gelu_tanh(a.x) * a.z;
@@ -231,9 +249,12 @@ fn gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 }
                 continue;
             }
-            let scale = select(1.0, WTS[d], MODE == 2u);
+            var scale = 1.0;
+            if (mode == DOWN) {
+                scale = WTS[d];
+            }
             let r0 = nb * 4u * b_n4 + 4u * grp;
-            let col0 = select(0u, P.row0, MODE == 0u);
+            let col0 = select(0u, P.row0, mode == DENSE);
             for (var c = 0u; c < 4u; c++) {
                 if (r0 + c < P.rows) {
                     OUT[d * P.n + col0 + r0 + c] = scale * a[c];

@@ -43,9 +43,9 @@ impl Counters for WgpuBackend {
 /// Decode steps the profile covers (the last prompt token's and one more).
 const PROFILE_STEPS: usize = 2;
 
-/// GPU time per decode step by kernel, largest first, from a profile of
-/// [`PROFILE_STEPS`] steps.
-fn step_profile(samples: &[(&'static str, f64)]) -> Value {
+/// GPU time per pass by kernel, largest first, from a profile of `passes`
+/// passes (decode steps, or one whole prefill).
+fn kernel_profile(samples: &[(&'static str, f64)], passes: usize) -> Value {
     let mut by: Vec<(&str, usize, f64)> = Vec::new();
     for (k, t) in samples {
         match by.iter_mut().find(|e| e.0 == *k) {
@@ -57,7 +57,7 @@ fn step_profile(samples: &[(&'static str, f64)]) -> Value {
         }
     }
     by.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let steps = PROFILE_STEPS as f64;
+    let steps = passes as f64;
     Value::Array(
         by.iter()
             .map(|(k, n, t)| {
@@ -145,10 +145,30 @@ fn measure<B: ComputeBackend + Counters>(
         let run = model.generate(&[last], &greedy(PROFILE_STEPS));
         let samples = model.backend().profile_stop();
         run?;
-        let p = step_profile(&samples);
+        let p = kernel_profile(&samples, PROFILE_STEPS);
         for e in p.as_array().into_iter().flatten() {
             eprintln!(
                 "bench: decode step profile: {:>24} {:>6.1} dispatches {:>9.1} us",
+                e["kernel"].as_str().unwrap_or(""),
+                e["dispatches_per_step"].as_f64().unwrap_or(0.0),
+                e["us_per_step"].as_f64().unwrap_or(0.0)
+            );
+        }
+        p
+    } else {
+        Value::Null
+    };
+    // Where the prefill's GPU time goes: the prompt's prefill again, a pass
+    // per dispatch (so a sum over kernels exceeds the timed prefill).
+    let prefill_profile = if prompt_len > 1 && model.backend().profile_start() {
+        model.reset();
+        let run = model.generate(&prompt, &greedy(0));
+        let samples = model.backend().profile_stop();
+        run?;
+        let p = kernel_profile(&samples, 1);
+        for e in p.as_array().into_iter().flatten() {
+            eprintln!(
+                "bench: prefill profile: {:>24} {:>6} dispatches {:>9.1} us",
                 e["kernel"].as_str().unwrap_or(""),
                 e["dispatches_per_step"].as_f64().unwrap_or(0.0),
                 e["us_per_step"].as_f64().unwrap_or(0.0)
@@ -202,6 +222,9 @@ fn measure<B: ComputeBackend + Counters>(
                 .sum::<f64>()
         }),
         "decode_step_profile": profile,
+        // Per kernel over the whole prompt's prefill ("dispatches_per_step"
+        // and "us_per_step" there mean per prefill).
+        "prefill_profile": prefill_profile,
         "note": note,
     }))
 }

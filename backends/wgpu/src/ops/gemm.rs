@@ -65,10 +65,9 @@ impl Tile {
             && self.bm() * self.bk <= XS
             && self.bn() * self.bk <= 4 * WS4
     }
-    fn constants(self, mode: u32, dtype: DType) -> [(&'static str, i64); 6] {
+    fn constants(self, dtype: DType) -> [(&'static str, i64); 5] {
         [
             super::wdtype(dtype)[0],
-            ("MODE", mode as i64),
             ("TM", self.tm as i64),
             ("TN4", self.tn4 as i64),
             ("WN", self.wn as i64),
@@ -167,7 +166,7 @@ pub(crate) fn dense(
         be.launch(Launch {
             kernel: "gemm",
             entry: "gemm",
-            constants: &t.constants(0, w.dtype),
+            constants: &t.constants(w.dtype),
             params: bytemuck::bytes_of(&params),
             // ROUTE and WTS are not read in dense mode: x stands in.
             buffers: &[
@@ -214,8 +213,8 @@ pub(crate) fn gate_up(
     };
     be.launch(Launch {
         kernel: "gemm",
-        entry: "gemm",
-        constants: &t.constants(1, gu.1),
+        entry: "gemm_gate_up",
+        constants: &t.constants(gu.1),
         params: bytemuck::bytes_of(&params),
         // phase 1 has no routing weights: x stands in, never read
         buffers: &[
@@ -263,8 +262,8 @@ pub(crate) fn down(
     };
     be.launch(Launch {
         kernel: "gemm",
-        entry: "gemm",
-        constants: &t.constants(2, d.1),
+        entry: "gemm_down",
+        constants: &t.constants(d.1),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (d.0, true),
