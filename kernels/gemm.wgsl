@@ -142,6 +142,24 @@ fn gemm_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     gemm_tile(DOWN, linear_group(wg, nwg), lid);
 }
 
+// X entry (row, quarter q of the step's k) at step k0; zero past k or off.
+fn load_x(on: bool, row: u32, k0: u32, q: u32) -> vec4<f32> {
+    let kc = k0 + 4u * q;
+    if (!on || kc >= P.k) {
+        return vec4<f32>(0.0);
+    }
+    return X[(row * P.k + kc) / 4u];
+}
+
+// W entry (weight row, eighth q of the step's k) at step k0.
+fn load_w(on: bool, row: u32, k0: u32, q: u32) -> vec4<u32> {
+    let kc = k0 + 8u * q;
+    if (!on || kc >= P.k) {
+        return vec4<u32>(0u);
+    }
+    return W[row * (P.k / 8u) + kc / 8u];
+}
+
 // Workgroup `g`'s output tile (`mode` is a constant at every call).
 fn gemm_tile(mode: u32, g: u32, lid: u32) {
     let tm = g % P.mtiles;
@@ -166,46 +184,42 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         src_row[i] = s;
         dst_row[i] = d;
     }
+    workgroupBarrier();
 
     let lane = lid % 32u;
     let warp = lid / 32u;
     let tn = lane % 8u + 8u * (warp % WN);
     let tt = lane / 8u + 4u * (warp / WN);
-    let kw = P.k / 8u;
+    // The launcher's tile check makes each tile at most one X vec4 and one
+    // W vec4 per thread: thread lid loads X entry lid and W entry lid.
+    let xq = BK / 4u;
+    let wq = BK / 8u;
+    let xe = vec2<u32>(lid / xq, lid % xq);
+    let x_on = lid < b_m * xq && xe.x < cnt;
+    let x_row = src_row[min(xe.x, cnt - 1u)];
+    let we = vec2<u32>(lid / wq, lid % wq);
+    let w_row = weight_row(mode, we.x, nb, info.x);
+    let w_on = lid < 4u * b_n4 * wq && w_row.y == 1u;
     var acc: array<vec4<f32>, 32>;
+    // The next step's tile, loaded into registers while this step computes.
+    var xv4 = load_x(x_on, x_row, 0u, xe.y);
+    var wv4 = load_w(w_on, w_row.x, 0u, we.y);
     for (var k0 = 0u; k0 < P.k; k0 += BK) {
         workgroupBarrier();
-        let xq = BK / 4u;
-        for (var e = lid; e < b_m * xq; e += WG) {
-            let i = e / xq;
-            let q = e % xq;
-            let kc = k0 + 4u * q;
-            var v = vec4<f32>(0.0);
-            if (i < cnt && kc < P.k) {
-                v = X[(src_row[i] * P.k + kc) / 4u];
-            }
-            let o = 4u * q * b_m + i;
-            xs[o] = v.x;
-            xs[o + b_m] = v.y;
-            xs[o + 2u * b_m] = v.z;
-            xs[o + 3u * b_m] = v.w;
+        if (lid < b_m * xq) {
+            let o = 4u * xe.y * b_m + xe.x;
+            xs[o] = xv4.x;
+            xs[o + b_m] = xv4.y;
+            xs[o + 2u * b_m] = xv4.z;
+            xs[o + 3u * b_m] = xv4.w;
         }
-        let wq = BK / 8u;
-        for (var e = lid; e < 4u * b_n4 * wq; e += WG) {
-            let jl = e / wq;
-            let q = e % wq;
-            let kc = k0 + 8u * q;
-            let r = weight_row(mode, jl, nb, info.x);
-            var w = vec4<u32>(0u);
-            if (r.y == 1u && kc < P.k) {
-                w = W[r.x * kw + kc / 8u];
-            }
-            let a = decode_pair(w.x);
-            let b = decode_pair(w.y);
-            let c = decode_pair(w.z);
-            let d = decode_pair(w.w);
-            let o = 8u * q * b_n4 + jl / 4u;
-            let cc = jl % 4u;
+        if (lid < 4u * b_n4 * wq) {
+            let a = decode_pair(wv4.x);
+            let b = decode_pair(wv4.y);
+            let c = decode_pair(wv4.z);
+            let d = decode_pair(wv4.w);
+            let o = 8u * we.y * b_n4 + we.x / 4u;
+            let cc = we.x % 4u;
             ws[o][cc] = a.x;
             ws[o + b_n4][cc] = a.y;
             ws[o + 2u * b_n4][cc] = b.x;
@@ -216,6 +230,8 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
             ws[o + 7u * b_n4][cc] = d.y;
         }
         workgroupBarrier();
+        xv4 = load_x(x_on, x_row, k0 + BK, xe.y);
+        wv4 = load_w(w_on, w_row.x, k0 + BK, we.y);
         for (var kk = 0u; kk < BK; kk++) {
             var xv: array<f32, MAX_TM>;
             for (var i = 0u; i < TM; i++) {

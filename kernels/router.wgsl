@@ -12,6 +12,7 @@
 //   router_logits  one workgroup per (token, expert): the raw dot product
 //                  proj[e] . (x * eff_scale), all of the row's loads in flight
 //                  at once (up to 8 pairs per thread), into LOG [m, E];
+//                  (prefill batches: router_scale, then the prefill GEMM);
 //   router_topk    one workgroup per token: the RMS factor (the norm is a
 //                  scalar per token, so it scales the raw logits exactly as it
 //                  would scale z), top-k by rank, softmax, per-expert scale.
@@ -99,6 +100,19 @@ fn router_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let sum = workgroup_sum(acc, lid, WG);
     if (lid == 0u) {
         LOG[t * P.experts + e] = sum;
+    }
+}
+
+// Prefill batches: LOG[t, i] = X[t, i] * SCALE[i] (LOG bound to scratch of
+// m * hidden), the input of the prefill GEMM (kernels/gemm.wgsl), which then
+// writes the raw logits for router_topk: one read of proj per batch instead
+// of one per token.
+@compute @workgroup_size(256)
+fn router_scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = linear_group(wg, nwg) * WG + lid;
+    if (i < P.m * P.hidden) {
+        LOG[i] = X[i] * SCALE[i % P.hidden];
     }
 }
 

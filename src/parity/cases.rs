@@ -80,6 +80,9 @@ fn router(full: bool) -> Vec<Op> {
         c(16, 128, 8, 2816, BF16),
         c(5, 37, 3, 1001, F32),
         c(2, 256, 8, 512, F16),
+        // prefill batches: x * eff_scale, then the GEMM
+        c(40, 37, 3, 64, BF16),
+        c(20, 128, 8, 256, F16),
     ];
     if full {
         v.push(c(2, 128, 8, 2816, BF16));
@@ -108,6 +111,8 @@ fn moe(full: bool) -> Vec<Op> {
             (70, 3, 2, 136, 24, F16),
             // the route-list kernels past 16 tokens (k not a multiple of 8)
             (20, 4, 2, 66, 20, BF16),
+            // more pairs than moe_route stages at once (1024)
+            (520, 5, 2, 64, 16, F16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

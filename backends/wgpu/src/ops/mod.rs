@@ -29,6 +29,8 @@ pub(crate) struct Scratch {
     pub argmax: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
     pub router: Option<crate::WgpuBuffer>,
+    /// A prefill batch's router input `x * eff_scale`, `[m, hidden]`.
+    pub router_in: Option<crate::WgpuBuffer>,
 }
 
 /// The scratch buffer in `slot`, grown to at least `need` elements (at least

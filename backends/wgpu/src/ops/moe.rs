@@ -1,7 +1,8 @@
 //! Router and MoE expert launchers (`kernels/router.wgsl`, `kernels/moe.wgsl`).
 //!
 //! The router is two dispatches: logits spread over (token, expert)
-//! workgroups, then top-k and softmax with one workgroup per token. The expert phases read
+//! workgroups (a prefill batch: its scaled input through the prefill GEMM),
+//! then top-k and softmax with one workgroup per token. The expert phases read
 //! the expert ids on the device: for a single token (decode) slot `s` is the
 //! token's `s`-th expert directly; for a micro-batch a one-workgroup
 //! `moe_route` dispatch first groups the (token, slot) pairs by expert into
@@ -93,20 +94,52 @@ pub(crate) fn router(
         eps: p.eps,
     };
     let constants = super::wdtype(proj.dtype);
-    be.launch(Launch {
-        kernel: "router",
-        entry: "router_logits",
-        constants: &constants,
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(x), true),
-            (one(s), true),
-            (pb, true),
-            (one(pes), true),
-            (one(&logits), false),
-        ],
-        groups: be.grid((p.m * p.experts) as u32),
-    })?;
+    if super::gemm::fits(p.m, p.hidden, proj.dtype) {
+        // Prefill: x * eff_scale into scratch, then proj through the GEMM.
+        let z = super::scratch_buffer(
+            be,
+            |s| &mut s.router_in,
+            DType::F32,
+            p.m * p.hidden,
+            0,
+            "router input",
+        )?;
+        be.launch(Launch {
+            kernel: "router",
+            entry: "router_scale",
+            constants: &constants,
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (one(x), true),
+                (one(s), true),
+                (pb, true),
+                (one(pes), true),
+                (one(&z), false),
+            ],
+            groups: be.grid(((p.m * p.hidden) as u32).div_ceil(256)),
+        })?;
+        let mm = turbospark::ops::Matmul {
+            m: p.m,
+            n: p.experts,
+            k: p.hidden,
+        };
+        super::gemm::dense(be, proj, one(&z), one(&logits), mm)?;
+    } else {
+        be.launch(Launch {
+            kernel: "router",
+            entry: "router_logits",
+            constants: &constants,
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (one(x), true),
+                (one(s), true),
+                (pb, true),
+                (one(pes), true),
+                (one(&logits), false),
+            ],
+            groups: be.grid((p.m * p.experts) as u32),
+        })?;
+    }
     be.launch(Launch {
         kernel: "router",
         entry: "router_topk",
