@@ -16,10 +16,10 @@
 // A workgroup of 256 threads computes a BM x BN output tile (BM token rows,
 // BN weight rows), stepping over k BK at a time: the X tile (f32) and the
 // decoded W tile go to workgroup memory, then each thread accumulates TM
-// token rows x TN4 groups of 4 weight rows in registers. Within a 32-lane
-// warp the lanes form 4 token rows x 8 weight-row groups, so every
-// workgroup-memory read of a warp is one broadcast or one contiguous 128-byte
-// line. Every weight element is read once per token tile; accumulation is
+// consecutive token rows (TM a multiple of 4: vec4 reads) x TN4 groups of 4
+// weight rows in registers. Within a 32-lane warp the lanes form 4 token
+// groups x 8 weight-row groups, so every workgroup-memory read of a warp is
+// a few broadcasts or one contiguous 128-byte line. Every weight element is read once per token tile; accumulation is
 // f32. In gate_up mode a group of 4 tile rows is (gate f, gate f + 1, up f,
 // up f + 1), so the activation is computed from registers.
 
@@ -64,7 +64,7 @@ const MAX_BM: u32 = 128u;
 const XS: u32 = 1024u;
 const WS4: u32 = 512u;
 
-var<workgroup> xs: array<f32, XS>;
+var<workgroup> xs: array<vec4<f32>, XS / 4u>;
 var<workgroup> ws: array<vec4<f32>, WS4>;
 // Row of X each tile row reads, row of OUT it writes.
 var<workgroup> src_row: array<u32, MAX_BM>;
@@ -207,11 +207,14 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     for (var k0 = 0u; k0 < P.k; k0 += BK) {
         workgroupBarrier();
         if (lid < b_m * xq) {
-            let o = 4u * xe.y * b_m + xe.x;
-            xs[o] = xv4.x;
-            xs[o + b_m] = xv4.y;
-            xs[o + 2u * b_m] = xv4.z;
-            xs[o + 3u * b_m] = xv4.w;
+            // xs[kk][token] as vec4s of 4 tokens (b_m is a multiple of 4).
+            let o = xe.y * b_m + xe.x / 4u;
+            let cc = xe.x % 4u;
+            let b_m4 = b_m / 4u;
+            xs[o][cc] = xv4.x;
+            xs[o + b_m4][cc] = xv4.y;
+            xs[o + 2u * b_m4][cc] = xv4.z;
+            xs[o + 3u * b_m4][cc] = xv4.w;
         }
         if (lid < 4u * b_n4 * wq) {
             let a = decode_pair(wv4.x);
@@ -233,14 +236,16 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         xv4 = load_x(x_on, x_row, k0 + BK, xe.y);
         wv4 = load_w(w_on, w_row.x, k0 + BK, we.y);
         for (var kk = 0u; kk < BK; kk++) {
-            var xv: array<f32, MAX_TM>;
-            for (var i = 0u; i < TM; i++) {
-                xv[i] = xs[kk * b_m + tt + wgt() * i];
+            // This thread's TM tokens are tt * TM .. + TM: TM / 4 vec4 reads.
+            var xv: array<vec4<f32>, 2>;
+            for (var i4 = 0u; i4 < TM / 4u; i4++) {
+                xv[i4] = xs[kk * (b_m / 4u) + tt * (TM / 4u) + i4];
             }
             for (var j = 0u; j < TN4; j++) {
                 let wv = ws[kk * b_n4 + tn + wgn() * j];
                 for (var i = 0u; i < TM; i++) {
-                    acc[j * MAX_TM + i] = fma(wv, vec4<f32>(xv[i]), acc[j * MAX_TM + i]);
+                    let x = xv[i / 4u][i % 4u];
+                    acc[j * MAX_TM + i] = fma(wv, vec4<f32>(x), acc[j * MAX_TM + i]);
                 }
             }
         }
@@ -249,7 +254,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     for (var j = 0u; j < TN4; j++) {
         let grp = tn + wgn() * j;
         for (var i = 0u; i < TM; i++) {
-            let li = tt + wgt() * i;
+            let li = tt * TM + i;
             if (li >= cnt) {
                 continue;
             }

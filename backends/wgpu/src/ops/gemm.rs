@@ -27,7 +27,7 @@ struct Params {
     mtiles: u32,
 }
 
-/// A tile shape: token rows per thread, weight-row groups of 4 per thread,
+/// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per thread,
 /// 32-lane warps along the weight rows, k per step (the kernel's overrides).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Tile {
@@ -37,10 +37,9 @@ pub(crate) struct Tile {
     pub bk: u32,
 }
 
-/// Threads per workgroup, and the kernel's workgroup arrays (`WG`, `MAX_TM`,
+/// Threads per workgroup, and the kernel's workgroup arrays (`WG`,
 /// `MAX_TN4`, `MAX_BM`, `XS`, `WS4`).
 const WG: u32 = 256;
-const MAX_TM: u32 = 8;
 const MAX_TN4: u32 = 4;
 const MAX_BM: u32 = 128;
 const XS: u32 = 1024;
@@ -57,7 +56,7 @@ impl Tile {
     }
     /// Whether the kernel's arrays hold the tile.
     pub fn fits(self) -> bool {
-        (1..=MAX_TM).contains(&self.tm)
+        matches!(self.tm, 4 | 8)
             && (1..=MAX_TN4).contains(&self.tn4)
             && matches!(self.wn, 1 | 2 | 4 | 8)
             && matches!(self.bk, 8 | 16)
@@ -299,5 +298,6 @@ mod tests {
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 128));
         assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 256));
         assert!(!Tile { bk: 16, ..GROUPED }.fits(), "W tile over WS4");
+        assert!(!Tile { tm: 2, ..DENSE }.fits(), "token rows read as vec4");
     }
 }
