@@ -522,3 +522,178 @@ fn attn_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
         OUT[slot * P.d4 + col] = o / total;
     }
 }
+
+// ---- prefill (m > 16): attn_prefill -----------------------------------------
+//
+// One workgroup per (block of PB query slots, kv head), over all of the
+// block's keys, PK at a time, with an online softmax: no split, no combine,
+// the output written directly. Per key block:
+//   scores  S = Q K^T for PB slots x PK keys, through workgroup memory 8
+//           vec4 of dims at a time (rows padded to 9 vec4: no bank
+//           conflicts); thread (slot lid / 8, keys lid % 8 + 8 i) keeps 4.
+//   softmax one thread per slot: running max and sum, probabilities in place.
+//   values  thread (4 slots of warp lid / 32, vec4 columns lane + 32 v) adds
+//           p V: each V load serves 4 slots (read from global memory; a row
+//           is 32 lanes x 16 bytes, contiguous).
+// Slot s is row s / G, head g G + s % G as in attn_split, so a block shares
+// K/V reads across the GQA heads and PB / G consecutive rows. The output
+// goes to the PART binding.
+
+const PB: u32 = 32u;
+const PK: u32 = 32u;
+const PS: u32 = 9u;
+const PP: u32 = 33u;
+
+var<workgroup> pq: array<vec4<f32>, 288>; // [PB][PS]
+var<workgroup> pk: array<vec4<f32>, 288>; // [PK][PS]
+var<workgroup> pp: array<f32, 1056>; // [PB][PP]
+var<workgroup> pm: array<f32, 32>;
+var<workgroup> pl: array<f32, 32>;
+var<workgroup> pa: array<f32, 32>;
+var<workgroup> pspan: vec2<u32>;
+
+@compute @workgroup_size(256)
+fn attn_prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let id = linear_group(wg, nwg);
+    let g = id % P.kv_heads;
+    let s0 = (id / P.kv_heads) * PB;
+    if (s0 >= P.nslots) {
+        return;
+    }
+    let s1 = min(s0 + PB, P.nslots);
+    let d4 = P.d4;
+    // The block's key span: the union of its rows' ranges.
+    if (lid == 0u) {
+        var lo = 0xffffffffu;
+        var hi = 0u;
+        for (var t = s0 / P.group; t <= (s1 - 1u) / P.group; t++) {
+            let r = key_range(t);
+            lo = min(lo, r.x);
+            hi = max(hi, r.y);
+        }
+        pspan = vec2<u32>(lo, hi);
+    }
+    let span = workgroupUniformLoad(&pspan);
+
+    // Score role: slot qi, keys kg + 8 i; its row's key range masks them.
+    let qi = lid / 8u;
+    let kg = lid % 8u;
+    var my = vec2<u32>(0u, 0u);
+    if (s0 + qi < s1) {
+        my = key_range((s0 + qi) / P.group);
+    }
+    if (lid < PB) {
+        pm[lid] = NEG;
+        pl[lid] = 0.0;
+    }
+    // Value role: slots 4 sg .. + 4, columns lane + 32 v.
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    var acc: array<vec4<f32>, 16>;
+    let kbase = g * P.capacity;
+    let nch = (d4 + 7u) / 8u;
+
+    for (var kb = span.x; kb < span.y; kb += PK) {
+        var sc = vec4<f32>(0.0);
+        for (var ch = 0u; ch < nch; ch++) {
+            workgroupBarrier();
+            let row = lid / 8u;
+            let dv = lid % 8u;
+            let col = ch * 8u + dv;
+            var qv = vec4<f32>(0.0);
+            let s = s0 + row;
+            if (s < s1 && col < d4) {
+                let h = g * P.group + s % P.group;
+                qv = Q[((s / P.group) * P.heads + h) * d4 + col];
+            }
+            pq[row * PS + dv] = qv;
+            var kv = vec4<f32>(0.0);
+            let j = kb + row;
+            if (j < span.y && col < d4) {
+                kv = KC[(kbase + j % P.capacity) * d4 + col];
+            }
+            pk[row * PS + dv] = kv;
+            workgroupBarrier();
+            for (var v = 0u; v < 8u; v++) {
+                let q = pq[qi * PS + v];
+                sc.x += dot(q, pk[kg * PS + v]);
+                sc.y += dot(q, pk[(kg + 8u) * PS + v]);
+                sc.z += dot(q, pk[(kg + 16u) * PS + v]);
+                sc.w += dot(q, pk[(kg + 24u) * PS + v]);
+            }
+        }
+        for (var i = 0u; i < 4u; i++) {
+            let key = kg + 8u * i;
+            let j = kb + key;
+            var v = NEG;
+            if (j >= my.x && j < my.y) {
+                v = sc[i] * P.scale;
+            }
+            pp[qi * PP + key] = v;
+        }
+        workgroupBarrier();
+
+        if (lid < PB) {
+            let mold = pm[lid];
+            var mnew = mold;
+            for (var k = 0u; k < PK; k++) {
+                mnew = max(mnew, pp[lid * PP + k]);
+            }
+            let alpha = exp(mold - mnew);
+            var l = 0.0;
+            for (var k = 0u; k < PK; k++) {
+                let v = pp[lid * PP + k];
+                var p = 0.0;
+                if (v > NEG) {
+                    p = exp(v - mnew);
+                }
+                pp[lid * PP + k] = p;
+                l += p;
+            }
+            pl[lid] = pl[lid] * alpha + l;
+            pm[lid] = mnew;
+            pa[lid] = alpha;
+        }
+        workgroupBarrier();
+
+        for (var i = 0u; i < 4u; i++) {
+            let a = pa[sg * 4u + i];
+            for (var v = 0u; v < NV; v++) {
+                acc[i * 4u + v] *= a;
+            }
+        }
+        let nk = min(PK, span.y - kb);
+        for (var k = 0u; k < nk; k++) {
+            let vrow = (kbase + (kb + k) % P.capacity) * d4;
+            var vv: array<vec4<f32>, 4>;
+            for (var v = 0u; v < NV; v++) {
+                let c = lane + 32u * v;
+                vv[v] = vec4<f32>(0.0);
+                if (c < d4) {
+                    vv[v] = VC[vrow + c];
+                }
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let p = pp[(sg * 4u + i) * PP + k];
+                for (var v = 0u; v < NV; v++) {
+                    acc[i * 4u + v] += p * vv[v];
+                }
+            }
+        }
+    }
+
+    for (var i = 0u; i < 4u; i++) {
+        let s = s0 + sg * 4u + i;
+        if (s < s1) {
+            let l = pl[sg * 4u + i];
+            let slot = (s / P.group) * P.heads + g * P.group + s % P.group;
+            for (var v = 0u; v < NV; v++) {
+                let c = lane + 32u * v;
+                if (c < d4) {
+                    PART[slot * d4 + c] = acc[i * 4u + v] / l;
+                }
+            }
+        }
+    }
+}

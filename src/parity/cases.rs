@@ -222,6 +222,13 @@ fn attention(full: bool) -> Vec<Op> {
         c(3, 8, 2, 128, 300, 0, 250),     // GQA 4: a partial second query tile
         c(16, 16, 2, 512, 2048, 0, 1500), // full prefill: 16 query tiles x splits
         c(7, 8, 4, 256, 40, 16, 100),     // short window inside one split, wrapped ring
+        // Prefill batches (attn_prefill): sliding over a wrapped ring, full
+        // with 8 query heads per kv head, odd head_dim (a partial dim
+        // chunk) under a wrapping window, the first batch of a sequence.
+        c(40, 16, 8, 256, 1063, 1024, 2000),
+        c(40, 16, 2, 512, 2048, 0, 100),
+        c(33, 6, 3, 44, 80, 20, 60),
+        c(20, 4, 4, 32, 20, 0, 0),
         // Decode kernel edges: head_dim/4 not a multiple of its 8 dim parts
         // (3, 48), a partial last chunk, a window that wraps a small ring,
         // and 16 query heads per kv head (past its 8: the general kernel).

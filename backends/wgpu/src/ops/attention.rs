@@ -205,6 +205,60 @@ const DECODE_GROUPS: usize = 512;
 /// per-head arrays).
 const DECODE_MAX_GROUP: usize = 8;
 
+/// Fewest query rows that take `attn_prefill` (a prefill batch; the GEMM's
+/// threshold too).
+const PREFILL_MIN_M: usize = 17;
+/// Query slots per `attn_prefill` workgroup (its `PB`).
+const PREFILL_SLOTS: usize = 32;
+
+/// A prefill batch's attention in one dispatch (`attn_prefill`): a
+/// workgroup per (block of query slots, kv head) walks all of its keys, so
+/// there are no partials to combine.
+fn prefill(
+    be: &WgpuBackend,
+    (q, kc, vc, pos, out): (
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+    ),
+    p: Attention,
+    nv: usize,
+) -> Result<()> {
+    let group = p.heads / p.kv_heads;
+    let nslots = p.m * group;
+    let blocks = nslots.div_ceil(PREFILL_SLOTS);
+    let params = AttnParams {
+        m: p.m as u32,
+        heads: p.heads as u32,
+        kv_heads: p.kv_heads as u32,
+        group: group as u32,
+        d4: (p.head_dim / 4) as u32,
+        capacity: p.capacity as u32,
+        window: p.window as u32,
+        scale: p.scale,
+        nsplit: 1,
+        min_chunk: 0,
+        nslots: nslots as u32,
+        ntiles: blocks as u32,
+    };
+    be.launch(Launch {
+        kernel: "attention",
+        entry: "attn_prefill",
+        constants: &[("NV", nv as i64)],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(q), true),
+            (one(kc), true),
+            (one(vc), true),
+            (one(pos), true),
+            (one(out), false),
+        ],
+        groups: be.grid((blocks * p.kv_heads) as u32),
+    })
+}
+
 /// Attention in two dispatches: a split phase (per key split and kv head:
 /// partial softmax into scratch) and `attn_combine` (merge). The split phase
 /// is `attn_decode` for one query row whose kv head's query heads fit its
@@ -229,6 +283,12 @@ pub(crate) fn attention(
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let nslots = p.m * group;
+    // vec4 per lane of a K row in attn_split (and of a V row in
+    // attn_prefill): 32 lanes cover 128-512 dims.
+    let nv = d4.div_ceil(32).next_power_of_two();
+    if p.m >= PREFILL_MIN_M {
+        return prefill(be, (q, kc, vc, pos, out), p, nv);
+    }
     let decode = p.m == 1 && group <= DECODE_MAX_GROUP;
     // Query slots per workgroup, the fewest keys a split takes (attn_split:
     // 16 per query of its tile, so its partials stay small next to the K/V
@@ -277,8 +337,6 @@ pub(crate) fn attention(
         nslots: nslots as u32,
         ntiles: ntiles as u32,
     };
-    // vec4 per lane of a K row in attn_split: 32 lanes cover 128-512 dims.
-    let nv = d4.div_ceil(32).next_power_of_two();
     let (entry, constants) = if decode {
         ("attn_decode", [("GD", group as i64), ("D4", d4 as i64)])
     } else {
