@@ -50,8 +50,10 @@ const DENSE: u32 = 0u;
 const GATE_UP: u32 = 1u;
 const DOWN: u32 = 2u;
 // Token rows per thread, weight-row groups (of 4) per thread, warps along
-// the weight rows, k per step (8 or 16). The launcher checks the tile fits
-// the workgroup arrays: BM <= MAX_BM, BM * BK <= XS, BN * BK <= 4 * WS4.
+// the weight rows, k per step (8, 16 or 32), and the workgroup arrays' sizes
+// in vec4 (XS4 = BM * BK / 4, WS4 = BN * BK / 4: the launcher sizes them
+// for the tile and checks the device's workgroup memory holds them, and
+// that BM <= MAX_BM and a step is at most two loads of each per thread).
 override TM: u32 = 4u;
 override TN4: u32 = 2u;
 override WN: u32 = 2u;
@@ -60,11 +62,11 @@ override BK: u32 = 16u;
 const WG: u32 = 256u;
 const MAX_TM: u32 = 8u;
 const MAX_TN4: u32 = 4u;
+override XS4: u32 = 256u;
+override WS4: u32 = 512u;
 const MAX_BM: u32 = 128u;
-const XS: u32 = 1024u;
-const WS4: u32 = 512u;
 
-var<workgroup> xs: array<vec4<f32>, XS / 4u>;
+var<workgroup> xs: array<vec4<f32>, XS4>;
 var<workgroup> ws: array<vec4<f32>, WS4>;
 // Row of X each tile row reads, row of OUT it writes.
 var<workgroup> src_row: array<u32, MAX_BM>;
@@ -190,56 +192,73 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     let warp = lid / 32u;
     let tn = lane % 8u + 8u * (warp % WN);
     let tt = lane / 8u + 4u * (warp / WN);
-    // The launcher's tile check makes each tile at most one X vec4 and one
-    // W vec4 per thread: thread lid loads X entry lid and W entry lid.
+    // The launcher's tile check makes each step at most two X vec4 and two
+    // W vec4 per thread: thread lid loads entries lid and lid + 256.
     let xq = BK / 4u;
     let wq = BK / 8u;
-    let xe = vec2<u32>(lid / xq, lid % xq);
-    let x_on = lid < b_m * xq && xe.x < cnt;
-    let x_row = src_row[min(xe.x, cnt - 1u)];
-    let we = vec2<u32>(lid / wq, lid % wq);
-    let w_row = weight_row(mode, we.x, nb, info.x);
-    let w_on = lid < 4u * b_n4 * wq && w_row.y == 1u;
+    let xn = b_m * xq;
+    let wn = 4u * b_n4 * wq;
+    var xe: array<vec2<u32>, 2>;
+    var x_row: array<u32, 2>;
+    var x_on: array<bool, 2>;
+    var we: array<vec2<u32>, 2>;
+    var w_row: array<vec2<u32>, 2>;
+    var xv4: array<vec4<f32>, 2>;
+    var wv4: array<vec4<u32>, 2>;
+    for (var u = 0u; u < 2u; u++) {
+        let e = lid + WG * u;
+        xe[u] = vec2<u32>(e / xq, e % xq);
+        x_on[u] = e < xn && xe[u].x < cnt;
+        x_row[u] = src_row[min(xe[u].x, cnt - 1u)];
+        we[u] = vec2<u32>(e / wq, e % wq);
+        w_row[u] = weight_row(mode, we[u].x, nb, info.x);
+        w_row[u].y = select(0u, w_row[u].y, e < wn);
+        // The first step's tile.
+        xv4[u] = load_x(x_on[u], x_row[u], 0u, xe[u].y);
+        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, 0u, we[u].y);
+    }
     var acc: array<vec4<f32>, 32>;
-    // The next step's tile, loaded into registers while this step computes.
-    var xv4 = load_x(x_on, x_row, 0u, xe.y);
-    var wv4 = load_w(w_on, w_row.x, 0u, we.y);
+    let b_m4 = b_m / 4u;
     for (var k0 = 0u; k0 < P.k; k0 += BK) {
         workgroupBarrier();
-        if (lid < b_m * xq) {
-            // xs[kk][token] as vec4s of 4 tokens (b_m is a multiple of 4).
-            let o = xe.y * b_m + xe.x / 4u;
-            let cc = xe.x % 4u;
-            let b_m4 = b_m / 4u;
-            xs[o][cc] = xv4.x;
-            xs[o + b_m4][cc] = xv4.y;
-            xs[o + 2u * b_m4][cc] = xv4.z;
-            xs[o + 3u * b_m4][cc] = xv4.w;
-        }
-        if (lid < 4u * b_n4 * wq) {
-            let a = decode_pair(wv4.x);
-            let b = decode_pair(wv4.y);
-            let c = decode_pair(wv4.z);
-            let d = decode_pair(wv4.w);
-            let o = 8u * we.y * b_n4 + we.x / 4u;
-            let cc = we.x % 4u;
-            ws[o][cc] = a.x;
-            ws[o + b_n4][cc] = a.y;
-            ws[o + 2u * b_n4][cc] = b.x;
-            ws[o + 3u * b_n4][cc] = b.y;
-            ws[o + 4u * b_n4][cc] = c.x;
-            ws[o + 5u * b_n4][cc] = c.y;
-            ws[o + 6u * b_n4][cc] = d.x;
-            ws[o + 7u * b_n4][cc] = d.y;
+        for (var u = 0u; u < 2u; u++) {
+            if (lid + WG * u < xn) {
+                // xs[kk][token] as vec4s of 4 tokens (b_m is a multiple of 4).
+                let o = xe[u].y * b_m + xe[u].x / 4u;
+                let cc = xe[u].x % 4u;
+                xs[o][cc] = xv4[u].x;
+                xs[o + b_m4][cc] = xv4[u].y;
+                xs[o + 2u * b_m4][cc] = xv4[u].z;
+                xs[o + 3u * b_m4][cc] = xv4[u].w;
+            }
+            if (lid + WG * u < wn) {
+                let a = decode_pair(wv4[u].x);
+                let b = decode_pair(wv4[u].y);
+                let c = decode_pair(wv4[u].z);
+                let d = decode_pair(wv4[u].w);
+                let o = 8u * we[u].y * b_n4 + we[u].x / 4u;
+                let cc = we[u].x % 4u;
+                ws[o][cc] = a.x;
+                ws[o + b_n4][cc] = a.y;
+                ws[o + 2u * b_n4][cc] = b.x;
+                ws[o + 3u * b_n4][cc] = b.y;
+                ws[o + 4u * b_n4][cc] = c.x;
+                ws[o + 5u * b_n4][cc] = c.y;
+                ws[o + 6u * b_n4][cc] = d.x;
+                ws[o + 7u * b_n4][cc] = d.y;
+            }
         }
         workgroupBarrier();
-        xv4 = load_x(x_on, x_row, k0 + BK, xe.y);
-        wv4 = load_w(w_on, w_row.x, k0 + BK, we.y);
+        // The next step's tile, loaded into registers while this one computes.
+        for (var u = 0u; u < 2u; u++) {
+            xv4[u] = load_x(x_on[u], x_row[u], k0 + BK, xe[u].y);
+            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y);
+        }
         for (var kk = 0u; kk < BK; kk++) {
             // This thread's TM tokens are tt * TM .. + TM: TM / 4 vec4 reads.
             var xv: array<vec4<f32>, 2>;
             for (var i4 = 0u; i4 < TM / 4u; i4++) {
-                xv[i4] = xs[kk * (b_m / 4u) + tt * (TM / 4u) + i4];
+                xv[i4] = xs[kk * b_m4 + tt * (TM / 4u) + i4];
             }
             for (var j = 0u; j < TN4; j++) {
                 let wv = ws[kk * b_n4 + tn + wgn() * j];

@@ -27,8 +27,9 @@ struct Params {
     mtiles: u32,
 }
 
-/// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per thread,
-/// 32-lane warps along the weight rows, k per step (the kernel's overrides).
+/// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per
+/// thread, 32-lane warps along the weight rows, k per step (the kernel's
+/// overrides; its workgroup arrays are sized from them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Tile {
     pub tm: u32,
@@ -37,13 +38,12 @@ pub(crate) struct Tile {
     pub bk: u32,
 }
 
-/// Threads per workgroup, and the kernel's workgroup arrays (`WG`,
-/// `MAX_TN4`, `MAX_BM`, `XS`, `WS4`).
+/// Threads per workgroup, and the kernel's fixed limits (`WG`, `MAX_TN4`,
+/// `MAX_BM`; a step loads at most two vec4 of X and of W per thread).
 const WG: u32 = 256;
 const MAX_TN4: u32 = 4;
 const MAX_BM: u32 = 128;
-const XS: u32 = 1024;
-const WS4: u32 = 512;
+const MAX_LOADS: u32 = 2;
 
 impl Tile {
     /// Token rows per tile.
@@ -54,28 +54,44 @@ impl Tile {
     pub fn bn(self) -> u32 {
         4 * self.tn4 * 8 * self.wn
     }
-    /// Whether the kernel's arrays hold the tile.
-    pub fn fits(self) -> bool {
+    /// The X and W tiles in vec4 (`XS4`, `WS4`).
+    fn arrays(self) -> (u32, u32) {
+        (self.bm() * self.bk / 4, self.bn() * self.bk / 4)
+    }
+    /// Workgroup memory the kernel takes with this tile: both tiles, the
+    /// row maps and the tile record.
+    pub fn bytes(self) -> u32 {
+        let (x, w) = self.arrays();
+        16 * (x + w) + 8 * MAX_BM + 16
+    }
+    /// Whether the kernel takes the tile within `smem` bytes of workgroup
+    /// memory.
+    pub fn fits(self, smem: u32) -> bool {
         matches!(self.tm, 4 | 8)
             && (1..=MAX_TN4).contains(&self.tn4)
             && matches!(self.wn, 1 | 2 | 4 | 8)
-            && matches!(self.bk, 8 | 16)
+            && matches!(self.bk, 8 | 16 | 32)
             && self.bm() <= MAX_BM
-            && self.bm() * self.bk <= XS
-            && self.bn() * self.bk <= 4 * WS4
+            && self.bm() * self.bk / 4 <= MAX_LOADS * WG
+            && self.bn() * self.bk / 8 <= MAX_LOADS * WG
+            && self.bytes() <= smem
     }
-    fn constants(self, dtype: DType) -> [(&'static str, i64); 5] {
+    fn constants(self, dtype: DType) -> [(&'static str, i64); 7] {
+        let (x, w) = self.arrays();
         [
             super::wdtype(dtype)[0],
             ("TM", self.tm as i64),
             ("TN4", self.tn4 as i64),
             ("WN", self.wn as i64),
             ("BK", self.bk as i64),
+            ("XS4", x as i64),
+            ("WS4", w as i64),
         ]
     }
 }
 
-/// Dense projections: 64 tokens x 128 weight rows per tile.
+/// Dense projections: 64 tokens x 128 weight rows per tile, 16 of k per
+/// step (12.5 KB: fits WebGPU's 16 KB baseline).
 pub(crate) const DENSE: Tile = Tile {
     tm: 4,
     tn4: 2,
@@ -91,12 +107,14 @@ pub(crate) const GROUPED: Tile = Tile {
     bk: 8,
 };
 
-/// The tiles in use: [`DENSE`] and [`GROUPED`], or for kernel authors
+/// The tiles in use on a device with `smem` bytes of workgroup memory:
+/// [`DENSE`] and [`GROUPED`], or for kernel authors
 /// `TURBOSPARK_GEMM_TILES="tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped),
-/// read once. A tile the kernel cannot hold is an error at the launch.
-fn tiles() -> (Tile, Tile) {
-    static T: std::sync::OnceLock<(Tile, Tile)> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
+/// read once. A tile the kernel or device cannot hold is an error at the
+/// launch.
+fn tiles(smem: u32) -> Result<(Tile, Tile)> {
+    static T: std::sync::OnceLock<Option<(Tile, Tile)>> = std::sync::OnceLock::new();
+    let chosen = *T.get_or_init(|| {
         let parse = |s: &str| -> Option<Tile> {
             let v: Vec<u32> = s
                 .split(',')
@@ -107,27 +125,32 @@ fn tiles() -> (Tile, Tile) {
                 _ => None,
             }
         };
-        match std::env::var("TURBOSPARK_GEMM_TILES") {
-            Ok(s) => match s.split_once(';') {
-                Some((d, g)) => (
-                    parse(d).unwrap_or(Tile { tm: 0, ..DENSE }),
-                    parse(g).unwrap_or(Tile { tm: 0, ..GROUPED }),
-                ),
-                None => (Tile { tm: 0, ..DENSE }, Tile { tm: 0, ..GROUPED }),
-            },
-            Err(_) => (DENSE, GROUPED),
+        let s = std::env::var("TURBOSPARK_GEMM_TILES").ok()?;
+        if s.trim().is_empty() {
+            return None;
         }
-    })
+        let (d, g) = s.split_once(';').unwrap_or((&s, ""));
+        Some((
+            parse(d).unwrap_or(Tile { tm: 0, ..DENSE }),
+            parse(g).unwrap_or(Tile { tm: 0, ..GROUPED }),
+        ))
+    });
+    let (d, g) = chosen.unwrap_or((DENSE, GROUPED));
+    for t in [d, g] {
+        if !t.fits(smem) {
+            return Err(Error::InvalidInput(format!(
+                "GEMM tile {t:?} ({} bytes of workgroup memory) does not fit kernels/gemm.wgsl \
+                 or the device's {smem} bytes (TURBOSPARK_GEMM_TILES)",
+                t.bytes()
+            )));
+        }
+    }
+    Ok((d, g))
 }
 
-fn checked(t: Tile) -> Result<Tile> {
-    if t.fits() {
-        Ok(t)
-    } else {
-        Err(Error::InvalidInput(format!(
-            "GEMM tile {t:?} does not fit kernels/gemm.wgsl (TURBOSPARK_GEMM_TILES)"
-        )))
-    }
+/// The device's workgroup memory per workgroup.
+fn smem(be: &WgpuBackend) -> u32 {
+    be.limits.max_compute_workgroup_storage_size
 }
 
 /// Whether an `m`-row problem reducing over `k` takes the GEMM.
@@ -144,7 +167,7 @@ pub(crate) fn dense(
     ob: &wgpu::Buffer,
     p: Matmul,
 ) -> Result<()> {
-    let t = checked(tiles().0)?;
+    let t = tiles(smem(be))?.0;
     let mtiles = (p.m as u32).div_ceil(t.bm());
     for c in w.chunks.iter() {
         let (row0, rows) = if w.chunks.len() == 1 {
@@ -198,7 +221,7 @@ pub(crate) fn gate_up(
     act: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = checked(tiles().1)?;
+    let t = tiles(smem(be))?.1;
     let mtiles = grouped_tiles(p, t.bm());
     let params = Params {
         m: p.m as u32,
@@ -238,7 +261,7 @@ pub(crate) fn down(
     out: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = checked(tiles().1)?;
+    let t = tiles(smem(be))?.1;
     let pairs = p.m * p.top_k;
     let per_pair = super::scratch_buffer(
         be,
@@ -292,12 +315,18 @@ mod tests {
 
     #[test]
     fn default_tiles_fit_the_kernel() {
+        // WebGPU's baseline workgroup memory: the defaults run everywhere.
         for t in [DENSE, GROUPED] {
-            assert!(t.fits(), "{t:?}");
+            assert!(t.fits(16384), "{t:?}");
         }
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 128));
         assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 256));
-        assert!(!Tile { bk: 16, ..GROUPED }.fits(), "W tile over WS4");
-        assert!(!Tile { tm: 2, ..DENSE }.fits(), "token rows read as vec4");
+        let big = Tile { bk: 32, ..DENSE };
+        assert!(!big.fits(16384) && big.fits(32768), "{} bytes", big.bytes());
+        assert!(!Tile { bk: 32, ..GROUPED }.fits(1 << 20), "three W loads");
+        assert!(
+            !Tile { tm: 2, ..DENSE }.fits(16384),
+            "token rows read as vec4"
+        );
     }
 }
