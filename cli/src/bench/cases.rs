@@ -37,6 +37,8 @@ struct Shapes {
     ring: usize,
     contexts: [usize; 3],
     ms: [usize; 2],
+    /// A prefill batch (the prefill GEMM's and attn_prefill's shapes).
+    prefill: usize,
 }
 
 const GEMMA4_26B_A4B: Shapes = Shapes {
@@ -52,6 +54,7 @@ const GEMMA4_26B_A4B: Shapes = Shapes {
     ring: 1039,
     contexts: [1024, 8192, 32768],
     ms: [1, 16],
+    prefill: turbospark::model::DEFAULT_PREFILL_BATCH,
 };
 
 /// The same structure, small enough for lavapipe and a debug build in CI.
@@ -68,6 +71,7 @@ const QUICK: Shapes = Shapes {
     ring: 79,
     contexts: [64, 256, 512],
     ms: [1, 4],
+    prefill: 24,
 };
 
 fn ctx_name(c: usize) -> String {
@@ -364,6 +368,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             m,
         );
     }
+    prefill_cases(s, &mut push);
     if !quick {
         for c in &mut v {
             match (&c.op, c.m) {
@@ -375,11 +380,91 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 (Op::Attention { p, .. }, 16) if p.window == 0 && p.capacity >= 32768 => {
                     c.cpu_skip = Some("tens of seconds per call on the CPU reference")
                 }
+                (_, m) if m == s.prefill => {
+                    c.cpu_skip = Some("a prefill batch: minutes per call on the CPU reference")
+                }
                 _ => {}
             }
         }
     }
     v
+}
+
+/// One prefill batch of the prompt's start through the ops that take a
+/// batch (the prefill GEMM, attn_prefill, the router's GEMM path): compute-
+/// bound, so read the median, not the GB/s.
+fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usize)) {
+    let (m, h) = (s.prefill, s.hidden);
+    let mm = |n, k| Op::Matmul {
+        p: Matmul { m, n, k },
+        w: BF16,
+    };
+    let moe = Moe {
+        m,
+        hidden: h,
+        inter: s.moe_inter,
+        experts: s.experts,
+        top_k: s.top_k,
+    };
+    let (sh, skv, sd) = s.sliding;
+    let (fh, fkv, fd) = s.full;
+    let cases = [
+        (
+            "router",
+            "moe",
+            Op::Router {
+                p: Router {
+                    m,
+                    hidden: h,
+                    experts: s.experts,
+                    top_k: s.top_k,
+                    eps: 1e-6,
+                },
+                w: BF16,
+            },
+        ),
+        ("moe_gate_up", "moe", Op::MoeGateUp { p: moe, w: BF16 }),
+        ("moe_down", "moe", Op::MoeDown { p: moe, w: BF16 }),
+        ("dense gate|up", "dense mlp", mm(2 * s.dense_inter, h)),
+        ("dense down", "dense mlp", mm(h, s.dense_inter)),
+        ("q|k|v sliding", "attn proj", mm((sh + 2 * skv) * sd, h)),
+        ("o_proj full", "attn proj", mm(h, fh * fd)),
+        (
+            "attn sliding from 0",
+            "attention",
+            Op::Attention {
+                p: Attention {
+                    m,
+                    heads: sh,
+                    kv_heads: skv,
+                    head_dim: sd,
+                    capacity: s.window + m - 1,
+                    window: s.window,
+                    scale: 1.0,
+                },
+                pos0: 0,
+            },
+        ),
+        (
+            "attn full from 0",
+            "attention",
+            Op::Attention {
+                p: Attention {
+                    m,
+                    heads: fh,
+                    kv_heads: fkv,
+                    head_dim: fd,
+                    capacity: m,
+                    window: 0,
+                    scale: 1.0,
+                },
+                pos0: 0,
+            },
+        ),
+    ];
+    for (name, group, op) in cases {
+        push(format!("{name} m={m}"), group, op, m);
+    }
 }
 
 fn tensor_bytes(t: &HostTensor) -> u64 {
