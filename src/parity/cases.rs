@@ -49,11 +49,12 @@ fn matmul(full: bool) -> Vec<Op> {
         c(2, 2816, 16 * 512, BF16), // o_proj, full
         c(5, 1001, 777, F16),
         c(2, 333, 129, F32),
-        c(3, 130, 257, BF16),  // odd k, 16-bit: rows start mid-word
-        c(20, 67, 98, BF16),   // m over 16, k not a multiple of 8: x rows in blocks
-        c(20, 67, 96, BF16),   // prefill GEMM: one partial tile each way
-        c(40, 200, 96, F16),   // GEMM, a partial second row block
-        c(70, 131, 264, BF16), // GEMM, two token tiles, a partial last k step
+        c(3, 130, 257, BF16),   // odd k, 16-bit: rows start mid-word
+        c(20, 67, 98, BF16),    // m over 16, k not a multiple of 8: x rows in blocks
+        c(20, 67, 96, BF16),    // prefill GEMM: one partial tile each way
+        c(40, 200, 96, F16),    // GEMM, a partial second row block
+        c(70, 131, 264, BF16),  // GEMM, two token tiles, a partial last k step
+        c(520, 4097, 40, BF16), // GEMM, enough tiles for the wide tile (the others take the narrow one)
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];
