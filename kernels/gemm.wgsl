@@ -8,6 +8,10 @@
 //   gemm_down     OUT[p, r] = WTS[p] * (down_e[r] . X[p, :])   (per pair;
 //                 moe_sum then adds each token's top_k rows in order)
 //
+// Dense problems with few output tiles (the router's 128 rows) split k over
+// P.ks workgroups per tile: split s writes its partial sums to plane s of
+// OUT (scratch), and gemm_ksum adds the planes in order.
+//
 // Grouped modes read the ROUTE list moe_route (kernels/moe.wgsl) built: the
 // pairs grouped by expert, so one tile of BM pairs shares one expert's
 // weights. Workgroup (token tile, row block): token tiles run fastest, so the
@@ -37,6 +41,12 @@ struct Params {
     top_k: u32,
     // token tiles dispatched per row block
     mtiles: u32,
+    // k per split (dense: k split over workgroups when the output has too
+    // few tiles to fill the GPU; = k otherwise), row blocks, splits
+    kc: u32,
+    nrb: u32,
+    ks: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -144,19 +154,20 @@ fn gemm_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     gemm_tile(DOWN, linear_group(wg, nwg), lid);
 }
 
-// X entry (row, quarter q of the step's k) at step k0; zero past k or off.
-fn load_x(on: bool, row: u32, k0: u32, q: u32) -> vec4<f32> {
+// X entry (row, quarter q of the step's k) at step k0; zero from `ke` (the
+// split's end) or off.
+fn load_x(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<f32> {
     let kc = k0 + 4u * q;
-    if (!on || kc >= P.k) {
+    if (!on || kc >= ke) {
         return vec4<f32>(0.0);
     }
     return X[(row * P.k + kc) / 4u];
 }
 
 // W entry (weight row, eighth q of the step's k) at step k0.
-fn load_w(on: bool, row: u32, k0: u32, q: u32) -> vec4<u32> {
+fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<u32> {
     let kc = k0 + 8u * q;
-    if (!on || kc >= P.k) {
+    if (!on || kc >= ke) {
         return vec4<u32>(0u);
     }
     return W[row * (P.k / 8u) + kc / 8u];
@@ -164,8 +175,12 @@ fn load_w(on: bool, row: u32, k0: u32, q: u32) -> vec4<u32> {
 
 // Workgroup `g`'s output tile (`mode` is a constant at every call).
 fn gemm_tile(mode: u32, g: u32, lid: u32) {
-    let tm = g % P.mtiles;
-    let nb = g / P.mtiles;
+    let per = P.mtiles * P.nrb;
+    let split = g / per;
+    let tm = (g % per) % P.mtiles;
+    let nb = (g % per) / P.mtiles;
+    let kb = split * P.kc;
+    let ke = min(kb + P.kc, P.k);
     if (lid == 0u) {
         tile = find_tile(mode, tm);
     }
@@ -214,12 +229,12 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         w_row[u] = weight_row(mode, we[u].x, nb, info.x);
         w_row[u].y = select(0u, w_row[u].y, e < wn);
         // The first step's tile.
-        xv4[u] = load_x(x_on[u], x_row[u], 0u, xe[u].y);
-        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, 0u, we[u].y);
+        xv4[u] = load_x(x_on[u], x_row[u], kb, xe[u].y, ke);
+        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, kb, we[u].y, ke);
     }
     var acc: array<vec4<f32>, 32>;
     let b_m4 = b_m / 4u;
-    for (var k0 = 0u; k0 < P.k; k0 += BK) {
+    for (var k0 = kb; k0 < ke; k0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < 2u; u++) {
             if (lid + WG * u < xn) {
@@ -251,8 +266,8 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         workgroupBarrier();
         // The next step's tile, loaded into registers while this one computes.
         for (var u = 0u; u < 2u; u++) {
-            xv4[u] = load_x(x_on[u], x_row[u], k0 + BK, xe[u].y);
-            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y);
+            xv4[u] = load_x(x_on[u], x_row[u], k0 + BK, xe[u].y, ke);
+            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y, ke);
         }
         for (var kk = 0u; kk < BK; kk++) {
             // This thread's TM tokens are tt * TM .. + TM: TM / 4 vec4 reads.
@@ -278,7 +293,8 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
                 continue;
             }
             let a = acc[j * MAX_TM + i];
-            let d = dst_row[li];
+            // (a split's partials go to plane `split` of OUT)
+            let d = dst_row[li] + split * P.m;
             if (mode == GATE_UP) {
                 let f = nb * (2u * b_n4) + 2u * grp;
                 if (f < P.rows) {
@@ -302,6 +318,26 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
             }
         }
     }
+}
+
+// OUT[i] = sum_s X[s * m * n + i] (the split-k planes, in order), one
+// thread per 4 elements (m * n a multiple of 4).
+@compute @workgroup_size(256)
+fn gemm_ksum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let idx = linear_group(wg, nwg) * WG + lid;
+    let plane = P.m * P.n / 4u;
+    if (idx >= plane) {
+        return;
+    }
+    var s = vec4<f32>(0.0);
+    for (var k = 0u; k < P.ks; k++) {
+        s += X[k * plane + idx];
+    }
+    OUT[4u * idx] = s.x;
+    OUT[4u * idx + 1u] = s.y;
+    OUT[4u * idx + 2u] = s.z;
+    OUT[4u * idx + 3u] = s.w;
 }
 
 // OUT[t, c] = sum_j X[t * top_k + j, c] (X: the down mode's per-pair rows),

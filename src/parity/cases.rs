@@ -55,6 +55,8 @@ fn matmul(full: bool) -> Vec<Op> {
         c(40, 200, 96, F16),    // GEMM, a partial second row block
         c(70, 131, 264, BF16),  // GEMM, two token tiles, a partial last k step
         c(520, 4097, 40, BF16), // GEMM, enough tiles for the wide tile (the others take the narrow one)
+        c(40, 64, 1024, BF16),  // GEMM split over k (one output tile)
+        c(24, 96, 1000, F16),   // split k, a short last split
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];

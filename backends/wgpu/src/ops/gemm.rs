@@ -25,6 +25,10 @@ struct Params {
     experts: u32,
     top_k: u32,
     mtiles: u32,
+    kc: u32,
+    nrb: u32,
+    ks: u32,
+    _pad: u32,
 }
 
 /// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per
@@ -207,6 +211,8 @@ pub(crate) fn dense(
         };
         let t = tiles(smem(be), p.m, rows)?.0;
         let mtiles = (p.m as u32).div_ceil(t.bm());
+        let nrb = (rows as u32).div_ceil(t.bn());
+        let (ks, kc) = k_splits(&p, mtiles * nrb, t.bk, w.chunks.len());
         let params = Params {
             m: p.m as u32,
             n: p.n as u32,
@@ -216,7 +222,25 @@ pub(crate) fn dense(
             experts: 1,
             top_k: 1,
             mtiles,
+            kc,
+            nrb,
+            ks,
+            _pad: 0,
         };
+        // Split k: the partial planes go to scratch, then gemm_ksum.
+        let partial = if ks > 1 {
+            Some(super::scratch_buffer(
+                be,
+                |s| &mut s.gemm_partial,
+                DType::F32,
+                ks as usize * p.m * p.n,
+                0,
+                "gemm split-k partials",
+            )?)
+        } else {
+            None
+        };
+        let out = partial.as_ref().map_or(ob, one);
         be.launch(Launch {
             kernel: "gemm",
             entry: "gemm",
@@ -226,14 +250,46 @@ pub(crate) fn dense(
             buffers: &[
                 (&c.buffer, true),
                 (xb, true),
-                (ob, false),
+                (out, false),
                 (xb, true),
                 (xb, true),
             ],
-            groups: be.grid(mtiles * (rows as u32).div_ceil(t.bn())),
+            groups: be.grid(ks * mtiles * nrb),
         })?;
+        if let Some(part) = &partial {
+            let pb = one(part);
+            be.launch(Launch {
+                kernel: "gemm",
+                entry: "gemm_ksum",
+                constants: &[],
+                params: bytemuck::bytes_of(&params),
+                // gemm_ksum reads the planes as X; the weight slot is not read.
+                buffers: &[(pb, true), (pb, true), (ob, false)],
+                groups: be.grid(((p.m * p.n / 4) as u32).div_ceil(WG)),
+            })?;
+        }
     }
     Ok(())
+}
+
+/// Split k over workgroups for a dense problem of `groups` output tiles:
+/// `(splits, k per split)`. Only where the tiles alone are fewer than
+/// [`NARROW_GROUPS`] (the router's 128 rows: 16 tiles at 512 tokens), each
+/// split keeps at least 4 steps of `bk`, the output is one binding and its
+/// size a multiple of 4 (gemm_ksum reads vec4). The split count depends on
+/// the shape only, so results are deterministic.
+fn k_splits(p: &Matmul, groups: u32, bk: u32, chunks: usize) -> (u32, u32) {
+    let k = p.k as u32;
+    let whole = (1, k);
+    if groups >= NARROW_GROUPS || chunks != 1 || !(p.m * p.n).is_multiple_of(4) {
+        return whole;
+    }
+    let want = (NARROW_GROUPS / groups).min(k / (4 * bk));
+    if want <= 1 {
+        return whole;
+    }
+    let kc = k.div_ceil(want).div_ceil(bk) * bk;
+    (k.div_ceil(kc), kc)
 }
 
 /// Token tiles a grouped launch dispatches: every expert slot in use cuts
@@ -264,6 +320,10 @@ pub(crate) fn gate_up(
         experts: p.experts as u32,
         top_k: p.top_k as u32,
         mtiles,
+        kc: p.hidden as u32,
+        nrb: (p.inter as u32).div_ceil(t.bn() / 2),
+        ks: 1,
+        _pad: 0,
     };
     be.launch(Launch {
         kernel: "gemm",
@@ -278,7 +338,7 @@ pub(crate) fn gate_up(
             (route, true),
             (x, true),
         ],
-        groups: be.grid(mtiles * (p.inter as u32).div_ceil(t.bn() / 2)),
+        groups: be.grid(mtiles * params.nrb),
     })
 }
 
@@ -313,6 +373,10 @@ pub(crate) fn down(
         experts: p.experts as u32,
         top_k: p.top_k as u32,
         mtiles,
+        kc: p.inter as u32,
+        nrb: (p.hidden as u32).div_ceil(t.bn()),
+        ks: 1,
+        _pad: 0,
     };
     be.launch(Launch {
         kernel: "gemm",
@@ -326,7 +390,7 @@ pub(crate) fn down(
             (route, true),
             (wts, true),
         ],
-        groups: be.grid(mtiles * (p.hidden as u32).div_ceil(t.bn())),
+        groups: be.grid(mtiles * params.nrb),
     })?;
     params.mtiles = 0;
     let pb = one(&per_pair);
@@ -361,5 +425,21 @@ mod tests {
             !Tile { tm: 2, ..DENSE }.fits(16384),
             "token rows read as vec4"
         );
+    }
+
+    #[test]
+    fn k_splits_cover_k_in_whole_steps() {
+        let mm = |m, n, k| Matmul { m, n, k };
+        // The router at 512 tokens: 16 tiles of 64 x 64.
+        let (ks, kc) = k_splits(&mm(512, 128, 2816), 16, 16, 1);
+        assert!(ks > 1 && kc % 16 == 0 && (ks - 1) * kc < 2816 && ks * kc >= 2816);
+        assert_eq!(k_splits(&mm(512, 2816, 8192), 352, 16, 1), (1, 8192));
+        assert_eq!(k_splits(&mm(512, 128, 2816), 16, 16, 2), (1, 2816));
+        assert_eq!(
+            k_splits(&mm(21, 37, 2816), 1, 16, 1),
+            (1, 2816),
+            "m * n odd"
+        );
+        assert_eq!(k_splits(&mm(40, 64, 64), 1, 16, 1), (1, 64), "too little k");
     }
 }

@@ -21,6 +21,8 @@ pub(crate) struct Scratch {
     /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
     pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
     pub route: Option<crate::WgpuBuffer>,
+    /// The prefill GEMM's split-k partial planes `[splits, m, n]`.
+    pub gemm_partial: Option<crate::WgpuBuffer>,
     /// The prefill MoE down phase's per-pair rows `[m * top_k, hidden]`.
     pub moe_pairs: Option<crate::WgpuBuffer>,
     /// Bound where an optional output of a fused kernel is absent.
