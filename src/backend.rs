@@ -99,6 +99,10 @@ pub struct Features {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     pub timestamps: bool,
+    /// The adapter offers cooperative matrices (wgpu's
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`: tensor cores). Recorded for the
+    /// bench and `info`; no kernel uses them yet.
+    pub cooperative_matrix: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -54,8 +54,13 @@ fn print_backend(i: &BackendInfo) {
     );
     let f = &i.features;
     println!(
-        "  features: shader_f16={} subgroups={} (sizes {}..{}) timestamps={}",
-        f.shader_f16, f.subgroups, f.subgroup_min_size, f.subgroup_max_size, f.timestamps
+        "  features: shader_f16={} subgroups={} (sizes {}..{}) timestamps={} cooperative_matrix={}",
+        f.shader_f16,
+        f.subgroups,
+        f.subgroup_min_size,
+        f.subgroup_max_size,
+        f.timestamps,
+        f.cooperative_matrix
     );
     let l = &i.limits;
     println!(

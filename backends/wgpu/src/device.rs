@@ -152,6 +152,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
             subgroup_min_size: ainfo.subgroup_min_size,
             subgroup_max_size: ainfo.subgroup_max_size,
             timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cooperative_matrix: afeat.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
         },
         limits: Limits {
             max_binding_bytes: limits.max_storage_buffer_binding_size,

@@ -229,6 +229,7 @@ impl Report<'_> {
                         "subgroup_min_size": i.features.subgroup_min_size,
                         "subgroup_max_size": i.features.subgroup_max_size,
                         "timestamps": i.features.timestamps,
+                        "cooperative_matrix": i.features.cooperative_matrix,
                     },
                     "limits": {
                         "max_binding_bytes": i.limits.max_binding_bytes,
