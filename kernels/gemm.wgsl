@@ -8,7 +8,8 @@
 //   gemm_down     OUT[p, r] = WTS[p] * (down_e[r] . X[p, :])   (per pair;
 //                 moe_sum then adds each token's top_k rows in order)
 //
-// Dense problems with few output tiles (the router's 128 rows) split k over
+// Dense problems with few output tiles (the router's 128 rows at a 512-token
+// batch; any narrow projection at a small batch) split k over
 // P.ks workgroups per tile: split s writes its partial sums to plane s of
 // OUT (scratch), and gemm_ksum adds the planes in order.
 //
@@ -176,6 +177,10 @@ fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<u32> {
 // Workgroup `g`'s output tile (`mode` is a constant at every call).
 fn gemm_tile(mode: u32, g: u32, lid: u32) {
     let per = P.mtiles * P.nrb;
+    // Past the grid (WgpuBackend::grid pads a large one to a rectangle).
+    if (g >= P.ks * per) {
+        return;
+    }
     let split = g / per;
     let tm = (g % per) % P.mtiles;
     let nb = (g % per) / P.mtiles;
@@ -341,7 +346,10 @@ fn gemm_ksum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 // OUT[t, c] = sum_j X[t * top_k + j, c] (X: the down mode's per-pair rows),
-// in order of j, one thread per 4 columns of a token.
+// in order of j, one thread per 4 columns of a token. ROUTE is bound to the
+// expert ids here: a pair whose id is past the experts was left out of the
+// route list (its row never written) and adds nothing, as in the route-list
+// kernels.
 @compute @workgroup_size(256)
 fn moe_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
@@ -354,7 +362,10 @@ fn moe_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let c = idx % h4;
     var s = vec4<f32>(0.0);
     for (var j = 0u; j < P.top_k; j++) {
-        s += X[(t * P.top_k + j) * h4 + c];
+        let p = t * P.top_k + j;
+        if (ROUTE[p] < P.experts) {
+            s += X[p * h4 + c];
+        }
     }
     let o = t * P.n + 4u * c;
     OUT[o] = s.x;

@@ -67,7 +67,7 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
 }
 
-// ---- gemv_rows: a few rows of x (prefill micro-batches, m <= 16) ----------
+// ---- gemv_rows: a few rows of x (prefill batches of m <= 16) -------------
 //
 // OUT[j, row0 + r] = W[r, :] . X[j, :] for the MT rows j of X (MT = m,
 // compiled in). Laid out as `gemv`, with RPL weight rows (1 or 2, compiled

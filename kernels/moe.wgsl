@@ -63,8 +63,9 @@ var<workgroup> sh_slot: vec4<u32>;
 // per expert instead (a thread per expert) took 0.3-0.4 ms at 4096 pairs on
 // the H200, as long as a prefill GEMM. Within a slot the pairs land in
 // whatever order the atomics give: no consumer's arithmetic depends on it
-// (every pair's row is computed on its own; a token's sum over its experts
-// runs in slot order, and a token has at most one pair per slot).
+// (every pair's row is computed on its own, and a token's sum over its
+// experts runs in slot order here, in top-k order in kernels/gemm.wgsl's
+// moe_sum; a token has at most one pair per slot).
 var<workgroup> route_cnt: array<atomic<u32>, 256>;
 var<workgroup> route_fill: array<atomic<u32>, 256>;
 

@@ -10,7 +10,7 @@
 //                       (hidden a multiple of 8: rows start on 16-byte boundaries)
 //   moe_down_decode     OUT[t, r] = sum_j WTS[t, j] * (down_e[r, :] . ACT[t, j]),
 //                       e = IDS[t, j], for each of P.m tokens (decode: 1; a
-//                       prefill micro-batch: up to 16) (inter a multiple of 8).
+//                       prefill batches up to 16) (inter a multiple of 8).
 //
 // An expert id past P.experts selects nothing, as in kernels/moe.wgsl: phase 1
 // leaves its activation row untouched and phase 2 skips the slot.
@@ -273,7 +273,7 @@ fn down_b(g: u32, t: u32) {
 }
 
 // Workgroup g: token g / per, its output rows (g % per) * 8 .. + 8 (per =
-// ceil(hidden / 8)). Prefill micro-batches (m <= 16) take this too: each
+// ceil(hidden / 8)). Prefill batches of m <= 16 take this too: each
 // token reads its own k experts' rows, which on the H200 beats the route-list
 // kernel of kernels/moe.wgsl that reads each expert once for all its tokens
 // (moe_down M = 16: 1.03 ms there).

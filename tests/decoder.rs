@@ -63,9 +63,13 @@ fn prefill_batches_match_token_by_token_decode() {
 
 /// Prefill in batches of `batch` (the last one partial) leaves the same KV
 /// caches as prefill one token at a time: the next token's logits agree.
-/// Batches past 16 tokens take a GPU's prefill GEMM.
-fn prefill_batch_sizes_agree<B: ComputeBackend>(open: impl Fn() -> B, batch: usize) {
-    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+/// Batches past 16 tokens take a GPU's prefill GEMM and attn_prefill.
+fn prefill_batch_sizes_agree<B: ComputeBackend>(
+    open: impl Fn() -> B,
+    cfg: turbospark::model::ModelConfig,
+    batch: usize,
+) {
+    let src = SyntheticSource::new(cfg, 42).unwrap();
     let row_after_prefill = |prefill_batch| {
         let o = ModelOptions {
             max_context: 64,
@@ -92,13 +96,19 @@ fn prefill_batch_sizes_agree<B: ComputeBackend>(open: impl Fn() -> B, batch: usi
 
 #[test]
 fn prefill_batch_size_does_not_change_the_caches() {
-    prefill_batch_sizes_agree(CpuBackend::new, 24);
+    prefill_batch_sizes_agree(CpuBackend::new, tiny_config(), 24);
 }
 
 #[test]
 fn wgpu_prefill_batch_size_does_not_change_the_caches() {
     if common::wgpu_backend().is_some() {
-        prefill_batch_sizes_agree(|| common::wgpu_backend().unwrap(), 24);
+        let open = || common::wgpu_backend().unwrap();
+        // moe_inter 12: phase 2 through the route-list kernel; 16: through
+        // the GEMM and moe_sum.
+        prefill_batch_sizes_agree(open, tiny_config(), 24);
+        let mut cfg = tiny_config();
+        cfg.moe_inter = 16;
+        prefill_batch_sizes_agree(open, cfg, 24);
     }
 }
 

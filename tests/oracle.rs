@@ -79,7 +79,7 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
     .unwrap();
     assert_eq!(model.config().vocab, want.vocab);
 
-    // Teacher-forced logits, every position, through the prefill micro-batches.
+    // Teacher-forced logits, every position, LOGITS_BATCH tokens per pass.
     let rows = model.logits(&want.tokens).unwrap();
     let mut worst = 0f64;
     for (i, row) in rows.iter().enumerate() {

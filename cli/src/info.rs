@@ -21,6 +21,9 @@ pub struct Args {
     /// Context length to size the KV caches for.
     #[arg(long, default_value_t = 4096)]
     max_context: usize,
+    /// Prompt tokens per prefill pass to size the batch activations for.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_BATCH)]
+    prefill_batch: usize,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -42,7 +45,12 @@ pub fn run(a: Args) -> CliResult {
             .tensor("embed_tokens.weight")
             .map(|t| t.dtype)
             .unwrap_or(DType::BF16);
-        print_model(ck.config(), dtype, ck.total_bytes(), a.max_context);
+        print_model(
+            ck.config(),
+            dtype,
+            ck.total_bytes(),
+            (a.max_context, a.prefill_batch),
+        );
     }
     Ok(())
 }
@@ -71,7 +79,12 @@ fn print_backend(i: &BackendInfo) {
     );
 }
 
-fn print_model(cfg: &ModelConfig, dtype: DType, weight_bytes: u64, max_context: usize) {
+fn print_model(
+    cfg: &ModelConfig,
+    dtype: DType,
+    weight_bytes: u64,
+    (max_context, prefill_batch): (usize, usize),
+) {
     let full = cfg
         .layers
         .iter()
@@ -105,10 +118,10 @@ fn print_model(cfg: &ModelConfig, dtype: DType, weight_bytes: u64, max_context: 
         "  bytes read per decoded token ({dtype}): {}",
         human_bytes(cfg.bytes_per_token(dtype))
     );
-    let run = runtime_bytes(cfg, max_context, DEFAULT_PREFILL_BATCH);
+    let run = runtime_bytes(cfg, max_context, prefill_batch);
     println!(
         "  memory for a run at --max-context {max_context} (prefill batches of \
-         {DEFAULT_PREFILL_BATCH}): {} weights + {} KV caches and scratch = {}",
+         {prefill_batch}): {} weights + {} KV caches and scratch = {}",
         human_bytes(weight_bytes),
         human_bytes(run),
         human_bytes(weight_bytes + run)

@@ -1,6 +1,6 @@
 //! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
 //!
-//! One forward pass over `m` tokens (a prefill micro-batch, or one decode
+//! One forward pass over `m` tokens (a prefill batch, or one decode
 //! token) records, per layer (9 ops, 11 dispatches, when decoding):
 //!
 //! ```text
@@ -245,7 +245,7 @@ impl<B: ComputeBackend> Model<B> {
     /// Cache capacity per layer: full-attention layers keep every position,
     /// `max_context` slots. Sliding layers keep a ring of
     /// `sliding_window + prefill_batch - 1` slots, not `sliding_window`: a
-    /// micro-batch of m tokens appends all m keys before any of its queries
+    /// batch of m tokens appends all m keys before any of its queries
     /// attend, and the first query (position p) still needs keys back to
     /// `p + 1 - window` while the last append writes `p + m - 1`; the ring
     /// must hold that span of `window + m - 1` positions so no append
@@ -269,10 +269,13 @@ impl<B: ComputeBackend> Model<B> {
                 opts.max_context
             )));
         }
+        // A batch never holds more tokens than the context.
+        let prefill_batch = opts.prefill_batch.min(opts.max_context);
+        check_batch_fits(&cfg, prefill_batch, backend.info().limits.max_binding_bytes)?;
         let weights = Weights::load(&backend, source)?;
         let mut caches = Vec::with_capacity(cfg.layers.len());
         for (i, l) in cfg.layers.iter().enumerate() {
-            let capacity = cache_capacity(&cfg, l.kind, opts.max_context, opts.prefill_batch);
+            let capacity = cache_capacity(&cfg, l.kind, opts.max_context, prefill_batch);
             let n = l.kv_heads * capacity * l.head_dim;
             caches.push(KvCache {
                 k: backend.alloc(DType::F32, n, &format!("layers.{i}.k_cache"))?,
@@ -289,7 +292,7 @@ impl<B: ComputeBackend> Model<B> {
             caches,
             single,
             batch: None,
-            prefill_batch: opts.prefill_batch,
+            prefill_batch,
             pos: 0,
             max_context: opts.max_context,
             embed_scale,
@@ -326,7 +329,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Teacher-forced logits of `tokens`, appended to the current context:
     /// one row of `vocab` final (softcapped) logits per token. Runs the
-    /// prefill micro-batches and returns every row.
+    /// head over [`LOGITS_BATCH`] tokens at a time and returns every row.
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         self.check_request(tokens, 0)?;
         let mut rows = Vec::with_capacity(tokens.len());
@@ -349,7 +352,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Append `prompt` to the context and generate up to `max_new_tokens`.
     ///
-    /// The prompt but its last token goes through prefill micro-batches
+    /// The prompt but its last token goes through prefill batches
     /// without the LM head; the last prompt token is the first decode step, so
     /// the head runs once per new token. Each decode step is one submit and
     /// one small readback: with greedy sampling the argmax runs on the device
@@ -815,6 +818,49 @@ impl<B: ComputeBackend> Model<B> {
     }
 }
 
+/// The widest activation a prefill batch keeps, `(f32 per token, name)`:
+/// each batch buffer is one binding, so a batch of `rows` tokens must fit the
+/// device's largest binding.
+fn widest_row(cfg: &ModelConfig) -> (usize, &'static str) {
+    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+    let max_qkv = cfg
+        .layers
+        .iter()
+        .map(|l| l.qkv_rows(cfg.heads))
+        .max()
+        .unwrap_or(0);
+    let (k, mi) = if cfg.enable_moe {
+        (cfg.top_k, cfg.moe_inter)
+    } else {
+        (1, 1)
+    };
+    [
+        (cfg.hidden, "hidden"),
+        (max_qkv, "q|k|v"),
+        (cfg.heads * max_hd, "attention output"),
+        (2 * cfg.intermediate, "dense gate|up"),
+        (k * mi, "expert activations"),
+    ]
+    .into_iter()
+    .max_by_key(|w| w.0)
+    .unwrap_or((0, "hidden"))
+}
+
+/// A clear error when `prefill_batch` tokens of the widest activation
+/// would not fit one binding of `max_binding` bytes.
+fn check_batch_fits(cfg: &ModelConfig, prefill_batch: usize, max_binding: u64) -> Result<()> {
+    let (width, name) = widest_row(cfg);
+    let bytes = (prefill_batch * width * 4) as u64;
+    if bytes > max_binding {
+        let fits = max_binding / (width.max(1) as u64 * 4);
+        return Err(Error::InvalidInput(format!(
+            "prefill_batch {prefill_batch} needs a {bytes}-byte {name} buffer, over the \
+             device's largest binding of {max_binding} bytes (at most {fits} tokens fit)"
+        )));
+    }
+    Ok(())
+}
+
 /// KV cache slots of a layer (see [`Model::load`] for why sliding layers
 /// get `prefill_batch - 1` extra).
 pub fn cache_capacity(
@@ -831,6 +877,7 @@ pub fn cache_capacity(
 
 /// Device bytes a run needs beyond the weights: KV caches and both scratches.
 pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize) -> u64 {
+    let prefill_batch = prefill_batch.min(max_context);
     let kv: usize = cfg
         .layers
         .iter()
@@ -865,5 +912,35 @@ fn rate(n: usize, since: Instant) -> f64 {
         n as f64 / s
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::synthetic::{named_config, tiny_config};
+
+    #[test]
+    fn a_batch_over_the_largest_binding_is_named() {
+        let cfg = named_config("gemma-4-26b-a4b").unwrap();
+        let (width, name) = widest_row(&cfg);
+        // Full layers' q|k: 16 x 512 + 2 x 512 rows.
+        assert_eq!((width, name), (9216, "q|k|v"));
+        // 128 MiB (lavapipe, WebGPU's default): 512 tokens fit, 4096 do not.
+        let limit = 128 << 20;
+        assert!(check_batch_fits(&cfg, 512, limit).is_ok());
+        let e = check_batch_fits(&cfg, 4096, limit).unwrap_err().to_string();
+        assert!(
+            e.contains("prefill_batch 4096") && e.contains("at most 3640 tokens fit"),
+            "{e}"
+        );
+        assert!(check_batch_fits(&tiny_config(), MAX_PREFILL_BATCH, limit).is_ok());
+    }
+
+    #[test]
+    fn runtime_bytes_counts_a_batch_of_at_most_the_context() {
+        let cfg = tiny_config();
+        assert_eq!(runtime_bytes(&cfg, 64, 512), runtime_bytes(&cfg, 64, 64));
+        assert!(runtime_bytes(&cfg, 64, 32) < runtime_bytes(&cfg, 64, 64));
     }
 }

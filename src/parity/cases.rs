@@ -114,8 +114,11 @@ fn moe(full: bool) -> Vec<Op> {
             (70, 3, 2, 136, 24, F16),
             // the route-list kernels past 16 tokens (k not a multiple of 8)
             (20, 4, 2, 66, 20, BF16),
-            // more pairs than moe_route stages at once (1024)
+            // many pairs (1024 and more)
             (520, 5, 2, 64, 16, F16),
+            // down with inter a multiple of 8 but hidden not one of 4:
+            // the route-list kernel, not the GEMM (moe_sum reads vec4)
+            (40, 6, 3, 66, 40, BF16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

@@ -142,8 +142,15 @@ fn measure<B: ComputeBackend + Counters>(
     // runs' prefill rates agree within 3% (at most WARMUPS runs).
     model.generate(&prompt[..prompt_len.min(20)], &greedy(decode.clamp(3, 32)))?;
     model.reset();
+    // (GPUs only: the CPU reference has no clocks to ramp, and a
+    // whole-prompt run of the 26B shape takes it minutes.)
+    let warmups = if model.backend().counters().is_some() {
+        WARMUPS
+    } else {
+        0
+    };
     let mut last = 0.0;
-    for _ in 0..WARMUPS {
+    for _ in 0..warmups {
         let g = model.generate(&prompt, &greedy(2))?;
         model.reset();
         let settled = (g.prefill_tok_s - last).abs() <= 0.03 * g.prefill_tok_s;

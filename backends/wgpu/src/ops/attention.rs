@@ -259,7 +259,8 @@ fn prefill(
     })
 }
 
-/// Attention in two dispatches: a split phase (per key split and kv head:
+/// Attention: from [`PREFILL_MIN_M`] query rows one `attn_prefill` dispatch;
+/// below, two dispatches: a split phase (per key split and kv head:
 /// partial softmax into scratch) and `attn_combine` (merge). The split phase
 /// is `attn_decode` for one query row whose kv head's query heads fit its
 /// registers (all of them together per workgroup), else `attn_split` (query

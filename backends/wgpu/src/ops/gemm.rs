@@ -95,7 +95,7 @@ impl Tile {
 }
 
 /// Dense projections: 64 tokens x 128 weight rows per tile, 16 of k per
-/// step (12.5 KB: fits WebGPU's 16 KB baseline).
+/// step (13.3 KB of workgroup memory: within WebGPU's 16 KB baseline).
 pub(crate) const DENSE: Tile = Tile {
     tm: 4,
     tn4: 2,
@@ -120,7 +120,7 @@ const NARROW_GROUPS: u32 = 256;
 
 /// MoE phases: an expert sees m * top_k / experts tokens (32 of a 512-token
 /// batch of Gemma 4), so 32 tokens x 256 weight rows per tile, 16 of k per
-/// step where the device has the workgroup memory (18.4 KB; on the H200
+/// step where the device has the workgroup memory (19.5 KB; on the H200
 /// 5-6% faster than 8 per step), else [`GROUPED_SMALL`].
 pub(crate) const GROUPED: Tile = Tile {
     tm: 4,
@@ -131,57 +131,82 @@ pub(crate) const GROUPED: Tile = Tile {
 /// [`GROUPED`] within WebGPU's 16 KB baseline: 8 of k per step.
 pub(crate) const GROUPED_SMALL: Tile = Tile { bk: 8, ..GROUPED };
 
-/// The tiles in use for an `m`-token batch over `rows` weight rows on a
-/// device with `smem` bytes of workgroup memory: dense [`DENSE`] (or
-/// [`DENSE_NARROW`]), grouped [`GROUPED`] (or [`GROUPED_SMALL`]); or for
-/// kernel authors `TURBOSPARK_GEMM_TILES="tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense;
-/// grouped), read once. A tile the kernel or device cannot hold is an error
-/// at the launch.
-fn tiles(smem: u32, m: usize, rows: usize) -> Result<(Tile, Tile)> {
-    static T: std::sync::OnceLock<Option<(Tile, Tile)>> = std::sync::OnceLock::new();
-    let chosen = *T.get_or_init(|| {
-        let parse = |s: &str| -> Option<Tile> {
-            let v: Vec<u32> = s
-                .split(',')
-                .map(|x| x.trim().parse().ok())
-                .collect::<Option<_>>()?;
-            match v[..] {
-                [tm, tn4, wn, bk] => Some(Tile { tm, tn4, wn, bk }),
-                _ => None,
+/// One half of `TURBOSPARK_GEMM_TILES`.
+#[derive(Clone, Debug)]
+enum Override {
+    Default,
+    Tile(Tile),
+    /// Text that is not `tm,tn4,wn,bk`, kept for the error.
+    Bad(String),
+}
+
+/// `TURBOSPARK_GEMM_TILES="tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped), for
+/// kernel authors' tile sweeps, read once: an empty or absent half keeps
+/// the default.
+fn overrides() -> &'static (Override, Override) {
+    static T: std::sync::OnceLock<(Override, Override)> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let parse = |s: &str| -> Override {
+            let s = s.trim();
+            if s.is_empty() {
+                return Override::Default;
+            }
+            let v: Option<Vec<u32>> = s.split(',').map(|x| x.trim().parse().ok()).collect();
+            match v.as_deref() {
+                Some(&[tm, tn4, wn, bk]) => Override::Tile(Tile { tm, tn4, wn, bk }),
+                _ => Override::Bad(s.to_string()),
             }
         };
-        let s = std::env::var("TURBOSPARK_GEMM_TILES").ok()?;
-        if s.trim().is_empty() {
-            return None;
-        }
+        let s = std::env::var("TURBOSPARK_GEMM_TILES").unwrap_or_default();
         let (d, g) = s.split_once(';').unwrap_or((&s, ""));
-        Some((
-            parse(d).unwrap_or(Tile { tm: 0, ..DENSE }),
-            parse(g).unwrap_or(Tile { tm: 0, ..GROUPED }),
-        ))
-    });
-    let grouped = if GROUPED.fits(smem) {
-        GROUPED
-    } else {
-        GROUPED_SMALL
+        (parse(d), parse(g))
+    })
+}
+
+/// `default`, or the override, checked against the kernel and the device's
+/// `smem` bytes of workgroup memory.
+fn pick(kind: &str, o: &Override, default: Tile, smem: u32) -> Result<Tile> {
+    let t = match o {
+        Override::Default => default,
+        Override::Tile(t) => *t,
+        Override::Bad(text) => {
+            return Err(Error::InvalidInput(format!(
+                "TURBOSPARK_GEMM_TILES: the {kind} tile {text:?} is not tm,tn4,wn,bk"
+            )))
+        }
     };
+    if !t.fits(smem) {
+        return Err(Error::InvalidInput(format!(
+            "{kind} GEMM tile {t:?} ({} bytes of workgroup memory) does not fit \
+             kernels/gemm.wgsl or the device's {smem} bytes",
+            t.bytes()
+        )));
+    }
+    Ok(t)
+}
+
+/// The dense tile for an `m`-token batch over `rows` weight rows: [`DENSE`],
+/// or [`DENSE_NARROW`] where DENSE would make few workgroups.
+fn dense_tile(be: &WgpuBackend, m: usize, rows: usize) -> Result<Tile> {
     let groups = (m as u32).div_ceil(DENSE.bm()) * (rows as u32).div_ceil(DENSE.bn());
-    let dense = if groups < NARROW_GROUPS {
+    let default = if groups < NARROW_GROUPS {
         DENSE_NARROW
     } else {
         DENSE
     };
-    let (d, g) = chosen.unwrap_or((dense, grouped));
-    for t in [d, g] {
-        if !t.fits(smem) {
-            return Err(Error::InvalidInput(format!(
-                "GEMM tile {t:?} ({} bytes of workgroup memory) does not fit kernels/gemm.wgsl \
-                 or the device's {smem} bytes (TURBOSPARK_GEMM_TILES)",
-                t.bytes()
-            )));
-        }
-    }
-    Ok((d, g))
+    pick("dense", &overrides().0, default, smem(be))
+}
+
+/// The MoE tile: [`GROUPED`] where the device's workgroup memory holds it,
+/// else [`GROUPED_SMALL`].
+fn grouped_tile(be: &WgpuBackend) -> Result<Tile> {
+    let smem = smem(be);
+    let default = if GROUPED.fits(smem) {
+        GROUPED
+    } else {
+        GROUPED_SMALL
+    };
+    pick("grouped", &overrides().1, default, smem)
 }
 
 /// The device's workgroup memory per workgroup.
@@ -209,7 +234,7 @@ pub(crate) fn dense(
         } else {
             (c.row_start, c.rows)
         };
-        let t = tiles(smem(be), p.m, rows)?.0;
+        let t = dense_tile(be, p.m, rows)?;
         let mtiles = (p.m as u32).div_ceil(t.bm());
         let nrb = (rows as u32).div_ceil(t.bn());
         let (ks, kc) = k_splits(&p, mtiles * nrb, t.bk, w.chunks.len());
@@ -309,7 +334,7 @@ pub(crate) fn gate_up(
     act: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = tiles(smem(be), p.m, 0)?.1;
+    let t = grouped_tile(be)?;
     let mtiles = grouped_tiles(p, t.bm());
     let params = Params {
         m: p.m as u32,
@@ -348,12 +373,12 @@ pub(crate) fn down(
     be: &WgpuBackend,
     act: &wgpu::Buffer,
     d: (&wgpu::Buffer, DType),
-    route: &wgpu::Buffer,
+    (route, ids): (&wgpu::Buffer, &wgpu::Buffer),
     wts: &wgpu::Buffer,
     out: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = tiles(smem(be), p.m, 0)?.1;
+    let t = grouped_tile(be)?;
     let pairs = p.m * p.top_k;
     let per_pair = super::scratch_buffer(
         be,
@@ -399,8 +424,9 @@ pub(crate) fn down(
         entry: "moe_sum",
         constants: &[],
         params: bytemuck::bytes_of(&params),
-        // moe_sum reads the per-pair rows as X; the weight slot is not read.
-        buffers: &[(pb, true), (pb, true), (out, false)],
+        // moe_sum reads the per-pair rows as X and the expert ids as ROUTE;
+        // the weight slot is not read.
+        buffers: &[(pb, true), (pb, true), (out, false), (ids, true)],
         groups: be.grid(((p.m * p.hidden / 4) as u32).div_ceil(WG)),
     })
 }

@@ -207,9 +207,9 @@ fn decode_params(p: &Moe, nrb: usize) -> MoeParams {
     }
 }
 
-/// Most tokens `moe_down` runs through the decode kernel (a prefill
-/// micro-batch is 16; past that the route-list kernel's one read of each
-/// expert for all of its tokens should win).
+/// Most tokens `moe_down` runs through the decode kernel (past that the
+/// prefill GEMM, or the route-list kernel for shapes the GEMM does not
+/// take, reads each expert once for all of its tokens).
 const DECODE_DOWN_MAX_M: usize = 16;
 
 /// Most experts per token the decode kernels take (their `MAXK`).
@@ -448,9 +448,15 @@ pub(crate) fn moe_down(
         });
     }
     let (mut params, scratch) = route(be, ids, &p)?;
-    if super::gemm::fits(p.m, p.inter, d.dtype) {
-        let route = one(&scratch);
-        return super::gemm::down(be, one(act), (wb, d.dtype), route, one(w), one(out), &p);
+    // The GEMM keeps a row per (token, expert) pair in one binding, and
+    // moe_sum adds them as vec4 (hidden a multiple of 4).
+    let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
+    if super::gemm::fits(p.m, p.inter, d.dtype)
+        && p.hidden.is_multiple_of(4)
+        && pair_bytes <= be.max_binding()
+    {
+        let lists = (one(&scratch), one(ids));
+        return super::gemm::down(be, one(act), (wb, d.dtype), lists, one(w), one(out), &p);
     }
     params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
