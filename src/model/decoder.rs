@@ -166,13 +166,7 @@ struct Scratch<B: ComputeBackend> {
 impl<B: ComputeBackend> Scratch<B> {
     fn new(be: &B, cfg: &ModelConfig, rows: usize, head_rows: usize) -> Result<Self> {
         let h = cfg.hidden;
-        let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
-        let max_qkv = cfg
-            .layers
-            .iter()
-            .map(|l| l.qkv_rows(cfg.heads))
-            .max()
-            .unwrap_or(0);
+        let (max_hd, max_qkv) = widest_layer(cfg);
         let qd = cfg.heads * max_hd;
         // Buffers of a disabled branch still need one element to be valid.
         let (k_, mi) = if cfg.enable_moe {
@@ -818,10 +812,8 @@ impl<B: ComputeBackend> Model<B> {
     }
 }
 
-/// The widest activation a prefill batch keeps, `(f32 per token, name)`:
-/// each batch buffer is one binding, so a batch of `rows` tokens must fit the
-/// device's largest binding.
-fn widest_row(cfg: &ModelConfig) -> (usize, &'static str) {
+/// The largest head_dim and q|k|v row count over the layers.
+fn widest_layer(cfg: &ModelConfig) -> (usize, usize) {
     let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
     let max_qkv = cfg
         .layers
@@ -829,6 +821,14 @@ fn widest_row(cfg: &ModelConfig) -> (usize, &'static str) {
         .map(|l| l.qkv_rows(cfg.heads))
         .max()
         .unwrap_or(0);
+    (max_hd, max_qkv)
+}
+
+/// The widest activation a prefill batch keeps, `(f32 per token, name)`:
+/// each batch buffer is one binding, so a batch of `rows` tokens must fit the
+/// device's largest binding.
+fn widest_row(cfg: &ModelConfig) -> (usize, &'static str) {
+    let (max_hd, max_qkv) = widest_layer(cfg);
     let (k, mi) = if cfg.enable_moe {
         (cfg.top_k, cfg.moe_inter)
     } else {

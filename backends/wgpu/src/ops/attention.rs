@@ -183,6 +183,29 @@ struct AttnParams {
     ntiles: u32,
 }
 
+impl AttnParams {
+    /// The parameters of `p` with `nsplit` key splits of at least
+    /// `min_chunk` keys and `ntiles` query tiles (the kernels' query slot
+    /// `s` is row `s / group`, head `g * group + s % group`).
+    fn new(p: &Attention, nsplit: usize, min_chunk: usize, ntiles: usize) -> Self {
+        let group = p.heads / p.kv_heads;
+        AttnParams {
+            m: p.m as u32,
+            heads: p.heads as u32,
+            kv_heads: p.kv_heads as u32,
+            group: group as u32,
+            d4: (p.head_dim / 4) as u32,
+            capacity: p.capacity as u32,
+            window: p.window as u32,
+            scale: p.scale,
+            nsplit: nsplit as u32,
+            min_chunk: min_chunk as u32,
+            nslots: (p.m * group) as u32,
+            ntiles: ntiles as u32,
+        }
+    }
+}
+
 /// Keys per step of `attn_split` (its `KR`).
 const KEYS_PER_STEP: usize = 8;
 /// Most query slots per workgroup (`QMAX`).
@@ -226,23 +249,8 @@ fn prefill(
     p: Attention,
     nv: usize,
 ) -> Result<()> {
-    let group = p.heads / p.kv_heads;
-    let nslots = p.m * group;
-    let blocks = nslots.div_ceil(PREFILL_SLOTS);
-    let params = AttnParams {
-        m: p.m as u32,
-        heads: p.heads as u32,
-        kv_heads: p.kv_heads as u32,
-        group: group as u32,
-        d4: (p.head_dim / 4) as u32,
-        capacity: p.capacity as u32,
-        window: p.window as u32,
-        scale: p.scale,
-        nsplit: 1,
-        min_chunk: 0,
-        nslots: nslots as u32,
-        ntiles: blocks as u32,
-    };
+    let blocks = (p.m * (p.heads / p.kv_heads)).div_ceil(PREFILL_SLOTS);
+    let params = AttnParams::new(&p, 1, 0, blocks);
     be.launch(Launch {
         kernel: "attention",
         entry: "attn_prefill",
@@ -324,20 +332,7 @@ pub(crate) fn attention(
         0,
         "attention split-K scratch",
     )?;
-    let params = AttnParams {
-        m: p.m as u32,
-        heads: p.heads as u32,
-        kv_heads: p.kv_heads as u32,
-        group: group as u32,
-        d4: d4 as u32,
-        capacity: p.capacity as u32,
-        window: p.window as u32,
-        scale: p.scale,
-        nsplit: nsplit as u32,
-        min_chunk: min_chunk as u32,
-        nslots: nslots as u32,
-        ntiles: ntiles as u32,
-    };
+    let params = AttnParams::new(&p, nsplit, min_chunk, ntiles);
     let (entry, constants) = if decode {
         ("attn_decode", [("GD", group as i64), ("D4", d4 as i64)])
     } else {

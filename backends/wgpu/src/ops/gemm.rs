@@ -229,11 +229,7 @@ pub(crate) fn dense(
     p: Matmul,
 ) -> Result<()> {
     for c in w.chunks.iter() {
-        let (row0, rows) = if w.chunks.len() == 1 {
-            (0, p.n)
-        } else {
-            (c.row_start, c.rows)
-        };
+        let (row0, rows) = super::chunk_rows(w, c, p.n);
         let t = dense_tile(be, p.m, rows)?;
         let mtiles = (p.m as u32).div_ceil(t.bm());
         let nrb = (rows as u32).div_ceil(t.bn());
@@ -317,6 +313,26 @@ fn k_splits(p: &Matmul, groups: u32, bk: u32, chunks: usize) -> (u32, u32) {
     (k.div_ceil(kc), kc)
 }
 
+/// Parameters of a grouped launch writing `n` features per row from `k`
+/// (gate_up: inter from hidden; down: hidden from inter), `per_block`
+/// features per row block, no k split.
+fn grouped_params(p: &Moe, (n, k): (usize, usize), mtiles: u32, per_block: u32) -> Params {
+    Params {
+        m: p.m as u32,
+        n: n as u32,
+        k: k as u32,
+        rows: n as u32,
+        row0: 0,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        mtiles,
+        kc: k as u32,
+        nrb: (n as u32).div_ceil(per_block),
+        ks: 1,
+        _pad: 0,
+    }
+}
+
 /// Token tiles a grouped launch dispatches: every expert slot in use cuts
 /// its pairs into tiles of `bm`, at most one of them partial.
 fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
@@ -336,20 +352,8 @@ pub(crate) fn gate_up(
 ) -> Result<()> {
     let t = grouped_tile(be)?;
     let mtiles = grouped_tiles(p, t.bm());
-    let params = Params {
-        m: p.m as u32,
-        n: p.inter as u32,
-        k: p.hidden as u32,
-        rows: p.inter as u32,
-        row0: 0,
-        experts: p.experts as u32,
-        top_k: p.top_k as u32,
-        mtiles,
-        kc: p.hidden as u32,
-        nrb: (p.inter as u32).div_ceil(t.bn() / 2),
-        ks: 1,
-        _pad: 0,
-    };
+    let rows_per_block = t.bn() / 2;
+    let params = grouped_params(p, (p.inter, p.hidden), mtiles, rows_per_block);
     be.launch(Launch {
         kernel: "gemm",
         entry: "gemm_gate_up",
@@ -389,20 +393,7 @@ pub(crate) fn down(
         "moe per-pair rows",
     )?;
     let mtiles = grouped_tiles(p, t.bm());
-    let mut params = Params {
-        m: p.m as u32,
-        n: p.hidden as u32,
-        k: p.inter as u32,
-        rows: p.hidden as u32,
-        row0: 0,
-        experts: p.experts as u32,
-        top_k: p.top_k as u32,
-        mtiles,
-        kc: p.inter as u32,
-        nrb: (p.hidden as u32).div_ceil(t.bn()),
-        ks: 1,
-        _pad: 0,
-    };
+    let mut params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
     be.launch(Launch {
         kernel: "gemm",
         entry: "gemm_down",

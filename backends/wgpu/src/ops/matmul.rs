@@ -68,18 +68,12 @@ pub(crate) fn matmul(
         ("KL", kl as i64),
         ("ALIGNED", aligned as i64),
     ];
-    let single = w.chunks.len() == 1;
     for (c, i0) in w
         .chunks
         .iter()
         .flat_map(|c| (0..p.m).step_by(16).map(move |i0| (c, i0)))
     {
-        // A weight uploaded as one plain buffer has a single chunk of all rows.
-        let (row0, rows) = if single {
-            (0, p.n)
-        } else {
-            (c.row_start, c.rows)
-        };
+        let (row0, rows) = super::chunk_rows(w, c, p.n);
         let params = Params {
             m: (p.m - i0).min(16) as u32,
             n: p.n as u32,
@@ -127,11 +121,7 @@ fn gemv(
     p: Matmul,
 ) -> Result<()> {
     for c in w.chunks.iter() {
-        let (row0, rows) = if w.chunks.len() == 1 {
-            (0, p.n)
-        } else {
-            (c.row_start, c.rows)
-        };
+        let (row0, rows) = super::chunk_rows(w, c, p.n);
         let params = GemvParams {
             n: p.n as u32,
             k: p.k as u32,

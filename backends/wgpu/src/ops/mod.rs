@@ -58,6 +58,21 @@ pub(crate) fn scratch_buffer(
     }
 }
 
+/// `(first output row, rows)` of weight chunk `c` of `w` in an `n`-row
+/// matmul: a weight uploaded as one plain buffer is a single chunk of all
+/// `n` rows; a weight split across bindings has each chunk's own span.
+pub(crate) fn chunk_rows(
+    w: &crate::WgpuBuffer,
+    c: &crate::buffer::Chunk,
+    n: usize,
+) -> (usize, usize) {
+    if w.chunks.len() == 1 {
+        (0, n)
+    } else {
+        (c.row_start, c.rows)
+    }
+}
+
 /// The one binding of an activation, cache, id or norm-weight buffer: every
 /// argument but matmul's weight is one (the trait methods check it with
 /// `whole` before any launcher runs).

@@ -94,51 +94,47 @@ pub(crate) fn router(
         eps: p.eps,
     };
     let constants = super::wdtype(proj.dtype);
-    if super::gemm::fits(p.m, p.hidden, proj.dtype) {
-        // Prefill: x * eff_scale into scratch, then proj through the GEMM.
-        let z = super::scratch_buffer(
+    // The first dispatch's bindings; its output is the logits, or for a
+    // prefill batch the scaled input of the GEMM that writes them.
+    let gemm = super::gemm::fits(p.m, p.hidden, proj.dtype);
+    let first_out = if gemm {
+        super::scratch_buffer(
             be,
             |s| &mut s.router_in,
             DType::F32,
             p.m * p.hidden,
             0,
             "router input",
-        )?;
-        be.launch(Launch {
-            kernel: "router",
-            entry: "router_scale",
-            constants: &constants,
-            params: bytemuck::bytes_of(&params),
-            buffers: &[
-                (one(x), true),
-                (one(s), true),
-                (pb, true),
-                (one(pes), true),
-                (one(&z), false),
-            ],
-            groups: be.grid(((p.m * p.hidden) as u32).div_ceil(256)),
-        })?;
+        )?
+    } else {
+        logits.clone()
+    };
+    let (entry, groups) = if gemm {
+        ("router_scale", ((p.m * p.hidden) as u32).div_ceil(256))
+    } else {
+        ("router_logits", (p.m * p.experts) as u32)
+    };
+    be.launch(Launch {
+        kernel: "router",
+        entry,
+        constants: &constants,
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(x), true),
+            (one(s), true),
+            (pb, true),
+            (one(pes), true),
+            (one(&first_out), false),
+        ],
+        groups: be.grid(groups),
+    })?;
+    if gemm {
         let mm = turbospark::ops::Matmul {
             m: p.m,
             n: p.experts,
             k: p.hidden,
         };
-        super::gemm::dense(be, proj, one(&z), one(&logits), mm)?;
-    } else {
-        be.launch(Launch {
-            kernel: "router",
-            entry: "router_logits",
-            constants: &constants,
-            params: bytemuck::bytes_of(&params),
-            buffers: &[
-                (one(x), true),
-                (one(s), true),
-                (pb, true),
-                (one(pes), true),
-                (one(&logits), false),
-            ],
-            groups: be.grid((p.m * p.experts) as u32),
-        })?;
+        super::gemm::dense(be, proj, one(&first_out), one(&logits), mm)?;
     }
     be.launch(Launch {
         kernel: "router",
