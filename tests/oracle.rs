@@ -103,6 +103,28 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
         assert!(e < ORACLE_NMSE, "{name}: token-by-token row {i} NMSE {e:e}");
     }
 
+    // One prefill batch of all but the last token (17 of them: on a GPU the
+    // prefill GEMM and attn_prefill), then the last token's row.
+    model.reset();
+    let n = want.tokens.len();
+    assert!(
+        n - 1 >= 17,
+        "{name}: the fixture is too short for a prefill GEMM batch"
+    );
+    let prefill_only = GenerateOptions {
+        max_new_tokens: 0,
+        ..Default::default()
+    };
+    model
+        .generate(&want.tokens[..n - 1], &prefill_only)
+        .unwrap();
+    let last = model.logits(&want.tokens[n - 1..]).unwrap().remove(0);
+    let e = nmse(&last, &want.logits[(n - 1) * want.vocab..]);
+    assert!(
+        e < ORACLE_NMSE,
+        "{name}: last row after one prefill batch: NMSE {e:e} over {ORACLE_NMSE:e}"
+    );
+
     // The greedy continuation, token for token.
     model.reset();
     let p = want.prompt_len;
