@@ -25,6 +25,26 @@ fn family_without_subgroups(name: &str) {
     );
 }
 
+/// The families the prefill GEMM serves, with each shipped tile forced: the
+/// launcher picks tiles by shape and device, so the cases alone reach only
+/// some of them (on lavapipe never the 16 KB MoE tile). Forced tiles also
+/// run shapes their defaults would not get.
+#[test]
+fn gemm_families_with_every_tile() {
+    // DENSE + GROUPED_SMALL, then DENSE_NARROW + GROUPED
+    // (backends/wgpu/src/ops/gemm.rs).
+    for tiles in ["4,2,2,16;4,2,4,8", "4,1,2,16;4,2,4,16"] {
+        let opts = WgpuOptions {
+            gemm_tiles: Some(tiles.into()),
+            ..Default::default()
+        };
+        for name in ["matmul", "moe_gate_up", "moe_down", "router"] {
+            eprintln!("tiles {tiles}: {name}");
+            family_on(name, &opts);
+        }
+    }
+}
+
 fn family_on(name: &str, opts: &WgpuOptions) {
     let Some(device) = common::wgpu_backend_with(opts) else {
         return;

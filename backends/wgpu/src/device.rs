@@ -14,6 +14,13 @@ pub struct WgpuOptions {
     /// for testing that path on devices that have subgroups. Also set by
     /// `TURBOSPARK_NO_SUBGROUPS=1`.
     pub no_subgroups: bool,
+    /// Tiles of the prefill GEMM (`kernels/gemm.wgsl`) in place of the
+    /// shape-chosen defaults, `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped;
+    /// an empty half keeps its default): for tile sweeps and for testing
+    /// every tile. Defaults to the `TURBOSPARK_GEMM_TILES` environment
+    /// variable; a tile the kernel or device cannot hold is an error at the
+    /// first launch that uses it.
+    pub gemm_tiles: Option<String>,
 }
 
 /// What an adapter is, for listings (`turbospark info`).

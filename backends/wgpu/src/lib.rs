@@ -57,11 +57,20 @@ pub struct WgpuBackend {
     scratch: Mutex<ops::Scratch>,
     /// Readbacks in flight (`begin_read_u32`, downloads), their staging pool.
     reads: Mutex<readback::Reads>,
+    /// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`).
+    gemm_tiles: ops::gemm::Overrides,
 }
 
 impl WgpuBackend {
     /// Open the preferred adapter (see [`WgpuOptions`]).
     pub fn new(opts: &WgpuOptions) -> Result<Self> {
+        let gemm_tiles = ops::gemm::Overrides::parse(
+            &opts
+                .gemm_tiles
+                .clone()
+                .or_else(|| std::env::var("TURBOSPARK_GEMM_TILES").ok())
+                .unwrap_or_default(),
+        );
         let o = device::open(opts)?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
@@ -129,6 +138,7 @@ impl WgpuBackend {
             errors,
             scratch: Mutex::default(),
             reads: Mutex::default(),
+            gemm_tiles,
         })
     }
 

@@ -131,7 +131,7 @@ pub(crate) const GROUPED: Tile = Tile {
 /// [`GROUPED`] within WebGPU's 16 KB baseline: 8 of k per step.
 pub(crate) const GROUPED_SMALL: Tile = Tile { bk: 8, ..GROUPED };
 
-/// One half of `TURBOSPARK_GEMM_TILES`.
+/// One half of the tile overrides.
 #[derive(Clone, Debug)]
 enum Override {
     Default,
@@ -140,13 +140,16 @@ enum Override {
     Bad(String),
 }
 
-/// `TURBOSPARK_GEMM_TILES="tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped), for
-/// kernel authors' tile sweeps, read once: an empty or absent half keeps
-/// the default.
-fn overrides() -> &'static (Override, Override) {
-    static T: std::sync::OnceLock<(Override, Override)> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        let parse = |s: &str| -> Override {
+/// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`): dense and
+/// grouped.
+#[derive(Clone, Debug)]
+pub(crate) struct Overrides(Override, Override);
+
+impl Overrides {
+    /// `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped): an empty or absent
+    /// half keeps the default.
+    pub fn parse(s: &str) -> Self {
+        let half = |s: &str| -> Override {
             let s = s.trim();
             if s.is_empty() {
                 return Override::Default;
@@ -157,10 +160,9 @@ fn overrides() -> &'static (Override, Override) {
                 _ => Override::Bad(s.to_string()),
             }
         };
-        let s = std::env::var("TURBOSPARK_GEMM_TILES").unwrap_or_default();
-        let (d, g) = s.split_once(';').unwrap_or((&s, ""));
-        (parse(d), parse(g))
-    })
+        let (d, g) = s.split_once(';').unwrap_or((s, ""));
+        Overrides(half(d), half(g))
+    }
 }
 
 /// `default`, or the override, checked against the kernel and the device's
@@ -171,7 +173,8 @@ fn pick(kind: &str, o: &Override, default: Tile, smem: u32) -> Result<Tile> {
         Override::Tile(t) => *t,
         Override::Bad(text) => {
             return Err(Error::InvalidInput(format!(
-                "TURBOSPARK_GEMM_TILES: the {kind} tile {text:?} is not tm,tn4,wn,bk"
+                "GEMM tile overrides (TURBOSPARK_GEMM_TILES): the {kind} tile {text:?} \
+                 is not tm,tn4,wn,bk"
             )))
         }
     };
@@ -194,7 +197,7 @@ fn dense_tile(be: &WgpuBackend, m: usize, rows: usize) -> Result<Tile> {
     } else {
         DENSE
     };
-    pick("dense", &overrides().0, default, smem(be))
+    pick("dense", &be.gemm_tiles.0, default, smem(be))
 }
 
 /// The MoE tile: [`GROUPED`] where the device's workgroup memory holds it,
@@ -206,7 +209,7 @@ fn grouped_tile(be: &WgpuBackend) -> Result<Tile> {
     } else {
         GROUPED_SMALL
     };
-    pick("grouped", &overrides().1, default, smem)
+    pick("grouped", &be.gemm_tiles.1, default, smem)
 }
 
 /// The device's workgroup memory per workgroup.
@@ -442,6 +445,27 @@ mod tests {
             !Tile { tm: 2, ..DENSE }.fits(16384),
             "token rows read as vec4"
         );
+    }
+
+    #[test]
+    fn tile_overrides_parse_by_half() {
+        let smem = 32768;
+        let Overrides(d, g) = Overrides::parse("4,1,2,16");
+        assert_eq!(pick("dense", &d, DENSE, smem).unwrap(), DENSE_NARROW);
+        assert_eq!(
+            pick("grouped", &g, GROUPED, smem).unwrap(),
+            GROUPED,
+            "empty half"
+        );
+        let Overrides(d, g) = Overrides::parse(" ; 4,2,4,8 ");
+        assert_eq!(pick("dense", &d, DENSE, smem).unwrap(), DENSE);
+        assert_eq!(pick("grouped", &g, GROUPED, smem).unwrap(), GROUPED_SMALL);
+        let Overrides(d, _) = Overrides::parse("4,2,x,16;");
+        let e = pick("dense", &d, DENSE, smem).unwrap_err().to_string();
+        assert!(e.contains("\"4,2,x,16\" is not tm,tn4,wn,bk"), "{e}");
+        let Overrides(d, _) = Overrides::parse("4,2,2,32");
+        let e = pick("dense", &d, DENSE, 16384).unwrap_err().to_string();
+        assert!(e.contains("device's 16384 bytes"), "{e}");
     }
 
     #[test]
