@@ -24,9 +24,12 @@
 // consecutive token rows (TM a multiple of 4: vec4 reads) x TN4 groups of 4
 // weight rows in registers. Within a 32-lane warp the lanes form 4 token
 // groups x 8 weight-row groups, so every workgroup-memory read of a warp is
-// a few broadcasts or one contiguous 128-byte line. Every weight element is read once per token tile; accumulation is
-// f32. In gate_up mode a group of 4 tile rows is (gate f, gate f + 1, up f,
-// up f + 1), so the activation is computed from registers.
+// a few broadcasts or one contiguous 128-byte line. The next step's X and W
+// are loaded into registers while this step computes. Every weight element
+// is read once per token tile; accumulation is f32. In gate_up mode a group
+// of 4 tile rows is (gate f, gate f + 1, up f, up f + 1), so the activation
+// is computed from registers. ROUTE/WTS are bound in every mode (the dense
+// launcher binds x in their place) so all entry points share one layout.
 
 struct Params {
     // dense: rows of x; grouped: tokens
@@ -70,11 +73,12 @@ override TN4: u32 = 2u;
 override WN: u32 = 2u;
 override BK: u32 = 16u;
 
+override XS4: u32 = 256u;
+override WS4: u32 = 512u;
+
 const WG: u32 = 256u;
 const MAX_TM: u32 = 8u;
 const MAX_TN4: u32 = 4u;
-override XS4: u32 = 256u;
-override WS4: u32 = 512u;
 const MAX_BM: u32 = 128u;
 
 var<workgroup> xs: array<vec4<f32>, XS4>;
@@ -237,7 +241,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         xv4[u] = load_x(x_on[u], x_row[u], kb, xe[u].y, ke);
         wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, kb, we[u].y, ke);
     }
-    var acc: array<vec4<f32>, 32>;
+    var acc: array<vec4<f32>, MAX_TM * MAX_TN4>;
     let b_m4 = b_m / 4u;
     for (var k0 = kb; k0 < ke; k0 += BK) {
         workgroupBarrier();
