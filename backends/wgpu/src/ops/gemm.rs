@@ -1,7 +1,8 @@
-//! The prefill GEMM (`kernels/gemm.wgsl`): matmul and the MoE phases for
-//! more than [`GEMM_MIN_M`] - 1 rows of x with 16-bit weights and a reduced
-//! dimension that is a multiple of 8. Below that the GEMV kernels, which read
-//! each weight row once for all rows of x, are the faster path.
+//! The prefill GEMM (`kernels/gemm.wgsl`): matmul, the router's logits and
+//! the MoE phases from [`GEMM_MIN_M`] rows of x, with 16-bit weights and a
+//! reduced dimension that is a multiple of 8. Below that the GEMV kernels
+//! take them (each weight row read once for all rows of x; the 16-row
+//! threshold is the old micro-batch size, not a measured crossover).
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{Matmul, Moe};
