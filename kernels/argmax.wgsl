@@ -2,8 +2,8 @@
 // NaN never wins; a row with no value above -3.4e38 gives index 0.
 //
 // Two dispatches so a 262144-wide row is read by many workgroups, not one:
-//   argmax_partial  workgroup (r, c) reduces chunk c of row r (P.vocab =
-//                   chunks per row, P.s unused) to PART[r * chunks + c] =
+//   argmax_partial  workgroup (r, c) reduces chunk c of row r (P.chunks
+//                   per row, P.s unused) to PART[r * chunks + c] =
 //                   (value bits, index), index 0xffffffff when it saw none;
 //   argmax_final    one workgroup per row reduces the row's chunks.
 // Ties go to the lower index at every step, so the result is the first one.
@@ -12,7 +12,7 @@ struct Params {
     rows: u32,
     s: f32,
     // chunks per row
-    vocab: u32,
+    chunks: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -50,7 +50,7 @@ fn reduce(lid: u32) {
 fn argmax_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let id = linear_group(wg, nwg);
-    let chunks = P.vocab;
+    let chunks = P.chunks;
     let r = id / chunks;
     let c = id % chunks;
     if (r >= P.rows) {
@@ -89,8 +89,8 @@ fn argmax_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
     var bv = -3.402823e38;
     var bi = NONE;
-    for (var c = lid; c < P.vocab; c += 256u) {
-        let e = PARTS[r * P.vocab + c];
+    for (var c = lid; c < P.chunks; c += 256u) {
+        let e = PARTS[r * P.chunks + c];
         let v = bitcast<f32>(e.x);
         if (better(v, e.y, bv, bi)) {
             bv = v;

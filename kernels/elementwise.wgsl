@@ -8,7 +8,8 @@ struct Params {
     rows: u32,
     // scale for `scale` and `embed`, cap for `softcap`
     s: f32,
-    vocab: u32,
+    // gelu_mul: the row length n; else unused
+    count: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -39,13 +40,13 @@ fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // OUT[r, i] = gelu_tanh(A[r, i]) * A[r, n + i] for A [rows, 2n]; P.n = rows * n
-// output elements, P.vocab carries n.
+// output elements, P.count carries n.
 @compute @workgroup_size(256)
 fn gelu_mul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wg, nwg, lid);
     if (i < P.n) {
-        let n = P.vocab;
+        let n = P.count;
         let r = i / n;
         let c = i % n;
         OUT[i] = gelu_tanh(A[r * 2u * n + c]) * A[r * 2u * n + n + c];

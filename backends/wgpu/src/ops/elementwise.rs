@@ -13,7 +13,9 @@ struct Params {
     n: u32,
     rows: u32,
     s: f32,
-    vocab: u32,
+    /// embed: the vocabulary size; gelu_mul: the row length; argmax: chunks
+    /// per row; else unused.
+    count: u32,
 }
 
 fn flat(
@@ -51,7 +53,7 @@ pub(crate) fn add(
             n: n as u32,
             rows: 1,
             s: 0.0,
-            vocab: 0,
+            count: 0,
         },
     )
 }
@@ -73,7 +75,7 @@ pub(crate) fn scale(
             n: n as u32,
             rows: 1,
             s,
-            vocab: 0,
+            count: 0,
         },
     )
 }
@@ -95,7 +97,7 @@ pub(crate) fn gelu_mul(
             n: (rows * n) as u32,
             rows: rows as u32,
             s: 0.0,
-            vocab: n as u32,
+            count: n as u32,
         },
     )
 }
@@ -117,7 +119,7 @@ pub(crate) fn softcap(
             n: n as u32,
             rows: 1,
             s: cap,
-            vocab: 0,
+            count: 0,
         },
     )
 }
@@ -139,7 +141,7 @@ pub(crate) fn embed(
         n: p.hidden as u32,
         rows: p.m as u32,
         s: p.scale,
-        vocab: p.vocab as u32,
+        count: p.vocab as u32,
     };
     be.launch(Launch {
         kernel: "embed",
@@ -178,7 +180,7 @@ pub(crate) fn argmax(
         n: n as u32,
         rows: rows as u32,
         s: 0.0,
-        vocab: chunks as u32,
+        count: chunks as u32,
     };
     be.launch(Launch {
         kernel: "argmax",
