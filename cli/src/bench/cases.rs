@@ -487,6 +487,31 @@ fn distinct_experts(ids: &[u32]) -> u64 {
 /// output written once. Only the selected experts count for MoE, and only
 /// the keys in the window for attention. Without inputs (a case no backend
 /// ran), MoE counts every slot as a distinct expert.
+/// Floating-point operations an op does (a multiply-add is two), where it is
+/// a product the prefill cases are bound by: matmul, router logits, the MoE
+/// phases (per (token, expert) pair) and attention (scores and values over
+/// each row's keys). None for the rest.
+pub fn flops(op: &Op) -> Option<u64> {
+    let f = |v: usize| Some(2 * v as u64);
+    match op {
+        Op::Matmul { p, .. } => f(p.m * p.n * p.k),
+        Op::Router { p, .. } => f(p.m * p.experts * p.hidden),
+        Op::MoeGateUp { p, .. } => f(p.m * p.top_k * 2 * p.inter * p.hidden),
+        Op::MoeDown { p, .. } => f(p.m * p.top_k * p.hidden * p.inter),
+        Op::Attention { p, pos0 } => {
+            let keys: usize = (0..p.m)
+                .map(|t| {
+                    let pos = pos0 + t;
+                    let window = if p.window > 0 { p.window } else { usize::MAX };
+                    (pos + 1).min(window).min(p.capacity)
+                })
+                .sum();
+            f(2 * keys * p.heads * p.head_dim)
+        }
+        _ => None,
+    }
+}
+
 pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
     let f = 4u64;
     let ws = |d: &DType| d.size() as u64;
@@ -663,5 +688,34 @@ pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
         first,
         others,
         bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flops_count_products_and_causal_keys() {
+        let mm = Op::Matmul {
+            p: Matmul { m: 3, n: 5, k: 7 },
+            w: BF16,
+        };
+        assert_eq!(flops(&mm), Some(2 * 3 * 5 * 7));
+        // Rows at positions 0, 1, 2 see 1, 2 and 2 keys (window 2): 5 keys.
+        let attn = Op::Attention {
+            p: Attention {
+                m: 3,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 8,
+                capacity: 4,
+                window: 2,
+                scale: 1.0,
+            },
+            pos0: 0,
+        };
+        assert_eq!(flops(&attn), Some(2 * 2 * 5 * 4 * 8));
+        assert_eq!(flops(&Op::GeluMul { rows: 1, n: 4 }), None);
     }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::cases::Case;
+use super::cases::{flops, Case};
 use super::measure::{Outcome, Stats};
 use super::{Args, Run};
 
@@ -28,6 +28,15 @@ pub fn fmt_time(s: f64) -> String {
         format!("{:.2} ms", s * 1e3)
     } else {
         format!("{:.2} s", s)
+    }
+}
+
+/// A rate of floating-point operations per second, in TFLOPS or GFLOPS.
+fn fmt_flops(per_s: f64) -> String {
+    if per_s >= 1e12 {
+        format!("{:.2} TFLOPS", per_s / 1e12)
+    } else {
+        format!("{:.1} GFLOPS", per_s / 1e9)
     }
 }
 
@@ -169,6 +178,10 @@ impl Report<'_> {
                         if let (Some(t), "wgpu") = (case.target_us, r.name) {
                             notes.push(format!("target <= {t} us on the H200"));
                         }
+                        // Prefill batches are bound by arithmetic, not bytes.
+                        if let (Some(fl), true) = (flops(&case.op), case.m > 16) {
+                            notes.push(fmt_flops(fl as f64 / stats.median));
+                        }
                         format!(
                             "{:>10} {:>21} {:>10.3} {:>9.2} {:>6}",
                             fmt_time(stats.median),
@@ -281,6 +294,7 @@ impl Report<'_> {
                                 "gbps_p10_time": gbps(bytes, stats.p10),
                                 "gbps_p90_time": gbps(bytes, stats.p90),
                                 "pct_of_ceiling": self.ceiling_gbps(r).map(|c| 100.0 * g / c),
+                                "tflops": flops(&c.op).map(|fl| fl as f64 / stats.median / 1e12),
                                 "method": method,
                                 "input_sets": sets,
                             })
