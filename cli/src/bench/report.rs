@@ -179,7 +179,8 @@ impl Report<'_> {
                             notes.push(format!("target <= {t} us on the H200"));
                         }
                         // Prefill batches are bound by arithmetic, not bytes.
-                        if let (Some(fl), true) = (flops(&case.op), case.m > 16) {
+                        let prefill = case.m >= turbospark_wgpu::PREFILL_MIN_M;
+                        if let (Some(fl), true) = (flops(&case.op), prefill) {
                             notes.push(fmt_flops(fl as f64 / stats.median));
                         }
                         format!(

@@ -228,9 +228,6 @@ const DECODE_GROUPS: usize = 512;
 /// per-head arrays).
 const DECODE_MAX_GROUP: usize = 8;
 
-/// Fewest query rows that take `attn_prefill` (a prefill batch; the GEMM's
-/// threshold too).
-const PREFILL_MIN_M: usize = 17;
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
 
@@ -267,7 +264,7 @@ fn prefill(
     })
 }
 
-/// Attention: from [`PREFILL_MIN_M`] query rows one `attn_prefill` dispatch;
+/// Attention: from [`super::PREFILL_MIN_M`] query rows one `attn_prefill` dispatch;
 /// below, two dispatches: a split phase (per key split and kv head:
 /// partial softmax into scratch) and `attn_combine` (merge). The split phase
 /// is `attn_decode` for one query row whose kv head's query heads fit its
@@ -295,7 +292,7 @@ pub(crate) fn attention(
     // vec4 per lane of a K row in attn_split (and of a V row in
     // attn_prefill): 32 lanes cover 128-512 dims.
     let nv = d4.div_ceil(32).next_power_of_two();
-    if p.m >= PREFILL_MIN_M {
+    if p.m >= super::PREFILL_MIN_M {
         return prefill(be, (q, kc, vc, pos, out), p, nv);
     }
     let decode = p.m == 1 && group <= DECODE_MAX_GROUP;

@@ -1,8 +1,7 @@
 //! The prefill GEMM (`kernels/gemm.wgsl`): matmul, the router's logits and
-//! the MoE phases from [`GEMM_MIN_M`] rows of x, with 16-bit weights and a
-//! reduced dimension that is a multiple of 8. Below that the GEMV kernels
-//! take them (each weight row read once for all rows of x; the 16-row
-//! threshold is the old micro-batch size, not a measured crossover).
+//! the MoE phases from [`super::PREFILL_MIN_M`] rows of x, with 16-bit
+//! weights and a reduced dimension that is a multiple of 8. Below that the
+//! streaming kernels take them.
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{Matmul, Moe};
@@ -11,9 +10,6 @@ use turbospark::{DType, Error, Result};
 use super::one;
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
-
-/// Fewest rows of x (tokens) the GEMM takes.
-pub(crate) const GEMM_MIN_M: usize = 17;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -220,7 +216,7 @@ fn smem(be: &WgpuBackend) -> u32 {
 
 /// Whether an `m`-row problem reducing over `k` takes the GEMM.
 pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
-    m >= GEMM_MIN_M && k.is_multiple_of(8) && matches!(dtype, DType::BF16 | DType::F16)
+    m >= super::PREFILL_MIN_M && k.is_multiple_of(8) && matches!(dtype, DType::BF16 | DType::F16)
 }
 
 /// `OUT = X W^T` per weight binding (a weight split across bindings is one

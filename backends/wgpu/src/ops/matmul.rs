@@ -34,10 +34,6 @@ fn config(m: usize) -> (u32, u32, u32) {
     }
 }
 
-/// Most rows of x the GEMV kernels take (`gemv_rows`' MAXT): a prefill
-/// micro-batch. Each weight row is read once for all of them.
-const GEMV_MAX_M: usize = 16;
-
 /// One dispatch per weight binding (a weight larger than one binding is split
 /// by rows), each writing its chunk's output columns.
 pub(crate) fn matmul(
@@ -49,7 +45,10 @@ pub(crate) fn matmul(
 ) -> Result<()> {
     let xb = one(x);
     let ob = one(out);
-    if p.m <= GEMV_MAX_M && p.k.is_multiple_of(8) && matches!(w.dtype, DType::BF16 | DType::F16) {
+    if p.m <= super::STREAM_MAX_M
+        && p.k.is_multiple_of(8)
+        && matches!(w.dtype, DType::BF16 | DType::F16)
+    {
         return gemv(be, w, xb, ob, p);
     }
     if super::gemm::fits(p.m, p.k, w.dtype) {

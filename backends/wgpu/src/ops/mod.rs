@@ -14,6 +14,15 @@ use turbospark::{DType, Support};
 
 use crate::WgpuBackend;
 
+/// Most rows of x the streaming kernels take: `gemv_rows` (its `MAXT`) and
+/// the MoE decode kernels' token dimension read each weight row once for
+/// all of them. From one more row a pass is a prefill batch for the kernels
+/// that have one (the tiled GEMM, attn_prefill). 16 was the seed's
+/// micro-batch; the crossover between the two was not measured.
+pub(crate) const STREAM_MAX_M: usize = 16;
+/// Fewest rows of x (tokens) that take the prefill kernels.
+pub const PREFILL_MIN_M: usize = STREAM_MAX_M + 1;
+
 /// Backend-owned scratch, created on first use and grown as needed.
 #[derive(Default)]
 pub(crate) struct Scratch {

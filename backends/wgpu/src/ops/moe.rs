@@ -189,7 +189,7 @@ fn route(be: &WgpuBackend, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, Wgpu
 /// per slot (phase 1; 0 for phase 2). Taken when the weights are 16-bit and
 /// the reduced dimension is a multiple of 8 (weight rows start on 16-byte
 /// boundaries, so they bind as `array<vec4<u32>>`): phase 1 for one token,
-/// phase 2 for up to DECODE_DOWN_MAX_M.
+/// phase 2 for up to STREAM_MAX_M.
 fn decode_params(p: &Moe, nrb: usize) -> MoeParams {
     MoeParams {
         m: p.m as u32,
@@ -202,11 +202,6 @@ fn decode_params(p: &Moe, nrb: usize) -> MoeParams {
         nrb: nrb as u32,
     }
 }
-
-/// Most tokens `moe_down` runs through the decode kernel (past that the
-/// prefill GEMM, or the route-list kernel for shapes the GEMM does not
-/// take, reads each expert once for all of its tokens).
-const DECODE_DOWN_MAX_M: usize = 16;
 
 /// Most experts per token the decode kernels take (their `MAXK`).
 const DECODE_MAX_TOP_K: usize = 16;
@@ -426,7 +421,9 @@ pub(crate) fn moe_down(
     let wb = weight(be, d, "moe_down")?;
     // Phase 2 takes the decode kernel for prefill micro-batches too (one
     // token per row of workgroups; see kernels/moe_decode.wgsl).
-    if p.m <= DECODE_DOWN_MAX_M && decode_fits(&p, p.inter, d.dtype) {
+    // (past STREAM_MAX_M tokens the prefill GEMM, or the route-list kernel
+    // for shapes the GEMM does not take, reads each expert once)
+    if p.m <= super::STREAM_MAX_M && decode_fits(&p, p.inter, d.dtype) {
         let params = decode_params(&p, 0);
         return be.launch(Launch {
             kernel: "moe_decode",
