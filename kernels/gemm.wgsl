@@ -329,51 +329,48 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     }
 }
 
+// Element `e` of X read as floats (the sum kernels below take any size).
+fn x_at(e: u32) -> f32 {
+    return X[e / 4u][e % 4u];
+}
+
 // OUT[i] = sum_s X[s * m * n + i] (the split-k planes, in order), one
-// thread per 4 elements (m * n a multiple of 4).
+// thread per element.
 @compute @workgroup_size(256)
 fn gemm_ksum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let idx = linear_group(wg, nwg) * WG + lid;
-    let plane = P.m * P.n / 4u;
+    let plane = P.m * P.n;
     if (idx >= plane) {
         return;
     }
-    var s = vec4<f32>(0.0);
+    var s = 0.0;
     for (var k = 0u; k < P.ks; k++) {
-        s += X[k * plane + idx];
+        s += x_at(k * plane + idx);
     }
-    OUT[4u * idx] = s.x;
-    OUT[4u * idx + 1u] = s.y;
-    OUT[4u * idx + 2u] = s.z;
-    OUT[4u * idx + 3u] = s.w;
+    OUT[idx] = s;
 }
 
 // OUT[t, c] = sum_j X[t * top_k + j, c] (X: the down mode's per-pair rows),
-// in order of j, one thread per 4 columns of a token. ROUTE is bound to the
-// expert ids here: a pair whose id is past the experts was left out of the
-// route list (its row never written) and adds nothing, as in the route-list
-// kernels.
+// in order of j, one thread per element. ROUTE is bound to the expert ids
+// here: a pair whose id is past the experts was left out of the route list
+// (its row never written) and adds nothing, as in the route-list kernels.
 @compute @workgroup_size(256)
 fn moe_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
     let idx = linear_group(wg, nwg) * WG + lid;
-    let h4 = P.n / 4u;
-    if (idx >= P.m * h4) {
+    let h = P.n;
+    if (idx >= P.m * h) {
         return;
     }
-    let t = idx / h4;
-    let c = idx % h4;
-    var s = vec4<f32>(0.0);
+    let t = idx / h;
+    let c = idx % h;
+    var s = 0.0;
     for (var j = 0u; j < P.top_k; j++) {
         let p = t * P.top_k + j;
         if (ROUTE[p] < P.experts) {
-            s += X[p * h4 + c];
+            s += x_at(p * h + c);
         }
     }
-    let o = t * P.n + 4u * c;
-    OUT[o] = s.x;
-    OUT[o + 1u] = s.y;
-    OUT[o + 2u] = s.z;
-    OUT[o + 3u] = s.w;
+    OUT[idx] = s;
 }

@@ -57,6 +57,7 @@ fn matmul(full: bool) -> Vec<Op> {
         c(520, 4097, 40, BF16), // GEMM, enough tiles for the wide tile (the others take the narrow one)
         c(40, 64, 1024, BF16),  // GEMM split over k (one output tile)
         c(24, 96, 1000, F16),   // split k, a short last split
+        c(21, 37, 2816, BF16),  // split k, an odd-sized partial plane
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];
@@ -116,8 +117,8 @@ fn moe(full: bool) -> Vec<Op> {
             (20, 4, 2, 66, 20, BF16),
             // many pairs (1024 and more)
             (520, 5, 2, 64, 16, F16),
-            // down with inter a multiple of 8 but hidden not one of 4:
-            // the route-list kernel, not the GEMM (moe_sum reads vec4)
+            // gate_up through the route-list kernel (hidden not a multiple
+            // of 8), down through the GEMM with an odd-sized moe_sum
             (40, 6, 3, 66, 40, BF16),
         ];
         if full {

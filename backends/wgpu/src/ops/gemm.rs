@@ -286,7 +286,7 @@ pub(crate) fn dense(
                 params: bytemuck::bytes_of(&params),
                 // gemm_ksum reads the planes as X; the weight slot is not read.
                 buffers: &[(pb, true), (pb, true), (ob, false)],
-                groups: be.grid(((p.m * p.n / 4) as u32).div_ceil(WG)),
+                groups: be.grid(((p.m * p.n) as u32).div_ceil(WG)),
             })?;
         }
     }
@@ -296,13 +296,12 @@ pub(crate) fn dense(
 /// Split k over workgroups for a dense problem of `groups` output tiles:
 /// `(splits, k per split)`. Only where the tiles alone are fewer than
 /// [`NARROW_GROUPS`] (the router's 128 rows: 16 tiles at 512 tokens), each
-/// split keeps at least 4 steps of `bk`, the output is one binding and its
-/// size a multiple of 4 (gemm_ksum reads vec4). The split count depends on
-/// the shape only, so results are deterministic.
+/// split keeps at least 4 steps of `bk`, and the output is one binding. The
+/// split count depends on the shape only, so results are deterministic.
 fn k_splits(p: &Matmul, groups: u32, bk: u32, chunks: usize) -> (u32, u32) {
     let k = p.k as u32;
     let whole = (1, k);
-    if groups >= NARROW_GROUPS || chunks != 1 || !(p.m * p.n).is_multiple_of(4) {
+    if groups >= NARROW_GROUPS || chunks != 1 {
         return whole;
     }
     let want = (NARROW_GROUPS / groups).min(k / (4 * bk));
@@ -418,7 +417,7 @@ pub(crate) fn down(
         // moe_sum reads the per-pair rows as X and the expert ids as ROUTE;
         // the weight slot is not read.
         buffers: &[(pb, true), (pb, true), (out, false), (ids, true)],
-        groups: be.grid(((p.m * p.hidden / 4) as u32).div_ceil(WG)),
+        groups: be.grid(((p.m * p.hidden) as u32).div_ceil(WG)),
     })
 }
 
@@ -473,11 +472,6 @@ mod tests {
         assert!(ks > 1 && kc % 16 == 0 && (ks - 1) * kc < 2816 && ks * kc >= 2816);
         assert_eq!(k_splits(&mm(512, 2816, 8192), 352, 16, 1), (1, 8192));
         assert_eq!(k_splits(&mm(512, 128, 2816), 16, 16, 2), (1, 2816));
-        assert_eq!(
-            k_splits(&mm(21, 37, 2816), 1, 16, 1),
-            (1, 2816),
-            "m * n odd"
-        );
         assert_eq!(k_splits(&mm(40, 64, 64), 1, 16, 1), (1, 64), "too little k");
     }
 }

@@ -441,13 +441,9 @@ pub(crate) fn moe_down(
         });
     }
     let (mut params, scratch) = route(be, ids, &p)?;
-    // The GEMM keeps a row per (token, expert) pair in one binding, and
-    // moe_sum adds them as vec4 (hidden a multiple of 4).
+    // The GEMM keeps a row per (token, expert) pair in one binding.
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
-    if super::gemm::fits(p.m, p.inter, d.dtype)
-        && p.hidden.is_multiple_of(4)
-        && pair_bytes <= be.max_binding()
-    {
+    if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
         let lists = (one(&scratch), one(ids));
         return super::gemm::down(be, one(act), (wb, d.dtype), lists, one(w), one(out), &p);
     }
