@@ -327,7 +327,7 @@ impl<B: ComputeBackend> Model<B> {
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         self.check_request(tokens, 0)?;
         let mut rows = Vec::with_capacity(tokens.len());
-        for chunk in tokens.chunks(LOGITS_BATCH.min(self.prefill_batch)) {
+        for chunk in tokens.chunks(head_batch(self.prefill_batch)) {
             let m = chunk.len();
             self.forward_chunk(chunk, true)?;
             let s = self.scratch(m)?;
@@ -518,12 +518,11 @@ impl<B: ComputeBackend> Model<B> {
     fn forward_chunk(&mut self, chunk: &[u32], head: bool) -> Result<()> {
         let m = chunk.len();
         if m > 1 && self.batch.is_none() {
-            let head_rows = LOGITS_BATCH.min(self.prefill_batch);
             self.batch = Some(Scratch::new(
                 &self.backend,
                 &self.cfg,
                 self.prefill_batch,
-                head_rows,
+                head_batch(self.prefill_batch),
             )?);
         }
         let s = self.scratch(m)?;
@@ -812,6 +811,12 @@ impl<B: ComputeBackend> Model<B> {
     }
 }
 
+/// Tokens per pass of [`Model::logits`] (rows of the batch scratch's logits):
+/// [`LOGITS_BATCH`], or the whole batch where that is smaller.
+fn head_batch(prefill_batch: usize) -> usize {
+    LOGITS_BATCH.min(prefill_batch)
+}
+
 /// The largest head_dim and q|k|v row count over the layers.
 fn widest_layer(cfg: &ModelConfig) -> (usize, usize) {
     let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
@@ -885,7 +890,7 @@ pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize
             2 * l.kv_heads * l.head_dim * cache_capacity(cfg, l.kind, max_context, prefill_batch)
         })
         .sum();
-    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+    let (max_hd, _) = widest_layer(cfg);
     let max_kv = cfg
         .layers
         .iter()
@@ -901,8 +906,8 @@ pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize
         + cfg.top_k * cfg.moe_inter
         // a GPU's MoE down phase keeps each (token, expert) row
         + cfg.top_k * cfg.hidden;
-    // Logits rows: one for decode, LOGITS_BATCH for teacher forcing.
-    let logits = 2 * cfg.vocab * (1 + LOGITS_BATCH.min(prefill_batch));
+    // Logits rows: one for decode, a head batch for teacher forcing.
+    let logits = 2 * cfg.vocab * (1 + head_batch(prefill_batch));
     ((kv + per_row * (1 + prefill_batch) + logits) * 4) as u64
 }
 
