@@ -117,28 +117,8 @@ pub fn cases(quick: bool) -> Vec<Case> {
             },
             m,
         );
-        push(
-            format!("router m={m}"),
-            "moe",
-            Op::Router {
-                p: Router {
-                    m,
-                    hidden: h,
-                    experts: s.experts,
-                    top_k: s.top_k,
-                    eps: 1e-6,
-                },
-                w: BF16,
-            },
-            m,
-        );
-        let moe = Moe {
-            m,
-            hidden: h,
-            inter: s.moe_inter,
-            experts: s.experts,
-            top_k: s.top_k,
-        };
+        push(format!("router m={m}"), "moe", router(s, m), m);
+        let moe = routed(s, m);
         push(
             format!("moe_gate_up m={m}"),
             "moe",
@@ -390,6 +370,31 @@ pub fn cases(quick: bool) -> Vec<Case> {
     v
 }
 
+/// The router over `m` tokens at shape `s`.
+fn router(s: &Shapes, m: usize) -> Op {
+    Op::Router {
+        p: Router {
+            m,
+            hidden: s.hidden,
+            experts: s.experts,
+            top_k: s.top_k,
+            eps: 1e-6,
+        },
+        w: BF16,
+    }
+}
+
+/// The routed experts over `m` tokens at shape `s`.
+fn routed(s: &Shapes, m: usize) -> Moe {
+    Moe {
+        m,
+        hidden: s.hidden,
+        inter: s.moe_inter,
+        experts: s.experts,
+        top_k: s.top_k,
+    }
+}
+
 /// One prefill batch of the prompt's start through the ops that take a
 /// batch (the prefill GEMM, attn_prefill, the router's GEMM path): compute-
 /// bound, so read the median, not the GB/s.
@@ -399,30 +404,11 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
         p: Matmul { m, n, k },
         w: BF16,
     };
-    let moe = Moe {
-        m,
-        hidden: h,
-        inter: s.moe_inter,
-        experts: s.experts,
-        top_k: s.top_k,
-    };
+    let moe = routed(s, m);
     let (sh, skv, sd) = s.sliding;
     let (fh, fkv, fd) = s.full;
     let cases = [
-        (
-            "router",
-            "moe",
-            Op::Router {
-                p: Router {
-                    m,
-                    hidden: h,
-                    experts: s.experts,
-                    top_k: s.top_k,
-                    eps: 1e-6,
-                },
-                w: BF16,
-            },
-        ),
+        ("router", "moe", router(s, m)),
         ("moe_gate_up", "moe", Op::MoeGateUp { p: moe, w: BF16 }),
         ("moe_down", "moe", Op::MoeDown { p: moe, w: BF16 }),
         ("dense gate|up", "dense mlp", mm(2 * s.dense_inter, h)),
@@ -483,10 +469,6 @@ fn distinct_experts(ids: &[u32]) -> u64 {
     v.len() as u64
 }
 
-/// Bytes an op must move at least: every input it needs read once, every
-/// output written once. Only the selected experts count for MoE, and only
-/// the keys in the window for attention. Without inputs (a case no backend
-/// ran), MoE counts every slot as a distinct expert.
 /// Floating-point operations an op does (a multiply-add is two), where it is
 /// a product the prefill cases are bound by: matmul, router logits, the MoE
 /// phases (per (token, expert) pair) and attention (scores and values over
@@ -512,6 +494,10 @@ pub fn flops(op: &Op) -> Option<u64> {
     }
 }
 
+/// Bytes an op must move at least: every input it needs read once, every
+/// output written once. Only the selected experts count for MoE, and only
+/// the keys in the window for attention. Without inputs (a case no backend
+/// ran), MoE counts every slot as a distinct expert.
 pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
     let f = 4u64;
     let ws = |d: &DType| d.size() as u64;

@@ -10,6 +10,8 @@ use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType};
 use turbospark_wgpu::WgpuBackend;
 
+use super::Args;
+
 /// What the report holds when no end-to-end run was asked for.
 pub fn not_run() -> Value {
     json!({ "status": "not run", "note": "not run (pass --synthetic gemma-4-26b-a4b or tiny)" })
@@ -46,6 +48,34 @@ const WARMUPS: usize = 8;
 /// Decode steps the profile covers (the last prompt token's and one more).
 const PROFILE_STEPS: usize = 2;
 
+/// Run `f` (`passes` forward passes) under the backend's per-dispatch
+/// profile and print and return its [`kernel_profile`]; null where the
+/// backend has no profile. Each dispatch gets a pass of its own, so the sum
+/// over kernels exceeds the unprofiled time.
+fn profiled<B: ComputeBackend + Counters>(
+    model: &mut Model<B>,
+    label: &str,
+    passes: usize,
+    f: impl FnOnce(&mut Model<B>) -> turbospark::Result<()>,
+) -> turbospark::Result<Value> {
+    if !model.backend().profile_start() {
+        return Ok(Value::Null);
+    }
+    let run = f(model);
+    let samples = model.backend().profile_stop();
+    run?;
+    let p = kernel_profile(&samples, passes);
+    for e in p.as_array().into_iter().flatten() {
+        eprintln!(
+            "bench: {label} profile: {:>24} {:>6.1} dispatches {:>9.1} us",
+            e["kernel"].as_str().unwrap_or(""),
+            e["dispatches_per_step"].as_f64().unwrap_or(0.0),
+            e["us_per_step"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(p)
+}
+
 /// GPU time per pass by kernel, largest first, from a profile of `passes`
 /// passes (decode steps, or one whole prefill).
 fn kernel_profile(samples: &[(&'static str, f64)], passes: usize) -> Value {
@@ -81,23 +111,15 @@ impl Counters for turbospark_cpu::CpuBackend {
 }
 
 /// Load the synthetic model `name` on `backend`, then time a prefill of
-/// `prompt_len` tokens and `decode` greedy tokens after it.
+/// `--prompt-tokens` tokens (in batches of `--prefill-batch`) and
+/// `--decode-tokens` greedy tokens after it.
 pub fn run<B: ComputeBackend + Counters>(
     backend: B,
     name: &str,
-    prompt_len: usize,
-    decode: usize,
-    prefill_batch: usize,
+    args: &Args,
     ceiling_gbps: Option<f64>,
-    seed: u64,
 ) -> Value {
-    match measure(
-        backend,
-        name,
-        (prompt_len, decode, prefill_batch),
-        ceiling_gbps,
-        seed,
-    ) {
+    match measure(backend, name, args, ceiling_gbps) {
         Ok(v) => v,
         Err(e) => json!({ "status": "failed", "model": name, "note": format!("{name}: {e}") }),
     }
@@ -106,10 +128,11 @@ pub fn run<B: ComputeBackend + Counters>(
 fn measure<B: ComputeBackend + Counters>(
     backend: B,
     name: &str,
-    (prompt_len, decode, prefill_batch): (usize, usize, usize),
+    args: &Args,
     ceiling_gbps: Option<f64>,
-    seed: u64,
 ) -> turbospark::Result<Value> {
+    let (prompt_len, decode) = (args.prompt_tokens, args.decode_tokens);
+    let (prefill_batch, seed) = (args.prefill_batch, args.seed);
     let cfg = named_config(name)?;
     let device = backend.info().device_name.clone();
     let bytes_per_token = cfg.bytes_per_token(DType::BF16);
@@ -162,43 +185,18 @@ fn measure<B: ComputeBackend + Counters>(
     let before = model.backend().counters();
     let g = model.generate(&prompt, &greedy(decode))?;
     let after = model.backend().counters();
-    // Where a decode step's GPU time goes: two more steps, a pass per
-    // dispatch (the context has room: max_context has 32 spare positions).
-    let profile = if model.backend().profile_start() {
-        let last = *g.tokens.last().unwrap_or(&0);
-        let run = model.generate(&[last], &greedy(PROFILE_STEPS));
-        let samples = model.backend().profile_stop();
-        run?;
-        let p = kernel_profile(&samples, PROFILE_STEPS);
-        for e in p.as_array().into_iter().flatten() {
-            eprintln!(
-                "bench: decode step profile: {:>24} {:>6.1} dispatches {:>9.1} us",
-                e["kernel"].as_str().unwrap_or(""),
-                e["dispatches_per_step"].as_f64().unwrap_or(0.0),
-                e["us_per_step"].as_f64().unwrap_or(0.0)
-            );
-        }
-        p
-    } else {
-        Value::Null
-    };
-    // Where the prefill's GPU time goes: the prompt's prefill again, a pass
-    // per dispatch (so a sum over kernels exceeds the timed prefill).
-    let prefill_profile = if prompt_len > 1 && model.backend().profile_start() {
-        model.reset();
-        let run = model.generate(&prompt, &greedy(0));
-        let samples = model.backend().profile_stop();
-        run?;
-        let p = kernel_profile(&samples, 1);
-        for e in p.as_array().into_iter().flatten() {
-            eprintln!(
-                "bench: prefill profile: {:>24} {:>6} dispatches {:>9.1} us",
-                e["kernel"].as_str().unwrap_or(""),
-                e["dispatches_per_step"].as_f64().unwrap_or(0.0),
-                e["us_per_step"].as_f64().unwrap_or(0.0)
-            );
-        }
-        p
+    // Where a decode step's GPU time goes: two more steps (the context has
+    // room: max_context has 32 spare positions).
+    let last = *g.tokens.last().unwrap_or(&0);
+    let profile = profiled(&mut model, "decode step", PROFILE_STEPS, |m| {
+        m.generate(&[last], &greedy(PROFILE_STEPS)).map(drop)
+    })?;
+    // Where the prefill's GPU time goes: the prompt's prefill again.
+    let prefill_profile = if prompt_len > 1 {
+        profiled(&mut model, "prefill", 1, |m| {
+            m.reset();
+            m.generate(&prompt, &greedy(0)).map(drop)
+        })?
     } else {
         Value::Null
     };

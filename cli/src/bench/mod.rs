@@ -308,27 +308,11 @@ pub fn main(args: Args) -> ExitCode {
             let mut all = Vec::new();
             let mut k = 0;
             if let Some(b) = wgpu.take() {
-                all.push(e2e::run(
-                    b,
-                    name,
-                    args.prompt_tokens,
-                    args.decode_tokens,
-                    args.prefill_batch,
-                    ceiling(k),
-                    args.seed,
-                ));
+                all.push(e2e::run(b, name, &args, ceiling(k)));
                 k += 1;
             }
             if let Some(b) = cpu.take() {
-                all.push(e2e::run(
-                    b,
-                    name,
-                    args.prompt_tokens,
-                    args.decode_tokens,
-                    args.prefill_batch,
-                    ceiling(k),
-                    args.seed,
-                ));
+                all.push(e2e::run(b, name, &args, ceiling(k)));
             }
             let note = all
                 .iter()
