@@ -99,10 +99,16 @@ pub struct Features {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     pub timestamps: bool,
-    /// The adapter offers cooperative matrices (wgpu's
-    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`: tensor cores). Recorded for the
-    /// bench and `info`; no kernel uses them yet.
-    pub cooperative_matrix: bool,
+    /// The cooperative-matrix shapes the adapter offers through wgpu's
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (tensor cores), as
+    /// `"MxNxK ab->c"` (e.g. `"16x16x16 f16->f32"`); empty when it has none.
+    pub cooperative_matrix: Vec<String>,
+    /// The prefill GEMMs (matmul and the MoE phases from a backend's
+    /// prefill batch size) run on cooperative matrices with x rounded to f16
+    /// after a per-row power-of-two scale (11 significant bits, no overflow)
+    /// and f32 accumulation: their results differ from f32 arithmetic by
+    /// that rounding (see `parity::F16_INPUT_NMSE`).
+    pub tensor_core_gemm: bool,
 }
 
 #[derive(Clone, Debug)]

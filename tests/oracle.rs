@@ -22,6 +22,21 @@ use turbospark_cpu::CpuBackend;
 /// bug (a wrong norm, RoPE pair or routing choice gives NMSE > 1e-3).
 const ORACLE_NMSE: f64 = 1e-8;
 
+/// The limit for rows that went through a prefill batch. On a backend whose
+/// prefill GEMMs round x to f16 (`tensor_core_gemm`) each GEMM adds at most
+/// `F16_INPUT_NMSE` of relative error to its output (twice through the MoE
+/// gate_up), 7 per layer (q|k|v, o_proj, dense gate|up and down, routed
+/// gate_up twice, routed down); the norms between keep the scale, so the
+/// errors add up to at most their sum. On the H200 a tiny fixture's last
+/// row reads 1.8e-6 against 6.7e-6 allowed (BENCHMARKS.md).
+fn prefill_limit<B: ComputeBackend>(model: &Model<B>) -> f64 {
+    if !model.backend().info().features.tensor_core_gemm {
+        return ORACLE_NMSE;
+    }
+    let gemms = 7 * model.config().num_layers();
+    ORACLE_NMSE + gemms as f64 * turbospark::parity::F16_INPUT_NMSE
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -120,9 +135,11 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
         .unwrap();
     let last = model.logits(&want.tokens[n - 1..]).unwrap().remove(0);
     let e = nmse(&last, &want.logits[(n - 1) * want.vocab..]);
+    let limit = prefill_limit(&model);
+    eprintln!("{name}: last row after one prefill batch: NMSE {e:e} (limit {limit:e})");
     assert!(
-        e < ORACLE_NMSE,
-        "{name}: last row after one prefill batch: NMSE {e:e} over {ORACLE_NMSE:e}"
+        e < limit,
+        "{name}: last row after one prefill batch: NMSE {e:e} over {limit:e}"
     );
 
     // The greedy continuation, token for token.

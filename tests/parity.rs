@@ -177,3 +177,73 @@ fn attention_without_subgroups() {
 fn post_ffn_without_subgroups() {
     family_without_subgroups("post_ffn");
 }
+
+/// The tensor-core GEMM's per-row scale (kernels/gemm_coop.wgsl's
+/// gemm_prep): rows of x from 1e-6 to 1e6 (past f16's 65504, and far below
+/// its normal range) each keep the f16 rounding's accuracy. NMSE per row,
+/// so a small row's error is not hidden under a large one's. Runs where the
+/// adapter has the tensor-core GEMM; elsewhere it says so and passes, unless
+/// `TURBOSPARK_REQUIRE_TENSOR_CORES=1` (the H200 runs set it), where it fails.
+#[test]
+fn tensor_core_gemm_keeps_each_rows_range() {
+    use turbospark::ops::Matmul;
+    use turbospark::parity::F16_INPUT_NMSE;
+    use turbospark::{ComputeBackend, DType, HostBytes};
+
+    let Some(gpu) = common::wgpu_backend() else {
+        return;
+    };
+    if !gpu.info().features.tensor_core_gemm {
+        assert!(
+            !std::env::var("TURBOSPARK_REQUIRE_TENSOR_CORES").is_ok_and(|v| v == "1"),
+            "TURBOSPARK_REQUIRE_TENSOR_CORES=1 but {} has no tensor-core GEMM",
+            gpu.info().device_name
+        );
+        eprintln!(
+            "not run: {} has no tensor-core GEMM (cooperative matrices: [{}])",
+            gpu.info().device_name,
+            gpu.info().features.cooperative_matrix.join(", ")
+        );
+        return;
+    }
+    let cpu = CpuBackend::new();
+    let seed = seed_from_env();
+    let mut rng = turbospark::rng::Rng::new(seed);
+    let (m, n, k) = (40, 96, 2816);
+    let p = Matmul { m, n, k };
+    let w = turbospark::dtype::encode_f32(DType::BF16, &rng.vec_normal(n * k, 0.05));
+    let mut x = rng.vec_normal(m * k, 1.0);
+    for (i, row) in x.chunks_mut(k).enumerate() {
+        let s = 10f32.powi(i as i32 % 13 - 6);
+        row.iter_mut().for_each(|v| *v *= s);
+    }
+    fn matmul<B: ComputeBackend>(
+        b: &B,
+        w: &[u8],
+        x: &[f32],
+        p: Matmul,
+    ) -> turbospark::Result<Vec<f32>> {
+        let wb = b.upload_weight(DType::BF16, p.n, p.k, HostBytes::Slice(w), "w")?;
+        let xb = b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(x)), "x")?;
+        let ob = b.alloc(DType::F32, p.m * p.n, "out")?;
+        b.write_f32(&ob, 0, &vec![f32::NAN; p.m * p.n])?;
+        b.matmul(&wb, &xb, &ob, p)?;
+        b.sync()?;
+        b.download_f32(&ob)
+    }
+    let want = matmul(&cpu, &w, &x, p).expect("cpu matmul");
+    let got = matmul(&gpu, &w, &x, p).expect("wgpu matmul");
+    for i in 0..m {
+        let (g, r) = (&got[i * n..(i + 1) * n], &want[i * n..(i + 1) * n]);
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "row {i}: non-finite (seed {seed})"
+        );
+        let e = common::nmse(g, r);
+        assert!(
+            e <= F16_INPUT_NMSE,
+            "row {i} (x scaled by 1e{}): NMSE {e:.3e} over {F16_INPUT_NMSE:.3e} (seed {seed})",
+            i as i32 % 13 - 6
+        );
+    }
+}

@@ -68,7 +68,19 @@ fn print_backend(i: &BackendInfo) {
         f.subgroup_min_size,
         f.subgroup_max_size,
         f.timestamps,
-        f.cooperative_matrix
+        if f.cooperative_matrix.is_empty() {
+            "none".to_string()
+        } else {
+            f.cooperative_matrix.join(", ")
+        }
+    );
+    println!(
+        "  prefill GEMM: {}",
+        if f.tensor_core_gemm {
+            "tensor cores (f16 x with per-row scale, f32 accumulation)"
+        } else {
+            "f32 units"
+        }
     );
     let l = &i.limits;
     println!(

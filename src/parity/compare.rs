@@ -107,7 +107,13 @@ fn router_logits(inputs: &[HostTensor], p: &crate::ops::Router, t: usize) -> Vec
         .collect()
 }
 
-fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
+fn judge_router(
+    op: &Op,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
     let Op::Router { p, .. } = op else {
         unreachable!()
     };
@@ -153,8 +159,8 @@ fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTenso
         sorted_d.extend(b);
     }
     let e = nmse(&sorted_r, &sorted_d);
-    if e > op.limit() {
-        return Err((e, format!("weights NMSE {e:.3e} over {:.0e}", op.limit())));
+    if e > limit {
+        return Err((e, format!("weights NMSE {e:.3e} over {limit:.0e}")));
     }
     Ok(e)
 }
@@ -176,11 +182,18 @@ fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTenso
     Ok(0.0)
 }
 
-/// The verdict on one case: the worst NMSE, or the failure.
-pub fn judge(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
+/// The verdict on one case against an NMSE `limit` (the op's on the device,
+/// [`Op::limit_on`]): the worst NMSE, or the failure.
+pub fn judge(
+    op: &Op,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
     check_written(op, r, d).map_err(|m| (f64::INFINITY, m))?;
     match op {
-        Op::Router { .. } => return judge_router(op, inputs, r, d),
+        Op::Router { .. } => return judge_router(op, limit, inputs, r, d),
         Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
         _ => {}
     }
@@ -192,10 +205,10 @@ pub fn judge(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor])
         };
         let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
         worst = worst.max(e);
-        if e > op.limit() {
+        if e > limit {
             return Err((
                 e,
-                format!("output {j}: NMSE {e:.3e} over the limit {:.0e}", op.limit()),
+                format!("output {j}: NMSE {e:.3e} over the limit {limit:.0e}"),
             ));
         }
     }

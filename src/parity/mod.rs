@@ -14,7 +14,7 @@ mod compare;
 mod op;
 
 pub use cases::{all_cases, ci_cases};
-pub use op::Op;
+pub use op::{Op, F16_INPUT_NMSE};
 
 use crate::backend::{ComputeBackend, Support};
 use crate::rng::Rng;
@@ -186,7 +186,7 @@ pub fn run_case<R: ComputeBackend, D: ComputeBackend>(
         seed,
         status: Status::Pass,
         nmse: 0.0,
-        limit: op.limit(),
+        limit: op.limit_on(device.info()),
     };
     if let Support::No(why) = device.supports(&op.kind()) {
         out.status = Status::Unsupported(why);
@@ -211,7 +211,7 @@ pub fn run_case<R: ComputeBackend, D: ComputeBackend>(
             return out;
         }
     };
-    match compare::judge(op, &inputs, &r, &d) {
+    match compare::judge(op, out.limit, &inputs, &r, &d) {
         Ok(nmse) => out.nmse = nmse,
         Err((nmse, msg)) => {
             out.nmse = nmse;

@@ -2,6 +2,16 @@
 //! how to record it on any backend.
 
 use super::{HostTensor, OutSpec};
+
+/// NMSE of a dot product whose x was rounded to f16 (11 significant bits,
+/// after a per-row power-of-two scale that keeps it in range), against f32:
+/// each x_i carries a relative error |d_i| <= 2^-11, so the error
+/// sum(w_i x_i d_i) of uncorrelated terms has NMSE at most max d^2 = 2^-22
+/// (about a third of that on average, for uniform rounding errors). Weights
+/// are exact in f16 (the backend takes only those that fit) but for bf16
+/// values below f16's normal range, whose absolute error (2^-25) is far
+/// below this.
+pub const F16_INPUT_NMSE: f64 = 2.384185791015625e-7;
 use crate::backend::{ComputeBackend, DownArgs, GateUpArgs};
 use crate::dtype::encode_f32;
 use crate::ops::{
@@ -284,6 +294,22 @@ impl Op {
             // Softmax over up to thousands of keys, split and recombined.
             Op::Attention { .. } => 1e-9,
             Op::Argmax { .. } => 0.0,
+        }
+    }
+
+    /// NMSE limit on a device: [`Op::limit`], except for the ops a
+    /// backend with [`crate::backend::Features::tensor_core_gemm`] may run
+    /// from f16-rounded x (matmul and the MoE phases; the router keeps f32),
+    /// where the rounding's own error sets it: [`F16_INPUT_NMSE`] per
+    /// product, twice that through gate_up's two products.
+    pub fn limit_on(&self, device: &crate::backend::BackendInfo) -> f64 {
+        if !device.features.tensor_core_gemm {
+            return self.limit();
+        }
+        match self {
+            Op::Matmul { .. } | Op::MoeDown { .. } => self.limit().max(F16_INPUT_NMSE),
+            Op::MoeGateUp { .. } => self.limit().max(2.0 * F16_INPUT_NMSE),
+            _ => self.limit(),
         }
     }
 

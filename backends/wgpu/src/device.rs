@@ -21,6 +21,12 @@ pub struct WgpuOptions {
     /// variable; a tile the kernel or device cannot hold is an error at the
     /// first launch that uses it.
     pub gemm_tiles: Option<String>,
+    /// The prefill GEMM on cooperative matrices (tensor cores,
+    /// `kernels/gemm_coop.wgsl`): `None` uses them where the adapter offers
+    /// 16x16x16 f16 -> f32 matrices, `Some(false)` never, `Some(true)`
+    /// requires them (an error where absent). Defaults to the
+    /// `TURBOSPARK_TENSOR_CORES` environment variable (`0` or `1`).
+    pub tensor_cores: Option<bool>,
 }
 
 /// What an adapter is, for listings (`turbospark info`).
@@ -30,6 +36,51 @@ pub struct AdapterSummary {
     pub api: String,
     pub device_type: DeviceType,
     pub driver: String,
+}
+
+/// The cooperative-matrix configuration kernels/gemm_coop.wgsl uses.
+const COOP_GEMM_CONFIG: &str = "16x16x16 f16->f32";
+
+/// `WgpuOptions::tensor_cores`, else `TURBOSPARK_TENSOR_CORES`.
+fn tensor_cores_wanted(opts: &WgpuOptions) -> Result<Option<bool>> {
+    if opts.tensor_cores.is_some() {
+        return Ok(opts.tensor_cores);
+    }
+    match std::env::var("TURBOSPARK_TENSOR_CORES").as_deref() {
+        Err(_) | Ok("") => Ok(None),
+        Ok("0") => Ok(Some(false)),
+        Ok("1") => Ok(Some(true)),
+        Ok(v) => Err(Error::InvalidInput(format!(
+            "TURBOSPARK_TENSOR_CORES={v:?}: expected 0 or 1"
+        ))),
+    }
+}
+
+/// The adapter's cooperative-matrix configurations, `"MxNxK ab->c"`.
+fn coop_configs(adapter: &wgpu::Adapter, afeat: wgpu::Features) -> Vec<String> {
+    if !afeat.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return Vec::new();
+    }
+    adapter
+        .cooperative_matrix_properties()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}x{}x{} {:?}->{:?}{}",
+                p.m_size,
+                p.n_size,
+                p.k_size,
+                p.ab_type,
+                p.cr_type,
+                if p.saturating_accumulation {
+                    " sat"
+                } else {
+                    ""
+                }
+            )
+            .to_lowercase()
+        })
+        .collect()
 }
 
 fn device_type(t: wgpu::DeviceType) -> DeviceType {
@@ -136,12 +187,39 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     if no_subgroups {
         wanted_features.remove(wgpu::Features::SUBGROUP);
     }
+    let coop = coop_configs(adapter, afeat);
+    let tensor_cores = tensor_cores_wanted(opts)?;
+    let coop_gemm = tensor_cores != Some(false)
+        && afeat.contains(wgpu::Features::SHADER_F16)
+        && coop.iter().any(|c| c == COOP_GEMM_CONFIG);
+    if tensor_cores == Some(true) && !coop_gemm {
+        return Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            op: "tensor cores".into(),
+            reason: format!(
+                "{} offers no {COOP_GEMM_CONFIG} cooperative matrices (it has: [{}])",
+                ainfo.name,
+                coop.join(", ")
+            ),
+        });
+    }
+    if coop_gemm {
+        wanted_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
     let required_features = afeat & wanted_features;
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("turbospark"),
         required_features,
         required_limits: limits.clone(),
+        // SAFETY: the one experimental feature asked for is cooperative
+        // matrices, used only by kernels/gemm_coop.wgsl, whose results the
+        // parity suite checks on every device that has them.
+        experimental_features: if coop_gemm {
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        },
         ..Default::default()
     }))
     .map_err(|e| Error::Gpu(format!("request_device on {}: {e}", ainfo.name)))?;
@@ -159,7 +237,8 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
             subgroup_min_size: ainfo.subgroup_min_size,
             subgroup_max_size: ainfo.subgroup_max_size,
             timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            cooperative_matrix: afeat.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            cooperative_matrix: coop,
+            tensor_core_gemm: coop_gemm,
         },
         limits: Limits {
             max_binding_bytes: limits.max_storage_buffer_binding_size,

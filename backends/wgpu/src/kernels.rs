@@ -30,6 +30,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("matmul", include_str!("../../../kernels/matmul.wgsl")),
     ("gemv", include_str!("../../../kernels/gemv.wgsl")),
     ("gemm", include_str!("../../../kernels/gemm.wgsl")),
+    ("gemm_coop", include_str!("../../../kernels/gemm_coop.wgsl")),
     ("router", include_str!("../../../kernels/router.wgsl")),
     ("moe", include_str!("../../../kernels/moe.wgsl")),
     (
@@ -43,15 +44,26 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("bench", include_str!("../../../kernels/bench.wgsl")),
 ];
 
-/// The full WGSL text of a kernel family: the common prelude, the reduction
-/// helpers (the subgroup ones when `subgroups`), then the file.
+/// The full WGSL text of a kernel family: the file's `enable` directives
+/// (WGSL wants them first), the common prelude, the reduction helpers (the
+/// subgroup ones when `subgroups`), then the rest of the file.
 pub fn source(name: &str, subgroups: bool) -> Option<String> {
     let reduce = if subgroups { REDUCE_SUBGROUP } else { REDUCE };
-    KERNELS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| format!("{COMMON}\n{reduce}\n{s}"))
+    KERNELS.iter().find(|(n, _)| *n == name).map(|(_, s)| {
+        let (enables, body): (Vec<&str>, Vec<&str>) =
+            s.lines().partition(|l| l.starts_with("enable "));
+        format!(
+            "{}\n{COMMON}\n{reduce}\n{}",
+            enables.join("\n"),
+            body.join("\n")
+        )
+    })
 }
+
+/// Kernel families that need a device feature beyond WebGPU's baseline
+/// (`gemm_coop`: f16 and cooperative matrices), compiled only where the
+/// adapter has it.
+pub const OPTIONAL: &[&str] = &["gemm_coop"];
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index
 /// clamping, loop bounding, division guards): `TURBOSPARK_SHADER_CHECKS=1`.

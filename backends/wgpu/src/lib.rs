@@ -225,6 +225,7 @@ impl WgpuBackend {
             }]),
             dtype,
             len,
+            fits_f16: false,
         })
     }
 
@@ -360,8 +361,9 @@ impl ComputeBackend for WgpuBackend {
                 ),
             ));
         }
-        let b = self.single_buffer(dtype, s.len() / dtype.size(), label)?;
+        let mut b = self.single_buffer(dtype, s.len() / dtype.size(), label)?;
         self.write_bytes(&b.chunks[0].buffer, 0, s);
+        b.fits_f16 = crate::buffer::fits_f16(dtype, s);
         Ok(b)
     }
 
@@ -422,6 +424,7 @@ impl ComputeBackend for WgpuBackend {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
+            fits_f16: crate::buffer::fits_f16(dtype, s),
         })
     }
 

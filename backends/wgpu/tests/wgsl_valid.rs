@@ -5,7 +5,7 @@
 
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use turbospark_wgpu::kernels::{source, KERNELS};
+use turbospark_wgpu::kernels::{source, KERNELS, OPTIONAL};
 
 fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
     let src = source(name, subgroups).ok_or("missing")?;
@@ -13,11 +13,17 @@ fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
     // Subgroup operations are optional: only the subgroup build of a family
     // may use them (validated with the capability), the other is validated
     // without it.
-    let caps = if subgroups {
+    let mut caps = if subgroups {
         Capabilities::default() | Capabilities::SUBGROUP
     } else {
         Capabilities::default()
     };
+    // The optional families (f16 and cooperative matrices: wgpu offers the
+    // latter on Vulkan and Metal only) translate to SPIR-V and MSL.
+    let optional = OPTIONAL.contains(&name);
+    if optional {
+        caps |= Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+    }
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| e.emit_to_string(&src))?;
@@ -43,6 +49,9 @@ fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
     spv::write_vec(&module, &info, &spv::Options::default(), None)
         .map_err(|e| format!("SPIR-V: {e:?}"))?;
 
+    if optional {
+        return Ok(());
+    }
     let hlsl_opts = hlsl::Options {
         shader_model: hlsl::ShaderModel::V6_0,
         ..Default::default()

@@ -244,6 +244,7 @@ impl Report<'_> {
                         "subgroup_max_size": i.features.subgroup_max_size,
                         "timestamps": i.features.timestamps,
                         "cooperative_matrix": i.features.cooperative_matrix,
+                        "tensor_core_gemm": i.features.tensor_core_gemm,
                     },
                     "limits": {
                         "max_binding_bytes": i.limits.max_binding_bytes,

@@ -13,19 +13,19 @@ use crate::{WgpuBackend, WgpuBuffer};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    rows: u32,
-    row0: u32,
-    experts: u32,
-    top_k: u32,
-    mtiles: u32,
-    kc: u32,
-    nrb: u32,
-    ks: u32,
-    _pad: u32,
+pub(crate) struct Params {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub rows: u32,
+    pub row0: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    pub mtiles: u32,
+    pub kc: u32,
+    pub nrb: u32,
+    pub ks: u32,
+    pub _pad: u32,
 }
 
 /// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per
@@ -220,14 +220,19 @@ pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
 }
 
 /// `OUT = X W^T` per weight binding (a weight split across bindings is one
-/// dispatch per chunk, each writing its chunk's output columns).
+/// dispatch per chunk, each writing its chunk's output columns). With
+/// `tensor_cores`, on tensor cores where [`super::gemm_coop::takes`] it.
 pub(crate) fn dense(
     be: &WgpuBackend,
     w: &WgpuBuffer,
     xb: &wgpu::Buffer,
     ob: &wgpu::Buffer,
     p: Matmul,
+    tensor_cores: bool,
 ) -> Result<()> {
+    if tensor_cores && super::gemm_coop::takes(be, w, p.k) {
+        return super::gemm_coop::dense(be, w, xb, ob, p);
+    }
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
         let t = dense_tile(be, p.m, rows)?;
@@ -340,7 +345,8 @@ fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
 }
 
 /// Phase 1 over the route list `route` (built by `moe_route`):
-/// `act[p] = gelu(gate_e x_t) * (up_e x_t)`.
+/// `act[p] = gelu(gate_e x_t) * (up_e x_t)`; on tensor cores with `coop`
+/// (the caller asked [`super::gemm_coop::takes`]).
 pub(crate) fn gate_up(
     be: &WgpuBackend,
     x: &wgpu::Buffer,
@@ -348,7 +354,11 @@ pub(crate) fn gate_up(
     route: &wgpu::Buffer,
     act: &wgpu::Buffer,
     p: &Moe,
+    coop: bool,
 ) -> Result<()> {
+    if coop {
+        return super::gemm_coop::gate_up(be, x, gu, route, act, p);
+    }
     let t = grouped_tile(be)?;
     let mtiles = grouped_tiles(p, t.bm());
     let rows_per_block = t.bn() / 2;
@@ -371,7 +381,9 @@ pub(crate) fn gate_up(
 }
 
 /// Phase 2 over the route list: each pair's weighted down projection into
-/// scratch, then each token's `top_k` rows summed in order.
+/// scratch (on tensor cores with `coop`), then each token's `top_k` rows
+/// summed in order.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn down(
     be: &WgpuBackend,
     act: &wgpu::Buffer,
@@ -380,8 +392,8 @@ pub(crate) fn down(
     wts: &wgpu::Buffer,
     out: &wgpu::Buffer,
     p: &Moe,
+    coop: bool,
 ) -> Result<()> {
-    let t = grouped_tile(be)?;
     let pairs = p.m * p.top_k;
     let per_pair = super::scratch_buffer(
         be,
@@ -391,22 +403,28 @@ pub(crate) fn down(
         0,
         "moe per-pair rows",
     )?;
-    let mtiles = grouped_tiles(p, t.bm());
-    let mut params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
-    be.launch(Launch {
-        kernel: "gemm",
-        entry: "gemm_down",
-        constants: &t.constants(d.1),
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (d.0, true),
-            (act, true),
-            (one(&per_pair), false),
-            (route, true),
-            (wts, true),
-        ],
-        groups: be.grid(mtiles * params.nrb),
-    })?;
+    let mut params = if coop {
+        super::gemm_coop::down(be, act, d, route, wts, one(&per_pair), p)?
+    } else {
+        let t = grouped_tile(be)?;
+        let mtiles = grouped_tiles(p, t.bm());
+        let params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
+        be.launch(Launch {
+            kernel: "gemm",
+            entry: "gemm_down",
+            constants: &t.constants(d.1),
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (d.0, true),
+                (act, true),
+                (one(&per_pair), false),
+                (route, true),
+                (wts, true),
+            ],
+            groups: be.grid(mtiles * params.nrb),
+        })?;
+        params
+    };
     params.mtiles = 0;
     let pb = one(&per_pair);
     be.launch(Launch {

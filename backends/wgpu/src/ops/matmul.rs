@@ -52,7 +52,7 @@ pub(crate) fn matmul(
         return gemv(be, w, xb, ob, p);
     }
     if super::gemm::fits(p.m, p.k, w.dtype) {
-        return super::gemm::dense(be, w, xb, ob, p);
+        return super::gemm::dense(be, w, xb, ob, p, true);
     }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
     let (mb, rt, kl) = config(p.m.min(16));

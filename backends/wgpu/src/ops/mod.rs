@@ -5,6 +5,7 @@ pub(crate) mod attention;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod gemm;
+pub(crate) mod gemm_coop;
 pub(crate) mod matmul;
 pub(crate) mod moe;
 pub(crate) mod norm;
@@ -32,6 +33,10 @@ pub(crate) struct Scratch {
     pub route: Option<crate::WgpuBuffer>,
     /// The prefill GEMM's split-k partial planes `[splits, m, n]`.
     pub gemm_partial: Option<crate::WgpuBuffer>,
+    /// The tensor-core GEMM's f16 rows of x by tile and their inverse
+    /// scales (`kernels/gemm_coop.wgsl`).
+    pub coop_x16: Option<crate::WgpuBuffer>,
+    pub coop_xs: Option<crate::WgpuBuffer>,
     /// The prefill MoE down phase's per-pair rows `[m * top_k, hidden]`.
     pub moe_pairs: Option<crate::WgpuBuffer>,
     /// Bound where an optional output of a fused kernel is absent.

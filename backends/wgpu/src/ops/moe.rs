@@ -134,7 +134,9 @@ pub(crate) fn router(
             n: p.experts,
             k: p.hidden,
         };
-        super::gemm::dense(be, proj, one(&first_out), one(&logits), mm)?;
+        // (on the f32 units: a 128-row output is too few tiles for the
+        // tensor-core path, and top-k choices should not hinge on f16 x)
+        super::gemm::dense(be, proj, one(&first_out), one(&logits), mm, false)?;
     }
     be.launch(Launch {
         kernel: "router",
@@ -263,7 +265,16 @@ pub(crate) fn moe_gate_up(
     }
     let (mut params, scratch) = route(be, ids, &p)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
-        return super::gemm::gate_up(be, one(x), (wb, gu.dtype), one(&scratch), one(act), &p);
+        let coop = super::gemm_coop::takes(be, gu, p.hidden);
+        return super::gemm::gate_up(
+            be,
+            one(x),
+            (wb, gu.dtype),
+            one(&scratch),
+            one(act),
+            &p,
+            coop,
+        );
     }
     params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
     let xb = one(x);
@@ -445,7 +456,17 @@ pub(crate) fn moe_down(
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
         let lists = (one(&scratch), one(ids));
-        return super::gemm::down(be, one(act), (wb, d.dtype), lists, one(w), one(out), &p);
+        let coop = super::gemm_coop::takes(be, d, p.inter);
+        return super::gemm::down(
+            be,
+            one(act),
+            (wb, d.dtype),
+            lists,
+            one(w),
+            one(out),
+            &p,
+            coop,
+        );
     }
     params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;

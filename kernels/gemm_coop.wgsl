@@ -1,0 +1,412 @@
+enable f16;
+enable wgpu_cooperative_matrix;
+
+// The prefill GEMM on cooperative matrices (tensor cores): the same three
+// modes and route list as kernels/gemm.wgsl (read its header first), for
+// devices whose wgpu adapter offers 16x16x16 f16 x f16 -> f32 matrices.
+//
+// Inputs go to the matrix units as f16 with f32 accumulation:
+//
+//   gemm_prep_*   X16[r, :] = f16(x_r * s_r), XS[r] = 1 / s_r, one row per
+//                 workgroup, where x_r is the source row of tile row r (the
+//                 dense rows in order; grouped: the pairs of each expert
+//                 tile, gathered through the route list) and s_r the power
+//                 of two that puts the row's largest |x| in [2^14, 2^15): no
+//                 row overflows f16 whatever its range, each element keeps
+//                 11 significant bits (unless it is 2^28 below the row's
+//                 largest), and the scale comes back off exactly. Rows of a
+//                 tile past its count are zero.
+//   gemm_coop_*   OUT = (X16 W16^T) * XS per row, W decoded to f16 as it is
+//                 staged (exact for bf16 weights within f16's range: the
+//                 launcher only takes weights it checked at upload).
+//
+// X16 is laid out by tile (tile tm's rows are tm * BM ..), so a warp reads
+// its A fragments straight from it; the W tile (BN rows x 32 of k) is
+// staged in workgroup memory, the next step's loaded into registers while
+// this one multiplies. A workgroup is WM x WN warps; each warp owns 32 tile
+// rows x 64 weight rows, 2 x 4 fragments of 16 x 16. In gate_up mode a
+// warp's fragments 0..3 are (gate f, up f, gate f + 16, up f + 16) for
+// f = its first feature, so the activation pairs fragment 0 with 1 and 2
+// with 3. Results leave through a 16 x 16 f32 staging area per warp, with
+// the row's 1 / s, the down mode's routing weight and the bounds applied.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    rows: u32,
+    row0: u32,
+    experts: u32,
+    top_k: u32,
+    mtiles: u32,
+    kc: u32,
+    nrb: u32,
+    ks: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+
+// gemm_coop_*
+@group(1) @binding(0) var<storage, read> W: array<vec4<u32>>;
+@group(1) @binding(1) var<storage, read> X16: array<f16>;
+@group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
+@group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
+@group(1) @binding(4) var<storage, read> WTS: array<f32>;
+@group(1) @binding(5) var<storage, read> XS: array<f32>;
+
+// gemm_prep_* (ROUTE as above)
+@group(1) @binding(0) var<storage, read> PX: array<f32>;
+@group(1) @binding(1) var<storage, read_write> PX16: array<f16>;
+@group(1) @binding(2) var<storage, read_write> PXS: array<f32>;
+
+const DENSE: u32 = 0u;
+const GATE_UP: u32 = 1u;
+const DOWN: u32 = 2u;
+// Which of the three (both entry points).
+override MODE: u32 = 0u;
+
+// Warps along the tile rows and along the weight rows; WG = 32 * WM * WN,
+// WSN = BN * BKP, CSN = 512 * WM * WN (the launcher sets all four).
+override WM: u32 = 2u;
+override WN: u32 = 4u;
+override WG: u32 = 256u;
+override WSN: u32 = 10240u;
+override CSN: u32 = 4096u;
+
+// k per staged step, and the staged W row's stride in f16 (80 bytes: every
+// fragment starts 16-byte aligned, and rows fall on different banks).
+const BK: u32 = 32u;
+const BKP: u32 = 40u;
+const MAX_BM: u32 = 128u;
+// W vec4 loads per thread per step: BN * BK / 8 / WG = 8 / WM.
+const MAX_LD: u32 = 8u;
+const PREP_WG: u32 = 256u;
+
+var<workgroup> ws: array<f16, WSN>;
+var<workgroup> cs: array<f32, CSN>;
+var<workgroup> dst_row: array<u32, MAX_BM>;
+var<workgroup> xinv: array<f32, MAX_BM>;
+var<workgroup> tile: vec4<u32>;
+var<workgroup> red: array<f32, PREP_WG>;
+
+fn bm() -> u32 {
+    return 32u * WM;
+}
+fn bn() -> u32 {
+    return 64u * WN;
+}
+
+// The token tile `tm`: (expert, rows, start), as kernels/gemm.wgsl's.
+fn find_tile(mode: u32, tm: u32) -> vec4<u32> {
+    let b = bm();
+    if (mode == DENSE) {
+        let start = tm * b;
+        if (start >= P.m) {
+            return vec4<u32>(0u);
+        }
+        return vec4<u32>(0u, min(b, P.m - start), start, 0u);
+    }
+    let ne = P.experts;
+    let used = ROUTE[0];
+    var first = 0u;
+    for (var s = 0u; s < used; s++) {
+        let cnt = ROUTE[1u + ne + s];
+        let nt = (cnt + b - 1u) / b;
+        if (tm < first + nt) {
+            let start = (tm - first) * b;
+            return vec4<u32>(ROUTE[1u + s], min(b, cnt - start), ROUTE[1u + 2u * ne + s] + start, 0u);
+        }
+        first += nt;
+    }
+    return vec4<u32>(0u);
+}
+
+// Weight row (within the binding) of tile row `jl` of row block `nb`, and
+// whether it exists. gate_up: each 32 tile rows are 16 gate rows then the
+// 16 up rows of the same features.
+fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
+    if (mode == GATE_UP) {
+        let f = nb * (bn() / 2u) + 16u * (jl / 32u) + jl % 16u;
+        let up = select(0u, P.rows, (jl % 32u) >= 16u);
+        return vec2<u32>(expert * 2u * P.rows + up + f, u32(f < P.rows));
+    }
+    let r = nb * bn() + jl;
+    return vec2<u32>(expert * P.rows + r, u32(r < P.rows));
+}
+
+// ---- gemm_prep ----
+
+@compute @workgroup_size(256)
+fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    prep_row(MODE, linear_group(wg, nwg), lid);
+}
+
+// X16 row `r` (tile r / BM, row r % BM) and its inverse scale.
+fn prep_row(mode: u32, r: u32, lid: u32) {
+    let b_m = bm();
+    if (r >= P.mtiles * b_m) {
+        return;
+    }
+    let tm = r / b_m;
+    let i = r % b_m;
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
+    let info = workgroupUniformLoad(&tile);
+    let on = i < info.y;
+    var src = info.z + i;
+    if (on && mode != DENSE) {
+        let p = ROUTE[1u + 3u * P.experts + info.z + i];
+        src = select(p, p / P.top_k, mode == GATE_UP);
+    }
+    let k = P.k;
+    var mx = 0.0;
+    if (on) {
+        for (var c = lid; c < k; c += PREP_WG) {
+            mx = max(mx, abs(PX[src * k + c]));
+        }
+    }
+    red[lid] = mx;
+    for (var s = PREP_WG / 2u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+    }
+    let amax = workgroupUniformLoad(&red[0]);
+    // amax in [2^e, 2^(e + 1)): scale by 2^(14 - e). e >= -112 keeps both
+    // powers of two normal f32; an inf or NaN row gives e = 128 and stays
+    // inf or NaN, as in f32.
+    let e = max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
+    let s = bitcast<f32>(u32(127 + 14 - e) << 23u);
+    for (var c = lid; c < k; c += PREP_WG) {
+        var v = 0.0;
+        if (on) {
+            v = PX[src * k + c] * s;
+        }
+        PX16[r * k + c] = f16(v);
+    }
+    if (lid == 0u) {
+        PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);
+    }
+}
+
+// ---- gemm_coop ----
+
+// W vec4 (8 weights) `q` of weight row `row`'s k step at k0; zero past k.
+fn load_w(on: bool, row: u32, k0: u32, q: u32) -> vec4<u32> {
+    let kc = k0 + 8u * q;
+    if (!on || kc >= P.k) {
+        return vec4<u32>(0u);
+    }
+    return W[row * (P.k / 8u) + kc / 8u];
+}
+
+// Two weights of a word as f16, through f32: exact for f16 weights, and
+// for bf16 ones within f16's range.
+fn pair16(word: u32) -> vec2<f16> {
+    return vec2<f16>(decode_pair(word));
+}
+
+fn stage_w(e: u32, v: vec4<u32>) {
+    let o = (e / 4u) * BKP + 8u * (e % 4u);
+    let a = pair16(v.x);
+    let b = pair16(v.y);
+    let c = pair16(v.z);
+    let d = pair16(v.w);
+    ws[o] = a.x;
+    ws[o + 1u] = a.y;
+    ws[o + 2u] = b.x;
+    ws[o + 3u] = b.y;
+    ws[o + 4u] = c.x;
+    ws[o + 5u] = c.y;
+    ws[o + 6u] = d.x;
+    ws[o + 7u] = d.y;
+}
+
+// One fragment's results (already in cs at `cb`, row-major 16 x 16) to OUT:
+// tile rows r0.., output columns c0.. (dense and down modes).
+fn emit(mode: u32, cb: u32, lane: u32, r0: u32, c0: u32, cnt: u32) {
+    for (var t = 0u; t < 8u; t++) {
+        let idx = lane + 32u * t;
+        let r = r0 + idx / 16u;
+        let c = c0 + idx % 16u;
+        if (r < cnt && c < P.rows) {
+            let d = dst_row[r];
+            var v = cs[cb + idx] * xinv[r];
+            if (mode == DOWN) {
+                v *= WTS[d];
+            }
+            OUT[d * P.n + select(0u, P.row0, mode == DENSE) + c] = v;
+        }
+    }
+}
+
+// A gate fragment (cs at cb) and its up fragment (cs at cb + 256) to OUT as
+// gelu(gate) * up, features f0...
+fn emit_gate_up(cb: u32, lane: u32, r0: u32, f0: u32, cnt: u32) {
+    for (var t = 0u; t < 8u; t++) {
+        let idx = lane + 32u * t;
+        let r = r0 + idx / 16u;
+        let f = f0 + idx % 16u;
+        if (r < cnt && f < P.rows) {
+            let inv = xinv[r];
+            OUT[dst_row[r] * P.n + f] = gelu_tanh(cs[cb + idx] * inv) * (cs[cb + 256u + idx] * inv);
+        }
+    }
+}
+
+// Workgroup g's output tile. Every branch around a cooperative operation
+// is on a uniform value (naga checks: an override, the parameters, a
+// workgroup id, a workgroupUniformLoad), hence one entry point with the mode
+// as an override and the body inline.
+@compute @workgroup_size(WG)
+fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let mode = MODE;
+    let g = wgid.x + wgid.y * nwg.x;
+    let per = P.mtiles * P.nrb;
+    // Past the grid (WgpuBackend::grid pads a large one to a rectangle).
+    if (g >= per) {
+        return;
+    }
+    let tm = g % P.mtiles;
+    let nb = g / P.mtiles;
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
+    let info = workgroupUniformLoad(&tile);
+    let cnt = info.y;
+    if (cnt == 0u) {
+        return;
+    }
+    let b_m = bm();
+    for (var i = lid; i < b_m; i += WG) {
+        var d = info.z + i;
+        if (mode != DENSE && i < cnt) {
+            d = ROUTE[1u + 3u * P.experts + info.z + i];
+        }
+        dst_row[i] = d;
+        xinv[i] = XS[tm * b_m + i];
+    }
+
+    let warp = lid / 32u;
+    let lane = lid % 32u;
+    let wm = warp / WN;
+    let wn = warp % WN;
+    let k = P.k;
+    let nld = MAX_LD / WM;
+    var w_row: array<u32, MAX_LD>;
+    var w_on: array<bool, MAX_LD>;
+    var wv: array<vec4<u32>, MAX_LD>;
+    for (var u = 0u; u < nld; u++) {
+        let e = lid + WG * u;
+        let r = weight_row(mode, e / 4u, nb, info.x);
+        w_row[u] = r.x;
+        w_on[u] = r.y == 1u;
+        wv[u] = load_w(w_on[u], w_row[u], 0u, e % 4u);
+    }
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+    // This warp's first X16 row and first staged W row.
+    let xr = tm * b_m + wm * 32u;
+    let wb = wn * 64u * BKP;
+    let s16 = 16u;
+    for (var k0 = 0u; k0 < k; k0 += BK) {
+        workgroupBarrier();
+        for (var u = 0u; u < nld; u++) {
+            stage_w(lid + WG * u, wv[u]);
+        }
+        workgroupBarrier();
+        for (var u = 0u; u < nld; u++) {
+            wv[u] = load_w(w_on[u], w_row[u], k0 + BK, (lid + WG * u) % 4u);
+        }
+        // Two k16 halves of the step (the launcher takes k % 32 == 0).
+        for (var h = 0u; h < 2u; h++) {
+            let kk = k0 + s16 * h;
+            let ia0 = xr * k + kk;
+            let ia1 = (xr + s16) * k + kk;
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ia0], k);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ia1], k);
+            let ib0 = wb + s16 * h;
+            let ib1 = ib0 + s16 * BKP;
+            let ib2 = ib0 + 2u * s16 * BKP;
+            let ib3 = ib0 + 3u * s16 * BKP;
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib0], BKP);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib1], BKP);
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib2], BKP);
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib3], BKP);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+        }
+    }
+
+    // Out through this warp's staging area, a fragment (gate_up: a pair) at
+    // a time.
+    // (every pointer's index a `let` of its own: naga's SPIR-V writer needs
+    // the index emitted before a cooperative load or store takes it)
+    let cb = warp * 512u;
+    let cb1 = cb + 256u;
+    let r0 = wm * 32u;
+    if (mode == GATE_UP) {
+        let f0 = nb * (bn() / 2u) + wn * 32u;
+        coopStoreT(c00, &cs[cb], s16);
+        coopStoreT(c01, &cs[cb1], s16);
+        workgroupBarrier();
+        emit_gate_up(cb, lane, r0, f0, cnt);
+        workgroupBarrier();
+        coopStoreT(c02, &cs[cb], s16);
+        coopStoreT(c03, &cs[cb1], s16);
+        workgroupBarrier();
+        emit_gate_up(cb, lane, r0, f0 + 16u, cnt);
+        workgroupBarrier();
+        coopStoreT(c10, &cs[cb], s16);
+        coopStoreT(c11, &cs[cb1], s16);
+        workgroupBarrier();
+        emit_gate_up(cb, lane, r0 + 16u, f0, cnt);
+        workgroupBarrier();
+        coopStoreT(c12, &cs[cb], s16);
+        coopStoreT(c13, &cs[cb1], s16);
+        workgroupBarrier();
+        emit_gate_up(cb, lane, r0 + 16u, f0 + 16u, cnt);
+        return;
+    }
+    let c0 = nb * bn() + wn * 64u;
+    coopStoreT(c00, &cs[cb], s16);
+    coopStoreT(c01, &cs[cb1], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0, c0, cnt);
+    emit(mode, cb1, lane, r0, c0 + 16u, cnt);
+    workgroupBarrier();
+    coopStoreT(c02, &cs[cb], s16);
+    coopStoreT(c03, &cs[cb1], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0, c0 + 32u, cnt);
+    emit(mode, cb1, lane, r0, c0 + 48u, cnt);
+    workgroupBarrier();
+    coopStoreT(c10, &cs[cb], s16);
+    coopStoreT(c11, &cs[cb1], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0 + 16u, c0, cnt);
+    emit(mode, cb1, lane, r0 + 16u, c0 + 16u, cnt);
+    workgroupBarrier();
+    coopStoreT(c12, &cs[cb], s16);
+    coopStoreT(c13, &cs[cb1], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0 + 16u, c0 + 32u, cnt);
+    emit(mode, cb1, lane, r0 + 16u, c0 + 48u, cnt);
+}
