@@ -7,8 +7,8 @@ enable wgpu_cooperative_matrix;
 //
 // Inputs go to the matrix units as f16 with f32 accumulation:
 //
-//   gemm_prep_*   X16[r, :] = f16(x_r * s_r), XS[r] = 1 / s_r, one row per
-//                 workgroup, where x_r is the source row of tile row r (the
+//   gemm_prep     X16[r, :] = f16(x_r * s_r), XS[r] = 1 / s_r, a row per
+//                 warp, where x_r is the source row of tile row r (the
 //                 dense rows in order; grouped: the pairs of each expert
 //                 tile, gathered through the route list) and s_r the power
 //                 of two that puts the row's largest |x| in [2^14, 2^15): no
@@ -16,14 +16,14 @@ enable wgpu_cooperative_matrix;
 //                 11 significant bits (unless it is 2^28 below the row's
 //                 largest), and the scale comes back off exactly. Rows of a
 //                 tile past its count are zero.
-//   gemm_coop_*   OUT = (X16 W16^T) * XS per row, W decoded to f16 as it is
+//   gemm_coop     OUT = (X16 W16^T) * XS per row, W decoded to f16 as it is
 //                 staged (exact for bf16 weights within f16's range: the
 //                 launcher only takes weights it checked at upload).
 //
-// X16 is laid out by tile (tile tm's rows are tm * BM ..), so a warp reads
-// its A fragments straight from it; the W tile (BN rows x 32 of k) is
-// staged in workgroup memory, the next step's loaded into registers while
-// this one multiplies. A workgroup is WM x WN warps; each warp owns 32 tile
+// X16 is laid out by tile (tile tm's rows are tm * BM ..), so a tile's
+// rows are contiguous. Both tiles of a step (BM rows of X16 and BN rows of
+// W, 32 of k) are staged in workgroup memory, W decoded to f16 on the way,
+// the next step's loaded into registers while this one multiplies. A workgroup is WM x WN warps; each warp owns 32 tile
 // rows x 64 weight rows, 2 x 4 fragments of 16 x 16. In gate_up mode a
 // warp's fragments 0..3 are (gate f, up f, gate f + 16, up f + 16) for
 // f = its first feature, so the activation pairs fragment 0 with 1 and 2
@@ -54,8 +54,10 @@ struct Params {
 @group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
 @group(1) @binding(4) var<storage, read> WTS: array<f32>;
 @group(1) @binding(5) var<storage, read> XS: array<f32>;
+// X16 again (the same buffer), read as vec4 where the tile stages it.
+@group(1) @binding(6) var<storage, read> X16V: array<vec4<u32>>;
 
-// gemm_prep_* (ROUTE as above)
+// gemm_prep (ROUTE as above)
 @group(1) @binding(0) var<storage, read> PX: array<f32>;
 @group(1) @binding(1) var<storage, read_write> PX16: array<f16>;
 @group(1) @binding(2) var<storage, read_write> PXS: array<f32>;
@@ -66,24 +68,34 @@ const DOWN: u32 = 2u;
 // Which of the three (both entry points).
 override MODE: u32 = 0u;
 
-// Warps along the tile rows and along the weight rows; WG = 32 * WM * WN,
-// WSN = BN * BKP, CSN = 512 * WM * WN (the launcher sets all four).
+// The tile (backends/wgpu/src/ops/gemm_coop.rs sets every one): warps
+// along the tile rows and along the weight rows, k per step (32 or 64),
+// whether X16 is staged in workgroup memory (1) or read by the fragment
+// loads straight from memory (0); WG = 32 * WM * WN, WSN = BN * BKP,
+// XSN = BM * BKP (8 when not staged), CSN = 512 * WM * WN.
 override WM: u32 = 2u;
 override WN: u32 = 4u;
+override BK: u32 = 32u;
+override STAGE_X: u32 = 1u;
 override WG: u32 = 256u;
 override WSN: u32 = 10240u;
+override XSN: u32 = 2560u;
 override CSN: u32 = 4096u;
 
-// k per staged step, and the staged W row's stride in f16 (80 bytes: every
-// fragment starts 16-byte aligned, and rows fall on different banks).
-const BK: u32 = 32u;
-const BKP: u32 = 40u;
+// The staged rows' stride in f16 (80 or 144 bytes: every fragment starts
+// 16-byte aligned, and rows fall on different banks), and a step's vec4
+// per row.
+override BKP: u32 = BK + 8u;
+override QW: u32 = BK / 8u;
 const MAX_BM: u32 = 128u;
-// W vec4 loads per thread per step: BN * BK / 8 / WG = 8 / WM.
-const MAX_LD: u32 = 8u;
+// W vec4 loads per thread per step: BN * QW / WG = BK / (4 * WM); X16
+// ones: BM * QW / WG = QW / WN.
+const MAX_LD: u32 = 16u;
+const MAX_LDA: u32 = 4u;
 const PREP_WG: u32 = 256u;
 
 var<workgroup> ws: array<f16, WSN>;
+var<workgroup> xa: array<f16, XSN>;
 var<workgroup> cs: array<f32, CSN>;
 var<workgroup> dst_row: array<u32, MAX_BM>;
 var<workgroup> xinv: array<f32, MAX_BM>;
@@ -137,18 +149,20 @@ fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
 
 // ---- gemm_prep ----
 
+// Eight X16 rows per workgroup, a warp per row (all eight in one tile: BM
+// is a multiple of 8), so the route list is searched once per eight rows.
 @compute @workgroup_size(256)
 fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
-    prep_row(MODE, linear_group(wg, nwg), lid);
-}
-
-// X16 row `r` (tile r / BM, row r % BM) and its inverse scale.
-fn prep_row(mode: u32, r: u32, lid: u32) {
+    let mode = MODE;
     let b_m = bm();
-    if (r >= P.mtiles * b_m) {
+    let r0 = linear_group(wg, nwg) * 8u;
+    if (r0 >= P.mtiles * b_m) {
         return;
     }
+    let warp = lid / 32u;
+    let lane = lid % 32u;
+    let r = r0 + warp;
     let tm = r / b_m;
     let i = r % b_m;
     if (lid == 0u) {
@@ -164,31 +178,34 @@ fn prep_row(mode: u32, r: u32, lid: u32) {
     let k = P.k;
     var mx = 0.0;
     if (on) {
-        for (var c = lid; c < k; c += PREP_WG) {
+        for (var c = lane; c < k; c += 32u) {
             mx = max(mx, abs(PX[src * k + c]));
         }
     }
+    // The warp's largest |x| (a tree over its 32 slots; every warp takes
+    // every step, so the barriers are uniform).
     red[lid] = mx;
-    for (var s = PREP_WG / 2u; s > 0u; s >>= 1u) {
+    for (var s = 16u; s > 0u; s >>= 1u) {
         workgroupBarrier();
-        if (lid < s) {
+        if (lane < s) {
             red[lid] = max(red[lid], red[lid + s]);
         }
     }
-    let amax = workgroupUniformLoad(&red[0]);
+    workgroupBarrier();
+    let amax = red[warp * 32u];
     // amax in [2^e, 2^(e + 1)): scale by 2^(14 - e). e >= -112 keeps both
     // powers of two normal f32; an inf or NaN row gives e = 128 and stays
     // inf or NaN, as in f32.
     let e = max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
-    let s = bitcast<f32>(u32(127 + 14 - e) << 23u);
-    for (var c = lid; c < k; c += PREP_WG) {
+    let sc = bitcast<f32>(u32(127 + 14 - e) << 23u);
+    for (var c = lane; c < k; c += 32u) {
         var v = 0.0;
         if (on) {
-            v = PX[src * k + c] * s;
+            v = PX[src * k + c] * sc;
         }
         PX16[r * k + c] = f16(v);
     }
-    if (lid == 0u) {
+    if (lane == 0u) {
         PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);
     }
 }
@@ -211,7 +228,7 @@ fn pair16(word: u32) -> vec2<f16> {
 }
 
 fn stage_w(e: u32, v: vec4<u32>) {
-    let o = (e / 4u) * BKP + 8u * (e % 4u);
+    let o = (e / QW) * BKP + 8u * (e % QW);
     let a = pair16(v.x);
     let b = pair16(v.y);
     let c = pair16(v.z);
@@ -224,6 +241,29 @@ fn stage_w(e: u32, v: vec4<u32>) {
     ws[o + 5u] = c.y;
     ws[o + 6u] = d.x;
     ws[o + 7u] = d.y;
+}
+
+// Two halves of a word as f16 (exact, through common.wgsl's integer
+// decode: unpack2x16float needs a capability not every device grants).
+fn halves(w: u32) -> vec2<f16> {
+    return vec2<f16>(f16(f16_to_f32(w & 0xffffu)), f16(f16_to_f32(w >> 16u)));
+}
+
+// X16 vec4 (8 halves) `e` of the step: tile row e / QW, eighth e % QW.
+fn stage_x(e: u32, v: vec4<u32>) {
+    let o = (e / QW) * BKP + 8u * (e % QW);
+    let a = halves(v.x);
+    let b = halves(v.y);
+    let c = halves(v.z);
+    let d = halves(v.w);
+    xa[o] = a.x;
+    xa[o + 1u] = a.y;
+    xa[o + 2u] = b.x;
+    xa[o + 3u] = b.y;
+    xa[o + 4u] = c.x;
+    xa[o + 5u] = c.y;
+    xa[o + 6u] = d.x;
+    xa[o + 7u] = d.y;
 }
 
 // One fragment's results (already in cs at `cb`, row-major 16 x 16) to OUT:
@@ -297,16 +337,24 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let wm = warp / WN;
     let wn = warp % WN;
     let k = P.k;
-    let nld = MAX_LD / WM;
+    let nld = BK / (4u * WM);
     var w_row: array<u32, MAX_LD>;
     var w_on: array<bool, MAX_LD>;
     var wv: array<vec4<u32>, MAX_LD>;
     for (var u = 0u; u < nld; u++) {
         let e = lid + WG * u;
-        let r = weight_row(mode, e / 4u, nb, info.x);
+        let r = weight_row(mode, e / QW, nb, info.x);
         w_row[u] = r.x;
         w_on[u] = r.y == 1u;
-        wv[u] = load_w(w_on[u], w_row[u], 0u, e % 4u);
+        wv[u] = load_w(w_on[u], w_row[u], 0u, e % QW);
+    }
+    // The X16 tile: tile rows tm * BM .. (staged: QW vec4 of a row a step).
+    let nla = select(0u, QW / WN, STAGE_X == 1u);
+    let xrow0 = tm * b_m;
+    var xv: array<vec4<u32>, MAX_LDA>;
+    for (var u = 0u; u < nla; u++) {
+        let e = lid + WG * u;
+        xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + e % QW];
     }
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
@@ -316,8 +364,9 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
-    // This warp's first X16 row and first staged W row.
-    let xr = tm * b_m + wm * 32u;
+    // This warp's first staged X row (or X16 row) and staged W row.
+    let xb = wm * 32u * BKP;
+    let xg = (xrow0 + wm * 32u) * k;
     let wb = wn * 64u * BKP;
     let s16 = 16u;
     for (var k0 = 0u; k0 < k; k0 += BK) {
@@ -325,17 +374,36 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         for (var u = 0u; u < nld; u++) {
             stage_w(lid + WG * u, wv[u]);
         }
-        workgroupBarrier();
-        for (var u = 0u; u < nld; u++) {
-            wv[u] = load_w(w_on[u], w_row[u], k0 + BK, (lid + WG * u) % 4u);
+        for (var u = 0u; u < nla; u++) {
+            stage_x(lid + WG * u, xv[u]);
         }
-        // Two k16 halves of the step (the launcher takes k % 32 == 0).
-        for (var h = 0u; h < 2u; h++) {
-            let kk = k0 + s16 * h;
-            let ia0 = xr * k + kk;
-            let ia1 = (xr + s16) * k + kk;
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ia0], k);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ia1], k);
+        workgroupBarrier();
+        // The next step's tiles, loaded while this one multiplies.
+        let k1 = k0 + BK;
+        for (var u = 0u; u < nld; u++) {
+            wv[u] = load_w(w_on[u], w_row[u], k1, (lid + WG * u) % QW);
+        }
+        if (k1 < k) {
+            for (var u = 0u; u < nla; u++) {
+                let e = lid + WG * u;
+                xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + (k1 / 8u) + e % QW];
+            }
+        }
+        // The step's k16 slices (the launcher takes k % BK == 0).
+        for (var h = 0u; h < QW / 2u; h++) {
+            var a0: coop_mat16x16<f16, A>;
+            var a1: coop_mat16x16<f16, A>;
+            if (STAGE_X == 1u) {
+                let ia0 = xb + s16 * h;
+                let ia1 = ia0 + s16 * BKP;
+                a0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[ia0], BKP);
+                a1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[ia1], BKP);
+            } else {
+                let ig0 = xg + k0 + s16 * h;
+                let ig1 = ig0 + s16 * k;
+                a0 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ig0], k);
+                a1 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ig1], k);
+            }
             let ib0 = wb + s16 * h;
             let ib1 = ib0 + s16 * BKP;
             let ib2 = ib0 + 2u * s16 * BKP;

@@ -16,18 +16,18 @@ use crate::{WgpuBackend, WgpuBuffer};
 /// both WGSL files), with one k split.
 pub(crate) use super::gemm::Params;
 
-/// Warps along the tile rows (32 each) and along the weight rows (64 each).
+/// Warps along the tile rows (32 each) and along the weight rows (64
+/// each), k per step, and whether x's tile is staged in workgroup memory
+/// (else the fragment loads read it from memory).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct CoopTile {
     pub wm: u32,
     pub wn: u32,
+    pub bk: u32,
+    pub stage_x: bool,
 }
-
-/// The staged W row's stride in f16 (`BKP`) and the k per step (`BK`).
-const BKP: u32 = 40;
-const BK: usize = 32;
-/// Threads of the prep kernel (one workgroup per X16 row).
-const PREP_WG: u32 = 256;
+/// X16 rows per prep workgroup (a warp per row).
+const PREP_ROWS: u32 = 8;
 
 impl CoopTile {
     pub fn bm(self) -> u32 {
@@ -39,36 +39,77 @@ impl CoopTile {
     fn threads(self) -> u32 {
         32 * self.wm * self.wn
     }
-    /// Workgroup memory: the staged W tile (f16), a 512-float staging area
-    /// per warp, the row maps, the tile record and the prep's reduction.
-    pub fn bytes(self) -> u32 {
-        2 * self.bn() * BKP + 4 * 512 * self.wm * self.wn + 8 * 128 + 16 + 4 * PREP_WG
+    /// The staged rows' stride in f16 (`BKP`).
+    fn bkp(self) -> u32 {
+        self.bk + 8
     }
-    fn constants(self, dtype: DType, mode: u32) -> [(&'static str, i64); 6] {
-        [
+    /// The staged X tile in f16 (`XSN`; 8 when x is not staged).
+    fn xsn(self) -> u32 {
+        if self.stage_x {
+            self.bm() * self.bkp()
+        } else {
+            8
+        }
+    }
+    /// Workgroup memory: the staged W and X tiles (f16), a 512-float
+    /// staging area per warp, the row maps and the tile record.
+    pub fn bytes(self) -> u32 {
+        2 * (self.bn() * self.bkp() + self.xsn()) + 4 * 512 * self.wm * self.wn + 8 * 128 + 16
+    }
+    /// Whether the kernel takes the tile: its loads per thread divide
+    /// evenly within the kernel's register arrays (`MAX_LD`, `MAX_LDA`).
+    fn valid(self) -> bool {
+        let qw = self.bk / 8;
+        matches!(self.bk, 32 | 64)
+            && self.bm() <= 128
+            && (self.bn() * qw).is_multiple_of(self.threads())
+            && self.bn() * qw / self.threads() <= 16
+            && (!self.stage_x || (qw.is_multiple_of(self.wn) && qw / self.wn <= 4))
+    }
+    fn constants(self, dtype: DType, mode: u32) -> Vec<(&'static str, i64)> {
+        vec![
             super::wdtype(dtype)[0],
             ("MODE", mode as i64),
             ("WM", self.wm as i64),
             ("WN", self.wn as i64),
+            ("BK", self.bk as i64),
+            ("STAGE_X", self.stage_x as i64),
             ("WG", self.threads() as i64),
-            ("WSN", (self.bn() * BKP) as i64),
+            ("WSN", (self.bn() * self.bkp()) as i64),
+            ("XSN", self.xsn() as i64),
+            ("CSN", (512 * self.wm * self.wn) as i64),
         ]
-    }
-    fn all_constants(self, dtype: DType, mode: u32) -> Vec<(&'static str, i64)> {
-        let mut c = self.constants(dtype, mode).to_vec();
-        c.push(("CSN", (512 * self.wm * self.wn) as i64));
-        c
     }
 }
 
-/// Dense projections: 64 tokens x 256 weight rows, 8 warps.
-pub(crate) const DENSE: CoopTile = CoopTile { wm: 2, wn: 4 };
+/// Dense projections: 64 tokens x 256 weight rows, 8 warps, x staged
+/// (on the H200 at 512 tokens q|k|v sliding 378 -> 292 us against
+/// fragment loads from memory).
+pub(crate) const DENSE: CoopTile = CoopTile {
+    wm: 2,
+    wn: 4,
+    bk: 32,
+    stage_x: true,
+};
 /// Dense projections with fewer than [`NARROW_GROUPS`] tiles of [`DENSE`]:
-/// 64 x 128, 4 warps.
-pub(crate) const DENSE_NARROW: CoopTile = CoopTile { wm: 2, wn: 2 };
+/// 64 x 128, 4 warps, x read by the fragment loads (staged it made dense
+/// gate|up 163 -> 319 us and o_proj 471 -> 911 us on the H200).
+pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
+    wm: 2,
+    wn: 2,
+    bk: 32,
+    stage_x: false,
+};
 /// MoE phases (an expert sees 32 of a 512-token batch's pairs on average):
-/// 32 pairs x 256 weight rows, 4 warps.
-pub(crate) const GROUPED: CoopTile = CoopTile { wm: 1, wn: 4 };
+/// 32 pairs x 256 weight rows, 4 warps, 64 of k per step (a weight row's
+/// step is one 128-byte line: these weights are read from memory once or
+/// twice, not from cache).
+pub(crate) const GROUPED: CoopTile = CoopTile {
+    wm: 1,
+    wn: 4,
+    bk: 64,
+    stage_x: false,
+};
 const NARROW_GROUPS: u32 = 256;
 
 const DENSE_MODE: u32 = 0;
@@ -76,15 +117,22 @@ const GATE_UP: u32 = 1;
 const DOWN: u32 = 2;
 
 /// Whether the tensor-core GEMM takes a problem reducing over `k` with
-/// weight `w`: the device has it, `w` was checked to fit f16, k is whole
-/// steps, and every tile fits the device's workgroup memory.
-pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize) -> bool {
+/// weight `w` (`grouped`: an MoE phase, else a dense projection): the
+/// device has it, `w` was checked to fit f16, and k is whole steps of the
+/// tiles that would run it, each of which fits the device.
+pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, grouped: bool) -> bool {
+    let tiles: &[CoopTile] = if grouped {
+        &[GROUPED]
+    } else {
+        &[DENSE, DENSE_NARROW]
+    };
     be.info.features.tensor_core_gemm
         && w.fits_f16
-        && k.is_multiple_of(BK)
-        && [DENSE, DENSE_NARROW, GROUPED]
-            .iter()
-            .all(|t| t.bytes() <= be.limits.max_compute_workgroup_storage_size)
+        && tiles.iter().all(|t| {
+            t.valid()
+                && k.is_multiple_of(t.bk as usize)
+                && t.bytes() <= be.limits.max_compute_workgroup_storage_size
+        })
 }
 
 /// `gemm_prep`: `rows` source rows of x (`k` wide) to the tile-ordered f16
@@ -125,7 +173,7 @@ fn prep(
             (one(&xs), false),
             (route, true),
         ],
-        groups: be.grid(rows as u32),
+        groups: be.grid(rows as u32 / PREP_ROWS),
     })?;
     Ok((x16, xs))
 }
@@ -146,7 +194,7 @@ fn launch(
     be.launch(Launch {
         kernel: "gemm_coop",
         entry: "gemm_coop",
-        constants: &t.all_constants(w.1, mode),
+        constants: &t.constants(w.1, mode),
         params: bytemuck::bytes_of(params),
         buffers: &[
             (w.0, true),
@@ -155,6 +203,7 @@ fn launch(
             (route, true),
             (wts, true),
             (one(xs), true),
+            (one(x16), true),
         ],
         groups: be.grid(params.mtiles * params.nrb),
     })
@@ -274,12 +323,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tiles_fit_a_48_kb_device() {
+    fn tiles_fit_the_kernel_and_a_48_kb_device() {
         for t in [DENSE, DENSE_NARROW, GROUPED] {
             assert!(t.bytes() <= 48 * 1024, "{t:?}: {} bytes", t.bytes());
-            // A step's W tile is BN rows x 4 vec4, at most 8 per thread.
-            assert!(t.bn() * 4 <= 8 * t.threads(), "{t:?}");
+            assert!(t.valid(), "{t:?}");
         }
+        // x staged with 8 warps along the weight rows: 4 vec4 a row per
+        // step do not divide among them.
+        assert!(!CoopTile { wn: 8, ..DENSE }.valid());
+        assert!(!CoopTile { bk: 48, ..GROUPED }.valid());
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 256));
         assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 256));
     }
