@@ -27,6 +27,12 @@ pub struct WgpuOptions {
     /// requires them (an error where absent). Defaults to the
     /// `TURBOSPARK_TENSOR_CORES` environment variable (`0` or `1`).
     pub tensor_cores: Option<bool>,
+    /// Tiles of the tensor-core GEMM (`kernels/gemm_coop.wgsl`) in place of
+    /// the defaults, `"wm,wn,bk,stage_x;...;..."` (dense; narrow dense;
+    /// MoE; an empty part keeps its default): for tile sweeps. Defaults to
+    /// the `TURBOSPARK_COOP_TILES` environment variable; a tile the kernel
+    /// or device cannot hold is an error when the backend opens.
+    pub coop_tiles: Option<String>,
 }
 
 /// What an adapter is, for listings (`turbospark info`).

@@ -60,6 +60,8 @@ pub struct WgpuBackend {
     reads: Mutex<readback::Reads>,
     /// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`).
     gemm_tiles: ops::gemm::Overrides,
+    /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
+    coop_tiles: ops::gemm_coop::CoopTiles,
 }
 
 impl WgpuBackend {
@@ -73,6 +75,14 @@ impl WgpuBackend {
                 .unwrap_or_default(),
         );
         let o = device::open(opts)?;
+        let coop_tiles = ops::gemm_coop::CoopTiles::parse(
+            &opts
+                .coop_tiles
+                .clone()
+                .or_else(|| std::env::var("TURBOSPARK_COOP_TILES").ok())
+                .unwrap_or_default(),
+            o.limits.max_compute_workgroup_storage_size,
+        )?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         o.device
@@ -140,6 +150,7 @@ impl WgpuBackend {
             scratch: Mutex::default(),
             reads: Mutex::default(),
             gemm_tiles,
+            coop_tiles,
         })
     }
 

@@ -92,8 +92,12 @@ pub(crate) const DENSE: CoopTile = CoopTile {
     stage_x: true,
 };
 /// Dense projections with fewer than [`NARROW_GROUPS`] tiles of [`DENSE`]:
-/// 64 x 128, 4 warps, x read by the fragment loads (staged it made dense
-/// gate|up 163 -> 319 us and o_proj 471 -> 911 us on the H200).
+/// 64 x 128, 4 warps, x read by the fragment loads. On the H200 at 512
+/// tokens (dense gate|up, dense down, o_proj full): 174 / 140 / 529 us,
+/// against 246 / 120 / 460 with [`DENSE`]'s tile, 190 / 144 / 558 for
+/// 128 x 128 with x staged, 319 / 238 / 911 for this tile with x staged,
+/// 224 / 173 / 645 and 376 / 204 / 760 for 64 of k a step at 64 x 128 and
+/// 32 x 256 (runs 4-7).
 pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
     wm: 2,
     wn: 2,
@@ -101,16 +105,83 @@ pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
     stage_x: false,
 };
 /// MoE phases (an expert sees 32 of a 512-token batch's pairs on average):
-/// 32 pairs x 256 weight rows, 4 warps, 64 of k per step (a weight row's
-/// step is one 128-byte line: these weights are read from memory once or
-/// twice, not from cache).
+/// 32 pairs x 128 weight rows, 2 warps, x read by the fragment loads. On
+/// the H200 at 512 tokens (gate_up / down): 1.03 ms / 627 us, against
+/// 1.24 ms / 785 us for 32 x 256 with 64 of k a step, 1.03 / 708 for
+/// 32 x 128 with 64, 1.22 / 751 for 64 x 256, 1.32 / 964 for 64 x 128
+/// with 64, 1.21 / 823 for 32 x 64 with 64, 2.52 ms / 1.60 ms for 32 x 128
+/// with 64 and x staged (docs/bench/h200-2026-11-30-s5/, runs 5-7).
 pub(crate) const GROUPED: CoopTile = CoopTile {
     wm: 1,
-    wn: 4,
-    bk: 64,
+    wn: 2,
+    bk: 32,
     stage_x: false,
 };
 const NARROW_GROUPS: u32 = 256;
+
+/// The tiles in use: [`DENSE`], [`DENSE_NARROW`] and [`GROUPED`] unless
+/// overridden (`WgpuOptions::coop_tiles`, for sweeps on a device).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CoopTiles {
+    pub dense: CoopTile,
+    pub narrow: CoopTile,
+    pub grouped: CoopTile,
+}
+
+impl Default for CoopTiles {
+    fn default() -> Self {
+        CoopTiles {
+            dense: DENSE,
+            narrow: DENSE_NARROW,
+            grouped: GROUPED,
+        }
+    }
+}
+
+impl CoopTiles {
+    /// `"wm,wn,bk,stage_x;...;..."` (dense; narrow; grouped; an empty part
+    /// keeps its default), each tile checked against the kernel and the
+    /// device's `smem` bytes of workgroup memory.
+    pub fn parse(text: &str, smem: u32) -> Result<Self> {
+        let mut t = CoopTiles::default();
+        let slots = [&mut t.dense, &mut t.narrow, &mut t.grouped];
+        let parts: Vec<&str> = text.split(';').collect();
+        if parts.len() > 3 {
+            return Err(Error::InvalidInput(format!(
+                "tensor-core GEMM tiles {text:?}: at most three parts (dense; narrow; grouped)"
+            )));
+        }
+        for (slot, part) in slots.into_iter().zip(parts) {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            let v: Option<Vec<u32>> = part.split(',').map(|x| x.trim().parse().ok()).collect();
+            let tile = match v.as_deref() {
+                Some(&[wm, wn, bk, sx]) if sx <= 1 => CoopTile {
+                    wm,
+                    wn,
+                    bk,
+                    stage_x: sx == 1,
+                },
+                _ => {
+                    return Err(Error::InvalidInput(format!(
+                        "tensor-core GEMM tile {part:?} is not wm,wn,bk,stage_x (stage_x 0 or 1)"
+                    )))
+                }
+            };
+            if !tile.valid() || tile.bytes() > smem {
+                return Err(Error::InvalidInput(format!(
+                    "tensor-core GEMM tile {tile:?} ({} bytes of workgroup memory) does not \
+                     fit kernels/gemm_coop.wgsl or the device's {smem} bytes",
+                    tile.bytes()
+                )));
+            }
+            *slot = tile;
+        }
+        Ok(t)
+    }
+}
 
 const DENSE_MODE: u32 = 0;
 const GATE_UP: u32 = 1;
@@ -121,10 +192,11 @@ const DOWN: u32 = 2;
 /// device has it, `w` was checked to fit f16, and k is whole steps of the
 /// tiles that would run it, each of which fits the device.
 pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, grouped: bool) -> bool {
+    let t = be.coop_tiles;
     let tiles: &[CoopTile] = if grouped {
-        &[GROUPED]
+        &[t.grouped]
     } else {
-        &[DENSE, DENSE_NARROW]
+        &[t.dense, t.narrow]
     };
     be.info.features.tensor_core_gemm
         && w.fits_f16
@@ -218,15 +290,19 @@ pub(crate) fn dense(
     ob: &wgpu::Buffer,
     p: turbospark::ops::Matmul,
 ) -> Result<()> {
-    let mut prepped = None;
+    let tiles = be.coop_tiles;
+    // (tile rows, the prep for them)
+    let mut prepped: Option<(u32, (WgpuBuffer, WgpuBuffer))> = None;
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
-        let mtiles = (p.m as u32).div_ceil(DENSE.bm());
-        let t = if mtiles * (rows as u32).div_ceil(DENSE.bn()) < NARROW_GROUPS {
-            DENSE_NARROW
+        let wide =
+            (p.m as u32).div_ceil(tiles.dense.bm()) * (rows as u32).div_ceil(tiles.dense.bn());
+        let t = if wide < NARROW_GROUPS {
+            tiles.narrow
         } else {
-            DENSE
+            tiles.dense
         };
+        let mtiles = (p.m as u32).div_ceil(t.bm());
         let params = Params {
             m: p.m as u32,
             n: p.n as u32,
@@ -241,11 +317,11 @@ pub(crate) fn dense(
             ks: 1,
             _pad: 0,
         };
-        // Both tiles are 64 rows tall, so one prep serves every chunk.
-        if prepped.is_none() {
-            prepped = Some(prep(be, xb, xb, t, DENSE_MODE, &params)?);
+        // One prep serves every chunk whose tile has as many rows.
+        if prepped.as_ref().is_none_or(|(bm, _)| *bm != t.bm()) {
+            prepped = Some((t.bm(), prep(be, xb, xb, t, DENSE_MODE, &params)?));
         }
-        let xp = prepped.as_ref().expect("prepped above");
+        let (_, xp) = prepped.as_ref().expect("prepped above");
         launch(
             be,
             (&c.buffer, w.dtype),
@@ -262,10 +338,10 @@ pub(crate) fn dense(
 }
 
 /// Parameters of a grouped launch (see [`super::gemm`]'s).
-fn grouped(p: &Moe, (n, k): (usize, usize), per_block: u32) -> Result<Params> {
+fn grouped(p: &Moe, t: CoopTile, (n, k): (usize, usize), per_block: u32) -> Result<Params> {
     let pairs = (p.m * p.top_k) as u32;
-    let mtiles = pairs.div_ceil(GROUPED.bm()) + pairs.min(p.experts as u32);
-    if (mtiles * GROUPED.bm()) as usize * k > u32::MAX as usize {
+    let mtiles = pairs.div_ceil(t.bm()) + pairs.min(p.experts as u32);
+    if (mtiles * t.bm()) as usize * k > u32::MAX as usize {
         return Err(Error::shape(
             "moe (tensor cores)",
             format!("{pairs} pairs of {k} overflow the kernel's 32-bit indices"),
@@ -296,9 +372,10 @@ pub(crate) fn gate_up(
     act: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let params = grouped(p, (p.inter, p.hidden), GROUPED.bn() / 2)?;
-    let xp = prep(be, x, route, GROUPED, GATE_UP, &params)?;
-    launch(be, gu, &xp, act, route, x, GROUPED, GATE_UP, &params)
+    let t = be.coop_tiles.grouped;
+    let params = grouped(p, t, (p.inter, p.hidden), t.bn() / 2)?;
+    let xp = prep(be, x, route, t, GATE_UP, &params)?;
+    launch(be, gu, &xp, act, route, x, t, GATE_UP, &params)
 }
 
 /// MoE phase 2's per-pair rows over the route list into `per_pair` (see
@@ -312,9 +389,10 @@ pub(crate) fn down(
     per_pair: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<Params> {
-    let params = grouped(p, (p.hidden, p.inter), GROUPED.bn())?;
-    let xp = prep(be, act, route, GROUPED, DOWN, &params)?;
-    launch(be, d, &xp, per_pair, route, wts, GROUPED, DOWN, &params)?;
+    let t = be.coop_tiles.grouped;
+    let params = grouped(p, t, (p.hidden, p.inter), t.bn())?;
+    let xp = prep(be, act, route, t, DOWN, &params)?;
+    launch(be, d, &xp, per_pair, route, wts, t, DOWN, &params)?;
     Ok(params)
 }
 
@@ -333,6 +411,29 @@ mod tests {
         assert!(!CoopTile { wn: 8, ..DENSE }.valid());
         assert!(!CoopTile { bk: 48, ..GROUPED }.valid());
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 256));
-        assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 256));
+        assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 128));
+    }
+
+    #[test]
+    fn tile_overrides_parse_by_part() {
+        let t = CoopTiles::parse(";2,4,32,0;", 48 * 1024).unwrap();
+        assert_eq!(t.dense, DENSE);
+        assert_eq!(
+            t.narrow,
+            CoopTile {
+                wm: 2,
+                wn: 4,
+                bk: 32,
+                stage_x: false
+            }
+        );
+        assert_eq!(t.grouped, GROUPED);
+        assert_eq!(
+            CoopTiles::parse("", 48 * 1024).unwrap(),
+            CoopTiles::default()
+        );
+        for bad in ["2,4,32", "2,4,32,2", "x", "2,4,48,0", ";;;", "2,4,64,1"] {
+            assert!(CoopTiles::parse(bad, 48 * 1024).is_err(), "{bad}");
+        }
     }
 }
