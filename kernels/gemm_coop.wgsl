@@ -69,29 +69,30 @@ const DOWN: u32 = 2u;
 override MODE: u32 = 0u;
 
 // The tile (backends/wgpu/src/ops/gemm_coop.rs sets every one): warps
-// along the tile rows and along the weight rows, k per step (32 or 64),
-// whether X16 is staged in workgroup memory (1) or read by the fragment
-// loads straight from memory (0); WG = 32 * WM * WN, WSN = BN * BKP,
-// XSN = BM * BKP (8 when not staged), CSN = 512 * WM * WN.
+// along the tile rows and along the weight rows, whether X16 is staged in
+// workgroup memory (1) or read by the fragment loads straight from memory,
+// one step ahead (0); WG = 32 * WM * WN, WSN = BN * BKP, XSN = BM * BKP (8
+// when not staged), CSN = 512 * WM * WN.
 override WM: u32 = 2u;
 override WN: u32 = 4u;
-override BK: u32 = 32u;
 override STAGE_X: u32 = 1u;
 override WG: u32 = 256u;
 override WSN: u32 = 10240u;
 override XSN: u32 = 2560u;
 override CSN: u32 = 4096u;
 
-// The staged rows' stride in f16 (80 or 144 bytes: every fragment starts
-// 16-byte aligned, and rows fall on different banks), and a step's vec4
-// per row.
-override BKP: u32 = BK + 8u;
-override QW: u32 = BK / 8u;
+// k per step (two 16-wide fragment slices; 64 a step was slower on the
+// H200 for every tile tried), the staged rows' stride in f16 (80 bytes:
+// every fragment starts 16-byte aligned, and rows fall on different banks),
+// and a step's vec4 per row.
+const BK: u32 = 32u;
+const BKP: u32 = 40u;
+const QW: u32 = 4u;
 const MAX_BM: u32 = 128u;
-// W vec4 loads per thread per step: BN * QW / WG = BK / (4 * WM); X16
-// ones: BM * QW / WG = QW / WN.
-const MAX_LD: u32 = 16u;
-const MAX_LDA: u32 = 4u;
+// W vec4 loads per thread per step: BN * QW / WG = 8 / WM; X16 ones:
+// BM * QW / WG = 4 / WN.
+const MAX_LD: u32 = 8u;
+const MAX_LDA: u32 = 2u;
 const PREP_WG: u32 = 256u;
 
 var<workgroup> ws: array<f16, WSN>;
@@ -342,7 +343,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let wm = warp / WN;
     let wn = warp % WN;
     let k = P.k;
-    let nld = BK / (4u * WM);
+    let nld = 8u / WM;
     var w_row: array<u32, MAX_LD>;
     var w_on: array<bool, MAX_LD>;
     var wv: array<vec4<u32>, MAX_LD>;
@@ -374,6 +375,22 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let xg = (xrow0 + wm * 32u) * k;
     let wb = wn * 64u * BKP;
     let s16 = 16u;
+    // Unstaged x: the A fragments of a step (slice h, rows r: ahr), loaded
+    // a step ahead so the loop does not wait on memory for them.
+    var a00: coop_mat16x16<f16, A>;
+    var a01: coop_mat16x16<f16, A>;
+    var a10: coop_mat16x16<f16, A>;
+    var a11: coop_mat16x16<f16, A>;
+    if (STAGE_X == 0u) {
+        let i00 = xg;
+        let i01 = xg + s16 * k;
+        let i10 = xg + s16;
+        let i11 = i01 + s16;
+        a00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i00], k);
+        a01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i01], k);
+        a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
+        a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
+    }
     for (var k0 = 0u; k0 < k; k0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < nld; u++) {
@@ -394,38 +411,64 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
                 xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + (k1 / 8u) + e % QW];
             }
         }
-        // The step's k16 slices (the launcher takes k % BK == 0).
-        for (var h = 0u; h < QW / 2u; h++) {
-            var a0: coop_mat16x16<f16, A>;
-            var a1: coop_mat16x16<f16, A>;
-            if (STAGE_X == 1u) {
-                let ia0 = xb + s16 * h;
-                let ia1 = ia0 + s16 * BKP;
-                a0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[ia0], BKP);
-                a1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[ia1], BKP);
-            } else {
-                let ig0 = xg + k0 + s16 * h;
-                let ig1 = ig0 + s16 * k;
-                a0 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ig0], k);
-                a1 = coopLoadT<coop_mat16x16<f16, A>>(&X16[ig1], k);
-            }
-            let ib0 = wb + s16 * h;
-            let ib1 = ib0 + s16 * BKP;
-            let ib2 = ib0 + 2u * s16 * BKP;
-            let ib3 = ib0 + 3u * s16 * BKP;
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib0], BKP);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib1], BKP);
-            let b2 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib2], BKP);
-            let b3 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib3], BKP);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c02 = coopMultiplyAdd(a0, b2, c02);
-            c03 = coopMultiplyAdd(a0, b3, c03);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-            c12 = coopMultiplyAdd(a1, b2, c12);
-            c13 = coopMultiplyAdd(a1, b3, c13);
+        var x00 = a00;
+        var x01 = a01;
+        var x10 = a10;
+        var x11 = a11;
+        if (STAGE_X == 1u) {
+            let j00 = xb;
+            let j01 = xb + s16 * BKP;
+            let j10 = xb + s16;
+            let j11 = j01 + s16;
+            x00 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j00], BKP);
+            x01 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j01], BKP);
+            x10 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j10], BKP);
+            x11 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j11], BKP);
+        } else {
+            // (the last step reloads its own fragments: k1 is past k)
+            let kn = min(k1, k - BK);
+            let i00 = xg + kn;
+            let i01 = i00 + s16 * k;
+            let i10 = i00 + s16;
+            let i11 = i01 + s16;
+            a00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i00], k);
+            a01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i01], k);
+            a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
+            a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
         }
+        // Slice 0, then slice 1 (16 of k each).
+        let ib0 = wb;
+        let ib1 = ib0 + s16 * BKP;
+        let ib2 = ib0 + 2u * s16 * BKP;
+        let ib3 = ib0 + 3u * s16 * BKP;
+        let b0 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib0], BKP);
+        let b1 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib1], BKP);
+        let b2 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib2], BKP);
+        let b3 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib3], BKP);
+        c00 = coopMultiplyAdd(x00, b0, c00);
+        c01 = coopMultiplyAdd(x00, b1, c01);
+        c02 = coopMultiplyAdd(x00, b2, c02);
+        c03 = coopMultiplyAdd(x00, b3, c03);
+        c10 = coopMultiplyAdd(x01, b0, c10);
+        c11 = coopMultiplyAdd(x01, b1, c11);
+        c12 = coopMultiplyAdd(x01, b2, c12);
+        c13 = coopMultiplyAdd(x01, b3, c13);
+        let id0 = wb + s16;
+        let id1 = id0 + s16 * BKP;
+        let id2 = id0 + 2u * s16 * BKP;
+        let id3 = id0 + 3u * s16 * BKP;
+        let d0 = coopLoad<coop_mat16x16<f16, B>>(&ws[id0], BKP);
+        let d1 = coopLoad<coop_mat16x16<f16, B>>(&ws[id1], BKP);
+        let d2 = coopLoad<coop_mat16x16<f16, B>>(&ws[id2], BKP);
+        let d3 = coopLoad<coop_mat16x16<f16, B>>(&ws[id3], BKP);
+        c00 = coopMultiplyAdd(x10, d0, c00);
+        c01 = coopMultiplyAdd(x10, d1, c01);
+        c02 = coopMultiplyAdd(x10, d2, c02);
+        c03 = coopMultiplyAdd(x10, d3, c03);
+        c10 = coopMultiplyAdd(x11, d0, c10);
+        c11 = coopMultiplyAdd(x11, d1, c11);
+        c12 = coopMultiplyAdd(x11, d2, c12);
+        c13 = coopMultiplyAdd(x11, d3, c13);
     }
 
     // Out through this warp's staging area, a fragment (gate_up: a pair) at

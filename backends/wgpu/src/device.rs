@@ -28,7 +28,7 @@ pub struct WgpuOptions {
     /// `TURBOSPARK_TENSOR_CORES` environment variable (`0` or `1`).
     pub tensor_cores: Option<bool>,
     /// Tiles of the tensor-core GEMM (`kernels/gemm_coop.wgsl`) in place of
-    /// the defaults, `"wm,wn,bk,stage_x;...;..."` (dense; narrow dense;
+    /// the defaults, `"wm,wn,stage_x;...;..."` (dense; narrow dense;
     /// MoE; an empty part keeps its default): for tile sweeps. Defaults to
     /// the `TURBOSPARK_COOP_TILES` environment variable; a tile the kernel
     /// or device cannot hold is an error when the backend opens.

@@ -17,15 +17,18 @@ use crate::{WgpuBackend, WgpuBuffer};
 pub(crate) use super::gemm::Params;
 
 /// Warps along the tile rows (32 each) and along the weight rows (64
-/// each), k per step, and whether x's tile is staged in workgroup memory
-/// (else the fragment loads read it from memory).
+/// each), and whether x's tile is staged in workgroup memory (else the
+/// fragment loads read it from memory, a step ahead). k is 32 a step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct CoopTile {
     pub wm: u32,
     pub wn: u32,
-    pub bk: u32,
     pub stage_x: bool,
 }
+
+/// k per step and the staged rows' stride in f16 (`BK`, `BKP`).
+const BK: u32 = 32;
+const BKP: u32 = 40;
 /// X16 rows per prep workgroup (a warp per row).
 const PREP_ROWS: u32 = 8;
 
@@ -39,14 +42,10 @@ impl CoopTile {
     fn threads(self) -> u32 {
         32 * self.wm * self.wn
     }
-    /// The staged rows' stride in f16 (`BKP`).
-    fn bkp(self) -> u32 {
-        self.bk + 8
-    }
     /// The staged X tile in f16 (`XSN`; 8 when x is not staged).
     fn xsn(self) -> u32 {
         if self.stage_x {
-            self.bm() * self.bkp()
+            self.bm() * BKP
         } else {
             8
         }
@@ -54,17 +53,16 @@ impl CoopTile {
     /// Workgroup memory: the staged W and X tiles (f16), a 512-float
     /// staging area per warp, the row maps and the tile record.
     pub fn bytes(self) -> u32 {
-        2 * (self.bn() * self.bkp() + self.xsn()) + 4 * 512 * self.wm * self.wn + 8 * 128 + 16
+        2 * (self.bn() * BKP + self.xsn()) + 4 * 512 * self.wm * self.wn + 8 * 128 + 16
     }
     /// Whether the kernel takes the tile: its loads per thread divide
-    /// evenly within the kernel's register arrays (`MAX_LD`, `MAX_LDA`).
+    /// evenly within the kernel's register arrays (`MAX_LD`: 8 / WM W
+    /// vec4, `MAX_LDA`: 4 / WN X16 vec4 when staged).
     fn valid(self) -> bool {
-        let qw = self.bk / 8;
-        matches!(self.bk, 32 | 64)
-            && self.bm() <= 128
-            && (self.bn() * qw).is_multiple_of(self.threads())
-            && self.bn() * qw / self.threads() <= 16
-            && (!self.stage_x || (qw.is_multiple_of(self.wn) && qw / self.wn <= 4))
+        self.bm() <= 128
+            && matches!(self.wm, 1 | 2 | 4 | 8)
+            && (1..=8).contains(&self.wn)
+            && (!self.stage_x || matches!(self.wn, 2 | 4))
     }
     fn constants(self, dtype: DType, mode: u32) -> Vec<(&'static str, i64)> {
         vec![
@@ -72,10 +70,9 @@ impl CoopTile {
             ("MODE", mode as i64),
             ("WM", self.wm as i64),
             ("WN", self.wn as i64),
-            ("BK", self.bk as i64),
             ("STAGE_X", self.stage_x as i64),
             ("WG", self.threads() as i64),
-            ("WSN", (self.bn() * self.bkp()) as i64),
+            ("WSN", (self.bn() * BKP) as i64),
             ("XSN", self.xsn() as i64),
             ("CSN", (512 * self.wm * self.wn) as i64),
         ]
@@ -88,7 +85,6 @@ impl CoopTile {
 pub(crate) const DENSE: CoopTile = CoopTile {
     wm: 2,
     wn: 4,
-    bk: 32,
     stage_x: true,
 };
 /// Dense projections with fewer than [`NARROW_GROUPS`] tiles of [`DENSE`]:
@@ -101,7 +97,6 @@ pub(crate) const DENSE: CoopTile = CoopTile {
 pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
     wm: 2,
     wn: 2,
-    bk: 32,
     stage_x: false,
 };
 /// MoE phases (an expert sees 32 of a 512-token batch's pairs on average):
@@ -114,7 +109,6 @@ pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
 pub(crate) const GROUPED: CoopTile = CoopTile {
     wm: 1,
     wn: 2,
-    bk: 32,
     stage_x: false,
 };
 const NARROW_GROUPS: u32 = 256;
@@ -139,7 +133,7 @@ impl Default for CoopTiles {
 }
 
 impl CoopTiles {
-    /// `"wm,wn,bk,stage_x;...;..."` (dense; narrow; grouped; an empty part
+    /// `"wm,wn,stage_x;...;..."` (dense; narrow; grouped; an empty part
     /// keeps its default), each tile checked against the kernel and the
     /// device's `smem` bytes of workgroup memory.
     pub fn parse(text: &str, smem: u32) -> Result<Self> {
@@ -158,15 +152,14 @@ impl CoopTiles {
             }
             let v: Option<Vec<u32>> = part.split(',').map(|x| x.trim().parse().ok()).collect();
             let tile = match v.as_deref() {
-                Some(&[wm, wn, bk, sx]) if sx <= 1 => CoopTile {
+                Some(&[wm, wn, sx]) if sx <= 1 => CoopTile {
                     wm,
                     wn,
-                    bk,
                     stage_x: sx == 1,
                 },
                 _ => {
                     return Err(Error::InvalidInput(format!(
-                        "tensor-core GEMM tile {part:?} is not wm,wn,bk,stage_x (stage_x 0 or 1)"
+                        "tensor-core GEMM tile {part:?} is not wm,wn,stage_x (stage_x 0 or 1)"
                     )))
                 }
             };
@@ -202,7 +195,7 @@ pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, grouped: bool) -
         && w.fits_f16
         && tiles.iter().all(|t| {
             t.valid()
-                && k.is_multiple_of(t.bk as usize)
+                && k.is_multiple_of(BK as usize)
                 && t.bytes() <= be.limits.max_compute_workgroup_storage_size
         })
 }
@@ -409,21 +402,20 @@ mod tests {
         // x staged with 8 warps along the weight rows: 4 vec4 a row per
         // step do not divide among them.
         assert!(!CoopTile { wn: 8, ..DENSE }.valid());
-        assert!(!CoopTile { bk: 48, ..GROUPED }.valid());
+        assert!(!CoopTile { wm: 3, ..GROUPED }.valid());
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 256));
         assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 128));
     }
 
     #[test]
     fn tile_overrides_parse_by_part() {
-        let t = CoopTiles::parse(";2,4,32,0;", 48 * 1024).unwrap();
+        let t = CoopTiles::parse(";2,4,0;", 48 * 1024).unwrap();
         assert_eq!(t.dense, DENSE);
         assert_eq!(
             t.narrow,
             CoopTile {
                 wm: 2,
                 wn: 4,
-                bk: 32,
                 stage_x: false
             }
         );
@@ -432,7 +424,7 @@ mod tests {
             CoopTiles::parse("", 48 * 1024).unwrap(),
             CoopTiles::default()
         );
-        for bad in ["2,4,32", "2,4,32,2", "x", "2,4,48,0", ";;;", "2,4,64,1"] {
+        for bad in ["2,4", "2,4,2", "x", "2,4,32,0", ";;;", "2,8,1", "8,8,0"] {
             assert!(CoopTiles::parse(bad, 48 * 1024).is_err(), "{bad}");
         }
     }
