@@ -21,9 +21,11 @@ enable wgpu_cooperative_matrix;
 //                 launcher only takes weights it checked at upload).
 //
 // X16 is laid out by tile (tile tm's rows are tm * BM ..), so a tile's
-// rows are contiguous. Both tiles of a step (BM rows of X16 and BN rows of
-// W, 32 of k) are staged in workgroup memory, W decoded to f16 on the way,
-// the next step's loaded into registers while this one multiplies. A workgroup is WM x WN warps; each warp owns 32 tile
+// rows are contiguous. A step takes 32 of k: the W tile (BN rows) is staged
+// in workgroup memory, decoded to f16 on the way, the next step's loaded
+// into registers while this one multiplies; the X16 tile (BM rows) is
+// either staged the same way or read by the fragment loads a step ahead
+// (STAGE_X, per tile). A workgroup is WM x WN warps; each warp owns 32 tile
 // rows x 64 weight rows, 2 x 4 fragments of 16 x 16. In gate_up mode a
 // warp's fragments 0..3 are (gate f, up f, gate f + 16, up f + 16) for
 // f = its first feature, so the activation pairs fragment 0 with 1 and 2
@@ -47,7 +49,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> P: Params;
 
-// gemm_coop_*
+// gemm_coop
 @group(1) @binding(0) var<storage, read> W: array<vec4<u32>>;
 @group(1) @binding(1) var<storage, read> X16: array<f16>;
 @group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
