@@ -112,30 +112,7 @@ fn bn() -> u32 {
     return 64u * WN;
 }
 
-// The token tile `tm`: (expert, rows, start), as kernels/gemm.wgsl's.
-fn find_tile(mode: u32, tm: u32) -> vec4<u32> {
-    let b = bm();
-    if (mode == DENSE) {
-        let start = tm * b;
-        if (start >= P.m) {
-            return vec4<u32>(0u);
-        }
-        return vec4<u32>(0u, min(b, P.m - start), start, 0u);
-    }
-    let ne = P.experts;
-    let used = ROUTE[0];
-    var first = 0u;
-    for (var s = 0u; s < used; s++) {
-        let cnt = ROUTE[1u + ne + s];
-        let nt = (cnt + b - 1u) / b;
-        if (tm < first + nt) {
-            let start = (tm - first) * b;
-            return vec4<u32>(ROUTE[1u + s], min(b, cnt - start), ROUTE[1u + 2u * ne + s] + start, 0u);
-        }
-        first += nt;
-    }
-    return vec4<u32>(0u);
-}
+// find_tile: kernels/gemm_tiles.wgsl.
 
 // Weight row (within the binding) of tile row `jl` of row block `nb`, and
 // whether it exists. gate_up: each 32 tile rows are 16 gate rows then the

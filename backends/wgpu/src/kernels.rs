@@ -17,6 +17,9 @@ pub const COMMON: &str = include_str!("../../../kernels/common.wgsl");
 /// Reduction helpers without and with subgroup operations (same functions).
 pub const REDUCE: &str = include_str!("../../../kernels/reduce.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup.wgsl");
+/// The prefill GEMMs' token tiles over the route list, appended to both
+/// GEMM families.
+pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
@@ -52,8 +55,13 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
     KERNELS.iter().find(|(n, _)| *n == name).map(|(_, s)| {
         let (enables, body): (Vec<&str>, Vec<&str>) =
             s.lines().partition(|l| l.starts_with("enable "));
+        let tiles = if matches!(name, "gemm" | "gemm_coop") {
+            GEMM_TILES
+        } else {
+            ""
+        };
         format!(
-            "{}\n{COMMON}\n{reduce}\n{}",
+            "{}\n{COMMON}\n{reduce}\n{}\n{tiles}",
             enables.join("\n"),
             body.join("\n")
         )

@@ -90,7 +90,8 @@ fn every_kernel_file_is_registered() {
             .and_then(|s| s.to_str())
             .unwrap_or_default()
             .to_string();
-        let prelude = ["common", "reduce", "reduce_subgroup"].contains(&stem.as_str());
+        let prelude =
+            ["common", "reduce", "reduce_subgroup", "gemm_tiles"].contains(&stem.as_str());
         if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {
             assert!(
                 KERNELS.iter().any(|(n, _)| *n == stem),
