@@ -320,7 +320,12 @@ fn k_splits(p: &Matmul, groups: u32, bk: u32, chunks: usize) -> (u32, u32) {
 /// Parameters of a grouped launch writing `n` features per row from `k`
 /// (gate_up: inter from hidden; down: hidden from inter), `per_block`
 /// features per row block, no k split.
-fn grouped_params(p: &Moe, (n, k): (usize, usize), mtiles: u32, per_block: u32) -> Params {
+pub(crate) fn grouped_params(
+    p: &Moe,
+    (n, k): (usize, usize),
+    mtiles: u32,
+    per_block: u32,
+) -> Params {
     Params {
         m: p.m as u32,
         n: n as u32,
@@ -339,7 +344,7 @@ fn grouped_params(p: &Moe, (n, k): (usize, usize), mtiles: u32, per_block: u32) 
 
 /// Token tiles a grouped launch dispatches: every expert slot in use cuts
 /// its pairs into tiles of `bm`, at most one of them partial.
-fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
+pub(crate) fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
     let pairs = (p.m * p.top_k) as u32;
     pairs.div_ceil(bm) + pairs.min(p.experts as u32)
 }

@@ -332,28 +332,18 @@ pub(crate) fn dense(
 
 /// Parameters of a grouped launch (see [`super::gemm`]'s).
 fn grouped(p: &Moe, t: CoopTile, (n, k): (usize, usize), per_block: u32) -> Result<Params> {
-    let pairs = (p.m * p.top_k) as u32;
-    let mtiles = pairs.div_ceil(t.bm()) + pairs.min(p.experts as u32);
+    let mtiles = super::gemm::grouped_tiles(p, t.bm());
+    // X16 holds mtiles * BM rows of k, indexed in 32 bits.
     if (mtiles * t.bm()) as usize * k > u32::MAX as usize {
         return Err(Error::shape(
             "moe (tensor cores)",
-            format!("{pairs} pairs of {k} overflow the kernel's 32-bit indices"),
+            format!(
+                "{} pairs of {k} overflow the kernel's 32-bit indices",
+                p.m * p.top_k
+            ),
         ));
     }
-    Ok(Params {
-        m: p.m as u32,
-        n: n as u32,
-        k: k as u32,
-        rows: n as u32,
-        row0: 0,
-        experts: p.experts as u32,
-        top_k: p.top_k as u32,
-        mtiles,
-        kc: k as u32,
-        nrb: (n as u32).div_ceil(per_block),
-        ks: 1,
-        _pad: 0,
-    })
+    Ok(super::gemm::grouped_params(p, (n, k), mtiles, per_block))
 }
 
 /// MoE phase 1 over the route list (see [`super::gemm::gate_up`]).
