@@ -31,29 +31,7 @@
 // is computed from registers. ROUTE/WTS are bound in every mode (the dense
 // launcher binds x in their place) so all entry points share one layout.
 
-struct Params {
-    // dense: rows of x; grouped: tokens
-    m: u32,
-    // output row stride
-    n: u32,
-    k: u32,
-    // dense: weight rows of this binding; gate_up: inter (features); down: hidden
-    rows: u32,
-    // dense: first output feature of this chunk
-    row0: u32,
-    experts: u32,
-    top_k: u32,
-    // token tiles dispatched per row block
-    mtiles: u32,
-    // k per split (dense: k split over workgroups when the output has too
-    // few tiles to fill the GPU; = k otherwise), row blocks, splits
-    kc: u32,
-    nrb: u32,
-    ks: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
+// Params and P: kernels/gemm_tiles.wgsl.
 @group(1) @binding(0) var<storage, read> W: array<vec4<u32>>;
 @group(1) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(1) @binding(2) var<storage, read_write> OUT: array<f32>;

@@ -1,7 +1,32 @@
 // Shared by the two prefill GEMM families (kernels/gemm.wgsl and
-// kernels/gemm_coop.wgsl; appended to each by the backend): the token tiles
-// over the route list moe_route builds (kernels/moe.wgsl). Each family
-// defines P (with m and experts), ROUTE, DENSE and bm(), its tile's rows.
+// kernels/gemm_coop.wgsl; appended to each by the backend): their
+// parameter block (the Rust `ops::gemm::Params`) and the token tiles over
+// the route list moe_route builds (kernels/moe.wgsl). Each family defines
+// ROUTE, DENSE and bm(), its tile's rows.
+
+struct Params {
+    // dense: rows of x; grouped: tokens
+    m: u32,
+    // output row stride
+    n: u32,
+    k: u32,
+    // dense: weight rows of this binding; gate_up: inter (features); down: hidden
+    rows: u32,
+    // dense: first output feature of this chunk
+    row0: u32,
+    experts: u32,
+    top_k: u32,
+    // token tiles dispatched per row block
+    mtiles: u32,
+    // k per split (dense: k split over workgroups when the output has too
+    // few tiles to fill the GPU; = k otherwise), row blocks, splits
+    kc: u32,
+    nrb: u32,
+    ks: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
 
 // The token tile `tm`: (expert, rows, start). Grouped: the slots of ROUTE in
 // order, each cut into ceil(count / BM) tiles; past the last, zero rows.

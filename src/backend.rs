@@ -175,6 +175,15 @@ pub trait ComputeBackend {
     /// Whether `op` is implemented for these types/sizes on this device.
     fn supports(&self, op: &OpKind) -> Support;
 
+    /// Whether the backend runs `op` (an `m`-row problem reducing over `k`)
+    /// from x rounded to f16 (tensor cores, [`Features::tensor_core_gemm`]):
+    /// its results then differ from f32 arithmetic by that rounding
+    /// ([`crate::parity::F16_INPUT_NMSE`]). False unless a backend says so.
+    fn rounds_gemm_inputs(&self, op: &OpKind, m: usize, k: usize) -> bool {
+        let _ = (op, m, k);
+        false
+    }
+
     // ---- buffers -------------------------------------------------------
 
     /// A buffer of `len` elements whose contents are unspecified until written.

@@ -55,9 +55,12 @@ fn matmul(full: bool) -> Vec<Op> {
         c(40, 200, 96, F16),    // GEMM, a partial second row block
         c(70, 131, 264, BF16),  // GEMM, two token tiles, a partial last k step
         c(520, 4097, 40, BF16), // GEMM, enough tiles for the wide tile (the others take the narrow one)
-        c(40, 64, 1024, BF16),  // GEMM split over k (one output tile)
-        c(24, 96, 1000, F16),   // split k, a short last split
-        c(21, 37, 2816, BF16),  // split k, an odd-sized partial plane
+        // k % 32 == 0 with enough tiles for the tensor-core GEMM's 64 x 256
+        // tile (x staged; partial last tiles both ways)
+        c(1040, 3841, 64, BF16),
+        c(40, 64, 1024, BF16), // GEMM split over k (one output tile)
+        c(24, 96, 1000, F16),  // split k, a short last split
+        c(21, 37, 2816, BF16), // split k, an odd-sized partial plane
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];
@@ -120,6 +123,10 @@ fn moe(full: bool) -> Vec<Op> {
             // gate_up through the route-list kernel (hidden not a multiple
             // of 8), down through the GEMM with an odd-sized moe_sum
             (40, 6, 3, 66, 40, BF16),
+            // both phases on tensor cores where the device has them (hidden
+            // and inter multiples of 32), then several row blocks of each
+            (40, 6, 3, 64, 64, BF16),
+            (24, 5, 2, 160, 96, F16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));

@@ -186,7 +186,7 @@ pub fn run_case<R: ComputeBackend, D: ComputeBackend>(
         seed,
         status: Status::Pass,
         nmse: 0.0,
-        limit: op.limit_on(device.info()),
+        limit: op.limit_on(device),
     };
     if let Support::No(why) = device.supports(&op.kind()) {
         out.status = Status::Unsupported(why);

@@ -297,18 +297,22 @@ impl Op {
         }
     }
 
-    /// NMSE limit on a device: [`Op::limit`], except for the ops a
-    /// backend with [`crate::backend::Features::tensor_core_gemm`] may run
-    /// from f16-rounded x (matmul and the MoE phases; the router keeps f32),
-    /// where the rounding's own error sets it: [`F16_INPUT_NMSE`] per
-    /// product, twice that through gate_up's two products.
-    pub fn limit_on(&self, device: &crate::backend::BackendInfo) -> f64 {
-        if !device.features.tensor_core_gemm {
-            return self.limit();
-        }
+    /// NMSE limit on a device: [`Op::limit`], except where the device runs
+    /// the op from f16-rounded x ([`ComputeBackend::rounds_gemm_inputs`]:
+    /// matmul and the MoE phases at prefill sizes on tensor cores), where
+    /// the rounding's own error sets it: [`F16_INPUT_NMSE`] per product,
+    /// twice that through gate_up's two products.
+    pub fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
+        let kind = self.kind();
+        let rounded = match self {
+            Op::Matmul { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.k),
+            Op::MoeGateUp { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.hidden),
+            Op::MoeDown { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.inter),
+            _ => false,
+        };
         match self {
-            Op::Matmul { .. } | Op::MoeDown { .. } => self.limit().max(F16_INPUT_NMSE),
-            Op::MoeGateUp { .. } => self.limit().max(2.0 * F16_INPUT_NMSE),
+            Op::MoeGateUp { .. } if rounded => self.limit().max(2.0 * F16_INPUT_NMSE),
+            _ if rounded => self.limit().max(F16_INPUT_NMSE),
             _ => self.limit(),
         }
     }

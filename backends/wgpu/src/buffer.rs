@@ -38,8 +38,9 @@ pub struct WgpuBuffer {
     pub(crate) dtype: DType,
     pub(crate) len: usize,
     /// Every element converts to f16 without overflow (checked when
-    /// uploaded from the host; false for buffers the device wrote): the
-    /// tensor-core GEMM takes only such weights.
+    /// uploaded from the host on a device with the tensor-core GEMM; false
+    /// elsewhere and for buffers the device wrote): that GEMM takes only
+    /// such weights.
     pub(crate) fits_f16: bool,
 }
 

@@ -195,17 +195,24 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     }
     let coop = coop_configs(adapter, afeat);
     let tensor_cores = tensor_cores_wanted(opts)?;
+    // The kernel takes each 32 consecutive invocations for one subgroup
+    // (a warp's fragments): only where subgroups are exactly 32 wide.
     let coop_gemm = tensor_cores != Some(false)
         && afeat.contains(wgpu::Features::SHADER_F16)
-        && coop.iter().any(|c| c == COOP_GEMM_CONFIG);
+        && coop.iter().any(|c| c == COOP_GEMM_CONFIG)
+        && ainfo.subgroup_min_size == 32
+        && ainfo.subgroup_max_size == 32;
     if tensor_cores == Some(true) && !coop_gemm {
         return Err(Error::Unsupported {
             backend: "wgpu".into(),
             op: "tensor cores".into(),
             reason: format!(
-                "{} offers no {COOP_GEMM_CONFIG} cooperative matrices (it has: [{}])",
+                "{} offers no {COOP_GEMM_CONFIG} cooperative matrices with 32-wide \
+                 subgroups (it has: [{}], subgroups {}..{})",
                 ainfo.name,
-                coop.join(", ")
+                coop.join(", "),
+                ainfo.subgroup_min_size,
+                ainfo.subgroup_max_size
             ),
         });
     }

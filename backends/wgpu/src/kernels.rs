@@ -17,8 +17,8 @@ pub const COMMON: &str = include_str!("../../../kernels/common.wgsl");
 /// Reduction helpers without and with subgroup operations (same functions).
 pub const REDUCE: &str = include_str!("../../../kernels/reduce.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup.wgsl");
-/// The prefill GEMMs' token tiles over the route list, appended to both
-/// GEMM families.
+/// The prefill GEMMs' parameter block and token tiles over the route list,
+/// appended to both GEMM families.
 pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
@@ -69,8 +69,9 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
 }
 
 /// Kernel families that need a device feature beyond WebGPU's baseline
-/// (`gemm_coop`: f16 and cooperative matrices), compiled only where the
-/// adapter has it.
+/// (`gemm_coop`: f16 and cooperative matrices). The backend compiles a
+/// family on its first launch, and launches this one only where the device
+/// has the feature; the WGSL validation test gives them the capability.
 pub const OPTIONAL: &[&str] = &["gemm_coop"];
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index

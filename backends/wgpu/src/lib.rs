@@ -82,6 +82,7 @@ impl WgpuBackend {
                 .or_else(|| std::env::var("TURBOSPARK_COOP_TILES").ok())
                 .unwrap_or_default(),
             o.limits.max_compute_workgroup_storage_size,
+            o.limits.max_compute_invocations_per_workgroup,
         )?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
@@ -357,6 +358,10 @@ impl ComputeBackend for WgpuBackend {
         ops::supports(self, op)
     }
 
+    fn rounds_gemm_inputs(&self, op: &OpKind, m: usize, k: usize) -> bool {
+        ops::gemm_coop::rounds_inputs(self, op, m, k)
+    }
+
     fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
         self.single_buffer(dtype, len, label)
     }
@@ -374,7 +379,7 @@ impl ComputeBackend for WgpuBackend {
         }
         let mut b = self.single_buffer(dtype, s.len() / dtype.size(), label)?;
         self.write_bytes(&b.chunks[0].buffer, 0, s);
-        b.fits_f16 = crate::buffer::fits_f16(dtype, s);
+        b.fits_f16 = self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, s);
         Ok(b)
     }
 
@@ -435,7 +440,7 @@ impl ComputeBackend for WgpuBackend {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
-            fits_f16: crate::buffer::fits_f16(dtype, s),
+            fits_f16: self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, s),
         })
     }
 

@@ -230,7 +230,7 @@ pub(crate) fn dense(
     p: Matmul,
     tensor_cores: bool,
 ) -> Result<()> {
-    if tensor_cores && super::gemm_coop::takes(be, w, p.k, false) {
+    if tensor_cores && super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m)) {
         return super::gemm_coop::dense(be, w, xb, ob, p);
     }
     for c in w.chunks.iter() {

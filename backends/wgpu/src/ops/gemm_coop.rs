@@ -5,7 +5,7 @@
 //! dispatches: `gemm_prep` (x to f16 with a per-row power-of-two scale, laid
 //! out by tile) and `gemm_coop`.
 
-use turbospark::ops::Moe;
+use turbospark::ops::{Moe, OpKind};
 use turbospark::{DType, Error, Result};
 
 use super::one;
@@ -39,7 +39,7 @@ impl CoopTile {
     pub fn bn(self) -> u32 {
         64 * self.wn
     }
-    fn threads(self) -> u32 {
+    pub fn threads(self) -> u32 {
         32 * self.wm * self.wn
     }
     /// The staged X tile in f16 (`XSN`; 8 when x is not staged).
@@ -79,9 +79,10 @@ impl CoopTile {
     }
 }
 
-/// Dense projections: 64 tokens x 256 weight rows, 8 warps, x staged
-/// (on the H200 at 512 tokens q|k|v sliding 378 -> 292 us against
-/// fragment loads from memory).
+/// Dense projections: 64 tokens x 256 weight rows, 8 warps, x staged (on
+/// the H200 at 512 tokens q|k|v sliding 378 -> 292 us against fragment
+/// loads from memory, runs 2 and 4; 255 us with both slices unrolled, run
+/// 12).
 pub(crate) const DENSE: CoopTile = CoopTile {
     wm: 2,
     wn: 4,
@@ -105,7 +106,9 @@ pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
 /// 1.24 ms / 785 us for 32 x 256 with 64 of k a step, 1.03 / 708 for
 /// 32 x 128 with 64, 1.22 / 751 for 64 x 256, 1.32 / 964 for 64 x 128
 /// with 64, 1.21 / 823 for 32 x 64 with 64, 2.52 ms / 1.60 ms for 32 x 128
-/// with 64 and x staged (docs/bench/h200-2026-11-30-s5/, runs 5-7).
+/// with 64 and x staged (docs/bench/h200-2026-11-30-s5/, runs 5-7, when
+/// the kernel still took 64 of k a step; run 12, with x's fragments a step
+/// ahead: 1.01 ms / 616 us, and 32 x 64 1.02 ms / 685 us).
 pub(crate) const GROUPED: CoopTile = CoopTile {
     wm: 1,
     wn: 2,
@@ -134,9 +137,10 @@ impl Default for CoopTiles {
 
 impl CoopTiles {
     /// `"wm,wn,stage_x;...;..."` (dense; narrow; grouped; an empty part
-    /// keeps its default), each tile checked against the kernel and the
-    /// device's `smem` bytes of workgroup memory.
-    pub fn parse(text: &str, smem: u32) -> Result<Self> {
+    /// keeps its default), each tile checked against the kernel, the
+    /// device's `smem` bytes of workgroup memory and its `threads` per
+    /// workgroup.
+    pub fn parse(text: &str, smem: u32, threads: u32) -> Result<Self> {
         let mut t = CoopTiles::default();
         let slots = [&mut t.dense, &mut t.narrow, &mut t.grouped];
         let parts: Vec<&str> = text.split(';').collect();
@@ -163,11 +167,13 @@ impl CoopTiles {
                     )))
                 }
             };
-            if !tile.valid() || tile.bytes() > smem {
+            if !tile.valid() || tile.bytes() > smem || tile.threads() > threads {
                 return Err(Error::InvalidInput(format!(
-                    "tensor-core GEMM tile {tile:?} ({} bytes of workgroup memory) does not \
-                     fit kernels/gemm_coop.wgsl or the device's {smem} bytes",
-                    tile.bytes()
+                    "tensor-core GEMM tile {tile:?} ({} bytes of workgroup memory, {} \
+                     threads) does not fit kernels/gemm_coop.wgsl or the device's {smem} \
+                     bytes and {threads} threads",
+                    tile.bytes(),
+                    tile.threads()
                 )));
             }
             *slot = tile;
@@ -180,24 +186,53 @@ const DENSE_MODE: u32 = 0;
 const GATE_UP: u32 = 1;
 const DOWN: u32 = 2;
 
+/// The rows of x a launch lays out in X16: a dense problem's `m`, or an MoE
+/// phase's pairs by expert tile.
+pub(crate) enum XRows<'a> {
+    Dense(usize),
+    Grouped(&'a Moe),
+}
+
 /// Whether the tensor-core GEMM takes a problem reducing over `k` with
-/// weight `w` (`grouped`: an MoE phase, else a dense projection): the
-/// device has it, `w` was checked to fit f16, and k is whole steps of the
-/// tiles that would run it, each of which fits the device.
-pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, grouped: bool) -> bool {
+/// weight `w`: the device has it, `w` was checked to fit f16, k is whole
+/// steps, and the tiles that would run it fit the device, as does its X16.
+/// Anything else stays on the f32 GEMM.
+pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>) -> bool {
     let t = be.coop_tiles;
-    let tiles: &[CoopTile] = if grouped {
-        &[t.grouped]
-    } else {
-        &[t.dense, t.narrow]
+    let (tiles, x16_rows): (&[CoopTile], usize) = match rows {
+        XRows::Dense(m) => {
+            let bm = t.dense.bm().max(t.narrow.bm()) as usize;
+            (&[t.dense, t.narrow], m.div_ceil(bm) * bm)
+        }
+        XRows::Grouped(p) => (
+            &[t.grouped],
+            (super::gemm::grouped_tiles(p, t.grouped.bm()) * t.grouped.bm()) as usize,
+        ),
     };
+    let l = &be.limits;
+    let x16_elems = (x16_rows * k) as u64;
     be.info.features.tensor_core_gemm
         && w.fits_f16
+        && k.is_multiple_of(BK as usize)
+        // X16 is indexed in 32 bits and bound whole.
+        && x16_elems <= u32::MAX as u64
+        && 2 * x16_elems <= be.max_binding()
         && tiles.iter().all(|t| {
             t.valid()
-                && k.is_multiple_of(BK as usize)
-                && t.bytes() <= be.limits.max_compute_workgroup_storage_size
+                && t.bytes() <= l.max_compute_workgroup_storage_size
+                && t.threads() <= l.max_compute_invocations_per_workgroup
         })
+}
+
+/// Whether an op of `m` rows over `k` may run on the tensor cores, from its
+/// kind alone (the weight's own range is checked at upload): what
+/// [`turbospark::ComputeBackend::rounds_gemm_inputs`] reports.
+pub(crate) fn rounds_inputs(be: &WgpuBackend, op: &OpKind, m: usize, k: usize) -> bool {
+    let w = match op {
+        OpKind::Matmul { w } | OpKind::MoeGateUp { w } | OpKind::MoeDown { w } => *w,
+        _ => return false,
+    };
+    be.info.features.tensor_core_gemm && super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)
 }
 
 /// `gemm_prep`: `rows` source rows of x (`k` wide) to the tile-ordered f16
@@ -331,19 +366,9 @@ pub(crate) fn dense(
 }
 
 /// Parameters of a grouped launch (see [`super::gemm`]'s).
-fn grouped(p: &Moe, t: CoopTile, (n, k): (usize, usize), per_block: u32) -> Result<Params> {
+fn grouped(p: &Moe, t: CoopTile, (n, k): (usize, usize), per_block: u32) -> Params {
     let mtiles = super::gemm::grouped_tiles(p, t.bm());
-    // X16 holds mtiles * BM rows of k, indexed in 32 bits.
-    if (mtiles * t.bm()) as usize * k > u32::MAX as usize {
-        return Err(Error::shape(
-            "moe (tensor cores)",
-            format!(
-                "{} pairs of {k} overflow the kernel's 32-bit indices",
-                p.m * p.top_k
-            ),
-        ));
-    }
-    Ok(super::gemm::grouped_params(p, (n, k), mtiles, per_block))
+    super::gemm::grouped_params(p, (n, k), mtiles, per_block)
 }
 
 /// MoE phase 1 over the route list (see [`super::gemm::gate_up`]).
@@ -356,7 +381,7 @@ pub(crate) fn gate_up(
     p: &Moe,
 ) -> Result<()> {
     let t = be.coop_tiles.grouped;
-    let params = grouped(p, t, (p.inter, p.hidden), t.bn() / 2)?;
+    let params = grouped(p, t, (p.inter, p.hidden), t.bn() / 2);
     let xp = prep(be, x, route, t, GATE_UP, &params)?;
     launch(be, gu, &xp, act, route, x, t, GATE_UP, &params)
 }
@@ -373,7 +398,7 @@ pub(crate) fn down(
     p: &Moe,
 ) -> Result<Params> {
     let t = be.coop_tiles.grouped;
-    let params = grouped(p, t, (p.hidden, p.inter), t.bn())?;
+    let params = grouped(p, t, (p.hidden, p.inter), t.bn());
     let xp = prep(be, act, route, t, DOWN, &params)?;
     launch(be, d, &xp, per_pair, route, wts, t, DOWN, &params)?;
     Ok(params)
@@ -399,7 +424,7 @@ mod tests {
 
     #[test]
     fn tile_overrides_parse_by_part() {
-        let t = CoopTiles::parse(";2,4,0;", 48 * 1024).unwrap();
+        let t = CoopTiles::parse(";2,4,0;", 48 * 1024, 1024).unwrap();
         assert_eq!(t.dense, DENSE);
         assert_eq!(
             t.narrow,
@@ -411,11 +436,16 @@ mod tests {
         );
         assert_eq!(t.grouped, GROUPED);
         assert_eq!(
-            CoopTiles::parse("", 48 * 1024).unwrap(),
+            CoopTiles::parse("", 48 * 1024, 1024).unwrap(),
             CoopTiles::default()
         );
         for bad in ["2,4", "2,4,2", "x", "2,4,32,0", ";;;", "2,8,1", "8,8,0"] {
-            assert!(CoopTiles::parse(bad, 48 * 1024).is_err(), "{bad}");
+            assert!(CoopTiles::parse(bad, 48 * 1024, 1024).is_err(), "{bad}");
         }
+        assert!(CoopTiles::parse("4,3,0", 48 * 1024, 1024).is_ok());
+        assert!(
+            CoopTiles::parse("4,3,0", 48 * 1024, 256).is_err(),
+            "384 threads"
+        );
     }
 }

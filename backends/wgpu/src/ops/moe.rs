@@ -265,7 +265,7 @@ pub(crate) fn moe_gate_up(
     }
     let (mut params, scratch) = route(be, ids, &p)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
-        let coop = super::gemm_coop::takes(be, gu, p.hidden, true);
+        let coop = super::gemm_coop::takes(be, gu, p.hidden, super::gemm_coop::XRows::Grouped(&p));
         return super::gemm::gate_up(
             be,
             one(x),
@@ -456,7 +456,7 @@ pub(crate) fn moe_down(
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
         let lists = (one(&scratch), one(ids));
-        let coop = super::gemm_coop::takes(be, d, p.inter, true);
+        let coop = super::gemm_coop::takes(be, d, p.inter, super::gemm_coop::XRows::Grouped(&p));
         return super::gemm::down(
             be,
             one(act),
