@@ -7,7 +7,9 @@ enable wgpu_cooperative_matrix;
 //
 // Inputs go to the matrix units as f16 with f32 accumulation:
 //
-//   gemm_prep     X16[r, :] = f16(x_r * s_r), XS[r] = 1 / s_r, a row per
+//   gemm_prep     (kernels/gemm_prep.wgsl, f16 only, so it runs and is
+//                 tested where cooperative matrices are absent)
+//                 X16[r, :] = f16(x_r * s_r), XS[r] = 1 / s_r, a row per
 //                 warp, where x_r is the source row of tile row r (the
 //                 dense rows in order; grouped: the pairs of each expert
 //                 tile, gathered through the route list) and s_r the power
@@ -46,15 +48,10 @@ enable wgpu_cooperative_matrix;
 // X16 again (the same buffer), read as vec4 where the tile stages it.
 @group(1) @binding(6) var<storage, read> X16V: array<vec4<u32>>;
 
-// gemm_prep (ROUTE as above)
-@group(1) @binding(0) var<storage, read> PX: array<f32>;
-@group(1) @binding(1) var<storage, read_write> PX16: array<f16>;
-@group(1) @binding(2) var<storage, read_write> PXS: array<f32>;
-
 const DENSE: u32 = 0u;
 const GATE_UP: u32 = 1u;
 const DOWN: u32 = 2u;
-// Which of the three (both entry points).
+// Which of the three.
 override MODE: u32 = 0u;
 
 // The tile (backends/wgpu/src/ops/gemm_coop.rs sets every one): warps
@@ -82,7 +79,6 @@ const MAX_BM: u32 = 128u;
 // BM * QW / WG = 4 / WN.
 const MAX_LD: u32 = 8u;
 const MAX_LDA: u32 = 2u;
-const PREP_WG: u32 = 256u;
 
 var<workgroup> ws: array<f16, WSN>;
 var<workgroup> xa: array<f16, XSN>;
@@ -90,7 +86,6 @@ var<workgroup> cs: array<f32, CSN>;
 var<workgroup> dst_row: array<u32, MAX_BM>;
 var<workgroup> xinv: array<f32, MAX_BM>;
 var<workgroup> tile: vec4<u32>;
-var<workgroup> red: array<f32, PREP_WG>;
 
 fn bm() -> u32 {
     return 32u * WM;
@@ -112,74 +107,6 @@ fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
     }
     let r = nb * bn() + jl;
     return vec2<u32>(expert * P.rows + r, u32(r < P.rows));
-}
-
-// ---- gemm_prep ----
-
-// Eight X16 rows per workgroup, a warp per row (all eight in one tile: BM
-// is a multiple of 8), so the route list is searched once per eight rows.
-@compute @workgroup_size(256)
-fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let mode = MODE;
-    let b_m = bm();
-    let r0 = linear_group(wg, nwg) * 8u;
-    if (r0 >= P.mtiles * b_m) {
-        return;
-    }
-    let warp = lid / 32u;
-    let lane = lid % 32u;
-    let r = r0 + warp;
-    let tm = r / b_m;
-    let i = r % b_m;
-    if (lid == 0u) {
-        tile = find_tile(mode, tm);
-    }
-    let info = workgroupUniformLoad(&tile);
-    // A tile past the route list's (cnt 0) is never read: gemm_coop skips
-    // it before touching X16 (half the grouped rows are such padding).
-    if (info.y == 0u) {
-        return;
-    }
-    let on = i < info.y;
-    var src = info.z + i;
-    if (on && mode != DENSE) {
-        let p = ROUTE[1u + 3u * P.experts + info.z + i];
-        src = select(p, p / P.top_k, mode == GATE_UP);
-    }
-    let k = P.k;
-    var mx = 0.0;
-    if (on) {
-        for (var c = lane; c < k; c += 32u) {
-            mx = max(mx, abs(PX[src * k + c]));
-        }
-    }
-    // The warp's largest |x| (a tree over its 32 slots; every warp takes
-    // every step, so the barriers are uniform).
-    red[lid] = mx;
-    for (var s = 16u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (lane < s) {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-    }
-    workgroupBarrier();
-    let amax = red[warp * 32u];
-    // amax in [2^e, 2^(e + 1)): scale by 2^(14 - e). e >= -112 keeps both
-    // powers of two normal f32; an inf or NaN row gives e = 128 and stays
-    // inf or NaN, as in f32.
-    let e = max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
-    let sc = bitcast<f32>(u32(127 + 14 - e) << 23u);
-    for (var c = lane; c < k; c += 32u) {
-        var v = 0.0;
-        if (on) {
-            v = PX[src * k + c] * sc;
-        }
-        PX16[r * k + c] = f16(v);
-    }
-    if (lane == 0u) {
-        PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);
-    }
 }
 
 // ---- gemm_coop ----

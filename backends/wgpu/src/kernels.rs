@@ -18,7 +18,7 @@ pub const COMMON: &str = include_str!("../../../kernels/common.wgsl");
 pub const REDUCE: &str = include_str!("../../../kernels/reduce.wgsl");
 pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup.wgsl");
 /// The prefill GEMMs' parameter block and token tiles over the route list,
-/// appended to both GEMM families.
+/// appended to the GEMM families.
 pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
@@ -34,6 +34,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("gemv", include_str!("../../../kernels/gemv.wgsl")),
     ("gemm", include_str!("../../../kernels/gemm.wgsl")),
     ("gemm_coop", include_str!("../../../kernels/gemm_coop.wgsl")),
+    ("gemm_prep", include_str!("../../../kernels/gemm_prep.wgsl")),
     ("router", include_str!("../../../kernels/router.wgsl")),
     ("moe", include_str!("../../../kernels/moe.wgsl")),
     (
@@ -55,7 +56,7 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
     KERNELS.iter().find(|(n, _)| *n == name).map(|(_, s)| {
         let (enables, body): (Vec<&str>, Vec<&str>) =
             s.lines().partition(|l| l.starts_with("enable "));
-        let tiles = if matches!(name, "gemm" | "gemm_coop") {
+        let tiles = if matches!(name, "gemm" | "gemm_coop" | "gemm_prep") {
             GEMM_TILES
         } else {
             ""
@@ -69,10 +70,10 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
 }
 
 /// Kernel families that need a device feature beyond WebGPU's baseline
-/// (`gemm_coop`: f16 and cooperative matrices). The backend compiles a
+/// (`gemm_coop`: f16 and cooperative matrices; `gemm_prep`: f16). The backend compiles a
 /// family on its first launch, and launches this one only where the device
 /// has the feature; the WGSL validation test gives them the capability.
-pub const OPTIONAL: &[&str] = &["gemm_coop"];
+pub const OPTIONAL: &[&str] = &["gemm_coop", "gemm_prep"];
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index
 /// clamping, loop bounding, division guards): `TURBOSPARK_SHADER_CHECKS=1`.

@@ -263,7 +263,7 @@ fn prep(
         "tensor-core GEMM row scales",
     )?;
     be.launch(Launch {
-        kernel: "gemm_coop",
+        kernel: "gemm_prep",
         entry: "gemm_prep",
         constants: &[("MODE", mode as i64), ("WM", t.wm as i64)],
         params: bytemuck::bytes_of(params),
@@ -407,6 +407,7 @@ pub(crate) fn down(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use turbospark::{ComputeBackend, HostBytes};
 
     #[test]
     fn tiles_fit_the_kernel_and_a_48_kb_device() {
@@ -447,5 +448,175 @@ mod tests {
             CoopTiles::parse("4,3,0", 48 * 1024, 256).is_err(),
             "384 threads"
         );
+    }
+
+    /// The wgpu backend on the default adapter (lavapipe in CI: gemm_prep
+    /// needs only f16); None (skip) without one, except under `CI=true`.
+    fn backend() -> Option<WgpuBackend> {
+        match WgpuBackend::new(&crate::WgpuOptions::default()) {
+            Ok(b) => Some(b),
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("CI=true but no wgpu adapter: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipping: {e}");
+                None
+            }
+        }
+    }
+
+    /// Host model of gemm_prep's row: the row scaled by the power of two
+    /// that puts its largest |x| in [2^14, 2^15), as f16, and 1 / scale.
+    fn model_row(x: &[f32]) -> (Vec<half::f16>, f32) {
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let e = (((amax.to_bits() >> 23) & 0xff) as i32 - 127).max(-112);
+        let s = f32::from_bits(((127 + 14 - e) as u32) << 23);
+        let inv = f32::from_bits(((127 - 14 + e) as u32) << 23);
+        (x.iter().map(|v| half::f16::from_f32(v * s)).collect(), inv)
+    }
+
+    /// X16 row `r` against `want` (at most one f16 ulp apart: WGSL leaves
+    /// the f32 -> f16 rounding to the device) and its scale exactly.
+    fn check_row(
+        x16: &[half::f16],
+        xs: &[f32],
+        (r, k, seed): (usize, usize, u64),
+        want: &(Vec<half::f16>, f32),
+    ) {
+        assert_eq!(xs[r], want.1, "row {r}: scale (seed {seed})");
+        for (c, (g, w)) in x16[r * k..(r + 1) * k].iter().zip(&want.0).enumerate() {
+            let d = (g.to_bits() as i32 - w.to_bits() as i32).abs();
+            assert!(d <= 1, "row {r} col {c}: {g} against {w} (seed {seed})");
+        }
+    }
+
+    fn rows_of(be: &WgpuBackend, x16: &WgpuBuffer, xs: &WgpuBuffer) -> (Vec<half::f16>, Vec<f32>) {
+        be.sync().unwrap();
+        let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&be.download_bytes(x16).unwrap());
+        (h, be.download_f32(xs).unwrap())
+    }
+
+    fn rows_with_range(rng: &mut turbospark::rng::Rng, m: usize, k: usize) -> Vec<f32> {
+        let mut x = rng.vec_normal(m * k, 1.0);
+        for (i, row) in x.chunks_mut(k).enumerate() {
+            let s = 10f32.powi(i as i32 % 13 - 6);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        // a zero row, and a row whose largest |x| is a power of two
+        x[2 * k..3 * k].iter_mut().for_each(|v| *v = 0.0);
+        x[3 * k..4 * k]
+            .iter_mut()
+            .for_each(|v| *v = v.clamp(-0.9, 0.9));
+        x[3 * k + 5] = -1024.0;
+        x
+    }
+
+    #[test]
+    fn gemm_prep_scales_dense_rows_into_tiles() {
+        let Some(be) = backend() else { return };
+        let seed = turbospark::parity::seed_from_env();
+        let mut rng = turbospark::rng::Rng::new(seed);
+        let (m, k) = (70, 96);
+        let x = rows_with_range(&mut rng, m, k);
+        let xb = be
+            .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
+            .unwrap();
+        let t = DENSE_NARROW;
+        let mut p = super::super::gemm::grouped_params(
+            &Moe {
+                m,
+                hidden: k,
+                inter: 1,
+                experts: 1,
+                top_k: 1,
+            },
+            (1, k),
+            (m as u32).div_ceil(t.bm()),
+            1,
+        );
+        p.m = m as u32;
+        let (x16, xs) = prep(&be, one(&xb), one(&xb), t, DENSE_MODE, &p).unwrap();
+        let (h, s) = rows_of(&be, &x16, &xs);
+        for r in 0..m {
+            check_row(&h, &s, (r, k, seed), &model_row(&x[r * k..(r + 1) * k]));
+        }
+        // The last tile's rows past m are zero.
+        for r in m..(p.mtiles * t.bm()) as usize {
+            let zero = h[r * k..(r + 1) * k].iter().all(|v| v.to_f32() == 0.0);
+            assert!(zero, "row {r} past m (seed {seed})");
+        }
+    }
+
+    #[test]
+    fn gemm_prep_gathers_each_experts_rows_through_the_route_list() {
+        let Some(be) = backend() else { return };
+        let seed = turbospark::parity::seed_from_env();
+        let mut rng = turbospark::rng::Rng::new(seed);
+        let (m, top_k, experts, k) = (45, 3, 5, 64);
+        let p = Moe {
+            m,
+            hidden: k,
+            inter: k,
+            experts,
+            top_k,
+        };
+        // distinct experts per token, one expert with more pairs than a tile
+        let ids: Vec<u32> = (0..m)
+            .flat_map(|t| {
+                let a = if t < 40 { 0 } else { 1 + rng.below(4) as u32 };
+                let b = 1 + (a + 1 + rng.below(3) as u32) % 4;
+                let c = (1..5).find(|e| *e != a && *e != b).unwrap_or(0);
+                [a, b, c]
+            })
+            .collect();
+        let idb = be
+            .upload(
+                DType::U32,
+                HostBytes::Slice(bytemuck::cast_slice(&ids)),
+                "ids",
+            )
+            .unwrap();
+        let x = rows_with_range(&mut rng, m, k);
+        let act = rows_with_range(&mut rng, m * top_k, k);
+        let up = |v: &[f32], name: &str| {
+            be.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), name)
+                .unwrap()
+        };
+        let (xb, ab) = (up(&x, "x"), up(&act, "act"));
+        let (_, route) = super::super::moe::route(&be, &idb, &p).unwrap();
+        let t = GROUPED;
+        let params = grouped(&p, t, (k, k), t.bn());
+        for (mode, src) in [(GATE_UP, &xb), (DOWN, &ab)] {
+            let (x16, xs) = prep(&be, one(src), one(&route), t, mode, &params).unwrap();
+            let (h, s) = rows_of(&be, &x16, &xs);
+            let rl = be.download_u32(&route).unwrap();
+            // find_tile on the host, over the route list as built
+            let (ne, bm) = (experts, t.bm() as usize);
+            let mut tm = 0;
+            let mut seen = 0;
+            for slot in 0..rl[0] as usize {
+                let (cnt, start) = (rl[1 + ne + slot] as usize, rl[1 + 2 * ne + slot] as usize);
+                for tile0 in (0..cnt).step_by(bm) {
+                    for i in 0..bm.min(cnt - tile0) {
+                        let pair = rl[1 + 3 * ne + start + tile0 + i] as usize;
+                        let (v, row) = if mode == GATE_UP {
+                            (&x, pair / top_k)
+                        } else {
+                            (&act, pair)
+                        };
+                        let r = tm * bm + i;
+                        let want = model_row(&v[row * k..(row + 1) * k]);
+                        check_row(&h, &s, (r, k, seed), &want);
+                        seen += 1;
+                    }
+                    tm += 1;
+                }
+            }
+            assert_eq!(
+                seen,
+                m * top_k,
+                "mode {mode}: every pair's row (seed {seed})"
+            );
+        }
     }
 }

@@ -41,7 +41,7 @@ struct RouterParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct MoeParams {
+pub(crate) struct MoeParams {
     m: u32,
     hidden: u32,
     inter: u32,
@@ -158,7 +158,11 @@ pub(crate) fn router(
 
 /// Parameters of one phase, and the route scratch (built on the device from
 /// `ids` when the batch has more than one token).
-fn route(be: &WgpuBackend, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, WgpuBuffer)> {
+pub(crate) fn route(
+    be: &WgpuBackend,
+    ids: &WgpuBuffer,
+    p: &Moe,
+) -> Result<(MoeParams, WgpuBuffer)> {
     let pairs = p.m * p.top_k;
     let direct = p.m == 1;
     let need = 1 + 3 * p.experts + pairs;

@@ -1,0 +1,94 @@
+enable f16;
+
+// The tensor-core GEMM's input (kernels/gemm_coop.wgsl's header says what
+// it computes and why): x to f16 by tile with a per-row power-of-two scale.
+// Its own family because it needs only f16: it runs, and is tested against
+// a host model of it, on devices without cooperative matrices (lavapipe).
+
+@group(1) @binding(0) var<storage, read> PX: array<f32>;
+@group(1) @binding(1) var<storage, read_write> PX16: array<f16>;
+@group(1) @binding(2) var<storage, read_write> PXS: array<f32>;
+@group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
+
+const DENSE: u32 = 0u;
+const GATE_UP: u32 = 1u;
+const DOWN: u32 = 2u;
+// The GEMM's mode and its tile's warps along the rows (BM = 32 * WM).
+override MODE: u32 = 0u;
+override WM: u32 = 2u;
+const PREP_WG: u32 = 256u;
+
+var<workgroup> tile: vec4<u32>;
+var<workgroup> red: array<f32, PREP_WG>;
+
+fn bm() -> u32 {
+    return 32u * WM;
+}
+
+// find_tile, Params and P: kernels/gemm_tiles.wgsl.
+
+// Eight X16 rows per workgroup, a warp per row (all eight in one tile: BM
+// is a multiple of 8), so the route list is searched once per eight rows.
+@compute @workgroup_size(256)
+fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let mode = MODE;
+    let b_m = bm();
+    let r0 = linear_group(wg, nwg) * 8u;
+    if (r0 >= P.mtiles * b_m) {
+        return;
+    }
+    let warp = lid / 32u;
+    let lane = lid % 32u;
+    let r = r0 + warp;
+    let tm = r / b_m;
+    let i = r % b_m;
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
+    let info = workgroupUniformLoad(&tile);
+    // A tile past the route list's (cnt 0) is never read: gemm_coop skips
+    // it before touching X16 (half the grouped rows are such padding).
+    if (info.y == 0u) {
+        return;
+    }
+    let on = i < info.y;
+    var src = info.z + i;
+    if (on && mode != DENSE) {
+        let p = ROUTE[1u + 3u * P.experts + info.z + i];
+        src = select(p, p / P.top_k, mode == GATE_UP);
+    }
+    let k = P.k;
+    var mx = 0.0;
+    if (on) {
+        for (var c = lane; c < k; c += 32u) {
+            mx = max(mx, abs(PX[src * k + c]));
+        }
+    }
+    // The warp's largest |x| (a tree over its 32 slots; every warp takes
+    // every step, so the barriers are uniform).
+    red[lid] = mx;
+    for (var s = 16u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (lane < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+    }
+    workgroupBarrier();
+    let amax = red[warp * 32u];
+    // amax in [2^e, 2^(e + 1)): scale by 2^(14 - e). e >= -112 keeps both
+    // powers of two normal f32; an inf or NaN row gives e = 128 and stays
+    // inf or NaN, as in f32.
+    let e = max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
+    let sc = bitcast<f32>(u32(127 + 14 - e) << 23u);
+    for (var c = lane; c < k; c += 32u) {
+        var v = 0.0;
+        if (on) {
+            v = PX[src * k + c] * sc;
+        }
+        PX16[r * k + c] = f16(v);
+    }
+    if (lane == 0u) {
+        PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);
+    }
+}
