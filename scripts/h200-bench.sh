@@ -10,6 +10,10 @@
 #   then the device tool's `run`, with carry [".gl", ".bin"] and the command
 #     bash scripts/h200-bench.sh            (extra arguments go to `bench`)
 #
+# The device tool brings back at most 8 files from $OUT: this script writes
+# 5; leave room for the peer's peer.json (the fifth session lost it to the
+# cap by also writing console, parity and oracle logs there).
+#
 # Writes into $OUT (what the device tool brings back; ./bench-out elsewhere):
 #   bench.json  every figure and the machine's description (rewritten after
 #               each case, so a run cut short keeps what it measured)
