@@ -124,3 +124,48 @@ fn wgpu_rejects_bad_calls() {
         bad_calls(&b);
     }
 }
+
+/// Asking for tensor cores where the adapter has none is an error that
+/// names what is missing (lavapipe); where it has them, the backend opens
+/// with the tensor-core GEMM on. Bad option text is an error too.
+#[test]
+fn tensor_cores_required_or_named() {
+    use turbospark_wgpu::{WgpuBackend, WgpuOptions};
+    // (an adapter at all: the usual skip / CI rule)
+    let Some(any) = common::wgpu_backend() else {
+        return;
+    };
+    let name = any.info().device_name.clone();
+    let has = any.info().features.tensor_core_gemm;
+    drop(any);
+    let required = WgpuBackend::new(&WgpuOptions {
+        tensor_cores: Some(true),
+        ..Default::default()
+    });
+    match required {
+        Ok(b) => assert!(has && b.info().features.tensor_core_gemm, "{name}"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(!has, "{name} has them but: {msg}");
+            assert!(
+                matches!(e, Error::Unsupported { .. })
+                    && msg.contains("16x16x16 f16->f32")
+                    && msg.contains(&name),
+                "{msg}"
+            );
+        }
+    }
+    let off = WgpuBackend::new(&WgpuOptions {
+        tensor_cores: Some(false),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!off.info().features.tensor_core_gemm);
+    drop(off);
+    let bad = WgpuBackend::new(&WgpuOptions {
+        coop_tiles: Some("2,4".into()),
+        ..Default::default()
+    });
+    let msg = bad.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(msg.contains("\"2,4\" is not wm,wn,stage_x"), "{msg}");
+}
