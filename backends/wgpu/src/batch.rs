@@ -19,6 +19,35 @@ pub(crate) struct Batch {
     /// Set while `WgpuBackend::time_ops` runs: each sample's dispatches get
     /// a pass of their own with timestamps at its boundaries.
     pub timing: Option<Timing>,
+    /// The MoE route list last built, while it still holds (see
+    /// [`RouteCache`]).
+    pub route: Option<RouteCache>,
+}
+
+/// What the route list in `list` was built from (the expert ids in `ids`
+/// for `shape` = (m, experts, top_k)): a prefill layer's two MoE phases
+/// read one list, so the second finds it here instead of running
+/// moe_route again. Any recorded dispatch that may write either buffer, and
+/// any host write to one, forgets it.
+pub(crate) struct RouteCache {
+    pub ids: wgpu::Buffer,
+    pub list: wgpu::Buffer,
+    pub shape: (usize, usize, usize),
+}
+
+impl RouteCache {
+    fn touched_by(&self, buf: &wgpu::Buffer) -> bool {
+        *buf == self.ids || *buf == self.list
+    }
+}
+
+impl Batch {
+    /// Forget the route list if `buf` is one it depends on.
+    pub fn wrote(&mut self, buf: &wgpu::Buffer) {
+        if self.route.as_ref().is_some_and(|r| r.touched_by(buf)) {
+            self.route = None;
+        }
+    }
 }
 
 impl Batch {
@@ -98,6 +127,11 @@ impl WgpuBackend {
         let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
         let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
+        for (buf, read_only) in l.buffers {
+            if !read_only {
+                b.wrote(buf);
+            }
+        }
         // Queries are taken when a pass begins (every dispatch when
         // profiling), so only then can they run out.
         let profiling = b.timing.as_ref().is_some_and(|t| t.labels.is_some());

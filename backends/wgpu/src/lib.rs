@@ -242,6 +242,10 @@ impl WgpuBackend {
     }
 
     fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wrote(buf);
         // queue.write_buffer wants whole words; pad the tail.
         if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, bytes);
@@ -763,20 +767,29 @@ impl ComputeBackend for WgpuBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The backend on the default adapter for the crate's own tests; None
+    /// (skip) without one, except under `CI=true`, where that fails.
+    pub(crate) fn backend() -> Option<WgpuBackend> {
+        match WgpuBackend::new(&WgpuOptions::default()) {
+            Ok(b) => Some(b),
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("CI=true but no wgpu adapter: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipping: {e}");
+                None
+            }
+        }
+    }
 
     /// The bind-group cache reuses a group for the same buffers and lets go
     /// of a dropped buffer's groups before the next allocation.
     #[test]
     fn bind_groups_are_reused_and_released() {
-        let be = match WgpuBackend::new(&WgpuOptions::default()) {
-            Ok(b) => b,
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("CI=true but no wgpu adapter: {e}")
-            }
-            Err(_) => return,
-        };
+        let Some(be) = backend() else { return };
         let a = be.alloc(DType::F32, 64, "a").unwrap();
         let b = be.alloc(DType::F32, 64, "b").unwrap();
         let out = be.alloc(DType::F32, 64, "out").unwrap();

@@ -407,6 +407,7 @@ pub(crate) fn down(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::backend;
     use turbospark::{ComputeBackend, HostBytes};
 
     #[test]
@@ -448,21 +449,6 @@ mod tests {
             CoopTiles::parse("4,3,0", 48 * 1024, 256).is_err(),
             "384 threads"
         );
-    }
-
-    /// The wgpu backend on the default adapter (lavapipe in CI: gemm_prep
-    /// needs only f16); None (skip) without one, except under `CI=true`.
-    fn backend() -> Option<WgpuBackend> {
-        match WgpuBackend::new(&crate::WgpuOptions::default()) {
-            Ok(b) => Some(b),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("CI=true but no wgpu adapter: {e}")
-            }
-            Err(e) => {
-                eprintln!("skipping: {e}");
-                None
-            }
-        }
     }
 
     /// Host model of gemm_prep's row: the row scaled by the power of two
@@ -583,7 +569,7 @@ mod tests {
                 .unwrap()
         };
         let (xb, ab) = (up(&x, "x"), up(&act, "act"));
-        let (_, route) = super::super::moe::route(&be, &idb, &p).unwrap();
+        let (_, route) = super::super::moe::route(&be, &idb, &p, false).unwrap();
         let t = GROUPED;
         let params = grouped(&p, t, (k, k), t.bn());
         for (mode, src) in [(GATE_UP, &xb), (DOWN, &ab)] {

@@ -13,7 +13,7 @@ use turbospark::ops::{Moe, Router};
 use turbospark::{DType, Error, Result};
 
 use super::one;
-use crate::batch::Launch;
+use crate::batch::{Launch, RouteCache};
 use crate::{WgpuBackend, WgpuBuffer};
 use turbospark::{DownArgs, GateUpArgs};
 
@@ -156,12 +156,16 @@ pub(crate) fn router(
     })
 }
 
-/// Parameters of one phase, and the route scratch (built on the device from
-/// `ids` when the batch has more than one token).
+/// Parameters of one phase, and the route scratch: built on the device
+/// from `ids` when the batch has more than one token. With `reuse` (phase
+/// 2) the list built last is taken where it still holds ([`RouteCache`]: a
+/// prefill layer's down phase reads its gate_up phase's); phase 1 always
+/// builds it, as the model's router has just written the ids.
 pub(crate) fn route(
     be: &WgpuBackend,
     ids: &WgpuBuffer,
     p: &Moe,
+    reuse: bool,
 ) -> Result<(MoeParams, WgpuBuffer)> {
     let pairs = p.m * p.top_k;
     let direct = p.m == 1;
@@ -177,15 +181,33 @@ pub(crate) fn route(
         nslots: if direct { pairs } else { pairs.min(p.experts) } as u32,
         nrb: 0,
     };
-    if !direct {
+    if direct {
+        return Ok((params, scratch));
+    }
+    let (idb, list) = (one(ids), one(&scratch));
+    let shape = (p.m, p.experts, p.top_k);
+    let held = reuse
+        && be
+            .batch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .route
+            .as_ref()
+            .is_some_and(|r| r.ids == *idb && r.list == *list && r.shape == shape);
+    if !held {
         be.launch(Launch {
             kernel: "moe",
             entry: "moe_route",
             constants: &[],
             params: bytemuck::bytes_of(&params),
-            buffers: &[(one(ids), true), (one(&scratch), false)],
+            buffers: &[(idb, true), (list, false)],
             groups: [1, 1, 1],
         })?;
+        be.batch.lock().unwrap_or_else(|e| e.into_inner()).route = Some(RouteCache {
+            ids: idb.clone(),
+            list: list.clone(),
+            shape,
+        });
     }
     Ok((params, scratch))
 }
@@ -267,7 +289,7 @@ pub(crate) fn moe_gate_up(
             groups: be.grid(params.top_k * params.nrb),
         });
     }
-    let (mut params, scratch) = route(be, ids, &p)?;
+    let (mut params, scratch) = route(be, ids, &p, false)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
         let coop = super::gemm_coop::takes(be, gu, p.hidden, super::gemm_coop::XRows::Grouped(&p));
         return super::gemm::gate_up(
@@ -455,7 +477,7 @@ pub(crate) fn moe_down(
             groups: be.grid((p.m * p.hidden.div_ceil(DECODE_ROWS)) as u32),
         });
     }
-    let (mut params, scratch) = route(be, ids, &p)?;
+    let (mut params, scratch) = route(be, ids, &p, true)?;
     // The GEMM keeps a row per (token, expert) pair in one binding.
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
@@ -489,4 +511,70 @@ pub(crate) fn moe_down(
         ],
         groups: be.grid(groups),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::backend;
+    use turbospark::{ComputeBackend, HostBytes};
+
+    /// Dispatches `f` records.
+    fn dispatches(be: &WgpuBackend, f: impl FnOnce()) -> u64 {
+        let before = be.counters().0;
+        f();
+        be.counters().0 - before
+    }
+
+    /// The route list is built once for two phases over the same ids, and
+    /// again after anything may have written the ids or the list.
+    #[test]
+    fn route_list_is_reused_until_its_inputs_change() {
+        let Some(be) = backend() else { return };
+        let p = Moe {
+            m: 20,
+            hidden: 64,
+            inter: 32,
+            experts: 6,
+            top_k: 2,
+        };
+        let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 6) as u32).collect();
+        let idb = be
+            .upload(
+                DType::U32,
+                HostBytes::Slice(bytemuck::cast_slice(&ids)),
+                "ids",
+            )
+            .unwrap();
+        let other = be
+            .upload(
+                DType::U32,
+                HostBytes::Slice(bytemuck::cast_slice(&ids)),
+                "ids2",
+            )
+            .unwrap();
+        let build =
+            |b: &WgpuBuffer, p: &Moe| dispatches(&be, || drop(route(&be, b, p, true).unwrap()));
+        assert_eq!(build(&idb, &p), 1, "first build");
+        assert_eq!(build(&idb, &p), 0, "same ids, nothing written");
+        let fresh = dispatches(&be, || drop(route(&be, &idb, &p, false).unwrap()));
+        assert_eq!(fresh, 1, "phase 1 builds it whatever it finds");
+        assert_eq!(build(&other, &p), 1, "other ids");
+        assert_eq!(build(&other, &Moe { top_k: 1, ..p }), 1, "other shape");
+        assert_eq!(build(&other, &p), 1, "the list was rebuilt in between");
+        be.write_u32(&other, 0, &[5]).unwrap();
+        assert_eq!(build(&other, &p), 1, "a host write to the ids");
+        let f = be.alloc(DType::F32, 40, "f").unwrap();
+        let out = be.alloc(DType::F32, 40, "out").unwrap();
+        be.scale(&f, &out, 40, 1.0).unwrap();
+        assert_eq!(build(&other, &p), 0, "an unrelated dispatch");
+        // A dispatch that writes the ids (argmax, writing u32 as the router
+        // does).
+        be.argmax(&f, &other, 40, 1).unwrap();
+        assert_eq!(build(&other, &p), 1, "a dispatch writing the ids");
+        let list = be.scratch.lock().unwrap().route.clone().unwrap();
+        be.write_u32(&list, 0, &[0]).unwrap();
+        assert_eq!(build(&other, &p), 1, "a write to the list");
+        be.sync().unwrap();
+    }
 }
