@@ -64,8 +64,8 @@ impl CoopTile {
             && (1..=8).contains(&self.wn)
             && (!self.stage_x || matches!(self.wn, 2 | 4))
     }
-    fn constants(self, dtype: DType, mode: u32) -> Vec<(&'static str, i64)> {
-        vec![
+    fn constants(self, dtype: DType, mode: u32) -> [(&'static str, i64); 9] {
+        [
             super::wdtype(dtype)[0],
             ("MODE", mode as i64),
             ("WM", self.wm as i64),
