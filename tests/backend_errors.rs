@@ -136,7 +136,15 @@ fn tensor_cores_required_or_named() {
         return;
     };
     let name = any.info().device_name.clone();
-    let has = any.info().features.tensor_core_gemm;
+    // What the adapter offers (TURBOSPARK_TENSOR_CORES may have turned the
+    // GEMM off for `any` itself).
+    let f = &any.info().features;
+    let has = f.shader_f16
+        && f.cooperative_matrix
+            .iter()
+            .any(|c| c == "16x16x16 f16->f32")
+        && f.subgroup_min_size == 32
+        && f.subgroup_max_size == 32;
     drop(any);
     let required = WgpuBackend::new(&WgpuOptions {
         tensor_cores: Some(true),

@@ -55,7 +55,7 @@ fn batched_and_single<B: ComputeBackend>(m: &mut Model<B>, tokens: &[u32]) {
 }
 
 #[test]
-fn prefill_batches_match_token_by_token_decode() {
+fn logits_batches_match_token_by_token_decode() {
     let mut m = tiny_model(64);
     let vocab = m.config().vocab;
     batched_and_single(&mut m, &prompt(2 * LOGITS_BATCH + 5, vocab));
@@ -83,15 +83,23 @@ fn prefill_batch_sizes_agree<B: ComputeBackend>(
         };
         m.generate(&p, &none).unwrap();
         assert_eq!(m.position(), p.len());
-        m.logits(&[3]).unwrap().remove(0)
+        // (on tensor cores a batch's GEMMs round x to f16; one token's
+        // stay f32: the difference the rounding allows)
+        (
+            m.logits(&[3]).unwrap().remove(0),
+            m.gemm_rounding_nmse(batch),
+        )
     };
-    let (batched, single) = (row_after_prefill(batch), row_after_prefill(1));
+    let ((batched, rounding), (single, _)) = (row_after_prefill(batch), row_after_prefill(1));
     let e = nmse(&batched, &single);
+    let limit = SAME_PATH_NMSE + rounding;
     assert!(
-        e < SAME_PATH_NMSE,
-        "NMSE {e:e} between prefill batches of {batch} and 1"
+        e < limit,
+        "NMSE {e:e} between prefill batches of {batch} and 1 (limit {limit:e})"
     );
-    assert_eq!(argmax(&batched), argmax(&single));
+    if rounding == 0.0 {
+        assert_eq!(argmax(&batched), argmax(&single));
+    }
 }
 
 #[test]
@@ -282,7 +290,7 @@ fn misshapen_tensor_is_named() {
 }
 
 #[test]
-fn wgpu_prefill_batches_match_token_by_token_decode() {
+fn wgpu_logits_batches_match_token_by_token_decode() {
     if let Some(b) = common::wgpu_backend() {
         let src = SyntheticSource::new(tiny_config(), 42).unwrap();
         let mut m = Model::load(b, &src, opts(64)).unwrap();

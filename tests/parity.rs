@@ -34,8 +34,11 @@ fn gemm_families_with_every_tile() {
     // DENSE + GROUPED_SMALL, then DENSE_NARROW + GROUPED
     // (backends/wgpu/src/ops/gemm.rs).
     for tiles in ["4,2,2,16;4,2,4,8", "4,1,2,16;4,2,4,16"] {
+        // (tensor cores off: where a device has them they would take every
+        // case with k % 32 == 0 instead of the forced f32 tiles)
         let opts = WgpuOptions {
             gemm_tiles: Some(tiles.into()),
+            tensor_cores: Some(false),
             ..Default::default()
         };
         for name in ["matmul", "moe_gate_up", "moe_down", "router"] {
@@ -187,8 +190,8 @@ fn post_ffn_without_subgroups() {
 #[test]
 fn tensor_core_gemm_keeps_each_rows_range() {
     use turbospark::ops::Matmul;
-    use turbospark::parity::F16_INPUT_NMSE;
-    use turbospark::{ComputeBackend, DType, HostBytes};
+    use turbospark::parity::{run_on, HostTensor, Op, F16_INPUT_NMSE};
+    use turbospark::{ComputeBackend, DType};
 
     let Some(gpu) = common::wgpu_backend() else {
         return;
@@ -206,33 +209,34 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         );
         return;
     }
-    let cpu = CpuBackend::new();
-    let seed = seed_from_env();
-    let mut rng = turbospark::rng::Rng::new(seed);
     let (m, n, k) = (40, 96, 2816);
-    let p = Matmul { m, n, k };
-    let w = turbospark::dtype::encode_f32(DType::BF16, &rng.vec_normal(n * k, 0.05));
-    let mut x = rng.vec_normal(m * k, 1.0);
+    let op = Op::Matmul {
+        p: Matmul { m, n, k },
+        w: DType::BF16,
+    };
+    assert!(
+        gpu.rounds_gemm_inputs(&op.kind(), m, k),
+        "the case must take the tensor cores"
+    );
+    let seed = seed_from_env();
+    // The case's own inputs (bf16 weights, x), then rows of x from 1e-6 to 1e6.
+    let mut inputs = op.inputs(&mut turbospark::rng::Rng::new(seed));
+    let HostTensor::F32(x) = &mut inputs[1] else {
+        unreachable!("matmul's second input is x")
+    };
     for (i, row) in x.chunks_mut(k).enumerate() {
         let s = 10f32.powi(i as i32 % 13 - 6);
         row.iter_mut().for_each(|v| *v *= s);
     }
-    fn matmul<B: ComputeBackend>(
-        b: &B,
-        w: &[u8],
-        x: &[f32],
-        p: Matmul,
-    ) -> turbospark::Result<Vec<f32>> {
-        let wb = b.upload_weight(DType::BF16, p.n, p.k, HostBytes::Slice(w), "w")?;
-        let xb = b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(x)), "x")?;
-        let ob = b.alloc(DType::F32, p.m * p.n, "out")?;
-        b.write_f32(&ob, 0, &vec![f32::NAN; p.m * p.n])?;
-        b.matmul(&wb, &xb, &ob, p)?;
-        b.sync()?;
-        b.download_f32(&ob)
-    }
-    let want = matmul(&cpu, &w, &x, p).expect("cpu matmul");
-    let got = matmul(&gpu, &w, &x, p).expect("wgpu matmul");
+    let out = |b: &dyn Fn() -> turbospark::Result<Vec<HostTensor>>| match b() {
+        Ok(mut o) => match o.remove(0) {
+            HostTensor::F32(v) => v,
+            _ => unreachable!("matmul's output is f32"),
+        },
+        Err(e) => panic!("matmul: {e}"),
+    };
+    let want = out(&|| run_on(&CpuBackend::new(), &op, &inputs));
+    let got = out(&|| run_on(&gpu, &op, &inputs));
     for i in 0..m {
         let (g, r) = (&got[i * n..(i + 1) * n], &want[i * n..(i + 1) * n]);
         assert!(

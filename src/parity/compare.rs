@@ -107,13 +107,8 @@ fn router_logits(inputs: &[HostTensor], p: &crate::ops::Router, t: usize) -> Vec
         .collect()
 }
 
-fn judge_router(
-    op: &Op,
-    limit: f64,
-    inputs: &[HostTensor],
-    r: &[HostTensor],
-    d: &[HostTensor],
-) -> Verdict {
+/// The router's choices (ties allowed), then the NMSE of its sorted weights.
+fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
     let Op::Router { p, .. } = op else {
         unreachable!()
     };
@@ -158,11 +153,7 @@ fn judge_router(
         sorted_r.extend(a);
         sorted_d.extend(b);
     }
-    let e = nmse(&sorted_r, &sorted_d);
-    if e > limit {
-        return Err((e, format!("weights NMSE {e:.3e} over {limit:.0e}")));
-    }
-    Ok(e)
+    Ok(nmse(&sorted_r, &sorted_d))
 }
 
 fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
@@ -193,7 +184,13 @@ pub fn judge(
 ) -> Verdict {
     check_written(op, r, d).map_err(|m| (f64::INFINITY, m))?;
     match op {
-        Op::Router { .. } => return judge_router(op, limit, inputs, r, d),
+        Op::Router { .. } => {
+            let e = judge_router(op, inputs, r, d)?;
+            if e > limit {
+                return Err((e, format!("weights NMSE {e:.3e} over {limit:.0e}")));
+            }
+            return Ok(e);
+        }
         Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
         _ => {}
     }

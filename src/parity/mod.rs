@@ -121,9 +121,10 @@ fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, guard: bool, label: &str) ->
     }
 }
 
-/// Run `op` on one backend with the given inputs; returns every output with
-/// its guard region still attached.
-fn run_on<B: ComputeBackend>(b: &B, op: &Op, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
+/// Run `op` on one backend with the given inputs (outputs poisoned with NaN
+/// first); returns every output with its guard region still attached. For
+/// tests that judge the outputs themselves.
+pub fn run_on<B: ComputeBackend>(b: &B, op: &Op, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
     let outs = op.outputs();
     let in_place: Vec<usize> = outs
         .iter()

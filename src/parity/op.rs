@@ -2,6 +2,14 @@
 //! how to record it on any backend.
 
 use super::{HostTensor, OutSpec};
+use crate::backend::{ComputeBackend, DownArgs, GateUpArgs};
+use crate::dtype::encode_f32;
+use crate::ops::{
+    Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
+    Rope, Router,
+};
+use crate::rng::Rng;
+use crate::{DType, Result};
 
 /// NMSE of a dot product whose x was rounded to f16 (11 significant bits,
 /// after a per-row power-of-two scale that keeps it in range), against f32:
@@ -11,15 +19,7 @@ use super::{HostTensor, OutSpec};
 /// are exact in f16 (the backend takes only those that fit) but for bf16
 /// values below f16's normal range, whose absolute error (2^-25) is far
 /// below this.
-pub const F16_INPUT_NMSE: f64 = 2.384185791015625e-7;
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs};
-use crate::dtype::encode_f32;
-use crate::ops::{
-    Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
-    Rope, Router,
-};
-use crate::rng::Rng;
-use crate::{DType, Result};
+pub const F16_INPUT_NMSE: f64 = 1.0 / (1u64 << 22) as f64;
 
 /// An op case. Inputs come first in `inputs()`; `record` receives the
 /// uploaded inputs and the fresh output buffers in `outputs()` order.
