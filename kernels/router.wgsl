@@ -5,7 +5,7 @@
 //   (== softmax over all E, renormalised), times per_expert_scale[e].
 // IDS [m, k] and WTS [m, k] are written in descending order of probability.
 //
-// Two dispatches (prefill batches: four, see router_scale). One workgroup
+// Two dispatches (prefill batches: three or four, see router_scale). One workgroup
 // per token would read the whole of proj
 // (720 KB at E = 128, hidden = 2816, bf16) through one compute unit, which a
 // single workgroup's loads in flight cannot do in less than tens of

@@ -11,8 +11,7 @@
 #     bash scripts/h200-bench.sh            (extra arguments go to `bench`)
 #
 # The device tool brings back at most 8 files from $OUT: this script writes
-# 5; leave room for the peer's peer.json (the fifth session lost it to the
-# cap by also writing console, parity and oracle logs there).
+# 5; leave room for the peer's peer.json (more logs in $OUT crowd it out).
 #
 # Writes into $OUT (what the device tool brings back; ./bench-out elsewhere):
 #   bench.json  every figure and the machine's description (rewritten after

@@ -43,9 +43,11 @@ pub const DEFAULT_PREFILL_BATCH: usize = 512;
 /// Most tokens a prefill batch may carry (`ModelOptions::prefill_batch`).
 pub const MAX_PREFILL_BATCH: usize = 4096;
 
-/// Rows of logits one pass of [`Model::logits`] computes: the LM head's
-/// output is `vocab` wide (1 MiB per row for Gemma 4), so teacher forcing
-/// runs the head over at most this many tokens at a time.
+/// Tokens one pass of [`Model::logits`] carries: the LM head's output is
+/// `vocab` wide (1 MiB per row for Gemma 4), so teacher forcing runs whole
+/// passes (the layers too, not only the head) of at most this many tokens,
+/// below the prefill batch: on a GPU these take the streaming kernels, not
+/// the prefill GEMM and attn_prefill.
 pub const LOGITS_BATCH: usize = 16;
 
 /// How a model is opened.
@@ -358,8 +360,9 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// Teacher-forced logits of `tokens`, appended to the current context:
-    /// one row of `vocab` final (softcapped) logits per token. Runs the
-    /// head over [`LOGITS_BATCH`] tokens at a time and returns every row.
+    /// one row of `vocab` final (softcapped) logits per token. Runs passes
+    /// of at most [`LOGITS_BATCH`] tokens (layers and head) and returns
+    /// every row.
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         self.check_request(tokens, 0)?;
         let mut rows = Vec::with_capacity(tokens.len());

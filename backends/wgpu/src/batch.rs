@@ -108,7 +108,9 @@ pub(crate) struct Launch<'a> {
     pub constants: &'a [(&'static str, i64)],
     /// The uniform parameter block (`@group(0) @binding(0)`), at most 256 bytes.
     pub params: &'a [u8],
-    /// `@group(1)` storage bindings in order, with read-only flags.
+    /// `@group(1)` storage bindings in order, with read-only flags. A
+    /// binding the kernel may write must be flagged writable: besides the
+    /// pipeline layout, the batch's [`RouteCache`] relies on it.
     pub buffers: &'a [(&'a wgpu::Buffer, bool)],
     pub groups: [u32; 3],
 }

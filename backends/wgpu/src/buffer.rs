@@ -40,7 +40,8 @@ pub struct WgpuBuffer {
     /// Every element converts to f16 without overflow (checked when
     /// uploaded from the host on a device with the tensor-core GEMM; false
     /// elsewhere and for buffers the device wrote): that GEMM takes only
-    /// such weights.
+    /// such weights. It holds: a 16-bit buffer has no host writes after its
+    /// upload (`write_f32` / `write_u32` take f32 and u32 buffers).
     pub(crate) fits_f16: bool,
 }
 

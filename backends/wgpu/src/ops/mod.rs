@@ -142,3 +142,16 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
 pub(crate) fn wdtype(d: DType) -> [(&'static str, i64); 1] {
     [("WDTYPE", crate::kernels::wdtype_code(d) as i64)]
 }
+
+#[cfg(test)]
+mod tests {
+    /// `gemv_rows` keeps up to `MAXT` rows of x per weight row in registers
+    /// (a WGSL constant: it sizes function arrays); the launchers hand it
+    /// at most [`super::STREAM_MAX_M`] rows.
+    #[test]
+    fn stream_max_m_is_gemv_rows_maxt() {
+        let src = crate::kernels::source("gemv", false).expect("gemv");
+        let want = format!("const MAXT: u32 = {}u;", super::STREAM_MAX_M);
+        assert!(src.contains(&want), "kernels/gemv.wgsl lacks `{want}`");
+    }
+}
