@@ -80,6 +80,19 @@ fn key_range(t: u32) -> vec2<u32> {
     return vec2<u32>(lo, pos + 1u);
 }
 
+// The keys the query slots s0 .. s1 see together: the union of their
+// rows' ranges (rows are slot / group).
+fn slots_key_span(s0: u32, s1: u32) -> vec2<u32> {
+    var lo = 0xffffffffu;
+    var hi = 0u;
+    for (var t = s0 / P.group; t <= (s1 - 1u) / P.group; t++) {
+        let r = key_range(t);
+        lo = min(lo, r.x);
+        hi = max(hi, r.y);
+    }
+    return vec2<u32>(lo, hi);
+}
+
 @compute @workgroup_size(256)
 fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
@@ -96,13 +109,9 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let nq = P.m * P.heads;
 
     // The tile's key span and this split's chunk of it.
-    var lo = 0xffffffffu;
-    var hi = 0u;
-    for (var t = s0 / P.group; t <= (s1 - 1u) / P.group; t++) {
-        let r = key_range(t);
-        lo = min(lo, r.x);
-        hi = max(hi, r.y);
-    }
+    let span = slots_key_span(s0, s1);
+    let lo = span.x;
+    let hi = span.y;
     let n = hi - lo;
     let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
     let chunk = ((n + nsplit - 1u) / nsplit + KR - 1u) / KR * KR;
@@ -565,14 +574,7 @@ fn attn_prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let d4 = P.d4;
     // The block's key span: the union of its rows' ranges.
     if (lid == 0u) {
-        var lo = 0xffffffffu;
-        var hi = 0u;
-        for (var t = s0 / P.group; t <= (s1 - 1u) / P.group; t++) {
-            let r = key_range(t);
-            lo = min(lo, r.x);
-            hi = max(hi, r.y);
-        }
-        pspan = vec2<u32>(lo, hi);
+        pspan = slots_key_span(s0, s1);
     }
     let span = workgroupUniformLoad(&pspan);
 

@@ -231,39 +231,6 @@ const DECODE_MAX_GROUP: usize = 8;
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
 
-/// A prefill batch's attention in one dispatch (`attn_prefill`): a
-/// workgroup per (block of query slots, kv head) walks all of its keys, so
-/// there are no partials to combine.
-fn prefill(
-    be: &WgpuBackend,
-    (q, kc, vc, pos, out): (
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-    ),
-    p: Attention,
-    nv: usize,
-) -> Result<()> {
-    let blocks = (p.m * (p.heads / p.kv_heads)).div_ceil(PREFILL_SLOTS);
-    let params = AttnParams::new(&p, 1, 0, blocks);
-    be.launch(Launch {
-        kernel: "attention",
-        entry: "attn_prefill",
-        constants: &[("NV", nv as i64)],
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(q), true),
-            (one(kc), true),
-            (one(vc), true),
-            (one(pos), true),
-            (one(out), false),
-        ],
-        groups: be.grid((blocks * p.kv_heads) as u32),
-    })
-}
-
 /// Attention: from [`super::PREFILL_MIN_M`] query rows one `attn_prefill` dispatch;
 /// below, two dispatches: a split phase (per key split and kv head:
 /// partial softmax into scratch) and `attn_combine` (merge). The split phase
@@ -292,8 +259,36 @@ pub(crate) fn attention(
     // vec4 per lane of a K row in attn_split (and of a V row in
     // attn_prefill): 32 lanes cover 128-512 dims.
     let nv = d4.div_ceil(32).next_power_of_two();
+    // The first (or only) dispatch reads q, K, V and positions into `dst`.
+    let first =
+        |entry, constants: &[(&'static str, i64)], params: &AttnParams, dst, groups: usize| {
+            be.launch(Launch {
+                kernel: "attention",
+                entry,
+                constants,
+                params: bytemuck::bytes_of(params),
+                buffers: &[
+                    (one(q), true),
+                    (one(kc), true),
+                    (one(vc), true),
+                    (one(pos), true),
+                    (dst, false),
+                ],
+                groups: be.grid(groups as u32),
+            })
+        };
     if p.m >= super::PREFILL_MIN_M {
-        return prefill(be, (q, kc, vc, pos, out), p, nv);
+        // One dispatch: a workgroup per (block of query slots, kv head)
+        // walks all of its keys, so there are no partials to combine.
+        let blocks = nslots.div_ceil(PREFILL_SLOTS);
+        let params = AttnParams::new(&p, 1, 0, blocks);
+        return first(
+            "attn_prefill",
+            &[("NV", nv as i64)],
+            &params,
+            one(out),
+            blocks * p.kv_heads,
+        );
     }
     let decode = p.m == 1 && group <= DECODE_MAX_GROUP;
     // Query slots per workgroup, the fewest keys a split takes (attn_split:
@@ -335,20 +330,13 @@ pub(crate) fn attention(
     } else {
         ("attn_split", [("NV", nv as i64), ("QT", qt as i64)])
     };
-    be.launch(Launch {
-        kernel: "attention",
+    first(
         entry,
-        constants: &constants,
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(q), true),
-            (one(kc), true),
-            (one(vc), true),
-            (one(pos), true),
-            (one(&part), false),
-        ],
-        groups: be.grid((nsplit * p.kv_heads * ntiles) as u32),
-    })?;
+        &constants,
+        &params,
+        one(&part),
+        nsplit * p.kv_heads * ntiles,
+    )?;
     be.launch(Launch {
         kernel: "attention",
         entry: "attn_combine",
