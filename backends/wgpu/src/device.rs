@@ -47,6 +47,11 @@ pub struct AdapterSummary {
 /// The cooperative-matrix configuration kernels/gemm_coop.wgsl uses.
 const COOP_GEMM_CONFIG: &str = "16x16x16 f16->f32";
 
+/// An option's text, else its environment variable's.
+pub(crate) fn option_or_env(opt: &Option<String>, var: &str) -> Option<String> {
+    opt.clone().or_else(|| std::env::var(var).ok())
+}
+
 /// `WgpuOptions::tensor_cores`, else `TURBOSPARK_TENSOR_CORES`.
 fn tensor_cores_wanted(opts: &WgpuOptions) -> Result<Option<bool>> {
     if opts.tensor_cores.is_some() {
@@ -152,10 +157,7 @@ pub(crate) struct Opened {
 pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     let inst = instance();
     let adapters = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
-    let wanted = opts
-        .adapter
-        .clone()
-        .or_else(|| std::env::var("TURBOSPARK_ADAPTER").ok());
+    let wanted = option_or_env(&opts.adapter, "TURBOSPARK_ADAPTER");
     let mut candidates: Vec<&wgpu::Adapter> = adapters
         .iter()
         .filter(|a| {

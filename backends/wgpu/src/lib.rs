@@ -67,20 +67,12 @@ pub struct WgpuBackend {
 impl WgpuBackend {
     /// Open the preferred adapter (see [`WgpuOptions`]).
     pub fn new(opts: &WgpuOptions) -> Result<Self> {
-        let gemm_tiles = ops::gemm::Overrides::parse(
-            &opts
-                .gemm_tiles
-                .clone()
-                .or_else(|| std::env::var("TURBOSPARK_GEMM_TILES").ok())
-                .unwrap_or_default(),
-        );
+        let tiles = |opt, var| device::option_or_env(opt, var).unwrap_or_default();
+        let gemm_tiles =
+            ops::gemm::Overrides::parse(&tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"));
         let o = device::open(opts)?;
         let coop_tiles = ops::gemm_coop::CoopTiles::parse(
-            &opts
-                .coop_tiles
-                .clone()
-                .or_else(|| std::env::var("TURBOSPARK_COOP_TILES").ok())
-                .unwrap_or_default(),
+            &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
             o.limits.max_compute_workgroup_storage_size,
             o.limits.max_compute_invocations_per_workgroup,
         )?;
