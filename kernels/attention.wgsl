@@ -284,8 +284,9 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 //   scores  thread (key kk = lid / 8, dim part dp = lid % 8) dots vec4
 //           columns dp, dp + 8, ... of its key with the G query heads of g
 //           (GD of them, a pipeline constant, so the G accumulators are
-//           registers); the 8 parts are summed through workgroup memory. Q is
-//           read straight from global memory (16 KB at most, cached).
+//           registers); the 8 parts are summed through workgroup memory. The
+//           group's queries are read from global memory (cached) or, for
+//           large groups, staged in workgroup memory first (QS).
 //   softmax one thread per (query head, key): the running max and the
 //           key's exp; one thread per head sums the chunk's exps.
 //   values  thread (column c = lid % D4, key slice lid / D4) accumulates
@@ -305,6 +306,36 @@ var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
 var<workgroup> dmnew: array<f32, 8>;
 var<workgroup> dacc: array<vec4<f32>, 256>;
+// The kv head's GD queries, [GD][D4] (the launcher keeps GD * D4 <= 1024).
+var<workgroup> dq: array<vec4<f32>, 1024>;
+
+// Most vec4 a thread loads before using them: the K columns of its key
+// (NT = D4 / DP of them) and the V rows of its slice (vrows), both at most
+// 16 with head_dim <= 512 (ops::MAX_HEAD_DIM). The arrays must unroll into
+// registers (constant trip counts): an array indexed by a loop the driver
+// cannot unroll lives in memory.
+const DB: u32 = 16u;
+override NT: u32 = (D4 + DP - 1u) / DP;
+
+// Whether the queries are staged in workgroup memory (dq): for 8 heads of
+// 512 (128 loads of Q per thread a chunk) they were a chain of cache round
+// trips per key (attn full 8K on the H200: 117 -> 108 us); for 2 heads of
+// 256 the staging's barrier cost more than it saved (16.3 -> 18.0 us).
+override QS: u32 = 0u;
+
+// Query vec4 i of the group ([GD][D4]).
+fn query(qbase: u32, i: u32) -> vec4<f32> {
+    if (QS == 1u) {
+        return dq[i];
+    }
+    return Q[qbase + i];
+}
+
+// V row j0 + k (the chunk's last key past the chunk: finite, unused),
+// column c.
+fn decode_v(kbase: u32, j0: u32, k: u32, c_hi: u32, c: u32) -> vec4<f32> {
+    return VC[(kbase + min(j0 + k, c_hi - 1u) % P.capacity) * D4 + c];
+}
 
 @compute @workgroup_size(256)
 fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -343,24 +374,39 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     for (var q = 0u; q < GD; q++) {
         acc[q] = vec4<f32>(0.0);
     }
+    if (QS == 1u) {
+        for (var i = lid; i < GD * D4; i += 256u) {
+            dq[i] = Q[qbase + i];
+        }
+        workgroupBarrier();
+    }
 
     for (var j0 = c_lo; j0 < c_hi; j0 += KD) {
-        let j = j0 + kk;
+        // Every load of the chunk is issued before its first use: the K
+        // columns of this thread's key (past the chunk: its last key,
+        // masked below), then this slice's V rows, so the chunk waits on
+        // memory about once (the V rows arrive while the scores are
+        // reduced) rather than once per load.
+        let krow = (kbase + min(j0 + kk, c_hi - 1u) % P.capacity) * D4;
         var part: array<f32, 8>;
         for (var q = 0u; q < GD; q++) {
             part[q] = 0.0;
         }
-        if (j < c_hi) {
-            let krow = (kbase + j % P.capacity) * D4;
-            for (var t = 0u; t < (D4 + DP - 1u) / DP; t++) {
-                let i = dpart + DP * t;
-                if (i < D4) {
-                    let k = KC[krow + i];
-                    for (var q = 0u; q < GD; q++) {
-                        part[q] += dot(Q[qbase + q * D4 + i], k);
-                    }
+        var kv: array<vec4<f32>, DB>;
+        for (var t = 0u; t < NT; t++) {
+            kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
+        }
+        for (var t = 0u; t < NT; t++) {
+            let i = dpart + DP * t;
+            if (i < D4) {
+                for (var q = 0u; q < GD; q++) {
+                    part[q] += dot(query(qbase, q * D4 + i), kv[t]);
                 }
             }
+        }
+        var vv: array<vec4<f32>, DB>;
+        for (var r = 0u; r < vrows; r++) {
+            vv[r] = decode_v(kbase, j0, vs * vrows + r, c_hi, c);
         }
         for (var q = 0u; q < GD; q++) {
             dred[(dpart * GD + q) * KD + kk] = part[q];
@@ -432,9 +478,8 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             for (var r = 0u; r < vrows; r++) {
                 let k = vs * vrows + r;
                 if (k < KD && j0 + k < c_hi) {
-                    let v = VC[(kbase + (j0 + k) % P.capacity) * D4 + c];
                     for (var q = 0u; q < GD; q++) {
-                        acc[q] += dred[q * KD + k] * v;
+                        acc[q] += dred[q * KD + k] * vv[r];
                     }
                 }
             }
@@ -467,6 +512,9 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
 @group(1) @binding(0) var<storage, read> PARTS: array<vec4<f32>>;
 @group(1) @binding(1) var<storage, read_write> OUT: array<vec4<f32>>;
+
+// Partials a thread of attn_combine loads at once.
+const CB: u32 = 8u;
 
 var<workgroup> cw: array<f32, 256>;
 var<workgroup> cacc: array<vec4<f32>, 256>;
@@ -512,13 +560,21 @@ fn attn_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let ci = lid % 32u;
     let sg = lid / 32u;
     let col = blk * 32u + ci;
+    // The partials are loaded CB at a time before they are summed (one wait
+    // on memory per CB splits, not per split); a split that saw no keys has
+    // weight 0 and an accumulator it never wrote, dropped by the select.
     var a = vec4<f32>(0.0);
-    if (col < P.d4) {
-        for (var k = sg; k < P.nsplit; k += 8u) {
-            let w = cw[k];
-            if (w != 0.0) {
-                a += w * PARTS[(k * nq + slot) * P.d4 + col];
-            }
+    let cc = min(col, P.d4 - 1u);
+    for (var k0 = sg; k0 < P.nsplit; k0 += 8u * CB) {
+        var pv: array<vec4<f32>, CB>;
+        for (var u = 0u; u < CB; u++) {
+            let k = min(k0 + 8u * u, P.nsplit - 1u);
+            pv[u] = PARTS[(k * nq + slot) * P.d4 + cc];
+        }
+        for (var u = 0u; u < CB; u++) {
+            let k = k0 + 8u * u;
+            let w = select(0.0, cw[min(k, 255u)], k < P.nsplit);
+            a += select(vec4<f32>(0.0), w * pv[u], w != 0.0);
         }
     }
     cacc[lid] = a;

@@ -225,8 +225,12 @@ const DECODE_KEYS: usize = 32;
 /// without making the partials a noticeable share of the K/V read.
 const DECODE_GROUPS: usize = 512;
 /// Most query heads per kv head `attn_decode` keeps in registers (its
-/// per-head arrays).
+/// per-head arrays; with head_dim <= 512 (`ops::MAX_HEAD_DIM`) its staged
+/// queries, group * head_dim / 4 vec4, fit its 1024).
 const DECODE_MAX_GROUP: usize = 8;
+/// Query vec4 per kv head from which `attn_decode` stages the queries in
+/// workgroup memory (its `QS`): 8 heads of 512 take it, 2 of 256 do not.
+const DECODE_STAGE_QUERY: usize = 512;
 
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
@@ -326,9 +330,13 @@ pub(crate) fn attention(
     )?;
     let params = AttnParams::new(&p, nsplit, min_chunk, ntiles);
     let (entry, constants) = if decode {
-        ("attn_decode", [("GD", group as i64), ("D4", d4 as i64)])
+        let qs = i64::from(group * d4 >= DECODE_STAGE_QUERY);
+        (
+            "attn_decode",
+            &[("GD", group as i64), ("D4", d4 as i64), ("QS", qs)][..],
+        )
     } else {
-        ("attn_split", [("NV", nv as i64), ("QT", qt as i64)])
+        ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)][..])
     };
     first(
         entry,
