@@ -340,7 +340,7 @@ pub(crate) fn attention(
     };
     first(
         entry,
-        &constants,
+        constants,
         &params,
         one(&part),
         nsplit * p.kv_heads * ntiles,
