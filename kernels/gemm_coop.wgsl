@@ -111,10 +111,11 @@ fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
 
 // ---- gemm_coop ----
 
-// W vec4 (8 weights) `q` of weight row `row`'s k step at k0; zero past k.
-fn load_w(on: bool, row: u32, k0: u32, q: u32) -> vec4<u32> {
+// W vec4 (8 weights) `q` of weight row `row`'s k step at k0; zero past
+// k_hi (the end of k, or of this workgroup's split of it).
+fn load_w(on: bool, row: u32, k0: u32, q: u32, k_hi: u32) -> vec4<u32> {
     let kc = k0 + 8u * q;
-    if (!on || kc >= P.k) {
+    if (!on || kc >= k_hi) {
         return vec4<u32>(0u);
     }
     return W[row * (P.k / 8u) + kc / 8u];
@@ -167,7 +168,7 @@ fn stage_x(e: u32, v: vec4<u32>) {
 
 // One fragment's results (already in cs at `cb`, row-major 16 x 16) to OUT:
 // tile rows r0.., output columns c0.. (dense and down modes).
-fn emit(mode: u32, cb: u32, lane: u32, r0: u32, c0: u32, cnt: u32) {
+fn emit(mode: u32, cb: u32, lane: u32, r0: u32, c0: u32, cnt: u32, plane: u32) {
     for (var t = 0u; t < 8u; t++) {
         let idx = lane + 32u * t;
         let r = r0 + idx / 16u;
@@ -178,7 +179,7 @@ fn emit(mode: u32, cb: u32, lane: u32, r0: u32, c0: u32, cnt: u32) {
             if (mode == DOWN) {
                 v *= WTS[d];
             }
-            OUT[d * P.n + select(0u, P.row0, mode == DENSE) + c] = v;
+            OUT[plane + d * P.n + select(0u, P.row0, mode == DENSE) + c] = v;
         }
     }
 }
@@ -207,12 +208,20 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let mode = MODE;
     // (linear_group's arithmetic inline: naga takes a function's result as
     // non-uniform, and g decides the early returns before cooperative ops)
-    let g = wgid.x + wgid.y * nwg.x;
+    let gid = wgid.x + wgid.y * nwg.x;
     let per = P.mtiles * P.nrb;
     // Past the grid (WgpuBackend::grid pads a large one to a rectangle).
-    if (g >= per) {
+    if (gid >= per * P.ks) {
         return;
     }
+    // Dense problems with too few tiles to fill the GPU split k (P.ks
+    // splits of P.kc, whole steps): split `ks_i` sums k_lo .. k_hi into
+    // its own output plane, gemm_ksum adds the planes. Else ks = 1, kc = k.
+    let ks_i = gid / per;
+    let g = gid % per;
+    let k_lo = ks_i * P.kc;
+    let k_hi = min(P.k, k_lo + P.kc);
+    let plane = ks_i * P.m * P.n;
     let tm = g % P.mtiles;
     let nb = g / P.mtiles;
     if (lid == 0u) {
@@ -247,7 +256,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         let r = weight_row(mode, e / QW, nb, info.x);
         w_row[u] = r.x;
         w_on[u] = r.y == 1u;
-        wv[u] = load_w(w_on[u], w_row[u], 0u, e % QW);
+        wv[u] = load_w(w_on[u], w_row[u], k_lo, e % QW, k_hi);
     }
     // The X16 tile: tile rows tm * BM .. (staged: QW vec4 of a row a step).
     let nla = select(0u, QW / WN, STAGE_X == 1u);
@@ -255,7 +264,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     var xv: array<vec4<u32>, MAX_LDA>;
     for (var u = 0u; u < nla; u++) {
         let e = lid + WG * u;
-        xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + e % QW];
+        xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + k_lo / 8u + e % QW];
     }
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
@@ -277,16 +286,16 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     var a10: coop_mat16x16<f16, A>;
     var a11: coop_mat16x16<f16, A>;
     if (STAGE_X == 0u) {
-        let i00 = xg;
-        let i01 = xg + s16 * k;
-        let i10 = xg + s16;
+        let i00 = xg + k_lo;
+        let i01 = i00 + s16 * k;
+        let i10 = i00 + s16;
         let i11 = i01 + s16;
         a00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i00], k);
         a01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i01], k);
         a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
         a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
     }
-    for (var k0 = 0u; k0 < k; k0 += BK) {
+    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < nld; u++) {
             stage_w(lid + WG * u, wv[u]);
@@ -298,9 +307,9 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         // The next step's tiles, loaded while this one multiplies.
         let k1 = k0 + BK;
         for (var u = 0u; u < nld; u++) {
-            wv[u] = load_w(w_on[u], w_row[u], k1, (lid + WG * u) % QW);
+            wv[u] = load_w(w_on[u], w_row[u], k1, (lid + WG * u) % QW, k_hi);
         }
-        if (k1 < k) {
+        if (k1 < k_hi) {
             for (var u = 0u; u < nla; u++) {
                 let e = lid + WG * u;
                 xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + (k1 / 8u) + e % QW];
@@ -320,8 +329,8 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             x10 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j10], BKP);
             x11 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j11], BKP);
         } else {
-            // (the last step reloads its own fragments: k1 is past k)
-            let kn = min(k1, k - BK);
+            // (the last step reloads its own fragments: k1 is past k_hi)
+            let kn = min(k1, k_hi - BK);
             let i00 = xg + kn;
             let i01 = i00 + s16 * k;
             let i10 = i00 + s16;
@@ -400,24 +409,24 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     coopStoreT(c00, &cs[cb], s16);
     coopStoreT(c01, &cs[cb1], s16);
     workgroupBarrier();
-    emit(mode, cb, lane, r0, c0, cnt);
-    emit(mode, cb1, lane, r0, c0 + 16u, cnt);
+    emit(mode, cb, lane, r0, c0, cnt, plane);
+    emit(mode, cb1, lane, r0, c0 + 16u, cnt, plane);
     workgroupBarrier();
     coopStoreT(c02, &cs[cb], s16);
     coopStoreT(c03, &cs[cb1], s16);
     workgroupBarrier();
-    emit(mode, cb, lane, r0, c0 + 32u, cnt);
-    emit(mode, cb1, lane, r0, c0 + 48u, cnt);
+    emit(mode, cb, lane, r0, c0 + 32u, cnt, plane);
+    emit(mode, cb1, lane, r0, c0 + 48u, cnt, plane);
     workgroupBarrier();
     coopStoreT(c10, &cs[cb], s16);
     coopStoreT(c11, &cs[cb1], s16);
     workgroupBarrier();
-    emit(mode, cb, lane, r0 + 16u, c0, cnt);
-    emit(mode, cb1, lane, r0 + 16u, c0 + 16u, cnt);
+    emit(mode, cb, lane, r0 + 16u, c0, cnt, plane);
+    emit(mode, cb1, lane, r0 + 16u, c0 + 16u, cnt, plane);
     workgroupBarrier();
     coopStoreT(c12, &cs[cb], s16);
     coopStoreT(c13, &cs[cb1], s16);
     workgroupBarrier();
-    emit(mode, cb, lane, r0 + 16u, c0 + 32u, cnt);
-    emit(mode, cb1, lane, r0 + 16u, c0 + 48u, cnt);
+    emit(mode, cb, lane, r0 + 16u, c0 + 32u, cnt, plane);
+    emit(mode, cb1, lane, r0 + 16u, c0 + 48u, cnt, plane);
 }

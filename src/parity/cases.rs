@@ -61,6 +61,9 @@ fn matmul(full: bool) -> Vec<Op> {
         c(40, 64, 1024, BF16), // GEMM split over k (one output tile)
         c(24, 96, 1000, F16),  // split k, a short last split
         c(21, 37, 2816, BF16), // split k, an odd-sized partial plane
+        // split k on tensor cores too (k % 32 == 0): two token tiles, three
+        // row blocks, a shorter last split
+        c(100, 384, 4000, BF16),
         // Larger than lavapipe's 128 MiB binding: split across bindings.
         c(2, 24001, 2816, BF16),
     ];

@@ -283,19 +283,30 @@ pub(crate) fn dense(
             groups: be.grid(ks * mtiles * nrb),
         })?;
         if let Some(part) = &partial {
-            let pb = one(part);
-            be.launch(Launch {
-                kernel: "gemm",
-                entry: "gemm_ksum",
-                constants: &[],
-                params: bytemuck::bytes_of(&params),
-                // gemm_ksum reads the planes as X; the weight slot is not read.
-                buffers: &[(pb, true), (pb, true), (ob, false)],
-                groups: be.grid(((p.m * p.n) as u32).div_ceil(WG)),
-            })?;
+            ksum(be, &params, one(part), ob)?;
         }
     }
     Ok(())
+}
+
+/// `OUT = sum of the params.ks partial planes` in `part` (`gemm_ksum`): the
+/// second half of a split-k dense GEMM, for this family and the tensor-core
+/// one.
+pub(crate) fn ksum(
+    be: &WgpuBackend,
+    params: &Params,
+    part: &wgpu::Buffer,
+    ob: &wgpu::Buffer,
+) -> Result<()> {
+    be.launch(Launch {
+        kernel: "gemm",
+        entry: "gemm_ksum",
+        constants: &[],
+        params: bytemuck::bytes_of(params),
+        // gemm_ksum reads the planes as X; the weight slot is not read.
+        buffers: &[(part, true), (part, true), (ob, false)],
+        groups: be.grid((params.m * params.n).div_ceil(WG)),
+    })
 }
 
 /// Split k over workgroups for a dense problem of `groups` output tiles:

@@ -305,8 +305,40 @@ fn launch(
             (one(xs), true),
             (one(x16), true),
         ],
-        groups: be.grid(params.mtiles * params.nrb),
+        groups: be.grid(params.ks * params.mtiles * params.nrb),
     })
+}
+
+/// Dense tensor-core problems with fewer output tiles than this split k
+/// (each tile's k in `ks` whole-step parts, summed by gemm_ksum) into about
+/// COOP_SPLIT_GROUPS workgroups. At 512 tokens o_proj and the dense down
+/// have 176 tiles of 64 x 128, about one workgroup per compute unit of the
+/// H200, each a long chain of k steps. Measured there (BENCHMARKS.md, sixth
+/// session): 3 splits took the dense down 140 -> 117 us and o_proj full
+/// 537 -> 402 us; 2 or 6 splits were slower than 3, and splitting the 256
+/// or 264 tiles of q|k|v and gate|up slowed them (257 -> 288, 177 -> 199 us).
+const COOP_SPLIT_BELOW: u32 = 256;
+const COOP_SPLIT_GROUPS: u32 = 512;
+/// Fewest k steps a split takes.
+const COOP_SPLIT_STEPS: u32 = 8;
+
+/// `(splits, k per split)` for a dense problem of `groups` output tiles
+/// over `k` (a multiple of BK) in `chunks` weight bindings (split only
+/// when one: the planes are per output). Depends on the shape only, so
+/// results are deterministic.
+fn k_splits(k: u32, groups: u32, chunks: usize) -> (u32, u32) {
+    let whole = (1, k);
+    if groups >= COOP_SPLIT_BELOW || chunks != 1 {
+        return whole;
+    }
+    let want = COOP_SPLIT_GROUPS
+        .div_ceil(groups)
+        .min(k / (COOP_SPLIT_STEPS * BK));
+    if want <= 1 {
+        return whole;
+    }
+    let kc = k.div_ceil(want).div_ceil(BK) * BK;
+    (k.div_ceil(kc), kc)
 }
 
 /// `OUT = X W^T` (see [`super::gemm::dense`]), one launch per weight chunk
@@ -331,6 +363,8 @@ pub(crate) fn dense(
             tiles.dense
         };
         let mtiles = (p.m as u32).div_ceil(t.bm());
+        let nrb = (rows as u32).div_ceil(t.bn());
+        let (ks, kc) = k_splits(p.k as u32, mtiles * nrb, w.chunks.len());
         let params = Params {
             m: p.m as u32,
             n: p.n as u32,
@@ -340,11 +374,25 @@ pub(crate) fn dense(
             experts: 1,
             top_k: 1,
             mtiles,
-            kc: p.k as u32,
-            nrb: (rows as u32).div_ceil(t.bn()),
-            ks: 1,
+            kc,
+            nrb,
+            ks,
             _pad: 0,
         };
+        // Split k: the partial planes go to scratch, then gemm_ksum.
+        let partial = if ks > 1 {
+            Some(super::scratch_buffer(
+                be,
+                |s| &mut s.gemm_partial,
+                DType::F32,
+                ks as usize * p.m * p.n,
+                0,
+                "tensor-core gemm split-k partials",
+            )?)
+        } else {
+            None
+        };
+        let out = partial.as_ref().map_or(ob, one);
         // One prep serves every chunk whose tile has as many rows.
         if prepped.as_ref().is_none_or(|(bm, _)| *bm != t.bm()) {
             prepped = Some((t.bm(), prep(be, xb, xb, t, DENSE_MODE, &params)?));
@@ -354,13 +402,16 @@ pub(crate) fn dense(
             be,
             (&c.buffer, w.dtype),
             xp,
-            ob,
+            out,
             xb,
             xb,
             t,
             DENSE_MODE,
             &params,
         )?;
+        if let Some(part) = &partial {
+            super::gemm::ksum(be, &params, one(part), ob)?;
+        }
     }
     Ok(())
 }
@@ -422,6 +473,27 @@ mod tests {
         assert!(!CoopTile { wm: 3, ..GROUPED }.valid());
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 256));
         assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 128));
+    }
+
+    #[test]
+    fn k_splits_take_whole_steps_and_cover_k() {
+        // o_proj at 512 tokens: 176 tiles of 64 x 128 split k in 3.
+        assert_eq!(k_splits(4096, 176, 1), (3, 1376));
+        // enough tiles (q|k|v's 256), or a weight over several bindings:
+        // no split
+        assert_eq!(k_splits(2816, 256, 1), (1, 2816));
+        assert_eq!(k_splits(4096, 6, 2), (1, 4096));
+        // too little k for two splits of COOP_SPLIT_STEPS steps
+        assert_eq!(k_splits(480, 1, 1), (1, 480));
+        for (k, groups) in [(4000, 6), (2816, 1), (1024, 1), (8192, 176)] {
+            let (ks, kc) = k_splits(k, groups, 1);
+            assert_eq!(kc % BK, 0, "{k} {groups}");
+            assert!(kc >= COOP_SPLIT_STEPS * BK);
+            assert!(
+                (ks - 1) * kc < k && ks * kc >= k,
+                "{k} {groups}: {ks} x {kc}"
+            );
+        }
     }
 
     #[test]
