@@ -617,6 +617,23 @@ var<workgroup> pl: array<f32, 32>;
 var<workgroup> pa: array<f32, 32>;
 var<workgroup> pspan: vec2<u32>;
 
+// Query slot s's vec4 `col` (zero past the block or the head).
+fn prefill_q(s: u32, s1: u32, g: u32, col: u32) -> vec4<f32> {
+    if (s < s1 && col < P.d4) {
+        let h = g * P.group + s % P.group;
+        return Q[((s / P.group) * P.heads + h) * P.d4 + col];
+    }
+    return vec4<f32>(0.0);
+}
+
+// Key j's vec4 `col` (zero past the span or the head).
+fn prefill_k(kbase: u32, j: u32, hi: u32, col: u32) -> vec4<f32> {
+    if (j < hi && col < P.d4) {
+        return KC[(kbase + j % P.capacity) * P.d4 + col];
+    }
+    return vec4<f32>(0.0);
+}
+
 @compute @workgroup_size(256)
 fn attn_prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -652,27 +669,29 @@ fn attn_prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let kbase = g * P.capacity;
     let nch = (d4 + 7u) / 8u;
 
+    // Staging role: row lid / 8 (a slot of Q, a key of K), vec4 dv of the
+    // dim chunk. A chunk's two vec4 are loaded into registers one chunk
+    // ahead (the next key block's first chunk during the last one), so
+    // their latency passes while the previous chunk is multiplied.
+    let row = lid / 8u;
+    let dv = lid % 8u;
+    var qn = prefill_q(s0 + row, s1, g, dv);
+    var kn = prefill_k(kbase, span.x + row, span.y, dv);
     for (var kb = span.x; kb < span.y; kb += PK) {
         var sc = vec4<f32>(0.0);
         for (var ch = 0u; ch < nch; ch++) {
             workgroupBarrier();
-            let row = lid / 8u;
-            let dv = lid % 8u;
-            let col = ch * 8u + dv;
-            var qv = vec4<f32>(0.0);
-            let s = s0 + row;
-            if (s < s1 && col < d4) {
-                let h = g * P.group + s % P.group;
-                qv = Q[((s / P.group) * P.heads + h) * d4 + col];
-            }
-            pq[row * PS + dv] = qv;
-            var kv = vec4<f32>(0.0);
-            let j = kb + row;
-            if (j < span.y && col < d4) {
-                kv = KC[(kbase + j % P.capacity) * d4 + col];
-            }
-            pk[row * PS + dv] = kv;
+            pq[row * PS + dv] = qn;
+            pk[row * PS + dv] = kn;
             workgroupBarrier();
+            var nx = ch + 1u;
+            var nkb = kb;
+            if (nx == nch) {
+                nx = 0u;
+                nkb = kb + PK;
+            }
+            qn = prefill_q(s0 + row, s1, g, nx * 8u + dv);
+            kn = prefill_k(kbase, nkb + row, span.y, nx * 8u + dv);
             for (var v = 0u; v < 8u; v++) {
                 let q = pq[qi * PS + v];
                 sc.x += dot(q, pk[kg * PS + v]);
@@ -721,9 +740,11 @@ fn attn_prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
                 acc[i * 4u + v] *= a;
             }
         }
-        let nk = min(PK, span.y - kb);
-        for (var k = 0u; k < nk; k++) {
-            let vrow = (kbase + (kb + k) % P.capacity) * d4;
+        // Every key of the block, a constant count (the loads can be
+        // issued ahead): past the span a key's p is 0 (its score was
+        // masked) and its V row is the span's last, finite.
+        for (var k = 0u; k < PK; k++) {
+            let vrow = (kbase + min(kb + k, span.y - 1u) % P.capacity) * d4;
             var vv: array<vec4<f32>, 4>;
             for (var v = 0u; v < NV; v++) {
                 let c = lane + 32u * v;
