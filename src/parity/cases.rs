@@ -130,6 +130,10 @@ fn moe(full: bool) -> Vec<Op> {
             // and inter multiples of 32), then several row blocks of each
             (40, 6, 3, 64, 64, BF16),
             (24, 5, 2, 160, 96, F16),
+            // more experts than a tensor-core tile's 64 threads: the
+            // cooperative route-list search (tile_search) gives each
+            // thread several slots
+            (40, 200, 4, 64, 64, BF16),
         ];
         if full {
             s.push((1, 128, 8, 2816, 704, BF16));
