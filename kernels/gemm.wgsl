@@ -64,6 +64,8 @@ var<workgroup> ws: array<vec4<f32>, WS4>;
 // Row of X each tile row reads, row of OUT it writes.
 var<workgroup> src_row: array<u32, MAX_BM>;
 var<workgroup> dst_row: array<u32, MAX_BM>;
+// (expert, rows in this tile, first pair-list index or row, unused)
+var<workgroup> tile: vec4<u32>;
 
 // Threads along the weight rows and along the tokens; the tile's size.
 fn wgn() -> u32 {
@@ -142,7 +144,9 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     let nb = (g % per) / P.mtiles;
     let kb = split * P.kc;
     let ke = min(kb + P.kc, P.k);
-    tile_search(mode, tm, lid, WG);
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
     let info = workgroupUniformLoad(&tile);
     let cnt = info.y;
     if (cnt == 0u) {

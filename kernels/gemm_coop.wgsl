@@ -85,6 +85,7 @@ var<workgroup> xa: array<f16, XSN>;
 var<workgroup> cs: array<f32, CSN>;
 var<workgroup> dst_row: array<u32, MAX_BM>;
 var<workgroup> xinv: array<f32, MAX_BM>;
+var<workgroup> tile: vec4<u32>;
 
 fn bm() -> u32 {
     return 32u * WM;
@@ -223,7 +224,9 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let plane = ks_i * P.m * P.n;
     let tm = g % P.mtiles;
     let nb = g / P.mtiles;
-    tile_search(mode, tm, lid, WG);
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
     let info = workgroupUniformLoad(&tile);
     let cnt = info.y;
     if (cnt == 0u) {

@@ -18,6 +18,7 @@ override MODE: u32 = 0u;
 override WM: u32 = 2u;
 const PREP_WG: u32 = 256u;
 
+var<workgroup> tile: vec4<u32>;
 var<workgroup> red: array<f32, PREP_WG>;
 
 fn bm() -> u32 {
@@ -42,7 +43,9 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = r0 + warp;
     let tm = r / b_m;
     let i = r % b_m;
-    tile_search(mode, tm, lid, PREP_WG);
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
     let info = workgroupUniformLoad(&tile);
     // A tile past the route list's (cnt 0) is never read: gemm_coop skips
     // it before touching X16 (half the grouped rows are such padding).
