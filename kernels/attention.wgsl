@@ -131,6 +131,8 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     }
 
     // Query slices in registers: qv[q * NV + i] = dims (lane + 32 i) * 4.. of slot q.
+    // (Staged in workgroup memory instead, attn full 8K at m = 16 on the
+    // H200 stayed at 1.58 ms: registers are not what holds this kernel.)
     var qv: array<vec4<f32>, 32>;
     for (var q = 0u; q < QT; q++) {
         let s = s0 + q;
@@ -306,8 +308,11 @@ var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
 var<workgroup> dmnew: array<f32, 8>;
 var<workgroup> dacc: array<vec4<f32>, 256>;
-// The kv head's GD queries, [GD][D4] (the launcher keeps GD * D4 <= 1024).
-var<workgroup> dq: array<vec4<f32>, 1024>;
+// The kv head's GD queries, [GD][D4] where QS (DQN = GD * D4, at most 1024
+// with head_dim <= 512; else 1, so the decode kernels of small groups do not
+// reserve the 16 KB).
+override DQN: u32 = 1024u;
+var<workgroup> dq: array<vec4<f32>, DQN>;
 
 // Most vec4 a thread loads before using them: the K columns of its key
 // (NT = D4 / DP of them) and the V rows of its slice (vrows), both at most

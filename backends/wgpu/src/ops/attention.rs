@@ -330,10 +330,16 @@ pub(crate) fn attention(
     )?;
     let params = AttnParams::new(&p, nsplit, min_chunk, ntiles);
     let (entry, constants) = if decode {
-        let qs = i64::from(group * d4 >= DECODE_STAGE_QUERY);
+        let qs = group * d4 >= DECODE_STAGE_QUERY;
+        let dqn = if qs { group * d4 } else { 1 };
         (
             "attn_decode",
-            &[("GD", group as i64), ("D4", d4 as i64), ("QS", qs)][..],
+            &[
+                ("GD", group as i64),
+                ("D4", d4 as i64),
+                ("QS", i64::from(qs)),
+                ("DQN", dqn as i64),
+            ][..],
         )
     } else {
         ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)][..])
