@@ -324,8 +324,9 @@ override NT: u32 = (D4 + DP - 1u) / DP;
 
 // Whether the queries are staged in workgroup memory (dq): for 8 heads of
 // 512 (128 loads of Q per thread a chunk) they were a chain of cache round
-// trips per key (attn full 8K on the H200: 117 -> 108 us); for 2 heads of
-// 256 the staging's barrier cost more than it saved (16.3 -> 18.0 us).
+// trips per key (attn full 8K on the H200: 117 -> 108 us); 2 heads of 256
+// read them from memory (cached): 14.7 us at every context on the H200,
+// BENCHMARKS.md.
 override QS: u32 = 0u;
 
 // Query vec4 i of the group ([GD][D4]).
