@@ -254,18 +254,7 @@ pub(crate) fn dense(
             _pad: 0,
         };
         // Split k: the partial planes go to scratch, then gemm_ksum.
-        let partial = if ks > 1 {
-            Some(super::scratch_buffer(
-                be,
-                |s| &mut s.gemm_partial,
-                DType::F32,
-                ks as usize * p.m * p.n,
-                0,
-                "gemm split-k partials",
-            )?)
-        } else {
-            None
-        };
+        let partial = split_partials(be, ks, p.m * p.n)?;
         let out = partial.as_ref().map_or(ob, one);
         be.launch(Launch {
             kernel: "gemm",
@@ -287,6 +276,27 @@ pub(crate) fn dense(
         }
     }
     Ok(())
+}
+
+/// The scratch for `ks` partial planes of `plane` floats each (a split-k
+/// dense GEMM of either family), or `None` without a split.
+pub(crate) fn split_partials(
+    be: &WgpuBackend,
+    ks: u32,
+    plane: usize,
+) -> Result<Option<WgpuBuffer>> {
+    if ks <= 1 {
+        return Ok(None);
+    }
+    let part = super::scratch_buffer(
+        be,
+        |s| &mut s.gemm_partial,
+        DType::F32,
+        ks as usize * plane,
+        0,
+        "gemm split-k partials",
+    )?;
+    Ok(Some(part))
 }
 
 /// `OUT = sum of the params.ks partial planes` in `part` (`gemm_ksum`): the

@@ -380,18 +380,7 @@ pub(crate) fn dense(
             _pad: 0,
         };
         // Split k: the partial planes go to scratch, then gemm_ksum.
-        let partial = if ks > 1 {
-            Some(super::scratch_buffer(
-                be,
-                |s| &mut s.gemm_partial,
-                DType::F32,
-                ks as usize * p.m * p.n,
-                0,
-                "tensor-core gemm split-k partials",
-            )?)
-        } else {
-            None
-        };
+        let partial = super::gemm::split_partials(be, ks, p.m * p.n)?;
         let out = partial.as_ref().map_or(ob, one);
         // One prep serves every chunk whose tile has as many rows.
         if prepped.as_ref().is_none_or(|(bm, _)| *bm != t.bm()) {
