@@ -44,11 +44,13 @@ fn batched_and_single<B: ComputeBackend>(m: &mut Model<B>, tokens: &[u32]) {
         .map(|&t| m.logits(&[t]).unwrap().remove(0))
         .collect();
     assert_eq!(batched.len(), tokens.len());
+    // (on tensor cores a batch's GEMMs round x to f16; one token's stay f32)
+    let limit = SAME_PATH_NMSE + m.gemm_rounding_nmse(tokens.len());
     for (i, (b, s)) in batched.iter().zip(&single).enumerate() {
         let e = nmse(b, s);
         assert!(
-            e < SAME_PATH_NMSE,
-            "row {i}: NMSE {e:e} between batched and single-token"
+            e < limit,
+            "row {i}: NMSE {e:e} between batched and single-token (limit {limit:e})"
         );
         assert_eq!(argmax(b), argmax(s), "row {i}: argmax differs");
     }
@@ -59,6 +61,20 @@ fn logits_batches_match_token_by_token_decode() {
     let mut m = tiny_model(64);
     let vocab = m.config().vocab;
     batched_and_single(&mut m, &prompt(2 * LOGITS_BATCH + 5, vocab));
+}
+
+/// Teacher forcing over several prefill batches, each with more rows than
+/// one LM head slice (20 = 16 + 4), and a last batch of one slice (5).
+#[test]
+fn logits_over_several_batches_and_head_slices() {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    let o = ModelOptions {
+        max_context: 64,
+        prefill_batch: 20,
+    };
+    let mut m = Model::load(CpuBackend::new(), &src, o).unwrap();
+    let vocab = m.config().vocab;
+    batched_and_single(&mut m, &prompt(45, vocab));
 }
 
 /// Prefill in batches of `batch` (the last one partial) leaves the same KV

@@ -79,16 +79,17 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
     .unwrap();
     assert_eq!(model.config().vocab, want.vocab);
 
-    // Teacher-forced logits, every position, LOGITS_BATCH tokens per pass.
+    // Teacher-forced logits, every position: the layers in one prefill
+    // batch (on a GPU the prefill GEMM and attn_prefill; on tensor cores
+    // they round x to f16, what gemm_rounding_nmse allows), the head in
+    // slices of LOGITS_BATCH rows.
     let rows = model.logits(&want.tokens).unwrap();
+    let limit = ORACLE_NMSE + model.gemm_rounding_nmse(want.tokens.len());
     let mut worst = 0f64;
     for (i, row) in rows.iter().enumerate() {
         let e = nmse(row, &want.logits[i * want.vocab..(i + 1) * want.vocab]);
         worst = worst.max(e);
-        assert!(
-            e < ORACLE_NMSE,
-            "{name}: row {i} NMSE {e:e} over {ORACLE_NMSE:e}"
-        );
+        assert!(e < limit, "{name}: row {i} NMSE {e:e} over {limit:e}");
     }
     eprintln!(
         "{name} on {}: worst logits NMSE vs transformers {worst:e}",
@@ -100,7 +101,7 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
     for (i, &t) in want.tokens.iter().enumerate() {
         let row = model.logits(&[t]).unwrap().remove(0);
         let e = nmse(&row, &rows[i]);
-        assert!(e < ORACLE_NMSE, "{name}: token-by-token row {i} NMSE {e:e}");
+        assert!(e < limit, "{name}: token-by-token row {i} NMSE {e:e}");
     }
 
     // One prefill batch of all but the last token (17 of them: on a GPU the

@@ -43,11 +43,10 @@ pub const DEFAULT_PREFILL_BATCH: usize = 512;
 /// Most tokens a prefill batch may carry (`ModelOptions::prefill_batch`).
 pub const MAX_PREFILL_BATCH: usize = 4096;
 
-/// Tokens one pass of [`Model::logits`] carries: the LM head's output is
-/// `vocab` wide (1 MiB per row for Gemma 4), so teacher forcing runs whole
-/// passes (the layers too, not only the head) of at most this many tokens,
-/// below the prefill batch: on a GPU these take the streaming kernels, not
-/// the prefill GEMM and attn_prefill.
+/// Rows of one LM head slice of [`Model::logits`]: the head's output is
+/// `vocab` wide (1 MiB per row for Gemma 4), so teacher forcing runs the
+/// layers in prefill batches and the head over at most this many rows of
+/// the batch at a time.
 pub const LOGITS_BATCH: usize = 16;
 
 /// How a model is opened.
@@ -120,6 +119,18 @@ impl Generation {
     }
 }
 
+/// What a recorded forward pass ends with after its last layer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Nothing: prefill, which only fills the KV caches.
+    Layers,
+    /// The final norm, into the scratch's `normed` (teacher forcing runs
+    /// the head after it in slices of rows).
+    FinalNorm,
+    /// The final norm, the LM head and the softcap, into the logits.
+    Head,
+}
+
 /// Per-layer KV cache, `[kv_heads, capacity, head_dim]` f32 for K and for V.
 struct KvCache<B: ComputeBackend> {
     k: B::Buffer,
@@ -163,6 +174,10 @@ struct Scratch<B: ComputeBackend> {
     moe_out: B::Buffer,
     logits: B::Buffer,
     capped: B::Buffer,
+    /// Teacher forcing over more rows than `head_rows`: the rows of a head
+    /// slice (`head_ids`, 0.. into `normed`) gathered into `head_x`.
+    head_ids: B::Buffer,
+    head_x: B::Buffer,
 }
 
 impl<B: ComputeBackend> Scratch<B> {
@@ -213,6 +228,8 @@ impl<B: ComputeBackend> Scratch<B> {
             moe_out: f(h, "moe_out")?,
             logits: logits("logits")?,
             capped: logits("logits_capped")?,
+            head_ids: be.alloc(DType::U32, head_rows, "head_ids")?,
+            head_x: be.alloc(DType::F32, head_rows * h, "head_x")?,
         })
     }
 }
@@ -360,27 +377,62 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// Teacher-forced logits of `tokens`, appended to the current context:
-    /// one row of `vocab` final (softcapped) logits per token. Runs passes
-    /// of at most [`LOGITS_BATCH`] tokens (layers and head) and returns
-    /// every row.
+    /// one row of `vocab` final (softcapped) logits per token. The layers
+    /// run in prefill batches (on a GPU the prefill GEMM and attn_prefill);
+    /// the LM head, `vocab` wide, in slices of at most [`LOGITS_BATCH`] rows
+    /// of the batch's final hidden state, each read back before the next.
     pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         self.check_request(tokens, 0)?;
         let mut rows = Vec::with_capacity(tokens.len());
-        for chunk in tokens.chunks(head_batch(self.prefill_batch)) {
+        for chunk in tokens.chunks(self.prefill_batch) {
             let m = chunk.len();
-            self.forward_chunk(chunk, true)?;
-            let s = self.scratch(m)?;
-            let out = if self.cfg.final_softcap.is_some() {
-                &s.capped
+            let tail = if m <= head_batch(self.prefill_batch) {
+                Tail::Head
             } else {
-                &s.logits
+                Tail::FinalNorm
             };
-            let flat = self.backend.download_f32(out)?;
-            let v = self.cfg.vocab;
-            rows.extend(flat.chunks(v).take(m).map(<[f32]>::to_vec));
+            self.forward_chunk(chunk, tail)?;
+            let s = self.scratch(m)?;
+            if tail == Tail::Head {
+                rows.extend(self.read_logits(s, m)?);
+            } else {
+                for r0 in (0..m).step_by(s.head_rows) {
+                    let n = s.head_rows.min(m - r0);
+                    self.head_slice(s, r0, n)?;
+                    rows.extend(self.read_logits(s, n)?);
+                }
+            }
             self.pos += m;
         }
         Ok(rows)
+    }
+
+    /// The LM head (and softcap) for rows `r0 .. r0 + n` of the batch's
+    /// final hidden state: the rows gathered into `head_x` through `embed`
+    /// (a row gather; times 1.0, exact), then the head as for a pass.
+    fn head_slice(&self, s: &Scratch<B>, r0: usize, n: usize) -> Result<()> {
+        let be = &self.backend;
+        let ids: Vec<u32> = (r0..r0 + n).map(|r| r as u32).collect();
+        be.write_u32(&s.head_ids, 0, &ids)?;
+        be.embed(
+            &s.head_ids,
+            &s.normed,
+            &s.head_x,
+            Embed {
+                m: n,
+                hidden: self.cfg.hidden,
+                vocab: s.rows,
+                scale: 1.0,
+            },
+        )?;
+        self.record_head(s, &s.head_x, n)
+    }
+
+    /// The first `m` rows of the final logits, read back.
+    fn read_logits(&self, s: &Scratch<B>, m: usize) -> Result<Vec<Vec<f32>>> {
+        let flat = self.backend.download_f32(self.final_logits(s))?;
+        let v = self.cfg.vocab;
+        Ok(flat.chunks(v).take(m).map(<[f32]>::to_vec).collect())
     }
 
     /// Append `prompt` to the context and generate up to `max_new_tokens`.
@@ -461,7 +513,7 @@ impl<B: ComputeBackend> Model<B> {
                     (&s.ids, &s.ids_next)
                 };
                 self.backend.write_u32(&s.pos, 0, &[self.pos as u32])?;
-                self.record_forward(s, cur, 1, true)?;
+                self.record_forward(s, cur, 1, Tail::Head)?;
                 self.backend
                     .argmax(self.final_logits(s), next, 1, self.cfg.vocab)?;
                 in_flight.push_back(self.backend.begin_read_u32(next)?);
@@ -524,7 +576,7 @@ impl<B: ComputeBackend> Model<B> {
     /// Run `tokens` through every layer (no LM head), in batches.
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
         for chunk in tokens.chunks(self.prefill_batch) {
-            self.forward_chunk(chunk, false)?;
+            self.forward_chunk(chunk, Tail::Layers)?;
             self.backend.flush()?;
             self.pos += chunk.len();
         }
@@ -536,7 +588,7 @@ impl<B: ComputeBackend> Model<B> {
     fn decode_step(&mut self, sampler: &mut Sampler) -> Result<u32> {
         let pos = self.pos as u32;
         self.backend.write_u32(&self.single.pos, 0, &[pos])?;
-        self.record_forward(&self.single, &self.single.ids, 1, true)?;
+        self.record_forward(&self.single, &self.single.ids, 1, Tail::Head)?;
         let row = self.backend.download_f32(self.final_logits(&self.single))?;
         let tok = sampler.sample(&row[..self.cfg.vocab.min(row.len())])?;
         self.pos += 1;
@@ -554,7 +606,7 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// Write ids and positions for `chunk` at `self.pos` and record its pass.
-    fn forward_chunk(&mut self, chunk: &[u32], head: bool) -> Result<()> {
+    fn forward_chunk(&mut self, chunk: &[u32], tail: Tail) -> Result<()> {
         let m = chunk.len();
         if m > 1 && self.batch.is_none() {
             self.batch = Some(Scratch::new(
@@ -568,7 +620,7 @@ impl<B: ComputeBackend> Model<B> {
         let positions: Vec<u32> = (self.pos..self.pos + m).map(|p| p as u32).collect();
         self.backend.write_u32(&s.ids, 0, chunk)?;
         self.backend.write_u32(&s.pos, 0, &positions)?;
-        self.record_forward(s, &s.ids, m, head)
+        self.record_forward(s, &s.ids, m, tail)
     }
 
     /// The buffer holding the final logits after the head ran.
@@ -580,10 +632,10 @@ impl<B: ComputeBackend> Model<B> {
         }
     }
 
-    /// Record embedding, every layer and (if `head`) the final norm, LM head
-    /// and softcap for the `m` tokens whose ids and positions are in `s`.
-    fn record_forward(&self, s: &Scratch<B>, ids: &B::Buffer, m: usize, head: bool) -> Result<()> {
-        debug_assert!(m <= s.rows && (!head || m <= s.head_rows));
+    /// Record embedding, every layer and `tail` for the `m` tokens whose ids
+    /// and positions are in `s`.
+    fn record_forward(&self, s: &Scratch<B>, ids: &B::Buffer, m: usize, tail: Tail) -> Result<()> {
+        debug_assert!(m <= s.rows && (tail != Tail::Head || m <= s.head_rows));
         let (be, cfg) = (&self.backend, &self.cfg);
         let h = cfg.hidden;
         be.embed(
@@ -608,22 +660,30 @@ impl<B: ComputeBackend> Model<B> {
             self.norm(m, h),
         )?;
         for li in 0..cfg.layers.len() {
-            self.record_layer(li, s, m, head)?;
+            self.record_layer(li, s, m, tail != Tail::Layers)?;
         }
-        if head {
-            be.matmul(
-                &self.weights.embed,
-                &s.normed,
-                &s.logits,
-                Matmul {
-                    m,
-                    n: cfg.vocab,
-                    k: h,
-                },
-            )?;
-            if let Some(cap) = cfg.final_softcap {
-                be.softcap(&s.logits, &s.capped, m * cfg.vocab, cap)?;
-            }
+        if tail == Tail::Head {
+            self.record_head(s, &s.normed, m)?;
+        }
+        Ok(())
+    }
+
+    /// The tied LM head and the softcap for the `m` final-normed rows of `x`
+    /// into `s`'s logits.
+    fn record_head(&self, s: &Scratch<B>, x: &B::Buffer, m: usize) -> Result<()> {
+        let (be, cfg) = (&self.backend, &self.cfg);
+        be.matmul(
+            &self.weights.embed,
+            x,
+            &s.logits,
+            Matmul {
+                m,
+                n: cfg.vocab,
+                k: cfg.hidden,
+            },
+        )?;
+        if let Some(cap) = cfg.final_softcap {
+            be.softcap(&s.logits, &s.capped, m * cfg.vocab, cap)?;
         }
         Ok(())
     }
@@ -658,8 +718,8 @@ impl<B: ComputeBackend> Model<B> {
     /// One decoder layer for the `m` tokens of `s`: reads the residual
     /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
     /// residual in `s.x` and the next layer's normed input (the final norm's
-    /// output after the last layer when `head`) in `s.normed`.
-    fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, head: bool) -> Result<()> {
+    /// output after the last layer when `final_norm`) in `s.normed`.
+    fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, final_norm: bool) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
         let h = cfg.hidden;
@@ -830,7 +890,7 @@ impl<B: ComputeBackend> Model<B> {
         };
         let next = match self.weights.layers.get(li + 1) {
             Some(next) => Some((&next.input_norm, &s.normed)),
-            None if head => Some((&self.weights.final_norm, &s.normed)),
+            None if final_norm => Some((&self.weights.final_norm, &s.normed)),
             None => None,
         };
         be.post_ffn(
@@ -945,8 +1005,9 @@ pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize
         + cfg.top_k * cfg.moe_inter
         // a GPU's MoE down phase keeps each (token, expert) row
         + cfg.top_k * cfg.hidden;
-    // Logits rows: one for decode, a head batch for teacher forcing.
-    let logits = 2 * cfg.vocab * (1 + head_batch(prefill_batch));
+    // Logits rows (and a head slice's gathered rows and their ids): one for
+    // decode, a head batch for teacher forcing.
+    let logits = (2 * cfg.vocab + cfg.hidden + 1) * (1 + head_batch(prefill_batch));
     ((kv + per_row * (1 + prefill_batch) + logits) * 4) as u64
 }
 
