@@ -14,7 +14,8 @@
 //
 // Memory access: a K row is read by 32 consecutive lanes, each a vec4 at a
 // time (NV vec4 per lane: head_dim 512 -> 4, 256 -> 2); a V row likewise by
-// consecutive threads over vec4 columns. Queries live in registers. Partial
+// consecutive threads over vec4 columns. attn_split keeps its queries in
+// registers (attn_decode: see its header). Partial
 // dot products are reduced through workgroup memory; attn_combine's max and
 // sum go through workgroup_max / workgroup_sum (kernels/reduce*.wgsl:
 // subgroup operations where the device has them).
@@ -293,7 +294,8 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 //           key's exp; one thread per head sums the chunk's exps.
 //   values  thread (column c = lid % D4, key slice lid / D4) accumulates
 //           p * V over its slice's keys for the G heads, in registers.
-// No subgroup operations; every loop bound is a constant or uniform.
+// No subgroup operations; every loop with a barrier in it has a constant or
+// uniform bound.
 
 // Query heads per kv head and head_dim / 4, compiled in per layer type.
 override GD: u32 = 1u;
@@ -315,7 +317,7 @@ override DQN: u32 = 1024u;
 var<workgroup> dq: array<vec4<f32>, DQN>;
 
 // Most vec4 a thread loads before using them: the K columns of its key
-// (NT = D4 / DP of them) and the V rows of its slice (vrows), both at most
+// (NT = ceil(D4 / DP) of them) and the V rows of its slice (vrows), both at most
 // 16 with head_dim <= 512 (ops::MAX_HEAD_DIM). The arrays must unroll into
 // registers (constant trip counts): an array indexed by a loop the driver
 // cannot unroll lives in memory.

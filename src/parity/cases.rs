@@ -256,6 +256,13 @@ fn attention(full: bool) -> Vec<Op> {
         c(1, 4, 2, 12, 70, 0, 69),
         c(1, 6, 3, 192, 300, 50, 777),
         c(1, 16, 1, 64, 100, 0, 40),
+        // Staged queries (where workgroup memory allows) for 4 and 6 heads
+        // per kv head, the latter 6 x 96 vec4 (not a multiple of 256), and
+        // head_dim 300: 3 value slices of 11 rows, the last one past the
+        // chunk's 32 keys.
+        c(1, 8, 2, 512, 300, 0, 250),
+        c(1, 12, 2, 384, 200, 0, 150),
+        c(1, 4, 2, 300, 80, 0, 70),
     ];
     if full {
         v.push(c(1, 16, 2, 512, 32768, 0, 32767));

@@ -232,6 +232,19 @@ const DECODE_MAX_GROUP: usize = 8;
 /// workgroup memory (its `QS`): 8 heads of 512 take it, 2 of 256 do not.
 const DECODE_STAGE_QUERY: usize = 512;
 
+/// `attn_decode`'s workgroup memory without the staged queries: dred
+/// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), dacc (256 vec4).
+const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
+
+/// Whether `attn_decode` stages a group's queries in workgroup memory (its
+/// `QS`): for large groups (8 heads of 512), and only where the staged
+/// array (16 bytes a query vec4) fits the device's workgroup memory with
+/// the kernel's own (WebGPU's baseline is 16 KB: 8 heads of 512 need 28.8).
+fn decode_stages_queries(group: usize, d4: usize, smem_limit: u32) -> bool {
+    let q = group * d4;
+    q >= DECODE_STAGE_QUERY && DECODE_SMEM as usize + 16 * q <= smem_limit as usize
+}
+
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
 
@@ -330,7 +343,7 @@ pub(crate) fn attention(
     )?;
     let params = AttnParams::new(&p, nsplit, min_chunk, ntiles);
     let (entry, constants) = if decode {
-        let qs = group * d4 >= DECODE_STAGE_QUERY;
+        let qs = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
         let dqn = if qs { group * d4 } else { 1 };
         (
             "attn_decode",
@@ -359,4 +372,20 @@ pub(crate) fn attention(
         buffers: &[(one(&part), true), (one(out), false)],
         groups: be.grid((nq * d4.div_ceil(32)) as u32),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_stages_queries_only_where_they_fit() {
+        // Gemma 4's full layers, 8 heads of 512: 12.4 + 16 KB.
+        assert!(decode_stages_queries(8, 128, 32 * 1024));
+        assert!(!decode_stages_queries(8, 128, 16 * 1024));
+        assert!(decode_stages_queries(8, 128, DECODE_SMEM + 16 * 1024));
+        assert!(!decode_stages_queries(8, 128, DECODE_SMEM + 16 * 1024 - 1));
+        // Sliding layers, 2 heads of 256: never (read from memory).
+        assert!(!decode_stages_queries(2, 64, 1 << 20));
+    }
 }

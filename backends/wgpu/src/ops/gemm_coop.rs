@@ -3,7 +3,8 @@
 //! them ([`turbospark::backend::Features::tensor_core_gemm`]), the weight's
 //! values all fit f16 and k is a multiple of 32. Each launch is two
 //! dispatches: `gemm_prep` (x to f16 with a per-row power-of-two scale, laid
-//! out by tile) and `gemm_coop`.
+//! out by tile) and `gemm_coop`; a dense problem split over k adds
+//! `gemm_ksum`.
 
 use turbospark::ops::{Moe, OpKind};
 use turbospark::{DType, Error, Result};
