@@ -320,6 +320,8 @@ fn launch(
 /// or 264 tiles of q|k|v and gate|up slowed them (257 -> 288, 177 -> 199 us).
 const COOP_SPLIT_BELOW: u32 = 256;
 const COOP_SPLIT_GROUPS: u32 = 512;
+/// (The problems split take the narrow tile, whose x is read by the fragment
+/// loads; a split with x staged is reached only through tile overrides.)
 /// Fewest k steps a split takes.
 const COOP_SPLIT_STEPS: u32 = 8;
 
