@@ -239,20 +239,7 @@ pub(crate) fn dense(
         let mtiles = (p.m as u32).div_ceil(t.bm());
         let nrb = (rows as u32).div_ceil(t.bn());
         let (ks, kc) = k_splits(&p, mtiles * nrb, t.bk, w.chunks.len());
-        let params = Params {
-            m: p.m as u32,
-            n: p.n as u32,
-            k: p.k as u32,
-            rows: rows as u32,
-            row0: row0 as u32,
-            experts: 1,
-            top_k: 1,
-            mtiles,
-            kc,
-            nrb,
-            ks,
-            _pad: 0,
-        };
+        let params = dense_params(&p, (row0, rows), (mtiles, nrb), (ks, kc));
         // Split k: the partial planes go to scratch, then gemm_ksum.
         let partial = split_partials(be, ks, p.m * p.n)?;
         let out = partial.as_ref().map_or(ob, one);
@@ -326,16 +313,48 @@ pub(crate) fn ksum(
 /// split count depends on the shape only, so results are deterministic.
 fn k_splits(p: &Matmul, groups: u32, bk: u32, chunks: usize) -> (u32, u32) {
     let k = p.k as u32;
-    let whole = (1, k);
     if groups >= NARROW_GROUPS || chunks != 1 {
-        return whole;
+        return (1, k);
     }
-    let want = (NARROW_GROUPS / groups).min(k / (4 * bk));
+    whole_step_splits(k, NARROW_GROUPS / groups, bk, 4)
+}
+
+/// `(splits, k per split)` for up to `want` splits of `k` in whole steps of
+/// `bk`, each at least `min_steps` steps (one split, `(1, k)`, when that
+/// leaves fewer than two): the arithmetic both dense GEMM families' split
+/// rules share.
+pub(crate) fn whole_step_splits(k: u32, want: u32, bk: u32, min_steps: u32) -> (u32, u32) {
+    let want = want.min(k / (min_steps * bk));
     if want <= 1 {
-        return whole;
+        return (1, k);
     }
     let kc = k.div_ceil(want).div_ceil(bk) * bk;
     (k.div_ceil(kc), kc)
+}
+
+/// Parameters of a dense launch of `p` over the weight rows `row0 ..
+/// row0 + rows` (one binding's chunk), in `mtiles` x `nrb` tiles, k split
+/// `(ks, kc)`.
+pub(crate) fn dense_params(
+    p: &Matmul,
+    (row0, rows): (usize, usize),
+    (mtiles, nrb): (u32, u32),
+    (ks, kc): (u32, u32),
+) -> Params {
+    Params {
+        m: p.m as u32,
+        n: p.n as u32,
+        k: p.k as u32,
+        rows: rows as u32,
+        row0: row0 as u32,
+        experts: 1,
+        top_k: 1,
+        mtiles,
+        kc,
+        nrb,
+        ks,
+        _pad: 0,
+    }
 }
 
 /// Parameters of a grouped launch writing `n` features per row from `k`

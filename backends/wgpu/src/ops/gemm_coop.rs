@@ -330,18 +330,11 @@ const COOP_SPLIT_STEPS: u32 = 8;
 /// when one: the planes are per output). Depends on the shape only, so
 /// results are deterministic.
 fn k_splits(k: u32, groups: u32, chunks: usize) -> (u32, u32) {
-    let whole = (1, k);
     if groups >= COOP_SPLIT_BELOW || chunks != 1 {
-        return whole;
+        return (1, k);
     }
-    let want = COOP_SPLIT_GROUPS
-        .div_ceil(groups)
-        .min(k / (COOP_SPLIT_STEPS * BK));
-    if want <= 1 {
-        return whole;
-    }
-    let kc = k.div_ceil(want).div_ceil(BK) * BK;
-    (k.div_ceil(kc), kc)
+    let want = COOP_SPLIT_GROUPS.div_ceil(groups);
+    super::gemm::whole_step_splits(k, want, BK, COOP_SPLIT_STEPS)
 }
 
 /// `OUT = X W^T` (see [`super::gemm::dense`]), one launch per weight chunk
@@ -368,20 +361,7 @@ pub(crate) fn dense(
         let mtiles = (p.m as u32).div_ceil(t.bm());
         let nrb = (rows as u32).div_ceil(t.bn());
         let (ks, kc) = k_splits(p.k as u32, mtiles * nrb, w.chunks.len());
-        let params = Params {
-            m: p.m as u32,
-            n: p.n as u32,
-            k: p.k as u32,
-            rows: rows as u32,
-            row0: row0 as u32,
-            experts: 1,
-            top_k: 1,
-            mtiles,
-            kc,
-            nrb,
-            ks,
-            _pad: 0,
-        };
+        let params = super::gemm::dense_params(&p, (row0, rows), (mtiles, nrb), (ks, kc));
         // Split k: the partial planes go to scratch, then gemm_ksum.
         let partial = super::gemm::split_partials(be, ks, p.m * p.n)?;
         let out = partial.as_ref().map_or(ob, one);
