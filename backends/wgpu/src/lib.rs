@@ -212,6 +212,12 @@ impl WgpuBackend {
             .min(self.limits.max_buffer_size)
     }
 
+    /// `WgpuBuffer::fits_f16` for host bytes being uploaded: scanned only on
+    /// a device with the tensor-core GEMM (the only reader).
+    fn scan_fits_f16(&self, dtype: DType, bytes: &[u8]) -> bool {
+        self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, bytes)
+    }
+
     fn single_buffer(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
         let bytes = (len * dtype.size()) as u64;
         let buffer = self.create_buffer(
@@ -375,7 +381,7 @@ impl ComputeBackend for WgpuBackend {
         }
         let mut b = self.single_buffer(dtype, s.len() / dtype.size(), label)?;
         self.write_bytes(&b.chunks[0].buffer, 0, s);
-        b.fits_f16 = self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, s);
+        b.fits_f16 = self.scan_fits_f16(dtype, s);
         Ok(b)
     }
 
@@ -436,7 +442,7 @@ impl ComputeBackend for WgpuBackend {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
-            fits_f16: self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, s),
+            fits_f16: self.scan_fits_f16(dtype, s),
         })
     }
 
@@ -761,6 +767,18 @@ impl ComputeBackend for WgpuBackend {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// `v` uploaded as a u32 buffer.
+    pub(crate) fn upload_u32(be: &WgpuBackend, v: &[u32], label: &str) -> WgpuBuffer {
+        be.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+            .unwrap()
+    }
+
+    /// `v` uploaded as an f32 buffer.
+    pub(crate) fn upload_f32(be: &WgpuBackend, v: &[f32], label: &str) -> WgpuBuffer {
+        be.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+            .unwrap()
+    }
 
     /// The backend on the default adapter for the crate's own tests; None
     /// (skip) without one, except under `CI=true`, where that fails.

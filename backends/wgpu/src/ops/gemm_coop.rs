@@ -430,8 +430,8 @@ pub(crate) fn down(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::backend;
-    use turbospark::{ComputeBackend, HostBytes};
+    use crate::tests::{backend, upload_f32, upload_u32};
+    use turbospark::ComputeBackend;
 
     #[test]
     fn tiles_fit_the_kernel_and_a_48_kb_device() {
@@ -548,9 +548,7 @@ mod tests {
         let mut rng = turbospark::rng::Rng::new(seed);
         let (m, k) = (70, 96);
         let x = rows_with_range(&mut rng, m, k);
-        let xb = be
-            .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
-            .unwrap();
+        let xb = upload_f32(&be, &x, "x");
         let t = DENSE_NARROW;
         let mut p = super::super::gemm::grouped_params(
             &Moe {
@@ -599,20 +597,10 @@ mod tests {
                 [a, b, c]
             })
             .collect();
-        let idb = be
-            .upload(
-                DType::U32,
-                HostBytes::Slice(bytemuck::cast_slice(&ids)),
-                "ids",
-            )
-            .unwrap();
+        let idb = upload_u32(&be, &ids, "ids");
         let x = rows_with_range(&mut rng, m, k);
         let act = rows_with_range(&mut rng, m * top_k, k);
-        let up = |v: &[f32], name: &str| {
-            be.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), name)
-                .unwrap()
-        };
-        let (xb, ab) = (up(&x, "x"), up(&act, "act"));
+        let (xb, ab) = (upload_f32(&be, &x, "x"), upload_f32(&be, &act, "act"));
         let (_, route) = super::super::moe::route(&be, &idb, &p, false).unwrap();
         let t = GROUPED;
         let params = grouped(&p, t, (k, k), t.bn());

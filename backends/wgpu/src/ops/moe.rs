@@ -516,8 +516,8 @@ pub(crate) fn moe_down(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::backend;
-    use turbospark::{ComputeBackend, HostBytes};
+    use crate::tests::{backend, upload_u32};
+    use turbospark::ComputeBackend;
 
     /// Dispatches `f` records.
     fn dispatches(be: &WgpuBackend, f: impl FnOnce()) -> u64 {
@@ -539,20 +539,8 @@ mod tests {
             top_k: 2,
         };
         let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 6) as u32).collect();
-        let idb = be
-            .upload(
-                DType::U32,
-                HostBytes::Slice(bytemuck::cast_slice(&ids)),
-                "ids",
-            )
-            .unwrap();
-        let other = be
-            .upload(
-                DType::U32,
-                HostBytes::Slice(bytemuck::cast_slice(&ids)),
-                "ids2",
-            )
-            .unwrap();
+        let idb = upload_u32(&be, &ids, "ids");
+        let other = upload_u32(&be, &ids, "ids2");
         let build =
             |b: &WgpuBuffer, p: &Moe| dispatches(&be, || drop(route(&be, b, p, true).unwrap()));
         assert_eq!(build(&idb, &p), 1, "first build");
