@@ -339,12 +339,6 @@ fn query(qbase: u32, i: u32) -> vec4<f32> {
     return Q[qbase + i];
 }
 
-// V row j0 + k (the chunk's last key past the chunk: finite, unused),
-// column c.
-fn decode_v(kbase: u32, j0: u32, k: u32, c_hi: u32, c: u32) -> vec4<f32> {
-    return VC[(kbase + min(j0 + k, c_hi - 1u) % P.capacity) * D4 + c];
-}
-
 @compute @workgroup_size(256)
 fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -414,7 +408,9 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         var vv: array<vec4<f32>, DB>;
         for (var r = 0u; r < vrows; r++) {
-            vv[r] = decode_v(kbase, j0, vs * vrows + r, c_hi, c);
+            // (past the chunk: its last key's row, finite, unused)
+            let key = min(j0 + vs * vrows + r, c_hi - 1u);
+            vv[r] = VC[(kbase + key % P.capacity) * D4 + c];
         }
         for (var q = 0u; q < GD; q++) {
             dred[(dpart * GD + q) * KD + kk] = part[q];

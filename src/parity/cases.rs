@@ -130,9 +130,8 @@ fn moe(full: bool) -> Vec<Op> {
             // and inter multiples of 32), then several row blocks of each
             (40, 6, 3, 64, 64, BF16),
             (24, 5, 2, 160, 96, F16),
-            // more experts than a tensor-core tile's 64 threads: the
-            // cooperative route-list search (tile_search) gives each
-            // thread several slots
+            // a long route list (about 130 of 200 experts in use): the
+            // GEMMs' walk to their token tile passes many slots
             (40, 200, 4, 64, 64, BF16),
         ];
         if full {
