@@ -220,17 +220,18 @@ pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
 }
 
 /// `OUT = X W^T` per weight binding (a weight split across bindings is one
-/// dispatch per chunk, each writing its chunk's output columns). With
-/// `tensor_cores`, on tensor cores where [`super::gemm_coop::takes`] it.
+/// dispatch per chunk, each writing its chunk's output columns); on tensor
+/// cores with `coop` (the caller asked [`super::gemm_coop::takes`], as for
+/// the MoE phases).
 pub(crate) fn dense(
     be: &WgpuBackend,
     w: &WgpuBuffer,
     xb: &wgpu::Buffer,
     ob: &wgpu::Buffer,
     p: Matmul,
-    tensor_cores: bool,
+    coop: bool,
 ) -> Result<()> {
-    if tensor_cores && super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m)) {
+    if coop {
         return super::gemm_coop::dense(be, w, xb, ob, p);
     }
     for c in w.chunks.iter() {

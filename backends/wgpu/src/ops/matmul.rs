@@ -52,7 +52,8 @@ pub(crate) fn matmul(
         return gemv(be, w, xb, ob, p);
     }
     if super::gemm::fits(p.m, p.k, w.dtype) {
-        return super::gemm::dense(be, w, xb, ob, p, true);
+        let coop = super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m));
+        return super::gemm::dense(be, w, xb, ob, p, coop);
     }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
     let (mb, rt, kl) = config(p.m.min(16));
