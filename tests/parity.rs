@@ -185,8 +185,9 @@ fn post_ffn_without_subgroups() {
 /// gemm_prep): rows of x from 1e-6 to 1e6 (past f16's 65504, and far below
 /// its normal range) each keep the f16 rounding's accuracy. NMSE per row,
 /// so a small row's error is not hidden under a large one's. Runs where the
-/// adapter has the tensor-core GEMM; elsewhere it says so and passes, unless
-/// `TURBOSPARK_REQUIRE_TENSOR_CORES=1` (the H200 runs set it), where it fails.
+/// adapter has the tensor-core GEMM; elsewhere it says so and passes. To make
+/// that a failure (the H200 runs), set `TURBOSPARK_TENSOR_CORES=1`: the
+/// backend itself then refuses to open without them, failing every wgpu test.
 #[test]
 fn tensor_core_gemm_keeps_each_rows_range() {
     use turbospark::ops::Matmul;
@@ -197,11 +198,6 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         return;
     };
     if !gpu.info().features.tensor_core_gemm {
-        assert!(
-            !std::env::var("TURBOSPARK_REQUIRE_TENSOR_CORES").is_ok_and(|v| v == "1"),
-            "TURBOSPARK_REQUIRE_TENSOR_CORES=1 but {} has no tensor-core GEMM",
-            gpu.info().device_name
-        );
         eprintln!(
             "not run: {} has no tensor-core GEMM (cooperative matrices: [{}])",
             gpu.info().device_name,

@@ -781,17 +781,20 @@ pub(crate) mod tests {
     }
 
     /// The backend on the default adapter for the crate's own tests; None
-    /// (skip) without one, except under `CI=true`, where that fails.
+    /// (skip) without one, except under `CI=true`, where that fails. An
+    /// adapter that cannot open as asked (e.g. `TURBOSPARK_TENSOR_CORES=1`
+    /// without tensor cores) fails everywhere.
     pub(crate) fn backend() -> Option<WgpuBackend> {
         match WgpuBackend::new(&WgpuOptions::default()) {
             Ok(b) => Some(b),
-            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            Err(e @ Error::NoAdapter(_)) if std::env::var("CI").is_ok_and(|v| v == "true") => {
                 panic!("CI=true but no wgpu adapter: {e}")
             }
-            Err(e) => {
+            Err(e @ Error::NoAdapter(_)) => {
                 eprintln!("skipping: {e}");
                 None
             }
+            Err(e) => panic!("the wgpu backend does not open as asked: {e}"),
         }
     }
 
