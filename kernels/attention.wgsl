@@ -289,7 +289,7 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 //           (GD of them, a pipeline constant, so the G accumulators are
 //           registers); the 8 parts are summed through workgroup memory. The
 //           group's queries are read from global memory (cached) or, for
-//           large groups, staged in workgroup memory first (QS).
+//           large groups, staged in workgroup memory first (DQN > 1).
 //   softmax one thread per (query head, key): the running max and the
 //           key's exp; one thread per head sums the chunk's exps.
 //   values  thread (column c = lid % D4, key slice lid / D4) accumulates
@@ -310,9 +310,13 @@ var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
 var<workgroup> dmnew: array<f32, 8>;
 var<workgroup> dacc: array<vec4<f32>, 256>;
-// The kv head's GD queries, [GD][D4] where QS (DQN = GD * D4, at most 1024
-// with head_dim <= 512; else 1, so the decode kernels of small groups do not
-// reserve the 16 KB).
+// The kv head's GD queries, [GD][D4], where they are staged: DQN = GD * D4
+// (at most 1024 with head_dim <= 512), else 1, so the decode kernels of
+// small groups do not reserve the 16 KB. Whether they are staged: for 8
+// heads of 512 (128 loads of Q per thread a chunk) they were a chain of
+// cache round trips per key (attn full 8K on the H200: 117 -> 108 us); 2
+// heads of 256 read them from memory (cached): 14.7 us at every context
+// on the H200, BENCHMARKS.md.
 override DQN: u32 = 1024u;
 var<workgroup> dq: array<vec4<f32>, DQN>;
 
@@ -324,16 +328,9 @@ var<workgroup> dq: array<vec4<f32>, DQN>;
 const DB: u32 = 16u;
 override NT: u32 = (D4 + DP - 1u) / DP;
 
-// Whether the queries are staged in workgroup memory (dq): for 8 heads of
-// 512 (128 loads of Q per thread a chunk) they were a chain of cache round
-// trips per key (attn full 8K on the H200: 117 -> 108 us); 2 heads of 256
-// read them from memory (cached): 14.7 us at every context on the H200,
-// BENCHMARKS.md.
-override QS: u32 = 0u;
-
 // Query vec4 i of the group ([GD][D4]).
 fn query(qbase: u32, i: u32) -> vec4<f32> {
-    if (QS == 1u) {
+    if (DQN > 1u) {
         return dq[i];
     }
     return Q[qbase + i];
@@ -376,7 +373,7 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     for (var q = 0u; q < GD; q++) {
         acc[q] = vec4<f32>(0.0);
     }
-    if (QS == 1u) {
+    if (DQN > 1u) {
         for (var i = lid; i < GD * D4; i += 256u) {
             dq[i] = Q[qbase + i];
         }

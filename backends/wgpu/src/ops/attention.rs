@@ -229,7 +229,8 @@ const DECODE_GROUPS: usize = 512;
 /// queries, group * head_dim / 4 vec4, fit its 1024).
 const DECODE_MAX_GROUP: usize = 8;
 /// Query vec4 per kv head from which `attn_decode` stages the queries in
-/// workgroup memory (its `QS`): 8 heads of 512 take it, 2 of 256 do not.
+/// workgroup memory (its `DQN` > 1): 8 heads of 512 take it, 2 of 256 do
+/// not.
 const DECODE_STAGE_QUERY: usize = 512;
 
 /// `attn_decode`'s workgroup memory without the staged queries: dred
@@ -237,7 +238,7 @@ const DECODE_STAGE_QUERY: usize = 512;
 const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
 
 /// Whether `attn_decode` stages a group's queries in workgroup memory (its
-/// `QS`): for large groups (8 heads of 512), and only where the staged
+/// `DQN`, else 1): for large groups (8 heads of 512), and only where the staged
 /// array (16 bytes a query vec4) fits the device's workgroup memory with
 /// the kernel's own (WebGPU's baseline is 16 KB: 8 heads of 512 need 28.8).
 fn decode_stages_queries(group: usize, d4: usize, smem_limit: u32) -> bool {
@@ -343,16 +344,11 @@ pub(crate) fn attention(
     )?;
     let params = AttnParams::new(&p, nsplit, min_chunk, ntiles);
     let (entry, constants) = if decode {
-        let qs = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
-        let dqn = if qs { group * d4 } else { 1 };
+        let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
+        let dqn = if stage { group * d4 } else { 1 };
         (
             "attn_decode",
-            &[
-                ("GD", group as i64),
-                ("D4", d4 as i64),
-                ("QS", i64::from(qs)),
-                ("DQN", dqn as i64),
-            ][..],
+            &[("GD", group as i64), ("D4", d4 as i64), ("DQN", dqn as i64)][..],
         )
     } else {
         ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)][..])
