@@ -27,6 +27,16 @@ fn bm() -> u32 {
 
 // find_tile, Params and P: kernels/gemm_tiles.wgsl.
 
+// `v` rounded to f16's 11 significant bits, to nearest even, in its own
+// f32 bits: WGSL leaves the rounding of f32 -> f16 to the device, so the
+// conversion is given a value it holds exactly, and every device, and the
+// CPU reference's model of this kernel, gets the same halves. (Below f16's
+// normal range, 2^28 under the row's largest, the conversion still rounds.)
+fn nearest_half(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
+}
+
 // Eight X16 rows per workgroup, a warp per row (all eight in one tile: BM
 // is a multiple of 8), so the route list is searched once per eight rows.
 @compute @workgroup_size(256)
@@ -86,7 +96,7 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         if (on) {
             v = PX[src * k + c] * sc;
         }
-        PX16[r * k + c] = f16(v);
+        PX16[r * k + c] = f16(nearest_half(v));
     }
     if (lane == 0u) {
         PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);

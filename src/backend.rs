@@ -23,6 +23,15 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::*;
 
+/// Which GEMMs run from inputs rounded to f16: true for an op (`Matmul`,
+/// `MoeGateUp`, `MoeDown`) of `m` rows reducing over `k` that does. The
+/// rounding, wherever it is applied: each row of x is scaled by the power
+/// of two that puts its largest |x| in [2^14, 2^15), rounded to f16 (to
+/// nearest) and scaled back; weights are rounded to f16 (exact for f16
+/// weights, and for bf16 ones within f16's normal range). A weight with a
+/// value past f16's range (65504) is not rounded, and its product stays f32.
+pub type GemmRounding = Arc<dyn Fn(&OpKind, usize, usize) -> bool + Send + Sync>;
+
 /// The arguments of one [`ComputeBackend::moe_gate_up`], for the pair op.
 pub struct GateUpArgs<'a, B> {
     pub x: &'a B,
@@ -175,13 +184,21 @@ pub trait ComputeBackend {
     /// Whether `op` is implemented for these types/sizes on this device.
     fn supports(&self, op: &OpKind) -> Support;
 
+    /// The rule naming the GEMMs this backend runs from inputs rounded to
+    /// f16 (tensor cores, [`Features::tensor_core_gemm`]); None when it runs
+    /// none. Each such product differs from f32 arithmetic by that rounding
+    /// (at most [`crate::parity::F16_INPUT_NMSE`] of NMSE); a model's output
+    /// compounds it over its layers, so model-level tests compare such a
+    /// backend with a CPU reference given the same rule
+    /// (`CpuBackend::rounding_gemm_inputs_as`) rather than allow for it.
+    fn gemm_rounding(&self) -> Option<GemmRounding> {
+        None
+    }
+
     /// Whether the backend runs `op` (an `m`-row problem reducing over `k`)
-    /// from x rounded to f16 (tensor cores, [`Features::tensor_core_gemm`]):
-    /// its results then differ from f32 arithmetic by that rounding
-    /// ([`crate::parity::F16_INPUT_NMSE`]). False unless a backend says so.
+    /// from f16-rounded inputs: [`ComputeBackend::gemm_rounding`]'s answer.
     fn rounds_gemm_inputs(&self, op: &OpKind, m: usize, k: usize) -> bool {
-        let _ = (op, m, k);
-        false
+        self.gemm_rounding().is_some_and(|rule| rule(op, m, k))
     }
 
     // ---- buffers -------------------------------------------------------

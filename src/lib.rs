@@ -14,8 +14,8 @@ pub mod parity;
 pub mod rng;
 
 pub use backend::{
-    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, GateUpArgs, HostBytes,
-    ReadTicket, Support,
+    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, GateUpArgs, GemmRounding,
+    HostBytes, ReadTicket, Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

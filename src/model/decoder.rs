@@ -340,42 +340,6 @@ impl<B: ComputeBackend> Model<B> {
         self.pos = 0;
     }
 
-    /// How far a pass of `m` tokens may sit from f32 arithmetic, as an NMSE
-    /// on the rows it produces: 0 unless the backend runs some of the
-    /// layers' GEMMs from f16-rounded x
-    /// ([`ComputeBackend::rounds_gemm_inputs`]), each such product adding at
-    /// most [`crate::parity::F16_INPUT_NMSE`] of relative error (the norms
-    /// between keep the scale, so they add up to at most their sum). The
-    /// list is the one `record_layer` issues: q|k|v, o_proj, the dense
-    /// gate|up and down, the routed gate_up (two products) and down.
-    pub fn gemm_rounding_nmse(&self, m: usize) -> f64 {
-        use crate::backend::DeviceBuffer;
-        use crate::ops::OpKind;
-        let (c, be) = (&self.cfg, &self.backend);
-        let mut products = 0;
-        for (spec, w) in c.layers.iter().zip(&self.weights.layers) {
-            let mm = |b: &B::Buffer| OpKind::Matmul { w: b.dtype() };
-            let mut gemms = vec![
-                (mm(&w.qkv), c.hidden, 1),
-                (mm(&w.o_proj), c.heads * spec.head_dim, 1),
-                (mm(&w.mlp_gate_up), c.hidden, 1),
-                (mm(&w.mlp_down), c.intermediate, 1),
-            ];
-            if let Some(moe) = &w.moe {
-                let d = moe.gate_up.dtype();
-                gemms.push((OpKind::MoeGateUp { w: d }, c.hidden, 2));
-                let d = moe.down.dtype();
-                gemms.push((OpKind::MoeDown { w: d }, c.moe_inter, 1));
-            }
-            products += gemms
-                .iter()
-                .filter(|(kind, k, _)| be.rounds_gemm_inputs(kind, m, *k))
-                .map(|(_, _, n)| n)
-                .sum::<usize>();
-        }
-        products as f64 * crate::parity::F16_INPUT_NMSE
-    }
-
     /// Teacher-forced logits of `tokens`, appended to the current context:
     /// one row of `vocab` final (softcapped) logits per token. The layers
     /// run in prefill batches (on a GPU the prefill GEMM and attn_prefill);

@@ -1,6 +1,8 @@
 //! Helpers shared by the model-level tests.
 #![allow(dead_code)]
 
+use turbospark::ComputeBackend;
+use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::{WgpuBackend, WgpuOptions};
 
 /// Normalised mean squared error `sum (a-b)^2 / sum b^2` (b the reference).
@@ -28,7 +30,6 @@ pub fn wgpu_backend() -> Option<WgpuBackend> {
 pub fn wgpu_backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
     match WgpuBackend::new(opts) {
         Ok(b) => {
-            use turbospark::ComputeBackend;
             eprintln!("wgpu adapter: {} ({})", b.info().device_name, b.info().api);
             Some(b)
         }
@@ -41,4 +42,15 @@ pub fn wgpu_backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
         }
         Err(e) => panic!("the wgpu backend does not open as asked: {e}"),
     }
+}
+
+/// The CPU reference doing `b`'s arithmetic: where `b` runs some GEMMs from
+/// f16-rounded inputs (tensor cores), the reference rounds the same ones
+/// (`CpuBackend::rounding_gemm_inputs_as`), so `b` is held to f32 reduction
+/// order, not to an allowance for rounding that a model compounds over its
+/// layers (on the H200 10x the per-product sum for some rows of the tiny
+/// fixtures). Else the plain reference.
+pub fn reference_for<B: ComputeBackend>(b: &B) -> Option<CpuBackend> {
+    b.gemm_rounding()
+        .map(|rule| CpuBackend::new().rounding_gemm_inputs_as(rule))
 }

@@ -16,7 +16,8 @@ use turbospark::ops::{
     RmsNorm, Rope, Router,
 };
 use turbospark::{
-    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, HostBytes, ReadTicket, Result, Support,
+    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, GemmRounding, HostBytes, ReadTicket,
+    Result, Support,
 };
 
 pub use ops::Weights;
@@ -123,6 +124,9 @@ pub struct CpuBackend {
     /// Readbacks begun and not yet finished (ops run at once on the CPU, so
     /// a read is a copy taken when it begins).
     reads: std::sync::Mutex<(u64, std::collections::HashMap<u64, Vec<u32>>)>,
+    /// The GEMMs run from f16-rounded inputs, as a tensor-core backend runs
+    /// them (`rounding_gemm_inputs_as`); None: all in f32.
+    gemm_rounding: Option<GemmRounding>,
 }
 
 impl Default for CpuBackend {
@@ -148,7 +152,31 @@ impl CpuBackend {
                 },
             },
             reads: Default::default(),
+            gemm_rounding: None,
         }
+    }
+
+    /// This reference with the GEMMs `rule` names run from f16-rounded
+    /// inputs (`turbospark::GemmRounding` says how), so that a backend with
+    /// tensor cores can be held to the reference doing its arithmetic at
+    /// the limit of f32 reduction order, not to an allowance for rounding
+    /// that a model compounds over its layers. Each such op also checks its
+    /// weight's range (every value, every call: meant for tests), as the
+    /// GPU does at upload.
+    pub fn rounding_gemm_inputs_as(self, rule: GemmRounding) -> Self {
+        CpuBackend {
+            gemm_rounding: Some(rule),
+            ..self
+        }
+    }
+
+    /// Whether `op` (`m` rows over `k`, weight `w`) runs from f16-rounded
+    /// inputs here.
+    fn rounds(&self, op: OpKind, m: usize, k: usize, w: &Weights<'_>) -> bool {
+        self.gemm_rounding
+            .as_ref()
+            .is_some_and(|rule| rule(&op, m, k))
+            && w.fits_f16()
     }
 
     fn new_owned(&self, dtype: DType, len: usize, bytes: Option<&[u8]>) -> CpuBuffer {
@@ -184,6 +212,10 @@ impl ComputeBackend for CpuBackend {
 
     fn supports(&self, _op: &OpKind) -> Support {
         Support::Yes
+    }
+
+    fn gemm_rounding(&self) -> Option<GemmRounding> {
+        self.gemm_rounding.clone()
     }
 
     fn alloc(&self, dtype: DType, len: usize, _label: &str) -> Result<CpuBuffer> {
@@ -304,9 +336,11 @@ impl ComputeBackend for CpuBackend {
         p.validate(w, x, out)?;
         v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         let (wr, xr) = (w.read(), x.read());
+        let wt = weights(&wr, w.dtype());
+        let f16 = self.rounds(OpKind::Matmul { w: w.dtype() }, p.m, p.k, &wt);
         ops::matmul(
-            &weights(&wr, w.dtype()),
-            xr.f32(),
+            &wt.rounded_to_f16(f16),
+            &ops::f16_rows(xr.f32(), p.k, f16),
             out.write("matmul")?.f32(),
             p,
         );
@@ -357,9 +391,12 @@ impl ComputeBackend for CpuBackend {
     ) -> Result<()> {
         p.validate_gate_up(x, gate_up, ids, act)?;
         let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
+        let wt = weights(&gr, gate_up.dtype());
+        let kind = OpKind::MoeGateUp { w: gate_up.dtype() };
+        let f16 = self.rounds(kind, p.m, p.hidden, &wt);
         ops::moe_gate_up(
-            xr.f32(),
-            &weights(&gr, gate_up.dtype()),
+            &ops::f16_rows(xr.f32(), p.hidden, f16),
+            &wt.rounded_to_f16(f16),
             ir.u32(),
             act.write("moe_gate_up")?.f32(),
             p,
@@ -377,9 +414,11 @@ impl ComputeBackend for CpuBackend {
     ) -> Result<()> {
         p.validate_down(act, down, ids, wts, out)?;
         let (ar, dr, ir, wr) = (act.read(), down.read(), ids.read(), wts.read());
+        let wt = weights(&dr, down.dtype());
+        let f16 = self.rounds(OpKind::MoeDown { w: down.dtype() }, p.m, p.inter, &wt);
         ops::moe_down(
-            ar.f32(),
-            &weights(&dr, down.dtype()),
+            &ops::f16_rows(ar.f32(), p.inter, f16),
+            &wt.rounded_to_f16(f16),
             ir.u32(),
             wr.f32(),
             out.write("moe_down")?.f32(),

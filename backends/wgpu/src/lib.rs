@@ -360,8 +360,9 @@ impl ComputeBackend for WgpuBackend {
         ops::supports(self, op)
     }
 
-    fn rounds_gemm_inputs(&self, op: &OpKind, m: usize, k: usize) -> bool {
-        ops::gemm_coop::rounds_inputs(self, op, m, k)
+    fn gemm_rounding(&self) -> Option<turbospark::GemmRounding> {
+        let rule: turbospark::GemmRounding = Arc::new(ops::gemm_coop::rounds_inputs);
+        self.info.features.tensor_core_gemm.then_some(rule)
     }
 
     fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {

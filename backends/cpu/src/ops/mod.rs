@@ -15,6 +15,8 @@ pub use matmul::matmul;
 pub use moe::{moe_down, moe_gate_up, router};
 pub use norm::rms_norm;
 
+use std::borrow::Cow;
+
 use turbospark::dtype::decode_f32;
 use turbospark::DType;
 
@@ -22,20 +24,49 @@ use turbospark::DType;
 pub struct Weights<'a> {
     pub dtype: DType,
     pub bytes: &'a [u8],
+    /// Each value rounded to f16 as it is decoded (a tensor-core GEMM's
+    /// view of the weight, `turbospark::GemmRounding`).
+    pub f16: bool,
 }
 
 impl<'a> Weights<'a> {
     pub fn new(dtype: DType, bytes: &'a [u8]) -> Self {
-        Weights { dtype, bytes }
+        Weights {
+            dtype,
+            bytes,
+            f16: false,
+        }
+    }
+
+    /// The same weight, rounded to f16 as decoded when `on`.
+    pub fn rounded_to_f16(self, on: bool) -> Self {
+        Weights { f16: on, ..self }
+    }
+
+    /// Whether every value is within f16's range (finite, |w| <= 65504):
+    /// the check the GPU makes at upload before it lets a weight reach the
+    /// tensor cores.
+    pub fn fits_f16(&self) -> bool {
+        let n = self.bytes.len() / self.dtype.size();
+        (0..n).all(|i| decode_f32(self.dtype, self.bytes, i).abs() <= 65504.0)
     }
 
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
-        decode_f32(self.dtype, self.bytes, i)
+        to_f16_if(decode_f32(self.dtype, self.bytes, i), self.f16)
     }
 
     /// Decode `out.len()` elements starting at element `start`.
     pub fn decode_into(&self, start: usize, out: &mut [f32]) {
+        self.decode_stored(start, out);
+        if self.f16 {
+            for o in out.iter_mut() {
+                *o = to_f16_if(*o, true);
+            }
+        }
+    }
+
+    fn decode_stored(&self, start: usize, out: &mut [f32]) {
         let s = self.dtype.size();
         let src = &self.bytes[start * s..(start + out.len()) * s];
         match self.dtype {
@@ -58,8 +89,91 @@ impl<'a> Weights<'a> {
     }
 }
 
+#[inline]
+fn to_f16_if(v: f32, on: bool) -> f32 {
+    if on {
+        half::f16::from_f32(v).to_f32()
+    } else {
+        v
+    }
+}
+
+/// x's rows of `k` as a tensor-core GEMM sees them when `on`
+/// (`turbospark::GemmRounding`, kernels/gemm_prep.wgsl): each row scaled by
+/// the power of two that puts its largest |x| in [2^14, 2^15), rounded to
+/// f16 and scaled back (both scalings exact); else x itself.
+pub fn f16_rows(x: &[f32], k: usize, on: bool) -> Cow<'_, [f32]> {
+    if !on {
+        return Cow::Borrowed(x);
+    }
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(k) {
+        let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+        // amax in [2^e, 2^(e + 1)); e >= -112 keeps both powers normal.
+        let e = (((amax.to_bits() >> 23) & 0xff) as i32 - 127).max(-112);
+        let s = f32::from_bits(((127 + 14 - e) as u32) << 23);
+        let inv = f32::from_bits(((127 - 14 + e) as u32) << 23);
+        out.extend(row.iter().map(|v| to_f16_if(v * s, true) * inv));
+    }
+    Cow::Owned(out)
+}
+
 /// Dot product with f32 accumulation.
 #[inline]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turbospark::dtype::encode_f32;
+
+    /// Each row keeps 11 significant bits after its own power-of-two scale
+    /// (a value within the row's range rounds to nearest at that precision),
+    /// values exact in f16 stay exact, and nothing changes when off.
+    #[test]
+    fn f16_rows_round_each_row_at_its_own_scale() {
+        let x = [
+            3.0f32,
+            1.0 + 2f32.powi(-12),
+            -7.5,
+            1e-3,
+            // a second row, 2^20 larger: the same relative rounding
+            3.0 * 2f32.powi(20),
+            (1.0 + 2f32.powi(-12)) * 2f32.powi(20),
+            -7.5 * 2f32.powi(20),
+            1e-3 * 2f32.powi(20),
+        ];
+        let r = f16_rows(&x, 4, true);
+        assert_eq!(r[0], 3.0);
+        assert_eq!(r[1], 1.0, "2^-12 above 1 is half an ulp: to even");
+        assert_eq!(r[2], -7.5);
+        assert!((r[3] - 1e-3).abs() <= 1e-3 * 2f32.powi(-11));
+        assert_ne!(r[3], 1e-3, "1e-3 is not an f16");
+        for i in 0..4 {
+            assert_eq!(r[4 + i], r[i] * 2f32.powi(20), "row 2, element {i}");
+        }
+        assert!(matches!(f16_rows(&x, 4, false), Cow::Borrowed(_)));
+    }
+
+    /// bf16 weights keep their value in f16's normal range; below it the
+    /// absolute error stays under 2^-25; past 65504 a weight does not fit.
+    #[test]
+    fn weights_round_to_f16_as_decoded() {
+        let tiny = 2f32.powi(-20) * (1.0 + 2f32.powi(-7));
+        let vals = [1.0 + 2f32.powi(-7), -304.0, tiny, 65280.0];
+        let bytes = encode_f32(DType::BF16, &vals);
+        let w = Weights::new(DType::BF16, &bytes);
+        assert!(w.fits_f16());
+        let w = w.rounded_to_f16(true);
+        let mut out = [0f32; 4];
+        w.decode_into(0, &mut out);
+        assert_eq!(&out[..2], &vals[..2]);
+        assert_eq!(out[3], 65280.0, "the largest bf16 within f16's range");
+        assert!(out[2] != tiny && (out[2] - tiny).abs() < 2f32.powi(-25));
+        assert_eq!(w.get(2), out[2]);
+        let big = encode_f32(DType::BF16, &[1.0, 65536.0]);
+        assert!(!Weights::new(DType::BF16, &big).fits_f16());
+    }
 }
