@@ -45,8 +45,9 @@ enable wgpu_cooperative_matrix;
 @group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
 @group(1) @binding(4) var<storage, read> WTS: array<f32>;
 @group(1) @binding(5) var<storage, read> XS: array<f32>;
-// X16 again (the same buffer), read as vec4 where the tile stages it.
-@group(1) @binding(6) var<storage, read> X16V: array<vec4<u32>>;
+// X16 again (the same buffer), read 4 halves at a time where the tile
+// stages it.
+@group(1) @binding(6) var<storage, read> X16V: array<vec4<f16>>;
 
 const DENSE: u32 = 0u;
 const GATE_UP: u32 = 1u;
@@ -143,27 +144,18 @@ fn stage_w(e: u32, v: vec4<u32>) {
     ws[o + 7u] = d.y;
 }
 
-// Two halves of a word as f16 (exact, through common.wgsl's integer
-// decode: unpack2x16float needs a capability not every device grants).
-fn halves(w: u32) -> vec2<f16> {
-    return vec2<f16>(f16(f16_to_f32(w & 0xffffu)), f16(f16_to_f32(w >> 16u)));
-}
-
-// X16 vec4 (8 halves) `e` of the step: tile row e / QW, eighth e % QW.
-fn stage_x(e: u32, v: vec4<u32>) {
+// X16's 8 halves `e` of the step (tile row e / QW, eighth e % QW), as
+// loaded: no decode.
+fn stage_x(e: u32, lo: vec4<f16>, hi: vec4<f16>) {
     let o = (e / QW) * BKP + 8u * (e % QW);
-    let a = halves(v.x);
-    let b = halves(v.y);
-    let c = halves(v.z);
-    let d = halves(v.w);
-    xa[o] = a.x;
-    xa[o + 1u] = a.y;
-    xa[o + 2u] = b.x;
-    xa[o + 3u] = b.y;
-    xa[o + 4u] = c.x;
-    xa[o + 5u] = c.y;
-    xa[o + 6u] = d.x;
-    xa[o + 7u] = d.y;
+    xa[o] = lo.x;
+    xa[o + 1u] = lo.y;
+    xa[o + 2u] = lo.z;
+    xa[o + 3u] = lo.w;
+    xa[o + 4u] = hi.x;
+    xa[o + 5u] = hi.y;
+    xa[o + 6u] = hi.z;
+    xa[o + 7u] = hi.w;
 }
 
 // One fragment's results (already in cs at `cb`, row-major 16 x 16) to OUT:
@@ -261,10 +253,13 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     // The X16 tile: tile rows tm * BM .. (staged: QW vec4 of a row a step).
     let nla = select(0u, QW / WN, STAGE_X == 1u);
     let xrow0 = tm * b_m;
-    var xv: array<vec4<u32>, MAX_LDA>;
+    var xlo: array<vec4<f16>, MAX_LDA>;
+    var xhi: array<vec4<f16>, MAX_LDA>;
     for (var u = 0u; u < nla; u++) {
         let e = lid + WG * u;
-        xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + k_lo / 8u + e % QW];
+        let i = 2u * ((xrow0 + e / QW) * (k / 8u) + k_lo / 8u + e % QW);
+        xlo[u] = X16V[i];
+        xhi[u] = X16V[i + 1u];
     }
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
@@ -301,7 +296,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             stage_w(lid + WG * u, wv[u]);
         }
         for (var u = 0u; u < nla; u++) {
-            stage_x(lid + WG * u, xv[u]);
+            stage_x(lid + WG * u, xlo[u], xhi[u]);
         }
         workgroupBarrier();
         // The next step's tiles, loaded while this one multiplies.
@@ -312,7 +307,9 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         if (k1 < k_hi) {
             for (var u = 0u; u < nla; u++) {
                 let e = lid + WG * u;
-                xv[u] = X16V[(xrow0 + e / QW) * (k / 8u) + (k1 / 8u) + e % QW];
+                let i = 2u * ((xrow0 + e / QW) * (k / 8u) + (k1 / 8u) + e % QW);
+                xlo[u] = X16V[i];
+                xhi[u] = X16V[i + 1u];
             }
         }
         var x00 = a00;
