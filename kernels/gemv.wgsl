@@ -1,9 +1,12 @@
 // Decode GEMV, the bandwidth-bound fast path of `matmul` for one row of x and
 // 16-bit weights with k a multiple of 8: OUT[row0 + r] = W[r, :] . X.
-// Each row is read by 32 threads as vec4<u32> (8 weights, 16 bytes) per load,
-// consecutive threads on consecutive 16-byte blocks, with plain scalar
-// accumulators (no arrays that could spill); 8 rows per workgroup, reduced
-// in workgroup memory (no subgroup operations).
+// Each row is read by RL threads (a power of two, 32 to 256, compiled in) as
+// vec4<u32> (8 weights, 16 bytes) per load, consecutive threads on
+// consecutive 16-byte blocks, with plain scalar accumulators (no arrays that
+// could spill); 256 / RL rows per workgroup, reduced in workgroup memory (no
+// subgroup operations). A lane's loads come back one pair per round trip:
+// the launcher gives short weights (o_proj, 2816 rows) 64 lanes a row, whose
+// few workgroups cannot hide a longer chain; q|k|v and the LM head keep 32.
 
 struct Params {
     n: u32,
@@ -17,8 +20,10 @@ struct Params {
 @group(1) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
 
+// (gemv_rows' lane groups)
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;
+override RL: u32 = 32u;
 var<workgroup> part: array<f32, 256>;
 
 fn dot8(w: vec4<u32>, i: u32) -> f32 {
@@ -34,8 +39,8 @@ fn dot8(w: vec4<u32>, i: u32) -> f32 {
 @compute @workgroup_size(256)
 fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r = linear_group(wg, nwg) * ROWS + t / LANES;
+    let lane = t % RL;
+    let r = linear_group(wg, nwg) * (256u / RL) + t / RL;
     let blocks = P.k / 8u;
     var acc = 0.0;
     if (r < P.rows) {
@@ -43,11 +48,11 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         // Two independent accumulators keep two loads in flight per thread.
         var acc2 = 0.0;
         var i = lane;
-        for (; i + LANES < blocks; i += 2u * LANES) {
+        for (; i + RL < blocks; i += 2u * RL) {
             let w0 = W[base + i];
-            let w1 = W[base + i + LANES];
+            let w1 = W[base + i + RL];
             acc += dot8(w0, i);
-            acc2 += dot8(w1, i + LANES);
+            acc2 += dot8(w1, i + RL);
         }
         if (i < blocks) {
             acc += dot8(W[base + i], i);
@@ -56,7 +61,7 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     part[t] = acc;
     workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+    for (var s = RL / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
             part[t] += part[t + s];
         }

@@ -40,6 +40,9 @@ fn matmul(full: bool) -> Vec<Op> {
     let mut v = vec![
         c(1, 2 * 2112, 2816, BF16), // dense gate|up
         c(1, 1003, 72, F16),        // decode GEMV path, odd rows, few blocks
+        c(1, 77, 1536, BF16),       // decode GEMV, 64 lanes a row
+        c(1, 45, 8200, F16),        // decode GEMV, 64 lanes, many loads a lane, a short last pass
+        c(1, 4099, 64, BF16),       // decode GEMV past the short rows: 32 lanes
         c(1, 2816, 2112, BF16),     // dense down: a partial last column of blocks
         c(3, 131, 64, F16),         // gemv_rows, one weight row per lane group
         c(2, 4097, 64, BF16),       // gemv_rows, two per lane group, an odd last one

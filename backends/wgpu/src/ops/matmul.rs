@@ -109,6 +109,22 @@ struct GemvParams {
 const GEMV_ROWS: u32 = 8;
 /// Weight rows from which `gemv_rows` takes two rows per lane group.
 const GEMV_WIDE_ROWS: usize = 4096;
+/// Weight rows up to which `gemv` gives a row 64 lanes (`gemv_lanes`).
+const GEMV_SHORT_ROWS: usize = 4096;
+
+/// Threads per weight row of `gemv` (its `RL`): 64 for short weights, whose
+/// few workgroups cannot hide a lane's chain of round trips, 32 for the
+/// rest. On the H200 (BENCHMARKS.md, seventh session): o_proj sliding and
+/// full (2816 rows) 11.9 / 19.9 -> 9.9 / 15.8 us with 64, k_proj 8.9 -> 7.2;
+/// q_proj full (8192 rows) 14.7 -> 15.8 with 64, 128 and 256 lanes slower
+/// still for all but the full o_proj (17.6 with 256).
+fn gemv_lanes(rows: usize) -> u32 {
+    if rows <= GEMV_SHORT_ROWS {
+        64
+    } else {
+        32
+    }
+}
 
 /// The decode and prefill fast path (kernels/gemv.wgsl): up to 16 rows of x,
 /// 16-bit weights read 16 bytes per load, each weight row read once. Rows of a multiple-of-8 k start on 16-byte
@@ -137,13 +153,14 @@ fn gemv(
         } else {
             1
         };
+        let lanes = gemv_lanes(rows);
+        let one = [super::wdtype(w.dtype)[0], ("RL", lanes as i64)];
         let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
-        let (entry, constants) = if p.m == 1 {
-            ("gemv", &all[..1])
+        let (entry, constants, per_group) = if p.m == 1 {
+            ("gemv", &one[..], 256 / lanes)
         } else {
-            ("gemv_rows", &all[..])
+            ("gemv_rows", &all[..], GEMV_ROWS * rpl as u32)
         };
-        let per_group = GEMV_ROWS * rpl as u32;
         be.launch(Launch {
             kernel: "gemv",
             entry,
@@ -159,6 +176,23 @@ fn gemv(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The short decode projections of Gemma 4 26B-A4B take 64 lanes a
+    /// row, q|k|v and the LM head 32; both reach the kernel's bounds.
+    #[test]
+    fn gemv_lanes_by_rows() {
+        assert_eq!(gemv_lanes(262144), 32);
+        assert_eq!(gemv_lanes(8192 + 2 * 2048), 32);
+        assert_eq!(gemv_lanes(2816), 64);
+        assert_eq!(gemv_lanes(1), 64);
+        for rows in [1, GEMV_SHORT_ROWS, GEMV_SHORT_ROWS + 1] {
+            let l = gemv_lanes(rows);
+            assert!(
+                l.is_power_of_two() && (32..=256).contains(&l),
+                "{rows}: {l}"
+            );
+        }
+    }
 
     #[test]
     fn configs_fit_the_kernel() {
