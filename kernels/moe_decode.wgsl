@@ -1,10 +1,10 @@
 // MoE expert GEMVs for decode (m = 1) with 16-bit weights: the bandwidth-bound
 // fast path of kernels/moe.wgsl, laid out like kernels/gemv.wgsl. Each weight
-// row is read by 32 threads as vec4<u32> (8 weights, 16 bytes) per load,
+// row is read by LANES threads as vec4<u32> (8 weights, 16 bytes) per load,
 // consecutive threads on consecutive 16-byte blocks, with plain scalar
-// accumulators (no dynamically indexed arrays that could spill); 8 weight
-// rows per 256-thread workgroup, reduced in workgroup memory (no subgroup
-// operations).
+// accumulators (no dynamically indexed arrays that could spill); 256 / LANES
+// weight rows per 256-thread workgroup, reduced in workgroup memory (no
+// subgroup operations).
 //
 //   moe_gate_up_decode  ACT[j, i] = gelu_tanh(gate_e . x) * (up_e . x), e = IDS[j]
 //                       (hidden a multiple of 8: rows start on 16-byte boundaries)
@@ -59,8 +59,12 @@ struct Params {
 @group(1) @binding(8) var<storage, read> WTS2: array<f32>;
 @group(1) @binding(9) var<storage, read_write> OUT2: array<f32>;
 
-const LANES: u32 = 32u;
-const ROWS: u32 = 8u;
+// Threads per weight row (a power of two, 32 to 128, compiled in; the
+// launcher's choice per phase is in backends/wgpu/src/ops/moe.rs): weight
+// rows per workgroup ROWS, activation rows per gate_up workgroup PAIRS.
+override LANES: u32 = 32u;
+override ROWS: u32 = 256u / LANES;
+override PAIRS: u32 = 128u / LANES;
 var<workgroup> part_a: array<f32, 256>;
 
 // Eight weights (one 16-byte block) dotted with the 8 activations starting at
@@ -81,7 +85,7 @@ fn dot8_with(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>) -> f32 {
     return dot(vec4<f32>(a, b), x0) + dot(vec4<f32>(c, d), x1);
 }
 
-// Sum part_a over the 32 lanes of each row (into lane 0).
+// Sum part_a over the LANES lanes of each row (into lane 0).
 fn reduce_lanes(t: u32, lane: u32) {
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
@@ -105,15 +109,14 @@ const MAXK: u32 = 16u;
 var<workgroup> sid: array<u32, MAXK>;
 var<workgroup> swt: array<f32, MAXK>;
 
-// Workgroup g: slot j = g / nrb, activation rows i0 = (g % nrb) * 4 .. + 4.
-// Each 32 threads take one weight row: threads 0-127 the gate rows i0.., 128-255
-// the up rows i0.. (one row per 32 lanes rather than a gate and an up row
-// each: twice the lanes, each with half the loads in turn; on the H200 this
-// is 3x faster at top-8 of 128, see BENCHMARKS.md).
-const PAIRS: u32 = 4u;
+// Workgroup g: slot j = g / nrb, activation rows i0 = (g % nrb) * PAIRS ..
+// + PAIRS. Each LANES threads take one weight row: threads 0-127 the gate
+// rows i0.., 128-255 the up rows i0.. (one row per lane team rather than a
+// gate and an up row each: twice the lanes, each with half the loads in
+// turn; on the H200 this is 3x faster at top-8 of 128, see BENCHMARKS.md).
 
 // Thread t's role in workgroup g of a gate_up problem with nrb workgroups
-// per slot: slot j, activation rows i0 .. i0 + 4, its own weight row
+// per slot: slot j, activation rows i0 .. i0 + PAIRS, its own weight row
 // (`i`, gate or `up`) and lane.
 struct GateUpRole {
     j: u32,
@@ -147,7 +150,7 @@ fn gate_up_a(g: u32, t: u32) {
     }
     part_a[t] = acc;
     reduce_lanes(t, q.lane);
-    // Thread t < 4 writes activation row i0 + t (valid is the slot's, the
+    // Thread t < PAIRS writes activation row i0 + t (valid is the slot's, the
     // same for every thread).
     if (t < PAIRS && valid && q.i0 + t < n) {
         OUT[q.j * n + q.i0 + t] = gelu_tanh(part_a[t * LANES]) * part_a[(t + PAIRS) * LANES];
@@ -195,9 +198,10 @@ fn moe_gate_up_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     }
 }
 
-// Workgroup g: output rows g * 8 .. + 8, one row per 32 threads. The slots'
-// expert ids and weights are read once into workgroup memory; a lane then
-// walks its blocks of every slot's down row (TOPK x ceil(BK / 32) loads, a
+// Workgroup g: output rows g * ROWS .. + ROWS, one row per LANES threads.
+// The slots' expert ids and weights are read once into workgroup memory; a
+// lane then walks its blocks of every slot's down row (TOPK x ceil(BK /
+// LANES) loads, a
 // constant count), the sum over slots in registers in a fixed order:
 // deterministic, no atomics. (Loads without branches -- a select dropping
 // an absent slot and the last partial column -- were tried and reverted;
@@ -272,8 +276,8 @@ fn down_b(g: u32, t: u32) {
     }
 }
 
-// Workgroup g: token g / per, its output rows (g % per) * 8 .. + 8 (per =
-// ceil(hidden / 8)). Prefill batches of m <= 16 take this too: each
+// Workgroup g: token g / per, its output rows (g % per) * ROWS .. + ROWS (per =
+// ceil(hidden / ROWS)). Prefill batches of m <= 16 take this too: each
 // token reads its own k experts' rows, which on the H200 beats the route-list
 // kernel of kernels/moe.wgsl that reads each expert once for all its tokens
 // (moe_down M = 16: 1.03 ms there).

@@ -23,11 +23,15 @@ const GATE_UP_ROWS: usize = 8;
 const DOWN_ROWS: usize = 4;
 /// Tokens per phase-2 workgroup.
 const TOKENS_PER_GROUP: usize = 16;
-/// Output rows per workgroup of the decode kernels (kernels/moe_decode.wgsl).
-const DECODE_ROWS: usize = 8;
-/// Activation rows (gate and up row pairs) per `moe_gate_up_decode` workgroup
-/// (its `PAIRS`).
-const DECODE_PAIRS: usize = 4;
+/// Threads per weight row of the decode kernels (kernels/moe_decode.wgsl,
+/// their `LANES`): gate_up 128, down 64. Smaller workgroups of work finish
+/// closer together, and a decode step waits for the last: on the H200 in
+/// the decode step (seventh session, run 9) the dense+routed gate_up pair
+/// took 34.9 us a layer at 32 lanes, 33.0 at 128; the down pair 23.3 at 32,
+/// 23.0 at 64; decode 223.9 -> 228.7 tok/s. (Alone, in the per-op bench,
+/// gate_up is fastest at 32 lanes: 21.0 us against 21.5 at 128.)
+const DECODE_GATE_UP_LANES: usize = 128;
+const DECODE_DOWN_LANES: usize = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -247,17 +251,32 @@ fn decode_path(p: &Moe, k: usize, dtype: DType) -> bool {
 
 /// Pipeline constants of the decode gate_up kernels: weight dtype and
 /// 16-byte blocks per row (`hidden / 8`); the slot count is a parameter.
-fn gate_up_constants(dtype: DType, hidden: usize) -> [(&'static str, i64); 2] {
-    [super::wdtype(dtype)[0], ("BK", (hidden / 8) as i64)]
+fn gate_up_constants(dtype: DType, hidden: usize) -> [(&'static str, i64); 3] {
+    [
+        super::wdtype(dtype)[0],
+        ("BK", (hidden / 8) as i64),
+        ("LANES", DECODE_GATE_UP_LANES as i64),
+    ]
+}
+
+/// Activation rows (gate and up row pairs) per `moe_gate_up_decode`
+/// workgroup (its `PAIRS`) and output rows per `moe_down_decode` workgroup
+/// (its `ROWS`), from the lanes per weight row.
+fn decode_pairs() -> usize {
+    128 / DECODE_GATE_UP_LANES
+}
+fn decode_rows() -> usize {
+    256 / DECODE_DOWN_LANES
 }
 
 /// Pipeline constants of the decode down kernels: weight dtype, 16-byte
 /// blocks per row (`inter / 8`) and experts per token (constant trip counts).
-fn down_constants(dtype: DType, inter: usize, top_k: usize) -> [(&'static str, i64); 3] {
+fn down_constants(dtype: DType, inter: usize, top_k: usize) -> [(&'static str, i64); 4] {
     [
         super::wdtype(dtype)[0],
         ("BK", (inter / 8) as i64),
         ("TOPK", top_k as i64),
+        ("LANES", DECODE_DOWN_LANES as i64),
     ]
 }
 
@@ -271,7 +290,7 @@ pub(crate) fn moe_gate_up(
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
     if decode_path(&p, p.hidden, gu.dtype) {
-        let params = decode_params(&p, p.inter.div_ceil(DECODE_PAIRS));
+        let params = decode_params(&p, p.inter.div_ceil(decode_pairs()));
         let xb = one(x);
         return be.launch(Launch {
             kernel: "moe_decode",
@@ -382,8 +401,8 @@ pub(crate) fn moe_gate_up_pair(
         return moe_gate_up(be, b.x, b.gate_up, b.ids, b.act, b.p);
     }
     let nrb = (
-        a.p.inter.div_ceil(DECODE_PAIRS),
-        b.p.inter.div_ceil(DECODE_PAIRS),
+        a.p.inter.div_ceil(decode_pairs()),
+        b.p.inter.div_ceil(decode_pairs()),
     );
     let groups_a = (a.p.top_k * nrb.0) as u32;
     let params = pair_params(&a.p, &b.p, nrb, groups_a);
@@ -419,15 +438,15 @@ pub(crate) fn moe_down_pair(
         moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
         return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
     }
-    let groups_a = a.p.hidden.div_ceil(DECODE_ROWS) as u32;
+    let groups_a = a.p.hidden.div_ceil(decode_rows()) as u32;
     let params = pair_params(&a.p, &b.p, (0, 0), groups_a);
     be.launch(Launch {
         kernel: "moe_decode",
         entry: "moe_down_pair_decode",
         constants: &{
-            let [w, bk, topk] = down_constants(a.down.dtype, a.p.inter, a.p.top_k);
-            let [_, (_, bk2), (_, topk2)] = down_constants(b.down.dtype, b.p.inter, b.p.top_k);
-            [w, bk, topk, ("BK2", bk2), ("TOPK2", topk2)]
+            let [w, bk, topk, lanes] = down_constants(a.down.dtype, a.p.inter, a.p.top_k);
+            let [_, (_, bk2), (_, topk2), _] = down_constants(b.down.dtype, b.p.inter, b.p.top_k);
+            [w, bk, topk, lanes, ("BK2", bk2), ("TOPK2", topk2)]
         },
         params: bytemuck::bytes_of(&params),
         buffers: &[
@@ -474,7 +493,7 @@ pub(crate) fn moe_down(
                 (one(w), true),
                 (one(out), false),
             ],
-            groups: be.grid((p.m * p.hidden.div_ceil(DECODE_ROWS)) as u32),
+            groups: be.grid((p.m * p.hidden.div_ceil(decode_rows())) as u32),
         });
     }
     let (mut params, scratch) = route(be, ids, &p, true)?;
