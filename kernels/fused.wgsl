@@ -17,7 +17,8 @@ struct Params {
     eps: f32,
     scale: f32,
     flags: u32,
-    _p0: u32,
+    // post_attention_logits: the router's expert count
+    experts: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -67,6 +68,10 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     if (row >= P.rows) {
         return;
     }
+    post_attention_row(row, lid);
+}
+
+fn post_attention_row(row: u32, lid: u32) {
     let base = row * P.dim;
     let moe = (P.flags & 1u) != 0u;
     // Every input a thread needs is loaded first, so its loads are in flight
@@ -113,6 +118,65 @@ fn post_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
                 AMOE[base + i] = n * w2[j];
             }
         }
+    }
+}
+
+// ---- post_attention_logits: post_attention and the router's logits ----
+//
+// Decode (one row) with experts: workgroup 0 is post_attention; workgroup
+// 1 + e writes expert e's raw logit proj[e] . (r * eff_scale) for
+// router_topk (kernels/router.wgsl, which applies r's RMS, a factor common
+// to every expert), as router_logits would, one dependent dispatch
+// sooner. Each such workgroup recomputes r = x + rmsnorm(o) * w_post from
+// the same inputs with the same reduction, so it is the r workgroup 0
+// writes. The router's weight has the module's WDTYPE.
+
+@group(1) @binding(8) var<storage, read> RSCALE: array<f32>;
+@group(1) @binding(9) var<storage, read> RPROJ: array<u32>;
+@group(1) @binding(10) var<storage, read_write> RLOG: array<f32>;
+
+fn router_logit(e: u32, lid: u32) {
+    // Every load first, as post_attention's.
+    var v: array<f32, MAXPER>;
+    var x: array<f32, MAXPER>;
+    var w0: array<f32, MAXPER>;
+    var pw: array<f32, MAXPER>;
+    var ss = 0.0;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        var o = 0.0;
+        if (i < P.dim) {
+            o = AO[i];
+            x[j] = AX[i];
+            w0[j] = decode_as(AW0[word_of(i, WD0)], i, WD0);
+            let gi = e * P.dim + i;
+            pw[j] = decode_weight(RPROJ[weight_word(gi)], gi) * RSCALE[i];
+        }
+        v[j] = o;
+        ss += o * o;
+    }
+    let inv = inv_rms(block_sum(ss, lid));
+    var acc = 0.0;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < P.dim) {
+            acc += pw[j] * (v[j] * inv * w0[j] + x[j]);
+        }
+    }
+    let sum = block_sum(acc, lid);
+    if (lid == 0u) {
+        RLOG[e] = sum;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn post_attention_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let g = linear_group(wg, nwg);
+    if (g == 0u) {
+        post_attention_row(0u, lid);
+    } else if (g <= P.experts) {
+        router_logit(g - 1u, lid);
     }
 }
 

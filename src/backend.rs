@@ -72,6 +72,31 @@ impl<B> DownArgs<'_, B> {
     }
 }
 
+/// The arguments of one [`ComputeBackend::post_attention`] with experts,
+/// for [`ComputeBackend::post_attention_router`].
+pub struct PostAttentionArgs<'a, B> {
+    pub o: &'a B,
+    pub x: &'a B,
+    pub w_post: &'a B,
+    pub w_ff: &'a B,
+    pub r: &'a B,
+    pub ff: &'a B,
+    /// `(w_moe, out)`: the routed branch's pre-norm of r.
+    pub moe: (&'a B, &'a B),
+    pub p: PostAttention,
+}
+
+/// The arguments of one [`ComputeBackend::router`] but its input, for
+/// [`ComputeBackend::post_attention_router`] (which routes the residual).
+pub struct RouterArgs<'a, B> {
+    pub eff_scale: &'a B,
+    pub proj: &'a B,
+    pub per_expert_scale: &'a B,
+    pub ids: &'a B,
+    pub weights: &'a B,
+    pub p: Router,
+}
+
 /// What kind of device a backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceType {
@@ -431,6 +456,45 @@ pub trait ComputeBackend {
         moe: Option<(&Self::Buffer, &Self::Buffer)>,
         p: PostAttention,
     ) -> Result<()>;
+
+    /// [`ComputeBackend::post_attention`] on `pa`, then
+    /// [`ComputeBackend::router`] on its residual `pa.r`: the two calls
+    /// between o_proj and the MoE phases of a layer with experts, as one so
+    /// that a GPU can compute the router's logits in the post-attention
+    /// launch (each logit's workgroup recomputing the residual row it reads)
+    /// and save a dependent dispatch a layer. The router's outputs may not
+    /// alias any of post_attention's buffers.
+    fn post_attention_router(
+        &self,
+        pa: PostAttentionArgs<'_, Self::Buffer>,
+        router: RouterArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        let pa_bufs = [
+            pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, pa.moe.0, pa.moe.1,
+        ];
+        for out in [router.ids, router.weights] {
+            crate::ops::no_alias("post_attention_router", out, &pa_bufs.map(Some))?;
+        }
+        self.post_attention(
+            pa.o,
+            pa.x,
+            pa.w_post,
+            pa.w_ff,
+            pa.r,
+            pa.ff,
+            Some(pa.moe),
+            pa.p,
+        )?;
+        self.router(
+            pa.r,
+            router.eff_scale,
+            router.proj,
+            router.per_expert_scale,
+            router.ids,
+            router.weights,
+            router.p,
+        )
+    }
 
     /// [`PostFfn`]: `h = rmsnorm(dense) * w_dense`; with
     /// `moe = Some((moe_out, w_moe, w_sum))`,

@@ -15,7 +15,7 @@ pub mod rng;
 
 pub use backend::{
     BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, GateUpArgs, GemmRounding,
-    HostBytes, ReadTicket, Support,
+    HostBytes, PostAttentionArgs, ReadTicket, RouterArgs, Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -138,6 +138,11 @@ fn post_attention() {
 }
 
 #[test]
+fn post_attention_router() {
+    family("post_attention_router");
+}
+
+#[test]
 fn post_ffn() {
     family("post_ffn");
 }
@@ -171,6 +176,11 @@ fn qkv_post_without_subgroups() {
 #[test]
 fn post_attention_without_subgroups() {
     family_without_subgroups("post_attention");
+}
+
+#[test]
+fn post_attention_router_without_subgroups() {
+    family_without_subgroups("post_attention_router");
 }
 #[test]
 fn attention_without_subgroups() {

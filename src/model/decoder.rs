@@ -1,7 +1,7 @@
 //! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
 //!
 //! One forward pass over `m` tokens (a prefill batch, or one decode
-//! token) records, per layer (9 ops, 11 dispatches, when decoding):
+//! token) records, per layer (8 ops, 10 dispatches, when decoding):
 //!
 //! ```text
 //! y   = input_layernorm(x)                   (the previous layer's post_ffn)
@@ -11,9 +11,10 @@
 //!                                            (qkv_post)
 //! a   = attention(q, cache, scale 1, window on sliding layers)
 //! r   = x + post_attention_layernorm(o_proj a);
-//!       ff = pre_ff(r); moe_in = pre_ff_2(r) (post_attention)
+//!       ff = pre_ff(r); moe_in = pre_ff_2(r); with experts the router on r
+//!                                            (post_attention_router)
 //! h1  = down(gelu(gate ff) * up ff)          (decode: a one-expert moe_gate_up)
-//! h2  = moe(moe_in, router(r))
+//! h2  = moe(moe_in, the router's choice)
 //! x   = (r + post_feedforward_layernorm(post_ff_1 h1 + post_ff_2 h2))
 //!       * layer_scalar, and the next layer's input norm of x
 //!                                            (post_ffn)
@@ -26,7 +27,9 @@
 
 use std::time::Instant;
 
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, HostBytes};
+use crate::backend::{
+    ComputeBackend, DownArgs, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs,
+};
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
@@ -744,21 +747,52 @@ impl<B: ComputeBackend> Model<B> {
             },
         )?;
         be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })?;
-        // r = x + post_attention_layernorm(o), and the branches' pre-norms of r.
-        be.post_attention(
-            &s.o,
-            &s.x,
-            &w.post_attn_norm,
-            &w.pre_ff_norm,
-            &s.r,
-            &s.ff_in,
-            w.moe.as_ref().map(|moe| (&moe.pre_norm, &s.moe_in)),
-            PostAttention {
-                rows: m,
-                dim: h,
-                eps: cfg.eps,
-            },
-        )?;
+        // r = x + post_attention_layernorm(o), and the branches' pre-norms of
+        // r; with experts, the router on r (it reads r, not a pre-norm) in
+        // the same call.
+        let pa = PostAttention {
+            rows: m,
+            dim: h,
+            eps: cfg.eps,
+        };
+        match &w.moe {
+            Some(moe) => be.post_attention_router(
+                PostAttentionArgs {
+                    o: &s.o,
+                    x: &s.x,
+                    w_post: &w.post_attn_norm,
+                    w_ff: &w.pre_ff_norm,
+                    r: &s.r,
+                    ff: &s.ff_in,
+                    moe: (&moe.pre_norm, &s.moe_in),
+                    p: pa,
+                },
+                RouterArgs {
+                    eff_scale: &moe.eff_scale,
+                    proj: &moe.router_proj,
+                    per_expert_scale: &moe.per_expert_scale,
+                    ids: &s.route_ids,
+                    weights: &s.route_w,
+                    p: Router {
+                        m,
+                        hidden: h,
+                        experts: cfg.experts,
+                        top_k: cfg.top_k,
+                        eps: cfg.eps,
+                    },
+                },
+            )?,
+            None => be.post_attention(
+                &s.o,
+                &s.x,
+                &w.post_attn_norm,
+                &w.pre_ff_norm,
+                &s.r,
+                &s.ff_in,
+                None,
+                pa,
+            )?,
+        }
 
         // ---- the two branches: dense MLP and routed experts ----
         let inter = cfg.intermediate;
@@ -793,22 +827,6 @@ impl<B: ComputeBackend> Model<B> {
         // post_ff(dense).
         let (w_dense, moe) = match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
-                // The router reads r, not a pre-norm.
-                be.router(
-                    &s.r,
-                    &moe.eff_scale,
-                    &moe.router_proj,
-                    &moe.per_expert_scale,
-                    &s.route_ids,
-                    &s.route_w,
-                    Router {
-                        m,
-                        hidden: h,
-                        experts: cfg.experts,
-                        top_k: cfg.top_k,
-                        eps: cfg.eps,
-                    },
-                )?;
                 let mp = Moe {
                     m,
                     hidden: h,

@@ -377,6 +377,33 @@ fn fused() -> Vec<Op> {
     ]
 }
 
+/// post_attention and the router in one call (the decode path fuses the
+/// router's logits into post_attention's launch).
+fn post_attention_router() -> Vec<Op> {
+    let c = |rows, dim, experts, top_k, w, pw| Op::PostAttentionRouter {
+        p: PostAttention {
+            rows,
+            dim,
+            eps: EPS,
+        },
+        r: Router {
+            m: rows,
+            hidden: dim,
+            experts,
+            top_k,
+            eps: EPS,
+        },
+        w,
+        pw,
+    };
+    vec![
+        c(1, 2816, 128, 8, BF16, BF16), // Gemma 4 26B-A4B
+        c(1, 1000, 9, 3, F32, F16),     // a row not a multiple of the threads
+        c(1, 64, 5, 2, BF16, F32),      // f32 router weights: two launches
+        c(3, 130, 6, 2, F16, BF16),     // several rows: two launches
+    ]
+}
+
 fn cases(full: bool) -> Vec<Op> {
     [
         rms_norm(),
@@ -389,6 +416,7 @@ fn cases(full: bool) -> Vec<Op> {
         attention(full),
         glue(),
         fused(),
+        post_attention_router(),
     ]
     .concat()
 }

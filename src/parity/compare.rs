@@ -156,6 +156,47 @@ fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTenso
     Ok(nmse(&sorted_r, &sorted_d))
 }
 
+/// post_attention's three rows at its own family's limit, then the router
+/// as its family judges it, on the reference's residual (ties allowed),
+/// its weights at `limit`.
+fn judge_post_attention_router(
+    op: &Op,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
+    let Op::PostAttentionRouter { p, r: rp, w, pw } = op else {
+        unreachable!()
+    };
+    let pa = Op::PostAttention {
+        p: *p,
+        moe: true,
+        w: *w,
+    };
+    let pa_limit = pa.limit();
+    let n = p.rows * p.dim;
+    let mut worst = 0f64;
+    for j in 0..3 {
+        let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
+        worst = worst.max(e);
+        if e > pa_limit {
+            return Err((
+                e,
+                format!("output {j}: NMSE {e:.3e} over the limit {pa_limit:.0e}"),
+            ));
+        }
+    }
+    let router = Op::Router { p: *rp, w: *pw };
+    let mut router_inputs = vec![HostTensor::F32(f32s(&r[0])[..n].to_vec())];
+    router_inputs.extend(inputs[5..8].iter().cloned());
+    let e = judge_router(&router, &router_inputs, &r[3..5], &d[3..5])?;
+    if e > limit {
+        return Err((e, format!("router weights NMSE {e:.3e} over {limit:.0e}")));
+    }
+    Ok(worst.max(e))
+}
+
 fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
     let Op::Argmax { rows, n } = op else {
         unreachable!()
@@ -192,6 +233,9 @@ pub fn judge(
             return Ok(e);
         }
         Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
+        Op::PostAttentionRouter { .. } => {
+            return judge_post_attention_router(op, limit, inputs, r, d)
+        }
         _ => {}
     }
     let mut worst = 0f64;

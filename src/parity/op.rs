@@ -2,7 +2,7 @@
 //! how to record it on any backend.
 
 use super::{HostTensor, OutSpec};
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs};
+use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, PostAttentionArgs, RouterArgs};
 use crate::dtype::encode_f32;
 use crate::ops::{
     Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
@@ -100,6 +100,14 @@ pub enum Op {
         moe: bool,
         w: DType,
     },
+    /// `post_attention_router`: post_attention with experts (norm weights of
+    /// dtype `w`), then the router on its residual (weight of dtype `pw`).
+    PostAttentionRouter {
+        p: PostAttention,
+        r: Router,
+        w: DType,
+        pw: DType,
+    },
     /// `moe`: the experts branch; `next`: the next layer's normed input.
     PostFfn {
         p: PostFfn,
@@ -172,6 +180,7 @@ impl Op {
             Op::Embed { .. } => "embed",
             Op::Argmax { .. } => "argmax",
             Op::PostAttention { .. } => "post_attention",
+            Op::PostAttentionRouter { .. } => "post_attention_router",
             Op::PostFfn { .. } => "post_ffn",
             Op::QkvPost { .. } => "qkv_post",
         }
@@ -229,6 +238,10 @@ impl Op {
             Op::PostAttention { p, moe, w } => {
                 format!("{f}(rows={},dim={},moe={moe},w={w})", p.rows, p.dim)
             }
+            Op::PostAttentionRouter { p, r, w, pw } => format!(
+                "{f}(rows={},dim={},e={},k={},w={w},pw={pw})",
+                p.rows, p.dim, r.experts, r.top_k
+            ),
             Op::PostFfn { p, moe, next, w } => format!(
                 "{f}(rows={},dim={},moe={moe},next={next},scale={},w={w})",
                 p.rows, p.dim, p.scale
@@ -260,7 +273,9 @@ impl Op {
             Op::Softcap { .. } => OpKind::Softcap,
             Op::Embed { w, .. } => OpKind::Embed { w: *w },
             Op::Argmax { .. } => OpKind::Argmax,
-            Op::PostAttention { p, .. } => OpKind::PostAttention { dim: p.dim as u32 },
+            Op::PostAttention { p, .. } | Op::PostAttentionRouter { p, .. } => {
+                OpKind::PostAttention { dim: p.dim as u32 }
+            }
             Op::PostFfn { p, .. } => OpKind::PostFfn { dim: p.dim as u32 },
             Op::QkvPost { p, .. } => OpKind::QkvPost {
                 head_dim: p.head_dim as u32,
@@ -287,6 +302,7 @@ impl Op {
             // Dot products of thousands of terms, reordered.
             Op::Matmul { .. }
             | Op::Router { .. }
+            | Op::PostAttentionRouter { .. }
             | Op::MoeGateUp { .. }
             | Op::MoeDown { .. }
             | Op::MoeGateUpPair { .. }
@@ -431,6 +447,21 @@ impl Op {
                 }
                 v
             }
+            Op::PostAttentionRouter { p, r, w, pw } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![
+                    HostTensor::F32(rng.vec_normal(n, 2.0)),
+                    HostTensor::F32(rng.vec_normal(n, 1.0)),
+                    norm_weight(rng, *w, p.dim),
+                    norm_weight(rng, *w, p.dim),
+                    norm_weight(rng, *w, p.dim),
+                ];
+                // The router's scale, weight and per-expert scale, as its own
+                // family draws them.
+                let router = Op::Router { p: *r, w: *pw };
+                v.extend(router.inputs(rng).into_iter().skip(1));
+                v
+            }
             Op::PostFfn { p, moe, next, w } => {
                 let n = p.rows * p.dim;
                 let mut v = vec![
@@ -486,6 +517,17 @@ impl Op {
             Op::GeluMul { rows, n } => vec![OutSpec::F32(rows * n)],
             Op::Embed { p, .. } => vec![OutSpec::F32(p.m * p.hidden)],
             Op::Argmax { rows, .. } => vec![OutSpec::U32(*rows)],
+            Op::PostAttentionRouter { p, r, .. } => {
+                let n = p.rows * p.dim;
+                let k = r.m * r.top_k;
+                vec![
+                    OutSpec::F32(n),
+                    OutSpec::F32(n),
+                    OutSpec::F32(n),
+                    OutSpec::U32(k),
+                    OutSpec::F32(k),
+                ]
+            }
             Op::PostAttention { p, moe, .. } => {
                 let n = p.rows * p.dim;
                 let mut v = vec![OutSpec::F32(n), OutSpec::F32(n)];
@@ -572,6 +614,26 @@ impl Op {
             Op::Softcap { n, cap } => b.softcap(&i[0], &o[0], *n, *cap),
             Op::Embed { p, .. } => b.embed(&i[0], &i[1], &o[0], *p),
             Op::Argmax { rows, n } => b.argmax(&i[0], &o[0], *rows, *n),
+            Op::PostAttentionRouter { p, r, .. } => b.post_attention_router(
+                PostAttentionArgs {
+                    o: &i[0],
+                    x: &i[1],
+                    w_post: &i[2],
+                    w_ff: &i[3],
+                    r: &o[0],
+                    ff: &o[1],
+                    moe: (&i[4], &o[2]),
+                    p: *p,
+                },
+                RouterArgs {
+                    eff_scale: &i[5],
+                    proj: &i[6],
+                    per_expert_scale: &i[7],
+                    ids: &o[3],
+                    weights: &o[4],
+                    p: *r,
+                },
+            ),
             Op::PostAttention { p, moe, .. } => {
                 let m = moe.then(|| (&i[4], &o[2]));
                 b.post_attention(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], m, *p)

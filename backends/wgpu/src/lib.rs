@@ -21,8 +21,8 @@ use turbospark::ops::{
     RmsNorm, Rope, Router,
 };
 use turbospark::{
-    BackendInfo, ComputeBackend, DType, DownArgs, Error, GateUpArgs, HostBytes, ReadTicket, Result,
-    Support,
+    BackendInfo, ComputeBackend, DType, DownArgs, Error, GateUpArgs, HostBytes, PostAttentionArgs,
+    ReadTicket, Result, RouterArgs, Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -349,6 +349,54 @@ fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     Ok(())
 }
 
+/// The router's argument checks (shapes, aliasing, single bindings).
+#[allow(clippy::too_many_arguments)]
+fn check_router(
+    x: &WgpuBuffer,
+    scale: &WgpuBuffer,
+    proj: &WgpuBuffer,
+    pes: &WgpuBuffer,
+    ids: &WgpuBuffer,
+    wts: &WgpuBuffer,
+    p: Router,
+) -> Result<()> {
+    p.validate(x, scale, proj, pes, ids, wts)?;
+    v::no_alias(
+        "router",
+        ids,
+        &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
+    )?;
+    v::no_alias(
+        "router",
+        wts,
+        &[Some(x), Some(scale), Some(proj), Some(pes)],
+    )?;
+    whole(
+        "router",
+        &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
+    )
+}
+
+impl WgpuBackend {
+    /// post_attention's argument checks and device support.
+    #[allow(clippy::too_many_arguments)]
+    fn check_post_attention(
+        &self,
+        o: &WgpuBuffer,
+        x: &WgpuBuffer,
+        w_post: &WgpuBuffer,
+        w_ff: &WgpuBuffer,
+        r: &WgpuBuffer,
+        ff: &WgpuBuffer,
+        moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
+        p: PostAttention,
+    ) -> Result<()> {
+        const OP: &str = "post_attention";
+        whole(OP, &p.check(o, x, w_post, w_ff, r, ff, moe)?)?;
+        self.require(OP, OpKind::PostAttention { dim: p.dim as u32 })
+    }
+}
+
 impl ComputeBackend for WgpuBackend {
     type Buffer = WgpuBuffer;
 
@@ -534,21 +582,7 @@ impl ComputeBackend for WgpuBackend {
         wts: &WgpuBuffer,
         p: Router,
     ) -> Result<()> {
-        p.validate(x, scale, proj, pes, ids, wts)?;
-        v::no_alias(
-            "router",
-            ids,
-            &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
-        )?;
-        v::no_alias(
-            "router",
-            wts,
-            &[Some(x), Some(scale), Some(proj), Some(pes)],
-        )?;
-        whole(
-            "router",
-            &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
-        )?;
+        check_router(x, scale, proj, pes, ids, wts, p)?;
         ops::moe::router(self, x, scale, proj, pes, ids, wts, p)
     }
 
@@ -720,10 +754,36 @@ impl ComputeBackend for WgpuBackend {
         moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
         p: PostAttention,
     ) -> Result<()> {
-        const OP: &str = "post_attention";
-        whole(OP, &p.check(o, x, w_post, w_ff, r, ff, moe)?)?;
-        self.require(OP, OpKind::PostAttention { dim: p.dim as u32 })?;
+        self.check_post_attention(o, x, w_post, w_ff, r, ff, moe, p)?;
         ops::fused::post_attention(self, o, x, w_post, w_ff, r, ff, moe, p)
+    }
+
+    fn post_attention_router(
+        &self,
+        pa: PostAttentionArgs<'_, WgpuBuffer>,
+        router: RouterArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        let moe = Some(pa.moe);
+        self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
+        let pa_bufs = [
+            pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, pa.moe.0, pa.moe.1,
+        ];
+        for out in [router.ids, router.weights] {
+            v::no_alias("post_attention_router", out, &pa_bufs.map(Some))?;
+        }
+        let (s, proj, pes, ids, wts) = (
+            router.eff_scale,
+            router.proj,
+            router.per_expert_scale,
+            router.ids,
+            router.weights,
+        );
+        check_router(pa.r, s, proj, pes, ids, wts, router.p)?;
+        if ops::fused::post_attention_router(self, &pa, &router)? {
+            return Ok(());
+        }
+        ops::fused::post_attention(self, pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
+        ops::moe::router(self, pa.r, s, proj, pes, ids, wts, router.p)
     }
 
     fn post_ffn(

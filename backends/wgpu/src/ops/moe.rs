@@ -82,14 +82,7 @@ pub(crate) fn router(
     p: Router,
 ) -> Result<()> {
     let pb = weight(be, proj, "router")?;
-    let logits = super::scratch_buffer(
-        be,
-        |s| &mut s.router,
-        DType::F32,
-        p.m * p.experts,
-        4096,
-        "router logits",
-    )?;
+    let logits = router_logits_buffer(be, &p)?;
     let params = RouterParams {
         m: p.m as u32,
         hidden: p.hidden as u32,
@@ -142,17 +135,53 @@ pub(crate) fn router(
         // tensor-core path, and top-k choices should not hinge on f16 x)
         super::gemm::dense(be, proj, one(&first_out), one(&logits), mm, false)?;
     }
+    router_topk(be, x, s, proj, pes, &logits, (ids, w), p)
+}
+
+/// The scratch the router's raw logits go through (`[m, experts]`).
+pub(crate) fn router_logits_buffer(be: &WgpuBackend, p: &Router) -> Result<WgpuBuffer> {
+    super::scratch_buffer(
+        be,
+        |s| &mut s.router,
+        DType::F32,
+        p.m * p.experts,
+        4096,
+        "router logits",
+    )
+}
+
+/// The router's second dispatch: top-k of the raw `logits` of x's rows
+/// (scaled by each row's RMS), their softmax and per-expert scale, into
+/// `(ids, weights)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn router_topk(
+    be: &WgpuBackend,
+    x: &WgpuBuffer,
+    s: &WgpuBuffer,
+    proj: &WgpuBuffer,
+    pes: &WgpuBuffer,
+    logits: &WgpuBuffer,
+    (ids, w): (&WgpuBuffer, &WgpuBuffer),
+    p: Router,
+) -> Result<()> {
+    let params = RouterParams {
+        m: p.m as u32,
+        hidden: p.hidden as u32,
+        experts: p.experts as u32,
+        top_k: p.top_k as u32,
+        eps: p.eps,
+    };
     be.launch(Launch {
         kernel: "router",
         entry: "router_topk",
-        constants: &constants,
+        constants: &super::wdtype(proj.dtype),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(x), true),
             (one(s), true),
-            (pb, true),
+            (weight(be, proj, "router")?, true),
             (one(pes), true),
-            (one(&logits), false),
+            (one(logits), false),
             (one(ids), false),
             (one(w), false),
         ],
