@@ -2,6 +2,7 @@
 //! when it is larger than one storage binding (the 1.48 GB tied LM head on
 //! lavapipe's 128 MiB or a small Mac's binding limit).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use turbospark::{DType, DeviceBuffer};
@@ -16,6 +17,38 @@ pub struct Chunk {
     /// bind-group cache lets go of it (a cached bind group keeps its
     /// buffers alive).
     pub(crate) reaper: Reaper,
+    /// The backend's count of storage bytes held, given back on drop.
+    pub(crate) memory: Arc<MemoryUse>,
+}
+
+/// Device bytes held in storage buffers (tensors and the backends' scratch),
+/// now and at the most since the count began or was last reset.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryUse {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemoryUse {
+    pub(crate) fn hold(&self, bytes: u64) {
+        let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(live, Ordering::Relaxed);
+    }
+    fn release(&self, bytes: u64) {
+        self.live.fetch_sub(bytes, Ordering::Relaxed);
+    }
+    /// `(live, peak)` bytes.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.live.load(Ordering::Relaxed),
+            self.peak.load(Ordering::Relaxed),
+        )
+    }
+    /// Start the peak again from what is held now.
+    pub(crate) fn reset_peak(&self) {
+        self.peak
+            .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 /// Buffers whose last handle was dropped, waiting for the bind-group cache
@@ -24,6 +57,7 @@ pub(crate) type Reaper = Arc<Mutex<Vec<wgpu::Buffer>>>;
 
 impl Drop for Chunk {
     fn drop(&mut self) {
+        self.memory.release(self.buffer.size());
         self.reaper
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -46,6 +46,8 @@ pub struct WgpuBackend {
     limits: wgpu::Limits,
     cache: kernels::Cache,
     binds: kernels::BindCache,
+    /// Storage bytes held (`WgpuBackend::memory`).
+    memory: Arc<buffer::MemoryUse>,
     params_layout: wgpu::BindGroupLayout,
     params_buffer: wgpu::Buffer,
     /// One bind group per parameter slot of the arena (static offsets rather
@@ -135,6 +137,7 @@ impl WgpuBackend {
             limits: o.limits,
             cache: kernels::Cache::new(subgroups),
             binds: kernels::BindCache::default(),
+            memory: Default::default(),
             params_layout,
             params_buffer,
             params_groups,
@@ -203,6 +206,8 @@ impl WgpuBackend {
                 "buffer `{label}` of {bytes} bytes: {e}"
             )));
         }
+        // (every storage buffer becomes a Chunk, which gives the bytes back)
+        self.memory.hold(b.size());
         Ok(b)
     }
 
@@ -232,6 +237,7 @@ impl WgpuBackend {
                 row_start: 0,
                 rows: 1,
                 reaper: self.binds.reaper(),
+                memory: self.memory.clone(),
             }]),
             dtype,
             len,
@@ -274,6 +280,20 @@ impl WgpuBackend {
     }
 
     /// The adapter's limits as wgpu reports them (for tools).
+    /// Device bytes held in storage buffers (tensors and the backend's
+    /// scratch; not the small uniform and readback buffers): `(now, peak)`,
+    /// the peak since the backend opened or [`WgpuBackend::reset_peak_memory`].
+    /// A dropped buffer counts as given back at once; wgpu frees it when no
+    /// recorded work and no cached bind group holds it any more.
+    pub fn memory(&self) -> (u64, u64) {
+        self.memory.get()
+    }
+
+    /// Start [`WgpuBackend::memory`]'s peak again from what is held now.
+    pub fn reset_peak_memory(&self) {
+        self.memory.reset_peak()
+    }
+
     pub fn wgpu_limits(&self) -> &wgpu::Limits {
         &self.limits
     }
@@ -484,6 +504,7 @@ impl ComputeBackend for WgpuBackend {
                 row_start: r,
                 rows: n,
                 reaper: self.binds.reaper(),
+                memory: self.memory.clone(),
             });
             r += n;
         }
@@ -857,6 +878,24 @@ pub(crate) mod tests {
             }
             Err(e) => panic!("the wgpu backend does not open as asked: {e}"),
         }
+    }
+
+    /// The storage byte count follows allocations and drops; its peak stays
+    /// until reset.
+    #[test]
+    fn memory_counts_storage_buffers() {
+        let Some(be) = backend() else { return };
+        let (live0, _) = be.memory();
+        let a = be.alloc(DType::F32, 1000, "a").unwrap();
+        let b = be.alloc(DType::BF16, 3, "b").unwrap();
+        // (sizes round up to whole words)
+        assert_eq!(be.memory(), (live0 + 4000 + 8, live0 + 4000 + 8));
+        drop(a);
+        assert_eq!(be.memory(), (live0 + 8, live0 + 4008));
+        be.reset_peak_memory();
+        assert_eq!(be.memory(), (live0 + 8, live0 + 8));
+        drop(b);
+        assert_eq!(be.memory().0, live0);
     }
 
     /// The bind-group cache reuses a group for the same buffers and lets go

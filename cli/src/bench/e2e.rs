@@ -11,6 +11,7 @@ use turbospark::{ComputeBackend, DType};
 use turbospark_wgpu::WgpuBackend;
 
 use super::Args;
+use crate::common::human_bytes;
 
 /// What the report holds when no end-to-end run was asked for.
 pub fn not_run() -> Value {
@@ -28,6 +29,12 @@ pub trait Counters {
     fn profile_stop(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
     }
+    /// Device bytes held `(now, peak)`, where the backend counts them.
+    fn memory(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// Start the peak of [`Counters::memory`] again from what is held now.
+    fn reset_peak_memory(&self) {}
 }
 
 impl Counters for WgpuBackend {
@@ -39,6 +46,12 @@ impl Counters for WgpuBackend {
     }
     fn profile_stop(&self) -> Vec<(&'static str, f64)> {
         WgpuBackend::profile_stop(self).unwrap_or_default()
+    }
+    fn memory(&self) -> Option<(u64, u64)> {
+        Some(WgpuBackend::memory(self))
+    }
+    fn reset_peak_memory(&self) {
+        WgpuBackend::reset_peak_memory(self)
     }
 }
 
@@ -138,6 +151,10 @@ fn measure<B: ComputeBackend + Counters>(
     let bytes_per_token = cfg.bytes_per_token(DType::BF16);
     let source = SyntheticSource::new(cfg.clone(), seed)?;
     eprintln!("bench: end to end: loading synthetic {name} on {device}");
+    // (what the backend held before, e.g. from the per-op cases, is not the
+    // model's)
+    backend.reset_peak_memory();
+    let held_before = backend.memory().map_or(0, |m| m.0);
     let t = std::time::Instant::now();
     let mut model = Model::load(
         backend,
@@ -148,6 +165,9 @@ fn measure<B: ComputeBackend + Counters>(
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();
+    // Device bytes once loaded (weights, KV caches, decode scratch); the
+    // peak below adds the prefill batches' scratch.
+    let loaded_bytes = model.backend().memory().map(|m| m.0 - held_before);
     let mut rng = Rng::new(seed);
     let vocab = cfg.vocab as u64;
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
@@ -209,14 +229,23 @@ fn measure<B: ComputeBackend + Counters>(
         let steps = (chunks + decode) as f64;
         ((d1 - d0) as f64 / steps, (s1 - s0) as f64 / steps)
     });
+    let peak_bytes = model.backend().memory().map(|m| m.1 - held_before);
     let note = format!(
-        "{name} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}",
+        "{name} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}",
         g.prefill_tok_s,
         g.decode_tok_s,
         bound_tok_s
             .map(|b| format!(
                 ", bandwidth bound {b:.1} tok/s ({:.0}% of it)",
                 100.0 * g.decode_tok_s / b
+            ))
+            .unwrap_or_default(),
+        loaded_bytes
+            .zip(peak_bytes)
+            .map(|(l, p)| format!(
+                "; device memory {} loaded, {} at peak",
+                human_bytes(l),
+                human_bytes(p)
             ))
             .unwrap_or_default()
     );
@@ -231,6 +260,11 @@ fn measure<B: ComputeBackend + Counters>(
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
         "bytes_per_token": bytes_per_token,
+        // Storage bytes the backend held (where it counts them): once the
+        // model was loaded, and at most over the whole run (prefill
+        // batches' scratch included).
+        "device_bytes_loaded": loaded_bytes,
+        "device_bytes_peak": peak_bytes,
         "bandwidth_bound_tok_s": bound_tok_s,
         "decode_share_of_bound": bound_tok_s.map(|b| g.decode_tok_s / b),
         // Averages over every forward pass of the timed run (prefill chunks
