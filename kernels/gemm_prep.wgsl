@@ -32,8 +32,13 @@ fn bm() -> u32 {
 // conversion is given a value it holds exactly, and every device, and the
 // CPU reference's model of this kernel, gets the same halves. (Below f16's
 // normal range, 2^28 under the row's largest, the conversion still rounds.)
+// Inf and NaN pass unchanged: the carry would turn a NaN's payload into
+// an inf or a sign flip.
 fn nearest_half(v: f32) -> f32 {
     let b = bitcast<u32>(v);
+    if ((b & 0x7f800000u) == 0x7f800000u) {
+        return v;
+    }
     return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
 }
 

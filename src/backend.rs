@@ -97,6 +97,20 @@ pub struct RouterArgs<'a, B> {
     pub p: Router,
 }
 
+impl<B: DeviceBuffer> RouterArgs<'_, B> {
+    /// That the router's outputs alias none of `pa`'s buffers (the fused
+    /// op's own rule, on top of each op's checks).
+    pub fn check_apart_from(&self, pa: &PostAttentionArgs<'_, B>) -> Result<()> {
+        let pa_bufs = [
+            pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, pa.moe.0, pa.moe.1,
+        ];
+        for out in [self.ids, self.weights] {
+            crate::ops::no_alias("post_attention_router", out, &pa_bufs.map(Some))?;
+        }
+        Ok(())
+    }
+}
+
 /// What kind of device a backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceType {
@@ -469,12 +483,7 @@ pub trait ComputeBackend {
         pa: PostAttentionArgs<'_, Self::Buffer>,
         router: RouterArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        let pa_bufs = [
-            pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, pa.moe.0, pa.moe.1,
-        ];
-        for out in [router.ids, router.weights] {
-            crate::ops::no_alias("post_attention_router", out, &pa_bufs.map(Some))?;
-        }
+        router.check_apart_from(&pa)?;
         self.post_attention(
             pa.o,
             pa.x,

@@ -86,10 +86,23 @@ fn batched_and_single<B: ComputeBackend>(be: B, o: ModelOptions, n: usize) {
 /// (`f32` None), else within [`CROSS_BACKEND_NMSE`] plus 4x each row's
 /// NMSE from `want` to its f32 twin in `f32`; the same argmax either way.
 fn within(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], f32: Option<&[Vec<f32>]>) {
+    assert_eq!(got.len(), want.len(), "row count {what}");
+    if let Some(f) = f32 {
+        assert_eq!(f.len(), want.len(), "f32 row count {what}");
+    }
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let limit = match f32 {
             None => SAME_PATH_NMSE,
-            Some(f) => CROSS_BACKEND_NMSE + 4.0 * nmse(w, &f[i]),
+            Some(f) => {
+                // The rounding reference is held near f32 (1e-4 at most) so
+                // that a wrong reference cannot widen the limit.
+                let spread = nmse(w, &f[i]);
+                assert!(
+                    spread < 1e-4,
+                    "row {i}: reference {spread:e} from f32 {what}"
+                );
+                CROSS_BACKEND_NMSE + 4.0 * spread
+            }
         };
         let e = nmse(g, w);
         assert!(e < limit, "row {i}: NMSE {e:e} {what} (limit {limit:e})");

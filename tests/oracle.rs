@@ -99,6 +99,11 @@ struct Truth {
 /// |G - E| <= 2 |E - X| in NMSE ([`Truth`]).
 const ROUNDING_SPREAD: f64 = 4.0;
 
+/// The most a row's allowance may be: rounding moves these rows by 5e-5 at
+/// most ([`Truth`]), so a reference further from transformers than 1e-4
+/// is itself wrong, and must not widen the limit it sets.
+const MAX_ALLOWANCE: f64 = ROUNDING_SPREAD * 1e-4;
+
 /// A row to reproduce and its allowance past [`ORACLE_NMSE`].
 type Row = (Vec<f32>, f64);
 
@@ -115,6 +120,12 @@ impl Truth {
             .enumerate()
             .map(|(i, r)| {
                 let a = ROUNDING_SPREAD * nmse(&r, self.want(pos0 + i));
+                assert!(
+                    a < MAX_ALLOWANCE,
+                    "the rounding reference's row {} sits {:e} from transformers",
+                    pos0 + i,
+                    a / ROUNDING_SPREAD
+                );
                 (r, a)
             })
             .collect()

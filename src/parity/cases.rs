@@ -114,10 +114,15 @@ fn moe(full: bool) -> Vec<Op> {
             (17, 6, 3, 130, 42, BF16),
             // decode fast path with f16 weights and small sizes
             (1, 5, 3, 64, 24, F16),
-            // decode gate_up with a partial last workgroup (inter % 4 != 0)
+            // decode gate_up with inter % 4 != 0 (a partial last workgroup
+            // wherever a workgroup takes several rows: PAIRS > 1)
             (1, 6, 2, 128, 30, BF16),
             // a prefill micro-batch through the decode down kernel
             (4, 5, 3, 64, 24, F16),
+            // decode down with a partial last workgroup (hidden % ROWS != 0
+            // for one token and for a micro-batch)
+            (1, 5, 3, 66, 24, BF16),
+            (3, 5, 3, 66, 24, F16),
             // prefill GEMM: tokens over several experts' tiles, an expert
             // with more pairs than one tile, partial row blocks
             (40, 6, 3, 64, 40, BF16),

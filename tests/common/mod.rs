@@ -49,7 +49,8 @@ pub fn wgpu_backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
 /// (`CpuBackend::rounding_gemm_inputs_as`), so `b` is held to f32 reduction
 /// order, not to an allowance for rounding that a model compounds over its
 /// layers (on the H200 10x the per-product sum for some rows of the tiny
-/// fixtures). Else the plain reference.
+/// fixtures). None where `b` computes in f32 (the plain reference is the
+/// truth).
 pub fn reference_for<B: ComputeBackend>(b: &B) -> Option<CpuBackend> {
     b.gemm_rounding()
         .map(|rule| CpuBackend::new().rounding_gemm_inputs_as(rule))

@@ -14,7 +14,9 @@
 //! on the H200 all read 10.0-10.5 us once warm, which showed the bench's
 //! slower figures were its clock warm-up, BENCHMARKS.md). Every figure is
 //! taken after WARM seconds of back-to-back passes. `LAB_MOE_SRC=file.wgsl`
-//! times another version of kernels/moe_decode.wgsl.
+//! times another version of kernels/moe_decode.wgsl. `LAB_LANES` (32, 64,
+//! 128) sets the backend kernels' threads per weight row (gemv's RL,
+//! moe_decode's LANES; the backend picks per op: ops/matmul.rs, ops/moe.rs).
 
 use std::time::Instant;
 
@@ -410,13 +412,14 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         let tag = if checked { "checked" } else { "unchecked" };
         if format!("{name}/real/{tag}").contains(filter) && rows / 8 <= 65535 {
             let m = lab.module(&gemv_source(lab), checked);
-            let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
+            let lanes = lab_lanes();
+            let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0), ("RL", lanes as f64)], 3);
             let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
             let groups: Vec<_> = ws
                 .iter()
                 .map(|w| lab.bind(&p, &rp, &[w, &xb, &out]))
                 .collect();
-            let wgs = rows.div_ceil(8) as u32;
+            let wgs = rows.div_ceil(256 / lanes as usize) as u32;
             lab.time(&p, &groups[..1], wgs, 1);
             let err = rel_err(&lab.read_f32(&out, rows), &want);
             let us = lab.time(&p, &groups, wgs, CHAIN);
@@ -513,8 +516,12 @@ fn moe_case(lab: &Lab, filter: &str) {
             lab.storage(bytemuck::cast_slice(&v))
         })
         .collect();
+    // Threads per weight row (moe_decode.wgsl's LANES): LAB_LANES, else the
+    // kernel's default 32 (the backend runs decode at 128 for gate_up and
+    // 64 for down: LAB_LANES=128 / 64 times those).
+    let lanes = lab_lanes();
     // Activation rows per gate_up workgroup (moe_decode.wgsl's PAIRS).
-    let rb = 4u32;
+    let rb = (128 / lanes).max(1);
     let nrb = inter as u32 / rb;
     // moe_decode.wgsl's Params: 8 words, then the pair launches' 8 (unused).
     let params = lab.uniform(&[
@@ -536,7 +543,12 @@ fn moe_case(lab: &Lab, filter: &str) {
         0,
     ]);
     // moe_decode.wgsl's BK defaults to gate_up's hidden / 8: down's is inter / 8.
-    let down_k = [("WDTYPE", 2.0), ("BK", (inter / 8) as f64)];
+    let down_k = [
+        ("WDTYPE", 2.0),
+        ("BK", (inter / 8) as f64),
+        ("LANES", lanes as f64),
+    ];
+    let gate_up_k = [("WDTYPE", 2.0), ("LANES", lanes as f64)];
     // LAB_MOE_SRC=file.wgsl times another version of kernels/moe_decode.wgsl
     // (same entry points and bindings) without rebuilding.
     let moe_src = match std::env::var("LAB_MOE_SRC") {
@@ -556,7 +568,9 @@ fn moe_case(lab: &Lab, filter: &str) {
         };
         format!("{}\n{reduce}\n{moe_src}", kernels::COMMON)
     };
-    println!("\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}");
+    println!(
+        "\nmoe (backend kernels), top-{top_k} of {experts}, {hidden} x {inter}, {lanes} lanes a row"
+    );
     for checked in [true, false] {
         let module = lab.module(&src, checked);
         let tag = if checked { "checked" } else { "unchecked" };
@@ -564,7 +578,7 @@ fn moe_case(lab: &Lab, filter: &str) {
         if !label.contains(filter) {
             continue;
         }
-        let p = lab.pipeline(&module, "moe_gate_up_decode", &[("WDTYPE", 2.0)], 5);
+        let p = lab.pipeline(&module, "moe_gate_up_decode", &gate_up_k, 5);
         let groups: Vec<_> = ids
             .iter()
             .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
@@ -592,7 +606,7 @@ fn moe_case(lab: &Lab, filter: &str) {
             .iter()
             .map(|id| lab.bind(&p, &params, &[id, &dnb, &actb, &wts, &out]))
             .collect();
-        let us = lab.time(&p, &groups, hidden as u32 / 8, CHAIN);
+        let us = lab.time(&p, &groups, (hidden as u32).div_ceil(256 / lanes), CHAIN);
         let mb = (top_k * inter * hidden * 2) as f64 / 1e6;
         println!(
             "  down    {tag:9} chain {us:8.2} us  {:7.0} GB/s",
@@ -625,6 +639,16 @@ fn moe_case(lab: &Lab, filter: &str) {
             );
         }
     }
+}
+
+/// `LAB_LANES` (32, 64 or 128; default 32, the kernels' own default).
+fn lab_lanes() -> u32 {
+    let lanes = std::env::var("LAB_LANES").map_or(32, |v| v.parse().expect("LAB_LANES: a number"));
+    assert!(
+        matches!(lanes, 32 | 64 | 128),
+        "LAB_LANES must be 32, 64 or 128"
+    );
+    lanes
 }
 
 fn main() {

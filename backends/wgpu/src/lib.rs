@@ -279,7 +279,6 @@ impl WgpuBackend {
         self.check_errors()
     }
 
-    /// The adapter's limits as wgpu reports them (for tools).
     /// Device bytes held in storage buffers (tensors and the backend's
     /// scratch; not the small uniform and readback buffers): `(now, peak)`,
     /// the peak since the backend opened or [`WgpuBackend::reset_peak_memory`].
@@ -294,6 +293,7 @@ impl WgpuBackend {
         self.memory.reset_peak()
     }
 
+    /// The adapter's limits as wgpu reports them (for tools).
     pub fn wgpu_limits(&self) -> &wgpu::Limits {
         &self.limits
     }
@@ -430,7 +430,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn gemm_rounding(&self) -> Option<turbospark::GemmRounding> {
         let rule: turbospark::GemmRounding = Arc::new(ops::gemm_coop::rounds_inputs);
-        self.info.features.tensor_core_gemm.then_some(rule)
+        ops::gemm_coop::usable(self).then_some(rule)
     }
 
     fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
@@ -786,12 +786,7 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         let moe = Some(pa.moe);
         self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        let pa_bufs = [
-            pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, pa.moe.0, pa.moe.1,
-        ];
-        for out in [router.ids, router.weights] {
-            v::no_alias("post_attention_router", out, &pa_bufs.map(Some))?;
-        }
+        router.check_apart_from(&pa)?;
         let (s, proj, pes, ids, wts) = (
             router.eff_scale,
             router.proj,

@@ -210,25 +210,45 @@ pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>)
             (super::gemm::grouped_tiles(p, t.grouped.bm()) * t.grouped.bm()) as usize,
         ),
     };
-    let l = &be.limits;
     let x16_elems = (x16_rows * k) as u64;
-    be.info.features.tensor_core_gemm
+    usable(be)
+        && tiles_fit(be, tiles)
         && w.fits_f16
         && k.is_multiple_of(BK as usize)
         // X16 is indexed in 32 bits and bound whole.
         && x16_elems <= u32::MAX as u64
         && 2 * x16_elems <= be.max_binding()
-        && tiles.iter().all(|t| {
-            t.valid()
-                && t.bytes() <= l.max_compute_workgroup_storage_size
-                && t.threads() <= l.max_compute_invocations_per_workgroup
-        })
 }
 
-/// On a device with tensor cores, whether an op of `m` rows over `k` runs
-/// on them, from its kind alone (the weight's own range is checked at
-/// upload, and the CPU reference checks it the same way): the rule
-/// [`turbospark::ComputeBackend::gemm_rounding`] reports.
+/// Whether the tensor-core GEMMs run at all: the adapter has them and the
+/// device grants every tile's workgroup (the part of [`takes`] that does
+/// not depend on the op).
+pub(crate) fn usable(be: &WgpuBackend) -> bool {
+    let t = be.coop_tiles;
+    be.info.features.tensor_core_gemm && tiles_fit(be, &[t.dense, t.narrow, t.grouped])
+}
+
+fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile]) -> bool {
+    let l = &be.limits;
+    tiles.iter().all(|t| {
+        t.valid()
+            && t.bytes() <= l.max_compute_workgroup_storage_size
+            && t.threads() <= l.max_compute_invocations_per_workgroup
+    })
+}
+
+/// Where the tensor-core GEMMs are [`usable`], whether an op of `m` rows
+/// over `k` runs on them, from its kind alone (the weight's own range is
+/// checked at upload, and the CPU reference checks it the same way): the
+/// rule [`turbospark::ComputeBackend::gemm_rounding`] reports. It is
+/// [`takes`] but for the f16 row scratch's size limit, which the rule
+/// cannot see (the MoE phases' scratch depends on the expert count): a
+/// scratch over the device's binding limit would send the op to the f32
+/// GEMM and the rule would claim rounding the GPU did not do. The largest
+/// a model submits, 4096 tokens (`MAX_PREFILL_BATCH`) at top-8 of 128
+/// experts, makes 37K rows, 208 MB of halves at k = 2816: within the
+/// H200's 2 GiB binding, not within WebGPU's 128 MiB floor, so a
+/// tensor-core device granting only that would break the rule.
 pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
     let w = match op {
         OpKind::Matmul { w } | OpKind::MoeGateUp { w } | OpKind::MoeDown { w } => *w,
@@ -515,8 +535,21 @@ mod tests {
         (r, k, seed): (usize, usize, u64),
         want: &(Vec<half::f16>, f32),
     ) {
+        let row = &x16[r * k..(r + 1) * k];
+        if want.0.iter().any(|w| w.is_nan()) {
+            // WGSL leaves max() over a NaN to the device, so the row's scale
+            // is not fixed; what must hold is that each NaN stays NaN (a
+            // GEMM over the row is NaN whatever its scale).
+            for (c, (g, w)) in row.iter().zip(&want.0).enumerate() {
+                assert!(
+                    !w.is_nan() || g.is_nan(),
+                    "row {r} col {c}: {g} (seed {seed})"
+                );
+            }
+            return;
+        }
         assert_eq!(xs[r], want.1, "row {r}: scale (seed {seed})");
-        for (c, (g, w)) in x16[r * k..(r + 1) * k].iter().zip(&want.0).enumerate() {
+        for (c, (g, w)) in row.iter().zip(&want.0).enumerate() {
             let d = (g.to_bits() as i32 - w.to_bits() as i32).abs();
             let ulps = if w.is_normal() || *w == half::f16::ZERO {
                 0
@@ -545,6 +578,11 @@ mod tests {
             .iter_mut()
             .for_each(|v| *v = v.clamp(-0.9, 0.9));
         x[3 * k + 5] = -1024.0;
+        // NaNs with a large and a small payload (the rounding's carry
+        // must not reach them), and an inf
+        x[4 * k + 1] = f32::from_bits(0x7fff_ffff);
+        x[4 * k + 2] = f32::from_bits(0xff80_0001);
+        x[5 * k + 3] = f32::INFINITY;
         x
     }
 

@@ -104,8 +104,8 @@ struct GemvParams {
     row0: u32,
 }
 
-/// Lane groups (of 32) per workgroup of kernels/gemv.wgsl: one weight row
-/// each in `gemv`, `RPL` in `gemv_rows`.
+/// Lane groups (of 32) per workgroup of kernels/gemv.wgsl's `gemv_rows`,
+/// `RPL` weight rows each (`gemv` takes `256 / lanes` rows a workgroup).
 const GEMV_ROWS: u32 = 8;
 /// Weight rows from which `gemv_rows` takes two rows per lane group.
 const GEMV_WIDE_ROWS: usize = 4096;

@@ -31,7 +31,13 @@ const TOKENS_PER_GROUP: usize = 16;
 /// 23.0 at 64; decode 223.9 -> 228.7 tok/s. (Alone, in the per-op bench,
 /// gate_up is fastest at 32 lanes: 21.0 us against 21.5 at 128.)
 const DECODE_GATE_UP_LANES: usize = 128;
+/// Threads per weight row of `moe_down_decode` for one token (`down_lanes`).
 const DECODE_DOWN_LANES: usize = 64;
+// A gate_up workgroup is 256 threads over gate and up rows: more than 128
+// lanes a row would leave it no activation row (`decode_pairs` 0); down's
+// ROWS is 256 / lanes.
+const _: () = assert!(DECODE_GATE_UP_LANES <= 128 && 128 % DECODE_GATE_UP_LANES == 0);
+const _: () = assert!(DECODE_DOWN_LANES <= 256 && 256 % DECODE_DOWN_LANES == 0);
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -41,6 +47,18 @@ struct RouterParams {
     experts: u32,
     top_k: u32,
     eps: f32,
+}
+
+impl From<&Router> for RouterParams {
+    fn from(p: &Router) -> Self {
+        RouterParams {
+            m: p.m as u32,
+            hidden: p.hidden as u32,
+            experts: p.experts as u32,
+            top_k: p.top_k as u32,
+            eps: p.eps,
+        }
+    }
 }
 
 #[repr(C)]
@@ -83,13 +101,7 @@ pub(crate) fn router(
 ) -> Result<()> {
     let pb = weight(be, proj, "router")?;
     let logits = router_logits_buffer(be, &p)?;
-    let params = RouterParams {
-        m: p.m as u32,
-        hidden: p.hidden as u32,
-        experts: p.experts as u32,
-        top_k: p.top_k as u32,
-        eps: p.eps,
-    };
+    let params = RouterParams::from(&p);
     let constants = super::wdtype(proj.dtype);
     // The first dispatch's bindings; its output is the logits, or for a
     // prefill batch the scaled input of the GEMM that writes them.
@@ -164,13 +176,7 @@ pub(crate) fn router_topk(
     (ids, w): (&WgpuBuffer, &WgpuBuffer),
     p: Router,
 ) -> Result<()> {
-    let params = RouterParams {
-        m: p.m as u32,
-        hidden: p.hidden as u32,
-        experts: p.experts as u32,
-        top_k: p.top_k as u32,
-        eps: p.eps,
-    };
+    let params = RouterParams::from(&p);
     be.launch(Launch {
         kernel: "router",
         entry: "router_topk",
