@@ -124,12 +124,12 @@ fn post_attention_row(row: u32, lid: u32) {
 // ---- post_attention_logits: post_attention and the router's logits ----
 //
 // Decode (one row) with experts: workgroup 0 is post_attention; workgroup
-// 1 + e writes expert e's raw logit proj[e] . (r * eff_scale) for
-// router_topk (kernels/router.wgsl, which applies r's RMS, a factor common
-// to every expert), as router_logits would, one dependent dispatch
-// sooner. Each such workgroup recomputes r = x + rmsnorm(o) * w_post from
-// the same inputs with the same reduction, so it is the r workgroup 0
-// writes. The router's weight has the module's WDTYPE.
+// 1 + e writes expert e's logit proj[e] . (r * eff_scale) * rms(r)^-1, the
+// router's z, scaled (router_topk with SCALED, or the routed gate_up pair,
+// takes the top-k), one dependent dispatch sooner than router_logits. Each
+// such workgroup recomputes r = x + rmsnorm(o) * w_post from the same
+// inputs with the same reduction, so it is the r workgroup 0 writes. The
+// router's weight has the module's WDTYPE.
 
 @group(1) @binding(8) var<storage, read> RSCALE: array<f32>;
 @group(1) @binding(9) var<storage, read> RPROJ: array<u32>;
@@ -157,15 +157,19 @@ fn router_logit(e: u32, lid: u32) {
     }
     let inv = inv_rms(block_sum(ss, lid));
     var acc = 0.0;
+    var ss2 = 0.0;
     for (var j = 0u; j < PER; j++) {
         let i = lid + j * WG;
         if (i < P.dim) {
-            acc += pw[j] * (v[j] * inv * w0[j] + x[j]);
+            let r = v[j] * inv * w0[j] + x[j];
+            acc += pw[j] * r;
+            ss2 += r * r;
         }
     }
     let sum = block_sum(acc, lid);
+    let inv_r = inv_rms(block_sum(ss2, lid));
     if (lid == 0u) {
-        RLOG[e] = sum;
+        RLOG[e] = sum * inv_r;
     }
 }
 

@@ -160,14 +160,21 @@ fn gate_up_a(g: u32, t: u32) {
 // gate_up_a on the second binding set.
 fn gate_up_b(g: u32, t: u32) {
     let q = gate_up_role(g, t, P.nrb2);
-    let n = P.inter2;
-    var valid = false;
+    var e = P.experts2;
     if (q.j < P.top_k2) {
-        valid = IDS2[q.j] < P.experts2;
+        e = IDS2[q.j];
     }
+    gate_up_b_expert(q, e, t);
+}
+
+// The second problem's workgroup with role q on expert e (none past
+// P.experts2).
+fn gate_up_b_expert(q: GateUpRole, e: u32, t: u32) {
+    let n = P.inter2;
+    let valid = e < P.experts2;
     var acc = 0.0;
     if (valid && q.i < n) {
-        let base = (IDS2[q.j] * 2u * n + q.up * n + q.i) * BK;
+        let base = (e * 2u * n + q.up * n + q.i) * BK;
         for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
             let b = q.lane + c * LANES;
             let bb = min(b, BK - 1u);
@@ -301,4 +308,48 @@ fn moe_down_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     } else {
         down_b(g - P.groups_a, t);
     }
+}
+
+// ---- moe_gate_up_pair_routed: the pair, routed from the router's logits ----
+//
+// moe_gate_up_pair_decode with the second problem's experts picked in the
+// launch: each of its workgroups ranks the token's scaled logits RLOG
+// (post_attention_logits, kernels/fused.wgsl) itself (kernels/topk.wgsl,
+// as router_topk does), and its first workgroup writes the routing (RIDS,
+// RWTS: softmax times RPES) for phase 2. One dependent dispatch a decode
+// layer fewer than router_topk before the pair. IDS2 (binding 5) is not
+// read.
+
+@group(1) @binding(10) var<storage, read> RLOG: array<f32>;
+@group(1) @binding(11) var<storage, read> RPES: array<f32>;
+@group(1) @binding(12) var<storage, read_write> RIDS: array<u32>;
+@group(1) @binding(13) var<storage, read_write> RWTS: array<f32>;
+
+@compute @workgroup_size(256)
+fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) t: u32) {
+    let g = linear_group(wg, nwg);
+    if (g < P.groups_a) {
+        gate_up_a(g, t);
+        return;
+    }
+    let gb = g - P.groups_a;
+    let ne = P.experts2;
+    let k = P.top_k2;
+    if (t < ne) {
+        tk_log[t] = RLOG[t];
+    }
+    workgroupBarrier();
+    topk_select(t, ne, k);
+    if (gb == 0u && t < k) {
+        let e = tk_id[t];
+        RIDS[t] = e;
+        RWTS[t] = topk_weight(t, k) * RPES[e];
+    }
+    let q = gate_up_role(gb, t, P.nrb2);
+    var e = ne;
+    if (q.j < k) {
+        e = tk_id[q.j];
+    }
+    gate_up_b_expert(q, e, t);
 }

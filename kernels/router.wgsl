@@ -36,11 +36,11 @@ struct Params {
 @group(1) @binding(6) var<storage, read_write> WTS: array<f32>;
 
 const WG: u32 = 256u;
-const MAXE: u32 = 256u;
 
-var<workgroup> logits: array<f32, MAXE>;
-var<workgroup> sel_id: array<u32, 8>;
-var<workgroup> sel_v: array<f32, 8>;
+// Whether LOG already holds the scaled logits (post_attention_logits,
+// kernels/fused.wgsl, applies the RMS factor itself): router_topk then
+// skips its pass over x.
+override SCALED: bool = false;
 
 
 // Weight element pair `u` of row `row` (hidden even): one word for 16-bit
@@ -128,43 +128,25 @@ fn router_topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let ne = P.experts;
     let xb = t * h;
 
-    var ss = 0.0;
-    for (var i = lid; i < h; i += WG) {
-        let v = X[xb + i];
-        ss += v * v;
+    var inv = 1.0;
+    if (!SCALED) {
+        var ss = 0.0;
+        for (var i = lid; i < h; i += WG) {
+            let v = X[xb + i];
+            ss += v * v;
+        }
+        inv = inverseSqrt(workgroup_sum(ss, lid, WG) / f32(h) + P.eps);
     }
-    let inv = inverseSqrt(workgroup_sum(ss, lid, WG) / f32(h) + P.eps);
     if (lid < ne) {
-        logits[lid] = LOG[t * ne + lid] * inv;
+        tk_log[lid] = LOG[t * ne + lid] * inv;
     }
     workgroupBarrier();
-
-    // Top-k by rank: expert e's place is the number of experts ahead of it
-    // (larger logit, or equal logit and lower id).
-    if (lid < ne) {
-        let v = logits[lid];
-        var rank = 0u;
-        for (var j = 0u; j < ne; j++) {
-            let o = logits[j];
-            rank += u32(o > v || (o == v && j < lid));
-        }
-        if (rank < P.top_k) {
-            sel_id[rank] = lid;
-            sel_v[rank] = v;
-        }
-    }
-    workgroupBarrier();
-
-    // Softmax over the k selected, times per_expert_scale.
     let k = P.top_k;
+    topk_select(lid, ne, k);
+    // Softmax over the k selected, times per_expert_scale.
     if (lid < k) {
-        let mx = sel_v[0];
-        var sum = 0.0;
-        for (var j = 0u; j < k; j++) {
-            sum += exp(sel_v[j] - mx);
-        }
-        let e = sel_id[lid];
+        let e = tk_id[lid];
         IDS[t * k + lid] = e;
-        WTS[t * k + lid] = exp(sel_v[lid] - mx) / sum * PES[e];
+        WTS[t * k + lid] = topk_weight(lid, k) * PES[e];
     }
 }

@@ -109,6 +109,47 @@ impl<B: DeviceBuffer> RouterArgs<'_, B> {
         }
         Ok(())
     }
+
+    /// The rules of [`ComputeBackend::post_attention_gate_up`]: `routed`
+    /// reads this router's ids, its problem is the router's (tokens,
+    /// experts, top-k), and the router's outputs alias no other buffer of
+    /// the pair (a GPU writes them in the pair's launch).
+    pub fn check_routes(
+        &self,
+        dense: &GateUpArgs<'_, B>,
+        routed: &GateUpArgs<'_, B>,
+    ) -> Result<()> {
+        const OP: &str = "post_attention_gate_up";
+        let pair = [
+            dense.x,
+            dense.gate_up,
+            dense.ids,
+            dense.act,
+            routed.x,
+            routed.gate_up,
+            routed.act,
+        ];
+        for out in [self.ids, self.weights] {
+            crate::ops::no_alias(OP, out, &pair.map(Some))?;
+        }
+        if !routed.ids.same_storage(self.ids) {
+            return Err(crate::Error::shape(
+                OP,
+                "the routed gate_up must read the router's ids",
+            ));
+        }
+        let (r, p) = (self.p, routed.p);
+        if (r.m, r.experts, r.top_k) != (p.m, p.experts, p.top_k) {
+            return Err(crate::Error::shape(
+                OP,
+                format!(
+                    "router (m {}, {} experts, top-{}) against gate_up (m {}, {} experts, top-{})",
+                    r.m, r.experts, r.top_k, p.m, p.experts, p.top_k
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What kind of device a backend runs on.
@@ -503,6 +544,27 @@ pub trait ComputeBackend {
             router.weights,
             router.p,
         )
+    }
+
+    /// [`ComputeBackend::post_attention_router`], then
+    /// [`ComputeBackend::moe_gate_up_pair`] on `(dense, routed)`, where
+    /// `routed` reads the router's ids (`routed.ids` is `router.ids`): a
+    /// decode layer's work from o_proj's output to both branches'
+    /// activations, as one call so that a GPU can pick the token's experts
+    /// inside the gate_up launch (each workgroup ranking the router's
+    /// logits itself) and save the top-k's dependent dispatch.
+    fn post_attention_gate_up(
+        &self,
+        (pa, router): (
+            PostAttentionArgs<'_, Self::Buffer>,
+            RouterArgs<'_, Self::Buffer>,
+        ),
+        dense: GateUpArgs<'_, Self::Buffer>,
+        routed: GateUpArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        router.check_routes(&dense, &routed)?;
+        self.post_attention_router(pa, router)?;
+        self.moe_gate_up_pair(dense, routed)
     }
 
     /// [`PostFfn`]: `h = rmsnorm(dense) * w_dense`; with

@@ -143,6 +143,11 @@ fn post_attention_router() {
 }
 
 #[test]
+fn post_attention_gate_up() {
+    family("post_attention_gate_up");
+}
+
+#[test]
 fn post_ffn() {
     family("post_ffn");
 }
@@ -181,6 +186,11 @@ fn post_attention_without_subgroups() {
 #[test]
 fn post_attention_router_without_subgroups() {
     family_without_subgroups("post_attention_router");
+}
+
+#[test]
+fn post_attention_gate_up_without_subgroups() {
+    family_without_subgroups("post_attention_gate_up");
 }
 #[test]
 fn attention_without_subgroups() {

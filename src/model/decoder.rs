@@ -1,7 +1,8 @@
 //! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
 //!
 //! One forward pass over `m` tokens (a prefill batch, or one decode
-//! token) records, per layer (8 ops, 10 dispatches, when decoding):
+//! token) records, per layer (7 ops, 9 dispatches on a GPU, when decoding
+//! with experts):
 //!
 //! ```text
 //! y   = input_layernorm(x)                   (the previous layer's post_ffn)
@@ -12,9 +13,12 @@
 //! a   = attention(q, cache, scale 1, window on sliding layers)
 //! r   = x + post_attention_layernorm(o_proj a);
 //!       ff = pre_ff(r); moe_in = pre_ff_2(r); with experts the router on r
-//!                                            (post_attention_router)
-//! h1  = down(gelu(gate ff) * up ff)          (decode: a one-expert moe_gate_up)
-//! h2  = moe(moe_in, the router's choice)
+//!                                            (post_attention_router; decode:
+//!                                            with both branches' gate_up,
+//!                                            post_attention_gate_up)
+//! h1  = down(gelu(gate ff) * up ff)          (decode: a one-expert MoE)
+//! h2  = moe(moe_in, the router's choice)     (decode: the down phases as
+//!                                            one pair)
 //! x   = (r + post_feedforward_layernorm(post_ff_1 h1 + post_ff_2 h2))
 //!       * layer_scalar, and the next layer's input norm of x
 //!                                            (post_ffn)
@@ -749,51 +753,12 @@ impl<B: ComputeBackend> Model<B> {
         be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })?;
         // r = x + post_attention_layernorm(o), and the branches' pre-norms of
         // r; with experts, the router on r (it reads r, not a pre-norm) in
-        // the same call.
+        // the same call, and in decode both branches' gate_up too.
         let pa = PostAttention {
             rows: m,
             dim: h,
             eps: cfg.eps,
         };
-        match &w.moe {
-            Some(moe) => be.post_attention_router(
-                PostAttentionArgs {
-                    o: &s.o,
-                    x: &s.x,
-                    w_post: &w.post_attn_norm,
-                    w_ff: &w.pre_ff_norm,
-                    r: &s.r,
-                    ff: &s.ff_in,
-                    moe: (&moe.pre_norm, &s.moe_in),
-                    p: pa,
-                },
-                RouterArgs {
-                    eff_scale: &moe.eff_scale,
-                    proj: &moe.router_proj,
-                    per_expert_scale: &moe.per_expert_scale,
-                    ids: &s.route_ids,
-                    weights: &s.route_w,
-                    p: Router {
-                        m,
-                        hidden: h,
-                        experts: cfg.experts,
-                        top_k: cfg.top_k,
-                        eps: cfg.eps,
-                    },
-                },
-            )?,
-            None => be.post_attention(
-                &s.o,
-                &s.x,
-                &w.post_attn_norm,
-                &w.pre_ff_norm,
-                &s.r,
-                &s.ff_in,
-                None,
-                pa,
-            )?,
-        }
-
         // ---- the two branches: dense MLP and routed experts ----
         let inter = cfg.intermediate;
         // A dense MLP is a one-expert MoE: in decode the MoE kernels read
@@ -827,6 +792,30 @@ impl<B: ComputeBackend> Model<B> {
         // post_ff(dense).
         let (w_dense, moe) = match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
+                let pa_args = PostAttentionArgs {
+                    o: &s.o,
+                    x: &s.x,
+                    w_post: &w.post_attn_norm,
+                    w_ff: &w.pre_ff_norm,
+                    r: &s.r,
+                    ff: &s.ff_in,
+                    moe: (&moe.pre_norm, &s.moe_in),
+                    p: pa,
+                };
+                let router = RouterArgs {
+                    eff_scale: &moe.eff_scale,
+                    proj: &moe.router_proj,
+                    per_expert_scale: &moe.per_expert_scale,
+                    ids: &s.route_ids,
+                    weights: &s.route_w,
+                    p: Router {
+                        m,
+                        hidden: h,
+                        experts: cfg.experts,
+                        top_k: cfg.top_k,
+                        eps: cfg.eps,
+                    },
+                };
                 let mp = Moe {
                     m,
                     hidden: h,
@@ -850,9 +839,10 @@ impl<B: ComputeBackend> Model<B> {
                     p: mp,
                 };
                 if m == 1 {
-                    be.moe_gate_up_pair(dense_gate_up, routed_gate_up)?;
+                    be.post_attention_gate_up((pa_args, router), dense_gate_up, routed_gate_up)?;
                     be.moe_down_pair(dense_down, routed_down)?;
                 } else {
+                    be.post_attention_router(pa_args, router)?;
                     self.dense_mlp(s, w, m)?;
                     routed_gate_up.run(be)?;
                     routed_down.run(be)?;
@@ -861,6 +851,16 @@ impl<B: ComputeBackend> Model<B> {
                 (post_ff1, Some(moe_branch))
             }
             _ => {
+                be.post_attention(
+                    &s.o,
+                    &s.x,
+                    &w.post_attn_norm,
+                    &w.pre_ff_norm,
+                    &s.r,
+                    &s.ff_in,
+                    None,
+                    pa,
+                )?;
                 if m == 1 {
                     dense_gate_up.run(be)?;
                     dense_down.run(be)?;

@@ -409,6 +409,46 @@ fn post_attention_router() -> Vec<Op> {
     ]
 }
 
+/// post_attention, the router and both branches' gate_up in one call (the
+/// decode path picks the experts inside the gate_up launch).
+fn post_attention_gate_up(full: bool) -> Vec<Op> {
+    let c = |rows, dim, (experts, top_k), (inter, moe_inter), w, pw, gw| Op::PostAttentionGateUp {
+        p: PostAttention {
+            rows,
+            dim,
+            eps: EPS,
+        },
+        r: Router {
+            m: rows,
+            hidden: dim,
+            experts,
+            top_k,
+            eps: EPS,
+        },
+        inter,
+        moe_inter,
+        w,
+        pw,
+        gw,
+    };
+    let mut v = vec![
+        c(1, 256, (16, 4), (96, 40), BF16, BF16, BF16),
+        // top-k over experts not a multiple of anything, activation rows
+        // not a multiple of a workgroup's, f16 weights
+        c(1, 1000, (9, 3), (30, 22), F32, F16, F16),
+        // f32 expert weights: the decode kernels do not take them (the
+        // ops in turn)
+        c(1, 64, (5, 2), (24, 16), BF16, BF16, F32),
+        // several rows: the ops in turn
+        c(3, 128, (6, 2), (24, 16), F16, BF16, BF16),
+    ];
+    if full {
+        // Gemma 4 26B-A4B
+        v.push(c(1, 2816, (128, 8), (2112, 704), BF16, BF16, BF16));
+    }
+    v
+}
+
 fn cases(full: bool) -> Vec<Op> {
     [
         rms_norm(),
@@ -422,6 +462,7 @@ fn cases(full: bool) -> Vec<Op> {
         glue(),
         fused(),
         post_attention_router(),
+        post_attention_gate_up(full),
     ]
     .concat()
 }

@@ -197,6 +197,65 @@ fn judge_post_attention_router(
     Ok(worst.max(e))
 }
 
+/// `PostAttentionRouter`'s verdict on the first five outputs, then the
+/// dense activations at `limit`, and each routed activation row against the
+/// reference's row for the same expert (a tie at the k-th place, which the
+/// router's verdict allows, leaves a row with no counterpart: skipped).
+fn judge_post_attention_gate_up(
+    op: &Op,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
+    let Op::PostAttentionGateUp {
+        p, r: rp, w, pw, ..
+    } = op
+    else {
+        unreachable!()
+    };
+    let (dense, routed) = op.gate_up_problems().unwrap();
+    let par = Op::PostAttentionRouter {
+        p: *p,
+        r: *rp,
+        w: *w,
+        pw: *pw,
+    };
+    let mut worst = judge_post_attention_router(&par, limit, &inputs[..8], &r[..5], &d[..5])?;
+    let n = dense.m * dense.inter;
+    let e = nmse(&f32s(&r[5])[..n], &f32s(&d[5])[..n]);
+    if e > limit {
+        return Err((
+            e,
+            format!("dense activations NMSE {e:.3e} over {limit:.0e}"),
+        ));
+    }
+    worst = worst.max(e);
+    let (ri, di) = (u32s(&r[3]), u32s(&d[3]));
+    let (ra, da) = (f32s(&r[6]), f32s(&d[6]));
+    let (k, inter) = (routed.top_k, routed.inter);
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    for t in 0..routed.m {
+        for j in 0..k {
+            let slot = t * k + j;
+            let Some(rj) = (0..k).position(|q| ri[t * k + q] == di[slot]) else {
+                continue;
+            };
+            let rs = t * k + rj;
+            want.extend_from_slice(&ra[rs * inter..(rs + 1) * inter]);
+            got.extend_from_slice(&da[slot * inter..(slot + 1) * inter]);
+        }
+    }
+    let e = nmse(&want, &got);
+    if e > limit {
+        return Err((
+            e,
+            format!("routed activations NMSE {e:.3e} over {limit:.0e}"),
+        ));
+    }
+    Ok(worst.max(e))
+}
+
 fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
     let Op::Argmax { rows, n } = op else {
         unreachable!()
@@ -235,6 +294,9 @@ pub fn judge(
         Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
         Op::PostAttentionRouter { .. } => {
             return judge_post_attention_router(op, limit, inputs, r, d)
+        }
+        Op::PostAttentionGateUp { .. } => {
+            return judge_post_attention_gate_up(op, limit, inputs, r, d)
         }
         _ => {}
     }

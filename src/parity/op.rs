@@ -108,6 +108,18 @@ pub enum Op {
         w: DType,
         pw: DType,
     },
+    /// `post_attention_gate_up`: `PostAttentionRouter`'s case, then the
+    /// dense MLP (`inter`) and the routed experts (`moe_inter`) gate_up on
+    /// its outputs (weights of dtype `gw`).
+    PostAttentionGateUp {
+        p: PostAttention,
+        r: Router,
+        inter: usize,
+        moe_inter: usize,
+        w: DType,
+        pw: DType,
+        gw: DType,
+    },
     /// `moe`: the experts branch; `next`: the next layer's normed input.
     PostFfn {
         p: PostFfn,
@@ -181,9 +193,33 @@ impl Op {
             Op::Argmax { .. } => "argmax",
             Op::PostAttention { .. } => "post_attention",
             Op::PostAttentionRouter { .. } => "post_attention_router",
+            Op::PostAttentionGateUp { .. } => "post_attention_gate_up",
             Op::PostFfn { .. } => "post_ffn",
             Op::QkvPost { .. } => "qkv_post",
         }
+    }
+
+    /// `PostAttentionGateUp`'s two gate_up problems: the dense MLP (one
+    /// expert) and the routed experts.
+    pub fn gate_up_problems(&self) -> Option<(Moe, Moe)> {
+        let Op::PostAttentionGateUp {
+            p,
+            r,
+            inter,
+            moe_inter,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let moe = |inter, experts, top_k| Moe {
+            m: p.rows,
+            hidden: p.dim,
+            inter,
+            experts,
+            top_k,
+        };
+        Some((moe(*inter, 1, 1), moe(*moe_inter, r.experts, r.top_k)))
     }
 
     /// Printable, filterable name: `moe_down(e=128,k=8,hidden=2816,inter=704,m=1,w=bf16)`.
@@ -242,6 +278,18 @@ impl Op {
                 "{f}(rows={},dim={},e={},k={},w={w},pw={pw})",
                 p.rows, p.dim, r.experts, r.top_k
             ),
+            Op::PostAttentionGateUp {
+                p,
+                r,
+                inter,
+                moe_inter,
+                w,
+                pw,
+                gw,
+            } => format!(
+                "{f}(rows={},dim={},e={},k={},inter={inter},moe_inter={moe_inter},w={w},pw={pw},gw={gw})",
+                p.rows, p.dim, r.experts, r.top_k
+            ),
             Op::PostFfn { p, moe, next, w } => format!(
                 "{f}(rows={},dim={},moe={moe},next={next},scale={},w={w})",
                 p.rows, p.dim, p.scale
@@ -273,9 +321,9 @@ impl Op {
             Op::Softcap { .. } => OpKind::Softcap,
             Op::Embed { w, .. } => OpKind::Embed { w: *w },
             Op::Argmax { .. } => OpKind::Argmax,
-            Op::PostAttention { p, .. } | Op::PostAttentionRouter { p, .. } => {
-                OpKind::PostAttention { dim: p.dim as u32 }
-            }
+            Op::PostAttention { p, .. }
+            | Op::PostAttentionRouter { p, .. }
+            | Op::PostAttentionGateUp { p, .. } => OpKind::PostAttention { dim: p.dim as u32 },
             Op::PostFfn { p, .. } => OpKind::PostFfn { dim: p.dim as u32 },
             Op::QkvPost { p, .. } => OpKind::QkvPost {
                 head_dim: p.head_dim as u32,
@@ -303,6 +351,7 @@ impl Op {
             Op::Matmul { .. }
             | Op::Router { .. }
             | Op::PostAttentionRouter { .. }
+            | Op::PostAttentionGateUp { .. }
             | Op::MoeGateUp { .. }
             | Op::MoeDown { .. }
             | Op::MoeGateUpPair { .. }
@@ -462,6 +511,30 @@ impl Op {
                 v.extend(router.inputs(rng).into_iter().skip(1));
                 v
             }
+            Op::PostAttentionGateUp {
+                p,
+                r,
+                inter,
+                moe_inter,
+                w,
+                pw,
+                gw,
+            } => {
+                let mut v = Op::PostAttentionRouter {
+                    p: *p,
+                    r: *r,
+                    w: *w,
+                    pw: *pw,
+                }
+                .inputs(rng);
+                let (dense, routed) = self.gate_up_problems().unwrap();
+                let std = 1.0 / (p.dim as f32).sqrt();
+                v.push(weight(rng, *gw, 2 * inter, p.dim, std));
+                v.push(HostTensor::U32(vec![0; dense.m]));
+                v.push(weight(rng, *gw, r.experts * 2 * moe_inter, p.dim, std));
+                debug_assert_eq!(routed.inter, *moe_inter);
+                v
+            }
             Op::PostFfn { p, moe, next, w } => {
                 let n = p.rows * p.dim;
                 let mut v = vec![
@@ -526,6 +599,20 @@ impl Op {
                     OutSpec::F32(n),
                     OutSpec::U32(k),
                     OutSpec::F32(k),
+                ]
+            }
+            Op::PostAttentionGateUp { p, r, .. } => {
+                let n = p.rows * p.dim;
+                let k = r.m * r.top_k;
+                let (dense, routed) = self.gate_up_problems().unwrap();
+                vec![
+                    OutSpec::F32(n),
+                    OutSpec::F32(n),
+                    OutSpec::F32(n),
+                    OutSpec::U32(k),
+                    OutSpec::F32(k),
+                    OutSpec::F32(dense.m * dense.inter),
+                    OutSpec::F32(routed.m * routed.top_k * routed.inter),
                 ]
             }
             Op::PostAttention { p, moe, .. } => {
@@ -634,6 +721,45 @@ impl Op {
                     p: *r,
                 },
             ),
+            Op::PostAttentionGateUp { p, r, .. } => {
+                let (dense, routed) = self.gate_up_problems().unwrap();
+                b.post_attention_gate_up(
+                    (
+                        PostAttentionArgs {
+                            o: &i[0],
+                            x: &i[1],
+                            w_post: &i[2],
+                            w_ff: &i[3],
+                            r: &o[0],
+                            ff: &o[1],
+                            moe: (&i[4], &o[2]),
+                            p: *p,
+                        },
+                        RouterArgs {
+                            eff_scale: &i[5],
+                            proj: &i[6],
+                            per_expert_scale: &i[7],
+                            ids: &o[3],
+                            weights: &o[4],
+                            p: *r,
+                        },
+                    ),
+                    GateUpArgs {
+                        x: &o[1],
+                        gate_up: &i[8],
+                        ids: &i[9],
+                        act: &o[5],
+                        p: dense,
+                    },
+                    GateUpArgs {
+                        x: &o[2],
+                        gate_up: &i[10],
+                        ids: &o[3],
+                        act: &o[6],
+                        p: routed,
+                    },
+                )
+            }
             Op::PostAttention { p, moe, .. } => {
                 let m = moe.then(|| (&i[4], &o[2]));
                 b.post_attention(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], m, *p)

@@ -20,6 +20,9 @@ pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup
 /// The prefill GEMMs' parameter block and token tiles over the route list,
 /// appended to the GEMM families.
 pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
+/// The router's top-k and softmax over a token's logits, appended to the
+/// families that pick experts.
+pub const TOPK: &str = include_str!("../../../kernels/topk.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
@@ -56,13 +59,13 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
     KERNELS.iter().find(|(n, _)| *n == name).map(|(_, s)| {
         let (enables, body): (Vec<&str>, Vec<&str>) =
             s.lines().partition(|l| l.starts_with("enable "));
-        let tiles = if matches!(name, "gemm" | "gemm_coop" | "gemm_prep") {
-            GEMM_TILES
-        } else {
-            ""
+        let appendix = match name {
+            "gemm" | "gemm_coop" | "gemm_prep" => GEMM_TILES,
+            "router" | "moe_decode" => TOPK,
+            _ => "",
         };
         format!(
-            "{}\n{COMMON}\n{reduce}\n{}\n{tiles}",
+            "{}\n{COMMON}\n{reduce}\n{}\n{appendix}",
             enables.join("\n"),
             body.join("\n")
         )

@@ -802,6 +802,42 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::router(self, pa.r, s, proj, pes, ids, wts, router.p)
     }
 
+    fn post_attention_gate_up(
+        &self,
+        (pa, router): (
+            PostAttentionArgs<'_, WgpuBuffer>,
+            RouterArgs<'_, WgpuBuffer>,
+        ),
+        dense: GateUpArgs<'_, WgpuBuffer>,
+        routed: GateUpArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        router.check_routes(&dense, &routed)?;
+        let moe = Some(pa.moe);
+        self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
+        router.check_apart_from(&pa)?;
+        let (s, proj, pes, ids, wts) = (
+            router.eff_scale,
+            router.proj,
+            router.per_expert_scale,
+            router.ids,
+            router.weights,
+        );
+        check_router(pa.r, s, proj, pes, ids, wts, router.p)?;
+        for q in [&dense, &routed] {
+            check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
+        }
+        v::pair_apart(
+            "moe_gate_up_pair",
+            &[dense.x, dense.gate_up, dense.ids, dense.act],
+            &[routed.x, routed.gate_up, routed.ids, routed.act],
+        )?;
+        if ops::fused::post_attention_gate_up(self, (&pa, &router), &dense, &routed)? {
+            return Ok(());
+        }
+        self.post_attention_router(pa, router)?;
+        ops::moe::moe_gate_up_pair(self, &dense, &routed)
+    }
+
     fn post_ffn(
         &self,
         dense: &WgpuBuffer,

@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{PostAttention, PostFfn};
-use turbospark::{DType, PostAttentionArgs, Result, RouterArgs};
+use turbospark::{DType, GateUpArgs, PostAttentionArgs, Result, RouterArgs};
 
 use super::one;
 use crate::batch::Launch;
@@ -133,6 +133,8 @@ fn logits_fit(
 ) -> bool {
     pa.p.rows == 1
         && r.p.m == 1
+        // one RMS of r serves post_attention's norms and the router's
+        && pa.p.eps == r.p.eps
         && matches!(r.proj.dtype, DType::BF16 | DType::F16)
         && r.proj.single().is_some()
         && pa.p.dim <= max_dim(be)
@@ -151,6 +153,55 @@ pub(crate) fn post_attention_router(
     if !logits_fit(be, pa, router) {
         return Ok(false);
     }
+    let logits = post_attention_logits(be, pa, router)?;
+    super::moe::router_topk(
+        be,
+        pa.r,
+        router.eff_scale,
+        router.proj,
+        router.per_expert_scale,
+        (&logits, true),
+        (router.ids, router.weights),
+        router.p,
+    )?;
+    Ok(true)
+}
+
+/// [`turbospark::ComputeBackend::post_attention_gate_up`] in two
+/// dispatches where it fits (`post_attention_logits`, then the gate_up
+/// pair picking its experts from the logits, `moe_gate_up_pair_routed`),
+/// else false: the caller runs the ops in turn. Arguments checked by the
+/// caller.
+pub(crate) fn post_attention_gate_up(
+    be: &WgpuBackend,
+    (pa, router): (
+        &PostAttentionArgs<'_, WgpuBuffer>,
+        &RouterArgs<'_, WgpuBuffer>,
+    ),
+    dense: &GateUpArgs<'_, WgpuBuffer>,
+    routed: &GateUpArgs<'_, WgpuBuffer>,
+) -> Result<bool> {
+    if !logits_fit(be, pa, router) || !super::moe::routed_pair_fits(be, dense, routed, &router.p) {
+        return Ok(false);
+    }
+    let logits = post_attention_logits(be, pa, router)?;
+    super::moe::moe_gate_up_pair_routed(
+        be,
+        (dense, routed),
+        (&logits, router.per_expert_scale),
+        (router.ids, router.weights),
+    )?;
+    Ok(true)
+}
+
+/// The `post_attention_logits` launch (the caller checked [`logits_fit`]):
+/// post_attention, and the router's scaled logits into the returned
+/// scratch.
+fn post_attention_logits(
+    be: &WgpuBackend,
+    pa: &PostAttentionArgs<'_, WgpuBuffer>,
+    router: &RouterArgs<'_, WgpuBuffer>,
+) -> Result<WgpuBuffer> {
     let p = router.p;
     let logits = super::moe::router_logits_buffer(be, &p)?;
     let params = Params {
@@ -189,17 +240,7 @@ pub(crate) fn post_attention_router(
         ],
         groups: be.grid(1 + p.experts as u32),
     })?;
-    super::moe::router_topk(
-        be,
-        pa.r,
-        router.eff_scale,
-        router.proj,
-        router.per_expert_scale,
-        &logits,
-        (router.ids, router.weights),
-        p,
-    )?;
-    Ok(true)
+    Ok(logits)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -267,66 +308,183 @@ mod tests {
     use turbospark::ops::Router;
     use turbospark::{ComputeBackend, HostBytes};
 
+    /// One decode row's buffers for post_attention and the router (64 wide,
+    /// 5 experts, top-2), and both branches' gate_up (8 activation rows
+    /// each), bf16 weights.
+    struct Row {
+        f32s: Vec<WgpuBuffer>,
+        proj: WgpuBuffer,
+        gate_up: [WgpuBuffer; 2],
+        zero_id: WgpuBuffer,
+        ids: WgpuBuffer,
+        wts: WgpuBuffer,
+        p: PostAttention,
+        rp: Router,
+    }
+
+    const DIM: usize = 64;
+    const EXPERTS: usize = 5;
+    const INTER: usize = 8;
+
+    fn row(be: &WgpuBackend) -> Row {
+        let v: Vec<f32> = (0..DIM).map(|i| 0.5 + i as f32 / 64.0).collect();
+        let bf16 = |rows: usize, label| {
+            let w: Vec<f32> = (0..rows * DIM).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b = turbospark::dtype::encode_f32(DType::BF16, &w);
+            be.upload(DType::BF16, HostBytes::Slice(&b), label).unwrap()
+        };
+        let mut f32s: Vec<WgpuBuffer> = ["o", "x", "p", "f", "m", "s"]
+            .into_iter()
+            .map(|l| upload_f32(be, &v, l))
+            .collect();
+        f32s.push(upload_f32(be, &[1.0; EXPERTS], "pes"));
+        for l in ["r", "ff", "moe_in", "act", "moe_act"] {
+            f32s.push(be.alloc(DType::F32, DIM * 2, l).unwrap());
+        }
+        Row {
+            f32s,
+            proj: bf16(EXPERTS, "proj"),
+            gate_up: [bf16(2 * INTER, "mlp"), bf16(EXPERTS * 2 * INTER, "experts")],
+            zero_id: be
+                .upload(DType::U32, HostBytes::Slice(&[0; 4]), "zero")
+                .unwrap(),
+            ids: be.alloc(DType::U32, 2, "ids").unwrap(),
+            wts: be.alloc(DType::F32, 2, "wts").unwrap(),
+            p: PostAttention {
+                rows: 1,
+                dim: DIM,
+                eps: 1e-6,
+            },
+            rp: Router {
+                m: 1,
+                hidden: DIM,
+                experts: EXPERTS,
+                top_k: 2,
+                eps: 1e-6,
+            },
+        }
+    }
+
+    impl Row {
+        fn args(
+            &self,
+        ) -> (
+            PostAttentionArgs<'_, WgpuBuffer>,
+            RouterArgs<'_, WgpuBuffer>,
+        ) {
+            let f = &self.f32s;
+            (
+                PostAttentionArgs {
+                    o: &f[0],
+                    x: &f[1],
+                    w_post: &f[2],
+                    w_ff: &f[3],
+                    r: &f[7],
+                    ff: &f[8],
+                    moe: (&f[4], &f[9]),
+                    p: self.p,
+                },
+                RouterArgs {
+                    eff_scale: &f[5],
+                    proj: &self.proj,
+                    per_expert_scale: &f[6],
+                    ids: &self.ids,
+                    weights: &self.wts,
+                    p: self.rp,
+                },
+            )
+        }
+
+        fn gate_up(&self) -> [GateUpArgs<'_, WgpuBuffer>; 2] {
+            let f = &self.f32s;
+            let moe = |experts, top_k| turbospark::ops::Moe {
+                m: 1,
+                hidden: DIM,
+                inter: INTER,
+                experts,
+                top_k,
+            };
+            [
+                GateUpArgs {
+                    x: &f[8],
+                    gate_up: &self.gate_up[0],
+                    ids: &self.zero_id,
+                    act: &f[10],
+                    p: moe(1, 1),
+                },
+                GateUpArgs {
+                    x: &f[9],
+                    gate_up: &self.gate_up[1],
+                    ids: &self.ids,
+                    act: &f[11],
+                    p: moe(EXPERTS, 2),
+                },
+            ]
+        }
+    }
+
+    /// Dispatches `run` records.
+    fn dispatches(be: &WgpuBackend, run: impl FnOnce()) -> u64 {
+        let before = be.counters().0;
+        run();
+        be.counters().0 - before
+    }
+
     /// One decode row with experts takes two dispatches (post_attention
     /// with the router's logits, then top-k) where the device binds 11
     /// storage buffers, as lavapipe and the H200 do; else three.
     #[test]
     fn post_attention_router_fuses_the_logits_where_it_fits() {
         let Some(be) = backend() else { return };
-        let (dim, experts) = (64, 5);
-        let v: Vec<f32> = (0..dim).map(|i| 0.5 + i as f32 / 64.0).collect();
-        let f = |label| upload_f32(&be, &v, label);
-        let (o, x, w_post, w_ff, w_moe, scale) = (f("o"), f("x"), f("p"), f("f"), f("m"), f("s"));
-        let proj_v: Vec<f32> = (0..dim * experts).map(|i| (i % 7) as f32 - 3.0).collect();
-        let proj_b = turbospark::dtype::encode_f32(DType::BF16, &proj_v);
-        let proj = be
-            .upload(DType::BF16, HostBytes::Slice(&proj_b), "proj")
-            .unwrap();
-        let pes = upload_f32(&be, &[1.0; 5], "pes");
-        let out = |label| be.alloc(DType::F32, dim, label).unwrap();
-        let (r, ff, moe_in) = (out("r"), out("ff"), out("moe_in"));
-        let ids = be.alloc(DType::U32, 2, "ids").unwrap();
-        let wts = be.alloc(DType::F32, 2, "wts").unwrap();
-        let p = PostAttention {
-            rows: 1,
-            dim,
-            eps: 1e-6,
-        };
-        let rp = Router {
-            m: 1,
-            hidden: dim,
-            experts,
-            top_k: 2,
-            eps: 1e-6,
-        };
-        let before = be.counters().0;
-        be.post_attention_router(
-            PostAttentionArgs {
-                o: &o,
-                x: &x,
-                w_post: &w_post,
-                w_ff: &w_ff,
-                r: &r,
-                ff: &ff,
-                moe: (&w_moe, &moe_in),
-                p,
-            },
-            RouterArgs {
-                eff_scale: &scale,
-                proj: &proj,
-                per_expert_scale: &pes,
-                ids: &ids,
-                weights: &wts,
-                p: rp,
-            },
-        )
-        .unwrap();
-        let n = be.counters().0 - before;
+        let row = row(&be);
+        let (pa, router) = row.args();
+        let n = dispatches(&be, || be.post_attention_router(pa, router).unwrap());
         let limit = be.limits.max_storage_buffers_per_shader_stage;
         eprintln!("{limit} storage buffers a stage: {n} dispatches");
         assert_eq!(n, if limit >= LOGITS_BINDINGS { 2 } else { 3 });
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             assert_eq!(n, 2, "CI's lavapipe runs the fused kernel");
+        }
+    }
+
+    /// With both branches' gate_up, two dispatches (the logits, then the
+    /// pair picking its experts) where the device binds 14 storage buffers;
+    /// the routing it writes for phase 2 is router_topk's.
+    #[test]
+    fn post_attention_gate_up_picks_the_experts_in_the_pair_launch() {
+        let Some(be) = backend() else { return };
+        let row = row(&be);
+        let [dense, routed] = row.gate_up();
+        let n = dispatches(&be, || {
+            be.post_attention_gate_up(row.args(), dense, routed)
+                .unwrap()
+        });
+        let fused = (
+            be.download_u32(&row.ids).unwrap(),
+            be.download_f32(&row.wts).unwrap(),
+        );
+        let (pa, router) = row.args();
+        be.post_attention_router(pa, router).unwrap();
+        let apart = (
+            be.download_u32(&row.ids).unwrap(),
+            be.download_f32(&row.wts).unwrap(),
+        );
+        assert_eq!(fused.0, apart.0, "ids");
+        for (a, b) in fused.1.iter().zip(&apart.1) {
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs(),
+                "weights {:?} against {:?}",
+                fused.1,
+                apart.1
+            );
+        }
+        let limit = be.limits.max_storage_buffers_per_shader_stage;
+        eprintln!("{limit} storage buffers a stage: {n} dispatches");
+        if limit >= super::super::moe::ROUTED_PAIR_BINDINGS {
+            assert_eq!(n, 2);
+        }
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            assert_eq!(n, 2, "CI's lavapipe runs the fused kernels");
         }
     }
 }

@@ -147,7 +147,7 @@ pub(crate) fn router(
         // tensor-core path, and top-k choices should not hinge on f16 x)
         super::gemm::dense(be, proj, one(&first_out), one(&logits), mm, false)?;
     }
-    router_topk(be, x, s, proj, pes, &logits, (ids, w), p)
+    router_topk(be, x, s, proj, pes, (&logits, false), (ids, w), p)
 }
 
 /// The scratch the router's raw logits go through (`[m, experts]`).
@@ -163,8 +163,8 @@ pub(crate) fn router_logits_buffer(be: &WgpuBackend, p: &Router) -> Result<WgpuB
 }
 
 /// The router's second dispatch: top-k of the raw `logits` of x's rows
-/// (scaled by each row's RMS), their softmax and per-expert scale, into
-/// `(ids, weights)`.
+/// (scaled by each row's RMS, unless `scaled`: the logits already are),
+/// their softmax and per-expert scale, into `(ids, weights)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn router_topk(
     be: &WgpuBackend,
@@ -172,7 +172,7 @@ pub(crate) fn router_topk(
     s: &WgpuBuffer,
     proj: &WgpuBuffer,
     pes: &WgpuBuffer,
-    logits: &WgpuBuffer,
+    (logits, scaled): (&WgpuBuffer, bool),
     (ids, w): (&WgpuBuffer, &WgpuBuffer),
     p: Router,
 ) -> Result<()> {
@@ -180,7 +180,7 @@ pub(crate) fn router_topk(
     be.launch(Launch {
         kernel: "router",
         entry: "router_topk",
-        constants: &super::wdtype(proj.dtype),
+        constants: &[super::wdtype(proj.dtype)[0], ("SCALED", scaled as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(x), true),
@@ -471,6 +471,75 @@ pub(crate) fn moe_gate_up_pair(
             (xb, true),
             (xb, true),
             (one(b.act), false),
+        ],
+        groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
+    })
+}
+
+/// Storage bindings of `moe_gate_up_pair_routed` (0-13).
+pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
+
+/// Whether [`moe_gate_up_pair_routed`] takes the pair `(a, b)` routed by
+/// `router` for one token: the pair's launch fits and the kernel's top-k
+/// does (experts and top-k within kernels/topk.wgsl's bounds).
+pub(crate) fn routed_pair_fits(
+    be: &WgpuBackend,
+    a: &GateUpArgs<'_, WgpuBuffer>,
+    b: &GateUpArgs<'_, WgpuBuffer>,
+    router: &Router,
+) -> bool {
+    pair_fits(
+        be,
+        (&a.p, a.p.hidden, a.gate_up),
+        (&b.p, b.p.hidden, b.gate_up),
+    ) && router.m == 1
+        && router.experts == b.p.experts
+        && router.top_k == b.p.top_k
+        && router.experts <= 256
+        && router.top_k <= DECODE_MAX_TOP_K
+        && be.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
+}
+
+/// The gate_up pair with `b`'s experts picked in the launch from the
+/// router's scaled `logits` (kernels/moe_decode.wgsl's
+/// `moe_gate_up_pair_routed`), which also writes the routing `(ids,
+/// weights)` for phase 2: router_topk and the pair in one dispatch. The
+/// caller checked [`routed_pair_fits`]; `b.ids` is `ids`.
+pub(crate) fn moe_gate_up_pair_routed(
+    be: &WgpuBackend,
+    (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
+    (logits, pes): (&WgpuBuffer, &WgpuBuffer),
+    (ids, wts): (&WgpuBuffer, &WgpuBuffer),
+) -> Result<()> {
+    let nrb = (
+        a.p.inter.div_ceil(decode_pairs()),
+        b.p.inter.div_ceil(decode_pairs()),
+    );
+    let groups_a = (a.p.top_k * nrb.0) as u32;
+    let params = pair_params(&a.p, &b.p, nrb, groups_a);
+    let (xa, xb) = (one(a.x), one(b.x));
+    be.launch(Launch {
+        kernel: "moe_decode",
+        entry: "moe_gate_up_pair_routed",
+        constants: &gate_up_constants(a.gate_up.dtype, a.p.hidden),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(a.ids), true),
+            (weight(be, a.gate_up, "moe_gate_up")?, true),
+            (xa, true),
+            // no routing weights in phase 1, and b's ids are computed: x
+            // stands in, never read
+            (xa, true),
+            (one(a.act), false),
+            (xb, true),
+            (weight(be, b.gate_up, "moe_gate_up")?, true),
+            (xb, true),
+            (xb, true),
+            (one(b.act), false),
+            (one(logits), true),
+            (one(pes), true),
+            (one(ids), false),
+            (one(wts), false),
         ],
         groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
     })
