@@ -336,8 +336,10 @@ fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let gb = g - P.groups_a;
     let ne = P.experts2;
     let k = P.top_k2;
-    if (t < ne) {
-        tk_log[t] = RLOG[t];
+    if (t < (ne + 3u) / 4u) {
+        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
+        let l = vec4<f32>(RLOG[4u * t], RLOG[4u * t + 1u], RLOG[4u * t + 2u], RLOG[4u * t + 3u]);
+        tk_log[t] = topk_pad(l, t, ne);
     }
     workgroupBarrier();
     topk_select(t, ne, k);

@@ -137,8 +137,11 @@ fn router_topk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         inv = inverseSqrt(workgroup_sum(ss, lid, WG) / f32(h) + P.eps);
     }
-    if (lid < ne) {
-        tk_log[lid] = LOG[t * ne + lid] * inv;
+    if (lid < (ne + 3u) / 4u) {
+        let b = t * ne + 4u * lid;
+        // (the loads past ne stay within LOG: its last row is padded)
+        let l = vec4<f32>(LOG[b], LOG[b + 1u], LOG[b + 2u], LOG[b + 3u]);
+        tk_log[lid] = topk_pad(l * inv, lid, ne);
     }
     workgroupBarrier();
     let k = P.top_k;

@@ -24,13 +24,16 @@ const DOWN_ROWS: usize = 4;
 /// Tokens per phase-2 workgroup.
 const TOKENS_PER_GROUP: usize = 16;
 /// Threads per weight row of the decode kernels (kernels/moe_decode.wgsl,
-/// their `LANES`): gate_up 128, down 64. Smaller workgroups of work finish
-/// closer together, and a decode step waits for the last: on the H200 in
-/// the decode step (seventh session, run 9) the dense+routed gate_up pair
-/// took 34.9 us a layer at 32 lanes, 33.0 at 128; the down pair 23.3 at 32,
-/// 23.0 at 64; decode 223.9 -> 228.7 tok/s. (Alone, in the per-op bench,
-/// gate_up is fastest at 32 lanes: 21.0 us against 21.5 at 128.)
-const DECODE_GATE_UP_LANES: usize = 128;
+/// their `LANES`): gate_up 32, down 64. Down: smaller workgroups of work
+/// finish closer together, and a decode step waits for the last (H200,
+/// seventh session run 9: the down pair 23.3 us a layer at 32 lanes, 23.0
+/// at 64). Gate_up took 128 for the same reason (the pair 34.9 -> 33.0 us
+/// a layer) until the routed pair ranked the router's logits in every
+/// workgroup: that work scales with the workgroups, and at 128 lanes
+/// (5632 routed workgroups) the routed pair took 58.7 us a layer, at 64
+/// 40.8, at 32 35.4; decode 210.2 / 236.9 / 245.2 tok/s against 239.7 for
+/// router_topk and the pair at 128 (eighth session run 2).
+const DECODE_GATE_UP_LANES: usize = 32;
 /// Threads per weight row of `moe_down_decode` for one token (`down_lanes`).
 const DECODE_DOWN_LANES: usize = 64;
 // A gate_up workgroup is 256 threads over gate and up rows: more than 128
@@ -150,13 +153,15 @@ pub(crate) fn router(
     router_topk(be, x, s, proj, pes, (&logits, false), (ids, w), p)
 }
 
-/// The scratch the router's raw logits go through (`[m, experts]`).
+/// The scratch the router's raw logits go through (`[m, experts]`, and 3
+/// floats more: kernels/topk.wgsl's users read the last row as whole
+/// vec4s).
 pub(crate) fn router_logits_buffer(be: &WgpuBackend, p: &Router) -> Result<WgpuBuffer> {
     super::scratch_buffer(
         be,
         |s| &mut s.router,
         DType::F32,
-        p.m * p.experts,
+        p.m * p.experts + 3,
         4096,
         "router logits",
     )
