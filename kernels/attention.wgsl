@@ -635,15 +635,31 @@ fn prefill_k(kbase: u32, j: u32, hi: u32, col: u32) -> vec4<f32> {
     return vec4<f32>(0.0);
 }
 
+// Workgroup (pair i, kv head g) takes slot blocks i and nb - 1 - i in
+// turn: under a causal mask block b sees about b + 1 key blocks, so the
+// pairs carry equal work (each as much as the heaviest block alone, which
+// set the dispatch's time when every block had its own workgroup).
 @compute @workgroup_size(256)
 fn attn_prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     let id = linear_group(wg, nwg);
     let g = id % P.kv_heads;
-    let s0 = (id / P.kv_heads) * PB;
-    if (s0 >= P.nslots) {
+    let i = id / P.kv_heads;
+    let nb = (P.nslots + PB - 1u) / PB;
+    if (2u * i >= nb + 1u) {
         return;
     }
+    prefill_block(i * PB, g, lid);
+    let j = nb - 1u - i;
+    if (j != i) {
+        // (the first block's last reads of workgroup memory are behind it)
+        workgroupBarrier();
+        prefill_block(j * PB, g, lid);
+    }
+}
+
+// One block of PB query slots from s0 over all of its keys.
+fn prefill_block(s0: u32, g: u32, lid: u32) {
     let s1 = min(s0 + PB, P.nslots);
     let d4 = P.d4;
     // The block's key span: the union of its rows' ranges.

@@ -298,7 +298,8 @@ pub(crate) fn attention(
     if p.m >= super::PREFILL_MIN_M {
         // One dispatch: a workgroup per (block of query slots, kv head)
         // walks all of its keys, so there are no partials to combine.
-        let blocks = nslots.div_ceil(PREFILL_SLOTS);
+        // (a workgroup takes a light and a heavy block, attn_prefill)
+        let blocks = nslots.div_ceil(PREFILL_SLOTS).div_ceil(2);
         let params = AttnParams::new(&p, 1, 0, blocks);
         return first(
             "attn_prefill",
