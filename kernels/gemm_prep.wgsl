@@ -5,8 +5,10 @@ enable f16;
 // Its own family because it needs only f16: it runs, and is tested against
 // a host model of it, on devices without cooperative matrices (lavapipe).
 
-@group(1) @binding(0) var<storage, read> PX: array<f32>;
-@group(1) @binding(1) var<storage, read_write> PX16: array<f16>;
+// (as vec4: the launcher takes only k a multiple of 32, so every row
+// starts on a 16-byte boundary)
+@group(1) @binding(0) var<storage, read> PX: array<vec4<f32>>;
+@group(1) @binding(1) var<storage, read_write> PX16: array<vec4<f16>>;
 @group(1) @binding(2) var<storage, read_write> PXS: array<f32>;
 @group(1) @binding(3) var<storage, read> ROUTE: array<u32>;
 
@@ -42,6 +44,16 @@ fn nearest_half(v: f32) -> f32 {
     return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
 }
 
+// nearest_half on each component.
+fn nearest_half4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(nearest_half(v.x), nearest_half(v.y), nearest_half(v.z), nearest_half(v.w));
+}
+
+// Vec4 of a row per lane per pass: the loads of a pass are issued together,
+// so a warp waits on memory k / (4 * 32 * XV) times a row, not once per
+// element.
+const XV: u32 = 4u;
+
 // Eight X16 rows per workgroup, a warp per row (all eight in one tile: BM
 // is a multiple of 8), so the route list is searched once per eight rows.
 @compute @workgroup_size(256)
@@ -73,11 +85,19 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         let p = ROUTE[1u + 3u * P.experts + info.z + i];
         src = select(p, p / P.top_k, mode == GATE_UP);
     }
-    let k = P.k;
+    let k4 = P.k / 4u;
+    let xb = src * k4;
     var mx = 0.0;
     if (on) {
-        for (var c = lane; c < k; c += 32u) {
-            mx = max(mx, abs(PX[src * k + c]));
+        for (var c0 = lane; c0 < k4; c0 += 32u * XV) {
+            // (past the row: its last vec4 again, harmless to a max)
+            var a: array<vec4<f32>, XV>;
+            for (var u = 0u; u < XV; u++) {
+                a[u] = abs(PX[xb + min(c0 + 32u * u, k4 - 1u)]);
+            }
+            for (var u = 0u; u < XV; u++) {
+                mx = max(mx, max(max(a[u].x, a[u].y), max(a[u].z, a[u].w)));
+            }
         }
     }
     // The warp's largest |x| (a tree over its 32 slots; every warp takes
@@ -96,12 +116,20 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     // inf or NaN, as in f32.
     let e = max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
     let sc = bitcast<f32>(u32(127 + 14 - e) << 23u);
-    for (var c = lane; c < k; c += 32u) {
-        var v = 0.0;
-        if (on) {
-            v = PX[src * k + c] * sc;
+    for (var c0 = lane; c0 < k4; c0 += 32u * XV) {
+        var a: array<vec4<f32>, XV>;
+        for (var u = 0u; u < XV; u++) {
+            a[u] = vec4<f32>(0.0);
+            if (on) {
+                a[u] = PX[xb + min(c0 + 32u * u, k4 - 1u)];
+            }
         }
-        PX16[r * k + c] = f16(nearest_half(v));
+        for (var u = 0u; u < XV; u++) {
+            let c = c0 + 32u * u;
+            if (c < k4) {
+                PX16[r * k4 + c] = vec4<f16>(nearest_half4(a[u] * sc));
+            }
+        }
     }
     if (lane == 0u) {
         PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);
