@@ -701,49 +701,14 @@ impl Op {
             Op::Softcap { n, cap } => b.softcap(&i[0], &o[0], *n, *cap),
             Op::Embed { p, .. } => b.embed(&i[0], &i[1], &o[0], *p),
             Op::Argmax { rows, n } => b.argmax(&i[0], &o[0], *rows, *n),
-            Op::PostAttentionRouter { p, r, .. } => b.post_attention_router(
-                PostAttentionArgs {
-                    o: &i[0],
-                    x: &i[1],
-                    w_post: &i[2],
-                    w_ff: &i[3],
-                    r: &o[0],
-                    ff: &o[1],
-                    moe: (&i[4], &o[2]),
-                    p: *p,
-                },
-                RouterArgs {
-                    eff_scale: &i[5],
-                    proj: &i[6],
-                    per_expert_scale: &i[7],
-                    ids: &o[3],
-                    weights: &o[4],
-                    p: *r,
-                },
-            ),
+            Op::PostAttentionRouter { p, r, .. } => {
+                let (pa, router) = post_attention_router_args(i, o, *p, *r);
+                b.post_attention_router(pa, router)
+            }
             Op::PostAttentionGateUp { p, r, .. } => {
                 let (dense, routed) = self.gate_up_problems().unwrap();
                 b.post_attention_gate_up(
-                    (
-                        PostAttentionArgs {
-                            o: &i[0],
-                            x: &i[1],
-                            w_post: &i[2],
-                            w_ff: &i[3],
-                            r: &o[0],
-                            ff: &o[1],
-                            moe: (&i[4], &o[2]),
-                            p: *p,
-                        },
-                        RouterArgs {
-                            eff_scale: &i[5],
-                            proj: &i[6],
-                            per_expert_scale: &i[7],
-                            ids: &o[3],
-                            weights: &o[4],
-                            p: *r,
-                        },
-                    ),
+                    post_attention_router_args(i, o, *p, *r),
                     GateUpArgs {
                         x: &o[1],
                         gate_up: &i[8],
@@ -775,4 +740,34 @@ impl Op {
             }
         }
     }
+}
+
+/// `PostAttentionRouter`'s arguments (and the first of
+/// `PostAttentionGateUp`'s) from a case's inputs `i` and outputs `o`.
+fn post_attention_router_args<'a, B>(
+    i: &'a [B],
+    o: &'a [B],
+    p: PostAttention,
+    r: Router,
+) -> (PostAttentionArgs<'a, B>, RouterArgs<'a, B>) {
+    (
+        PostAttentionArgs {
+            o: &i[0],
+            x: &i[1],
+            w_post: &i[2],
+            w_ff: &i[3],
+            r: &o[0],
+            ff: &o[1],
+            moe: (&i[4], &o[2]),
+            p,
+        },
+        RouterArgs {
+            eff_scale: &i[5],
+            proj: &i[6],
+            per_expert_scale: &i[7],
+            ids: &o[3],
+            weights: &o[4],
+            p: r,
+        },
+    )
 }

@@ -369,6 +369,22 @@ fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     Ok(())
 }
 
+/// A gate_up pair's argument checks: each problem's, and neither output
+/// aliasing the other problem's buffers.
+fn check_gate_up_pair(
+    a: &GateUpArgs<'_, WgpuBuffer>,
+    b: &GateUpArgs<'_, WgpuBuffer>,
+) -> Result<()> {
+    for q in [a, b] {
+        check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
+    }
+    v::pair_apart(
+        "moe_gate_up_pair",
+        &[a.x, a.gate_up, a.ids, a.act],
+        &[b.x, b.gate_up, b.ids, b.act],
+    )
+}
+
 /// The router's argument checks (shapes, aliasing, single bindings).
 #[allow(clippy::too_many_arguments)]
 fn check_router(
@@ -398,6 +414,21 @@ fn check_router(
 }
 
 impl WgpuBackend {
+    /// post_attention_router's argument checks: post_attention's with its
+    /// experts branch, the router's on the residual, and the router's
+    /// outputs apart from post_attention's buffers.
+    fn check_post_attention_router(
+        &self,
+        pa: &PostAttentionArgs<'_, WgpuBuffer>,
+        r: &RouterArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        let moe = Some(pa.moe);
+        self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
+        r.check_apart_from(pa)?;
+        let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
+        check_router(pa.r, s, proj, pes, r.ids, r.weights, r.p)
+    }
+
     /// post_attention's argument checks and device support.
     #[allow(clippy::too_many_arguments)]
     fn check_post_attention(
@@ -637,14 +668,7 @@ impl ComputeBackend for WgpuBackend {
         a: GateUpArgs<'_, WgpuBuffer>,
         b: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        for q in [&a, &b] {
-            check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
-        }
-        v::pair_apart(
-            "moe_gate_up_pair",
-            &[a.x, a.gate_up, a.ids, a.act],
-            &[b.x, b.gate_up, b.ids, b.act],
-        )?;
+        check_gate_up_pair(&a, &b)?;
         ops::moe::moe_gate_up_pair(self, &a, &b)
     }
 
@@ -784,22 +808,15 @@ impl ComputeBackend for WgpuBackend {
         pa: PostAttentionArgs<'_, WgpuBuffer>,
         router: RouterArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        let moe = Some(pa.moe);
-        self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        router.check_apart_from(&pa)?;
-        let (s, proj, pes, ids, wts) = (
-            router.eff_scale,
-            router.proj,
-            router.per_expert_scale,
-            router.ids,
-            router.weights,
-        );
-        check_router(pa.r, s, proj, pes, ids, wts, router.p)?;
+        self.check_post_attention_router(&pa, &router)?;
         if ops::fused::post_attention_router(self, &pa, &router)? {
             return Ok(());
         }
+        let moe = Some(pa.moe);
         ops::fused::post_attention(self, pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        ops::moe::router(self, pa.r, s, proj, pes, ids, wts, router.p)
+        let r = &router;
+        let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
+        ops::moe::router(self, pa.r, s, proj, pes, r.ids, r.weights, r.p)
     }
 
     fn post_attention_gate_up(
@@ -812,25 +829,8 @@ impl ComputeBackend for WgpuBackend {
         routed: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         router.check_routes(&dense, &routed)?;
-        let moe = Some(pa.moe);
-        self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        router.check_apart_from(&pa)?;
-        let (s, proj, pes, ids, wts) = (
-            router.eff_scale,
-            router.proj,
-            router.per_expert_scale,
-            router.ids,
-            router.weights,
-        );
-        check_router(pa.r, s, proj, pes, ids, wts, router.p)?;
-        for q in [&dense, &routed] {
-            check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
-        }
-        v::pair_apart(
-            "moe_gate_up_pair",
-            &[dense.x, dense.gate_up, dense.ids, dense.act],
-            &[routed.x, routed.gate_up, routed.ids, routed.act],
-        )?;
+        self.check_post_attention_router(&pa, &router)?;
+        check_gate_up_pair(&dense, &routed)?;
         if ops::fused::post_attention_gate_up(self, (&pa, &router), &dense, &routed)? {
             return Ok(());
         }

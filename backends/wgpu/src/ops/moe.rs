@@ -452,6 +452,17 @@ pub(crate) fn moe_gate_up_pair(
         moe_gate_up(be, a.x, a.gate_up, a.ids, a.act, a.p)?;
         return moe_gate_up(be, b.x, b.gate_up, b.ids, b.act, b.p);
     }
+    gate_up_pair_launch(be, (a, b), None)
+}
+
+/// A gate_up pair launch: `moe_gate_up_pair_decode`, or with `routing =
+/// Some((logits, pes, ids, weights))` `moe_gate_up_pair_routed` (b's
+/// experts picked from the logits, the routing written for phase 2).
+fn gate_up_pair_launch(
+    be: &WgpuBackend,
+    (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
+    routing: Option<[&WgpuBuffer; 4]>,
+) -> Result<()> {
     let nrb = (
         a.p.inter.div_ceil(decode_pairs()),
         b.p.inter.div_ceil(decode_pairs()),
@@ -459,24 +470,38 @@ pub(crate) fn moe_gate_up_pair(
     let groups_a = (a.p.top_k * nrb.0) as u32;
     let params = pair_params(&a.p, &b.p, nrb, groups_a);
     let (xa, xb) = (one(a.x), one(b.x));
+    let mut buffers = vec![
+        (one(a.ids), true),
+        (weight(be, a.gate_up, "moe_gate_up")?, true),
+        (xa, true),
+        // phase 1 has no routing weights: x stands in, never read
+        (xa, true),
+        (one(a.act), false),
+        // (routed: b's ids are computed, x stands in, never read)
+        (routing.map_or(one(b.ids), |_| xb), true),
+        (weight(be, b.gate_up, "moe_gate_up")?, true),
+        (xb, true),
+        (xb, true),
+        (one(b.act), false),
+    ];
+    if let Some([logits, pes, ids, wts]) = routing {
+        buffers.extend([
+            (one(logits), true),
+            (one(pes), true),
+            (one(ids), false),
+            (one(wts), false),
+        ]);
+    }
     be.launch(Launch {
         kernel: "moe_decode",
-        entry: "moe_gate_up_pair_decode",
+        entry: if routing.is_some() {
+            "moe_gate_up_pair_routed"
+        } else {
+            "moe_gate_up_pair_decode"
+        },
         constants: &gate_up_constants(a.gate_up.dtype, a.p.hidden),
         params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(a.ids), true),
-            (weight(be, a.gate_up, "moe_gate_up")?, true),
-            (xa, true),
-            // phase 1 has no routing weights: x stands in, never read
-            (xa, true),
-            (one(a.act), false),
-            (one(b.ids), true),
-            (weight(be, b.gate_up, "moe_gate_up")?, true),
-            (xb, true),
-            (xb, true),
-            (one(b.act), false),
-        ],
+        buffers: &buffers,
         groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
     })
 }
@@ -516,38 +541,7 @@ pub(crate) fn moe_gate_up_pair_routed(
     (logits, pes): (&WgpuBuffer, &WgpuBuffer),
     (ids, wts): (&WgpuBuffer, &WgpuBuffer),
 ) -> Result<()> {
-    let nrb = (
-        a.p.inter.div_ceil(decode_pairs()),
-        b.p.inter.div_ceil(decode_pairs()),
-    );
-    let groups_a = (a.p.top_k * nrb.0) as u32;
-    let params = pair_params(&a.p, &b.p, nrb, groups_a);
-    let (xa, xb) = (one(a.x), one(b.x));
-    be.launch(Launch {
-        kernel: "moe_decode",
-        entry: "moe_gate_up_pair_routed",
-        constants: &gate_up_constants(a.gate_up.dtype, a.p.hidden),
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(a.ids), true),
-            (weight(be, a.gate_up, "moe_gate_up")?, true),
-            (xa, true),
-            // no routing weights in phase 1, and b's ids are computed: x
-            // stands in, never read
-            (xa, true),
-            (one(a.act), false),
-            (xb, true),
-            (weight(be, b.gate_up, "moe_gate_up")?, true),
-            (xb, true),
-            (xb, true),
-            (one(b.act), false),
-            (one(logits), true),
-            (one(pes), true),
-            (one(ids), false),
-            (one(wts), false),
-        ],
-        groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
-    })
+    gate_up_pair_launch(be, (a, b), Some([logits, pes, ids, wts]))
 }
 
 pub(crate) fn moe_down_pair(
