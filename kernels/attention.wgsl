@@ -369,10 +369,17 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         dmax[lid] = NEG;
         dsum[lid] = 0.0;
     }
-    var acc: array<vec4<f32>, 8>;
-    for (var q = 0u; q < GD; q++) {
-        acc[q] = vec4<f32>(0.0);
-    }
+    // Head q's value accumulator is a<q>: named registers, not an array
+    // indexed in loops (which a driver that does not unroll the loops keeps
+    // in local memory); heads past GD are never touched (GD is constant).
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
     if (DQN > 1u) {
         for (var i = lid; i < GD * D4; i += 256u) {
             dq[i] = Q[qbase + i];
@@ -387,10 +394,9 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         // memory about once (the V rows arrive while the scores are
         // reduced) rather than once per load.
         let krow = (kbase + min(j0 + kk, c_hi - 1u) % P.capacity) * D4;
-        var part: array<f32, 8>;
-        for (var q = 0u; q < GD; q++) {
-            part[q] = 0.0;
-        }
+        // Heads 0-3 and 4-7's partial scores (as the accumulators: named).
+        var pa = vec4<f32>(0.0);
+        var pb = vec4<f32>(0.0);
         var kv: array<vec4<f32>, DB>;
         for (var t = 0u; t < NT; t++) {
             kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
@@ -398,8 +404,10 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         for (var t = 0u; t < NT; t++) {
             let i = dpart + DP * t;
             if (i < D4) {
-                for (var q = 0u; q < GD; q++) {
-                    part[q] += dot(query(qbase, q * D4 + i), kv[t]);
+                let kt = kv[t];
+                pa += vec4<f32>(qdot(qbase, 0u, i, kt), qdot(qbase, 1u, i, kt), qdot(qbase, 2u, i, kt), qdot(qbase, 3u, i, kt));
+                if (GD > 4u) {
+                    pb += vec4<f32>(qdot(qbase, 4u, i, kt), qdot(qbase, 5u, i, kt), qdot(qbase, 6u, i, kt), qdot(qbase, 7u, i, kt));
                 }
             }
         }
@@ -409,8 +417,11 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             let key = min(j0 + vs * vrows + r, c_hi - 1u);
             vv[r] = VC[(kbase + key % P.capacity) * D4 + c];
         }
-        for (var q = 0u; q < GD; q++) {
-            dred[(dpart * GD + q) * KD + kk] = part[q];
+        for (var q = 0u; q < min(GD, 4u); q++) {
+            dred[(dpart * GD + q) * KD + kk] = pa[q];
+        }
+        for (var q = 4u; q < GD; q++) {
+            dred[(dpart * GD + q) * KD + kk] = pb[q - 4u];
         }
         workgroupBarrier();
 
@@ -473,14 +484,30 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
         // Values: this slice's keys of the chunk.
         if (vs < vslices) {
-            for (var q = 0u; q < GD; q++) {
-                acc[q] *= dalpha[q];
+            a0 *= dalpha[0];
+            a1 *= dalpha[1];
+            a2 *= dalpha[2];
+            a3 *= dalpha[3];
+            if (GD > 4u) {
+                a4 *= dalpha[4];
+                a5 *= dalpha[5];
+                a6 *= dalpha[6];
+                a7 *= dalpha[7];
             }
             for (var r = 0u; r < vrows; r++) {
                 let k = vs * vrows + r;
                 if (k < KD && j0 + k < c_hi) {
-                    for (var q = 0u; q < GD; q++) {
-                        acc[q] += dred[q * KD + k] * vv[r];
+                    let v = vv[r];
+                    // (heads past GD read other heads' p: finite, unused)
+                    a0 += dred[k] * v;
+                    a1 += dred[KD + k] * v;
+                    a2 += dred[2u * KD + k] * v;
+                    a3 += dred[3u * KD + k] * v;
+                    if (GD > 4u) {
+                        a4 += dred[4u * KD + k] * v;
+                        a5 += dred[5u * KD + k] * v;
+                        a6 += dred[6u * KD + k] * v;
+                        a7 += dred[7u * KD + k] * v;
                     }
                 }
             }
@@ -497,17 +524,42 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     // Sum the slices' accumulators, one head at a time.
-    for (var q = 0u; q < GD; q++) {
-        workgroupBarrier();
-        dacc[lid] = acc[q];
-        workgroupBarrier();
-        if (vs == 0u) {
-            var a = dacc[c];
-            for (var k = 1u; k < vslices; k++) {
-                a += dacc[k * D4 + c];
-            }
-            PART[(split * nq + g * GD + q) * D4 + c] = a;
+    let pbase = split * nq + g * GD;
+    sum_slices(0u, a0, lid, pbase);
+    sum_slices(1u, a1, lid, pbase);
+    sum_slices(2u, a2, lid, pbase);
+    sum_slices(3u, a3, lid, pbase);
+    sum_slices(4u, a4, lid, pbase);
+    sum_slices(5u, a5, lid, pbase);
+    sum_slices(6u, a6, lid, pbase);
+    sum_slices(7u, a7, lid, pbase);
+}
+
+// Query head q's dot with key columns kt at vec4 i, 0 past the group.
+fn qdot(qbase: u32, q: u32, i: u32, kt: vec4<f32>) -> f32 {
+    if (q < GD) {
+        return dot(query(qbase, q * D4 + i), kt);
+    }
+    return 0.0;
+}
+
+// Head q's value partials summed over the slices into PART (q < GD; the
+// condition is uniform: GD is a constant).
+fn sum_slices(q: u32, a: vec4<f32>, lid: u32, pbase: u32) {
+    if (q >= GD) {
+        return;
+    }
+    let c = lid % D4;
+    let vslices = min(256u / D4, KD);
+    workgroupBarrier();
+    dacc[lid] = a;
+    workgroupBarrier();
+    if (lid / D4 == 0u) {
+        var t = dacc[c];
+        for (var k = 1u; k < vslices; k++) {
+            t += dacc[k * D4 + c];
         }
+        PART[(pbase + q) * D4 + c] = t;
     }
 }
 

@@ -270,6 +270,10 @@ fn attention(full: bool) -> Vec<Op> {
         c(1, 8, 2, 512, 300, 0, 250),
         c(1, 12, 2, 384, 200, 0, 150),
         c(1, 4, 2, 300, 80, 0, 70),
+        // 3 and 5 query heads per kv head: attn_decode's per-head registers
+        // past the group (it names 8) stay unused.
+        c(1, 9, 3, 64, 90, 0, 80),
+        c(1, 10, 2, 64, 60, 0, 40),
     ];
     if full {
         v.push(c(1, 16, 2, 512, 32768, 0, 32767));
