@@ -734,7 +734,26 @@ fn prefill_block(s0: u32, g: u32, lid: u32) {
     // Value role: slots 4 sg .. + 4, columns lane + 32 v.
     let sg = lid / 32u;
     let lane = lid % 32u;
-    var acc: array<vec4<f32>, 16>;
+    // The 4 slots' accumulators for vec4 column lane + 32 v: a<v><slot>,
+    // named registers rather than an array indexed in loops (which the
+    // driver may keep in local memory, as it did attn_decode's); columns
+    // past NV are never touched (NV is constant).
+    var a00 = vec4<f32>(0.0);
+    var a01 = vec4<f32>(0.0);
+    var a02 = vec4<f32>(0.0);
+    var a03 = vec4<f32>(0.0);
+    var a10 = vec4<f32>(0.0);
+    var a11 = vec4<f32>(0.0);
+    var a12 = vec4<f32>(0.0);
+    var a13 = vec4<f32>(0.0);
+    var a20 = vec4<f32>(0.0);
+    var a21 = vec4<f32>(0.0);
+    var a22 = vec4<f32>(0.0);
+    var a23 = vec4<f32>(0.0);
+    var a30 = vec4<f32>(0.0);
+    var a31 = vec4<f32>(0.0);
+    var a32 = vec4<f32>(0.0);
+    var a33 = vec4<f32>(0.0);
     let kbase = g * P.capacity;
     let nch = (d4 + 7u) / 8u;
 
@@ -803,45 +822,87 @@ fn prefill_block(s0: u32, g: u32, lid: u32) {
         }
         workgroupBarrier();
 
-        for (var i = 0u; i < 4u; i++) {
-            let a = pa[sg * 4u + i];
-            for (var v = 0u; v < NV; v++) {
-                acc[i * 4u + v] *= a;
-            }
+        let al = vec4<f32>(pa[sg * 4u], pa[sg * 4u + 1u], pa[sg * 4u + 2u], pa[sg * 4u + 3u]);
+        a00 *= al.x;
+        a01 *= al.y;
+        a02 *= al.z;
+        a03 *= al.w;
+        if (NV > 1u) {
+            a10 *= al.x;
+            a11 *= al.y;
+            a12 *= al.z;
+            a13 *= al.w;
+        }
+        if (NV > 2u) {
+            a20 *= al.x;
+            a21 *= al.y;
+            a22 *= al.z;
+            a23 *= al.w;
+            a30 *= al.x;
+            a31 *= al.y;
+            a32 *= al.z;
+            a33 *= al.w;
         }
         // Every key of the block, a constant count (the loads can be
         // issued ahead): past the span a key's p is 0 (its score was
         // masked) and its V row is the span's last, finite.
         for (var k = 0u; k < PK; k++) {
             let vrow = (kbase + min(kb + k, span.y - 1u) % P.capacity) * d4;
-            var vv: array<vec4<f32>, 4>;
-            for (var v = 0u; v < NV; v++) {
-                let c = lane + 32u * v;
-                vv[v] = vec4<f32>(0.0);
-                if (c < d4) {
-                    vv[v] = VC[vrow + c];
-                }
+            let r = sg * 4u * PP + k;
+            let p = vec4<f32>(pp[r], pp[r + PP], pp[r + 2u * PP], pp[r + 3u * PP]);
+            let v0 = prefill_v(vrow, lane, d4);
+            a00 += p.x * v0;
+            a01 += p.y * v0;
+            a02 += p.z * v0;
+            a03 += p.w * v0;
+            if (NV > 1u) {
+                let v1 = prefill_v(vrow, lane + 32u, d4);
+                a10 += p.x * v1;
+                a11 += p.y * v1;
+                a12 += p.z * v1;
+                a13 += p.w * v1;
             }
-            for (var i = 0u; i < 4u; i++) {
-                let p = pp[(sg * 4u + i) * PP + k];
-                for (var v = 0u; v < NV; v++) {
-                    acc[i * 4u + v] += p * vv[v];
-                }
+            if (NV > 2u) {
+                let v2 = prefill_v(vrow, lane + 64u, d4);
+                let v3 = prefill_v(vrow, lane + 96u, d4);
+                a20 += p.x * v2;
+                a21 += p.y * v2;
+                a22 += p.z * v2;
+                a23 += p.w * v2;
+                a30 += p.x * v3;
+                a31 += p.y * v3;
+                a32 += p.z * v3;
+                a33 += p.w * v3;
             }
         }
     }
 
-    for (var i = 0u; i < 4u; i++) {
-        let s = s0 + sg * 4u + i;
-        if (s < s1) {
-            let l = pl[sg * 4u + i];
-            let slot = (s / P.group) * P.heads + g * P.group + s % P.group;
-            for (var v = 0u; v < NV; v++) {
-                let c = lane + 32u * v;
-                if (c < d4) {
-                    PART[slot * d4 + c] = acc[i * 4u + v] / l;
-                }
-            }
+    prefill_out(s0 + sg * 4u, s1, g, lane, array<vec4<f32>, 4>(a00, a10, a20, a30));
+    prefill_out(s0 + sg * 4u + 1u, s1, g, lane, array<vec4<f32>, 4>(a01, a11, a21, a31));
+    prefill_out(s0 + sg * 4u + 2u, s1, g, lane, array<vec4<f32>, 4>(a02, a12, a22, a32));
+    prefill_out(s0 + sg * 4u + 3u, s1, g, lane, array<vec4<f32>, 4>(a03, a13, a23, a33));
+}
+
+// V row `vrow`'s vec4 column c (0 past the head).
+fn prefill_v(vrow: u32, c: u32, d4: u32) -> vec4<f32> {
+    if (c < d4) {
+        return VC[vrow + c];
+    }
+    return vec4<f32>(0.0);
+}
+
+// Query slot s's output columns lane + 32 v from its accumulators a[v]
+// (the block's slot s - s0 of the sg group), normalised by its sum.
+fn prefill_out(s: u32, s1: u32, g: u32, lane: u32, a: array<vec4<f32>, 4>) {
+    if (s >= s1) {
+        return;
+    }
+    let l = pl[s % PB];
+    let slot = (s / P.group) * P.heads + g * P.group + s % P.group;
+    for (var v = 0u; v < NV; v++) {
+        let c = lane + 32u * v;
+        if (c < P.d4) {
+            PART[slot * P.d4 + c] = a[v] / l;
         }
     }
 }
