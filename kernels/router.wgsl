@@ -16,7 +16,11 @@
 //                  (prefill batches: router_scale, then the prefill GEMM);
 //   router_topk    one workgroup per token: the RMS factor (the norm is a
 //                  scalar per token, so it scales the raw logits exactly as it
-//                  would scale z), top-k by rank, softmax, per-expert scale.
+//                  would scale z; skipped with SCALED, where
+//                  post_attention_logits applied it), then kernels/topk.wgsl:
+//                  top-k by rank, softmax, per-expert scale.
+// Decode with the gate_up pair fused (post_attention_gate_up) has no
+// router_topk at all: moe_gate_up_pair_routed ranks the scaled logits.
 
 struct Params {
     m: u32,
