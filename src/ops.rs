@@ -462,6 +462,8 @@ impl Matmul {
 }
 
 impl Router {
+    /// Shapes, dtypes and aliasing of a `router` call (every backend's
+    /// check, so the rule is written once).
     pub fn validate<B: DeviceBuffer>(
         &self,
         x: &B,
@@ -495,7 +497,13 @@ impl Router {
         check_weight(OP, "proj", proj, self.experts * self.hidden)?;
         check_buf(OP, "per_expert_scale", pes, &F32, self.experts)?;
         check_buf(OP, "ids", ids, &U32, self.m * self.top_k)?;
-        check_buf(OP, "weights", weights, &F32, self.m * self.top_k)
+        check_buf(OP, "weights", weights, &F32, self.m * self.top_k)?;
+        no_alias(
+            OP,
+            ids,
+            &[Some(x), Some(scale), Some(proj), Some(pes), Some(weights)],
+        )?;
+        no_alias(OP, weights, &[Some(x), Some(scale), Some(proj), Some(pes)])
     }
 }
 

@@ -2,8 +2,10 @@
 
 mod common;
 
-use turbospark::ops::{Moe, PostAttention, PostFfn};
-use turbospark::{ComputeBackend, DType, Error, GateUpArgs, HostBytes};
+use turbospark::ops::{Moe, PostAttention, PostFfn, Router};
+use turbospark::{
+    ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs,
+};
 use turbospark_cpu::CpuBackend;
 
 fn bad_calls<B: ComputeBackend>(b: &B) {
@@ -109,6 +111,77 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     assert!(
         matches!(&e, Error::Shape { op, .. } if op.contains("moe_gate_up"))
             && e.to_string().contains("aliases"),
+        "{e}"
+    );
+    // The router: its weights written over its input (`Router::validate`,
+    // every backend's check).
+    let rp = Router {
+        m: 1,
+        hidden: 8,
+        experts: 2,
+        top_k: 1,
+        eps: 1e-6,
+    };
+    let proj = b
+        .upload(
+            DType::F32,
+            HostBytes::Slice(bytemuck::cast_slice(&[0.25f32; 16])),
+            "proj",
+        )
+        .unwrap();
+    let rid = b.alloc(DType::U32, 1, "rid").unwrap();
+    let e = b.router(&a, &w, &proj, &c, &rid, &a, rp).unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { op: "router", .. }) && e.to_string().contains("aliases"),
+        "{e}"
+    );
+    // post_attention_gate_up: the routed gate_up must read the router's ids.
+    let (r, ff, moe_in, rw) = (
+        b.alloc(DType::F32, 8, "r").unwrap(),
+        b.alloc(DType::F32, 8, "ff").unwrap(),
+        b.alloc(DType::F32, 8, "moe_in").unwrap(),
+        b.alloc(DType::F32, 1, "rw").unwrap(),
+    );
+    let pa = PostAttentionArgs {
+        o: &a,
+        x: &c,
+        w_post: &w,
+        w_ff: &w,
+        r: &r,
+        ff: &ff,
+        moe: (&w, &moe_in),
+        p: PostAttention {
+            rows: 1,
+            dim: 8,
+            eps: 1e-6,
+        },
+    };
+    let router = RouterArgs {
+        eff_scale: &w,
+        proj: &proj,
+        per_expert_scale: &c,
+        ids: &rid,
+        weights: &rw,
+        p: rp,
+    };
+    let routed = GateUpArgs {
+        x: &moe_in,
+        gate_up: &gu,
+        ids: &id0,
+        act: &act2,
+        p: Moe { experts: 2, ..p },
+    };
+    let e = b
+        .post_attention_gate_up((pa, router), half(&ff, &act), routed)
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Shape {
+                op: "post_attention_gate_up",
+                ..
+            }
+        ) && e.to_string().contains("router's ids"),
         "{e}"
     );
 }

@@ -358,16 +358,6 @@ impl ComputeBackend for CpuBackend {
         p: Router,
     ) -> Result<()> {
         p.validate(x, scale, proj, pes, ids, wts)?;
-        v::no_alias(
-            "router",
-            ids,
-            &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
-        )?;
-        v::no_alias(
-            "router",
-            wts,
-            &[Some(x), Some(scale), Some(proj), Some(pes)],
-        )?;
         let (xr, sr, pr, er) = (x.read(), scale.read(), proj.read(), pes.read());
         ops::router(
             xr.f32(),

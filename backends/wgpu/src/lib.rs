@@ -385,7 +385,8 @@ fn check_gate_up_pair(
     )
 }
 
-/// The router's argument checks (shapes, aliasing, single bindings).
+/// The router's argument checks (shapes and aliasing, `Router::validate`;
+/// single bindings).
 #[allow(clippy::too_many_arguments)]
 fn check_router(
     x: &WgpuBuffer,
@@ -397,16 +398,6 @@ fn check_router(
     p: Router,
 ) -> Result<()> {
     p.validate(x, scale, proj, pes, ids, wts)?;
-    v::no_alias(
-        "router",
-        ids,
-        &[Some(x), Some(scale), Some(proj), Some(pes), Some(wts)],
-    )?;
-    v::no_alias(
-        "router",
-        wts,
-        &[Some(x), Some(scale), Some(proj), Some(pes)],
-    )?;
     whole(
         "router",
         &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
