@@ -21,6 +21,25 @@ pub struct Chunk {
     pub(crate) memory: Arc<MemoryUse>,
 }
 
+impl Chunk {
+    /// A chunk over `buffer`, counted in `memory` until it drops.
+    pub(crate) fn new(
+        buffer: wgpu::Buffer,
+        (row_start, rows): (usize, usize),
+        reaper: Reaper,
+        memory: Arc<MemoryUse>,
+    ) -> Self {
+        memory.hold(buffer.size());
+        Chunk {
+            buffer,
+            row_start,
+            rows,
+            reaper,
+            memory,
+        }
+    }
+}
+
 /// Device bytes held in storage buffers (tensors and the backends' scratch),
 /// now and at the most since the count began or was last reset.
 #[derive(Debug, Default)]
@@ -30,7 +49,7 @@ pub(crate) struct MemoryUse {
 }
 
 impl MemoryUse {
-    pub(crate) fn hold(&self, bytes: u64) {
+    fn hold(&self, bytes: u64) {
         let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(live, Ordering::Relaxed);
     }

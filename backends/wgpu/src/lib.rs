@@ -206,8 +206,6 @@ impl WgpuBackend {
                 "buffer `{label}` of {bytes} bytes: {e}"
             )));
         }
-        // (every storage buffer becomes a Chunk, which gives the bytes back)
-        self.memory.hold(b.size());
         Ok(b)
     }
 
@@ -223,6 +221,12 @@ impl WgpuBackend {
         self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, bytes)
     }
 
+    /// A storage buffer as rows `start .. start + rows` of a tensor,
+    /// counted in [`WgpuBackend::memory`] while it lives.
+    fn chunk(&self, buffer: wgpu::Buffer, rows: (usize, usize)) -> Chunk {
+        Chunk::new(buffer, rows, self.binds.reaper(), self.memory.clone())
+    }
+
     fn single_buffer(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
         let bytes = (len * dtype.size()) as u64;
         let buffer = self.create_buffer(
@@ -232,13 +236,7 @@ impl WgpuBackend {
             "max_storage_buffer_binding_size",
         )?;
         Ok(WgpuBuffer {
-            chunks: Arc::new(vec![Chunk {
-                buffer,
-                row_start: 0,
-                rows: 1,
-                reaper: self.binds.reaper(),
-                memory: self.memory.clone(),
-            }]),
+            chunks: Arc::new(vec![self.chunk(buffer, (0, 1))]),
             dtype,
             len,
             fits_f16: false,
@@ -521,13 +519,7 @@ impl ComputeBackend for WgpuBackend {
                 "max_storage_buffer_binding_size",
             )?;
             self.write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
-            chunks.push(Chunk {
-                buffer,
-                row_start: r,
-                rows: n,
-                reaper: self.binds.reaper(),
-                memory: self.memory.clone(),
-            });
+            chunks.push(self.chunk(buffer, (r, n)));
             r += n;
         }
         Ok(WgpuBuffer {
