@@ -5,9 +5,11 @@
 // it is written for few instructions: the logits as vec4s, two threads per
 // expert where there are at most 128.
 
-// Experts at most (a 256-thread workgroup), and experts per token at most.
+// Experts at most (a 256-thread workgroup), and experts per token at most:
+// `turbospark::ops::MAX_EXPERTS` / `MAX_TOP_K`, which `Router::validate`
+// holds every router to (backends/wgpu/src/ops/moe.rs asserts they agree).
 const TOPK_MAXE: u32 = 256u;
-const TOPK_MAXK: u32 = 16u;
+const TOPK_MAXK: u32 = 8u;
 var<workgroup> tk_log: array<vec4<f32>, 64>;
 var<workgroup> tk_rank: array<u32, TOPK_MAXE>;
 var<workgroup> tk_id: array<u32, TOPK_MAXK>;

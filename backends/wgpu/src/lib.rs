@@ -418,6 +418,22 @@ impl WgpuBackend {
         check_router(pa.r, s, proj, pes, r.ids, r.weights, r.p)
     }
 
+    /// post_attention_router on checked arguments: fused where it fits,
+    /// else the two ops' launches in turn.
+    fn run_post_attention_router(
+        &self,
+        pa: &PostAttentionArgs<'_, WgpuBuffer>,
+        r: &RouterArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        if ops::fused::post_attention_router(self, pa, r)? {
+            return Ok(());
+        }
+        let moe = Some(pa.moe);
+        ops::fused::post_attention(self, pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
+        let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
+        ops::moe::router(self, pa.r, s, proj, pes, r.ids, r.weights, r.p)
+    }
+
     /// post_attention's argument checks and device support.
     #[allow(clippy::too_many_arguments)]
     fn check_post_attention(
@@ -792,14 +808,7 @@ impl ComputeBackend for WgpuBackend {
         router: RouterArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         self.check_post_attention_router(&pa, &router)?;
-        if ops::fused::post_attention_router(self, &pa, &router)? {
-            return Ok(());
-        }
-        let moe = Some(pa.moe);
-        ops::fused::post_attention(self, pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        let r = &router;
-        let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
-        ops::moe::router(self, pa.r, s, proj, pes, r.ids, r.weights, r.p)
+        self.run_post_attention_router(&pa, &router)
     }
 
     fn post_attention_gate_up(
@@ -817,7 +826,7 @@ impl ComputeBackend for WgpuBackend {
         if ops::fused::post_attention_gate_up(self, (&pa, &router), &dense, &routed)? {
             return Ok(());
         }
-        self.post_attention_router(pa, router)?;
+        self.run_post_attention_router(&pa, &router)?;
         ops::moe::moe_gate_up_pair(self, &dense, &routed)
     }
 

@@ -181,7 +181,7 @@ pub(crate) fn post_attention_gate_up(
     dense: &GateUpArgs<'_, WgpuBuffer>,
     routed: &GateUpArgs<'_, WgpuBuffer>,
 ) -> Result<bool> {
-    if !logits_fit(be, pa, router) || !super::moe::routed_pair_fits(be, dense, routed, &router.p) {
+    if !logits_fit(be, pa, router) || !super::moe::routed_pair_fits(be, dense, routed) {
         return Ok(false);
     }
     let logits = post_attention_logits(be, pa, router)?;

@@ -470,7 +470,10 @@ fn gate_up_pair_launch(
     let groups_a = (a.p.top_k * nrb.0) as u32;
     let params = pair_params(&a.p, &b.p, nrb, groups_a);
     let (xa, xb) = (one(a.x), one(b.x));
-    let mut buffers = vec![
+    // (a fixed array, no allocation per decode layer: the plain launch
+    // binds the first PAIR_BINDINGS)
+    let [logits, pes, ids, wts] = routing.unwrap_or([b.x; 4]);
+    let buffers = [
         (one(a.ids), true),
         (weight(be, a.gate_up, "moe_gate_up")?, true),
         (xa, true),
@@ -483,15 +486,16 @@ fn gate_up_pair_launch(
         (xb, true),
         (xb, true),
         (one(b.act), false),
+        (one(logits), true),
+        (one(pes), true),
+        (one(ids), false),
+        (one(wts), false),
     ];
-    if let Some([logits, pes, ids, wts]) = routing {
-        buffers.extend([
-            (one(logits), true),
-            (one(pes), true),
-            (one(ids), false),
-            (one(wts), false),
-        ]);
-    }
+    let bound = if routing.is_some() {
+        ROUTED_PAIR_BINDINGS
+    } else {
+        PAIR_BINDINGS
+    };
     be.launch(Launch {
         kernel: "moe_decode",
         entry: if routing.is_some() {
@@ -501,33 +505,32 @@ fn gate_up_pair_launch(
         },
         constants: &gate_up_constants(a.gate_up.dtype, a.p.hidden),
         params: bytemuck::bytes_of(&params),
-        buffers: &buffers,
+        buffers: &buffers[..bound as usize],
         groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
     })
 }
 
+// kernels/topk.wgsl's TOPK_MAXE and TOPK_MAXK.
+const _: () = assert!(turbospark::ops::MAX_EXPERTS <= 256 && turbospark::ops::MAX_TOP_K <= 8);
+
 /// Storage bindings of `moe_gate_up_pair_routed` (0-13).
 pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
 
-/// Whether [`moe_gate_up_pair_routed`] takes the pair `(a, b)` routed by
-/// `router` for one token: the pair's launch fits and the kernel's top-k
-/// does (experts and top-k within kernels/topk.wgsl's bounds).
+/// Whether [`moe_gate_up_pair_routed`] takes the pair `(a, b)`: the pair's
+/// launch fits (one token) and the device binds its 14 buffers. The
+/// router's shape is the routed problem's (`RouterArgs::check_routes`) and
+/// within kernels/topk.wgsl's bounds (`Router::validate`: at most 256
+/// experts, top-8).
 pub(crate) fn routed_pair_fits(
     be: &WgpuBackend,
     a: &GateUpArgs<'_, WgpuBuffer>,
     b: &GateUpArgs<'_, WgpuBuffer>,
-    router: &Router,
 ) -> bool {
     pair_fits(
         be,
         (&a.p, a.p.hidden, a.gate_up),
         (&b.p, b.p.hidden, b.gate_up),
-    ) && router.m == 1
-        && router.experts == b.p.experts
-        && router.top_k == b.p.top_k
-        && router.experts <= 256
-        && router.top_k <= DECODE_MAX_TOP_K
-        && be.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
+    ) && be.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
 }
 
 /// The gate_up pair with `b`'s experts picked in the launch from the
