@@ -386,24 +386,29 @@ fn fused() -> Vec<Op> {
     ]
 }
 
+/// post_attention over `rows` x `dim` and the router on its residual.
+fn pa_router(rows: usize, dim: usize, (experts, top_k): (usize, usize)) -> (PostAttention, Router) {
+    let p = PostAttention {
+        rows,
+        dim,
+        eps: EPS,
+    };
+    let r = Router {
+        m: rows,
+        hidden: dim,
+        experts,
+        top_k,
+        eps: EPS,
+    };
+    (p, r)
+}
+
 /// post_attention and the router in one call (the decode path fuses the
 /// router's logits into post_attention's launch).
 fn post_attention_router() -> Vec<Op> {
-    let c = |rows, dim, experts, top_k, w, pw| Op::PostAttentionRouter {
-        p: PostAttention {
-            rows,
-            dim,
-            eps: EPS,
-        },
-        r: Router {
-            m: rows,
-            hidden: dim,
-            experts,
-            top_k,
-            eps: EPS,
-        },
-        w,
-        pw,
+    let c = |rows, dim, experts, top_k, w, pw| {
+        let (p, r) = pa_router(rows, dim, (experts, top_k));
+        Op::PostAttentionRouter { p, r, w, pw }
     };
     vec![
         c(1, 2816, 128, 8, BF16, BF16), // Gemma 4 26B-A4B
@@ -416,24 +421,17 @@ fn post_attention_router() -> Vec<Op> {
 /// post_attention, the router and both branches' gate_up in one call (the
 /// decode path picks the experts inside the gate_up launch).
 fn post_attention_gate_up(full: bool) -> Vec<Op> {
-    let c = |rows, dim, (experts, top_k), (inter, moe_inter), w, pw, gw| Op::PostAttentionGateUp {
-        p: PostAttention {
-            rows,
-            dim,
-            eps: EPS,
-        },
-        r: Router {
-            m: rows,
-            hidden: dim,
-            experts,
-            top_k,
-            eps: EPS,
-        },
-        inter,
-        moe_inter,
-        w,
-        pw,
-        gw,
+    let c = |rows, dim, routing, (inter, moe_inter), w, pw, gw| {
+        let (p, r) = pa_router(rows, dim, routing);
+        Op::PostAttentionGateUp {
+            p,
+            r,
+            inter,
+            moe_inter,
+            w,
+            pw,
+            gw,
+        }
     };
     let mut v = vec![
         c(1, 256, (16, 4), (96, 40), BF16, BF16, BF16),

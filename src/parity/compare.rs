@@ -84,6 +84,17 @@ fn check_written(op: &Op, r: &[HostTensor], d: &[HostTensor]) -> Result<(), Stri
     Ok(())
 }
 
+/// `e` if within `limit`, else the failure naming `what`.
+fn at_most(what: &str, e: f64, limit: f64) -> Verdict {
+    if e > limit {
+        return Err((
+            e,
+            format!("{what}: NMSE {e:.3e} over the limit {limit:.0e}"),
+        ));
+    }
+    Ok(e)
+}
+
 /// Router logits in f64 from the case's inputs, to tell ties from errors.
 fn router_logits(inputs: &[HostTensor], p: &crate::ops::Router, t: usize) -> Vec<f64> {
     let x = &f32s(&inputs[0])[t * p.hidden..(t + 1) * p.hidden];
@@ -179,22 +190,13 @@ fn judge_post_attention_router(
     let mut worst = 0f64;
     for j in 0..3 {
         let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
-        worst = worst.max(e);
-        if e > pa_limit {
-            return Err((
-                e,
-                format!("output {j}: NMSE {e:.3e} over the limit {pa_limit:.0e}"),
-            ));
-        }
+        worst = worst.max(at_most(&format!("output {j}"), e, pa_limit)?);
     }
     let router = Op::Router { p: *rp, w: *pw };
     let mut router_inputs = vec![HostTensor::F32(f32s(&r[0])[..n].to_vec())];
     router_inputs.extend(inputs[5..8].iter().cloned());
     let e = judge_router(&router, &router_inputs, &r[3..5], &d[3..5])?;
-    if e > limit {
-        return Err((e, format!("router weights NMSE {e:.3e} over {limit:.0e}")));
-    }
-    Ok(worst.max(e))
+    Ok(worst.max(at_most("router weights", e, limit)?))
 }
 
 /// `PostAttentionRouter`'s verdict on the first five outputs, then the
@@ -224,13 +226,7 @@ fn judge_post_attention_gate_up(
     let mut worst = judge_post_attention_router(&par, limit, &inputs[..8], &r[..5], &d[..5])?;
     let n = dense.m * dense.inter;
     let e = nmse(&f32s(&r[5])[..n], &f32s(&d[5])[..n]);
-    if e > limit {
-        return Err((
-            e,
-            format!("dense activations NMSE {e:.3e} over {limit:.0e}"),
-        ));
-    }
-    worst = worst.max(e);
+    worst = worst.max(at_most("dense activations", e, limit)?);
     let (ri, di) = (u32s(&r[3]), u32s(&d[3]));
     let (ra, da) = (f32s(&r[6]), f32s(&d[6]));
     let (k, inter) = (routed.top_k, routed.inter);
@@ -246,14 +242,13 @@ fn judge_post_attention_gate_up(
             got.extend_from_slice(&da[slot * inter..(slot + 1) * inter]);
         }
     }
-    let e = nmse(&want, &got);
-    if e > limit {
-        return Err((
-            e,
-            format!("routed activations NMSE {e:.3e} over {limit:.0e}"),
-        ));
+    // (the router's verdict allows ties at the k-th place only, so rows
+    // are left to compare: none would be a comparison of nothing)
+    if want.is_empty() {
+        return Err((f64::INFINITY, "no routed activation row to compare".into()));
     }
-    Ok(worst.max(e))
+    let e = nmse(&want, &got);
+    Ok(worst.max(at_most("routed activations", e, limit)?))
 }
 
 fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
@@ -286,10 +281,7 @@ pub fn judge(
     match op {
         Op::Router { .. } => {
             let e = judge_router(op, inputs, r, d)?;
-            if e > limit {
-                return Err((e, format!("weights NMSE {e:.3e} over {limit:.0e}")));
-            }
-            return Ok(e);
+            return at_most("weights", e, limit);
         }
         Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
         Op::PostAttentionRouter { .. } => {
@@ -307,13 +299,68 @@ pub fn judge(
             OutSpec::U32(_) => continue,
         };
         let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
-        worst = worst.max(e);
-        if e > limit {
-            return Err((
-                e,
-                format!("output {j}: NMSE {e:.3e} over the limit {limit:.0e}"),
-            ));
-        }
+        worst = worst.max(at_most(&format!("output {j}"), e, limit)?);
     }
     Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{PostAttention, Router};
+    use crate::DType;
+
+    /// The gate_up verdict matches routed rows by expert, not by slot, and
+    /// fails on a wrong activation.
+    #[test]
+    fn gate_up_verdict_matches_routed_rows_by_expert() {
+        let op = Op::PostAttentionGateUp {
+            p: PostAttention {
+                rows: 1,
+                dim: 4,
+                eps: 1e-6,
+            },
+            r: Router {
+                m: 1,
+                hidden: 4,
+                experts: 4,
+                top_k: 2,
+                eps: 1e-6,
+            },
+            inter: 2,
+            moe_inter: 3,
+            w: DType::F32,
+            pw: DType::F32,
+            gw: DType::F32,
+        };
+        let f = |v: &[f32]| HostTensor::F32(v.to_vec());
+        let row = [1.0, -2.0, 3.0, 0.5];
+        // (the router's inputs are read only for ties: unused here)
+        let inputs = vec![f(&row); 8];
+        let outs = |ids: [u32; 2], wts: [f32; 2], routed: &[f32]| {
+            vec![
+                f(&row),
+                f(&row),
+                f(&row),
+                HostTensor::U32(ids.to_vec()),
+                f(&wts),
+                f(&[0.25, -0.75]),
+                f(routed),
+            ]
+        };
+        let r = outs([2, 0], [0.6, 0.4], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]);
+        // the same experts in the other order, rows with them
+        let d = outs([0, 2], [0.4, 0.6], &[-1.0, -2.0, -3.0, 1.0, 2.0, 3.0]);
+        assert_eq!(
+            judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &d),
+            Ok(0.0)
+        );
+        // a routed row off
+        let bad = outs([0, 2], [0.4, 0.6], &[-1.0, -2.0, -3.0, 1.0, 2.5, 3.0]);
+        let e = judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &bad).unwrap_err();
+        assert!(e.1.contains("routed activations"), "{}", e.1);
+        // the rows left in slot order: each sits against another expert's
+        let swapped = outs([0, 2], [0.4, 0.6], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]);
+        assert!(judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &swapped).is_err());
+    }
 }

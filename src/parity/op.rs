@@ -497,28 +497,21 @@ impl Op {
                 v
             }
             Op::PostAttentionRouter { p, r, w, pw } => {
-                let n = p.rows * p.dim;
-                let mut v = vec![
-                    HostTensor::F32(rng.vec_normal(n, 2.0)),
-                    HostTensor::F32(rng.vec_normal(n, 1.0)),
-                    norm_weight(rng, *w, p.dim),
-                    norm_weight(rng, *w, p.dim),
-                    norm_weight(rng, *w, p.dim),
-                ];
-                // The router's scale, weight and per-expert scale, as its own
-                // family draws them.
+                // post_attention's inputs with experts, then the router's
+                // scale, weight and per-expert scale, as each family draws
+                // them.
+                let pa = Op::PostAttention {
+                    p: *p,
+                    moe: true,
+                    w: *w,
+                };
+                let mut v = pa.inputs(rng);
                 let router = Op::Router { p: *r, w: *pw };
                 v.extend(router.inputs(rng).into_iter().skip(1));
                 v
             }
             Op::PostAttentionGateUp {
-                p,
-                r,
-                inter,
-                moe_inter,
-                w,
-                pw,
-                gw,
+                p, r, w, pw, gw, ..
             } => {
                 let mut v = Op::PostAttentionRouter {
                     p: *p,
@@ -527,12 +520,13 @@ impl Op {
                     pw: *pw,
                 }
                 .inputs(rng);
+                // Each gate_up's weight as moe_gate_up's family draws it,
+                // and the dense one's ids (expert 0 for every token); the
+                // routed one reads the router's.
                 let (dense, routed) = self.gate_up_problems().unwrap();
-                let std = 1.0 / (p.dim as f32).sqrt();
-                v.push(weight(rng, *gw, 2 * inter, p.dim, std));
-                v.push(HostTensor::U32(vec![0; dense.m]));
-                v.push(weight(rng, *gw, r.experts * 2 * moe_inter, p.dim, std));
-                debug_assert_eq!(routed.inter, *moe_inter);
+                let draw = |p, rng: &mut Rng| Op::MoeGateUp { p, w: *gw }.inputs(rng);
+                v.extend(draw(dense, rng).into_iter().skip(1));
+                v.push(draw(routed, rng).swap_remove(1));
                 v
             }
             Op::PostFfn { p, moe, next, w } => {
