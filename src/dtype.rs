@@ -109,3 +109,19 @@ pub fn round_to(dtype: DType, v: f32) -> f32 {
         _ => v,
     }
 }
+
+/// The power-of-two scale a row of x takes before it is rounded to f16 for
+/// a tensor-core GEMM (`GemmRounding`; kernels/gemm_prep.wgsl computes the
+/// same): `(s, 1 / s)` with `s` putting the row's largest |x| in
+/// [2^14, 2^15), so no element overflows and each keeps 11 significant
+/// bits. Both are exact powers of two (the exponent is held at -112 or
+/// above so they stay normal f32); an inf or NaN row gets an extreme scale
+/// and stays inf or NaN.
+pub fn f16_row_scale(row: &[f32]) -> (f32, f32) {
+    let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+    // amax in [2^e, 2^(e + 1))
+    let e = (((amax.to_bits() >> 23) & 0xff) as i32 - 127).max(-112);
+    let s = f32::from_bits(((127 + 14 - e) as u32) << 23);
+    let inv = f32::from_bits(((127 - 14 + e) as u32) << 23);
+    (s, inv)
+}

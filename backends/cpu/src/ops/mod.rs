@@ -108,11 +108,7 @@ pub fn f16_rows(x: &[f32], k: usize, on: bool) -> Cow<'_, [f32]> {
     }
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(k) {
-        let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
-        // amax in [2^e, 2^(e + 1)); e >= -112 keeps both powers normal.
-        let e = (((amax.to_bits() >> 23) & 0xff) as i32 - 127).max(-112);
-        let s = f32::from_bits(((127 + 14 - e) as u32) << 23);
-        let inv = f32::from_bits(((127 - 14 + e) as u32) << 23);
+        let (s, inv) = turbospark::dtype::f16_row_scale(row);
         out.extend(row.iter().map(|v| to_f16_if(v * s, true) * inv));
     }
     Cow::Owned(out)

@@ -516,13 +516,11 @@ mod tests {
         );
     }
 
-    /// Host model of gemm_prep's row: the row scaled by the power of two
-    /// that puts its largest |x| in [2^14, 2^15), as f16, and 1 / scale.
+    /// Host model of gemm_prep's row: the row at its f16 scale
+    /// (`dtype::f16_row_scale`, the CPU reference's too) as f16, and
+    /// 1 / scale.
     fn model_row(x: &[f32]) -> (Vec<half::f16>, f32) {
-        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let e = (((amax.to_bits() >> 23) & 0xff) as i32 - 127).max(-112);
-        let s = f32::from_bits(((127 + 14 - e) as u32) << 23);
-        let inv = f32::from_bits(((127 - 14 + e) as u32) << 23);
+        let (s, inv) = turbospark::dtype::f16_row_scale(x);
         (x.iter().map(|v| half::f16::from_f32(v * s)).collect(), inv)
     }
 
