@@ -81,7 +81,7 @@ fn bn() -> u32 {
     return 4u * TN4 * wgn();
 }
 
-// find_tile: kernels/gemm_tiles.wgsl.
+// find_tile, stage_tile: kernels/gemm_tiles.wgsl.
 
 // Weight row (within the binding) of tile row `jl` of row block `nb`, and
 // whether it exists.
@@ -144,9 +144,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     let nb = (g % per) / P.mtiles;
     let kb = split * P.kc;
     let ke = min(kb + P.kc, P.k);
-    if (lid == 0u) {
-        tile = find_tile(mode, tm);
-    }
+    stage_tile(mode, tm, lid, 256u);
     let info = workgroupUniformLoad(&tile);
     let cnt = info.y;
     if (cnt == 0u) {

@@ -25,16 +25,19 @@ enable wgpu_cooperative_matrix;
 //                 error under 2^-25).
 //
 // X16 is laid out by tile (tile tm's rows are tm * BM ..), so a tile's
-// rows are contiguous. A step takes 32 of k: the W tile (BN rows) is staged
-// in workgroup memory, decoded to f16 on the way, the next step's loaded
-// into registers while this one multiplies; the X16 tile (BM rows) is
-// either staged the same way or read by the fragment loads a step ahead
-// (STAGE_X, per tile). A workgroup is WM x WN warps; each warp owns 32 tile
+// rows are contiguous. A step takes BK of k (SL slices of 16): the W tile
+// (BN rows) is staged in workgroup memory, decoded to f16 on the way, the
+// next step's loaded into registers while this one multiplies; the X16
+// tile (BM rows) is either staged the same way or read by the fragment
+// loads a step ahead (STAGE_X, per tile). A workgroup is WM x WN warps; each warp owns 32 tile
 // rows x 64 weight rows, 2 x 4 fragments of 16 x 16. In gate_up mode a
 // warp's fragments 0..3 are (gate f, up f, gate f + 16, up f + 16) for
 // f = its first feature, so the activation pairs fragment 0 with 1 and 2
 // with 3. Results leave through a 16 x 16 f32 staging area per warp, with
 // the row's 1 / s, the down mode's routing weight and the bounds applied.
+// That staging area is one fragment a warp and the row maps are BM long, so
+// the tiles fit devices with little workgroup memory (on the H200 halving
+// them did not change the time: docs/decisions.md, ninth session).
 
 // Params and P: kernels/gemm_tiles.wgsl.
 
@@ -59,7 +62,7 @@ override MODE: u32 = 0u;
 // along the tile rows and along the weight rows, whether X16 is staged in
 // workgroup memory (1) or read by the fragment loads straight from memory,
 // one step ahead (0); WG = 32 * WM * WN, WSN = BN * BKP, XSN = BM * BKP (8
-// when not staged), CSN = 512 * WM * WN.
+// when not staged), CSN = 256 * WM * WN.
 override WM: u32 = 2u;
 override WN: u32 = 4u;
 override STAGE_X: u32 = 1u;
@@ -68,24 +71,27 @@ override WSN: u32 = 10240u;
 override XSN: u32 = 2560u;
 override CSN: u32 = 4096u;
 
-// k per step (two 16-wide fragment slices; 64 a step was slower on the
-// H200 for every tile tried), the staged rows' stride in f16 (80 bytes:
-// every fragment starts 16-byte aligned, and rows fall on different banks),
-// and a step's vec4 per row.
-const BK: u32 = 32u;
-const BKP: u32 = 40u;
-const QW: u32 = 4u;
-const MAX_BM: u32 = 128u;
-// W vec4 loads per thread per step: BN * QW / WG = 8 / WM; X16 ones:
-// BM * QW / WG = 4 / WN.
+// 16-wide fragment slices of k a step (2, or 1 for the MoE phases' tiles
+// that read x by the fragment loads: gemm_coop.rs's CoopTile::slices has
+// the measurements; 64 of k a step was slower on the H200 for every tile
+// tried), k per step, the staged rows' stride in f16 (8 of padding: every
+// fragment starts 16-byte aligned, and rows fall on different banks), and
+// a step's vec4 per row.
+override SL: u32 = 2u;
+override BK: u32 = 16u * SL;
+override BKP: u32 = BK + 8u;
+override QW: u32 = BK / 8u;
+// W vec4 loads per thread per step: BN * QW / WG = 2 * QW / WM; X16 ones
+// (staged, so two slices): BM * QW / WG = 4 / WN.
 const MAX_LD: u32 = 8u;
 const MAX_LDA: u32 = 2u;
 
 var<workgroup> ws: array<f16, WSN>;
 var<workgroup> xa: array<f16, XSN>;
 var<workgroup> cs: array<f32, CSN>;
-var<workgroup> dst_row: array<u32, MAX_BM>;
-var<workgroup> xinv: array<f32, MAX_BM>;
+override BMX: u32 = 32u * WM;
+var<workgroup> dst_row: array<u32, BMX>;
+var<workgroup> xinv: array<f32, BMX>;
 var<workgroup> tile: vec4<u32>;
 
 fn bm() -> u32 {
@@ -95,7 +101,7 @@ fn bn() -> u32 {
     return 64u * WN;
 }
 
-// find_tile: kernels/gemm_tiles.wgsl.
+// find_tile, stage_tile: kernels/gemm_tiles.wgsl.
 
 // Weight row (within the binding) of tile row `jl` of row block `nb`, and
 // whether it exists. gate_up: each 32 tile rows are 16 gate rows then the
@@ -176,16 +182,23 @@ fn emit(mode: u32, cb: u32, lane: u32, r0: u32, c0: u32, cnt: u32, plane: u32) {
     }
 }
 
-// A gate fragment (cs at cb) and its up fragment (cs at cb + 256) to OUT as
-// gelu(gate) * up, features f0...
-fn emit_gate_up(cb: u32, lane: u32, r0: u32, f0: u32, cnt: u32) {
+// This lane's 8 values of the fragment staged at cb (elements lane + 32 t).
+fn lane_values(cb: u32, lane: u32) -> array<f32, 8> {
+    return array<f32, 8>(cs[cb + lane], cs[cb + lane + 32u], cs[cb + lane + 64u], cs[cb + lane + 96u],
+                         cs[cb + lane + 128u], cs[cb + lane + 160u], cs[cb + lane + 192u], cs[cb + lane + 224u]);
+}
+
+// A gate fragment's values (`gate`, from lane_values) and its up fragment
+// (cs at cb) to OUT as gelu(gate) * up, features f0...
+fn emit_gate_up(gate: array<f32, 8>, cb: u32, lane: u32, r0: u32, f0: u32, cnt: u32) {
+    let up = lane_values(cb, lane);
     for (var t = 0u; t < 8u; t++) {
         let idx = lane + 32u * t;
         let r = r0 + idx / 16u;
         let f = f0 + idx % 16u;
         if (r < cnt && f < P.rows) {
             let inv = xinv[r];
-            OUT[dst_row[r] * P.n + f] = gelu_tanh(cs[cb + idx] * inv) * (cs[cb + 256u + idx] * inv);
+            OUT[dst_row[r] * P.n + f] = gelu_tanh(gate[t] * inv) * (up[t] * inv);
         }
     }
 }
@@ -216,9 +229,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let plane = ks_i * P.m * P.n;
     let tm = g % P.mtiles;
     let nb = g / P.mtiles;
-    if (lid == 0u) {
-        tile = find_tile(mode, tm);
-    }
+    stage_tile(mode, tm, lid, WG);
     let info = workgroupUniformLoad(&tile);
     let cnt = info.y;
     if (cnt == 0u) {
@@ -239,7 +250,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let wm = warp / WN;
     let wn = warp % WN;
     let k = P.k;
-    let nld = 8u / WM;
+    let nld = 2u * QW / WM;
     var w_row: array<u32, MAX_LD>;
     var w_on: array<bool, MAX_LD>;
     var wv: array<vec4<u32>, MAX_LD>;
@@ -287,8 +298,10 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         let i11 = i01 + s16;
         a00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i00], k);
         a01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i01], k);
-        a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
-        a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
+        if (SL == 2u) {
+            a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
+            a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
+        }
     }
     for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         workgroupBarrier();
@@ -334,10 +347,12 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             let i11 = i01 + s16;
             a00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i00], k);
             a01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i01], k);
-            a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
-            a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
+            if (SL == 2u) {
+                a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
+                a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
+            }
         }
-        // Slice 0, then slice 1 (16 of k each).
+        // Slice 0, then (SL = 2) slice 1, 16 of k each.
         let ib0 = wb;
         let ib1 = ib0 + s16 * BKP;
         let ib2 = ib0 + 2u * s16 * BKP;
@@ -354,76 +369,99 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         c11 = coopMultiplyAdd(x01, b1, c11);
         c12 = coopMultiplyAdd(x01, b2, c12);
         c13 = coopMultiplyAdd(x01, b3, c13);
-        let id0 = wb + s16;
-        let id1 = id0 + s16 * BKP;
-        let id2 = id0 + 2u * s16 * BKP;
-        let id3 = id0 + 3u * s16 * BKP;
-        let d0 = coopLoad<coop_mat16x16<f16, B>>(&ws[id0], BKP);
-        let d1 = coopLoad<coop_mat16x16<f16, B>>(&ws[id1], BKP);
-        let d2 = coopLoad<coop_mat16x16<f16, B>>(&ws[id2], BKP);
-        let d3 = coopLoad<coop_mat16x16<f16, B>>(&ws[id3], BKP);
-        c00 = coopMultiplyAdd(x10, d0, c00);
-        c01 = coopMultiplyAdd(x10, d1, c01);
-        c02 = coopMultiplyAdd(x10, d2, c02);
-        c03 = coopMultiplyAdd(x10, d3, c03);
-        c10 = coopMultiplyAdd(x11, d0, c10);
-        c11 = coopMultiplyAdd(x11, d1, c11);
-        c12 = coopMultiplyAdd(x11, d2, c12);
-        c13 = coopMultiplyAdd(x11, d3, c13);
+        if (SL == 2u) {
+            let id0 = wb + s16;
+            let id1 = id0 + s16 * BKP;
+            let id2 = id0 + 2u * s16 * BKP;
+            let id3 = id0 + 3u * s16 * BKP;
+            let d0 = coopLoad<coop_mat16x16<f16, B>>(&ws[id0], BKP);
+            let d1 = coopLoad<coop_mat16x16<f16, B>>(&ws[id1], BKP);
+            let d2 = coopLoad<coop_mat16x16<f16, B>>(&ws[id2], BKP);
+            let d3 = coopLoad<coop_mat16x16<f16, B>>(&ws[id3], BKP);
+            c00 = coopMultiplyAdd(x10, d0, c00);
+            c01 = coopMultiplyAdd(x10, d1, c01);
+            c02 = coopMultiplyAdd(x10, d2, c02);
+            c03 = coopMultiplyAdd(x10, d3, c03);
+            c10 = coopMultiplyAdd(x11, d0, c10);
+            c11 = coopMultiplyAdd(x11, d1, c11);
+            c12 = coopMultiplyAdd(x11, d2, c12);
+            c13 = coopMultiplyAdd(x11, d3, c13);
+        }
     }
 
-    // Out through this warp's staging area, a fragment (gate_up: a pair) at
-    // a time.
+    // Out through this warp's staging area, a fragment at a time (gate_up:
+    // the gate's values to registers, then its up fragment's).
     // (every pointer's index a `let` of its own: naga's SPIR-V writer needs
     // the index emitted before a cooperative load or store takes it)
-    let cb = warp * 512u;
-    let cb1 = cb + 256u;
+    let cb = warp * 256u;
     let r0 = wm * 32u;
     if (mode == GATE_UP) {
         let f0 = nb * (bn() / 2u) + wn * 32u;
-        coopStoreT(c00, &cs[cb], s16);
-        coopStoreT(c01, &cs[cb1], s16);
         workgroupBarrier();
-        emit_gate_up(cb, lane, r0, f0, cnt);
+        coopStoreT(c00, &cs[cb], s16);
+        workgroupBarrier();
+        let g0 = lane_values(cb, lane);
+        workgroupBarrier();
+        coopStoreT(c01, &cs[cb], s16);
+        workgroupBarrier();
+        emit_gate_up(g0, cb, lane, r0, f0, cnt);
         workgroupBarrier();
         coopStoreT(c02, &cs[cb], s16);
-        coopStoreT(c03, &cs[cb1], s16);
         workgroupBarrier();
-        emit_gate_up(cb, lane, r0, f0 + 16u, cnt);
+        let g1 = lane_values(cb, lane);
+        workgroupBarrier();
+        coopStoreT(c03, &cs[cb], s16);
+        workgroupBarrier();
+        emit_gate_up(g1, cb, lane, r0, f0 + 16u, cnt);
         workgroupBarrier();
         coopStoreT(c10, &cs[cb], s16);
-        coopStoreT(c11, &cs[cb1], s16);
         workgroupBarrier();
-        emit_gate_up(cb, lane, r0 + 16u, f0, cnt);
+        let g2 = lane_values(cb, lane);
+        workgroupBarrier();
+        coopStoreT(c11, &cs[cb], s16);
+        workgroupBarrier();
+        emit_gate_up(g2, cb, lane, r0 + 16u, f0, cnt);
         workgroupBarrier();
         coopStoreT(c12, &cs[cb], s16);
-        coopStoreT(c13, &cs[cb1], s16);
         workgroupBarrier();
-        emit_gate_up(cb, lane, r0 + 16u, f0 + 16u, cnt);
+        let g3 = lane_values(cb, lane);
+        workgroupBarrier();
+        coopStoreT(c13, &cs[cb], s16);
+        workgroupBarrier();
+        emit_gate_up(g3, cb, lane, r0 + 16u, f0 + 16u, cnt);
         return;
     }
     let c0 = nb * bn() + wn * 64u;
+    workgroupBarrier();
     coopStoreT(c00, &cs[cb], s16);
-    coopStoreT(c01, &cs[cb1], s16);
     workgroupBarrier();
     emit(mode, cb, lane, r0, c0, cnt, plane);
-    emit(mode, cb1, lane, r0, c0 + 16u, cnt, plane);
+    workgroupBarrier();
+    coopStoreT(c01, &cs[cb], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0, c0 + 16u, cnt, plane);
     workgroupBarrier();
     coopStoreT(c02, &cs[cb], s16);
-    coopStoreT(c03, &cs[cb1], s16);
     workgroupBarrier();
     emit(mode, cb, lane, r0, c0 + 32u, cnt, plane);
-    emit(mode, cb1, lane, r0, c0 + 48u, cnt, plane);
+    workgroupBarrier();
+    coopStoreT(c03, &cs[cb], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0, c0 + 48u, cnt, plane);
     workgroupBarrier();
     coopStoreT(c10, &cs[cb], s16);
-    coopStoreT(c11, &cs[cb1], s16);
     workgroupBarrier();
     emit(mode, cb, lane, r0 + 16u, c0, cnt, plane);
-    emit(mode, cb1, lane, r0 + 16u, c0 + 16u, cnt, plane);
+    workgroupBarrier();
+    coopStoreT(c11, &cs[cb], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0 + 16u, c0 + 16u, cnt, plane);
     workgroupBarrier();
     coopStoreT(c12, &cs[cb], s16);
-    coopStoreT(c13, &cs[cb1], s16);
     workgroupBarrier();
     emit(mode, cb, lane, r0 + 16u, c0 + 32u, cnt, plane);
-    emit(mode, cb1, lane, r0 + 16u, c0 + 48u, cnt, plane);
+    workgroupBarrier();
+    coopStoreT(c13, &cs[cb], s16);
+    workgroupBarrier();
+    emit(mode, cb, lane, r0 + 16u, c0 + 48u, cnt, plane);
 }

@@ -27,7 +27,7 @@ fn bm() -> u32 {
     return 32u * WM;
 }
 
-// find_tile, Params and P: kernels/gemm_tiles.wgsl.
+// find_tile, stage_tile, Params and P: kernels/gemm_tiles.wgsl.
 
 // `v` rounded to f16's 11 significant bits, to nearest even, in its own
 // f32 bits: WGSL leaves the rounding of f32 -> f16 to the device, so the
@@ -70,9 +70,7 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = r0 + warp;
     let tm = r / b_m;
     let i = r % b_m;
-    if (lid == 0u) {
-        tile = find_tile(mode, tm);
-    }
+    stage_tile(mode, tm, lid, 256u);
     let info = workgroupUniformLoad(&tile);
     // A tile past the route list's (cnt 0) is never read: gemm_coop skips
     // it before touching X16 (half the grouped rows are such padding).

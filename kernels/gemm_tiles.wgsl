@@ -2,7 +2,8 @@
 // kernels/gemm_coop.wgsl; appended to each by the backend): their
 // parameter block (the Rust `ops::gemm::Params`) and the token tiles over
 // the route list moe_route builds (kernels/moe.wgsl). Each family defines
-// ROUTE, DENSE and bm(), its tile's rows.
+// ROUTE, DENSE, bm() (its tile's rows) and
+// `var<workgroup> tile: vec4<u32>`.
 
 struct Params {
     // dense: rows of x; grouped: tokens
@@ -28,8 +29,15 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> P: Params;
 
+// Each route slot's tile count, loaded by the whole workgroup at once
+// (stage_tile), so find_tile walks workgroup memory: a chain of global
+// loads, one per slot before the tile's, set every grouped workgroup's
+// start. 256 = ops::MAX_EXPERTS.
+var<workgroup> slot_tiles: array<u32, 256>;
+
 // The token tile `tm`: (expert, rows, start). Grouped: the slots of ROUTE in
 // order, each cut into ceil(count / BM) tiles; past the last, zero rows.
+// Grouped, it reads slot_tiles: call it through stage_tile.
 fn find_tile(mode: u32, tm: u32) -> vec4<u32> {
     let b = bm();
     if (mode == DENSE) {
@@ -43,13 +51,29 @@ fn find_tile(mode: u32, tm: u32) -> vec4<u32> {
     let used = ROUTE[0];
     var first = 0u;
     for (var s = 0u; s < used; s++) {
-        let cnt = ROUTE[1u + ne + s];
-        let nt = (cnt + b - 1u) / b;
+        let nt = slot_tiles[s];
         if (tm < first + nt) {
+            let cnt = ROUTE[1u + ne + s];
             let start = (tm - first) * b;
             return vec4<u32>(ROUTE[1u + s], min(b, cnt - start), ROUTE[1u + 2u * ne + s] + start, 0u);
         }
         first += nt;
     }
     return vec4<u32>(0u);
+}
+
+// find_tile's result into `tile` (each family declares it), by a workgroup
+// of `n` threads (every one calls this; read it with workgroupUniformLoad).
+fn stage_tile(mode: u32, tm: u32, lid: u32, n: u32) {
+    if (mode != DENSE) {
+        let used = ROUTE[0];
+        let b = bm();
+        for (var s = lid; s < used; s += n) {
+            slot_tiles[s] = (ROUTE[1u + P.experts + s] + b - 1u) / b;
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        tile = find_tile(mode, tm);
+    }
 }

@@ -48,6 +48,39 @@ fn gemm_families_with_every_tile() {
     }
 }
 
+/// The same families on the tensor-core GEMM with tiles other than the
+/// defaults forced (backends/wgpu/src/ops/gemm_coop.rs: dense; narrow;
+/// grouped): the MoE tiles take one slice of k a step and the dense ones
+/// two, and the defaults alone leave the 2-warp MoE tiles and a staged-x
+/// narrow tile unrun. Runs where the adapter has the tensor-core GEMM;
+/// elsewhere it says so and passes (`TURBOSPARK_TENSOR_CORES=1` makes that
+/// a failure, as for the other tensor-core tests).
+#[test]
+fn tensor_core_gemm_families_with_other_tiles() {
+    use turbospark::ComputeBackend;
+    for tiles in ["2,2,1;2,2,0;1,2,0", "1,2,1;1,4,0;2,2,0"] {
+        let opts = WgpuOptions {
+            coop_tiles: Some(tiles.into()),
+            ..Default::default()
+        };
+        let Some(gpu) = common::wgpu_backend_with(&opts) else {
+            return;
+        };
+        if !gpu.info().features.tensor_core_gemm {
+            eprintln!(
+                "not run: {} has no tensor-core GEMM",
+                gpu.info().device_name
+            );
+            return;
+        }
+        drop(gpu);
+        for name in ["matmul", "moe_gate_up", "moe_down"] {
+            eprintln!("tensor-core tiles {tiles}: {name}");
+            family_on(name, &opts);
+        }
+    }
+}
+
 fn family_on(name: &str, opts: &WgpuOptions) {
     let Some(device) = common::wgpu_backend_with(opts) else {
         return;

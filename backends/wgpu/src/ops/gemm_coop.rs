@@ -27,7 +27,8 @@ pub(crate) struct CoopTile {
     pub stage_x: bool,
 }
 
-/// k per step and the staged rows' stride in f16 (`BK`, `BKP`).
+/// k per step and the staged rows' stride in f16 (`BK`, `BKP`) at two
+/// slices a step; [`CoopTile::slices`].
 const BK: u32 = 32;
 const BKP: u32 = 40;
 /// X16 rows per prep workgroup (a warp per row).
@@ -51,10 +52,31 @@ impl CoopTile {
             8
         }
     }
-    /// Workgroup memory: the staged W and X tiles (f16), a 512-float
-    /// staging area per warp, the row maps and the tile record.
+    /// 16-wide slices of k a step (`SL`): one for the MoE phases on tiles
+    /// that read x by the fragment loads (on the H200 at 512 tokens moe_down
+    /// 620 -> 536 us, gate_up unchanged; the dense problems were slower,
+    /// docs/decisions.md), else two.
+    fn slices(self, mode: u32) -> u32 {
+        if mode != DENSE_MODE && !self.stage_x {
+            1
+        } else {
+            2
+        }
+    }
+    /// The staged rows' stride in f16 for `slices` (`BKP`: 16 per slice
+    /// and 8 of padding).
+    fn bkp(slices: u32) -> u32 {
+        16 * slices + 8
+    }
+    /// Workgroup memory at two slices a step (the most of any mode): the
+    /// staged W and X tiles (f16), a 256-float staging area per warp, the
+    /// row maps (BM each), the route slots' tile counts and the tile record.
     pub fn bytes(self) -> u32 {
-        2 * (self.bn() * BKP + self.xsn()) + 4 * 512 * self.wm * self.wn + 8 * 128 + 16
+        2 * (self.bn() * BKP + self.xsn())
+            + 4 * 256 * self.wm * self.wn
+            + 8 * self.bm()
+            + 4 * 256
+            + 16
     }
     /// Whether the kernel takes the tile: its loads per thread divide
     /// evenly within the kernel's register arrays (`MAX_LD`: 8 / WM W
@@ -65,7 +87,7 @@ impl CoopTile {
             && (1..=8).contains(&self.wn)
             && (!self.stage_x || matches!(self.wn, 2 | 4))
     }
-    fn constants(self, dtype: DType, mode: u32) -> [(&'static str, i64); 9] {
+    fn constants(self, dtype: DType, mode: u32) -> [(&'static str, i64); 10] {
         [
             super::wdtype(dtype)[0],
             ("MODE", mode as i64),
@@ -73,9 +95,10 @@ impl CoopTile {
             ("WN", self.wn as i64),
             ("STAGE_X", self.stage_x as i64),
             ("WG", self.threads() as i64),
-            ("WSN", (self.bn() * BKP) as i64),
+            ("WSN", (self.bn() * Self::bkp(self.slices(mode))) as i64),
             ("XSN", self.xsn() as i64),
-            ("CSN", (512 * self.wm * self.wn) as i64),
+            ("CSN", (256 * self.wm * self.wn) as i64),
+            ("SL", self.slices(mode) as i64),
         ]
     }
 }
@@ -102,17 +125,16 @@ pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
     stage_x: false,
 };
 /// MoE phases (an expert sees 32 of a 512-token batch's pairs on average):
-/// 32 pairs x 128 weight rows, 2 warps, x read by the fragment loads. On
-/// the H200 at 512 tokens (gate_up / down): 1.03 ms / 627 us, against
-/// 1.24 ms / 785 us for 32 x 256 with 64 of k a step, 1.03 / 708 for
-/// 32 x 128 with 64, 1.22 / 751 for 64 x 256, 1.32 / 964 for 64 x 128
-/// with 64, 1.21 / 823 for 32 x 64 with 64, 2.52 ms / 1.60 ms for 32 x 128
-/// with 64 and x staged (docs/bench/h200-2026-11-30-s5/, runs 5-7, when
-/// the kernel still took 64 of k a step; run 12, with x's fragments a step
-/// ahead: 1.01 ms / 616 us, and 32 x 64 1.02 ms / 685 us).
+/// 32 pairs x 64 weight rows, 1 warp, x read by the fragment loads, 16 of k
+/// a step ([`CoopTile::slices`]). On the H200 at 512 tokens (gate_up /
+/// down, docs/bench/h200-2026-12-01-s9/ run 05): 869 / 519 us, against
+/// 1.01 ms / 523 us for 32 x 128 (2 warps) at 16 of k and 1.00 ms / 620 us
+/// for 32 x 128 at 32 of k, the tile before. Earlier sweeps at 32 and 64
+/// of k (fifth and ninth sessions): 32 x 256, 64 x 128, 64 x 256 and x
+/// staged were all slower than 32 x 128.
 pub(crate) const GROUPED: CoopTile = CoopTile {
     wm: 1,
-    wn: 2,
+    wn: 1,
     stage_x: false,
 };
 const NARROW_GROUPS: u32 = 256;
@@ -465,7 +487,7 @@ mod tests {
         assert!(!CoopTile { wn: 8, ..DENSE }.valid());
         assert!(!CoopTile { wm: 3, ..GROUPED }.valid());
         assert_eq!((DENSE.bm(), DENSE.bn()), (64, 256));
-        assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 128));
+        assert_eq!((GROUPED.bm(), GROUPED.bn()), (32, 64));
     }
 
     #[test]
