@@ -79,8 +79,9 @@ impl CoopTile {
             + 16
     }
     /// Whether the kernel takes the tile: its loads per thread divide
-    /// evenly within the kernel's register arrays (`MAX_LD`: 8 / WM W
-    /// vec4, `MAX_LDA`: 4 / WN X16 vec4 when staged).
+    /// evenly within the kernel's register arrays (`MAX_LD`: 8 / WM W vec4
+    /// at two slices a step, 4 / WM at one; `MAX_LDA`: 4 / WN X16 vec4
+    /// when staged).
     fn valid(self) -> bool {
         self.bm() <= 128
             && matches!(self.wm, 1 | 2 | 4 | 8)
