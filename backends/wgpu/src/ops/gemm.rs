@@ -60,10 +60,11 @@ impl Tile {
         (self.bm() * self.bk / 4, self.bn() * self.bk / 4)
     }
     /// Workgroup memory the kernel takes with this tile: both tiles, the
-    /// row maps and the tile record.
+    /// row maps, the route slots' tile counts (kernels/gemm_tiles.wgsl)
+    /// and the tile record.
     pub fn bytes(self) -> u32 {
         let (x, w) = self.arrays();
-        16 * (x + w) + 8 * MAX_BM + 16
+        16 * (x + w) + 8 * MAX_BM + 4 * 256 + 16
     }
     /// Whether the kernel takes the tile within `smem` bytes of workgroup
     /// memory.
@@ -117,7 +118,7 @@ const NARROW_GROUPS: u32 = 256;
 
 /// MoE phases: an expert sees m * top_k / experts tokens (32 of a 512-token
 /// batch of Gemma 4), so 32 tokens x 256 weight rows per tile, 16 of k per
-/// step where the device has the workgroup memory (19.5 KB; on the H200
+/// step where the device has the workgroup memory (20.5 KB; on the H200
 /// 5-6% faster than 8 per step), else [`GROUPED_SMALL`].
 pub(crate) const GROUPED: Tile = Tile {
     tm: 4,
