@@ -86,6 +86,25 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
                 positive(&r["gbps"], &format!("{label} gbps"));
                 positive(&r["pct_of_ceiling"], &format!("{label} % of ceiling"));
                 assert!(r["method"].as_str().is_some(), "{label}: {r}");
+                // When the timing began, to the millisecond, and the
+                // warm-up's length (none in quick mode, so settled).
+                let w = &r["warmup"];
+                let at = w["timed_at_utc"].as_str().unwrap_or("");
+                let shape = at.len() == 24
+                    && at.char_indices().all(|(i, ch)| match i {
+                        4 | 7 => ch == '-',
+                        10 => ch == 'T',
+                        13 | 16 => ch == ':',
+                        19 => ch == '.',
+                        23 => ch == 'Z',
+                        _ => ch.is_ascii_digit(),
+                    });
+                assert!(shape, "{label}: {w}");
+                assert!(
+                    w["seconds"].as_f64().is_some_and(|x| x >= 0.0),
+                    "{label}: {w}"
+                );
+                assert_eq!(w["settled"], true, "{label}: {w}");
             }
             Some("unsupported") if allow_unsupported => {}
             _ => panic!("{backend} {label}: {r}"),

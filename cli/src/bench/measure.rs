@@ -49,6 +49,7 @@ pub enum Outcome {
         stats: Stats,
         method: &'static str,
         sets: usize,
+        warm: WarmUp,
     },
     Unsupported(String),
     Skipped(String),
@@ -90,6 +91,17 @@ pub struct Budget {
     pub warmup_seconds: f64,
 }
 
+/// How a case's clock warm-up went, kept beside its figures so that a slow
+/// reading can be laid against the clock log (`clocks.csv` on the H200):
+/// when the timing began (UTC, milliseconds), the warm-up's seconds, and
+/// whether two short samples agreed before its cap.
+#[derive(Clone, Debug)]
+pub struct WarmUp {
+    pub timed_at: String,
+    pub seconds: f64,
+    pub settled: bool,
+}
+
 /// Clock warm-up before timing: calls of `f` back to back for at least
 /// `seconds` (one call takes `once`), then on until two short timed samples
 /// agree within 3% (at most 10x `seconds`). The H200 idles at 345 MHz and
@@ -102,13 +114,18 @@ fn warm_up<B: Bench>(
     budget: &Budget,
     once: f64,
     f: &mut dyn FnMut(usize) -> Result<()>,
-) -> Result<()> {
+) -> Result<WarmUp> {
     let seconds = budget.warmup_seconds;
+    let start = Instant::now();
+    let done = |settled: bool| WarmUp {
+        timed_at: super::report::utc_now_ms(),
+        seconds: start.elapsed().as_secs_f64(),
+        settled,
+    };
     if seconds <= 0.0 {
-        return Ok(());
+        return Ok(done(true));
     }
     let batch = ((0.02 / once.max(1e-7)) as usize).clamp(1, 2_000);
-    let start = Instant::now();
     let mut i = 0;
     let mut last: Option<f64> = None;
     loop {
@@ -122,13 +139,13 @@ fn warm_up<B: Bench>(
             continue;
         }
         if t > 10.0 * seconds {
-            return Ok(());
+            return Ok(done(false));
         }
         let (mut v, _) = b.time(batch.clamp(10, 200), budget, &mut *f)?;
         v.sort_by(f64::total_cmp);
         let now = v[v.len() / 2];
         if last.is_some_and(|l| (now - l).abs() <= 0.03 * l) {
-            return Ok(());
+            return Ok(done(true));
         }
         last = Some(now);
     }
@@ -368,14 +385,16 @@ pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) 
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     let reps = ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps, budget.max_reps);
-    if let Err(e) = warm_up(b, budget, once, &mut |i| record(i)) {
-        return Outcome::Failed(e.to_string());
-    }
+    let warm = match warm_up(b, budget, once, &mut |i| record(i)) {
+        Ok(w) => w,
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
     match b.time(reps, budget, &mut |i| record(i + 2)) {
         Ok((samples, method)) => Outcome::Measured {
             stats: Stats::of(&samples),
             method,
             sets: n,
+            warm,
         },
         Err(Error::Unsupported { reason, .. }) => Outcome::Unsupported(reason),
         Err(e) => Outcome::Failed(e.to_string()),

@@ -60,10 +60,27 @@ pub fn outcome_brief(o: &Outcome, bytes: u64) -> String {
 
 /// UTC now as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
+    let (secs, _) = unix_now();
+    utc(secs) + "Z"
+}
+
+/// UTC now as `YYYY-MM-DDTHH:MM:SS.mmmZ` (to line up with a clock log
+/// sampled every 200 ms).
+pub fn utc_now_ms() -> String {
+    let (secs, ms) = unix_now();
+    format!("{}.{ms:03}Z", utc(secs))
+}
+
+/// Seconds and milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_now() -> (i64, u32) {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+        .map(|d| (d.as_secs() as i64, d.subsec_millis()))
+        .unwrap_or((0, 0))
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS`, UTC.
+fn utc(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
     // Days to civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -76,7 +93,7 @@ pub fn utc_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
         rem / 3600,
         rem / 60 % 60,
         rem % 60
@@ -166,8 +183,16 @@ impl Report<'_> {
                 let label = if ri == 0 { case.label.as_str() } else { "" };
                 let mut notes = Vec::new();
                 let line = match &r.outcomes[ci] {
-                    Outcome::Measured { stats, sets, .. } => {
+                    Outcome::Measured {
+                        stats, sets, warm, ..
+                    } => {
                         let g = gbps(bytes, stats.median);
+                        if !warm.settled {
+                            notes.push(format!(
+                                "clock warm-up did not settle in {:.1} s",
+                                warm.seconds
+                            ));
+                        }
                         let pct = self
                             .ceiling_gbps(r)
                             .map(|c| format!("{:.1}%", 100.0 * g / c))
@@ -287,6 +312,7 @@ impl Report<'_> {
                             stats,
                             method,
                             sets,
+                            warm,
                         } => {
                             let g = gbps(bytes, stats.median);
                             json!({
@@ -299,6 +325,11 @@ impl Report<'_> {
                                 "tflops": flops(&c.op).map(|fl| fl as f64 / stats.median / 1e12),
                                 "method": method,
                                 "input_sets": sets,
+                                "warmup": {
+                                    "timed_at_utc": warm.timed_at,
+                                    "seconds": warm.seconds,
+                                    "settled": warm.settled,
+                                },
                             })
                         }
                         Outcome::Unsupported(w) => json!({"status": "unsupported", "reason": w}),
