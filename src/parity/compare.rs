@@ -210,19 +210,8 @@ fn judge_post_attention_gate_up(
     r: &[HostTensor],
     d: &[HostTensor],
 ) -> Verdict {
-    let Op::PostAttentionGateUp {
-        p, r: rp, w, pw, ..
-    } = op
-    else {
-        unreachable!()
-    };
     let (dense, routed) = op.gate_up_problems().unwrap();
-    let par = Op::PostAttentionRouter {
-        p: *p,
-        r: *rp,
-        w: *w,
-        pw: *pw,
-    };
+    let par = op.router_part().unwrap();
     let mut worst = judge_post_attention_router(&par, limit, &inputs[..8], &r[..5], &d[..5])?;
     let n = dense.m * dense.inter;
     let e = nmse(&f32s(&r[5])[..n], &f32s(&d[5])[..n]);

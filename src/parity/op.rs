@@ -199,6 +199,20 @@ impl Op {
         }
     }
 
+    /// `PostAttentionGateUp`'s first part: its `PostAttentionRouter` case
+    /// (whose inputs and outputs lead its own).
+    pub fn router_part(&self) -> Option<Op> {
+        let Op::PostAttentionGateUp { p, r, w, pw, .. } = self else {
+            return None;
+        };
+        Some(Op::PostAttentionRouter {
+            p: *p,
+            r: *r,
+            w: *w,
+            pw: *pw,
+        })
+    }
+
     /// `PostAttentionGateUp`'s two gate_up problems: the dense MLP (one
     /// expert) and the routed experts.
     pub fn gate_up_problems(&self) -> Option<(Moe, Moe)> {
@@ -510,16 +524,8 @@ impl Op {
                 v.extend(router.inputs(rng).into_iter().skip(1));
                 v
             }
-            Op::PostAttentionGateUp {
-                p, r, w, pw, gw, ..
-            } => {
-                let mut v = Op::PostAttentionRouter {
-                    p: *p,
-                    r: *r,
-                    w: *w,
-                    pw: *pw,
-                }
-                .inputs(rng);
+            Op::PostAttentionGateUp { gw, .. } => {
+                let mut v = self.router_part().unwrap().inputs(rng);
                 // Each gate_up's weight as moe_gate_up's family draws it,
                 // and the dense one's ids (expert 0 for every token); the
                 // routed one reads the router's.
@@ -595,19 +601,14 @@ impl Op {
                     OutSpec::F32(k),
                 ]
             }
-            Op::PostAttentionGateUp { p, r, .. } => {
-                let n = p.rows * p.dim;
-                let k = r.m * r.top_k;
+            Op::PostAttentionGateUp { .. } => {
                 let (dense, routed) = self.gate_up_problems().unwrap();
-                vec![
-                    OutSpec::F32(n),
-                    OutSpec::F32(n),
-                    OutSpec::F32(n),
-                    OutSpec::U32(k),
-                    OutSpec::F32(k),
+                let mut v = self.router_part().unwrap().outputs();
+                v.extend([
                     OutSpec::F32(dense.m * dense.inter),
                     OutSpec::F32(routed.m * routed.top_k * routed.inter),
-                ]
+                ]);
+                v
             }
             Op::PostAttention { p, moe, .. } => {
                 let n = p.rows * p.dim;
