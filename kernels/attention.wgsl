@@ -606,7 +606,7 @@ fn attn_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
         cw[k] = w;
         l += w * e.y;
     }
-    // (its barriers also publish cw)
+    // (its barrier, which every build has, also publishes cw)
     let total = workgroup_sum(l, lid, 256u);
 
     // 8 groups of splits x 32 vec4 columns, then a sum over the groups.

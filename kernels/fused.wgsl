@@ -33,10 +33,15 @@ override WD3: u32 = 0u;
 // Threads per row: 1024 where the device allows, else 256 (a power of two).
 override WG: u32 = 256u;
 
-// Row sums through workgroup_sum (kernels/reduce*.wgsl): two barriers with
-// subgroup operations, log2(WG) + 2 without.
+// Row sums through workgroup_sum / workgroup_sum2 (kernels/reduce*.wgsl): one
+// barrier with subgroup operations, log2(WG) + 2 without.
 fn block_sum(v: f32, lid: u32) -> f32 {
     return workgroup_sum(v, lid, WG);
+}
+
+// Two independent row sums with one reduction.
+fn block_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    return workgroup_sum2(v, lid, WG);
 }
 
 fn inv_rms(ss: f32) -> f32 {
@@ -166,10 +171,9 @@ fn router_logit(e: u32, lid: u32) {
             ss2 += r * r;
         }
     }
-    let sum = block_sum(acc, lid);
-    let inv_r = inv_rms(block_sum(ss2, lid));
+    let sums = block_sum2(vec2<f32>(acc, ss2), lid);
     if (lid == 0u) {
-        RLOG[e] = sum * inv_r;
+        RLOG[e] = sums.x * inv_rms(sums.y);
     }
 }
 
@@ -239,12 +243,15 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         sd += d * d;
         se += ev * ev;
     }
-    let inv_d = inv_rms(block_sum(sd, lid));
+    // (the dense and expert branches' sums together: the same sums, one
+    // reduction)
+    let sde = block_sum2(vec2<f32>(sd, se), lid);
+    let inv_d = inv_rms(sde.x);
     for (var j = 0u; j < PER; j++) {
         h[j] = h[j] * inv_d * w0[j];
     }
     if (moe) {
-        let inv_e = inv_rms(block_sum(se, lid));
+        let inv_e = inv_rms(sde.y);
         var ss = 0.0;
         for (var j = 0u; j < PER; j++) {
             let i = lid + j * WG;

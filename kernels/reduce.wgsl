@@ -24,6 +24,23 @@ fn workgroup_sum(v: f32, lid: u32, n: u32) -> f32 {
     return total;
 }
 
+// Two sums at once, as workgroup_sum (the same pairing of values).
+var<workgroup> red_buf2: array<vec2<f32>, RED_MAX>;
+
+fn workgroup_sum2(v: vec2<f32>, lid: u32, n: u32) -> vec2<f32> {
+    red_buf2[lid] = v;
+    workgroupBarrier();
+    for (var s = n / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_buf2[lid] += red_buf2[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red_buf2[0];
+    workgroupBarrier();
+    return total;
+}
+
 // Largest `v` over the `n` threads of the workgroup (same rules as
 // workgroup_sum).
 fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {

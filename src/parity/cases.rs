@@ -370,6 +370,7 @@ fn fused() -> Vec<Op> {
     };
     vec![
         pa(1, 2816, true, BF16),
+        pa(512, 2816, true, BF16), // a prefill batch
         pa(5, 2816, true, F32),
         pa(3, 333, false, F16),
         pa(2, 4097, true, BF16), // 17 columns per thread, the last one partial

@@ -192,7 +192,9 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         opts.no_subgroups || std::env::var("TURBOSPARK_NO_SUBGROUPS").is_ok_and(|v| v == "1");
     let mut wanted_features =
         wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
-    if no_subgroups {
+    // kernels/reduce_subgroup.wgsl keeps up to two partials per subgroup of
+    // 1024 threads in half of its 1024 slots: subgroups of at least 4.
+    if no_subgroups || ainfo.subgroup_min_size < 4 {
         wanted_features.remove(wgpu::Features::SUBGROUP);
     }
     let coop = coop_configs(adapter, afeat);
