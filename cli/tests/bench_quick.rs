@@ -125,6 +125,34 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     ] {
         positive(&e[k], &format!("end to end {k}"));
     }
+    // The decode-step ablation (a GPU's figures only): a finite cost for
+    // every kernel of the step's profile, in its order. The costs are
+    // differences of two timings, so on a loaded CPU device they may read
+    // negative; only the step itself must be positive.
+    let ablation = &e["decode_step_ablation"];
+    if backend == "wgpu" {
+        positive(&ablation["step_us"], "ablation step_us");
+        let profiled: Vec<&Value> = e["decode_step_profile"]
+            .as_array()
+            .expect("decode step profile")
+            .iter()
+            .map(|k| &k["kernel"])
+            .collect();
+        let rows = ablation["kernels"].as_array().expect("ablation kernels");
+        assert!(
+            !rows.is_empty() && rows.len() == profiled.len(),
+            "{ablation}"
+        );
+        for (row, kernel) in rows.iter().zip(profiled) {
+            assert_eq!(&row["kernel"], kernel, "{ablation}");
+            assert!(
+                row["us_per_step"].as_f64().is_some_and(f64::is_finite),
+                "{row}"
+            );
+        }
+    } else {
+        assert!(ablation.is_null(), "{ablation}");
+    }
     assert!(
         stdout.contains("end to end: tiny on"),
         "end-to-end line missing from the table"

@@ -22,6 +22,9 @@ pub(crate) struct Batch {
     /// The MoE route list last built, while it still holds (see
     /// [`RouteCache`]).
     pub route: Option<RouteCache>,
+    /// Entry points whose dispatches are left out (a timing ablation,
+    /// `WgpuBackend::omit_dispatches`).
+    pub omitted: Vec<String>,
 }
 
 /// What the route list in `list` was built from (the expert ids in `ids`
@@ -129,6 +132,9 @@ impl WgpuBackend {
         let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
         let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
+        if b.omitted.iter().any(|e| e == l.entry) {
+            return Ok(());
+        }
         for (buf, read_only) in l.buffers {
             if !read_only {
                 b.wrote(buf);

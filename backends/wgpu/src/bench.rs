@@ -238,6 +238,18 @@ impl WgpuBackend {
             .collect())
     }
 
+    /// Leave out every dispatch of these kernel entry points from now on
+    /// (none: stop). A timing ablation for the bench: what a decode step
+    /// costs without one kernel, its launches and barriers included, which a
+    /// per-dispatch profile cannot show. While any is left out the results
+    /// are wrong (the kernels after it read stale buffers): time with it,
+    /// then reset the model.
+    pub fn omit_dispatches(&self, entries: &[&str]) -> Result<()> {
+        turbospark::ComputeBackend::flush(self)?;
+        self.batch_lock().omitted = entries.iter().map(|e| e.to_string()).collect();
+        Ok(())
+    }
+
     /// Global index of the next timestamp query of the running timing.
     fn timing_position(&self) -> usize {
         self.batch_lock()

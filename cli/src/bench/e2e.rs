@@ -29,6 +29,11 @@ pub trait Counters {
     fn profile_stop(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
     }
+    /// Leave out the dispatches of these kernels (none: stop), for
+    /// [`ablation`]; false where the backend cannot.
+    fn omit(&self, _kernels: &[&str]) -> bool {
+        false
+    }
     /// Device bytes held `(now, peak)`, where the backend counts them.
     fn memory(&self) -> Option<(u64, u64)> {
         None
@@ -47,6 +52,9 @@ impl Counters for WgpuBackend {
     fn profile_stop(&self) -> Vec<(&'static str, f64)> {
         WgpuBackend::profile_stop(self).unwrap_or_default()
     }
+    fn omit(&self, kernels: &[&str]) -> bool {
+        self.omit_dispatches(kernels).is_ok()
+    }
     fn memory(&self) -> Option<(u64, u64)> {
         Some(WgpuBackend::memory(self))
     }
@@ -60,6 +68,62 @@ const WARMUPS: usize = 8;
 
 /// Decode steps the profile covers (the last prompt token's and one more).
 const PROFILE_STEPS: usize = 2;
+
+/// Decode steps each run of the ablation times.
+const ABLATION_STEPS: usize = 16;
+
+/// What each kernel of a decode step costs the step, its launches and the
+/// barriers around them included: decode tokens/s with that kernel's
+/// dispatches left out against with none left out, as microseconds per
+/// step. A per-dispatch profile cannot show this (a pass per dispatch adds
+/// its own overhead). Each run prefills the whole prompt with nothing left
+/// out, so the step reads finite, stale values where a kernel is missing
+/// (the MoE layers still route to valid experts) and the context is the
+/// timed run's; the baseline is the mean of a run before and one after.
+/// Null where the backend cannot leave dispatches out.
+fn ablation<B: ComputeBackend + Counters>(
+    model: &mut Model<B>,
+    prompt: &[u32],
+    kernels: &[String],
+) -> turbospark::Result<Value> {
+    if kernels.is_empty() || !model.backend().omit(&[]) {
+        return Ok(Value::Null);
+    }
+    let greedy = |n| GenerateOptions {
+        max_new_tokens: n,
+        sampling: Sampling::Greedy,
+        stop_at_eos: false,
+    };
+    let step_s = |m: &mut Model<B>, omit: &[&str]| -> turbospark::Result<f64> {
+        m.reset();
+        let first = m.generate(prompt, &greedy(1))?.tokens[0];
+        m.backend().omit(omit);
+        let g = m.generate(&[first], &greedy(ABLATION_STEPS));
+        m.backend().omit(&[]);
+        m.reset();
+        Ok(1.0 / g?.decode_tok_s)
+    };
+    let before = step_s(model, &[])?;
+    let mut without = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        without.push(step_s(model, &[k.as_str()])?);
+    }
+    let base = 0.5 * (before + step_s(model, &[])?);
+    let rows: Vec<Value> = kernels
+        .iter()
+        .zip(&without)
+        .map(|(k, t)| {
+            let us = (base - t) * 1e6;
+            eprintln!("bench: decode step ablation: {k:>24} {us:>9.1} us a step");
+            json!({ "kernel": k, "us_per_step": us })
+        })
+        .collect();
+    Ok(json!({
+        "step_us": base * 1e6,
+        "steps_per_run": ABLATION_STEPS,
+        "kernels": rows,
+    }))
+}
 
 /// Run `f` (`passes` forward passes) under the backend's per-dispatch
 /// profile and print and return its [`kernel_profile`]; null where the
@@ -211,6 +275,18 @@ fn measure<B: ComputeBackend + Counters>(
     let profile = profiled(&mut model, "decode step", PROFILE_STEPS, |m| {
         m.generate(&[last], &greedy(PROFILE_STEPS)).map(drop)
     })?;
+    // What each of those kernels costs the step (every run resets).
+    let kernels: Vec<String> = profile
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["kernel"].as_str().map(str::to_string))
+        .collect();
+    let ablation = if prompt_len + ABLATION_STEPS < model.max_context() {
+        ablation(&mut model, &prompt, &kernels)?
+    } else {
+        Value::Null
+    };
     // Where the prefill's GPU time goes: the prompt's prefill again.
     let prefill_profile = if prompt_len > 1 {
         profiled(&mut model, "prefill", 1, |m| {
@@ -278,6 +354,9 @@ fn measure<B: ComputeBackend + Counters>(
                 .sum::<f64>()
         }),
         "decode_step_profile": profile,
+        // What each decode kernel costs the step, launches included
+        // (`ablation`).
+        "decode_step_ablation": ablation,
         // Per kernel over the whole prompt's prefill ("dispatches_per_step"
         // and "us_per_step" there mean per prefill).
         "prefill_profile": prefill_profile,
