@@ -37,6 +37,12 @@ struct Params {
     // m * group: query slots per kv head.
     nslots: u32,
     ntiles: u32,
+    // attn_decode_qkv only (qkv_post's): rotated pairs, the norms' eps, and
+    // 1 where V is the raw k (no v part in the raw row).
+    rot_pairs: u32,
+    eps: f32,
+    v_from_k: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -55,6 +61,9 @@ override NV: u32 = 4u;
 override QT: u32 = 8u;
 
 @group(1) @binding(0) var<storage, read> Q: array<vec4<f32>>;
+// (read_write in the attention_qkv build, which adds
+// kernels/attention_qkv.wgsl's attn_decode_qkv: backends/wgpu/src/kernels.rs
+// VARIANTS)
 @group(1) @binding(1) var<storage, read> KC: array<vec4<f32>>;
 @group(1) @binding(2) var<storage, read> VC: array<vec4<f32>>;
 @group(1) @binding(3) var<storage, read> POS: array<u32>;
@@ -336,22 +345,35 @@ fn query(qbase: u32, i: u32) -> vec4<f32> {
     return Q[qbase + i];
 }
 
+// The keys [lo, hi) of the row's split `split` (the splits that short spans
+// leave without keys get an empty range).
+fn decode_span(split: u32) -> vec2<u32> {
+    let kr = key_range(0u);
+    let n = kr.y - kr.x;
+    let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
+    let chunk = ((n + nsplit - 1u) / nsplit + KD - 1u) / KD * KD;
+    let c_lo = min(kr.x + split * chunk, kr.y);
+    return vec2<u32>(c_lo, min(c_lo + chunk, kr.y));
+}
+
 @compute @workgroup_size(256)
 fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let id = linear_group(wg, nwg);
+    decode_body(linear_group(wg, nwg), lid, true);
+}
+
+// Workgroup `id`'s split of attn_decode; `stage`: copy the group's queries
+// from Q into dq first (where DQN > 1; attn_decode_qkv built them there).
+fn decode_body(id: u32, lid: u32, stage: bool) {
     let split = id % P.nsplit;
     let g = id / P.nsplit;
     if (g >= P.kv_heads) {
         return;
     }
     let nq = P.heads;
-    let kr = key_range(0u);
-    let n = kr.y - kr.x;
-    let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
-    let chunk = ((n + nsplit - 1u) / nsplit + KD - 1u) / KD * KD;
-    let c_lo = min(kr.x + split * chunk, kr.y);
-    let c_hi = min(c_lo + chunk, kr.y);
+    let span = decode_span(split);
+    let c_lo = span.x;
+    let c_hi = span.y;
     let kbase = g * P.capacity;
     let qbase = g * GD * D4;
 
@@ -380,7 +402,7 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     var a5 = vec4<f32>(0.0);
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
-    if (DQN > 1u) {
+    if (DQN > 1u && stage) {
         for (var i = lid; i < GD * D4; i += 256u) {
             dq[i] = Q[qbase + i];
         }

@@ -598,4 +598,29 @@ pub trait ComputeBackend {
         v_cache: &Self::Buffer,
         p: QkvPost,
     ) -> Result<()>;
+
+    /// [`qkv_post`](Self::qkv_post), then [`attention`](Self::attention)
+    /// of the queries it wrote to `q` over the caches it appended to, into
+    /// `out`: a layer's attention between the q|k|v projection and o_proj.
+    /// The two ops' shapes must agree ([`crate::ops::check_qkv_attention`]).
+    /// A backend may do both in fewer launches (wgpu: one decode row in one);
+    /// the results are the two ops'.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_post_attention(
+        &self,
+        raw: &Self::Buffer,
+        w_q: &Self::Buffer,
+        w_k: &Self::Buffer,
+        positions: &Self::Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        out: &Self::Buffer,
+        qp: QkvPost,
+        ap: Attention,
+    ) -> Result<()> {
+        crate::ops::check_qkv_attention(&qp, &ap)?;
+        self.qkv_post(raw, w_q, w_k, positions, q, k_cache, v_cache, qp)?;
+        self.attention(q, k_cache, v_cache, positions, out, ap)
+    }
 }

@@ -324,6 +324,27 @@ impl QkvPost {
     }
 }
 
+/// `qkv_post_attention`'s two ops must describe the same rows, heads and
+/// caches: the attention reads what qkv_post wrote.
+pub fn check_qkv_attention(qp: &QkvPost, ap: &Attention) -> Result<()> {
+    let pairs = [
+        ("m", qp.m, ap.m),
+        ("heads", qp.heads, ap.heads),
+        ("kv_heads", qp.kv_heads, ap.kv_heads),
+        ("head_dim", qp.head_dim, ap.head_dim),
+        ("capacity", qp.capacity, ap.capacity),
+    ];
+    for (name, a, b) in pairs {
+        if a != b {
+            return Err(Error::shape(
+                "qkv_post_attention",
+                format!("qkv_post has {name} {a}, attention {b}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks one buffer argument: dtype in `dtypes`, at least `need` elements.
 pub fn check_buf<B: DeviceBuffer>(
     op: &'static str,

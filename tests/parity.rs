@@ -191,6 +191,11 @@ fn qkv_post() {
 }
 
 #[test]
+fn qkv_post_attention() {
+    family("qkv_post_attention");
+}
+
+#[test]
 fn moe_gate_up_pair() {
     family("moe_gate_up_pair");
 }
@@ -210,6 +215,10 @@ fn router_without_subgroups() {
 #[test]
 fn qkv_post_without_subgroups() {
     family_without_subgroups("qkv_post");
+}
+#[test]
+fn qkv_post_attention_without_subgroups() {
+    family_without_subgroups("qkv_post_attention");
 }
 #[test]
 fn post_attention_without_subgroups() {

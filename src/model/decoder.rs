@@ -1,7 +1,7 @@
 //! The Gemma 4 MoE decoder, written once against [`ComputeBackend`].
 //!
 //! One forward pass over `m` tokens (a prefill batch, or one decode
-//! token) records, per layer (7 ops, 9 dispatches on a GPU, when decoding
+//! token) records, per layer (6 ops, 8 dispatches on a GPU, when decoding
 //! with experts):
 //!
 //! ```text
@@ -9,8 +9,10 @@
 //! qkv = [q_proj | k_proj | v_proj] y         (one matmul over stacked weights)
 //! q = rope(q_norm q); k = rope(k_norm k); v = rmsnorm_noweight(v)
 //!       (k_eq_v layers: v from the RAW k), k and v appended to the cache
-//!                                            (qkv_post)
 //! a   = attention(q, cache, scale 1, window on sliding layers)
+//!                                            (both: qkv_post_attention;
+//!                                            decode: one split launch and
+//!                                            the combine)
 //! r   = x + post_attention_layernorm(o_proj a);
 //!       ff = pre_ff(r); moe_in = pre_ff_2(r); with experts the router on r
 //!                                            (post_attention_router; decode:
@@ -709,7 +711,7 @@ impl<B: ComputeBackend> Model<B> {
                 k: h,
             },
         )?;
-        be.qkv_post(
+        be.qkv_post_attention(
             &s.qkv,
             &w.q_norm,
             &w.k_norm,
@@ -717,6 +719,7 @@ impl<B: ComputeBackend> Model<B> {
             &s.q,
             &cache.k,
             &cache.v,
+            &s.attn,
             QkvPost {
                 m,
                 heads: nh,
@@ -729,13 +732,6 @@ impl<B: ComputeBackend> Model<B> {
                 // attention_k_eq_v: V is the raw K projection, before k_norm.
                 v_from_k: spec.k_eq_v,
             },
-        )?;
-        be.attention(
-            &s.q,
-            &cache.k,
-            &cache.v,
-            &s.pos,
-            &s.attn,
             Attention {
                 m,
                 heads: nh,

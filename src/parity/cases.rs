@@ -387,6 +387,45 @@ fn fused() -> Vec<Op> {
     ]
 }
 
+/// qkv_post then attention (one decode launch on wgpu where it fits): the
+/// Gemma 4 layers' decode rows, a group of 8 heads at a short context (most
+/// splits without keys), the new key in a later split of a wrapped ring,
+/// and shapes that take the two ops (head_dim not a multiple of 8, a
+/// micro-batch).
+fn qkv_post_attention() -> Vec<Op> {
+    let c = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, window, pos0, w| {
+        Op::QkvPostAttention {
+            p: QkvPost {
+                m,
+                heads,
+                kv_heads,
+                head_dim,
+                rot_pairs,
+                theta: if rot_pairs * 2 == head_dim {
+                    10_000.0
+                } else {
+                    1_000_000.0
+                },
+                eps: EPS,
+                capacity,
+                v_from_k,
+            },
+            window,
+            pos0,
+            w,
+        }
+    };
+    vec![
+        c(1, 16, 8, 256, 128, 1039, false, 1024, 30_000, BF16),
+        c(1, 16, 2, 512, 64, 4096, true, 0, 4000, BF16),
+        c(1, 16, 2, 512, 64, 700, true, 0, 5, BF16),
+        c(1, 8, 4, 64, 32, 300, false, 100, 777, F32),
+        c(1, 6, 3, 24, 5, 50, false, 0, 20, F16),
+        c(1, 4, 2, 12, 3, 40, true, 0, 30, BF16),
+        c(3, 16, 8, 256, 128, 600, false, 512, 590, BF16),
+    ]
+}
+
 /// post_attention over `rows` x `dim` and the router on its residual.
 fn pa_router(rows: usize, dim: usize, (experts, top_k): (usize, usize)) -> (PostAttention, Router) {
     let p = PostAttention {
@@ -464,6 +503,7 @@ fn cases(full: bool) -> Vec<Op> {
         attention(full),
         glue(),
         fused(),
+        qkv_post_attention(),
         post_attention_router(),
         post_attention_gate_up(full),
     ]

@@ -133,6 +133,14 @@ pub enum Op {
         pos0: usize,
         w: DType,
     },
+    /// `qkv_post_attention`: `QkvPost`'s case, then attention over its
+    /// outputs (`window`: the layer's; same rows, heads and caches).
+    QkvPostAttention {
+        p: QkvPost,
+        window: usize,
+        pos0: usize,
+        w: DType,
+    },
 }
 
 /// An RMSNorm weight away from 1 (so a missing multiply shows).
@@ -196,6 +204,7 @@ impl Op {
             Op::PostAttentionGateUp { .. } => "post_attention_gate_up",
             Op::PostFfn { .. } => "post_ffn",
             Op::QkvPost { .. } => "qkv_post",
+            Op::QkvPostAttention { .. } => "qkv_post_attention",
         }
     }
 
@@ -312,6 +321,10 @@ impl Op {
                 "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},pos0={pos0},w={w})",
                 p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k
             ),
+            Op::QkvPostAttention { p, window, pos0, w } => format!(
+                "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},window={window},pos0={pos0},w={w})",
+                p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k
+            ),
         }
     }
 
@@ -339,7 +352,7 @@ impl Op {
             | Op::PostAttentionRouter { p, .. }
             | Op::PostAttentionGateUp { p, .. } => OpKind::PostAttention { dim: p.dim as u32 },
             Op::PostFfn { p, .. } => OpKind::PostFfn { dim: p.dim as u32 },
-            Op::QkvPost { p, .. } => OpKind::QkvPost {
+            Op::QkvPost { p, .. } | Op::QkvPostAttention { p, .. } => OpKind::QkvPost {
                 head_dim: p.head_dim as u32,
             },
         }
@@ -370,8 +383,9 @@ impl Op {
             | Op::MoeDown { .. }
             | Op::MoeGateUpPair { .. }
             | Op::MoeDownPair { .. } => 1e-9,
-            // Softmax over up to thousands of keys, split and recombined.
-            Op::Attention { .. } => 1e-9,
+            // Softmax over up to thousands of keys, split and recombined
+            // (after qkv_post's norms and RoPE).
+            Op::Attention { .. } | Op::QkvPostAttention { .. } => 1e-9,
             Op::Argmax { .. } => 0.0,
         }
     }
@@ -552,7 +566,7 @@ impl Op {
                 }
                 v
             }
-            Op::QkvPost { p, pos0, w } => {
+            Op::QkvPost { p, pos0, w } | Op::QkvPostAttention { p, pos0, w, .. } => {
                 let cache = p.capacity * p.kv_heads * p.head_dim;
                 vec![
                     HostTensor::F32(rng.vec_normal(p.m * p.raw_row(), 1.0)),
@@ -632,6 +646,16 @@ impl Op {
                     OutSpec::F32(p.m * p.heads * p.head_dim),
                     OutSpec::InPlace(4, cache),
                     OutSpec::InPlace(5, cache),
+                ]
+            }
+            Op::QkvPostAttention { p, .. } => {
+                let cache = p.capacity * p.kv_heads * p.head_dim;
+                let rows = p.m * p.heads * p.head_dim;
+                vec![
+                    OutSpec::F32(rows),
+                    OutSpec::InPlace(4, cache),
+                    OutSpec::InPlace(5, cache),
+                    OutSpec::F32(rows),
                 ]
             }
         }
@@ -733,6 +757,26 @@ impl Op {
             Op::QkvPost { p, .. } => {
                 b.qkv_post(&i[0], &i[1], &i[2], &i[3], &o[0], &i[4], &i[5], *p)
             }
+            Op::QkvPostAttention { p, window, .. } => b.qkv_post_attention(
+                &i[0],
+                &i[1],
+                &i[2],
+                &i[3],
+                &o[0],
+                &i[4],
+                &i[5],
+                &o[1],
+                *p,
+                Attention {
+                    m: p.m,
+                    heads: p.heads,
+                    kv_heads: p.kv_heads,
+                    head_dim: p.head_dim,
+                    capacity: p.capacity,
+                    window: *window,
+                    scale: 1.0,
+                },
+            ),
         }
     }
 }

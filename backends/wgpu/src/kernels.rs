@@ -23,6 +23,9 @@ pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
 /// The router's top-k and softmax over a token's logits, appended to the
 /// families that pick experts.
 pub const TOPK: &str = include_str!("../../../kernels/topk.wgsl");
+/// RoPE's angle arithmetic, appended to the families that turn by RoPE
+/// (rope, and the attention_qkv variant).
+pub const ROPE_ANGLE: &str = include_str!("../../../kernels/rope_angle.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
@@ -51,10 +54,62 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("bench", include_str!("../../../kernels/bench.wgsl")),
 ];
 
+/// A family built from another family's text: some declarations changed
+/// and more code appended.
+pub struct Variant {
+    pub name: &'static str,
+    pub base: &'static str,
+    /// `(from, to)`: each `from` occurs once in the base's text.
+    pub changes: &'static [(&'static str, &'static str)],
+    pub appendix: &'static [&'static str],
+}
+
+/// `attention_qkv`: kernels/attention.wgsl with its caches writable, and
+/// kernels/attention_qkv.wgsl's `attn_decode_qkv`, which appends the
+/// token's key and value (with kernels/rope_angle.wgsl). The other attention
+/// kernels keep the caches read-only, which lets the driver read them
+/// through its read-only cache path (on the H200, prefill was 3.6% slower
+/// with every attention kernel binding them writable).
+pub const VARIANTS: &[Variant] = &[Variant {
+    name: "attention_qkv",
+    base: "attention",
+    changes: &[
+        ("var<storage, read> KC:", "var<storage, read_write> KC:"),
+        ("var<storage, read> VC:", "var<storage, read_write> VC:"),
+    ],
+    appendix: &[
+        include_str!("../../../kernels/attention_qkv.wgsl"),
+        ROPE_ANGLE,
+    ],
+}];
+
+/// Every family's name: the files', then the variants'.
+pub fn families() -> impl Iterator<Item = &'static str> {
+    KERNELS
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(VARIANTS.iter().map(|v| v.name))
+}
+
 /// The full WGSL text of a kernel family: the file's `enable` directives
 /// (WGSL wants them first), the common prelude, the reduction helpers (the
-/// subgroup ones when `subgroups`), then the rest of the file.
+/// subgroup ones when `subgroups`), then the rest of the file; a variant
+/// ([`VARIANTS`]) is its base's text with each change made once.
 pub fn source(name: &str, subgroups: bool) -> Option<String> {
+    if let Some(v) = VARIANTS.iter().find(|v| v.name == name) {
+        let mut text = source(v.base, subgroups)?;
+        for (from, to) in v.changes {
+            if text.matches(from).count() != 1 {
+                return None;
+            }
+            text = text.replacen(from, to, 1);
+        }
+        for a in v.appendix {
+            text.push('\n');
+            text.push_str(a);
+        }
+        return Some(text);
+    }
     let reduce = if subgroups { REDUCE_SUBGROUP } else { REDUCE };
     KERNELS.iter().find(|(n, _)| *n == name).map(|(_, s)| {
         let (enables, body): (Vec<&str>, Vec<&str>) =
@@ -62,6 +117,7 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
         let appendix = match name {
             "gemm" | "gemm_coop" | "gemm_prep" => GEMM_TILES,
             "router" | "moe_decode" => TOPK,
+            "rope" => ROPE_ANGLE,
             _ => "",
         };
         format!(

@@ -867,6 +867,59 @@ impl ComputeBackend for WgpuBackend {
         )?;
         ops::attention::qkv_post(self, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
+
+    fn qkv_post_attention(
+        &self,
+        raw: &WgpuBuffer,
+        w_q: &WgpuBuffer,
+        w_k: &WgpuBuffer,
+        positions: &WgpuBuffer,
+        q: &WgpuBuffer,
+        k_cache: &WgpuBuffer,
+        v_cache: &WgpuBuffer,
+        out: &WgpuBuffer,
+        qp: QkvPost,
+        ap: Attention,
+    ) -> Result<()> {
+        turbospark::ops::check_qkv_attention(&qp, &ap)?;
+        // Both ops' checks, as if each were called.
+        whole(
+            "qkv_post",
+            &qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?,
+        )?;
+        self.require(
+            "qkv_post",
+            OpKind::QkvPost {
+                head_dim: qp.head_dim as u32,
+            },
+        )?;
+        ap.validate(q, k_cache, v_cache, positions, out)?;
+        v::no_alias(
+            "attention",
+            out,
+            &[Some(q), Some(k_cache), Some(v_cache), Some(positions)],
+        )?;
+        whole(
+            "attention",
+            &[
+                Some(q),
+                Some(k_cache),
+                Some(v_cache),
+                Some(positions),
+                Some(out),
+            ],
+        )?;
+        ops::attention::qkv_attention(
+            self,
+            raw,
+            (w_q, w_k),
+            positions,
+            q,
+            (k_cache, v_cache),
+            out,
+            (qp, ap),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -181,6 +181,11 @@ struct AttnParams {
     min_chunk: u32,
     nslots: u32,
     ntiles: u32,
+    // attn_decode_qkv only: qkv_post's rot_pairs, eps and v_from_k.
+    rot_pairs: u32,
+    eps: f32,
+    v_from_k: u32,
+    _pad: u32,
 }
 
 impl AttnParams {
@@ -202,6 +207,10 @@ impl AttnParams {
             min_chunk: min_chunk as u32,
             nslots: (p.m * group) as u32,
             ntiles: ntiles as u32,
+            rot_pairs: 0,
+            eps: 0.0,
+            v_from_k: 0,
+            _pad: 0,
         }
     }
 }
@@ -310,6 +319,42 @@ pub(crate) fn attention(
         );
     }
     let decode = p.m == 1 && group <= DECODE_MAX_GROUP;
+    let split = split_plan(be, &p, decode)?;
+    let (entry, constants) = if decode {
+        let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
+        let dqn = if stage { group * d4 } else { 1 };
+        (
+            "attn_decode",
+            &[("GD", group as i64), ("D4", d4 as i64), ("DQN", dqn as i64)][..],
+        )
+    } else {
+        let qt = nslots.min(MAX_TILE);
+        ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)][..])
+    };
+    first(
+        entry,
+        constants,
+        &split.params,
+        one(&split.part),
+        split.groups,
+    )?;
+    combine(be, &split, out, &p)
+}
+
+/// A split phase's plan: its parameters, the scratch for its partials and
+/// its workgroup count.
+struct SplitPlan {
+    params: AttnParams,
+    part: WgpuBuffer,
+    groups: usize,
+}
+
+/// The key splits of a split phase (attn_decode where `decode`, else
+/// attn_split) and its scratch.
+fn split_plan(be: &WgpuBackend, p: &Attention, decode: bool) -> Result<SplitPlan> {
+    let d4 = p.head_dim / 4;
+    let group = p.heads / p.kv_heads;
+    let nslots = p.m * group;
     // Query slots per workgroup, the fewest keys a split takes (attn_split:
     // 16 per query of its tile, so its partials stay small next to the K/V
     // it reads) and the workgroups to aim for.
@@ -343,37 +388,150 @@ pub(crate) fn attention(
         0,
         "attention split-K scratch",
     )?;
-    let params = AttnParams::new(&p, nsplit, min_chunk, ntiles);
-    let (entry, constants) = if decode {
-        let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
-        let dqn = if stage { group * d4 } else { 1 };
-        (
-            "attn_decode",
-            &[("GD", group as i64), ("D4", d4 as i64), ("DQN", dqn as i64)][..],
-        )
-    } else {
-        ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)][..])
-    };
-    first(
-        entry,
-        constants,
-        &params,
-        one(&part),
-        nsplit * p.kv_heads * ntiles,
-    )?;
+    Ok(SplitPlan {
+        params: AttnParams::new(p, nsplit, min_chunk, ntiles),
+        part,
+        groups: nsplit * p.kv_heads * ntiles,
+    })
+}
+
+/// `attn_combine`: the split phase's partials into `out`.
+fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention) -> Result<()> {
+    let nq = p.m * p.heads;
     be.launch(Launch {
         kernel: "attention",
         entry: "attn_combine",
         constants: &[],
-        params: bytemuck::bytes_of(&params),
-        buffers: &[(one(&part), true), (one(out), false)],
-        groups: be.grid((nq * d4.div_ceil(32)) as u32),
+        params: bytemuck::bytes_of(&split.params),
+        buffers: &[(one(&split.part), true), (one(out), false)],
+        groups: be.grid((nq * (p.head_dim / 4).div_ceil(32)) as u32),
     })
+}
+
+/// Whether [`qkv_attention`] takes a decode row in one launch: attn_decode
+/// takes it, head_dim is a multiple of 8 (the kernel's units are 4 pairs)
+/// and the group's queries fit workgroup memory beside the kernel's own.
+fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
+    let group = p.heads / p.kv_heads;
+    p.m == 1
+        && group <= DECODE_MAX_GROUP
+        && p.head_dim.is_multiple_of(8)
+        && DECODE_SMEM as usize + 16 * group * (p.head_dim / 4)
+            <= be.limits.max_compute_workgroup_storage_size as usize
+}
+
+/// [`qkv_post`] then [`attention`] on its output. One decode row that
+/// [`qkv_attention_fits`] takes `attn_decode_qkv` (the norms, RoPE and
+/// cache append inside the split phase) and attn_combine: one dependent
+/// dispatch fewer. Else the two ops. The caller checked both ops' shapes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qkv_attention(
+    be: &WgpuBackend,
+    raw: &WgpuBuffer,
+    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
+    pos: &WgpuBuffer,
+    q: &WgpuBuffer,
+    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
+    out: &WgpuBuffer,
+    (qp, p): (QkvPost, Attention),
+) -> Result<()> {
+    if !qkv_attention_fits(be, &p) {
+        qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
+        return attention(be, q, kc, vc, pos, out, p);
+    }
+    let group = p.heads / p.kv_heads;
+    let d4 = p.head_dim / 4;
+    let freq = freq_table(be, qp.theta, qp.head_dim, qp.rot_pairs)?;
+    let mut split = split_plan(be, &p, true)?;
+    split.params.rot_pairs = qp.rot_pairs as u32;
+    split.params.eps = qp.eps;
+    split.params.v_from_k = qp.v_from_k as u32;
+    be.launch(Launch {
+        // (the build with writable caches, kernels::VARIANTS)
+        kernel: "attention_qkv",
+        entry: "attn_decode_qkv",
+        constants: &[
+            ("GD", group as i64),
+            ("D4", d4 as i64),
+            // (the queries are built in workgroup memory)
+            ("DQN", (group * d4) as i64),
+            ("WQD", wdtype_code(w_q.dtype) as i64),
+            ("WKD", wdtype_code(w_k.dtype) as i64),
+        ],
+        params: bytemuck::bytes_of(&split.params),
+        buffers: &[
+            // (Q: attn_decode's query binding, not read here)
+            (one(raw), true),
+            (one(kc), false),
+            (one(vc), false),
+            (one(pos), true),
+            (one(&split.part), false),
+            (one(raw), true),
+            (one(w_q), true),
+            (one(w_k), true),
+            (one(&freq), true),
+            (one(q), false),
+        ],
+        groups: be.grid(split.groups as u32),
+    })?;
+    combine(be, &split, out, &p)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::{backend, upload_f32, upload_u32};
+    use turbospark::ComputeBackend;
+
+    /// Dispatches `qkv_post_attention` records for one Gemma 4 sliding
+    /// layer's rows (`m` of them) at position 40.
+    fn qkv_attention_dispatches(be: &WgpuBackend, m: usize, head_dim: usize) -> u64 {
+        let (heads, kv_heads, capacity) = (4, 2, 64);
+        let qp = QkvPost {
+            m,
+            heads,
+            kv_heads,
+            head_dim,
+            rot_pairs: head_dim / 2,
+            theta: 10_000.0,
+            eps: 1e-6,
+            capacity,
+            v_from_k: false,
+        };
+        let ap = Attention {
+            m,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            window: 0,
+            scale: 1.0,
+        };
+        let f = |n: usize, label| upload_f32(be, &vec![0.5; n], label);
+        let raw = f(m * qp.raw_row(), "raw");
+        let (wq, wk) = (f(head_dim, "wq"), f(head_dim, "wk"));
+        let pos = upload_u32(be, &(40..40 + m as u32).collect::<Vec<_>>(), "pos");
+        let q = f(m * heads * head_dim, "q");
+        let cache = capacity * kv_heads * head_dim;
+        let (kc, vc) = (f(cache, "kc"), f(cache, "vc"));
+        let out = f(m * heads * head_dim, "out");
+        let before = be.counters().0;
+        be.qkv_post_attention(&raw, &wq, &wk, &pos, &q, &kc, &vc, &out, qp, ap)
+            .unwrap();
+        be.flush().unwrap();
+        be.counters().0 - before
+    }
+
+    #[test]
+    fn qkv_post_attention_is_one_split_launch_for_a_decode_row() {
+        let Some(be) = backend() else { return };
+        // attn_decode_qkv and attn_combine.
+        assert_eq!(qkv_attention_dispatches(&be, 1, 64), 2);
+        // head_dim not a multiple of 8, or two rows: qkv_post, the split
+        // phase and attn_combine.
+        assert_eq!(qkv_attention_dispatches(&be, 1, 12), 3);
+        assert_eq!(qkv_attention_dispatches(&be, 2, 64), 3);
+    }
 
     #[test]
     fn decode_stages_queries_only_where_they_fit() {
