@@ -252,8 +252,17 @@ const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
 /// the kernel's own (WebGPU's baseline is 16 KB: 8 heads of 512 need 28.8).
 fn decode_stages_queries(group: usize, d4: usize, smem_limit: u32) -> bool {
     let q = group * d4;
-    q >= DECODE_STAGE_QUERY && DECODE_SMEM as usize + 16 * q <= smem_limit as usize
+    q >= DECODE_STAGE_QUERY && staged_queries_fit(q, 0, smem_limit)
 }
+
+/// Whether `q` staged query vec4s (16 bytes each) fit the device's
+/// workgroup memory beside attn_decode's own and `extra` bytes more.
+fn staged_queries_fit(q: usize, extra: usize, smem_limit: u32) -> bool {
+    DECODE_SMEM as usize + extra + 16 * q <= smem_limit as usize
+}
+
+/// attn_decode_qkv's workgroup memory past attn_decode's: `qinv`, 16 f32.
+const QKV_SMEM: usize = 16 * 4;
 
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
@@ -416,8 +425,11 @@ fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
     p.m == 1
         && group <= DECODE_MAX_GROUP
         && p.head_dim.is_multiple_of(8)
-        && DECODE_SMEM as usize + 16 * group * (p.head_dim / 4)
-            <= be.limits.max_compute_workgroup_storage_size as usize
+        && staged_queries_fit(
+            group * (p.head_dim / 4),
+            QKV_SMEM,
+            be.limits.max_compute_workgroup_storage_size,
+        )
 }
 
 /// [`qkv_post`] then [`attention`] on its output. One decode row that
