@@ -350,21 +350,13 @@ fn fused() -> Vec<Op> {
         w,
     };
     let qkv = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, pos0, w| Op::QkvPost {
-        p: QkvPost {
+        p: qkv_post(
             m,
-            heads,
-            kv_heads,
-            head_dim,
+            (heads, kv_heads, head_dim),
             rot_pairs,
-            theta: if rot_pairs * 2 == head_dim {
-                10_000.0
-            } else {
-                1_000_000.0
-            },
-            eps: EPS,
             capacity,
             v_from_k,
-        },
+        ),
         pos0,
         w,
     };
@@ -387,6 +379,32 @@ fn fused() -> Vec<Op> {
     ]
 }
 
+/// A qkv_post shape: Gemma 4's theta for a layer that turns every pair
+/// (sliding) or part of them (full).
+fn qkv_post(
+    m: usize,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    rot_pairs: usize,
+    capacity: usize,
+    v_from_k: bool,
+) -> QkvPost {
+    QkvPost {
+        m,
+        heads,
+        kv_heads,
+        head_dim,
+        rot_pairs,
+        theta: if rot_pairs * 2 == head_dim {
+            10_000.0
+        } else {
+            1_000_000.0
+        },
+        eps: EPS,
+        capacity,
+        v_from_k,
+    }
+}
+
 /// qkv_post then attention (one decode launch on wgpu where it fits): the
 /// Gemma 4 layers' decode rows, a group of 8 heads at a short context (most
 /// splits without keys), the new key in a later split of a wrapped ring,
@@ -395,21 +413,13 @@ fn fused() -> Vec<Op> {
 fn qkv_post_attention() -> Vec<Op> {
     let c = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, window, pos0, w| {
         Op::QkvPostAttention {
-            p: QkvPost {
+            p: qkv_post(
                 m,
-                heads,
-                kv_heads,
-                head_dim,
+                (heads, kv_heads, head_dim),
                 rot_pairs,
-                theta: if rot_pairs * 2 == head_dim {
-                    10_000.0
-                } else {
-                    1_000_000.0
-                },
-                eps: EPS,
                 capacity,
                 v_from_k,
-            },
+            ),
             window,
             pos0,
             w,

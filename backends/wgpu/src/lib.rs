@@ -315,6 +315,27 @@ impl WgpuBackend {
             .clone())
     }
 
+    /// A qkv_post call's argument checks (the op's own and inside
+    /// qkv_post_attention).
+    fn check_qkv_post(
+        &self,
+        p: &QkvPost,
+        raw: &WgpuBuffer,
+        (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
+        positions: &WgpuBuffer,
+        q: &WgpuBuffer,
+        (k_cache, v_cache): (&WgpuBuffer, &WgpuBuffer),
+    ) -> Result<()> {
+        const OP: &str = "qkv_post";
+        whole(OP, &p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
+        self.require(
+            OP,
+            OpKind::QkvPost {
+                head_dim: p.head_dim as u32,
+            },
+        )
+    }
+
     /// `Unsupported` naming the reason when `supports(kind)` says no.
     fn require(&self, op: &'static str, kind: OpKind) -> Result<()> {
         match ComputeBackend::supports(self, &kind) {
@@ -326,6 +347,28 @@ impl WgpuBackend {
             }),
         }
     }
+}
+
+/// An attention call's argument checks (the op's own and inside
+/// qkv_post_attention).
+fn check_attention(
+    p: &Attention,
+    q: &WgpuBuffer,
+    kc: &WgpuBuffer,
+    vc: &WgpuBuffer,
+    positions: &WgpuBuffer,
+    out: &WgpuBuffer,
+) -> Result<()> {
+    p.validate(q, kc, vc, positions, out)?;
+    v::no_alias(
+        "attention",
+        out,
+        &[Some(q), Some(kc), Some(vc), Some(positions)],
+    )?;
+    whole(
+        "attention",
+        &[Some(q), Some(kc), Some(vc), Some(positions), Some(out)],
+    )
 }
 
 /// Shapes, aliasing and single bindings of one MoE phase-1 call (the single
@@ -726,16 +769,7 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Attention,
     ) -> Result<()> {
-        p.validate(q, kc, vc, positions, out)?;
-        v::no_alias(
-            "attention",
-            out,
-            &[Some(q), Some(kc), Some(vc), Some(positions)],
-        )?;
-        whole(
-            "attention",
-            &[Some(q), Some(kc), Some(vc), Some(positions), Some(out)],
-        )?;
+        check_attention(&p, q, kc, vc, positions, out)?;
         ops::attention::attention(self, q, kc, vc, positions, out, p)
     }
 
@@ -857,14 +891,7 @@ impl ComputeBackend for WgpuBackend {
         v_cache: &WgpuBuffer,
         p: QkvPost,
     ) -> Result<()> {
-        const OP: &str = "qkv_post";
-        whole(OP, &p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
-        self.require(
-            OP,
-            OpKind::QkvPost {
-                head_dim: p.head_dim as u32,
-            },
-        )?;
+        self.check_qkv_post(&p, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
         ops::attention::qkv_post(self, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 
@@ -883,32 +910,8 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         turbospark::ops::check_qkv_attention(&qp, &ap)?;
         // Both ops' checks, as if each were called.
-        whole(
-            "qkv_post",
-            &qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?,
-        )?;
-        self.require(
-            "qkv_post",
-            OpKind::QkvPost {
-                head_dim: qp.head_dim as u32,
-            },
-        )?;
-        ap.validate(q, k_cache, v_cache, positions, out)?;
-        v::no_alias(
-            "attention",
-            out,
-            &[Some(q), Some(k_cache), Some(v_cache), Some(positions)],
-        )?;
-        whole(
-            "attention",
-            &[
-                Some(q),
-                Some(k_cache),
-                Some(v_cache),
-                Some(positions),
-                Some(out),
-            ],
-        )?;
+        self.check_qkv_post(&qp, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
+        check_attention(&ap, q, k_cache, v_cache, positions, out)?;
         ops::attention::qkv_attention(
             self,
             raw,
