@@ -298,6 +298,36 @@ pub fn cases(quick: bool) -> Vec<Case> {
             qkv(fh, fkv, fd, fd / 8, 1_000_000.0, ctx, true),
             m,
         );
+        // Both in one op (decode: one launch and the combine on a GPU), at
+        // the attention cases' first and middle contexts.
+        let fused = |q: Op, window, ctx: usize| match q {
+            Op::QkvPost { p, w, .. } => Op::QkvPostAttention {
+                p,
+                window,
+                pos0: ctx - m,
+                w,
+            },
+            other => other,
+        };
+        push(
+            format!(
+                "qkv_post+attn sliding ctx={} m={m}",
+                ctx_name(s.contexts[0])
+            ),
+            "attention",
+            fused(
+                qkv(sh, skv, sd, sd / 2, 10_000.0, s.ring, false),
+                s.window,
+                s.contexts[0],
+            ),
+            m,
+        );
+        push(
+            format!("qkv_post+attn full ctx={} m={m}", ctx_name(ctx)),
+            "attention",
+            fused(qkv(fh, fkv, fd, fd / 8, 1_000_000.0, ctx, true), 0, ctx),
+            m,
+        );
         push(
             format!("post_attention m={m}"),
             "glue",
@@ -490,8 +520,31 @@ pub fn flops(op: &Op) -> Option<u64> {
                 .sum();
             f(2 * keys * p.heads * p.head_dim)
         }
+        Op::QkvPostAttention { .. } => flops(&fused_attention(op)?),
         _ => None,
     }
+}
+
+/// The attention part of a `qkv_post_attention` case, as its own case.
+fn fused_attention(op: &Op) -> Option<Op> {
+    let Op::QkvPostAttention {
+        p, window, pos0, ..
+    } = op
+    else {
+        return None;
+    };
+    Some(Op::Attention {
+        p: Attention {
+            m: p.m,
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            head_dim: p.head_dim,
+            capacity: p.capacity,
+            window: *window,
+            scale: 1.0,
+        },
+        pos0: *pos0,
+    })
 }
 
 /// Bytes an op must move at least: every input it needs read once, every
@@ -562,6 +615,18 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
                 + m * 4
                 + m * p.heads as u64 * hd * f
                 + 2 * kv
+        }
+        // qkv_post's bytes, then the attention's keys and values read and
+        // its rows written (its queries never leave the launch).
+        Op::QkvPostAttention { p, pos0, w, .. } => {
+            let qkv = Op::QkvPost {
+                p: *p,
+                pos0: *pos0,
+                w: *w,
+            };
+            let attention = fused_attention(op).map_or(0, |a| bytes_moved(&a, &[]));
+            let q = (p.m * p.heads * p.head_dim) as u64 * f;
+            bytes_moved(&qkv, inputs) + attention - q
         }
         Op::GeluMul { rows, n } => (rows * n) as u64 * f * 3,
         // Each problem's own count, over its own inputs.
@@ -702,6 +767,24 @@ mod tests {
             pos0: 0,
         };
         assert_eq!(flops(&attn), Some(2 * 2 * 5 * 4 * 8));
+        // qkv_post then attention: the attention's products.
+        let fused = Op::QkvPostAttention {
+            p: QkvPost {
+                m: 3,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 8,
+                rot_pairs: 4,
+                theta: 10_000.0,
+                eps: 1e-6,
+                capacity: 4,
+                v_from_k: false,
+            },
+            window: 2,
+            pos0: 0,
+            w: BF16,
+        };
+        assert_eq!(flops(&fused), flops(&attn));
         assert_eq!(flops(&Op::GeluMul { rows: 1, n: 4 }), None);
     }
 }
