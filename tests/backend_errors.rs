@@ -2,7 +2,7 @@
 
 mod common;
 
-use turbospark::ops::{Moe, PostAttention, PostFfn, Router};
+use turbospark::ops::{Attention, Moe, PostAttention, PostFfn, QkvPost, Router};
 use turbospark::{
     ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs,
 };
@@ -182,6 +182,50 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
                 ..
             }
         ) && e.to_string().contains("router's ids"),
+        "{e}"
+    );
+    // qkv_post_attention whose two halves disagree: named, before any work.
+    let qp = QkvPost {
+        m: 1,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 8,
+        rot_pairs: 4,
+        theta: 10_000.0,
+        eps: 1e-6,
+        capacity: 4,
+        v_from_k: true,
+    };
+    let ap = Attention {
+        m: 1,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 8,
+        capacity: 5,
+        window: 0,
+        scale: 1.0,
+    };
+    let raw = b.alloc(DType::F32, 24, "raw").unwrap();
+    let pos = b.alloc(DType::U32, 1, "pos").unwrap();
+    let (q, att) = (
+        b.alloc(DType::F32, 16, "q").unwrap(),
+        b.alloc(DType::F32, 16, "att").unwrap(),
+    );
+    let (kc, vc) = (
+        b.alloc(DType::F32, 40, "kc").unwrap(),
+        b.alloc(DType::F32, 40, "vc").unwrap(),
+    );
+    let e = b
+        .qkv_post_attention(&raw, &w, &w, &pos, &q, &kc, &vc, &att, qp, ap)
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Shape {
+                op: "qkv_post_attention",
+                ..
+            }
+        ) && e.to_string().contains("capacity 4, attention 5"),
         "{e}"
     );
 }
