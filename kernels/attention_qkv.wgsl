@@ -50,22 +50,23 @@ fn wk4(i: u32) -> vec4<f32> {
                      decode_as(WK[word_of(i + 2u, WKD)], i + 2u, WKD), decode_as(WK[word_of(i + 3u, WKD)], i + 3u, WKD));
 }
 
-// Pair j's angle at position pos (0 past the rotated pairs, never used).
-fn pair_angle(j: u32, pos: u32) -> f32 {
+// Pair j (a, b) turned by RoPE at pos, untouched past rot_pairs.
+fn turn_if(a: f32, b: f32, j: u32, pos: u32) -> vec2<f32> {
     if (j < P.rot_pairs) {
-        return reduce_angle(mul_rn(pos, QFREQ[j]));
+        return turn_pair(a, b, pos, QFREQ[j]);
     }
-    return 0.0;
+    return vec2<f32>(a, b);
 }
 
 // Halves a (dims i..) and b (dims half + i..) turned by RoPE at pos, pairs
-// past rot_pairs untouched (qkv_post's arithmetic); returns (a', b').
+// past rot_pairs untouched (qkv_post's arithmetic: turn_pair); returns
+// (a', b').
 fn turn4(a: vec4<f32>, b: vec4<f32>, i: u32, pos: u32) -> array<vec4<f32>, 2> {
-    let th = vec4<f32>(pair_angle(i, pos), pair_angle(i + 1u, pos), pair_angle(i + 2u, pos), pair_angle(i + 3u, pos));
-    let sn = sin(th);
-    let cs = cos(th);
-    let on = (vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u)) < vec4<u32>(P.rot_pairs);
-    return array<vec4<f32>, 2>(select(a, a * cs - b * sn, on), select(b, b * cs + a * sn, on));
+    let t0 = turn_if(a.x, b.x, i, pos);
+    let t1 = turn_if(a.y, b.y, i + 1u, pos);
+    let t2 = turn_if(a.z, b.z, i + 2u, pos);
+    let t3 = turn_if(a.w, b.w, i + 3u, pos);
+    return array<vec4<f32>, 2>(vec4<f32>(t0.x, t1.x, t2.x, t3.x), vec4<f32>(t0.y, t1.y, t2.y, t3.y));
 }
 
 // Unit head hh's offset in the raw row (kv head g).

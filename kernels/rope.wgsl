@@ -29,15 +29,11 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let d = i % P.rot_pairs;
     let row = i / P.rot_pairs; // t * heads + h
     let t = row / P.heads;
-    let r = reduce_angle(mul_rn(POS[t], FREQ[d]));
-    let s = sin(r);
-    let c = cos(r);
     let base = row * P.head_dim;
     let half = P.head_dim / 2u;
-    let a = X[base + d];
-    let b = X[base + d + half];
-    X[base + d] = a * c - b * s;
-    X[base + d + half] = b * c + a * s;
+    let ab = turn_pair(X[base + d], X[base + d + half], POS[t], FREQ[d]);
+    X[base + d] = ab.x;
+    X[base + d + half] = ab.y;
 }
 
 // ---- qkv_post: after the fused q|k|v projection -------------------------
@@ -134,11 +130,9 @@ fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         var ra = a;
         var rb = b;
         if (i < QP.rot_pairs) {
-            let r = reduce_angle(mul_rn(pos, QFREQ[i]));
-            let sn = sin(r);
-            let cs = cos(r);
-            ra = a * cs - b * sn;
-            rb = b * cs + a * sn;
+            let ab = turn_pair(a, b, pos, QFREQ[i]);
+            ra = ab.x;
+            rb = ab.y;
         }
         if (kind == 0u) {
             let dst = (t * QP.heads + h) * d;

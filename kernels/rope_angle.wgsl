@@ -1,5 +1,6 @@
-// RoPE angles, appended to the rope and attention families
-// (backends/wgpu/src/kernels.rs): angle = f32(pos) * freq, then reduced.
+// RoPE's turn of a pair (turn_pair), appended to the rope family and the
+// attention_qkv variant (backends/wgpu/src/kernels.rs): angle = f32(pos) *
+// freq, reduced, then the rotation.
 //
 // Parity with the CPU reference at positions of 40000+ needs two things:
 // - the angle must be the same IEEE product as the CPU's `pos as f32 * f`.
@@ -82,6 +83,16 @@ const TWO_PI_C1: f32 = 6.28125;
 const TWO_PI_C2: f32 = 0.0019378662109375;
 const TWO_PI_C3: f32 = -2.559031372584286e-06;
 const INV_TWO_PI: f32 = 0.15915493667125702;
+
+// The pair (a, b) turned by RoPE at position `pos`, the pair's table
+// frequency `freq`: (a cos - b sin, b cos + a sin). rope, qkv_post and
+// attn_decode_qkv all turn through it.
+fn turn_pair(a: f32, b: f32, pos: u32, freq: f32) -> vec2<f32> {
+    let r = reduce_angle(mul_rn(pos, freq));
+    let s = sin(r);
+    let c = cos(r);
+    return vec2<f32>(a * c - b * s, b * c + a * s);
+}
 
 // angle - k * 2 pi, k = round(angle / 2 pi): a value in about [-pi, pi].
 fn reduce_angle(a: f32) -> f32 {
