@@ -27,10 +27,9 @@ pub(crate) struct CoopTile {
     pub stage_x: bool,
 }
 
-/// k per step and the staged rows' stride in f16 (`BK`, `BKP`) at two
-/// slices a step; [`CoopTile::slices`].
+/// k per step at two slices a step ([`CoopTile::slices`]), the most: k and
+/// the split steps are whole multiples of it for every tile.
 const BK: u32 = 32;
-const BKP: u32 = 40;
 /// X16 rows per prep workgroup (a warp per row).
 const PREP_ROWS: u32 = 8;
 
@@ -47,7 +46,8 @@ impl CoopTile {
     /// The staged X tile in f16 (`XSN`; 8 when x is not staged).
     fn xsn(self) -> u32 {
         if self.stage_x {
-            self.bm() * BKP
+            // (x is staged only at two slices a step)
+            self.bm() * Self::bkp(2)
         } else {
             8
         }
@@ -72,7 +72,7 @@ impl CoopTile {
     /// staged W and X tiles (f16), a 256-float staging area per warp, the
     /// row maps (BM each), the route slots' tile counts and the tile record.
     pub fn bytes(self) -> u32 {
-        2 * (self.bn() * BKP + self.xsn())
+        2 * (self.bn() * Self::bkp(2) + self.xsn())
             + 4 * 256 * self.wm * self.wn
             + 8 * self.bm()
             + 4 * 256
