@@ -275,6 +275,20 @@ impl PostFfn {
 }
 
 impl QkvPost {
+    /// The attention over what this qkv_post writes: its rows, heads and
+    /// caches, with the layer's `window` (0: full) and score `scale`.
+    pub fn attention(&self, window: usize, scale: f32) -> Attention {
+        Attention {
+            m: self.m,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            capacity: self.capacity,
+            window,
+            scale,
+        }
+    }
+
     /// Elements of one raw q|k|v row.
     pub fn raw_row(&self) -> usize {
         (self.heads + self.kv_heads * if self.v_from_k { 1 } else { 2 }) * self.head_dim

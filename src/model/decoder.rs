@@ -41,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::sampling::{Sampler, Sampling};
 use crate::model::weights::{LayerWeights, TensorSource, Weights};
-use crate::ops::{Attention, Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
+use crate::ops::{Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 /// Tokens one prefill batch carries by default. Large enough that each
 /// expert of Gemma 4 26B-A4B sees a full GEMM tile of tokens per batch
@@ -711,40 +711,26 @@ impl<B: ComputeBackend> Model<B> {
                 k: h,
             },
         )?;
+        let qp = QkvPost {
+            m,
+            heads: nh,
+            kv_heads: kvh,
+            head_dim: hd,
+            rot_pairs: spec.rot_pairs,
+            theta: spec.rope_theta,
+            eps: cfg.eps,
+            capacity: cache.capacity,
+            // attention_k_eq_v: V is the raw K projection, before k_norm.
+            v_from_k: spec.k_eq_v,
+        };
+        let window = match spec.kind {
+            LayerKind::Sliding => cfg.sliding_window,
+            LayerKind::Full => 0,
+        };
+        // (q_norm and k_norm take the place of 1/sqrt(head_dim): scale 1)
+        let ap = qp.attention(window, 1.0);
         be.qkv_post_attention(
-            &s.qkv,
-            &w.q_norm,
-            &w.k_norm,
-            &s.pos,
-            &s.q,
-            &cache.k,
-            &cache.v,
-            &s.attn,
-            QkvPost {
-                m,
-                heads: nh,
-                kv_heads: kvh,
-                head_dim: hd,
-                rot_pairs: spec.rot_pairs,
-                theta: spec.rope_theta,
-                eps: cfg.eps,
-                capacity: cache.capacity,
-                // attention_k_eq_v: V is the raw K projection, before k_norm.
-                v_from_k: spec.k_eq_v,
-            },
-            Attention {
-                m,
-                heads: nh,
-                kv_heads: kvh,
-                head_dim: hd,
-                capacity: cache.capacity,
-                window: match spec.kind {
-                    LayerKind::Sliding => cfg.sliding_window,
-                    LayerKind::Full => 0,
-                },
-                // q_norm and k_norm take the place of 1/sqrt(head_dim).
-                scale: 1.0,
-            },
+            &s.qkv, &w.q_norm, &w.k_norm, &s.pos, &s.q, &cache.k, &cache.v, &s.attn, qp, ap,
         )?;
         be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })?;
         // r = x + post_attention_layernorm(o), and the branches' pre-norms of

@@ -767,15 +767,7 @@ impl Op {
                 &i[5],
                 &o[1],
                 *p,
-                Attention {
-                    m: p.m,
-                    heads: p.heads,
-                    kv_heads: p.kv_heads,
-                    head_dim: p.head_dim,
-                    capacity: p.capacity,
-                    window: *window,
-                    scale: 1.0,
-                },
+                p.attention(*window, 1.0),
             ),
         }
     }

@@ -534,15 +534,7 @@ fn fused_attention(op: &Op) -> Option<Op> {
         return None;
     };
     Some(Op::Attention {
-        p: Attention {
-            m: p.m,
-            heads: p.heads,
-            kv_heads: p.kv_heads,
-            head_dim: p.head_dim,
-            capacity: p.capacity,
-            window: *window,
-            scale: 1.0,
-        },
+        p: p.attention(*window, 1.0),
         pos0: *pos0,
     })
 }

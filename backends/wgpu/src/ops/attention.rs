@@ -327,7 +327,7 @@ pub(crate) fn attention(
             blocks * p.kv_heads,
         );
     }
-    let decode = p.m == 1 && group <= DECODE_MAX_GROUP;
+    let decode = decode_takes(&p);
     let split = split_plan(be, &p, decode)?;
     let (entry, constants) = if decode {
         let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
@@ -417,13 +417,18 @@ fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention)
     })
 }
 
+/// Whether `attn_decode` takes the split phase: one query row whose kv
+/// head's query heads fit its registers.
+fn decode_takes(p: &Attention) -> bool {
+    p.m == 1 && p.heads / p.kv_heads <= DECODE_MAX_GROUP
+}
+
 /// Whether [`qkv_attention`] takes a decode row in one launch: attn_decode
 /// takes it, head_dim is a multiple of 8 (the kernel's units are 4 pairs)
 /// and the group's queries fit workgroup memory beside the kernel's own.
 fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
     let group = p.heads / p.kv_heads;
-    p.m == 1
-        && group <= DECODE_MAX_GROUP
+    decode_takes(p)
         && p.head_dim.is_multiple_of(8)
         && staged_queries_fit(
             group * (p.head_dim / 4),
@@ -495,8 +500,8 @@ mod tests {
     use crate::tests::{backend, upload_f32, upload_u32};
     use turbospark::ComputeBackend;
 
-    /// Dispatches `qkv_post_attention` records for one Gemma 4 sliding
-    /// layer's rows (`m` of them) at position 40.
+    /// Dispatches `qkv_post_attention` records for `m` rows of a small
+    /// layer (4 query heads over 2 kv heads) from position 40.
     fn qkv_attention_dispatches(be: &WgpuBackend, m: usize, head_dim: usize) -> u64 {
         let (heads, kv_heads, capacity) = (4, 2, 64);
         let qp = QkvPost {
@@ -510,15 +515,7 @@ mod tests {
             capacity,
             v_from_k: false,
         };
-        let ap = Attention {
-            m,
-            heads,
-            kv_heads,
-            head_dim,
-            capacity,
-            window: 0,
-            scale: 1.0,
-        };
+        let ap = qp.attention(0, 1.0);
         let f = |n: usize, label| upload_f32(be, &vec![0.5; n], label);
         let raw = f(m * qp.raw_row(), "raw");
         let (wq, wk) = (f(head_dim, "wq"), f(head_dim, "wk"));
