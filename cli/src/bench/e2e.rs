@@ -30,9 +30,9 @@ pub trait Counters {
         Vec::new()
     }
     /// Leave out the dispatches of these kernels (none: stop), for
-    /// [`ablation`]; false where the backend cannot.
-    fn omit(&self, _kernels: &[&str]) -> bool {
-        false
+    /// [`ablation`]; `Ok(false)` where the backend cannot.
+    fn omit(&self, _kernels: &[&str]) -> turbospark::Result<bool> {
+        Ok(false)
     }
     /// Device bytes held `(now, peak)`, where the backend counts them.
     fn memory(&self) -> Option<(u64, u64)> {
@@ -52,8 +52,8 @@ impl Counters for WgpuBackend {
     fn profile_stop(&self) -> Vec<(&'static str, f64)> {
         WgpuBackend::profile_stop(self).unwrap_or_default()
     }
-    fn omit(&self, kernels: &[&str]) -> bool {
-        self.omit_dispatches(kernels).is_ok()
+    fn omit(&self, kernels: &[&str]) -> turbospark::Result<bool> {
+        self.omit_dispatches(kernels).map(|()| true)
     }
     fn memory(&self) -> Option<(u64, u64)> {
         Some(WgpuBackend::memory(self))
@@ -86,7 +86,7 @@ fn ablation<B: ComputeBackend + Counters>(
     prompt: &[u32],
     kernels: &[String],
 ) -> turbospark::Result<Value> {
-    if kernels.is_empty() || !model.backend().omit(&[]) {
+    if kernels.is_empty() || !model.backend().omit(&[])? {
         return Ok(Value::Null);
     }
     let greedy = |n| GenerateOptions {
@@ -97,17 +97,20 @@ fn ablation<B: ComputeBackend + Counters>(
     let step_s = |m: &mut Model<B>, omit: &[&str]| -> turbospark::Result<f64> {
         m.reset();
         let first = m.generate(prompt, &greedy(1))?.tokens[0];
-        m.backend().omit(omit);
+        m.backend().omit(omit)?;
         let g = m.generate(&[first], &greedy(ABLATION_STEPS));
-        m.backend().omit(&[]);
+        // (nothing left out again before any error is returned)
+        let restored = m.backend().omit(&[]);
         m.reset();
-        Ok(1.0 / g?.decode_tok_s)
+        let g = g?;
+        restored?;
+        Ok(1.0 / g.decode_tok_s)
     };
     let before = step_s(model, &[])?;
-    let mut without = Vec::with_capacity(kernels.len());
-    for k in kernels {
-        without.push(step_s(model, &[k.as_str()])?);
-    }
+    let without = kernels
+        .iter()
+        .map(|k| step_s(model, &[k.as_str()]))
+        .collect::<turbospark::Result<Vec<_>>>()?;
     let base = 0.5 * (before + step_s(model, &[])?);
     let rows: Vec<Value> = kernels
         .iter()
