@@ -423,13 +423,18 @@ fn decode_takes(p: &Attention) -> bool {
     p.m == 1 && p.heads / p.kv_heads <= DECODE_MAX_GROUP
 }
 
+/// Storage bindings of `attn_decode_qkv` (0-9).
+const QKV_BINDINGS: u32 = 10;
+
 /// Whether [`qkv_attention`] takes a decode row in one launch: attn_decode
-/// takes it, head_dim is a multiple of 8 (the kernel's units are 4 pairs)
-/// and the group's queries fit workgroup memory beside the kernel's own.
+/// takes it, head_dim is a multiple of 8 (the kernel's units are 4 pairs),
+/// the device binds the kernel's 10 buffers and the group's queries fit
+/// workgroup memory beside the kernel's own.
 fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
     let group = p.heads / p.kv_heads;
     decode_takes(p)
         && p.head_dim.is_multiple_of(8)
+        && be.limits.max_storage_buffers_per_shader_stage >= QKV_BINDINGS
         && staged_queries_fit(
             group * (p.head_dim / 4),
             QKV_SMEM,
