@@ -299,3 +299,31 @@ impl WgpuBackend {
             .push(e);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::tests::{backend, upload_f32};
+    use turbospark::{ComputeBackend, DType};
+
+    /// An omitted entry point records nothing and leaves its output as it
+    /// was; after `omit_dispatches(&[])` it runs again.
+    #[test]
+    fn omitted_dispatches_do_not_run() {
+        let Some(be) = backend() else { return };
+        let (a, b) = (
+            upload_f32(&be, &[1.0, 2.0, 3.0], "a"),
+            upload_f32(&be, &[10.0, 20.0, 30.0], "b"),
+        );
+        let out = be.alloc(DType::F32, 3, "out").unwrap();
+        be.omit_dispatches(&["add"]).unwrap();
+        let before = be.counters().0;
+        be.add(&a, &b, &out, 3).unwrap();
+        be.flush().unwrap();
+        assert_eq!(be.counters().0, before);
+        assert_eq!(be.download_f32(&out).unwrap(), [0.0; 3]);
+        be.omit_dispatches(&[]).unwrap();
+        be.add(&a, &b, &out, 3).unwrap();
+        assert_eq!(be.counters().0, before + 1);
+        assert_eq!(be.download_f32(&out).unwrap(), [11.0, 22.0, 33.0]);
+    }
+}
