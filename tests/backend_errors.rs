@@ -197,13 +197,8 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         v_from_k: true,
     };
     let ap = Attention {
-        m: 1,
-        heads: 2,
-        kv_heads: 1,
-        head_dim: 8,
         capacity: 5,
-        window: 0,
-        scale: 1.0,
+        ..qp.attention(0, 1.0)
     };
     let raw = b.alloc(DType::F32, 24, "raw").unwrap();
     let pos = b.alloc(DType::U32, 1, "pos").unwrap();

@@ -23,9 +23,9 @@ pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
 /// The router's top-k and softmax over a token's logits, appended to the
 /// families that pick experts.
 pub const TOPK: &str = include_str!("../../../kernels/topk.wgsl");
-/// RoPE's rotation of a pair (`turn_pair`) and its angle arithmetic, appended
-/// to the families that turn by RoPE
-/// (rope, and the attention_qkv variant).
+/// RoPE's rotation of a pair (`turn_pair`) and its angle arithmetic,
+/// appended to the families that turn by RoPE (rope, and the attention_qkv
+/// variant).
 pub const ROPE_ANGLE: &str = include_str!("../../../kernels/rope_angle.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
