@@ -31,9 +31,14 @@ fn main() {
     let seed = seed_from_env();
     println!("seed: {seed}");
     let cases = if full { all_cases() } else { ci_cases() };
-    let outcomes = run_cases(&CpuBackend::new(), &device, &cases, &filter, seed, |o| {
-        println!("{o}")
-    });
+    let outcomes = run_cases(
+        &CpuBackend::parity_reference_for(&device),
+        &device,
+        &cases,
+        &filter,
+        seed,
+        |o| println!("{o}"),
+    );
     let count = |f: fn(&Status) -> bool| outcomes.iter().filter(|o| f(&o.status)).count();
     let (pass, fail, unsup) = (
         count(|s| matches!(s, Status::Pass)),

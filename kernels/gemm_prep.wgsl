@@ -29,25 +29,7 @@ fn bm() -> u32 {
 
 // find_tile, stage_tile, Params and P: kernels/gemm_tiles.wgsl.
 
-// `v` rounded to f16's 11 significant bits, to nearest even, in its own
-// f32 bits: WGSL leaves the rounding of f32 -> f16 to the device, so the
-// conversion is given a value it holds exactly, and every device, and the
-// CPU reference's model of this kernel, gets the same halves. (Below f16's
-// normal range, 2^28 under the row's largest, the conversion still rounds.)
-// Inf and NaN pass unchanged: the carry would turn a NaN's payload into
-// an inf or a sign flip.
-fn nearest_half(v: f32) -> f32 {
-    let b = bitcast<u32>(v);
-    if ((b & 0x7f800000u) == 0x7f800000u) {
-        return v;
-    }
-    return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
-}
-
-// nearest_half on each component.
-fn nearest_half4(v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(nearest_half(v.x), nearest_half(v.y), nearest_half(v.z), nearest_half(v.w));
-}
+// nearest_half, nearest_half4, row_exponent, pow2: kernels/f16_round.wgsl.
 
 // Vec4 of a row per lane per pass: the loads of a pass are issued together,
 // so a warp waits on memory k / (4 * 32 * XV) times a row, not once per
@@ -112,8 +94,8 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     // amax in [2^e, 2^(e + 1)): scale by 2^(14 - e). e >= -112 keeps both
     // powers of two normal f32; an inf or NaN row gives e = 128 and stays
     // inf or NaN, as in f32.
-    let e = max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
-    let sc = bitcast<f32>(u32(127 + 14 - e) << 23u);
+    let e = row_exponent(amax);
+    let sc = pow2(14 - e);
     for (var c0 = lane; c0 < k4; c0 += 32u * XV) {
         var a: array<vec4<f32>, XV>;
         for (var u = 0u; u < XV; u++) {
@@ -130,6 +112,6 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         }
     }
     if (lane == 0u) {
-        PXS[r] = bitcast<f32>(u32(127 - 14 + e) << 23u);
+        PXS[r] = pow2(e - 14);
     }
 }

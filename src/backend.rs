@@ -30,6 +30,14 @@ use crate::ops::*;
 /// nearest) and scaled back; weights are rounded to f16 (exact for f16
 /// weights, and for bf16 ones within f16's normal range). A weight with a
 /// value past f16's range (65504) is not rounded, and its product stays f32.
+///
+/// `Attention` (`k` = head_dim) of `m` query rows may be named too: then
+/// its queries and keys are rounded by row (one head's head_dim values) as
+/// x is above, its values are rounded to f16 as they are (a row whose
+/// largest |v| reaches 2^15 first scaled down by the power of two that puts
+/// it in [2^14, 2^15), the probabilities that multiply it scaled up by the
+/// same), and each probability (softmax in f32, times that factor) is
+/// rounded to f16 before it multiplies; sums stay f32.
 pub type GemmRounding = Arc<dyn Fn(&OpKind, usize, usize) -> bool + Send + Sync>;
 
 /// The arguments of one [`ComputeBackend::moe_gate_up`], for the pair op.

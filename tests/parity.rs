@@ -91,9 +91,14 @@ fn family_on(name: &str, opts: &WgpuOptions) {
         .collect();
     assert!(!cases.is_empty(), "no cases for {name}");
     let seed = seed_from_env();
-    let outcomes = run_cases(&CpuBackend::new(), &device, &cases, "", seed, |o| {
-        eprintln!("{o}")
-    });
+    let outcomes = run_cases(
+        &CpuBackend::parity_reference_for(&device),
+        &device,
+        &cases,
+        "",
+        seed,
+        |o| eprintln!("{o}"),
+    );
     let failed: Vec<String> = outcomes
         .iter()
         .filter(|o| !o.passed())

@@ -257,6 +257,13 @@ fn attention(full: bool) -> Vec<Op> {
         c(40, 16, 2, 512, 2048, 0, 100),
         c(33, 6, 3, 44, 80, 20, 60),
         c(20, 4, 4, 32, 20, 0, 0),
+        // The tensor-core prefill (kernels/attention_coop.wgsl, where the
+        // device has it; attn_prefill elsewhere): head_dim 128 with 2 and 1
+        // query heads per kv head (a workgroup holds 4: slots past the
+        // group), the first batch; 512 over a long span of keys.
+        c(48, 8, 4, 128, 200, 0, 150),
+        c(24, 4, 4, 128, 64, 0, 0),
+        c(20, 4, 1, 512, 2100, 0, 2060),
         // Decode kernel edges: head_dim/4 not a multiple of its 8 dim parts
         // (3, 48), a partial last chunk, a window that wraps a small ring,
         // and 16 query heads per kv head (past its 8: the general kernel).

@@ -14,7 +14,7 @@ mod compare;
 mod op;
 
 pub use cases::{all_cases, ci_cases};
-pub use op::{Op, F16_INPUT_NMSE};
+pub use op::{Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE};
 
 use crate::backend::{ComputeBackend, Support};
 use crate::rng::Rng;

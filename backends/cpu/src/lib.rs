@@ -170,6 +170,21 @@ impl CpuBackend {
         }
     }
 
+    /// The reference for op parity against `device`: f32 throughout but for
+    /// the attention `device` runs from f16-rounded inputs (tensor cores),
+    /// which it rounds alike, so that kernel is held to f32 reduction order.
+    /// (A GEMM's rounding is held to its own limit against f32 instead,
+    /// `turbospark::parity::F16_INPUT_NMSE`: its error is bounded per
+    /// product, while attention's depends on its scores' size.)
+    pub fn parity_reference_for<B: ComputeBackend + ?Sized>(device: &B) -> Self {
+        match device.gemm_rounding() {
+            Some(rule) => Self::new().rounding_gemm_inputs_as(Arc::new(move |op, m, k| {
+                matches!(op, OpKind::Attention { .. }) && rule(op, m, k)
+            })),
+            None => Self::new(),
+        }
+    }
+
     /// Whether `op` (`m` rows over `k`, weight `w`) runs from f16-rounded
     /// inputs here.
     fn rounds(&self, op: OpKind, m: usize, k: usize, w: &Weights<'_>) -> bool {
@@ -462,6 +477,16 @@ impl ComputeBackend for CpuBackend {
             &[Some(q), Some(kc), Some(vc), Some(positions)],
         )?;
         let (qr, kr, vr, pr) = (q.read(), kc.read(), vc.read(), positions.read());
+        // (attention rounds per row, with no weight to range-check)
+        let f16 = self.gemm_rounding.as_ref().is_some_and(|rule| {
+            rule(
+                &OpKind::Attention {
+                    head_dim: p.head_dim as u32,
+                },
+                p.m,
+                p.head_dim,
+            )
+        });
         ops::attention(
             qr.f32(),
             kr.f32(),
@@ -469,6 +494,7 @@ impl ComputeBackend for CpuBackend {
             pr.u32(),
             out.write("attention")?.f32(),
             p,
+            f16,
         )
     }
 

@@ -27,6 +27,9 @@ pub const TOPK: &str = include_str!("../../../kernels/topk.wgsl");
 /// appended to the families that turn by RoPE (rope, and the attention_qkv
 /// variant).
 pub const ROPE_ANGLE: &str = include_str!("../../../kernels/rope_angle.wgsl");
+/// f32 -> f16 rounding that every device does alike, appended to the
+/// families that round inputs for tensor cores.
+pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
@@ -51,6 +54,10 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("rope", include_str!("../../../kernels/rope.wgsl")),
     ("kv_cache", include_str!("../../../kernels/kv_cache.wgsl")),
     ("attention", include_str!("../../../kernels/attention.wgsl")),
+    (
+        "attention_coop",
+        include_str!("../../../kernels/attention_coop.wgsl"),
+    ),
     ("fused", include_str!("../../../kernels/fused.wgsl")),
     ("bench", include_str!("../../../kernels/bench.wgsl")),
 ];
@@ -117,10 +124,12 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
         let (enables, body): (Vec<&str>, Vec<&str>) =
             s.lines().partition(|l| l.starts_with("enable "));
         let appendix = match name {
-            "gemm" | "gemm_coop" | "gemm_prep" => GEMM_TILES,
-            "router" | "moe_decode" => TOPK,
-            "rope" => ROPE_ANGLE,
-            _ => "",
+            "gemm" | "gemm_coop" => GEMM_TILES.to_string(),
+            "gemm_prep" => format!("{GEMM_TILES}\n{F16_ROUND}"),
+            "attention_coop" => F16_ROUND.to_string(),
+            "router" | "moe_decode" => TOPK.to_string(),
+            "rope" => ROPE_ANGLE.to_string(),
+            _ => String::new(),
         };
         format!(
             "{}\n{COMMON}\n{reduce}\n{}\n{appendix}",
@@ -131,10 +140,11 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
 }
 
 /// Kernel families that need a device feature beyond WebGPU's baseline
-/// (`gemm_coop`: f16 and cooperative matrices; `gemm_prep`: f16). The backend compiles a
+/// (`gemm_coop`, `attention_coop`: f16 and cooperative matrices;
+/// `gemm_prep`: f16). The backend compiles a
 /// family on its first launch, and launches this one only where the device
 /// has the feature; the WGSL validation test gives them the capability.
-pub const OPTIONAL: &[&str] = &["gemm_coop", "gemm_prep"];
+pub const OPTIONAL: &[&str] = &["gemm_coop", "gemm_prep", "attention_coop"];
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index
 /// clamping, loop bounding, division guards): `TURBOSPARK_SHADER_CHECKS=1`.

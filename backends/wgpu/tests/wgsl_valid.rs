@@ -99,6 +99,7 @@ fn every_kernel_file_is_registered() {
             "topk",
             "rope_angle",
             "attention_qkv",
+            "f16_round",
         ]
         .contains(&stem.as_str());
         if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {

@@ -90,7 +90,7 @@ impl<'a> Weights<'a> {
 }
 
 #[inline]
-fn to_f16_if(v: f32, on: bool) -> f32 {
+pub(crate) fn to_f16_if(v: f32, on: bool) -> f32 {
     if on {
         half::f16::from_f32(v).to_f32()
     } else {

@@ -313,6 +313,9 @@ pub(crate) fn attention(
                 groups: be.grid(groups as u32),
             })
         };
+    if super::attention_coop::takes(be, &p) {
+        return super::attention_coop::attention(be, q, kc, vc, pos, out, p);
+    }
     if p.m >= super::PREFILL_MIN_M {
         // One dispatch: a workgroup per (block of query slots, kv head)
         // walks all of its keys, so there are no partials to combine.

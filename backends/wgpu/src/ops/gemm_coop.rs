@@ -272,9 +272,15 @@ fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile]) -> bool {
 /// experts, makes 37K rows, 208 MB of halves at k = 2816: within the
 /// H200's 2 GiB binding, not within WebGPU's 128 MiB floor, so a
 /// tensor-core device granting only that would break the rule.
+///
+/// Attention (`k` unused) follows its own rule:
+/// [`super::attention_coop::rounds_inputs`].
 pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
     let w = match op {
         OpKind::Matmul { w } | OpKind::MoeGateUp { w } | OpKind::MoeDown { w } => *w,
+        OpKind::Attention { head_dim } => {
+            return super::attention_coop::rounds_inputs(m, *head_dim as usize)
+        }
         _ => return false,
     };
     super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)

@@ -2,6 +2,7 @@
 //! parameter block and dispatches; shape checks happened in the trait impl.
 
 pub(crate) mod attention;
+pub(crate) mod attention_coop;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod gemm;
@@ -37,6 +38,12 @@ pub(crate) struct Scratch {
     /// scales (`kernels/gemm_coop.wgsl`).
     pub coop_x16: Option<crate::WgpuBuffer>,
     pub coop_xs: Option<crate::WgpuBuffer>,
+    /// The tensor-core prefill attention's f16 queries, keys and values and
+    /// their row scales (`kernels/attention_coop.wgsl`).
+    pub attn_q16: Option<crate::WgpuBuffer>,
+    pub attn_k16: Option<crate::WgpuBuffer>,
+    pub attn_v16: Option<crate::WgpuBuffer>,
+    pub attn_scales: Option<crate::WgpuBuffer>,
     /// The prefill MoE down phase's per-pair rows `[m * top_k, hidden]`.
     pub moe_pairs: Option<crate::WgpuBuffer>,
     /// Bound where an optional output of a fused kernel is absent.

@@ -1,0 +1,197 @@
+//! Prefill attention on cooperative matrices (`kernels/attention_coop.wgsl`):
+//! from [`super::PREFILL_MIN_M`] query rows, head_dim 128, 256 or 512, on a
+//! device where the tensor-core GEMM runs ([`super::gemm_coop::usable`]).
+//! Two dispatches: `attn_coop_prep` (the queries, keys and values to f16
+//! scratch with per-row power-of-two scales) and `attn_prefill_coop`. The
+//! inputs are rounded as [`rounds_inputs`] says, which the CPU reference
+//! models (`turbospark::GemmRounding` names attention too).
+
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::Attention;
+use turbospark::{DType, Error, Result};
+
+use super::one;
+use crate::batch::Launch;
+use crate::{WgpuBackend, WgpuBuffer};
+
+/// Query rows a workgroup takes (a fragment's rows).
+const ROWS: usize = 16;
+/// Rows past the batch's keys in the K / V scratch: a step of 16 keys that
+/// runs past the last one reads zeros there (the prep writes 16), and the
+/// next step's keys, loaded a step ahead and never used, 16 more.
+const KEY_PAD: usize = 32;
+/// Rows `attn_coop_prep` converts per workgroup (a warp each).
+const PREP_ROWS: usize = 8;
+
+/// `(ND, NSG)`: warps along head_dim (128 dims each) and query heads per
+/// 4-warp workgroup, for the head sizes the kernel takes.
+fn shape(head_dim: usize) -> Option<(usize, usize)> {
+    match head_dim {
+        128 => Some((1, 4)),
+        256 => Some((2, 2)),
+        512 => Some((4, 1)),
+        _ => None,
+    }
+}
+
+/// Whether an attention of `m` query rows with heads of `head_dim` runs from
+/// f16-rounded inputs where the tensor cores are usable: the part of
+/// [`takes`] that depends on the op (the GEMM rule's attention arm).
+pub(crate) fn rounds_inputs(m: usize, head_dim: usize) -> bool {
+    m >= super::PREFILL_MIN_M && shape(head_dim).is_some()
+}
+
+/// Whether `p` runs here rather than on `attn_prefill`.
+pub(crate) fn takes(be: &WgpuBackend, p: &Attention) -> bool {
+    rounds_inputs(p.m, p.head_dim) && super::gemm_coop::usable(be)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    m: u32,
+    heads: u32,
+    kv_heads: u32,
+    group: u32,
+    d: u32,
+    capacity: u32,
+    window: u32,
+    scale: f32,
+    qrows: u32,
+    kvrows: u32,
+    nrb: u32,
+    nhb: u32,
+}
+
+/// The two dispatches over `p` (which [`takes`]).
+pub(crate) fn attention(
+    be: &WgpuBackend,
+    q: &WgpuBuffer,
+    kc: &WgpuBuffer,
+    vc: &WgpuBuffer,
+    pos: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Attention,
+) -> Result<()> {
+    let (nd, nsg) = shape(p.head_dim).expect("takes() checked the head size");
+    let d = p.head_dim;
+    let group = p.heads / p.kv_heads;
+    let qrows = p.m.div_ceil(ROWS) * ROWS * p.heads;
+    // The batch's keys span at most capacity + m - 1 (each row sees at most
+    // the cache's capacity).
+    let kvrows = p.capacity + p.m + KEY_PAD;
+    let kv_elems = p.kv_heads * kvrows * d;
+    let sc_elems = 2 + qrows + 2 * p.kv_heads * kvrows;
+    for (what, bytes) in [
+        ("queries", 2 * qrows * d),
+        ("keys", 2 * kv_elems),
+        ("scales", 4 * sc_elems),
+    ] {
+        if bytes as u64 > be.max_binding() || bytes / 2 > u32::MAX as usize {
+            return Err(Error::Unsupported {
+                backend: be.info.backend.clone(),
+                op: "attention".into(),
+                reason: format!(
+                    "tensor-core attention over {} rows with a {}-key cache needs {bytes} \
+                     bytes of f16 {what}, past the device's {}-byte binding",
+                    p.m,
+                    p.capacity,
+                    be.max_binding()
+                ),
+            });
+        }
+    }
+    let scratch = |slot: fn(&mut super::Scratch) -> &mut Option<WgpuBuffer>, dtype, n, label| {
+        super::scratch_buffer(be, slot, dtype, n, 0, label)
+    };
+    let q16 = scratch(
+        |s| &mut s.attn_q16,
+        DType::F16,
+        qrows * d,
+        "tensor-core attention f16 queries",
+    )?;
+    let k16 = scratch(
+        |s| &mut s.attn_k16,
+        DType::F16,
+        kv_elems,
+        "tensor-core attention f16 keys",
+    )?;
+    let v16 = scratch(
+        |s| &mut s.attn_v16,
+        DType::F16,
+        kv_elems,
+        "tensor-core attention f16 values",
+    )?;
+    let sc = scratch(
+        |s| &mut s.attn_scales,
+        DType::F32,
+        sc_elems,
+        "tensor-core attention row scales",
+    )?;
+    let nrb = p.m.div_ceil(ROWS);
+    let nhb = group.div_ceil(nsg);
+    let params = Params {
+        m: p.m as u32,
+        heads: p.heads as u32,
+        kv_heads: p.kv_heads as u32,
+        group: group as u32,
+        d: d as u32,
+        capacity: p.capacity as u32,
+        window: p.window as u32,
+        scale: p.scale,
+        qrows: qrows as u32,
+        kvrows: kvrows as u32,
+        nrb: nrb as u32,
+        nhb: nhb as u32,
+    };
+    let buffers = [
+        (one(pos), true),
+        (one(q), true),
+        (one(kc), true),
+        (one(vc), true),
+        (one(&q16), false),
+        (one(&k16), false),
+        (one(&v16), false),
+        (one(&sc), false),
+        (one(out), false),
+    ];
+    let prep_rows = qrows + 2 * p.kv_heads * kvrows;
+    be.launch(Launch {
+        kernel: "attention_coop",
+        entry: "attn_coop_prep",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &buffers,
+        groups: be.grid(prep_rows.div_ceil(PREP_ROWS) as u32),
+    })?;
+    be.launch(Launch {
+        kernel: "attention_coop",
+        entry: "attn_prefill_coop",
+        constants: &[("ND", nd as i64), ("NSG", nsg as i64)],
+        params: bytemuck::bytes_of(&params),
+        buffers: &buffers,
+        groups: be.grid((nrb * p.kv_heads * nhb) as u32),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Four warps cover every head size taken (ND x NSG = 4), and nothing
+    /// below prefill sizes or of another head size is rounded.
+    #[test]
+    fn shapes_fill_four_warps_and_the_rule_matches_them() {
+        for hd in [128, 256, 512] {
+            let (nd, nsg) = shape(hd).unwrap();
+            assert_eq!(nd * 128, hd);
+            assert_eq!(nd * nsg, 4);
+            assert!(rounds_inputs(super::super::PREFILL_MIN_M, hd));
+            assert!(!rounds_inputs(super::super::PREFILL_MIN_M - 1, hd));
+        }
+        for hd in [64, 96, 192, 384, 1024] {
+            assert!(shape(hd).is_none());
+            assert!(!rounds_inputs(4096, hd));
+        }
+    }
+}

@@ -1,0 +1,34 @@
+// f32 -> f16 rounding every device does the same way, appended to the
+// families that round inputs for tensor cores (gemm_prep, attention_coop).
+
+// `v` rounded to f16's 11 significant bits, to nearest even, in its own
+// f32 bits: WGSL leaves the rounding of f32 -> f16 to the device, so the
+// conversion is given a value it holds exactly, and every device, and the
+// CPU reference's model of these kernels, gets the same halves. (Below f16's
+// normal range, 2^28 under the row's largest, the conversion still rounds.)
+// Inf and NaN pass unchanged: the carry would turn a NaN's payload into
+// an inf or a sign flip.
+fn nearest_half(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    if ((b & 0x7f800000u) == 0x7f800000u) {
+        return v;
+    }
+    return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
+}
+
+// nearest_half on each component.
+fn nearest_half4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(nearest_half(v.x), nearest_half(v.y), nearest_half(v.z), nearest_half(v.w));
+}
+
+// The exponent e of a row's largest |x| (amax in [2^e, 2^(e + 1))), held
+// at -112 or above so that the scales built from it stay normal f32; an
+// inf or NaN row gives 128.
+fn row_exponent(amax: f32) -> i32 {
+    return max(i32((bitcast<u32>(amax) >> 23u) & 0xffu) - 127, -112);
+}
+
+// 2^p for p in [-126, 127].
+fn pow2(p: i32) -> f32 {
+    return bitcast<f32>(u32(127 + p) << 23u);
+}
