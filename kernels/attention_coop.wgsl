@@ -252,21 +252,26 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 
 // ---- attn_prefill_coop ----
 
-// Warps along head_dim (head_dim / 128) and query heads per workgroup.
+// Dims per warp (64 or 128: 4 or 8 fragments), warps along head_dim
+// (head_dim / DW), query heads per workgroup, and threads (32 ND NSG): the
+// launcher's (backends/wgpu/src/ops/attention_coop.rs).
+override DW: u32 = 128u;
 override ND: u32 = 2u;
 override NSG: u32 = 2u;
+override WG: u32 = 128u;
 // The staged probabilities' row stride in f16 (16 and 8 of padding: every
 // fragment row starts 16-byte aligned, rows on different banks).
 const PPS: u32 = 24u;
 
-// A step's S partials [warp][16][16], then the output's staging.
-var<workgroup> csp: array<f32, 1024>;
+// A step's S partials [warp][16][16] (8 warps at most), then the output's
+// staging.
+var<workgroup> csp: array<f32, 2048>;
 // A step's probabilities [query head slot][16][PPS].
 var<workgroup> cpp: array<f16, 1536>;
-// Per (query head slot, row): the softmax's max and sum, and the query's
-// inverse scale times the attention scale.
+// Per (query head slot, row): the softmax's max and 1 / sum, and the
+// query's inverse scale times the attention scale.
 var<workgroup> cmax: array<f32, 64>;
-var<workgroup> csum: array<f32, 64>;
+var<workgroup> cinv: array<f32, 64>;
 var<workgroup> cqi: array<f32, 64>;
 // The rows' key ranges (empty past m), and a step's keys' inverse scales
 // [0, 16) and probability factors [16, 32).
@@ -290,7 +295,19 @@ fn step_score(sg: u32, r: u32, c: u32, kb: u32) -> f32 {
     return s * cqi[sg * 16u + r] * ckey[c];
 }
 
-@compute @workgroup_size(128)
+// Thread lid's part of a step's key scales (K: threads 0-15, V: 16-31) for
+// the 16 keys from scratch row i.
+fn key_scale(g: u32, i: u32, lid: u32) -> f32 {
+    if (lid < 16u) {
+        return SC[k_scale_at(g, i + lid)];
+    }
+    if (lid < 32u) {
+        return SC[v_factor_at(g, i + lid - 16u)];
+    }
+    return 0.0;
+}
+
+@compute @workgroup_size(WG)
 fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
     // (linear_group inline: naga takes a function's result as non-uniform,
@@ -323,12 +340,10 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         }
         crange[lid] = rg;
     }
-    if (lid < 4u * 16u) {
+    if (lid < NSG * 16u) {
         let s2 = lid / 16u;
         let h2 = g * P.group + min(hb * NSG + s2, P.group - 1u);
         cqi[lid] = SC[2u + (t0 + lid % 16u) * P.heads + h2] * P.scale;
-        cmax[lid] = NEG;
-        csum[lid] = 0.0;
     }
     workgroupBarrier();
     if (lid == 0u) {
@@ -348,9 +363,9 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     let khi = span.y;
     let s0 = span.z;
 
-    // This warp's queries: rows t0.., head h, dims dc * 128 .. + 128.
+    // This warp's queries: rows t0.., head h, dims dc * DW .. + DW.
     let qs = d * P.heads;
-    let qb = (t0 * P.heads + h) * d + dc * 128u;
+    let qb = (t0 * P.heads + h) * d + dc * DW;
     let qi0 = qb;
     let qi1 = qb + 16u;
     let qi2 = qb + 32u;
@@ -359,32 +374,49 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     let qi5 = qb + 80u;
     let qi6 = qb + 96u;
     let qi7 = qb + 112u;
-    let q0 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi0], qs);
-    let q1 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi1], qs);
-    let q2 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi2], qs);
-    let q3 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi3], qs);
-    let q4 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi4], qs);
-    let q5 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi5], qs);
-    let q6 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi6], qs);
-    let q7 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi7], qs);
+    var q0: coop_mat16x16<f16, A>;
+    var q1: coop_mat16x16<f16, A>;
+    var q2: coop_mat16x16<f16, A>;
+    var q3: coop_mat16x16<f16, A>;
+    var q4: coop_mat16x16<f16, A>;
+    var q5: coop_mat16x16<f16, A>;
+    var q6: coop_mat16x16<f16, A>;
+    var q7: coop_mat16x16<f16, A>;
+    q0 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi0], qs);
+    q1 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi1], qs);
+    q2 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi2], qs);
+    q3 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi3], qs);
+    if (DW > 64u) {
+        q4 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi4], qs);
+    }
+    if (DW > 64u) {
+        q5 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi5], qs);
+    }
+    if (DW > 64u) {
+        q6 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi6], qs);
+    }
+    if (DW > 64u) {
+        q7 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi7], qs);
+    }
     let cb = warp * 256u;
-    // Key step kb's first scratch row for this warp's dims, and the fragment
-    // indices from it (every index a `let`: naga's SPIR-V writer needs it
-    // emitted before the cooperative load takes it).
-    let kr0 = (g * P.kvrows + klo - s0) * d + dc * 128u;
+    // Key step kb's first scratch row for this warp's dims (every fragment
+    // index a `let`: naga's SPIR-V writer needs it emitted before the
+    // cooperative load takes it).
+    let kr0 = (g * P.kvrows + klo - s0) * d + dc * DW;
     let kstep = 16u * d;
 
     // Pass 1: each row's max and sum of exp. Thread (slot, row, part) keeps
     // a running max and sum over its part of every step's keys (TPR parts
     // a row); the parts merge once, after the last step.
-    let tpr = 128u / (NSG * 16u);
+    let tpr = WG / (NSG * 16u);
     let srow = lid / tpr;
     let part = lid % tpr;
     let kpt = 16u / tpr;
     var rmax = NEG;
     var rsum = 0.0;
-    // K^T fragments of the step (column-major), loaded a step ahead.
-    let ka0 = kr0 + 0u;
+    // K^T fragments of the step (column-major) and its key scales, loaded
+    // a step ahead.
+    let ka0 = kr0;
     let ka1 = kr0 + 16u;
     let ka2 = kr0 + 32u;
     let ka3 = kr0 + 48u;
@@ -392,25 +424,50 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     let ka5 = kr0 + 80u;
     let ka6 = kr0 + 96u;
     let ka7 = kr0 + 112u;
-    var k0 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka0], d);
-    var k1 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka1], d);
-    var k2 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka2], d);
-    var k3 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka3], d);
-    var k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka4], d);
-    var k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka5], d);
-    var k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka6], d);
-    var k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
+    var k0: coop_mat16x16<f16, B>;
+    var k1: coop_mat16x16<f16, B>;
+    var k2: coop_mat16x16<f16, B>;
+    var k3: coop_mat16x16<f16, B>;
+    var k4: coop_mat16x16<f16, B>;
+    var k5: coop_mat16x16<f16, B>;
+    var k6: coop_mat16x16<f16, B>;
+    var k7: coop_mat16x16<f16, B>;
+    k0 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka0], d);
+    k1 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka1], d);
+    k2 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka2], d);
+    k3 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka3], d);
+    if (DW > 64u) {
+        k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka4], d);
+    }
+    if (DW > 64u) {
+        k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka5], d);
+    }
+    if (DW > 64u) {
+        k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka6], d);
+    }
+    if (DW > 64u) {
+        k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
+    }
+    var kscale = key_scale(g, klo - s0, lid);
     for (var kb = klo; kb < khi; kb += 16u) {
         var s = coop_mat16x16<f32, C>();
         s = coopMultiplyAdd(q0, k0, s);
         s = coopMultiplyAdd(q1, k1, s);
         s = coopMultiplyAdd(q2, k2, s);
         s = coopMultiplyAdd(q3, k3, s);
-        s = coopMultiplyAdd(q4, k4, s);
-        s = coopMultiplyAdd(q5, k5, s);
-        s = coopMultiplyAdd(q6, k6, s);
-        s = coopMultiplyAdd(q7, k7, s);
-        // The next step's K (past the last key: zero rows, never used).
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q4, k4, s);
+        }
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q5, k5, s);
+        }
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q6, k6, s);
+        }
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q7, k7, s);
+        }
+        // The next step's (past the last key: rows never used).
         let kn = kr0 + (kb + 16u - klo) * d;
         let kn0 = kn;
         let kn1 = kn + 16u;
@@ -424,13 +481,22 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         k1 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn1], d);
         k2 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn2], d);
         k3 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn3], d);
-        k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn4], d);
-        k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn5], d);
-        k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn6], d);
-        k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn7], d);
-        if (lid < 16u) {
-            ckey[lid] = SC[k_scale_at(g, kb - s0 + lid)];
+        if (DW > 64u) {
+            k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn4], d);
         }
+        if (DW > 64u) {
+            k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn5], d);
+        }
+        if (DW > 64u) {
+            k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn6], d);
+        }
+        if (DW > 64u) {
+            k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn7], d);
+        }
+        if (lid < 32u) {
+            ckey[lid] = kscale;
+        }
+        kscale = key_scale(g, kb + 16u - s0, lid);
         coopStoreT(s, &csp[cb], 16u);
         workgroupBarrier();
         let s2 = srow / 16u;
@@ -466,7 +532,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
             l += csp[2u * (lid * tpr + i) + 1u] * exp(pm - m);
         }
         cmax[lid] = m;
-        csum[lid] = l;
+        cinv[lid] = select(0.0, 1.0 / l, l > 0.0);
     }
     workgroupBarrier();
 
@@ -484,10 +550,27 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     k1 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka1], d);
     k2 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka2], d);
     k3 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka3], d);
-    k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka4], d);
-    k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka5], d);
-    k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka6], d);
-    k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
+    if (DW > 64u) {
+        k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka4], d);
+    }
+    if (DW > 64u) {
+        k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka5], d);
+    }
+    if (DW > 64u) {
+        k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka6], d);
+    }
+    if (DW > 64u) {
+        k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
+    }
+    var v0: coop_mat16x16<f16, B>;
+    var v1: coop_mat16x16<f16, B>;
+    var v2: coop_mat16x16<f16, B>;
+    var v3: coop_mat16x16<f16, B>;
+    var v4: coop_mat16x16<f16, B>;
+    var v5: coop_mat16x16<f16, B>;
+    var v6: coop_mat16x16<f16, B>;
+    var v7: coop_mat16x16<f16, B>;
+    kscale = key_scale(g, klo - s0, lid);
     for (var kb = klo; kb < khi; kb += 16u) {
         // This step's V (row-major), issued before S so that its loads
         // overlap the scores and the softmax.
@@ -500,23 +583,39 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         let vi5 = vr + 80u;
         let vi6 = vr + 96u;
         let vi7 = vr + 112u;
-        let v0 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi0], d);
-        let v1 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi1], d);
-        let v2 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi2], d);
-        let v3 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi3], d);
-        let v4 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi4], d);
-        let v5 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi5], d);
-        let v6 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi6], d);
-        let v7 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi7], d);
+        v0 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi0], d);
+        v1 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi1], d);
+        v2 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi2], d);
+        v3 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi3], d);
+        if (DW > 64u) {
+            v4 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi4], d);
+        }
+        if (DW > 64u) {
+            v5 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi5], d);
+        }
+        if (DW > 64u) {
+            v6 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi6], d);
+        }
+        if (DW > 64u) {
+            v7 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi7], d);
+        }
         var s = coop_mat16x16<f32, C>();
         s = coopMultiplyAdd(q0, k0, s);
         s = coopMultiplyAdd(q1, k1, s);
         s = coopMultiplyAdd(q2, k2, s);
         s = coopMultiplyAdd(q3, k3, s);
-        s = coopMultiplyAdd(q4, k4, s);
-        s = coopMultiplyAdd(q5, k5, s);
-        s = coopMultiplyAdd(q6, k6, s);
-        s = coopMultiplyAdd(q7, k7, s);
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q4, k4, s);
+        }
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q5, k5, s);
+        }
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q6, k6, s);
+        }
+        if (DW > 64u) {
+            s = coopMultiplyAdd(q7, k7, s);
+        }
         let kn = vr + kstep;
         let kn0 = kn;
         let kn1 = kn + 16u;
@@ -530,18 +629,25 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         k1 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn1], d);
         k2 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn2], d);
         k3 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn3], d);
-        k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn4], d);
-        k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn5], d);
-        k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn6], d);
-        k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn7], d);
-        if (lid < 16u) {
-            ckey[lid] = SC[k_scale_at(g, kb - s0 + lid)];
-        } else if (lid < 32u) {
-            ckey[lid] = SC[v_factor_at(g, kb - s0 + lid - 16u)];
+        if (DW > 64u) {
+            k4 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn4], d);
         }
+        if (DW > 64u) {
+            k5 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn5], d);
+        }
+        if (DW > 64u) {
+            k6 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn6], d);
+        }
+        if (DW > 64u) {
+            k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn7], d);
+        }
+        if (lid < 32u) {
+            ckey[lid] = kscale;
+        }
+        kscale = key_scale(g, kb + 16u - s0, lid);
         coopStoreT(s, &csp[cb], 16u);
         workgroupBarrier();
-        for (var e = lid; e < NSG * 256u; e += 128u) {
+        for (var e = lid; e < NSG * 256u; e += WG) {
             let s2 = e / 256u;
             let r = (e / 16u) % 16u;
             let c = e % 16u;
@@ -549,7 +655,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
             var p = 0.0;
             if (sv > NEG) {
                 let i = s2 * 16u + r;
-                p = exp(sv - cmax[i]) / csum[i] * ckey[16u + c];
+                p = exp(sv - cmax[i]) * cinv[i] * ckey[16u + c];
             }
             cpp[s2 * 16u * PPS + r * PPS + c] = f16(nearest_half(p));
         }
@@ -559,19 +665,27 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         o1 = coopMultiplyAdd(pf, v1, o1);
         o2 = coopMultiplyAdd(pf, v2, o2);
         o3 = coopMultiplyAdd(pf, v3, o3);
-        o4 = coopMultiplyAdd(pf, v4, o4);
-        o5 = coopMultiplyAdd(pf, v5, o5);
-        o6 = coopMultiplyAdd(pf, v6, o6);
-        o7 = coopMultiplyAdd(pf, v7, o7);
+        if (DW > 64u) {
+            o4 = coopMultiplyAdd(pf, v4, o4);
+        }
+        if (DW > 64u) {
+            o5 = coopMultiplyAdd(pf, v5, o5);
+        }
+        if (DW > 64u) {
+            o6 = coopMultiplyAdd(pf, v6, o6);
+        }
+        if (DW > 64u) {
+            o7 = coopMultiplyAdd(pf, v7, o7);
+        }
     }
 
     // Out through this warp's 16 x 16 of csp, a fragment at a time.
     let on = hh < P.group;
-    let ob = h * d + dc * 128u;
+    let ob = h * d + dc * DW;
     workgroupBarrier();
     coopStoreT(o0, &csp[cb], 16u);
     workgroupBarrier();
-    emit(on, cb, lane, t0, ob);
+    emit(on, cb, lane, t0, ob + 0u);
     workgroupBarrier();
     coopStoreT(o1, &csp[cb], 16u);
     workgroupBarrier();
@@ -585,21 +699,30 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     workgroupBarrier();
     emit(on, cb, lane, t0, ob + 48u);
     workgroupBarrier();
-    coopStoreT(o4, &csp[cb], 16u);
-    workgroupBarrier();
-    emit(on, cb, lane, t0, ob + 64u);
-    workgroupBarrier();
-    coopStoreT(o5, &csp[cb], 16u);
-    workgroupBarrier();
-    emit(on, cb, lane, t0, ob + 80u);
-    workgroupBarrier();
-    coopStoreT(o6, &csp[cb], 16u);
-    workgroupBarrier();
-    emit(on, cb, lane, t0, ob + 96u);
-    workgroupBarrier();
-    coopStoreT(o7, &csp[cb], 16u);
-    workgroupBarrier();
-    emit(on, cb, lane, t0, ob + 112u);
+    if (DW > 64u) {
+        coopStoreT(o4, &csp[cb], 16u);
+        workgroupBarrier();
+        emit(on, cb, lane, t0, ob + 64u);
+        workgroupBarrier();
+    }
+    if (DW > 64u) {
+        coopStoreT(o5, &csp[cb], 16u);
+        workgroupBarrier();
+        emit(on, cb, lane, t0, ob + 80u);
+        workgroupBarrier();
+    }
+    if (DW > 64u) {
+        coopStoreT(o6, &csp[cb], 16u);
+        workgroupBarrier();
+        emit(on, cb, lane, t0, ob + 96u);
+        workgroupBarrier();
+    }
+    if (DW > 64u) {
+        coopStoreT(o7, &csp[cb], 16u);
+        workgroupBarrier();
+        emit(on, cb, lane, t0, ob + 112u);
+        workgroupBarrier();
+    }
 }
 
 // A 16 x 16 output fragment staged at csp[cb..] (row-major) to OUT: rows

@@ -23,13 +23,18 @@ const KEY_PAD: usize = 32;
 /// Rows `attn_coop_prep` converts per workgroup (a warp each).
 const PREP_ROWS: usize = 8;
 
-/// `(ND, NSG)`: warps along head_dim (128 dims each) and query heads per
-/// 4-warp workgroup, for the head sizes the kernel takes.
+/// Head dims a warp holds (its queries and output: `DW / 16` fragments
+/// each), 64 or 128. On the H200 at 512 tokens (run 04): 128 (4 warps)
+/// 215.9 / 260.5 us sliding / full, 64 (8 warps) 211.1 / 268.1 us.
+const DW: usize = 128;
+/// Warps per workgroup: 4 at 128 dims a warp, 8 at 64.
+const WARPS: usize = 512 / DW;
+
+/// `(ND, NSG)`: warps along head_dim and query heads per workgroup, for
+/// the head sizes the kernel takes.
 fn shape(head_dim: usize) -> Option<(usize, usize)> {
     match head_dim {
-        128 => Some((1, 4)),
-        256 => Some((2, 2)),
-        512 => Some((4, 1)),
+        128 | 256 | 512 => Some((head_dim / DW, WARPS * DW / head_dim)),
         _ => None,
     }
 }
@@ -167,7 +172,12 @@ pub(crate) fn attention(
     be.launch(Launch {
         kernel: "attention_coop",
         entry: "attn_prefill_coop",
-        constants: &[("ND", nd as i64), ("NSG", nsg as i64)],
+        constants: &[
+            ("DW", DW as i64),
+            ("ND", nd as i64),
+            ("NSG", nsg as i64),
+            ("WG", 32 * WARPS as i64),
+        ],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
         groups: be.grid((nrb * p.kv_heads * nhb) as u32),
@@ -178,14 +188,16 @@ pub(crate) fn attention(
 mod tests {
     use super::*;
 
-    /// Four warps cover every head size taken (ND x NSG = 4), and nothing
-    /// below prefill sizes or of another head size is rounded.
+    /// The warps cover every head size taken (ND x NSG of them, at most 4
+    /// query heads: the kernel's per-slot arrays), and nothing below
+    /// prefill sizes or of another head size is rounded.
     #[test]
-    fn shapes_fill_four_warps_and_the_rule_matches_them() {
+    fn shapes_fill_the_warps_and_the_rule_matches_them() {
         for hd in [128, 256, 512] {
             let (nd, nsg) = shape(hd).unwrap();
-            assert_eq!(nd * 128, hd);
-            assert_eq!(nd * nsg, 4);
+            assert_eq!(nd * DW, hd);
+            assert_eq!(nd * nsg, WARPS);
+            assert!(nsg <= 4);
             assert!(rounds_inputs(super::super::PREFILL_MIN_M, hd));
             assert!(!rounds_inputs(super::super::PREFILL_MIN_M - 1, hd));
         }
