@@ -140,8 +140,16 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         return;
     }
     let split = g / per;
-    let tm = (g % per) % P.mtiles;
-    let nb = (g % per) / P.mtiles;
+    // Token tiles fastest for dense problems (a row block's weight rows
+    // stay in cache across them), row blocks fastest for the MoE phases (a
+    // token tile's x rows stay in cache across its expert's row blocks), as
+    // kernels/gemm_coop.wgsl.
+    var tm = (g % per) % P.mtiles;
+    var nb = (g % per) / P.mtiles;
+    if (mode != DENSE) {
+        tm = (g % per) / P.nrb;
+        nb = (g % per) % P.nrb;
+    }
     let kb = split * P.kc;
     let ke = min(kb + P.kc, P.k);
     stage_tile(mode, tm, lid, 256u);

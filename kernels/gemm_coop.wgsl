@@ -227,8 +227,16 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     let k_lo = ks_i * P.kc;
     let k_hi = min(P.k, k_lo + P.kc);
     let plane = ks_i * P.m * P.n;
-    let tm = g % P.mtiles;
-    let nb = g / P.mtiles;
+    // Dense: the token tiles of a row block run together (its weight rows
+    // stay in cache across them). Grouped (MoE): the row blocks of a token
+    // tile (one expert's pairs) run together, so its X16 rows stay in L2
+    // across its row blocks while the experts' weights stream past.
+    var tm = g % P.mtiles;
+    var nb = g / P.mtiles;
+    if (mode != DENSE) {
+        tm = g / P.nrb;
+        nb = g % P.nrb;
+    }
     stage_tile(mode, tm, lid, WG);
     let info = workgroupUniformLoad(&tile);
     let cnt = info.y;
