@@ -23,20 +23,20 @@ const KEY_PAD: usize = 32;
 /// Rows `attn_coop_prep` converts per workgroup (a warp each).
 const PREP_ROWS: usize = 8;
 
-/// Head dims a warp holds (its queries and output: `DW / 16` fragments
-/// each), 64 or 128. On the H200 at 512 tokens (run 04): 128 (4 warps)
-/// 215.9 / 260.5 us sliding / full, 64 (8 warps) 211.1 / 268.1 us.
-const DW: usize = 128;
-/// Warps per workgroup: 4 at 128 dims a warp, 8 at 64.
-const WARPS: usize = 512 / DW;
-
-/// `(ND, NSG)`: warps along head_dim and query heads per workgroup, for
-/// the head sizes the kernel takes.
-fn shape(head_dim: usize) -> Option<(usize, usize)> {
-    match head_dim {
-        128 | 256 | 512 => Some((head_dim / DW, WARPS * DW / head_dim)),
-        _ => None,
-    }
+/// `(DW, ND, NSG)` for the head sizes the kernel takes: head dims a warp
+/// holds (its queries and output, `DW / 16` fragments each), warps along
+/// head_dim and query heads per workgroup; 4 warps at 128 dims a warp, 8 at
+/// 64. On the H200 at 512 tokens (run 04): head_dim 256 211.1 us at 64
+/// dims a warp against 215.9 at 128; head_dim 512 260.5 us at 128 against
+/// 268.1 at 64.
+fn shape(head_dim: usize) -> Option<(usize, usize, usize)> {
+    let dw = match head_dim {
+        128 | 256 => 64,
+        512 => 128,
+        _ => return None,
+    };
+    let warps = 512 / dw;
+    Some((dw, head_dim / dw, warps * dw / head_dim))
 }
 
 /// Whether an attention of `m` query rows with heads of `head_dim` runs from
@@ -78,7 +78,7 @@ pub(crate) fn attention(
     out: &WgpuBuffer,
     p: Attention,
 ) -> Result<()> {
-    let (nd, nsg) = shape(p.head_dim).expect("takes() checked the head size");
+    let (dw, nd, nsg) = shape(p.head_dim).expect("takes() checked the head size");
     let d = p.head_dim;
     let group = p.heads / p.kv_heads;
     let qrows = p.m.div_ceil(ROWS) * ROWS * p.heads;
@@ -173,10 +173,10 @@ pub(crate) fn attention(
         kernel: "attention_coop",
         entry: "attn_prefill_coop",
         constants: &[
-            ("DW", DW as i64),
+            ("DW", dw as i64),
             ("ND", nd as i64),
             ("NSG", nsg as i64),
-            ("WG", 32 * WARPS as i64),
+            ("WG", (32 * nd * nsg) as i64),
         ],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
@@ -194,9 +194,10 @@ mod tests {
     #[test]
     fn shapes_fill_the_warps_and_the_rule_matches_them() {
         for hd in [128, 256, 512] {
-            let (nd, nsg) = shape(hd).unwrap();
-            assert_eq!(nd * DW, hd);
-            assert_eq!(nd * nsg, WARPS);
+            let (dw, nd, nsg) = shape(hd).unwrap();
+            assert!(dw == 64 || dw == 128);
+            assert_eq!(nd * dw, hd);
+            assert_eq!(nd * nsg * dw, 512);
             assert!(nsg <= 4);
             assert!(rounds_inputs(super::super::PREFILL_MIN_M, hd));
             assert!(!rounds_inputs(super::super::PREFILL_MIN_M - 1, hd));
