@@ -77,18 +77,7 @@ var<workgroup> ssum: array<f32, 8>;
 var<workgroup> salpha: array<f32, 8>;
 var<workgroup> sacc: array<vec4<f32>, 256>;
 
-// Keys of row t: [lo, pos + 1), never more than the cache holds.
-fn key_range(t: u32) -> vec2<u32> {
-    let pos = POS[t];
-    var lo = 0u;
-    if (P.window > 0u && pos + 1u > P.window) {
-        lo = pos + 1u - P.window;
-    }
-    if (pos + 1u - lo > P.capacity) {
-        lo = pos + 1u - P.capacity;
-    }
-    return vec2<u32>(lo, pos + 1u);
-}
+// key_range: kernels/attention_keys.wgsl.
 
 // The keys the query slots s0 .. s1 see together: the union of their
 // rows' ranges (rows are slot / group).

@@ -79,18 +79,7 @@ struct Params {
 // "No key": below any real score, finite so that differences stay finite.
 const NEG: f32 = -3.0e38;
 
-// Keys of row t: [lo, pos + 1), never more than the cache holds.
-fn key_range(t: u32) -> vec2<u32> {
-    let pos = POS[t];
-    var lo = 0u;
-    if (P.window > 0u && pos + 1u > P.window) {
-        lo = pos + 1u - P.window;
-    }
-    if (pos + 1u - lo > P.capacity) {
-        lo = pos + 1u - P.capacity;
-    }
-    return vec2<u32>(lo, pos + 1u);
-}
+// key_range: kernels/attention_keys.wgsl.
 
 fn k_scale_at(g: u32, i: u32) -> u32 {
     return 2u + P.qrows + g * P.kvrows + i;

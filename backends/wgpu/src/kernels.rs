@@ -30,6 +30,9 @@ pub const ROPE_ANGLE: &str = include_str!("../../../kernels/rope_angle.wgsl");
 /// f32 -> f16 rounding that every device does alike, appended to the
 /// families that round inputs for tensor cores.
 pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
+/// The keys a query row sees (`key_range`), appended to the attention
+/// families.
+pub const ATTENTION_KEYS: &str = include_str!("../../../kernels/attention_keys.wgsl");
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
@@ -126,7 +129,8 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
         let appendix = match name {
             "gemm" | "gemm_coop" => GEMM_TILES.to_string(),
             "gemm_prep" => format!("{GEMM_TILES}\n{F16_ROUND}"),
-            "attention_coop" => F16_ROUND.to_string(),
+            "attention" => ATTENTION_KEYS.to_string(),
+            "attention_coop" => format!("{ATTENTION_KEYS}\n{F16_ROUND}"),
             "router" | "moe_decode" => TOPK.to_string(),
             "rope" => ROPE_ANGLE.to_string(),
             _ => String::new(),

@@ -100,6 +100,7 @@ fn every_kernel_file_is_registered() {
             "rope_angle",
             "attention_qkv",
             "f16_round",
+            "attention_keys",
         ]
         .contains(&stem.as_str());
         if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {
