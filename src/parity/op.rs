@@ -78,9 +78,13 @@ pub enum Op {
         pos0: usize,
     },
     /// m queries at positions `pos0..pos0+m` over random full caches.
+    /// `large_values`: every seventh value row is scaled by 2^17, past
+    /// f16's range (the tensor-core attention scales such rows down and
+    /// their probabilities up, `turbospark::GemmRounding`).
     Attention {
         p: Attention,
         pos0: usize,
+        large_values: bool,
     },
     Add {
         n: usize,
@@ -293,9 +297,19 @@ impl Op {
                 "{f}(m={},kv_heads={},head_dim={},capacity={},pos0={pos0})",
                 p.m, p.kv_heads, p.head_dim, p.capacity
             ),
-            Op::Attention { p, pos0 } => format!(
-                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0})",
-                p.m, p.heads, p.kv_heads, p.head_dim, p.capacity, p.window
+            Op::Attention {
+                p,
+                pos0,
+                large_values,
+            } => format!(
+                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0}{})",
+                p.m,
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.capacity,
+                p.window,
+                if *large_values { ",large_values" } else { "" }
             ),
             Op::Add { n } => format!("{f}(n={n})"),
             Op::Scale { n, s } => format!("{f}(n={n},s={s})"),
@@ -512,12 +526,22 @@ impl Op {
                     HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
                 ]
             }
-            Op::Attention { p, pos0 } => {
+            Op::Attention {
+                p,
+                pos0,
+                large_values,
+            } => {
                 let cache = p.capacity * p.kv_heads * p.head_dim;
+                let mut v = rng.vec_normal(cache, 1.0);
+                if *large_values {
+                    for row in v.chunks_mut(p.head_dim).step_by(7) {
+                        row.iter_mut().for_each(|x| *x *= 131072.0);
+                    }
+                }
                 vec![
                     HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 0.25)),
                     HostTensor::F32(rng.vec_normal(cache, 0.25)),
-                    HostTensor::F32(rng.vec_normal(cache, 1.0)),
+                    HostTensor::F32(v),
                     HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
                 ]
             }

@@ -244,6 +244,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 Op::Attention {
                     p: sliding,
                     pos0: ctx - m,
+                    large_values: false,
                 },
                 m,
             );
@@ -264,6 +265,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 Op::Attention {
                     p: full,
                     pos0: ctx - m,
+                    large_values: false,
                 },
                 m,
             );
@@ -459,6 +461,7 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                     scale: 1.0,
                 },
                 pos0: 0,
+                large_values: false,
             },
         ),
         (
@@ -475,6 +478,7 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                     scale: 1.0,
                 },
                 pos0: 0,
+                large_values: false,
             },
         ),
     ];
@@ -510,7 +514,7 @@ pub fn flops(op: &Op) -> Option<u64> {
         Op::Router { p, .. } => f(p.m * p.experts * p.hidden),
         Op::MoeGateUp { p, .. } => f(p.m * p.top_k * 2 * p.inter * p.hidden),
         Op::MoeDown { p, .. } => f(p.m * p.top_k * p.hidden * p.inter),
-        Op::Attention { p, pos0 } => {
+        Op::Attention { p, pos0, .. } => {
             let keys: usize = (0..p.m)
                 .map(|t| {
                     let pos = pos0 + t;
@@ -536,6 +540,7 @@ fn fused_attention(op: &Op) -> Option<Op> {
     Some(Op::Attention {
         p: p.attention(*window, 1.0),
         pos0: *pos0,
+        large_values: false,
     })
 }
 
@@ -577,7 +582,7 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
             let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
             m * k * i * f + ids() * h * i * ws(w) + 2 * m * k * f + m * h * f
         }
-        Op::Attention { p, pos0 } => {
+        Op::Attention { p, pos0, .. } => {
             let last = pos0 + p.m - 1;
             let lo = if p.window > 0 {
                 (pos0 + 1).saturating_sub(p.window)
@@ -757,6 +762,7 @@ mod tests {
                 scale: 1.0,
             },
             pos0: 0,
+            large_values: false,
         };
         assert_eq!(flops(&attn), Some(2 * 2 * 5 * 4 * 8));
         // qkv_post then attention: the attention's products.
