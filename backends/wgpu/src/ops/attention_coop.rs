@@ -82,8 +82,10 @@ pub(crate) fn attention(
     let d = p.head_dim;
     let group = p.heads / p.kv_heads;
     let qrows = p.m.div_ceil(ROWS) * ROWS * p.heads;
-    // The batch's keys span at most capacity + m - 1 (each row sees at most
-    // the cache's capacity).
+    // The batch's keys span at most capacity + m - 1 when its positions are
+    // consecutive (each row sees at most the cache's capacity), as the
+    // decoder's are. Positions spread wider overrun this scratch: a known
+    // limit, docs/decisions.md (eleventh session) has the fix.
     let kvrows = p.capacity + p.m + KEY_PAD;
     let kv_elems = p.kv_heads * kvrows * d;
     let sc_elems = 2 + qrows + 2 * p.kv_heads * kvrows;
