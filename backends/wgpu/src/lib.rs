@@ -291,6 +291,14 @@ impl WgpuBackend {
         self.memory.reset_peak()
     }
 
+    /// Let go of the ops' scratch buffers (each is made again, as large as
+    /// its next use needs): for tools that measure what a model alone holds
+    /// after other work on the same backend, whose scratch would otherwise
+    /// be held already and left out of the model's peak.
+    pub fn release_scratch(&self) {
+        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
+    }
+
     /// The adapter's limits as wgpu reports them (for tools).
     pub fn wgpu_limits(&self) -> &wgpu::Limits {
         &self.limits
@@ -975,6 +983,20 @@ pub(crate) mod tests {
         assert_eq!(be.memory(), (live0 + 8, live0 + 8));
         drop(b);
         assert_eq!(be.memory().0, live0);
+    }
+
+    /// Released scratch leaves the byte count, and is made again on use.
+    #[test]
+    fn released_scratch_leaves_the_count() {
+        let Some(be) = backend() else { return };
+        let (live0, _) = be.memory();
+        let get = || ops::scratch_buffer(&be, |s| &mut s.router, DType::F32, 1000, 0, "t").unwrap();
+        drop(get());
+        assert_eq!(be.memory().0, live0 + 4000, "the scratch stays held");
+        be.release_scratch();
+        assert_eq!(be.memory().0, live0);
+        drop(get());
+        assert_eq!(be.memory().0, live0 + 4000);
     }
 
     /// The bind-group cache reuses a group for the same buffers and lets go
