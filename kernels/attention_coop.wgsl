@@ -27,14 +27,16 @@ enable wgpu_cooperative_matrix;
 //                      accumulator cannot be rescaled per row in WGSL; S
 //                      costs twice, O never leaves the matrix units.
 //
-// Warps: 4 (128 threads). head_dim is cut into ND chunks of 128 (ND = 1, 2
-// or 4), one warp per (query head slot sg < NSG = 4 / ND, chunk dc): it
-// holds its 16 rows' queries over its 128 dims (8 fragments) and their
-// output over the same dims (8 accumulators). A step's S is the sum of the
-// ND warps' partial products (over their chunks) in workgroup memory.
+// Warps: head_dim is cut into ND chunks of DW dims (64 or 128: 8 or 4
+// warps, the launcher's choice per head size), one warp per (query head
+// slot sg < NSG, chunk dc): it holds its 16 rows' queries over its DW dims
+// (DW / 16 fragments) and their output over the same dims (as many
+// accumulators). A step's S is the sum of the ND warps' partial products
+// (over their chunks) in workgroup memory. The next step's K fragments and
+// key scales are loaded a step ahead, a step's V before its S.
 //
-// Masking: key j counts for row t iff lo(t) <= j <= pos(t) (kernels/
-// attention.wgsl's key_range); a masked score takes no part and its
+// Masking: key j counts for row t iff lo(t) <= j <= pos(t) (key_range,
+// kernels/attention_keys.wgsl); a masked score takes no part and its
 // probability is 0. Scratch rows past the batch's keys are written as zeros,
 // so the fragment loads of a step that runs past the last key read finite
 // values.
