@@ -631,6 +631,8 @@ impl Rope {
 }
 
 impl KvAppend {
+    /// Shapes, dtypes and aliasing of a `kv_append` call (every backend's
+    /// checks).
     pub fn validate<B: DeviceBuffer>(&self, k: &B, v: &B, kc: &B, vc: &B, pos: &B) -> Result<()> {
         const OP: &str = "kv_append";
         nonzero(
@@ -648,7 +650,9 @@ impl KvAppend {
         check_buf(OP, "v", v, &F32, self.m * row)?;
         check_buf(OP, "k_cache", kc, &F32, self.capacity * row)?;
         check_buf(OP, "v_cache", vc, &F32, self.capacity * row)?;
-        check_buf(OP, "positions", pos, &U32, self.m)
+        check_buf(OP, "positions", pos, &U32, self.m)?;
+        no_alias(OP, kc, &[Some(k), Some(v), Some(vc), Some(pos)])?;
+        no_alias(OP, vc, &[Some(k), Some(v), Some(pos)])
     }
 }
 
@@ -656,6 +660,8 @@ impl KvAppend {
 pub const MAX_HEAD_DIM: usize = 512;
 
 impl Attention {
+    /// Shapes, dtypes and aliasing of an `attention` call (every backend's
+    /// checks).
     pub fn validate<B: DeviceBuffer>(&self, q: &B, kc: &B, vc: &B, pos: &B, out: &B) -> Result<()> {
         const OP: &str = "attention";
         nonzero(
@@ -703,7 +709,8 @@ impl Attention {
             self.capacity * self.kv_heads * self.head_dim,
         )?;
         check_buf(OP, "positions", pos, &U32, self.m)?;
-        check_buf(OP, "out", out, &F32, qn)
+        check_buf(OP, "out", out, &F32, qn)?;
+        no_alias(OP, out, &[Some(q), Some(kc), Some(vc), Some(pos)])
     }
 }
 

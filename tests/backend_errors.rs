@@ -2,7 +2,7 @@
 
 mod common;
 
-use turbospark::ops::{Attention, Moe, PostAttention, PostFfn, QkvPost, Router};
+use turbospark::ops::{Attention, KvAppend, Moe, PostAttention, PostFfn, QkvPost, Router};
 use turbospark::{
     ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs,
 };
@@ -182,6 +182,46 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
                 ..
             }
         ) && e.to_string().contains("router's ids"),
+        "{e}"
+    );
+    // attention writing over its queries, kv_append with one cache for both
+    // (the aliasing rules live in Attention / KvAppend::validate).
+    let ap1 = Attention {
+        m: 1,
+        heads: 1,
+        kv_heads: 1,
+        head_dim: 8,
+        capacity: 1,
+        window: 0,
+        scale: 1.0,
+    };
+    let pos0 = b.alloc(DType::U32, 1, "pos0").unwrap();
+    let e = b.attention(&a, &c, &c, &pos0, &a, ap1).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Shape {
+                op: "attention",
+                ..
+            }
+        ) && e.to_string().contains("aliases"),
+        "{e}"
+    );
+    let kv = KvAppend {
+        m: 1,
+        kv_heads: 1,
+        head_dim: 8,
+        capacity: 1,
+    };
+    let e = b.kv_append(&a, &a, &c, &c, &pos0, kv).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Shape {
+                op: "kv_append",
+                ..
+            }
+        ) && e.to_string().contains("aliases"),
         "{e}"
     );
     // qkv_post_attention whose two halves disagree: named, before any work.

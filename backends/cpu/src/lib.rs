@@ -449,12 +449,6 @@ impl ComputeBackend for CpuBackend {
         p: KvAppend,
     ) -> Result<()> {
         p.validate(k, v, kc, vc, positions)?;
-        v::no_alias(
-            "kv_append",
-            kc,
-            &[Some(k), Some(v), Some(vc), Some(positions)],
-        )?;
-        v::no_alias("kv_append", vc, &[Some(k), Some(v), Some(positions)])?;
         let (kr, vr, pr) = (k.read(), v.read(), positions.read());
         ops::kv_append(kr.f32(), kc.write("kv_append")?.f32(), pr.u32(), p);
         ops::kv_append(vr.f32(), vc.write("kv_append")?.f32(), pr.u32(), p);
@@ -471,11 +465,6 @@ impl ComputeBackend for CpuBackend {
         p: Attention,
     ) -> Result<()> {
         p.validate(q, kc, vc, positions, out)?;
-        v::no_alias(
-            "attention",
-            out,
-            &[Some(q), Some(kc), Some(vc), Some(positions)],
-        )?;
         let (qr, kr, vr, pr) = (q.read(), kc.read(), vc.read(), positions.read());
         // (attention rounds per row, with no weight to range-check)
         let f16 = self.gemm_rounding.as_ref().is_some_and(|rule| {

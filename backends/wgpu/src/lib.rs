@@ -368,11 +368,6 @@ fn check_attention(
     out: &WgpuBuffer,
 ) -> Result<()> {
     p.validate(q, kc, vc, positions, out)?;
-    v::no_alias(
-        "attention",
-        out,
-        &[Some(q), Some(kc), Some(vc), Some(positions)],
-    )?;
     whole(
         "attention",
         &[Some(q), Some(kc), Some(vc), Some(positions), Some(out)],
@@ -755,12 +750,6 @@ impl ComputeBackend for WgpuBackend {
         p: KvAppend,
     ) -> Result<()> {
         p.validate(k, vb, kc, vc, positions)?;
-        v::no_alias(
-            "kv_append",
-            kc,
-            &[Some(k), Some(vb), Some(vc), Some(positions)],
-        )?;
-        v::no_alias("kv_append", vc, &[Some(k), Some(vb), Some(positions)])?;
         whole(
             "kv_append",
             &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
