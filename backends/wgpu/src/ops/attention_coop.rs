@@ -8,7 +8,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Attention;
-use turbospark::{DType, Error, Result};
+use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
@@ -89,25 +89,10 @@ pub(crate) fn attention(
     let kvrows = p.capacity + p.m + KEY_PAD;
     let kv_elems = p.kv_heads * kvrows * d;
     let sc_elems = 2 + qrows + 2 * p.kv_heads * kvrows;
-    for (what, bytes) in [
-        ("queries", 2 * qrows * d),
-        ("keys", 2 * kv_elems),
-        ("scales", 4 * sc_elems),
-    ] {
-        if bytes as u64 > be.max_binding() || bytes / 2 > u32::MAX as usize {
-            return Err(Error::Unsupported {
-                backend: be.info.backend.clone(),
-                op: "attention".into(),
-                reason: format!(
-                    "tensor-core attention over {} rows with a {}-key cache needs {bytes} \
-                     bytes of f16 {what}, past the device's {}-byte binding",
-                    p.m,
-                    p.capacity,
-                    be.max_binding()
-                ),
-            });
-        }
-    }
+    // (a scratch past the device's binding is `Error::DeviceLimit`, naming
+    // it, before anything is recorded: the rounding rule promised the
+    // rounding, so there is no fallback; f16 indices stay within u32, as a
+    // binding is at most 4 GiB)
     let scratch = |slot: fn(&mut super::Scratch) -> &mut Option<WgpuBuffer>, dtype, n, label| {
         super::scratch_buffer(be, slot, dtype, n, 0, label)
     };
