@@ -428,12 +428,7 @@ impl Op {
             Op::Matmul { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.k),
             Op::MoeGateUp { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.hidden),
             Op::MoeDown { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.inter),
-            Op::Attention { p, .. } => {
-                let kind = OpKind::Attention {
-                    head_dim: p.head_dim as u32,
-                };
-                device.rounds_gemm_inputs(&kind, p.m, p.head_dim)
-            }
+            Op::Attention { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.head_dim),
             _ => false,
         };
         match self {
