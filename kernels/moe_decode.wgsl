@@ -207,12 +207,15 @@ fn moe_gate_up_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 
 // Workgroup g: output rows g * ROWS .. + ROWS, one row per LANES threads.
 // The slots' expert ids and weights are read once into workgroup memory; a
-// lane then walks its blocks of every slot's down row (TOPK x ceil(BK /
-// LANES) loads, a
-// constant count), the sum over slots in registers in a fixed order:
-// deterministic, no atomics. (Loads without branches -- a select dropping
-// an absent slot and the last partial column -- were tried and reverted;
-// their one reliable figure is the GEMV's, BENCHMARKS.md.)
+// lane then walks the row's TOPK x BK blocks (every slot's down row) as one
+// flat range, block f = lane + c * LANES being slot f / BK's block f % BK:
+// a constant trip count of independent loads with no branch between them,
+// so the driver issues them all before the first returns. (A loop over
+// slots, each behind an `if` on its expert id, left each slot's loads
+// waiting for the previous slot's: eight memory round trips in series.)
+// An absent slot (id past P.experts) reads expert 0's row and drops it by a
+// select, as does the range's padding past TOPK x BK. The sum per lane is
+// in a fixed order: deterministic, no atomics.
 fn down_a(g: u32, t: u32, tok: u32) {
     if (t < TOPK) {
         sid[t] = IDS[tok * TOPK + t];
@@ -226,19 +229,14 @@ fn down_a(g: u32, t: u32, tok: u32) {
     let a0 = tok * TOPK * arow;
     var acc = 0.0;
     if (r < h) {
-        for (var j = 0u; j < TOPK; j++) {
+        for (var c = 0u; c < (TOPK * BK + LANES - 1u) / LANES; c++) {
+            let f = min(lane + c * LANES, TOPK * BK - 1u);
+            let j = f / BK;
+            let b = f % BK;
             let e = sid[j];
-            if (e < P.experts) {
-                let base = (e * h + r) * BK;
-                var a = 0.0;
-                for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-                    let b = lane + c * LANES;
-                    if (b < BK) {
-                        a += dot8(W[base + b], a0 + j * arow + 2u * b);
-                    }
-                }
-                acc += swt[j] * a;
-            }
+            let valid = e < P.experts && lane + c * LANES < TOPK * BK;
+            let w = W[(select(0u, e, valid) * h + r) * BK + b];
+            acc += select(0.0, swt[j] * dot8(w, a0 + j * arow + 2u * b), valid);
         }
     }
     part_a[t] = acc;
@@ -261,19 +259,14 @@ fn down_b(g: u32, t: u32) {
     let arow = P.inter2 / 4u;
     var acc = 0.0;
     if (r < h) {
-        for (var j = 0u; j < TOPK2; j++) {
+        for (var c = 0u; c < (TOPK2 * BK2 + LANES - 1u) / LANES; c++) {
+            let f = min(lane + c * LANES, TOPK2 * BK2 - 1u);
+            let j = f / BK2;
+            let b = f % BK2;
             let e = sid[j];
-            if (e < P.experts2) {
-                let base = (e * h + r) * BK2;
-                var a = 0.0;
-                for (var c = 0u; c < (BK2 + LANES - 1u) / LANES; c++) {
-                    let b = lane + c * LANES;
-                    if (b < BK2) {
-                        a += dot8b(W2[base + b], j * arow + 2u * b);
-                    }
-                }
-                acc += swt[j] * a;
-            }
+            let valid = e < P.experts2 && lane + c * LANES < TOPK2 * BK2;
+            let w = W2[(select(0u, e, valid) * h + r) * BK2 + b];
+            acc += select(0.0, swt[j] * dot8b(w, j * arow + 2u * b), valid);
         }
     }
     part_a[t] = acc;

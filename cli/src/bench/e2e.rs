@@ -218,7 +218,16 @@ fn measure<B: ComputeBackend + Counters>(
 ) -> turbospark::Result<Value> {
     let (prompt_len, decode) = (args.prompt_tokens, args.decode_tokens);
     let (prefill_batch, seed) = (args.prefill_batch, args.seed);
-    let cfg = named_config(name)?;
+    let mut cfg = named_config(name)?;
+    if let Some(n) = args.layers {
+        if n == 0 || n > cfg.layers.len() {
+            return Err(turbospark::Error::InvalidInput(format!(
+                "--layers {n}: {name} has {} decoder layers (keep 1 to {0})",
+                cfg.layers.len()
+            )));
+        }
+        cfg.layers.truncate(n);
+    }
     let device = backend.info().device_name.clone();
     let bytes_per_token = cfg.bytes_per_token(DType::BF16);
     let source = SyntheticSource::new(cfg.clone(), seed)?;
@@ -316,8 +325,12 @@ fn measure<B: ComputeBackend + Counters>(
         ((d1 - d0) as f64 / steps, (s1 - s0) as f64 / steps)
     });
     let peak_bytes = model.backend().memory().map(|m| m.1 - held_before);
+    let cut = match args.layers {
+        Some(n) => format!(" (first {n} layers)"),
+        None => String::new(),
+    };
     let note = format!(
-        "{name} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}",
+        "{name}{cut} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}",
         g.prefill_tok_s,
         g.decode_tok_s,
         bound_tok_s
@@ -338,6 +351,7 @@ fn measure<B: ComputeBackend + Counters>(
     Ok(json!({
         "status": "measured",
         "model": name,
+        "layers": cfg.layers.len(),
         "device": device,
         "load_seconds": load_s,
         "prompt_tokens": prompt_len,

@@ -70,6 +70,10 @@ pub struct Args {
     /// with random bf16 weights and time prefill and decode on every backend.
     #[arg(long)]
     pub synthetic: Option<String>,
+    /// End to end: keep only the synthetic model's first N decoder layers
+    /// (a cut that loads in seconds, for A/B runs; its bound is the cut's).
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// Prompt length of the end-to-end prefill.
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
