@@ -43,7 +43,9 @@ pub struct Args {
     /// Draw achieved GB/s per op and backend against the ceiling as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Only cases whose label contains this.
+    /// Only cases whose label contains this; `|` separates alternatives,
+    /// and an alternative ending in `$` must end the label
+    /// (`"moe_down m=1$|pair m=1$"`).
     #[arg(long, default_value = "")]
     pub filter: String,
     /// Case-insensitive substring of the wgpu adapter name (else TURBOSPARK_ADAPTER).
@@ -86,6 +88,16 @@ pub struct Args {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+/// Whether `--filter` selects the case `label`: empty selects all, else any
+/// `|`-separated alternative contained in it (one ending in `$` must end it).
+fn selects(filter: &str, label: &str) -> bool {
+    filter.is_empty()
+        || filter.split('|').any(|alt| match alt.strip_suffix('$') {
+            Some(end) => label.ends_with(end),
+            None => label.contains(alt),
+        })
 }
 
 /// One backend, opened, with its ceiling and results.
@@ -261,7 +273,7 @@ pub fn main(args: Args) -> ExitCode {
     let (seeds, selected): (Vec<u64>, Vec<cases::Case>) = all
         .into_iter()
         .enumerate()
-        .filter(|(_, c)| args.filter.is_empty() || c.label.contains(&args.filter))
+        .filter(|(_, c)| selects(&args.filter, &c.label))
         .map(|(i, c)| (args.seed.wrapping_add(i as u64), c))
         .unzip();
     let mut bytes = Vec::with_capacity(selected.len());
@@ -359,5 +371,20 @@ pub fn main(args: Args) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::selects;
+
+    #[test]
+    fn filter_alternatives_and_anchors() {
+        assert!(selects("", "moe_down m=16"));
+        assert!(selects("moe_down", "moe_down m=16"));
+        assert!(!selects("moe_down m=1$", "moe_down m=16"));
+        assert!(selects("moe_down m=1$", "moe_down m=1"));
+        assert!(selects("router|pair m=1$", "dense+moe down pair m=1"));
+        assert!(!selects("router|pair m=1$", "dense+moe down pair m=16"));
     }
 }
