@@ -70,6 +70,16 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     positive(&b["ceiling"]["gbps"], "ceiling gbps");
     positive(&b["ceiling"]["bytes"], "ceiling bytes");
     check_timing(&b["ceiling"]["timing"], "ceiling");
+    // The ceiling's kernel at op sizes: the GPU's only (the CPU reference's
+    // ceiling is one thread's).
+    let sizes = b["ceiling"]["at_sizes"].as_array().expect("at_sizes");
+    assert_eq!(sizes.is_empty(), backend == "cpu", "{sizes:?}");
+    for z in sizes {
+        positive(&z["bytes"], "at_sizes bytes");
+        positive(&z["gbps"], "at_sizes gbps");
+        positive(&z["pct_of_ceiling"], "at_sizes pct_of_ceiling");
+        check_timing(&z["timing"], "at_sizes");
+    }
     let cases = v["cases"].as_array().expect("cases");
     assert!(cases.len() >= 40, "{} cases", cases.len());
     let mut measured = 0;

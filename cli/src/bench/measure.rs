@@ -5,7 +5,7 @@ use std::time::Instant;
 use turbospark::parity::{Op, OutSpec};
 use turbospark::{ComputeBackend, DType, Error, Result, Support};
 use turbospark_cpu::CpuBackend;
-use turbospark_wgpu::WgpuBackend;
+use turbospark_wgpu::{WgpuBackend, WgpuBuffer};
 
 use super::cases::{Case, HostSets, Variant};
 
@@ -64,6 +64,26 @@ pub struct Ceiling {
     pub method: &'static str,
     /// What was streamed, by what.
     pub how: String,
+    /// The same kernel over buffers of a single op's size, timed as an op
+    /// is (one dependent dispatch a call, rotating over buffers that
+    /// together exceed the caches): what a plain streaming kernel reaches
+    /// at that size, launch and drain included. Empty where not measured
+    /// (the CPU reference, whose ceiling is one thread's).
+    pub at_sizes: Vec<SizedStream>,
+}
+
+/// The ceiling's kernel over `bytes` a call, rotating over `sets` buffers.
+#[derive(Clone, Debug)]
+pub struct SizedStream {
+    pub bytes: u64,
+    pub sets: usize,
+    pub stats: Stats,
+}
+
+impl SizedStream {
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.stats.median / 1e9
+    }
 }
 
 impl Ceiling {
@@ -84,6 +104,9 @@ pub struct Budget {
     pub max_sets: usize,
     /// Bytes of the ceiling's streamed buffer (clamped to what the device allows).
     pub ceiling_bytes: u64,
+    /// Bytes a call of the ceiling's kernel also streams at op sizes
+    /// ([`Ceiling::at_sizes`]).
+    pub stream_sizes: &'static [u64],
     /// Time with the wall clock even where the GPU has timestamps.
     pub wall_clock: bool,
     /// Seconds of back-to-back calls before a case is timed, so the device
@@ -224,6 +247,7 @@ impl Bench for CpuBackend {
                 "one thread folding {} MiB of u64 (the CPU reference is single-threaded)",
                 (words * 8) >> 20
             ),
+            at_sizes: Vec::new(),
         })
     }
 }
@@ -264,18 +288,7 @@ impl Bench for WgpuBackend {
     fn ceiling(&self, budget: &Budget) -> Result<Ceiling> {
         let bytes = budget.ceiling_bytes.min(self.max_stream_bytes()) & !15;
         let words = (bytes / 4) as usize;
-        let src = self.alloc(DType::U32, words, "bench stream")?;
-        // Fill with data (zero pages could be special-cased by a driver).
-        let chunk = (16usize << 20).min(words);
-        let pattern: Vec<u32> = (0..chunk as u32)
-            .map(|i| i.wrapping_mul(0x9E37_79B9))
-            .collect();
-        let mut off = 0;
-        while off < words {
-            let n = chunk.min(words - off);
-            self.write_u32(&src, off, &pattern[..n])?;
-            off += n;
-        }
+        let src = stream_buffer(self, words)?;
         let sink = self.alloc(DType::U32, 256, "bench sink")?;
         self.stream_read(&src, &sink)?;
         self.sync()?;
@@ -287,6 +300,11 @@ impl Bench for WgpuBackend {
             .clamp(budget.min_reps.max(3), budget.max_reps);
         warm_up(self, budget, once, &mut |_| self.stream_read(&src, &sink))?;
         let (samples, method) = self.time(reps, budget, &mut |_| self.stream_read(&src, &sink))?;
+        drop(src);
+        let mut at_sizes = Vec::new();
+        for &size in budget.stream_sizes {
+            at_sizes.push(sized_stream(self, budget, size, &sink)?);
+        }
         Ok(Ceiling {
             bytes,
             stats: Stats::of(&samples),
@@ -295,8 +313,60 @@ impl Bench for WgpuBackend {
                 "kernels/bench.wgsl stream_read: grid-stride vec4<u32> read of {} MiB",
                 bytes >> 20
             ),
+            at_sizes,
         })
     }
+}
+
+/// A u32 buffer of `words` filled with a pattern (zero pages could be
+/// special-cased by a driver).
+fn stream_buffer(b: &WgpuBackend, words: usize) -> Result<WgpuBuffer> {
+    let src = b.alloc(DType::U32, words, "bench stream")?;
+    let chunk = (16usize << 20).min(words);
+    let pattern: Vec<u32> = (0..chunk as u32)
+        .map(|i| i.wrapping_mul(0x9E37_79B9))
+        .collect();
+    let mut off = 0;
+    while off < words {
+        let n = chunk.min(words - off);
+        b.write_u32(&src, off, &pattern[..n])?;
+        off += n;
+    }
+    Ok(src)
+}
+
+/// The ceiling's kernel over `size` bytes a call, as an op is timed: calls
+/// rotate over enough buffers to cover the budget's rotation bytes, so each
+/// call reads from memory rather than cache.
+fn sized_stream(
+    b: &WgpuBackend,
+    budget: &Budget,
+    size: u64,
+    sink: &WgpuBuffer,
+) -> Result<SizedStream> {
+    let size = size.min(b.max_stream_bytes()).max(16) & !15;
+    let sets = (budget.rotate_bytes.div_ceil(size) as usize).clamp(2, budget.max_sets.max(2));
+    let bufs = (0..sets)
+        .map(|_| stream_buffer(b, (size / 4) as usize))
+        .collect::<Result<Vec<_>>>()?;
+    let mut call = |i: usize| b.stream_read(&bufs[i % sets], sink);
+    call(0)?;
+    b.sync()?;
+    let t = Instant::now();
+    for i in 0..sets {
+        call(i)?;
+    }
+    b.sync()?;
+    let once = t.elapsed().as_secs_f64() / sets as f64;
+    let reps =
+        ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps.max(3), budget.max_reps);
+    warm_up(b, budget, once, &mut call)?;
+    let (samples, _) = b.time(reps, budget, &mut call)?;
+    Ok(SizedStream {
+        bytes: size,
+        sets,
+        stats: Stats::of(&samples),
+    })
 }
 
 /// The rotation sets' inputs (one list per set) and the one set of outputs

@@ -121,6 +121,13 @@ fn budgets(a: &Args) -> (Budget, Budget) {
         rotate_bytes: if a.quick { 4 << 20 } else { 256 << 20 },
         max_sets: if a.quick { 4 } else { 128 },
         ceiling_bytes: mib,
+        // Single ops' sizes: the MoE decode phases read 32 and 64 MB, the
+        // per-layer GEMVs 23-52 MB, attention at 8K 4-17 MB.
+        stream_sizes: if a.quick {
+            &[1 << 20, 2 << 20]
+        } else {
+            &[8 << 20, 16 << 20, 32 << 20, 64 << 20, 128 << 20]
+        },
         wall_clock: a.wall_clock,
         // GPUs idle at low clocks between cases (the H200 at 345 MHz): a
         // short case measured cold ran 4x slow. Keep the device busy first:
@@ -136,6 +143,7 @@ fn budgets(a: &Args) -> (Budget, Budget) {
         rotate_bytes: if a.quick { 4 << 20 } else { 256 << 20 },
         max_sets: 4,
         ceiling_bytes: mib,
+        stream_sizes: &[],
         wall_clock: true,
         warmup_seconds: 0.0,
     };

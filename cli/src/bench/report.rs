@@ -163,6 +163,28 @@ impl Report<'_> {
                 i.driver,
                 ceiling
             );
+            if let Ok(c) = &r.ceiling {
+                if !c.at_sizes.is_empty() {
+                    let sizes: Vec<String> = c
+                        .at_sizes
+                        .iter()
+                        .map(|z| {
+                            format!(
+                                "{} MiB {} ({:.0} GB/s, {:.0}%)",
+                                z.bytes >> 20,
+                                fmt_time(z.stats.median),
+                                z.gbps(),
+                                100.0 * z.gbps() / c.gbps()
+                            )
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        s,
+                        "        the same kernel at op sizes, one dependent dispatch a call: {}",
+                        sizes.join(", ")
+                    );
+                }
+            }
         }
         for n in self.notes {
             let _ = writeln!(s, "  note: {n}");
@@ -292,6 +314,13 @@ impl Report<'_> {
                             "timing": stats_json(&c.stats),
                             "method": c.method,
                             "how": c.how,
+                            "at_sizes": c.at_sizes.iter().map(|z| json!({
+                                "bytes": z.bytes,
+                                "sets": z.sets,
+                                "gbps": z.gbps(),
+                                "pct_of_ceiling": 100.0 * z.gbps() / c.gbps(),
+                                "timing": stats_json(&z.stats),
+                            })).collect::<Vec<_>>(),
                         }),
                         Err(e) => json!({ "status": "failed", "error": e }),
                     },
