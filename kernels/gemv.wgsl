@@ -4,9 +4,12 @@
 // vec4<u32> (8 weights, 16 bytes) per load, consecutive threads on
 // consecutive 16-byte blocks, with plain scalar accumulators (no arrays that
 // could spill); 256 / RL rows per workgroup, reduced in workgroup memory (no
-// subgroup operations). A lane's loads come back one pair per round trip:
-// the launcher gives short weights (o_proj, 2816 rows) 64 lanes a row, whose
-// few workgroups cannot hide a longer chain; q|k|v and the LM head keep 32.
+// subgroup operations). The blocks per row (BK = k / 8) are compiled in, so
+// a lane's loop has a constant trip count and the driver issues all of its
+// loads before the first returns (as kernels/moe_decode.wgsl does; with k a
+// parameter, a lane's loads came back one pair per round trip). The
+// launcher gives short weights (o_proj, 2816 rows) 64 lanes a row, q|k|v
+// and the LM head 32.
 
 struct Params {
     n: u32,
@@ -36,28 +39,23 @@ fn dot8(w: vec4<u32>, i: u32) -> f32 {
     return dot(vec4<f32>(a, b), x0) + dot(vec4<f32>(c, d), x1);
 }
 
+override BK: u32 = 352u;
+
 @compute @workgroup_size(256)
 fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
     let lane = t % RL;
     let r = linear_group(wg, nwg) * (256u / RL) + t / RL;
-    let blocks = P.k / 8u;
     var acc = 0.0;
     if (r < P.rows) {
-        let base = r * blocks;
-        // Two independent accumulators keep two loads in flight per thread.
-        var acc2 = 0.0;
-        var i = lane;
-        for (; i + RL < blocks; i += 2u * RL) {
-            let w0 = W[base + i];
-            let w1 = W[base + i + RL];
-            acc += dot8(w0, i);
-            acc2 += dot8(w1, i + RL);
+        let base = r * BK;
+        // A lane's last block past the row rereads its last block, dropped
+        // by the select (no branch between the loads).
+        for (var c = 0u; c < (BK + RL - 1u) / RL; c++) {
+            let b = lane + c * RL;
+            let bb = min(b, BK - 1u);
+            acc += select(0.0, dot8(W[base + bb], bb), b < BK);
         }
-        if (i < blocks) {
-            acc += dot8(W[base + i], i);
-        }
-        acc += acc2;
     }
     part[t] = acc;
     workgroupBarrier();

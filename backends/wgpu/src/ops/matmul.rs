@@ -154,7 +154,11 @@ fn gemv(
             1
         };
         let lanes = gemv_lanes(rows);
-        let one = [super::wdtype(w.dtype)[0], ("RL", lanes as i64)];
+        let one = [
+            super::wdtype(w.dtype)[0],
+            ("RL", lanes as i64),
+            ("BK", (p.k / 8) as i64),
+        ];
         let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
         let (entry, constants, per_group) = if p.m == 1 {
             ("gemv", &one[..], 256 / lanes)
