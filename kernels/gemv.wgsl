@@ -4,12 +4,14 @@
 // vec4<u32> (8 weights, 16 bytes) per load, consecutive threads on
 // consecutive 16-byte blocks, with plain scalar accumulators (no arrays that
 // could spill); 256 / RL rows per workgroup, reduced in workgroup memory (no
-// subgroup operations). The blocks per row (BK = k / 8) are compiled in, so
-// a lane's loop has a constant trip count and the driver issues all of its
-// loads before the first returns (as kernels/moe_decode.wgsl does; with k a
-// parameter, a lane's loads came back one pair per round trip). The
-// launcher gives short weights (o_proj, 2816 rows) 64 lanes a row, q|k|v
-// and the LM head 32.
+// subgroup operations). The launcher gives short weights (o_proj, 2816
+// rows) 64 lanes a row and compiles in their blocks per row (GBK = k / 8),
+// so a lane's loop has a constant trip count and the driver issues all of
+// its loads before the first returns (as kernels/moe_decode.wgsl does).
+// q|k|v and the LM head keep 32 lanes and k a parameter (GBK = 0): their
+// loads come back a pair per round trip, which on the H200 was faster for
+// them than the constant loop (q_proj full 14.7 against 17.2 us; o_proj
+// 15.8 -> 15.5, k_proj 7.2 -> 6.7 with it; BENCHMARKS.md, twelfth session).
 
 struct Params {
     n: u32,
@@ -39,7 +41,7 @@ fn dot8(w: vec4<u32>, i: u32) -> f32 {
     return dot(vec4<f32>(a, b), x0) + dot(vec4<f32>(c, d), x1);
 }
 
-override BK: u32 = 352u;
+override GBK: u32 = 0u;
 
 @compute @workgroup_size(256)
 fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -47,15 +49,33 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let lane = t % RL;
     let r = linear_group(wg, nwg) * (256u / RL) + t / RL;
     var acc = 0.0;
-    if (r < P.rows) {
-        let base = r * BK;
-        // A lane's last block past the row rereads its last block, dropped
-        // by the select (no branch between the loads).
-        for (var c = 0u; c < (BK + RL - 1u) / RL; c++) {
+    if (r < P.rows && GBK > 0u) {
+        let base = r * GBK;
+        // A lane's last block past the row rereads the row's last block,
+        // dropped by the select (no branch between the loads).
+        for (var c = 0u; c < (GBK + RL - 1u) / RL; c++) {
             let b = lane + c * RL;
-            let bb = min(b, BK - 1u);
-            acc += select(0.0, dot8(W[base + bb], bb), b < BK);
+            // (max: GBK - 1 with GBK = 0 would overflow at pipeline creation,
+            // though this branch is then dead)
+            let bb = min(b, max(GBK, 1u) - 1u);
+            acc += select(0.0, dot8(W[base + bb], bb), b < GBK);
         }
+    } else if (r < P.rows) {
+        let blocks = P.k / 8u;
+        let base = r * blocks;
+        // Two independent accumulators keep two loads in flight per thread.
+        var acc2 = 0.0;
+        var i = lane;
+        for (; i + RL < blocks; i += 2u * RL) {
+            let w0 = W[base + i];
+            let w1 = W[base + i + RL];
+            acc += dot8(w0, i);
+            acc2 += dot8(w1, i + RL);
+        }
+        if (i < blocks) {
+            acc += dot8(W[base + i], i);
+        }
+        acc += acc2;
     }
     part[t] = acc;
     workgroupBarrier();

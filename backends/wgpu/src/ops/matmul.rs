@@ -157,7 +157,8 @@ fn gemv(
         let one = [
             super::wdtype(w.dtype)[0],
             ("RL", lanes as i64),
-            ("BK", (p.k / 8) as i64),
+            // a constant trip count for short weights only (kernels/gemv.wgsl)
+            ("GBK", if lanes == 64 { (p.k / 8) as i64 } else { 0 }),
         ];
         let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
         let (entry, constants, per_group) = if p.m == 1 {
