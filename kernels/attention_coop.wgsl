@@ -37,9 +37,12 @@ enable wgpu_cooperative_matrix;
 //
 // Masking: key j counts for row t iff lo(t) <= j <= pos(t) (key_range,
 // kernels/attention_keys.wgsl); a masked score takes no part and its
-// probability is 0. Scratch rows past the batch's keys are written as zeros,
-// so the fragment loads of a step that runs past the last key read finite
-// values.
+// probability is 0. The K / V scratch mirrors the cache slot for slot
+// (key j at row j % capacity, whatever the positions), with 16 rows past
+// the ring repeating slots 0-15, so a step's 16 rows are contiguous where
+// it wraps. The prep converts the slots of the batch's keys (the union of
+// its rows' ranges) and zeroes up to 16 free slots after them, so that a
+// step that runs past the last key reads finite values.
 
 struct Params {
     m: u32,
@@ -52,8 +55,8 @@ struct Params {
     scale: f32,
     // Q16 rows: m rounded up to 16, times heads.
     qrows: u32,
-    // K16 / V16 rows per kv head: the batch's key span at most (capacity +
-    // m), plus 16 of zeros and 16 that a step ahead may read.
+    // K16 / V16 rows per kv head: capacity, then 16 mirror rows (slots
+    // 0-15 again).
     kvrows: u32,
     // Row blocks of 16 and query head blocks of NSG per kv head.
     nrb: u32,
@@ -68,12 +71,11 @@ struct Params {
 @group(1) @binding(3) var<storage, read> VC: array<vec4<f32>>;
 // [t][head][d] for t < qrows / heads (rows past m are zeros).
 @group(1) @binding(4) var<storage, read_write> Q16: array<f16>;
-// [kv head][key - span start][d].
+// [kv head][cache slot, then the 16 mirror rows][d].
 @group(1) @binding(5) var<storage, read_write> K16: array<f16>;
 @group(1) @binding(6) var<storage, read_write> V16: array<f16>;
-// [0]: the span's first key, [1]: its length (u32 bits); then the Q rows'
-// inverse scales (qrows), the K rows' (kv_heads * kvrows) and the V rows'
-// probability factors (kv_heads * kvrows).
+// The Q rows' inverse scales (qrows), the K rows' (kv_heads * kvrows) and
+// the V rows' probability factors (kv_heads * kvrows).
 @group(1) @binding(7) var<storage, read_write> SC: array<f32>;
 // [m][heads][d].
 @group(1) @binding(8) var<storage, read_write> OUT: array<f32>;
@@ -84,11 +86,11 @@ const NEG: f32 = -3.0e38;
 // key_range: kernels/attention_keys.wgsl.
 
 fn k_scale_at(g: u32, i: u32) -> u32 {
-    return 2u + P.qrows + g * P.kvrows + i;
+    return P.qrows + g * P.kvrows + i;
 }
 
 fn v_factor_at(g: u32, i: u32) -> u32 {
-    return 2u + P.qrows + (P.kv_heads + g) * P.kvrows + i;
+    return P.qrows + (P.kv_heads + g) * P.kvrows + i;
 }
 
 // ---- attn_coop_prep ----
@@ -121,7 +123,9 @@ fn batch_span(lid: u32) -> vec2<u32> {
 }
 
 // Eight rows per workgroup, a warp per row: Q rows (qrows), then K rows and
-// V rows (kv_heads * kvrows each).
+// V rows (kv_heads * kvrows each). A K / V warp's row i is the i-th key of
+// the batch's union [lo, hi) (or, past it, one of the zeroed slots after
+// it), written at its cache slot and, for slots 0-15, at its mirror row.
 @compute @workgroup_size(256)
 fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -141,17 +145,21 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     if (r0 >= P.qrows) {
         span = batch_span(lid);
     }
-    let len = span.y - span.x;
-    if (r0 == P.qrows && lid == 0u) {
-        SC[0] = bitcast<f32>(span.x);
-        SC[1] = bitcast<f32>(len);
-    }
+    // The union's keys, each slot once (positions spread wider than the
+    // cache share slots), then as many zeroed slots after it as are free.
+    let keys = min(span.y - span.x, P.capacity);
+    let after = min(16u, P.capacity - keys);
     // kind 0: Q, 1: K, 2: V; `src` the source row's first vec4, `on`
-    // whether it exists (else the row is zeros), `dst` the scratch row.
+    // whether it exists (else the row is zeros), `dst` the scratch row (a K
+    // / V row's slot within its kv head: `g`, `slot`), and `mirror` whether
+    // it is written again 16 rows past the ring's end.
     var kind = 0u;
     var on = false;
     var src = 0u;
     var dst = r;
+    var g = 0u;
+    var slot = 0u;
+    var mirror = false;
     var write = r < P.qrows + 2u * kvn;
     if (r < P.qrows) {
         let t = r / P.heads;
@@ -160,14 +168,15 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     } else if (write) {
         let r2 = r - P.qrows;
         kind = 1u + r2 / kvn;
-        dst = r2 % kvn;
-        let g = dst / P.kvrows;
-        let i = dst % P.kvrows;
-        on = i < len;
-        // (past the span's zero rows nothing is read or written)
-        write = i < len + 16u;
-        let slot = (span.x + i) % P.capacity;
+        g = (r2 % kvn) / P.kvrows;
+        let i = (r2 % kvn) % P.kvrows;
+        on = i < keys;
+        // (past the zeroed slots nothing is read or written)
+        write = i < keys + after;
+        slot = (span.x + i) % P.capacity;
         src = (g * P.capacity + slot) * d4;
+        dst = g * P.kvrows + slot;
+        mirror = slot < 16u;
     }
     var a: array<vec4<f32>, 4>;
     var mx = 0.0;
@@ -206,12 +215,12 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         sc = 1.0;
         inv = 1.0;
     }
-    let o = dst * P.d;
-    for (var u = 0u; u < 4u; u++) {
-        let c = lane + 32u * u;
-        if (c < d4) {
-            let h = vec4<f16>(nearest_half4(a[u] * sc));
-            let i = o + 4u * c;
+    for (var u = 0u; u < 8u; u++) {
+        // (u >= 4: the mirror row's copy of column u - 4)
+        let c = lane + 32u * (u % 4u);
+        if (c < d4 && (u < 4u || mirror)) {
+            let h = vec4<f16>(nearest_half4(a[u % 4u] * sc));
+            let i = (dst + select(0u, P.capacity, u >= 4u)) * P.d + 4u * c;
             if (kind == 0u) {
                 Q16[i] = h.x;
                 Q16[i + 1u] = h.y;
@@ -232,11 +241,13 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
     if (lane == 0u) {
         if (kind == 0u) {
-            SC[2u + r] = inv;
+            SC[r] = inv;
         } else {
-            let g = dst / P.kvrows;
-            let i = dst % P.kvrows;
-            SC[select(v_factor_at(g, i), k_scale_at(g, i), kind == 1u)] = inv;
+            SC[select(v_factor_at(g, slot), k_scale_at(g, slot), kind == 1u)] = inv;
+            if (mirror) {
+                let sm = slot + P.capacity;
+                SC[select(v_factor_at(g, sm), k_scale_at(g, sm), kind == 1u)] = inv;
+            }
         }
     }
 }
@@ -334,7 +345,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     if (lid < NSG * 16u) {
         let s2 = lid / 16u;
         let h2 = g * P.group + min(hb * NSG + s2, P.group - 1u);
-        cqi[lid] = SC[2u + (t0 + lid % 16u) * P.heads + h2] * P.scale;
+        cqi[lid] = SC[(t0 + lid % 16u) * P.heads + h2] * P.scale;
     }
     workgroupBarrier();
     if (lid == 0u) {
@@ -347,12 +358,11 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
                 hi = max(hi, rg.y);
             }
         }
-        cspan = vec4<u32>(lo, max(lo, hi), bitcast<u32>(SC[0]), 0u);
+        cspan = vec4<u32>(lo, max(lo, hi), 0u, 0u);
     }
     let span = workgroupUniformLoad(&cspan);
     let klo = span.x;
     let khi = span.y;
-    let s0 = span.z;
 
     // This warp's queries: rows t0.., head h, dims dc * DW .. + DW.
     let qs = d * P.heads;
@@ -390,11 +400,13 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         q7 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi7], qs);
     }
     let cb = warp * 256u;
-    // Key step kb's first scratch row for this warp's dims (every fragment
+    // Key step kb's first scratch element for this warp's dims is
+    // (g * kvrows + kb % capacity) * d + dc * DW: its slot's row, the
+    // step's 16 rows contiguous through the mirror rows (every fragment
     // index a `let`: naga's SPIR-V writer needs it emitted before the
     // cooperative load takes it).
-    let kr0 = (g * P.kvrows + klo - s0) * d + dc * DW;
-    let kstep = 16u * d;
+    let kg = g * P.kvrows;
+    let kr0 = (kg + klo % P.capacity) * d + dc * DW;
 
     // Pass 1: each row's max and sum of exp. Thread (slot, row, part) keeps
     // a running max and sum over its part of every step's keys (TPR parts
@@ -439,7 +451,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     if (DW > 64u) {
         k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
     }
-    var kscale = key_scale(g, klo - s0, lid);
+    var kscale = key_scale(g, klo % P.capacity, lid);
     for (var kb = klo; kb < khi; kb += 16u) {
         var s = coop_mat16x16<f32, C>();
         s = coopMultiplyAdd(q0, k0, s);
@@ -459,7 +471,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
             s = coopMultiplyAdd(q7, k7, s);
         }
         // The next step's (past the last key: rows never used).
-        let kn = kr0 + (kb + 16u - klo) * d;
+        let kn = (kg + (kb + 16u) % P.capacity) * d + dc * DW;
         let kn0 = kn;
         let kn1 = kn + 16u;
         let kn2 = kn + 32u;
@@ -487,7 +499,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         if (lid < 32u) {
             ckey[lid] = kscale;
         }
-        kscale = key_scale(g, kb + 16u - s0, lid);
+        kscale = key_scale(g, (kb + 16u) % P.capacity, lid);
         coopStoreT(s, &csp[cb], 16u);
         workgroupBarrier();
         let s2 = srow / 16u;
@@ -561,11 +573,11 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     var v5: coop_mat16x16<f16, B>;
     var v6: coop_mat16x16<f16, B>;
     var v7: coop_mat16x16<f16, B>;
-    kscale = key_scale(g, klo - s0, lid);
+    kscale = key_scale(g, klo % P.capacity, lid);
     for (var kb = klo; kb < khi; kb += 16u) {
         // This step's V (row-major), issued before S so that its loads
         // overlap the scores and the softmax.
-        let vr = kr0 + (kb - klo) * d;
+        let vr = (kg + kb % P.capacity) * d + dc * DW;
         let vi0 = vr;
         let vi1 = vr + 16u;
         let vi2 = vr + 32u;
@@ -607,7 +619,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         if (DW > 64u) {
             s = coopMultiplyAdd(q7, k7, s);
         }
-        let kn = vr + kstep;
+        let kn = (kg + (kb + 16u) % P.capacity) * d + dc * DW;
         let kn0 = kn;
         let kn1 = kn + 16u;
         let kn2 = kn + 32u;
@@ -635,7 +647,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         if (lid < 32u) {
             ckey[lid] = kscale;
         }
-        kscale = key_scale(g, kb + 16u - s0, lid);
+        kscale = key_scale(g, (kb + 16u) % P.capacity, lid);
         coopStoreT(s, &csp[cb], 16u);
         workgroupBarrier();
         for (var e = lid; e < NSG * 256u; e += WG) {

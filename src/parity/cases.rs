@@ -230,6 +230,7 @@ fn kv_append() -> Vec<Op> {
 fn attention(full: bool) -> Vec<Op> {
     let c = |m, heads, kv_heads, head_dim, capacity, window, pos0| Op::Attention {
         large_values: false,
+        stride: 1,
         p: Attention {
             m,
             heads,
@@ -290,7 +291,22 @@ fn attention(full: bool) -> Vec<Op> {
             v.push(Op::Attention {
                 p,
                 pos0,
+                stride: 1,
                 large_values: true,
+            });
+        }
+    }
+    // Rows far apart (positions 40 apart, a 32-key window over a 64-slot
+    // cache): their keys span more than the cache and share its slots, as
+    // the cache's own keys do; the tensor-core prefill's scratch is indexed
+    // by slot.
+    for (heads, kv_heads, head_dim) in [(4, 2, 256), (8, 2, 128)] {
+        if let Op::Attention { p, .. } = c(20, heads, kv_heads, head_dim, 64, 32, 70) {
+            v.push(Op::Attention {
+                p,
+                pos0: 70,
+                stride: 40,
+                large_values: false,
             });
         }
     }

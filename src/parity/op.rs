@@ -77,13 +77,16 @@ pub enum Op {
         p: KvAppend,
         pos0: usize,
     },
-    /// m queries at positions `pos0..pos0+m` over random full caches.
+    /// m queries at positions `pos0 + t * stride` over random full caches
+    /// (stride 1: consecutive, as the decoder's; wider, rows whose keys
+    /// span more than the cache, sharing its slots).
     /// `large_values`: every seventh value row is scaled by 2^17, past
     /// f16's range (the tensor-core attention scales such rows down and
     /// their probabilities up, `turbospark::GemmRounding`).
     Attention {
         p: Attention,
         pos0: usize,
+        stride: usize,
         large_values: bool,
     },
     Add {
@@ -300,15 +303,21 @@ impl Op {
             Op::Attention {
                 p,
                 pos0,
+                stride,
                 large_values,
             } => format!(
-                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0}{})",
+                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0}{}{})",
                 p.m,
                 p.heads,
                 p.kv_heads,
                 p.head_dim,
                 p.capacity,
                 p.window,
+                if *stride == 1 {
+                    String::new()
+                } else {
+                    format!(",stride={stride}")
+                },
                 if *large_values { ",large_values" } else { "" }
             ),
             Op::Add { n } => format!("{f}(n={n})"),
@@ -524,6 +533,7 @@ impl Op {
             Op::Attention {
                 p,
                 pos0,
+                stride,
                 large_values,
             } => {
                 let cache = p.capacity * p.kv_heads * p.head_dim;
@@ -537,7 +547,7 @@ impl Op {
                     HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 0.25)),
                     HostTensor::F32(rng.vec_normal(cache, 0.25)),
                     HostTensor::F32(v),
-                    HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
+                    HostTensor::U32((0..p.m).map(|i| (pos0 + i * stride) as u32).collect()),
                 ]
             }
             Op::Add { n } => vec![

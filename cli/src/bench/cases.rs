@@ -245,6 +245,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     p: sliding,
                     pos0: ctx - m,
                     large_values: false,
+                    stride: 1,
                 },
                 m,
             );
@@ -266,6 +267,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     p: full,
                     pos0: ctx - m,
                     large_values: false,
+                    stride: 1,
                 },
                 m,
             );
@@ -462,6 +464,7 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                 },
                 pos0: 0,
                 large_values: false,
+                stride: 1,
             },
         ),
         (
@@ -479,6 +482,7 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                 },
                 pos0: 0,
                 large_values: false,
+                stride: 1,
             },
         ),
     ];
@@ -541,6 +545,7 @@ fn fused_attention(op: &Op) -> Option<Op> {
         p: p.attention(*window, 1.0),
         pos0: *pos0,
         large_values: false,
+        stride: 1,
     })
 }
 
@@ -763,6 +768,7 @@ mod tests {
             },
             pos0: 0,
             large_values: false,
+            stride: 1,
         };
         assert_eq!(flops(&attn), Some(2 * 2 * 5 * 4 * 8));
         // qkv_post then attention: the attention's products.

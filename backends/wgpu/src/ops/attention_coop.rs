@@ -16,10 +16,10 @@ use crate::{WgpuBackend, WgpuBuffer};
 
 /// Query rows a workgroup takes (a fragment's rows).
 const ROWS: usize = 16;
-/// Rows past the batch's keys in the K / V scratch: a step of 16 keys that
-/// runs past the last one reads zeros there (the prep writes 16), and the
-/// next step's keys, loaded a step ahead and never used, 16 more.
-const KEY_PAD: usize = 32;
+/// Rows past the cache's slots in the K / V scratch, which mirrors the
+/// cache slot for slot: slots 0-15 again, so that a step of 16 keys that
+/// wraps round the ring reads contiguous rows.
+const MIRROR_ROWS: usize = 16;
 /// Rows `attn_coop_prep` converts per workgroup (a warp each).
 const PREP_ROWS: usize = 8;
 
@@ -82,13 +82,12 @@ pub(crate) fn attention(
     let d = p.head_dim;
     let group = p.heads / p.kv_heads;
     let qrows = p.m.div_ceil(ROWS) * ROWS * p.heads;
-    // The batch's keys span at most capacity + m - 1 when its positions are
-    // consecutive (each row sees at most the cache's capacity), as the
-    // decoder's are. Positions spread wider overrun this scratch: a known
-    // limit, docs/decisions.md (eleventh session) has the fix.
-    let kvrows = p.capacity + p.m + KEY_PAD;
+    // Indexed by cache slot, so bounded by the cache whatever the positions
+    // (the batch's keys may span more than the cache when they are not
+    // consecutive: such keys share slots, as they do in the cache).
+    let kvrows = p.capacity + MIRROR_ROWS;
     let kv_elems = p.kv_heads * kvrows * d;
-    let sc_elems = 2 + qrows + 2 * p.kv_heads * kvrows;
+    let sc_elems = qrows + 2 * p.kv_heads * kvrows;
     // (a scratch past the device's binding is `Error::DeviceLimit`, naming
     // it, before anything is recorded: the rounding rule promised the
     // rounding, so there is no fallback; f16 indices stay within u32, as a
