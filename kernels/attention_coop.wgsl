@@ -215,27 +215,35 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         sc = 1.0;
         inv = 1.0;
     }
-    for (var u = 0u; u < 8u; u++) {
-        // (u >= 4: the mirror row's copy of column u - 4)
-        let c = lane + 32u * (u % 4u);
-        if (c < d4 && (u < 4u || mirror)) {
-            let h = vec4<f16>(nearest_half4(a[u % 4u] * sc));
-            let i = (dst + select(0u, P.capacity, u >= 4u)) * P.d + 4u * c;
-            if (kind == 0u) {
-                Q16[i] = h.x;
-                Q16[i + 1u] = h.y;
-                Q16[i + 2u] = h.z;
-                Q16[i + 3u] = h.w;
-            } else if (kind == 1u) {
-                K16[i] = h.x;
-                K16[i + 1u] = h.y;
-                K16[i + 2u] = h.z;
-                K16[i + 3u] = h.w;
-            } else {
-                V16[i] = h.x;
-                V16[i + 1u] = h.y;
-                V16[i + 2u] = h.z;
-                V16[i + 3u] = h.w;
+    // The row, then (w = 1) its mirror copy; `a` indexed by the inner
+    // loop's variable alone, a 4-trip loop the driver unrolls (an index
+    // it cannot resolve would put `a` in local memory).
+    for (var w = 0u; w < 2u; w++) {
+        if (w == 1u && !mirror) {
+            break;
+        }
+        let o = (dst + w * P.capacity) * P.d;
+        for (var u = 0u; u < 4u; u++) {
+            let c = lane + 32u * u;
+            if (c < d4) {
+                let h = vec4<f16>(nearest_half4(a[u] * sc));
+                let i = o + 4u * c;
+                if (kind == 0u) {
+                    Q16[i] = h.x;
+                    Q16[i + 1u] = h.y;
+                    Q16[i + 2u] = h.z;
+                    Q16[i + 3u] = h.w;
+                } else if (kind == 1u) {
+                    K16[i] = h.x;
+                    K16[i + 1u] = h.y;
+                    K16[i + 2u] = h.z;
+                    K16[i + 3u] = h.w;
+                } else {
+                    V16[i] = h.x;
+                    V16[i + 1u] = h.y;
+                    V16[i + 2u] = h.z;
+                    V16[i + 3u] = h.w;
+                }
             }
         }
     }
