@@ -4,14 +4,14 @@
 // vec4<u32> (8 weights, 16 bytes) per load, consecutive threads on
 // consecutive 16-byte blocks, with plain scalar accumulators (no arrays that
 // could spill); 256 / RL rows per workgroup, reduced in workgroup memory (no
-// subgroup operations). The launcher gives short weights (o_proj, 2816
-// rows) 64 lanes a row and compiles in their blocks per row (GBK = k / 8),
-// so a lane's loop has a constant trip count and the driver issues all of
-// its loads before the first returns (as kernels/moe_decode.wgsl does).
-// q|k|v and the LM head keep 32 lanes and k a parameter (GBK = 0): their
-// loads come back a pair per round trip, which on the H200 was faster for
-// them than the constant loop (q_proj full 14.7 against 17.2 us; o_proj
-// 15.8 -> 15.5, k_proj 7.2 -> 6.7 with it; BENCHMARKS.md, twelfth session).
+// subgroup operations). The launcher gives short weights (up to 4096
+// rows) 64 lanes a row, the rest 32; for weights of at most 2816 rows
+// (o_proj, k_proj) it compiles in the blocks per row (GBK = k / 8), so a
+// lane's loop has a constant trip count and the driver issues all of its
+// loads before the first returns (as kernels/moe_decode.wgsl does). The
+// others keep k a parameter (GBK = 0), their loads coming back a pair per
+// round trip, which on the H200 was faster for them (q_proj sliding 9.3
+// against 10.6 us, full 14.7 against 17.2; BENCHMARKS.md, twelfth session).
 
 struct Params {
     n: u32,

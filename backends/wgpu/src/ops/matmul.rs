@@ -111,6 +111,12 @@ const GEMV_ROWS: u32 = 8;
 const GEMV_WIDE_ROWS: usize = 4096;
 /// Weight rows up to which `gemv` gives a row 64 lanes (`gemv_lanes`).
 const GEMV_SHORT_ROWS: usize = 4096;
+/// Weight rows up to which `gemv` compiles in the blocks per row (its
+/// `GBK`: a constant trip count). On the H200 (twelfth session, run 03):
+/// o_proj sliding / full (2816 rows) 9.9 / 15.8 -> 9.5 / 15.5 us and k_proj
+/// (2048) 7.2 -> 6.7 with it, q_proj sliding (4096, also 64 lanes) 9.3 ->
+/// 10.6 and q_proj full (8192, 32 lanes) 14.7 -> 17.2.
+const GEMV_FIXED_ROWS: usize = 2816;
 
 /// Threads per weight row of `gemv` (its `RL`): 64 for short weights, whose
 /// few workgroups cannot hide a lane's chain of round trips, 32 for the
@@ -158,7 +164,7 @@ fn gemv(
             super::wdtype(w.dtype)[0],
             ("RL", lanes as i64),
             // a constant trip count for short weights only (kernels/gemv.wgsl)
-            ("GBK", if lanes == 64 { (p.k / 8) as i64 } else { 0 }),
+            ("GBK", if rows <= GEMV_FIXED_ROWS { (p.k / 8) as i64 } else { 0 }),
         ];
         let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
         let (entry, constants, per_group) = if p.m == 1 {
