@@ -83,6 +83,7 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     let cases = v["cases"].as_array().expect("cases");
     assert!(cases.len() >= 40, "{} cases", cases.len());
     let mut measured = 0;
+    let mut with_stream = 0;
     for c in cases {
         let label = c["label"].as_str().expect("label");
         assert!(stdout.contains(label), "{label} missing from the table");
@@ -95,6 +96,14 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
                 check_timing(&r["timing"], label);
                 positive(&r["gbps"], &format!("{label} gbps"));
                 positive(&r["pct_of_ceiling"], &format!("{label} % of ceiling"));
+                // Against the ceiling's kernel at the next measured size up,
+                // where one was measured (the GPU's, for sizes it covers).
+                let s = &r["pct_of_stream_at_size"];
+                if !s.is_null() {
+                    positive(&s["pct"], &format!("{label} % of stream"));
+                    positive(&s["stream_bytes"], &format!("{label} stream bytes"));
+                    with_stream += 1;
+                }
                 assert!(r["method"].as_str().is_some(), "{label}: {r}");
                 // When the timing began, to the millisecond, and the
                 // warm-up's length (none in quick mode, so settled).
@@ -120,6 +129,11 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
             _ => panic!("{backend} {label}: {r}"),
         }
     }
+    assert_eq!(
+        with_stream > 0,
+        backend == "wgpu",
+        "{with_stream} cases against a stream"
+    );
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     // End to end on the tiny synthetic model: every figure present and positive.
     let runs = v["end_to_end"]["runs"].as_array().expect("end-to-end runs");

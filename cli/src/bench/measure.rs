@@ -90,6 +90,23 @@ impl Ceiling {
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.stats.median / 1e9
     }
+
+    /// The streaming kernel at an op of `bytes`: the smallest measured size
+    /// at or above it. An op reads less than that stream, so its share of
+    /// the stream's rate is a lower bound on how close it is to what one
+    /// dispatch of its size can reach. `None` past the largest size (the
+    /// ceiling itself is then the measure) and under an eighth of the
+    /// smallest (the dispatch's fixed cost is all there is to see).
+    pub fn stream_at(&self, bytes: u64) -> Option<&SizedStream> {
+        let smallest = self.at_sizes.iter().map(|z| z.bytes).min()?;
+        if bytes < smallest / 8 {
+            return None;
+        }
+        self.at_sizes
+            .iter()
+            .filter(|z| z.bytes >= bytes)
+            .min_by_key(|z| z.bytes)
+    }
 }
 
 /// Repetition budget of one case on one backend.
@@ -468,5 +485,44 @@ pub fn run_case<B: Bench>(b: &B, case: &Case, host: &HostSets, budget: &Budget) 
         },
         Err(Error::Unsupported { reason, .. }) => Outcome::Unsupported(reason),
         Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ceiling_with(sizes: &[u64]) -> Ceiling {
+        Ceiling {
+            bytes: 1 << 30,
+            stats: Stats::of(&[1e-3, 1e-3, 1e-3]),
+            method: "test",
+            how: String::new(),
+            at_sizes: sizes
+                .iter()
+                .map(|&b| SizedStream {
+                    bytes: b,
+                    sets: 2,
+                    stats: Stats::of(&[1e-5, 1e-5, 1e-5]),
+                })
+                .collect(),
+        }
+    }
+
+    /// An op is held to the smallest measured stream at least its size;
+    /// none past the largest, under an eighth of the smallest, or where
+    /// nothing was measured at op sizes (the CPU reference).
+    #[test]
+    fn stream_at_takes_the_next_size_up() {
+        let mib = 1u64 << 20;
+        let c = ceiling_with(&[32 * mib, 8 * mib, 64 * mib]);
+        let at = |b: u64| c.stream_at(b).map(|z| z.bytes / mib);
+        assert_eq!(at(31_753_000), Some(32));
+        assert_eq!(at(32 * mib), Some(32));
+        assert_eq!(at(32 * mib + 1), Some(64));
+        assert_eq!(at(2 * mib), Some(8));
+        assert_eq!(at(mib - 1), None);
+        assert_eq!(at(64 * mib + 1), None);
+        assert!(ceiling_with(&[]).stream_at(32 * mib).is_none());
     }
 }

@@ -134,6 +134,10 @@ impl Report<'_> {
         r.ceiling.as_ref().ok().map(|c| c.gbps())
     }
 
+    fn stream_at<'r>(&self, r: &'r Run, bytes: u64) -> Option<&'r super::measure::SizedStream> {
+        r.ceiling.as_ref().ok().and_then(|c| c.stream_at(bytes))
+    }
+
     fn header(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(
@@ -227,6 +231,13 @@ impl Report<'_> {
                         }
                         // Prefill batches are bound by arithmetic, not bytes.
                         let prefill = case.m >= turbospark_wgpu::PREFILL_MIN_M;
+                        if let (Some(z), false) = (self.stream_at(r, bytes), prefill) {
+                            notes.push(format!(
+                                "{:.0}% of a bare stream of {} MiB",
+                                100.0 * g / z.gbps(),
+                                z.bytes >> 20
+                            ));
+                        }
                         if let (Some(fl), true) = (flops(&case.op), prefill) {
                             notes.push(fmt_flops(fl as f64 / stats.median));
                         }
@@ -351,6 +362,16 @@ impl Report<'_> {
                                 "gbps_p10_time": gbps(bytes, stats.p10),
                                 "gbps_p90_time": gbps(bytes, stats.p90),
                                 "pct_of_ceiling": self.ceiling_gbps(r).map(|c| 100.0 * g / c),
+                                // against the ceiling's kernel at the next
+                                // measured size up (`Ceiling::stream_at`)
+                                // (bandwidth-bound cases: under the prefill size)
+                                "pct_of_stream_at_size": (c.m < turbospark_wgpu::PREFILL_MIN_M)
+                                    .then(|| self.stream_at(r, bytes))
+                                    .flatten()
+                                    .map(|z| json!({
+                                    "pct": 100.0 * g / z.gbps(),
+                                    "stream_bytes": z.bytes,
+                                })),
                                 "tflops": flops(&c.op).map(|fl| fl as f64 / stats.median / 1e12),
                                 "method": method,
                                 "input_sets": sets,

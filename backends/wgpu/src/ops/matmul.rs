@@ -164,7 +164,14 @@ fn gemv(
             super::wdtype(w.dtype)[0],
             ("RL", lanes as i64),
             // a constant trip count for short weights only (kernels/gemv.wgsl)
-            ("GBK", if rows <= GEMV_FIXED_ROWS { (p.k / 8) as i64 } else { 0 }),
+            (
+                "GBK",
+                if rows <= GEMV_FIXED_ROWS {
+                    (p.k / 8) as i64
+                } else {
+                    0
+                },
+            ),
         ];
         let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
         let (entry, constants, per_group) = if p.m == 1 {
