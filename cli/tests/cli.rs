@@ -144,3 +144,26 @@ fn logits_writes_one_row_per_token() {
     assert_eq!(t.shape(), &[3, 512]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A bad synthetic model or layer cut fails before any case runs, naming it.
+#[test]
+fn bench_synthetic_errors_name_the_argument() {
+    let bench = |extra: &[&str]| {
+        let mut a = vec!["bench", "--backend", "cpu", "--quick", "--filter", "none"];
+        a.extend_from_slice(extra);
+        turbospark(&a)
+    };
+    fails_with(
+        &bench(&["--synthetic", "nosuch"]),
+        "unknown synthetic model \"nosuch\"",
+    );
+    fails_with(
+        &bench(&["--synthetic", "tiny", "--layers", "9"]),
+        "--layers 9: tiny has 3 decoder layers",
+    );
+    fails_with(
+        &bench(&["--synthetic", "tiny", "--layers", "0"]),
+        "--layers 0",
+    );
+    fails_with(&bench(&["--layers", "2"]), "pass --synthetic too");
+}

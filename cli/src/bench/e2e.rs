@@ -5,7 +5,9 @@
 
 use serde_json::{json, Value};
 use turbospark::model::synthetic::named_config;
-use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, SyntheticSource};
+use turbospark::model::{
+    GenerateOptions, Model, ModelConfig, ModelOptions, Sampling, SyntheticSource,
+};
 use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType};
 use turbospark_wgpu::WgpuBackend;
@@ -195,6 +197,23 @@ impl Counters for turbospark_cpu::CpuBackend {
     }
 }
 
+/// The synthetic model `name`'s config, cut to its first `layers` decoder
+/// layers where given (`--layers`): an unknown name or a cut past the
+/// model's layers is an error that names it.
+pub fn config(name: &str, layers: Option<usize>) -> turbospark::Result<ModelConfig> {
+    let mut cfg = named_config(name)?;
+    if let Some(n) = layers {
+        if n == 0 || n > cfg.layers.len() {
+            return Err(turbospark::Error::InvalidInput(format!(
+                "--layers {n}: {name} has {} decoder layers (keep 1 to {0})",
+                cfg.layers.len()
+            )));
+        }
+        cfg.layers.truncate(n);
+    }
+    Ok(cfg)
+}
+
 /// Load the synthetic model `name` on `backend`, then time a prefill of
 /// `--prompt-tokens` tokens (in batches of `--prefill-batch`) and
 /// `--decode-tokens` greedy tokens after it.
@@ -218,16 +237,7 @@ fn measure<B: ComputeBackend + Counters>(
 ) -> turbospark::Result<Value> {
     let (prompt_len, decode) = (args.prompt_tokens, args.decode_tokens);
     let (prefill_batch, seed) = (args.prefill_batch, args.seed);
-    let mut cfg = named_config(name)?;
-    if let Some(n) = args.layers {
-        if n == 0 || n > cfg.layers.len() {
-            return Err(turbospark::Error::InvalidInput(format!(
-                "--layers {n}: {name} has {} decoder layers (keep 1 to {0})",
-                cfg.layers.len()
-            )));
-        }
-        cfg.layers.truncate(n);
-    }
+    let cfg = config(name, args.layers)?;
     let device = backend.info().device_name.clone();
     let bytes_per_token = cfg.bytes_per_token(DType::BF16);
     let source = SyntheticSource::new(cfg.clone(), seed)?;

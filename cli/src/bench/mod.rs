@@ -236,6 +236,16 @@ fn write_files(
 
 /// `turbospark bench`.
 pub fn main(args: Args) -> ExitCode {
+    // A bad --synthetic / --layers fails before minutes of per-op cases.
+    if let Some(name) = &args.synthetic {
+        if let Err(e) = e2e::config(name, args.layers) {
+            eprintln!("bench: --synthetic {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+    } else if args.layers.is_some() {
+        eprintln!("bench: --layers cuts a synthetic model: pass --synthetic too");
+        return ExitCode::FAILURE;
+    }
     let (gpu_budget, cpu_budget) = budgets(&args);
     let want_cpu = matches!(args.backend, Which::Cpu | Which::All);
     let want_wgpu = matches!(args.backend, Which::Wgpu | Which::All);
