@@ -35,6 +35,9 @@ const TOKENS_PER_GROUP: usize = 16;
 /// router_topk and the pair at 128 (eighth session run 2).
 const DECODE_GATE_UP_LANES: usize = 32;
 /// Threads per weight row of `moe_down_decode` for one token (`down_lanes`).
+/// With the slots' blocks as one flat range (twelfth session run 01): 12.3
+/// us at 64 lanes against 15.9 at 32; gate_up at 16 lanes ran alone in
+/// 20.1 us against 20.8 but its pair in 31.1 against 27.9, so it keeps 32.
 const DECODE_DOWN_LANES: usize = 64;
 // A gate_up workgroup is 256 threads over gate and up rows: more than 128
 // lanes a row would leave it no activation row (`decode_pairs` 0); down's
