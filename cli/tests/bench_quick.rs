@@ -74,6 +74,13 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     // ceiling is one thread's).
     let sizes = b["ceiling"]["at_sizes"].as_array().expect("at_sizes");
     assert_eq!(sizes.is_empty(), backend == "cpu", "{sizes:?}");
+    for kernel in ["grid-stride", "fixed"] {
+        assert_eq!(
+            sizes.iter().any(|z| z["kernel"] == kernel),
+            backend == "wgpu",
+            "{kernel}: {sizes:?}"
+        );
+    }
     for z in sizes {
         positive(&z["bytes"], "at_sizes bytes");
         positive(&z["gbps"], "at_sizes gbps");

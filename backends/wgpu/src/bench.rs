@@ -14,6 +14,8 @@ use crate::{WgpuBackend, WgpuBuffer};
 
 /// Queries per query set (wgpu's maximum); two per timed pass.
 const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
+/// Loads per thread of `stream_read_fixed` (kernels/bench.wgsl's `PER`).
+const STREAM_FIXED_PER: u32 = 8;
 
 /// Timestamp state of a timed batch.
 pub(crate) struct Timing {
@@ -277,6 +279,35 @@ impl WgpuBackend {
             kernel: "bench",
             entry: "stream_read",
             constants: &[],
+            params: bytemuck::cast_slice(&params),
+            buffers: &[(s, true), (k, false)],
+            groups: self.grid(groups),
+        })
+    }
+
+    /// Record one pass of `stream_read_fixed`: `src` read once as
+    /// `vec4<u32>` with every thread's 8 loads issued together (a constant
+    /// trip count), the read a single op of `src`'s size could at best do.
+    /// Buffers as [`Self::stream_read`]'s.
+    pub fn stream_read_fixed(&self, src: &WgpuBuffer, sink: &WgpuBuffer) -> Result<()> {
+        let (Some(s), Some(k)) = (src.single(), sink.single()) else {
+            return Err(Error::shape("stream_read_fixed", "buffers must be single"));
+        };
+        turbospark::ops::check_buf("stream_read_fixed", "src", src, &turbospark::ops::U32, 4)?;
+        turbospark::ops::check_buf(
+            "stream_read_fixed",
+            "sink",
+            sink,
+            &turbospark::ops::U32,
+            256,
+        )?;
+        let vec4s = (src.len() / 4) as u32;
+        let groups = vec4s.div_ceil(STREAM_FIXED_PER).div_ceil(256);
+        let params: [u32; 4] = [vec4s, 0x9e37_79b9, 0, 0];
+        self.launch(Launch {
+            kernel: "bench",
+            entry: "stream_read_fixed",
+            constants: &[("PER", STREAM_FIXED_PER as i64)],
             params: bytemuck::cast_slice(&params),
             buffers: &[(s, true), (k, false)],
             groups: self.grid(groups),

@@ -64,17 +64,20 @@ pub struct Ceiling {
     pub method: &'static str,
     /// What was streamed, by what.
     pub how: String,
-    /// The same kernel over buffers of a single op's size, timed as an op
-    /// is (one dependent dispatch a call, rotating over buffers that
-    /// together exceed the caches): what a plain streaming kernel reaches
+    /// Streaming reads of buffers of a single op's size, timed as an op is
+    /// (one dependent dispatch a call, rotating over buffers that together
+    /// exceed the caches), by the same kernel and by one whose threads
+    /// issue all their loads at once: what a plain streaming kernel reaches
     /// at that size, launch and drain included. Empty where not measured
     /// (the CPU reference, whose ceiling is one thread's).
     pub at_sizes: Vec<SizedStream>,
 }
 
-/// The ceiling's kernel over `bytes` a call, rotating over `sets` buffers.
+/// A streaming kernel over `bytes` a call, rotating over `sets` buffers.
 #[derive(Clone, Debug)]
 pub struct SizedStream {
+    /// `grid-stride` (the ceiling's) or `fixed` (8 loads a thread at once).
+    pub kernel: &'static str,
     pub bytes: u64,
     pub sets: usize,
     pub stats: Stats,
@@ -91,21 +94,28 @@ impl Ceiling {
         self.bytes as f64 / self.stats.median / 1e9
     }
 
-    /// The streaming kernel at an op of `bytes`: the smallest measured size
-    /// at or above it. An op reads less than that stream, so its share of
-    /// the stream's rate is a lower bound on how close it is to what one
-    /// dispatch of its size can reach. `None` past the largest size (the
-    /// ceiling itself is then the measure) and under an eighth of the
-    /// smallest (the dispatch's fixed cost is all there is to see).
+    /// The streaming read at an op of `bytes`: the faster kernel at the
+    /// smallest measured size at or above it. An op reads less than that
+    /// stream, so its share of the stream's rate is a lower bound on how
+    /// close it is to what one dispatch of its size can reach. `None` past
+    /// the largest size (the ceiling itself is then the measure) and under
+    /// an eighth of the smallest (the dispatch's fixed cost is all there is
+    /// to see).
     pub fn stream_at(&self, bytes: u64) -> Option<&SizedStream> {
         let smallest = self.at_sizes.iter().map(|z| z.bytes).min()?;
         if bytes < smallest / 8 {
             return None;
         }
+        let size = self
+            .at_sizes
+            .iter()
+            .map(|z| z.bytes)
+            .filter(|&b| b >= bytes)
+            .min()?;
         self.at_sizes
             .iter()
-            .filter(|z| z.bytes >= bytes)
-            .min_by_key(|z| z.bytes)
+            .filter(|z| z.bytes == size)
+            .max_by(|a, b| a.gbps().total_cmp(&b.gbps()))
     }
 }
 
@@ -320,7 +330,9 @@ impl Bench for WgpuBackend {
         drop(src);
         let mut at_sizes = Vec::new();
         for &size in budget.stream_sizes {
-            at_sizes.push(sized_stream(self, budget, size, &sink)?);
+            for fixed in [false, true] {
+                at_sizes.push(sized_stream(self, budget, size, fixed, &sink)?);
+            }
         }
         Ok(Ceiling {
             bytes,
@@ -352,13 +364,15 @@ fn stream_buffer(b: &WgpuBackend, words: usize) -> Result<WgpuBuffer> {
     Ok(src)
 }
 
-/// The ceiling's kernel over `size` bytes a call, as an op is timed: calls
-/// rotate over enough buffers to cover the budget's rotation bytes, so each
-/// call reads from memory rather than cache.
+/// The ceiling's kernel (or, `fixed`, `stream_read_fixed`) over `size`
+/// bytes a call, as an op is timed: calls rotate over enough buffers to
+/// cover the budget's rotation bytes, so each call reads from memory rather
+/// than cache.
 fn sized_stream(
     b: &WgpuBackend,
     budget: &Budget,
     size: u64,
+    fixed: bool,
     sink: &WgpuBuffer,
 ) -> Result<SizedStream> {
     let size = size.min(b.max_stream_bytes()).max(16) & !15;
@@ -366,7 +380,13 @@ fn sized_stream(
     let bufs = (0..sets)
         .map(|_| stream_buffer(b, (size / 4) as usize))
         .collect::<Result<Vec<_>>>()?;
-    let mut call = |i: usize| b.stream_read(&bufs[i % sets], sink);
+    let mut call = |i: usize| {
+        if fixed {
+            b.stream_read_fixed(&bufs[i % sets], sink)
+        } else {
+            b.stream_read(&bufs[i % sets], sink)
+        }
+    };
     call(0)?;
     b.sync()?;
     let t = Instant::now();
@@ -380,6 +400,7 @@ fn sized_stream(
     warm_up(b, budget, once, &mut call)?;
     let (samples, _) = b.time(reps, budget, &mut call)?;
     Ok(SizedStream {
+        kernel: if fixed { "fixed" } else { "grid-stride" },
         bytes: size,
         sets,
         stats: Stats::of(&samples),
@@ -501,6 +522,7 @@ mod tests {
             at_sizes: sizes
                 .iter()
                 .map(|&b| SizedStream {
+                    kernel: "grid-stride",
                     bytes: b,
                     sets: 2,
                     stats: Stats::of(&[1e-5, 1e-5, 1e-5]),
@@ -524,5 +546,15 @@ mod tests {
         assert_eq!(at(mib - 1), None);
         assert_eq!(at(64 * mib + 1), None);
         assert!(ceiling_with(&[]).stream_at(32 * mib).is_none());
+        // Of two kernels at that size, the faster.
+        let mut c = ceiling_with(&[32 * mib, 64 * mib]);
+        c.at_sizes.push(SizedStream {
+            kernel: "fixed",
+            bytes: 32 * mib,
+            sets: 2,
+            stats: Stats::of(&[5e-6, 5e-6, 5e-6]),
+        });
+        assert_eq!(c.stream_at(20 * mib).map(|z| z.kernel), Some("fixed"));
+        assert_eq!(c.stream_at(40 * mib).map(|z| z.kernel), Some("grid-stride"));
     }
 }

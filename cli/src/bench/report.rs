@@ -168,10 +168,14 @@ impl Report<'_> {
                 ceiling
             );
             if let Ok(c) = &r.ceiling {
-                if !c.at_sizes.is_empty() {
+                for (kernel, what) in [
+                    ("grid-stride", "the same kernel"),
+                    ("fixed", "8 loads a thread at once"),
+                ] {
                     let sizes: Vec<String> = c
                         .at_sizes
                         .iter()
+                        .filter(|z| z.kernel == kernel)
                         .map(|z| {
                             format!(
                                 "{} MiB {} ({:.0} GB/s, {:.0}%)",
@@ -182,11 +186,13 @@ impl Report<'_> {
                             )
                         })
                         .collect();
-                    let _ = writeln!(
-                        s,
-                        "        the same kernel at op sizes, one dependent dispatch a call: {}",
-                        sizes.join(", ")
-                    );
+                    if !sizes.is_empty() {
+                        let _ = writeln!(
+                            s,
+                            "        {what} at op sizes, one dependent dispatch a call: {}",
+                            sizes.join(", ")
+                        );
+                    }
                 }
             }
         }
@@ -233,9 +239,10 @@ impl Report<'_> {
                         let prefill = case.m >= turbospark_wgpu::PREFILL_MIN_M;
                         if let (Some(z), false) = (self.stream_at(r, bytes), prefill) {
                             notes.push(format!(
-                                "{:.0}% of a bare stream of {} MiB",
+                                "{:.0}% of a bare stream of {} MiB ({})",
                                 100.0 * g / z.gbps(),
-                                z.bytes >> 20
+                                z.bytes >> 20,
+                                z.kernel
                             ));
                         }
                         if let (Some(fl), true) = (flops(&case.op), prefill) {
@@ -326,6 +333,7 @@ impl Report<'_> {
                             "method": c.method,
                             "how": c.how,
                             "at_sizes": c.at_sizes.iter().map(|z| json!({
+                                "kernel": z.kernel,
                                 "bytes": z.bytes,
                                 "sets": z.sets,
                                 "gbps": z.gbps(),
@@ -371,6 +379,7 @@ impl Report<'_> {
                                     .map(|z| json!({
                                     "pct": 100.0 * g / z.gbps(),
                                     "stream_bytes": z.bytes,
+                                    "stream_kernel": z.kernel,
                                 })),
                                 "tflops": flops(&c.op).map(|fl| fl as f64 / stats.median / 1e12),
                                 "method": method,
