@@ -39,8 +39,9 @@ enable wgpu_cooperative_matrix;
 // kernels/attention_keys.wgsl); a masked score takes no part and its
 // probability is 0. The K / V scratch mirrors the cache slot for slot
 // (key j at row j % capacity, whatever the positions), with 16 rows past
-// the ring repeating slots 0-15, so a step's 16 rows are contiguous where
-// it wraps. The prep converts the slots of the batch's keys (the union of
+// the ring repeating it (row r holds slot r % capacity: slots 0-15 once
+// more, or a cache under 16 slots several times), so a step's 16 rows are
+// contiguous where it wraps. The prep converts the slots of the batch's keys (the union of
 // its rows' ranges) and zeroes up to 16 free slots after them, so that a
 // step that runs past the last key reads finite values.
 
@@ -55,8 +56,8 @@ struct Params {
     scale: f32,
     // Q16 rows: m rounded up to 16, times heads.
     qrows: u32,
-    // K16 / V16 rows per kv head: capacity, then 16 mirror rows (slots
-    // 0-15 again).
+    // K16 / V16 rows per kv head: capacity, then 16 mirror rows (row r
+    // holds slot r % capacity).
     kvrows: u32,
     // Row blocks of 16 and query head blocks of NSG per kv head.
     nrb: u32,
@@ -125,7 +126,7 @@ fn batch_span(lid: u32) -> vec2<u32> {
 // Eight rows per workgroup, a warp per row: Q rows (qrows), then K rows and
 // V rows (kv_heads * kvrows each). A K / V warp's row i is the i-th key of
 // the batch's union [lo, hi) (or, past it, one of the zeroed slots after
-// it), written at its cache slot and, for slots 0-15, at its mirror row.
+// it), written at its cache slot's row and at each mirror row of it.
 @compute @workgroup_size(256)
 fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -151,15 +152,15 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let after = min(16u, P.capacity - keys);
     // kind 0: Q, 1: K, 2: V; `src` the source row's first vec4, `on`
     // whether it exists (else the row is zeros), `dst` the scratch row (a K
-    // / V row's slot within its kv head: `g`, `slot`), and `mirror` whether
-    // it is written again 16 rows past the ring's end.
+    // / V row's slot within its kv head: `g`, `slot`), and `copies` how many
+    // rows hold it (a K / V slot: every capacity rows within kvrows).
     var kind = 0u;
     var on = false;
     var src = 0u;
     var dst = r;
     var g = 0u;
     var slot = 0u;
-    var mirror = false;
+    var copies = 1u;
     var write = r < P.qrows + 2u * kvn;
     if (r < P.qrows) {
         let t = r / P.heads;
@@ -176,7 +177,7 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         slot = (span.x + i) % P.capacity;
         src = (g * P.capacity + slot) * d4;
         dst = g * P.kvrows + slot;
-        mirror = slot < 16u;
+        copies = (P.kvrows - 1u - slot) / P.capacity + 1u;
     }
     var a: array<vec4<f32>, 4>;
     var mx = 0.0;
@@ -215,13 +216,10 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         sc = 1.0;
         inv = 1.0;
     }
-    // The row, then (w = 1) its mirror copy; `a` indexed by the inner
-    // loop's variable alone, a 4-trip loop the driver unrolls (an index
-    // it cannot resolve would put `a` in local memory).
-    for (var w = 0u; w < 2u; w++) {
-        if (w == 1u && !mirror) {
-            break;
-        }
+    // The row, then its mirror copies; `a` indexed by the inner loop's
+    // variable alone, a 4-trip loop the driver unrolls (an index it cannot
+    // resolve would put `a` in local memory).
+    for (var w = 0u; w < copies; w++) {
         let o = (dst + w * P.capacity) * P.d;
         for (var u = 0u; u < 4u; u++) {
             let c = lane + 32u * u;
@@ -251,9 +249,8 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         if (kind == 0u) {
             SC[r] = inv;
         } else {
-            SC[select(v_factor_at(g, slot), k_scale_at(g, slot), kind == 1u)] = inv;
-            if (mirror) {
-                let sm = slot + P.capacity;
+            for (var w = 0u; w < copies; w++) {
+                let sm = slot + w * P.capacity;
                 SC[select(v_factor_at(g, sm), k_scale_at(g, sm), kind == 1u)] = inv;
             }
         }

@@ -310,6 +310,10 @@ fn attention(full: bool) -> Vec<Op> {
             });
         }
     }
+    // A cache under 16 slots: a 16-key step wraps the ring more than once
+    // (the tensor-core scratch's mirror rows repeat it).
+    v.push(c(20, 4, 2, 128, 8, 8, 40));
+    v.push(c(18, 4, 4, 128, 12, 12, 100));
     if full {
         v.push(c(1, 16, 2, 512, 32768, 0, 32767));
         v.push(c(1, 16, 8, 256, 1039, 1024, 32767));

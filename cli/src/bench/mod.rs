@@ -43,9 +43,9 @@ pub struct Args {
     /// Draw achieved GB/s per op and backend against the ceiling as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Only cases whose label contains this; `|` separates alternatives,
-    /// and an alternative ending in `$` must end the label
-    /// (`"moe_down m=1$|pair m=1$"`).
+    /// Only cases whose label contains this; `,` separates alternatives
+    /// (labels hold `|`, as in `q|k|v sliding`), and an alternative ending
+    /// in `$` must end the label (`"moe_down m=1$,pair m=1$"`).
     #[arg(long, default_value = "")]
     pub filter: String,
     /// Case-insensitive substring of the wgpu adapter name (else TURBOSPARK_ADAPTER).
@@ -91,13 +91,23 @@ pub struct Args {
 }
 
 /// Whether `--filter` selects the case `label`: empty selects all, else any
-/// `|`-separated alternative contained in it (one ending in `$` must end it).
+/// `,`-separated alternative contained in it (one ending in `$` must end it).
 fn selects(filter: &str, label: &str) -> bool {
     filter.is_empty()
-        || filter.split('|').any(|alt| match alt.strip_suffix('$') {
+        || filter.split(',').any(|alt| match alt.strip_suffix('$') {
             Some(end) => label.ends_with(end),
             None => label.contains(alt),
         })
+}
+
+/// A `--filter` with an empty alternative (`a,,b`, a trailing `,`, a bare
+/// `$`) would select every case: an error, not a silent full run.
+fn check_filter(filter: &str) -> Result<(), String> {
+    if filter.is_empty() || filter.split(',').all(|a| !a.is_empty() && a != "$") {
+        Ok(())
+    } else {
+        Err(format!("--filter {filter:?} has an empty alternative"))
+    }
 }
 
 /// One backend, opened, with its ceiling and results.
@@ -236,6 +246,10 @@ fn write_files(
 
 /// `turbospark bench`.
 pub fn main(args: Args) -> ExitCode {
+    if let Err(e) = check_filter(&args.filter) {
+        eprintln!("bench: {e}");
+        return ExitCode::FAILURE;
+    }
     // A bad --synthetic / --layers fails before minutes of per-op cases.
     if let Some(name) = &args.synthetic {
         if let Err(e) = e2e::config(name, args.layers) {
@@ -402,7 +416,20 @@ mod tests {
         assert!(selects("moe_down", "moe_down m=16"));
         assert!(!selects("moe_down m=1$", "moe_down m=16"));
         assert!(selects("moe_down m=1$", "moe_down m=1"));
-        assert!(selects("router|pair m=1$", "dense+moe down pair m=1"));
-        assert!(!selects("router|pair m=1$", "dense+moe down pair m=16"));
+        assert!(selects("router,pair m=1$", "dense+moe down pair m=1"));
+        assert!(!selects("router,pair m=1$", "dense+moe down pair m=16"));
+        // labels with `|` are matched whole
+        assert!(selects("dense gate|up m=1$", "dense gate|up m=1"));
+        assert!(!selects("dense gate|up m=1$", "moe_gate_up m=1"));
+        assert!(!selects("q|k|v sliding", "q_proj sliding m=1"));
+    }
+
+    #[test]
+    fn empty_filter_alternatives_are_errors() {
+        assert!(check_filter("").is_ok());
+        assert!(check_filter("a,b$").is_ok());
+        for f in ["a,", ",a", "a,,b", "$", "a,$"] {
+            assert!(check_filter(f).is_err(), "{f}");
+        }
     }
 }

@@ -17,7 +17,8 @@ use crate::{WgpuBackend, WgpuBuffer};
 /// Query rows a workgroup takes (a fragment's rows).
 const ROWS: usize = 16;
 /// Rows past the cache's slots in the K / V scratch, which mirrors the
-/// cache slot for slot: slots 0-15 again, so that a step of 16 keys that
+/// cache slot for slot: row r holds slot r % capacity (slots 0-15 again, or
+/// a cache under 16 slots several times), so that a step of 16 keys that
 /// wraps round the ring reads contiguous rows.
 const MIRROR_ROWS: usize = 16;
 /// Rows `attn_coop_prep` converts per workgroup (a warp each).
