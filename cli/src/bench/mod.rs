@@ -408,7 +408,7 @@ pub fn main(args: Args) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::selects;
+    use super::{check_filter, selects};
 
     #[test]
     fn filter_alternatives_and_anchors() {
