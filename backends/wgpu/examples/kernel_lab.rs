@@ -1,6 +1,8 @@
 //! Kernel design lab: times decode-GEMV variants (examples/kernel_lab.wgsl)
 //! and the backend's MoE decode kernels side by side at Gemma 4 26B-A4B
-//! shapes, with and without wgpu's injected runtime checks. Each figure is a
+//! shapes, with and without wgpu's injected runtime checks, and a row norm
+//! before a GEMV as two dependent dispatches against one fused kernel
+//! (`normed`: the decode lead of fusing post_ffn into the q|k|v GEMV). Each figure is a
 //! chain of dependent dispatches in one compute pass (as in a decode step),
 //! timed by GPU timestamps around the pass, weights rotated over enough
 //! copies that they cannot sit in cache. Every variant is checked against an
@@ -262,6 +264,13 @@ impl Lab {
         wgs: u32,
         chain: u32,
     ) -> f64 {
+        self.time_stages(&[(p, groups, wgs)], chain)
+    }
+
+    /// Median microseconds per link of a chain of `chain` links, each link
+    /// the stages' dispatches in order (stage s's `groups[i % len]` bound
+    /// for link i): a pair of dependent dispatches against one fused.
+    fn time_stages(&self, stages: &[Stage<'_>], chain: u32) -> f64 {
         // Keep the GPU busy for a while first: an H200 that idled (between
         // cases the host builds data) runs at low clocks, and a cold chain
         // reads 2-4x slow. Ten passes per wait, until WARM has passed.
@@ -270,7 +279,7 @@ impl Lab {
             let mut enc = self.device.create_command_encoder(&Default::default());
             for _ in 0..10 {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                record_chain(&mut pass, p, groups, wgs, chain);
+                record_chain(&mut pass, stages, chain);
             }
             self.queue.submit([enc.finish()]);
             self.device
@@ -292,7 +301,7 @@ impl Lab {
                         end_of_pass_write_index: Some(1),
                     }),
                 });
-                record_chain(&mut pass, p, groups, wgs, chain);
+                record_chain(&mut pass, stages, chain);
             }
             enc.resolve_query_set(&self.qset, 0..2, &self.resolve, 0);
             enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 16);
@@ -335,20 +344,24 @@ impl Lab {
     }
 }
 
-/// `chain` dispatches of `p` in `pass`, the bind groups in rotation.
-fn record_chain(
-    pass: &mut wgpu::ComputePass<'_>,
-    p: &wgpu::ComputePipeline,
-    groups: &[(wgpu::BindGroup, wgpu::BindGroup)],
-    wgs: u32,
-    chain: u32,
-) {
-    pass.set_pipeline(p);
+/// A pipeline, its bind groups (in rotation) and its workgroup count.
+type Stage<'a> = (
+    &'a wgpu::ComputePipeline,
+    &'a [(wgpu::BindGroup, wgpu::BindGroup)],
+    u32,
+);
+
+/// `chain` links in `pass`, each the stages' dispatches in order, the bind
+/// groups in rotation.
+fn record_chain(pass: &mut wgpu::ComputePass<'_>, stages: &[Stage<'_>], chain: u32) {
     for i in 0..chain as usize {
-        let (g0, g1) = &groups[i % groups.len()];
-        pass.set_bind_group(0, g0, &[]);
-        pass.set_bind_group(1, g1, &[]);
-        pass.dispatch_workgroups(wgs, 1, 1);
+        for &(p, groups, wgs) in stages {
+            let (g0, g1) = &groups[i % groups.len()];
+            pass.set_pipeline(p);
+            pass.set_bind_group(0, g0, &[]);
+            pass.set_bind_group(1, g1, &[]);
+            pass.dispatch_workgroups(wgs, 1, 1);
+        }
     }
 }
 
@@ -465,6 +478,93 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
                 t0.elapsed().as_secs_f64()
             );
         }
+    }
+}
+
+/// A row norm before a GEMV (`rows` x `k`, bf16): the norm as its own
+/// dispatch and then the backend's gemv, against `gemv_normed` doing both in
+/// one (kernel_lab.wgsl). Each is checked against an f64 host result.
+fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
+    let label = format!("{name}/normed");
+    if !label.contains(filter) || k > 4096 || k % 8 != 0 {
+        return;
+    }
+    let blocks = k / 8;
+    let lanes = 32usize;
+    assert!(
+        blocks.div_ceil(lanes) <= 16,
+        "gemv_normed holds 16 blocks a lane"
+    );
+    let mut s = 0x5851_f42d_4c95_7f2du64 ^ rows as u64;
+    let x: Vec<f32> = (0..k).map(|_| rng(&mut s) * 3.0).collect();
+    let nw: Vec<f32> = (0..k).map(|_| 1.0 + 0.5 * rng(&mut s)).collect();
+    let wq: Vec<u16> = (0..rows * k)
+        .map(|_| bf16_bits(rng(&mut s) * 0.05))
+        .collect();
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / k as f64;
+    let inv = 1.0 / (ms + 1e-6).sqrt();
+    let y: Vec<f64> = (0..k).map(|c| x[c] as f64 * inv * nw[c] as f64).collect();
+    let want: Vec<f64> = (0..rows)
+        .map(|r| {
+            (0..k)
+                .map(|c| half::bf16::from_bits(wq[r * k + c]).to_f64() * y[c])
+                .sum()
+        })
+        .collect();
+    let n = copies(rows * k * 2);
+    let ws: Vec<wgpu::Buffer> = (0..n)
+        .map(|_| lab.storage(bytemuck::cast_slice(&wq)))
+        .collect();
+    let xnw: Vec<f32> = x.iter().chain(&nw).copied().collect();
+    let xb = lab.storage(bytemuck::cast_slice(&xnw));
+    let yb = lab.storage(&vec![0u8; k * 4]);
+    let out = lab.storage(&vec![0u8; rows * 4 + 64]);
+    let params = lab.uniform(&[rows as u32, k as u32, rows as u32, 0]);
+    let gb = rows as f64 * k as f64 * 2.0 / 1e9;
+    println!(
+        "\n{name} with its input norm: {rows} x {k} bf16, {:.1} MB, {n} weight copies",
+        gb * 1e3
+    );
+    let wgs = rows.div_ceil(256 / lanes) as u32;
+    let lab_src = format!("{}\n{LAB}", gemv_source(lab));
+    for checked in [true, false] {
+        let tag = if checked { "checked" } else { "unchecked" };
+        let module = lab.module(&lab_src, checked);
+        let consts = [("WDTYPE", 2.0), ("BK", blocks as f64)];
+        // Two dispatches: lab_norm (x and its weight -> y), then gemv on y.
+        let norm = lab.pipeline(&module, "lab_norm", &consts, 3);
+        let norm_groups = [lab.bind(&norm, &params, &[&ws[0], &xb, &yb])];
+        let gm = lab.module(&gemv_source(lab), checked);
+        let gemv = lab.pipeline(&gm, "gemv", &[("WDTYPE", 2.0), ("RL", lanes as f64)], 3);
+        let gemv_groups: Vec<_> = ws
+            .iter()
+            .map(|w| lab.bind(&gemv, &params, &[w, &yb, &out]))
+            .collect();
+        let two = [(&norm, &norm_groups[..], 1), (&gemv, &gemv_groups[..], wgs)];
+        lab.time_stages(&two, 1);
+        let err_two = rel_err(&lab.read_f32(&out, rows), &want);
+        let us_two = lab.time_stages(&two, CHAIN);
+        // One dispatch.
+        let fused = lab.pipeline(&module, "gemv_normed", &consts, 3);
+        let fused_groups: Vec<_> = ws
+            .iter()
+            .map(|w| lab.bind(&fused, &params, &[w, &xb, &out]))
+            .collect();
+        lab.time(&fused, &fused_groups[..1], wgs, 1);
+        let err_one = rel_err(&lab.read_f32(&out, rows), &want);
+        let us_one = lab.time(&fused, &fused_groups, wgs, CHAIN);
+        println!(
+            "  norm, then gemv {tag:9} chain {us_two:8.2} us  {:7.0} GB/s  err {err_two:.1e}",
+            gb / us_two * 1e6
+        );
+        println!(
+            "  gemv_normed     {tag:9} chain {us_one:8.2} us  {:7.0} GB/s  err {err_one:.1e}",
+            gb / us_one * 1e6
+        );
+        assert!(
+            err_two < 1e-4 && err_one < 1e-4,
+            "{name}: {err_two:e} / {err_one:e}"
+        );
     }
 }
 
@@ -657,6 +757,7 @@ fn main() {
     let small = std::env::var("LAB_SMALL").is_ok();
     if small {
         gemv_case(&lab, "tiny", 64, 512, &filter);
+        normed_gemv_case(&lab, "tiny", 64, 512, &filter);
         return;
     }
     if filter == "slots" {
@@ -670,6 +771,9 @@ fn main() {
     moe_case(&lab, &filter);
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);
+    // q|k|v of a sliding layer behind the layer's input norm (post_ffn's
+    // last step).
+    normed_gemv_case(&lab, "qkv_sliding", 8192, 2816, &filter);
     gemv_case(&lab, "o_proj", 2816, 4096, &filter);
     // The MoE phases' byte counts as plain GEMVs: does the GEMV itself slow
     // down past ~24 MB, or is it the expert layout?

@@ -126,3 +126,93 @@ fn kc(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
         OUT[r] = s;
     }
 }
+
+// ---- a row norm inside the GEMV (the decode lead: post_ffn into the next
+// layer's q|k|v GEMV) ----
+//
+// X holds x (k values) then the norm's weight (k values). `lab_norm` is the
+// unfused first step (one workgroup: OUT = x * rms(x)^-1 * nw, which the
+// backend's gemv then reads); `gemv_normed` does both in one dispatch:
+// every workgroup issues its weight loads first (they do not depend on the
+// norm), then rebuilds the normed row in workgroup memory while they are
+// in flight, then takes the dot products from there. The question it
+// answers: is the norm's latency, repeated in every workgroup, cheaper than
+// a dependent dispatch? (k at most 4096: 1024 vec4 of workgroup memory.)
+
+const NORM_EPS: f32 = 1e-6;
+const MAXK4: u32 = 1024u;
+// Weight blocks a lane holds (BK / LANES rounded up, at most MAXW).
+const MAXW: u32 = 16u;
+var<workgroup> xs: array<vec4<f32>, MAXK4>;
+
+// Sum of `v` over the workgroup's 256 threads (a tree in `part`).
+fn sum256(t: u32, v: f32) -> f32 {
+    part[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            part[t] += part[t + s];
+        }
+        workgroupBarrier();
+    }
+    let r = part[0];
+    workgroupBarrier();
+    return r;
+}
+
+// x's inverse RMS, by the whole workgroup.
+fn inv_rms_x(t: u32) -> f32 {
+    let k4 = P.k / 4u;
+    var ss = 0.0;
+    for (var i = t; i < k4; i += 256u) {
+        let v = X[i];
+        ss += dot(v, v);
+    }
+    return inverseSqrt(sum256(t, ss) / f32(P.k) + NORM_EPS);
+}
+
+@compute @workgroup_size(256)
+fn lab_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let k4 = P.k / 4u;
+    let inv = inv_rms_x(t);
+    for (var i = t; i < k4; i += 256u) {
+        let y = X[i] * inv * X[k4 + i];
+        OUT[4u * i] = y.x;
+        OUT[4u * i + 1u] = y.y;
+        OUT[4u * i + 2u] = y.z;
+        OUT[4u * i + 3u] = y.w;
+    }
+}
+
+@compute @workgroup_size(256)
+fn gemv_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let lane = t % LANES;
+    let r = wg.x * 8u + t / LANES;
+    let rr = min(r, P.rows - 1u);
+    let k4 = P.k / 4u;
+    // 1. The lane's weight blocks, issued before anything waits.
+    var w: array<vec4<u32>, MAXW>;
+    for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+        w[c] = W[rr * BK + min(lane + c * LANES, BK - 1u)];
+    }
+    // 2. The normed row into workgroup memory while they load.
+    let inv = inv_rms_x(t);
+    for (var i = t; i < k4; i += 256u) {
+        xs[i] = X[i] * inv * X[k4 + i];
+    }
+    workgroupBarrier();
+    // 3. The dot products from workgroup memory.
+    var acc = 0.0;
+    for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+        let b = lane + c * LANES;
+        let bb = min(b, BK - 1u);
+        let v = w[c];
+        let lo = vec4<f32>(decode_pair(v.x), decode_pair(v.y));
+        let hi = vec4<f32>(decode_pair(v.z), decode_pair(v.w));
+        acc += select(0.0, dot(lo, xs[2u * bb]) + dot(hi, xs[2u * bb + 1u]), b < BK);
+    }
+    let s = reduce32(t, lane, acc);
+    if (lane == 0u && r < P.rows) {
+        OUT[r] = s;
+    }
+}
