@@ -486,7 +486,7 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
 /// one (kernel_lab.wgsl). Each is checked against an f64 host result.
 fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
     let label = format!("{name}/normed");
-    if !label.contains(filter) || k > 4096 || k % 8 != 0 {
+    if !label.contains(filter) || k > 4096 || !k.is_multiple_of(8) {
         return;
     }
     let blocks = k / 8;
