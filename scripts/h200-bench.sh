@@ -29,16 +29,7 @@ if [ ! -x "$BIN" ]; then
     echo "no turbospark binary at $BIN (build it here and carry .bin/)" >&2
     exit 2
 fi
-if ! ls .gl/*.deb >/dev/null 2>&1; then
-    echo "no .gl/*.deb: carry the Vulkan loader debs (.gl) with the command" >&2
-    exit 2
-fi
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
-# Vulkan only: the adapter is the H200 through NVIDIA's ICD, not a GL one.
-export WGPU_BACKEND=${WGPU_BACKEND:-vulkan}
+. "$(dirname "$0")/h200-env.sh"
 
 {
     date -u +%Y-%m-%dT%H:%M:%SZ

@@ -1,0 +1,13 @@
+# Sourced by the h200-*.sh scripts on the lent H200: the Vulkan loader from
+# the carried debs (.gl/) and the environment that makes wgpu take the
+# NVIDIA ICD through Vulkan. See ../shared/reference/gpu-machines.md.
+if ! ls .gl/*.deb >/dev/null 2>&1; then
+    echo "no .gl/*.deb: carry the Vulkan loader debs (.gl) with the command" >&2
+    exit 2
+fi
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+# Vulkan only: the adapter is the H200 through NVIDIA's ICD, not a GL one.
+export WGPU_BACKEND=${WGPU_BACKEND:-vulkan}
