@@ -174,12 +174,14 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
             !rows.is_empty() && rows.len() == profiled.len(),
             "{ablation}"
         );
+        // One pair of runs a kernel in quick mode (three otherwise).
+        assert_eq!(ablation["pairs_per_kernel"], 1, "{ablation}");
         for (row, kernel) in rows.iter().zip(profiled) {
             assert_eq!(&row["kernel"], kernel, "{ablation}");
-            assert!(
-                row["us_per_step"].as_f64().is_some_and(f64::is_finite),
-                "{row}"
-            );
+            let f = |k: &str| row[k].as_f64().filter(|x| x.is_finite());
+            let (us, lo, hi) = (f("us_per_step"), f("us_min"), f("us_max"));
+            assert!(us.is_some() && lo.is_some() && hi.is_some(), "{row}");
+            assert!(lo <= us && us <= hi, "{row}");
         }
     } else {
         assert!(ablation.is_null(), "{ablation}");

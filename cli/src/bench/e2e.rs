@@ -79,6 +79,13 @@ const PROFILE_STEPS: usize = 2;
 /// Decode steps each run of the ablation times.
 const ABLATION_STEPS: usize = 16;
 
+/// Pairs of runs (nothing left out, then the kernel left out) per kernel
+/// in the ablation, outside `--quick`: its cost is the median of the pairs'
+/// differences. One pair a kernel against one shared baseline read
+/// rms_norm's single dispatch at 96.6 us a step on the H200 (twelfth
+/// session run 05; its profile: 11 us), the runs' wall-clock jitter.
+const ABLATION_PAIRS: usize = 3;
+
 /// What each kernel of a decode step costs the step, its launches and the
 /// barriers around them included: decode tokens/s with that kernel's
 /// dispatches left out against with none left out, as microseconds per
@@ -86,12 +93,15 @@ const ABLATION_STEPS: usize = 16;
 /// its own overhead). Each run prefills the whole prompt with nothing left
 /// out, so the step reads finite, stale values where a kernel is missing
 /// (the MoE layers still route to valid experts) and the context is the
-/// timed run's; the baseline is the mean of a run before and one after.
-/// Null where the backend cannot leave dispatches out.
+/// timed run's. Each kernel's cost is the median over `pairs` pairs of
+/// runs, each a run with nothing left out and then one without the kernel
+/// (adjacent runs share the device's state); the step is the median of
+/// every baseline run. Null where the backend cannot leave dispatches out.
 fn ablation<B: ComputeBackend + Counters>(
     model: &mut Model<B>,
     prompt: &[u32],
     kernels: &[String],
+    pairs: usize,
 ) -> turbospark::Result<Value> {
     if kernels.is_empty() || !model.backend().omit(&[])? {
         return Ok(Value::Null);
@@ -113,24 +123,32 @@ fn ablation<B: ComputeBackend + Counters>(
         restored?;
         Ok(1.0 / g.decode_tok_s)
     };
-    let before = step_s(model, &[])?;
-    let without = kernels
-        .iter()
-        .map(|k| step_s(model, &[k.as_str()]))
-        .collect::<turbospark::Result<Vec<_>>>()?;
-    let base = 0.5 * (before + step_s(model, &[])?);
-    let rows: Vec<Value> = kernels
-        .iter()
-        .zip(&without)
-        .map(|(k, t)| {
-            let us = (base - t) * 1e6;
-            eprintln!("bench: decode step ablation: {k:>24} {us:>9.1} us a step");
-            json!({ "kernel": k, "us_per_step": us })
-        })
-        .collect();
+    let mut bases = Vec::new();
+    let mut rows = Vec::new();
+    for k in kernels {
+        let mut diffs = Vec::with_capacity(pairs);
+        for _ in 0..pairs {
+            let base = step_s(model, &[])?;
+            diffs.push((base - step_s(model, &[k.as_str()])?) * 1e6);
+            bases.push(base * 1e6);
+        }
+        let us = median(&mut diffs);
+        eprintln!(
+            "bench: decode step ablation: {k:>24} {us:>9.1} us a step ({:.1} .. {:.1} over {pairs})",
+            diffs[0],
+            diffs[diffs.len() - 1]
+        );
+        rows.push(json!({
+            "kernel": k,
+            "us_per_step": us,
+            "us_min": diffs[0],
+            "us_max": diffs[diffs.len() - 1],
+        }));
+    }
     Ok(json!({
-        "step_us": base * 1e6,
+        "step_us": median(&mut bases),
         "steps_per_run": ABLATION_STEPS,
+        "pairs_per_kernel": pairs,
         "kernels": rows,
     }))
 }
@@ -312,7 +330,8 @@ fn measure<B: ComputeBackend + Counters>(
         .filter_map(|e| e["kernel"].as_str().map(str::to_string))
         .collect();
     let ablation = if prompt_len + ABLATION_STEPS < model.max_context() {
-        ablation(&mut model, &prompt, &kernels)?
+        let pairs = if args.quick { 1 } else { ABLATION_PAIRS };
+        ablation(&mut model, &prompt, &kernels, pairs)?
     } else {
         Value::Null
     };
@@ -396,4 +415,28 @@ fn measure<B: ComputeBackend + Counters>(
         "prefill_profile": prefill_profile,
         "note": note,
     }))
+}
+
+/// The median of `v` (sorted in place; the mean of the middle two for an
+/// even count).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut [3.0, -1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [7.0]), 7.0);
+    }
 }
