@@ -385,7 +385,25 @@ fn copies(bytes: usize) -> usize {
     (512usize << 20).div_ceil(bytes).clamp(1, 64)
 }
 
+/// The lab's own GEMV variants (kernel_lab.wgsl entries): (entry, rows per
+/// 256-thread workgroup, needs 32-wide subgroups).
+const GEMV_VARIANTS: &[(&str, u32, bool)] = &[
+    ("empty", 8, false),
+    ("base", 8, false),
+    ("u4", 8, false),
+    ("kc", 8, true),
+];
+
 fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
+    // (no label of this case selected: skip building its weights)
+    let selected = ["checked", "unchecked"].iter().any(|tag| {
+        std::iter::once("real")
+            .chain(GEMV_VARIANTS.iter().map(|v| v.0))
+            .any(|e| format!("{name}/{e}/{tag}").contains(filter))
+    });
+    if !selected {
+        return;
+    }
     let blocks = k / 8;
     let mut s = 0x9e3779b97f4a7c15u64 ^ rows as u64;
     let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
@@ -413,13 +431,7 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         gb * 1e3
     );
     let src = format!("{}\n{LAB}", gemv_source(lab));
-    let variants: &[(&str, u32, bool)] = &[
-        // (entry, rows per 256-thread workgroup, needs 32-wide subgroups)
-        ("empty", 8, false),
-        ("base", 8, false),
-        ("u4", 8, false),
-        ("kc", 8, true),
-    ];
+    let variants = GEMV_VARIANTS;
     for checked in [true, false] {
         // The backend's own kernels/gemv.wgsl, bound as the lab binds.
         let tag = if checked { "checked" } else { "unchecked" };
@@ -570,6 +582,13 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
 
 /// The backend's MoE decode kernels (kernels/moe_decode.wgsl), top-8 of 128.
 fn moe_case(lab: &Lab, filter: &str) {
+    // (no label of this case selected: skip building 1.5 GB of weights)
+    if !["moe/checked", "moe/unchecked"]
+        .iter()
+        .any(|l| l.contains(filter))
+    {
+        return;
+    }
     let (hidden, inter, experts, top_k) = (2816usize, 704usize, 128usize, 8usize);
     let mut s = 0x1234_5678_9abcu64;
     let gu_words = experts * 2 * inter * hidden / 2;
