@@ -47,7 +47,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw
     --format=csv -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
 smi=$!
 
-# (With --synthetic gemma-4-26b-a4b it took about 240 s in the twelfth
+# (With --synthetic gemma-4-26b-a4b it took 220 s in the twelfth
 # session's run 05, before the ablation's three pairs a kernel and the
 # second stream kernel at op sizes were added: give BENCH_TIMEOUT room.)
 # The whole bench takes a few minutes at the real shapes (inputs of up to
