@@ -12,6 +12,7 @@ use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType};
 use turbospark_wgpu::WgpuBackend;
 
+use super::measure::Stats;
 use super::Args;
 use crate::common::human_bytes;
 
@@ -132,21 +133,20 @@ fn ablation<B: ComputeBackend + Counters>(
             diffs.push((base - step_s(model, &[k.as_str()])?) * 1e6);
             bases.push(base * 1e6);
         }
-        let us = median(&mut diffs);
+        let d = Stats::of(&diffs);
         eprintln!(
-            "bench: decode step ablation: {k:>24} {us:>9.1} us a step ({:.1} .. {:.1} over {pairs})",
-            diffs[0],
-            diffs[diffs.len() - 1]
+            "bench: decode step ablation: {k:>24} {:>9.1} us a step ({:.1} .. {:.1} over {pairs})",
+            d.median, d.min, d.max
         );
         rows.push(json!({
             "kernel": k,
-            "us_per_step": us,
-            "us_min": diffs[0],
-            "us_max": diffs[diffs.len() - 1],
+            "us_per_step": d.median,
+            "us_min": d.min,
+            "us_max": d.max,
         }));
     }
     Ok(json!({
-        "step_us": median(&mut bases),
+        "step_us": Stats::of(&bases).median,
         "steps_per_run": ABLATION_STEPS,
         "pairs_per_kernel": pairs,
         "kernels": rows,
@@ -415,28 +415,4 @@ fn measure<B: ComputeBackend + Counters>(
         "prefill_profile": prefill_profile,
         "note": note,
     }))
-}
-
-/// The median of `v` (sorted in place; the mean of the middle two for an
-/// even count).
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&mut [3.0, -1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(&mut [7.0]), 7.0);
-    }
 }
