@@ -317,17 +317,7 @@ impl Bench for WgpuBackend {
         let words = (bytes / 4) as usize;
         let src = stream_buffer(self, words)?;
         let sink = self.alloc(DType::U32, 256, "bench sink")?;
-        self.stream_read(&src, &sink)?;
-        self.sync()?;
-        let t = Instant::now();
-        self.stream_read(&src, &sink)?;
-        self.sync()?;
-        let once = t.elapsed().as_secs_f64();
-        let reps = ((budget.seconds / once.max(1e-9)) as usize)
-            .clamp(budget.min_reps.max(3), budget.max_reps);
-        warm_up(self, budget, once, &mut |_| self.stream_read(&src, &sink))?;
-        let (samples, method) = self.time(reps, budget, &mut |_| self.stream_read(&src, &sink))?;
-        drop(src);
+        let (samples, method) = time_stream(self, budget, &[src], false, &sink)?;
         let mut at_sizes = Vec::new();
         // (best effort: a size the device cannot hold is left out, not the
         // ceiling every case is read against)
@@ -385,31 +375,45 @@ fn sized_stream(
     let bufs = (0..sets)
         .map(|_| stream_buffer(b, (size / 4) as usize))
         .collect::<Result<Vec<_>>>()?;
-    let mut call = |i: usize| {
-        if fixed {
-            b.stream_read_fixed(&bufs[i % sets], sink)
-        } else {
-            b.stream_read(&bufs[i % sets], sink)
-        }
-    };
-    call(0)?;
-    b.sync()?;
-    let t = Instant::now();
-    for i in 0..sets {
-        call(i)?;
-    }
-    b.sync()?;
-    let once = t.elapsed().as_secs_f64() / sets as f64;
-    let reps =
-        ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps.max(3), budget.max_reps);
-    warm_up(b, budget, once, &mut call)?;
-    let (samples, _) = b.time(reps, budget, &mut call)?;
+    let (samples, _) = time_stream(b, budget, &bufs, fixed, sink)?;
     Ok(SizedStream {
         kernel: if fixed { "fixed" } else { "grid-stride" },
         bytes: size,
         sets,
         stats: Stats::of(&samples),
     })
+}
+
+/// Seconds per call of a streaming read (`stream_read`, or, `fixed`,
+/// `stream_read_fixed`) rotating over `bufs`, timed as an op is: a clock
+/// warm-up first, repetitions for the budget's seconds.
+fn time_stream(
+    b: &WgpuBackend,
+    budget: &Budget,
+    bufs: &[WgpuBuffer],
+    fixed: bool,
+    sink: &WgpuBuffer,
+) -> Result<(Vec<f64>, &'static str)> {
+    let mut call = |i: usize| {
+        let src = &bufs[i % bufs.len()];
+        if fixed {
+            b.stream_read_fixed(src, sink)
+        } else {
+            b.stream_read(src, sink)
+        }
+    };
+    call(0)?;
+    b.sync()?;
+    let t = Instant::now();
+    for i in 0..bufs.len() {
+        call(i)?;
+    }
+    b.sync()?;
+    let once = t.elapsed().as_secs_f64() / bufs.len() as f64;
+    let reps =
+        ((budget.seconds / once.max(1e-9)) as usize).clamp(budget.min_reps.max(3), budget.max_reps);
+    warm_up(b, budget, once, &mut call)?;
+    b.time(reps, budget, &mut call)
 }
 
 /// The rotation sets' inputs (one list per set) and the one set of outputs
