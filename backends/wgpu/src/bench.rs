@@ -266,22 +266,9 @@ impl WgpuBackend {
     /// eliminated, and almost nothing is written). `src` must be a u32 buffer
     /// of a multiple of 4 elements; `sink` a u32 buffer of at least 256.
     pub fn stream_read(&self, src: &WgpuBuffer, sink: &WgpuBuffer) -> Result<()> {
-        let (Some(s), Some(k)) = (src.single(), sink.single()) else {
-            return Err(Error::shape("stream_read", "buffers must be single"));
-        };
-        turbospark::ops::check_buf("stream_read", "src", src, &turbospark::ops::U32, 4)?;
-        turbospark::ops::check_buf("stream_read", "sink", sink, &turbospark::ops::U32, 256)?;
-        let vec4s = (src.len() / 4) as u32;
         // Enough threads to fill any GPU, each with several loads in flight.
-        let groups = (vec4s / (256 * 8)).clamp(1, 16384);
-        let params: [u32; 4] = [vec4s, 0x9e37_79b9, 0, 0];
-        self.launch(Launch {
-            kernel: "bench",
-            entry: "stream_read",
-            constants: &[],
-            params: bytemuck::cast_slice(&params),
-            buffers: &[(s, true), (k, false)],
-            groups: self.grid(groups),
+        self.stream("stream_read", &[], src, sink, |vec4s| {
+            (vec4s / (256 * 8)).clamp(1, 16384)
         })
     }
 
@@ -290,27 +277,37 @@ impl WgpuBackend {
     /// trip count), the read a single op of `src`'s size could at best do.
     /// Buffers as [`Self::stream_read`]'s.
     pub fn stream_read_fixed(&self, src: &WgpuBuffer, sink: &WgpuBuffer) -> Result<()> {
+        let per = [("PER", STREAM_FIXED_PER as i64)];
+        self.stream("stream_read_fixed", &per, src, sink, |vec4s| {
+            vec4s.div_ceil(STREAM_FIXED_PER).div_ceil(256)
+        })
+    }
+
+    /// One launch of the streaming kernel `entry` over `src` (its checks,
+    /// parameters and bindings shared), `groups` workgroups for its length
+    /// in `vec4<u32>`.
+    fn stream(
+        &self,
+        entry: &'static str,
+        constants: &[(&'static str, i64)],
+        src: &WgpuBuffer,
+        sink: &WgpuBuffer,
+        groups: impl Fn(u32) -> u32,
+    ) -> Result<()> {
         let (Some(s), Some(k)) = (src.single(), sink.single()) else {
-            return Err(Error::shape("stream_read_fixed", "buffers must be single"));
+            return Err(Error::shape(entry, "buffers must be single"));
         };
-        turbospark::ops::check_buf("stream_read_fixed", "src", src, &turbospark::ops::U32, 4)?;
-        turbospark::ops::check_buf(
-            "stream_read_fixed",
-            "sink",
-            sink,
-            &turbospark::ops::U32,
-            256,
-        )?;
+        turbospark::ops::check_buf(entry, "src", src, &turbospark::ops::U32, 4)?;
+        turbospark::ops::check_buf(entry, "sink", sink, &turbospark::ops::U32, 256)?;
         let vec4s = (src.len() / 4) as u32;
-        let groups = vec4s.div_ceil(STREAM_FIXED_PER).div_ceil(256);
         let params: [u32; 4] = [vec4s, 0x9e37_79b9, 0, 0];
         self.launch(Launch {
             kernel: "bench",
-            entry: "stream_read_fixed",
-            constants: &[("PER", STREAM_FIXED_PER as i64)],
+            entry,
+            constants,
             params: bytemuck::cast_slice(&params),
             buffers: &[(s, true), (k, false)],
-            groups: self.grid(groups),
+            groups: self.grid(groups(vec4s)),
         })
     }
 
