@@ -385,6 +385,31 @@ fn copies(bytes: usize) -> usize {
     (512usize << 20).div_ceil(bytes).clamp(1, 64)
 }
 
+/// `n` random bf16 weights (|w| < 0.05), as stored.
+fn bf16_weights(s: &mut u64, n: usize) -> Vec<u16> {
+    (0..n).map(|_| bf16_bits(rng(s) * 0.05)).collect()
+}
+
+/// `W . x` in f64 for the bf16 rows of `x.len()` in `wq`: a lab GEMV's
+/// reference.
+fn gemv_f64(wq: &[u16], x: &[f64]) -> Vec<f64> {
+    wq.chunks(x.len())
+        .map(|row| {
+            row.iter()
+                .zip(x)
+                .map(|(w, x)| half::bf16::from_bits(*w).to_f64() * x)
+                .sum()
+        })
+        .collect()
+}
+
+/// `wq` on the device [`copies`] times, for a rotation past the caches.
+fn weight_copies(lab: &Lab, wq: &[u16]) -> Vec<wgpu::Buffer> {
+    (0..copies(wq.len() * 2))
+        .map(|_| lab.storage(bytemuck::cast_slice(wq)))
+        .collect()
+}
+
 /// The lab's own GEMV variants (kernel_lab.wgsl entries): (entry, rows per
 /// 256-thread workgroup, needs 32-wide subgroups).
 const GEMV_VARIANTS: &[(&str, u32, bool)] = &[
@@ -407,20 +432,10 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
     let blocks = k / 8;
     let mut s = 0x9e3779b97f4a7c15u64 ^ rows as u64;
     let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
-    let wq: Vec<u16> = (0..rows * k)
-        .map(|_| bf16_bits(rng(&mut s) * 0.05))
-        .collect();
-    let want: Vec<f64> = (0..rows)
-        .map(|r| {
-            (0..k)
-                .map(|c| half::bf16::from_bits(wq[r * k + c]).to_f64() * x[c] as f64)
-                .sum()
-        })
-        .collect();
-    let n = copies(rows * k * 2);
-    let ws: Vec<wgpu::Buffer> = (0..n)
-        .map(|_| lab.storage(bytemuck::cast_slice(&wq)))
-        .collect();
+    let wq = bf16_weights(&mut s, rows * k);
+    let want = gemv_f64(&wq, &x.iter().map(|v| *v as f64).collect::<Vec<_>>());
+    let ws = weight_copies(lab, &wq);
+    let n = ws.len();
     let xb = lab.storage(bytemuck::cast_slice(&x));
     let out = lab.storage(&vec![0u8; rows * 4 + 64]);
     // gemv.wgsl's Params: n, k, rows, row0.
@@ -510,23 +525,13 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
     let mut s = 0x5851_f42d_4c95_7f2du64 ^ rows as u64;
     let x: Vec<f32> = (0..k).map(|_| rng(&mut s) * 3.0).collect();
     let nw: Vec<f32> = (0..k).map(|_| 1.0 + 0.5 * rng(&mut s)).collect();
-    let wq: Vec<u16> = (0..rows * k)
-        .map(|_| bf16_bits(rng(&mut s) * 0.05))
-        .collect();
+    let wq = bf16_weights(&mut s, rows * k);
     let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / k as f64;
     let inv = 1.0 / (ms + 1e-6).sqrt();
     let y: Vec<f64> = (0..k).map(|c| x[c] as f64 * inv * nw[c] as f64).collect();
-    let want: Vec<f64> = (0..rows)
-        .map(|r| {
-            (0..k)
-                .map(|c| half::bf16::from_bits(wq[r * k + c]).to_f64() * y[c])
-                .sum()
-        })
-        .collect();
-    let n = copies(rows * k * 2);
-    let ws: Vec<wgpu::Buffer> = (0..n)
-        .map(|_| lab.storage(bytemuck::cast_slice(&wq)))
-        .collect();
+    let want = gemv_f64(&wq, &y);
+    let ws = weight_copies(lab, &wq);
+    let n = ws.len();
     let xnw: Vec<f32> = x.iter().chain(&nw).copied().collect();
     let xb = lab.storage(bytemuck::cast_slice(&xnw));
     let yb = lab.storage(&vec![0u8; k * 4]);
@@ -591,18 +596,8 @@ fn moe_case(lab: &Lab, filter: &str) {
     }
     let (hidden, inter, experts, top_k) = (2816usize, 704usize, 128usize, 8usize);
     let mut s = 0x1234_5678_9abcu64;
-    let gu_words = experts * 2 * inter * hidden / 2;
-    let dn_words = experts * hidden * inter / 2;
-    let gu: Vec<u32> = (0..gu_words)
-        .map(|_| {
-            bf16_bits(rng(&mut s) * 0.05) as u32 | (bf16_bits(rng(&mut s) * 0.05) as u32) << 16
-        })
-        .collect();
-    let dn: Vec<u32> = (0..dn_words)
-        .map(|_| {
-            bf16_bits(rng(&mut s) * 0.05) as u32 | (bf16_bits(rng(&mut s) * 0.05) as u32) << 16
-        })
-        .collect();
+    let gu = bf16_weights(&mut s, experts * 2 * inter * hidden);
+    let dn = bf16_weights(&mut s, experts * hidden * inter);
     let gub = lab.storage(bytemuck::cast_slice(&gu));
     let dnb = lab.storage(bytemuck::cast_slice(&dn));
     let x: Vec<f32> = (0..hidden).map(|_| rng(&mut s)).collect();
@@ -808,9 +803,7 @@ fn backend_case(rows: usize, k: usize) {
     use turbospark::{ComputeBackend, DType, HostBytes};
     let be = turbospark_wgpu::WgpuBackend::new(&Default::default()).unwrap();
     let mut s = 7u64;
-    let wq: Vec<u16> = (0..rows * k)
-        .map(|_| bf16_bits(rng(&mut s) * 0.05))
-        .collect();
+    let wq = bf16_weights(&mut s, rows * k);
     let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
     let w = be
         .upload_weight(
@@ -938,9 +931,7 @@ fn slots_case() {
     let (rows, k) = (4224usize, 2816usize);
     let be = turbospark_wgpu::WgpuBackend::new(&Default::default()).unwrap();
     let mut s = 9u64;
-    let wq: Vec<u16> = (0..rows * k)
-        .map(|_| bf16_bits(rng(&mut s) * 0.05))
-        .collect();
+    let wq = bf16_weights(&mut s, rows * k);
     let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
     let ws: Vec<_> = (0..23)
         .map(|_| {
