@@ -8,6 +8,18 @@ use turbospark::{
 };
 use turbospark_cpu::CpuBackend;
 
+/// `r` is the op's shape error (`Error::Shape` naming `op`) saying `needle`.
+#[track_caller]
+fn shape_error<T>(r: turbospark::Result<T>, op: &str, needle: &str) {
+    let Err(e) = r else {
+        panic!("{op}: accepted, expected an error saying {needle:?}")
+    };
+    assert!(
+        matches!(&e, Error::Shape { op: o, .. } if *o == op) && e.to_string().contains(needle),
+        "{e}"
+    );
+}
+
 fn bad_calls<B: ComputeBackend>(b: &B) {
     let v: Vec<f32> = (0..8).map(|i| i as f32 + 0.5).collect();
     let a = b
@@ -17,17 +29,9 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "c")
         .unwrap();
     // An output aliasing an input.
-    let e = b.add(&a, &c, &a, 8).unwrap_err();
-    assert!(
-        matches!(&e, Error::Shape { op: "add", .. }) && e.to_string().contains("aliases"),
-        "{e}"
-    );
+    shape_error(b.add(&a, &c, &a, 8), "add", "aliases");
     // A buffer too short for the shape.
-    let e = b.add(&a, &c, &c, 9).unwrap_err();
-    assert!(
-        matches!(&e, Error::Shape { op: "add", .. }) && e.to_string().contains("needs 9"),
-        "{e}"
-    );
+    shape_error(b.add(&a, &c, &c, 9), "add", "needs 9");
     // A dtype the op does not take.
     let ids = b.alloc(DType::U32, 8, "ids").unwrap();
     let e = b.scale(&ids, &c, 8, 2.0).unwrap_err();
@@ -42,18 +46,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         dim: 8,
         eps: 1e-6,
     };
-    let e = b
-        .post_attention(&a, &c, &w, &w, &out, &out, None, p)
-        .unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Shape {
-                op: "post_attention",
-                ..
-            }
-        ) && e.to_string().contains("aliases"),
-        "{e}"
+    shape_error(
+        b.post_attention(&a, &c, &w, &w, &out, &out, None, p),
+        "post_attention",
+        "aliases",
     );
     let p = PostFfn {
         rows: 1,
@@ -61,10 +57,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         eps: 1e-6,
         scale: 1.0,
     };
-    let e = b.post_ffn(&a, &w, None, &c, &c, None, p).unwrap_err();
-    assert!(
-        matches!(&e, Error::Shape { op: "post_ffn", .. }) && e.to_string().contains("aliases"),
-        "{e}"
+    shape_error(
+        b.post_ffn(&a, &w, None, &c, &c, None, p),
+        "post_ffn",
+        "aliases",
     );
     // Pair ops: each half is fine alone, but the second writes the first's
     // input (a GPU runs the halves at once).
@@ -130,10 +126,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         )
         .unwrap();
     let rid = b.alloc(DType::U32, 1, "rid").unwrap();
-    let e = b.router(&a, &w, &proj, &c, &rid, &a, rp).unwrap_err();
-    assert!(
-        matches!(&e, Error::Shape { op: "router", .. }) && e.to_string().contains("aliases"),
-        "{e}"
+    shape_error(
+        b.router(&a, &w, &proj, &c, &rid, &a, rp),
+        "router",
+        "aliases",
     );
     // post_attention_gate_up: the routed gate_up must read the router's ids.
     let (r, ff, moe_in, rw) = (
@@ -171,18 +167,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         act: &act2,
         p: Moe { experts: 2, ..p },
     };
-    let e = b
-        .post_attention_gate_up((pa, router), half(&ff, &act), routed)
-        .unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Shape {
-                op: "post_attention_gate_up",
-                ..
-            }
-        ) && e.to_string().contains("router's ids"),
-        "{e}"
+    shape_error(
+        b.post_attention_gate_up((pa, router), half(&ff, &act), routed),
+        "post_attention_gate_up",
+        "router's ids",
     );
     // attention writing over its queries, kv_append with one cache for both
     // (the aliasing rules live in Attention / KvAppend::validate).
@@ -196,16 +184,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         scale: 1.0,
     };
     let pos0 = b.alloc(DType::U32, 1, "pos0").unwrap();
-    let e = b.attention(&a, &c, &c, &pos0, &a, ap1).unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Shape {
-                op: "attention",
-                ..
-            }
-        ) && e.to_string().contains("aliases"),
-        "{e}"
+    shape_error(
+        b.attention(&a, &c, &c, &pos0, &a, ap1),
+        "attention",
+        "aliases",
     );
     let kv = KvAppend {
         m: 1,
@@ -213,16 +195,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         head_dim: 8,
         capacity: 1,
     };
-    let e = b.kv_append(&a, &a, &c, &c, &pos0, kv).unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Shape {
-                op: "kv_append",
-                ..
-            }
-        ) && e.to_string().contains("aliases"),
-        "{e}"
+    shape_error(
+        b.kv_append(&a, &a, &c, &c, &pos0, kv),
+        "kv_append",
+        "aliases",
     );
     // qkv_post_attention whose two halves disagree: named, before any work.
     let qp = QkvPost {
@@ -250,18 +226,10 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         b.alloc(DType::F32, 40, "kc").unwrap(),
         b.alloc(DType::F32, 40, "vc").unwrap(),
     );
-    let e = b
-        .qkv_post_attention(&raw, &w, &w, &pos, &q, &kc, &vc, &att, qp, ap)
-        .unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Shape {
-                op: "qkv_post_attention",
-                ..
-            }
-        ) && e.to_string().contains("capacity 4, attention 5"),
-        "{e}"
+    shape_error(
+        b.qkv_post_attention(&raw, &w, &w, &pos, &q, &kc, &vc, &att, qp, ap),
+        "qkv_post_attention",
+        "capacity 4, attention 5",
     );
 }
 
