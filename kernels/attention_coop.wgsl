@@ -284,8 +284,8 @@ var<workgroup> cqi: array<f32, 64>;
 // [0, 16) and probability factors [16, 32).
 var<workgroup> crange: array<vec2<u32>, 16>;
 var<workgroup> ckey: array<f32, 32>;
-// The workgroup's keys [lo, hi) and the scratch's first key.
-var<workgroup> cspan: vec4<u32>;
+// The workgroup's keys [lo, hi).
+var<workgroup> cspan: vec2<u32>;
 
 // Row r's score of step key c from the partials (query head slot sg),
 // masked: NEG where key kb + c is not row r's.
@@ -363,7 +363,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
                 hi = max(hi, rg.y);
             }
         }
-        cspan = vec4<u32>(lo, max(lo, hi), 0u, 0u);
+        cspan = vec2<u32>(lo, max(lo, hi));
     }
     let span = workgroupUniformLoad(&cspan);
     let klo = span.x;
