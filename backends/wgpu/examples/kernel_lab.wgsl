@@ -145,21 +145,6 @@ const MAXK4: u32 = 1024u;
 const MAXW: u32 = 16u;
 var<workgroup> xs: array<vec4<f32>, MAXK4>;
 
-// Sum of `v` over the workgroup's 256 threads (a tree in `part`).
-fn sum256(t: u32, v: f32) -> f32 {
-    part[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            part[t] += part[t + s];
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
-
 // x's inverse RMS, by the whole workgroup.
 fn inv_rms_x(t: u32) -> f32 {
     let k4 = P.k / 4u;
@@ -168,7 +153,8 @@ fn inv_rms_x(t: u32) -> f32 {
         let v = X[i];
         ss += dot(v, v);
     }
-    return inverseSqrt(sum256(t, ss) / f32(P.k) + NORM_EPS);
+    // (the backends' own row sum, kernels/reduce*.wgsl, as post_ffn's)
+    return inverseSqrt(workgroup_sum(ss, t, 256u) / f32(P.k) + NORM_EPS);
 }
 
 @compute @workgroup_size(256)
