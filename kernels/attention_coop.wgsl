@@ -284,8 +284,13 @@ var<workgroup> cqi: array<f32, 64>;
 // [0, 16) and probability factors [16, 32).
 var<workgroup> crange: array<vec2<u32>, 16>;
 var<workgroup> ckey: array<f32, 32>;
-// The workgroup's keys [lo, hi).
-var<workgroup> cspan: vec2<u32>;
+// The workgroup's keys [lo, hi) (lanes 2-3 unused). A vec4, not a vec2:
+// every workgroup variable here is a whole number of 16-byte units. With
+// cspan a vec2 the kernel read NaN on the H200 (thirteenth session, run
+// 02), most likely because the driver packs the variables in an order of
+// its own and a cooperative load or store in csp / cpp, which needs 16-byte
+// alignment, then started 8 bytes off.
+var<workgroup> cspan: vec4<u32>;
 
 // Row r's score of step key c from the partials (query head slot sg),
 // masked: NEG where key kb + c is not row r's.
@@ -363,7 +368,7 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
                 hi = max(hi, rg.y);
             }
         }
-        cspan = vec2<u32>(lo, max(lo, hi));
+        cspan = vec4<u32>(lo, max(lo, hi), 0u, 0u);
     }
     let span = workgroupUniformLoad(&cspan);
     let klo = span.x;

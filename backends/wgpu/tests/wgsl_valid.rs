@@ -147,3 +147,45 @@ fn kernel_lab_sources_validate() {
         .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
     }
 }
+
+/// Every workgroup variable of a family that uses cooperative matrices is a
+/// whole number of 16-byte units (at the overrides' defaults). A
+/// cooperative load or store in workgroup memory needs 16-byte alignment,
+/// and the driver lays the variables out in an order of its own: a single
+/// 8-byte `vec2` made attention_coop read NaN on the H200 (thirteenth
+/// session), which no Linux machine without tensor cores could show.
+#[test]
+fn cooperative_families_keep_workgroup_variables_16_byte_sized() {
+    let mut failures = Vec::new();
+    for name in families() {
+        let src = source(name, true).expect("registered");
+        if !src.contains("coop_mat") {
+            continue;
+        }
+        let module = naga::front::wgsl::parse_str(&src).expect("parses (tested above)");
+        let caps = Capabilities::default()
+            | Capabilities::SUBGROUP
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::COOPERATIVE_MATRIX;
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .expect("validates (tested above)");
+        let constants = naga::back::PipelineConstants::default();
+        let (module, _) =
+            naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+                .expect("overrides resolve at their defaults");
+        for (_, var) in module.global_variables.iter() {
+            if var.space != naga::AddressSpace::WorkGroup {
+                continue;
+            }
+            let size = module.types[var.ty].inner.size(module.to_ctx());
+            if size % 16 != 0 {
+                failures.push(format!(
+                    "kernels/{name}.wgsl: var<workgroup> {} is {size} bytes",
+                    var.name.as_deref().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
