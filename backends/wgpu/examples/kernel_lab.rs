@@ -322,6 +322,13 @@ impl Lab {
         per[REPS / 2]
     }
 
+    /// The first `n` f32 of `b` set to NaN: a check after a run then fails
+    /// on what the kernel did not write.
+    fn poison(&self, b: &wgpu::Buffer, n: usize) {
+        self.queue
+            .write_buffer(b, 0, bytemuck::cast_slice(&vec![f32::NAN; n]));
+    }
+
     fn read_f32(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
         let st = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
@@ -372,6 +379,10 @@ fn gemv_source(lab: &Lab) -> String {
 
 /// Max |got - want| / max |want|.
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    // (f64::max drops a NaN: an unwritten or NaN output is infinitely wrong)
+    if got.iter().any(|g| !g.is_finite()) {
+        return f64::INFINITY;
+    }
     let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
     got.iter()
         .zip(want)
@@ -558,6 +569,7 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
             .map(|w| lab.bind(&gemv, &params, &[w, &yb, &out]))
             .collect();
         let two = [(&norm, &norm_groups[..], 1), (&gemv, &gemv_groups[..], wgs)];
+        lab.poison(&out, rows);
         lab.time_stages(&two, 1);
         let err_two = rel_err(&lab.read_f32(&out, rows), &want);
         let us_two = lab.time_stages(&two, CHAIN);
@@ -567,6 +579,7 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
             .iter()
             .map(|w| lab.bind(&fused, &params, &[w, &xb, &out]))
             .collect();
+        lab.poison(&out, rows);
         lab.time(&fused, &fused_groups[..1], wgs, 1);
         let err_one = rel_err(&lab.read_f32(&out, rows), &want);
         let us_one = lab.time(&fused, &fused_groups, wgs, CHAIN);
@@ -582,6 +595,30 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
             err_two < 1e-4 && err_one < 1e-4,
             "{name}: {err_two:e} / {err_one:e}"
         );
+        // Persistent: fewer workgroups, each norming once (the H200 has
+        // 132 SMs: one, two and four workgroups each; a third of the row
+        // blocks walks the loop on small shapes too).
+        let persist = lab.pipeline(&module, "gemv_normed_persist", &consts, 3);
+        let persist_groups: Vec<_> = ws
+            .iter()
+            .map(|w| lab.bind(&persist, &params, &[w, &xb, &out]))
+            .collect();
+        let mut grids: Vec<u32> = [wgs.div_ceil(3), 132, 264, 528]
+            .iter()
+            .map(|g| (*g).min(wgs))
+            .collect();
+        grids.dedup();
+        for grid in grids {
+            lab.poison(&out, rows);
+            lab.time(&persist, &persist_groups[..1], grid, 1);
+            let err = rel_err(&lab.read_f32(&out, rows), &want);
+            let us = lab.time(&persist, &persist_groups, grid, CHAIN);
+            println!(
+                "  persistent {grid:4} {tag:9} chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
+                gb / us * 1e6
+            );
+            assert!(err < 1e-4, "{name}: persistent {grid}: {err:e}");
+        }
     }
 }
 

@@ -202,3 +202,60 @@ fn gemv_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         OUT[r] = s;
     }
 }
+
+// `gemv_normed` with fewer, persistent workgroups: each rebuilds the
+// normed row once (while its first block's weights load) and then walks
+// row blocks wg.x, wg.x + nwg.x, ..., the next block's weights issued
+// before the current block's dot products. The question: does the norm's
+// repeated cost fall below a dependent dispatch once fewer workgroups
+// repeat it?
+@compute @workgroup_size(256)
+fn gemv_normed_persist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) t: u32) {
+    let lane = t % LANES;
+    let k4 = P.k / 4u;
+    let nb = (P.rows + 7u) / 8u;
+    var b = wg.x;
+    if (b >= nb) {
+        return;
+    }
+    var w: array<vec4<u32>, MAXW>;
+    let r0 = min(b * 8u + t / LANES, P.rows - 1u);
+    for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+        w[c] = W[r0 * BK + min(lane + c * LANES, BK - 1u)];
+    }
+    let inv = inv_rms_x(t);
+    for (var i = t; i < k4; i += 256u) {
+        xs[i] = X[i] * inv * X[k4 + i];
+    }
+    workgroupBarrier();
+    loop {
+        let r = b * 8u + t / LANES;
+        let bn = b + nwg.x;
+        var wn: array<vec4<u32>, MAXW>;
+        if (bn < nb) {
+            let rn = min(bn * 8u + t / LANES, P.rows - 1u);
+            for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+                wn[c] = W[rn * BK + min(lane + c * LANES, BK - 1u)];
+            }
+        }
+        var acc = 0.0;
+        for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
+            let bl = lane + c * LANES;
+            let bb = min(bl, BK - 1u);
+            let v = w[c];
+            let lo = vec4<f32>(decode_pair(v.x), decode_pair(v.y));
+            let hi = vec4<f32>(decode_pair(v.z), decode_pair(v.w));
+            acc += select(0.0, dot(lo, xs[2u * bb]) + dot(hi, xs[2u * bb + 1u]), bl < BK);
+        }
+        let s = reduce32(t, lane, acc);
+        if (lane == 0u && r < P.rows) {
+            OUT[r] = s;
+        }
+        if (bn >= nb) {
+            break;
+        }
+        w = wn;
+        b = bn;
+    }
+}
