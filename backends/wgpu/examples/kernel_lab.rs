@@ -519,6 +519,36 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
     }
 }
 
+/// The fixed cost of a dependent dispatch: a chain of empty kernels (one
+/// workgroup, or as many as a GEMV launches) on one pipeline and bind
+/// group, on two bind groups, and alternating two pipelines. A decode step
+/// switches pipeline at nearly every dispatch; the lab's other chains
+/// repeat one.
+fn dispatch_case(lab: &Lab, filter: &str) {
+    if !"dispatch".contains(filter) {
+        return;
+    }
+    let module = lab.module(&format!("{}\n{LAB}", gemv_source(lab)), false);
+    let a = lab.pipeline(&module, "empty", &[], 3);
+    let b = lab.pipeline(&module, "empty_b", &[], 3);
+    let params = lab.uniform(&[8, 8, 8, 0]);
+    let bufs: Vec<wgpu::Buffer> = (0..4).map(|_| lab.storage(&[0u8; 256])).collect();
+    // (every dispatch writes bufs[2], so each waits on the one before)
+    let one = |p: &wgpu::ComputePipeline, w: &wgpu::Buffer| {
+        vec![lab.bind(p, &params, &[w, &bufs[1], &bufs[2]])]
+    };
+    let (ga, ga2, gb) = (one(&a, &bufs[0]), one(&a, &bufs[3]), one(&b, &bufs[0]));
+    println!("\ndependent dispatches of an empty kernel (us a dispatch)");
+    for wgs in [1u32, 1024] {
+        let same = lab.time_stages(&[(&a, &ga[..], wgs), (&a, &ga[..], wgs)], CHAIN) / 2.0;
+        let groups = lab.time_stages(&[(&a, &ga[..], wgs), (&a, &ga2[..], wgs)], CHAIN) / 2.0;
+        let switch = lab.time_stages(&[(&a, &ga[..], wgs), (&b, &gb[..], wgs)], CHAIN) / 2.0;
+        println!(
+            "  {wgs:5} workgroups: one pipeline {same:6.2}  two bind groups {groups:6.2}  two pipelines {switch:6.2}"
+        );
+    }
+}
+
 /// A row norm before a GEMV (`rows` x `k`, bf16): the norm as its own
 /// dispatch and then the backend's gemv, against `gemv_normed` doing both in
 /// one (kernel_lab.wgsl). Each is checked against an f64 host result.
@@ -573,6 +603,8 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
         lab.time_stages(&two, 1);
         let err_two = rel_err(&lab.read_f32(&out, rows), &want);
         let us_two = lab.time_stages(&two, CHAIN);
+        // The gemv's share of that chain: its own chain.
+        let us_gemv = lab.time(&gemv, &gemv_groups, wgs, CHAIN);
         // One dispatch.
         let fused = lab.pipeline(&module, "gemv_normed", &consts, 3);
         let fused_groups: Vec<_> = ws
@@ -586,6 +618,10 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
         println!(
             "  norm, then gemv {tag:9} chain {us_two:8.2} us  {:7.0} GB/s  err {err_two:.1e}",
             gb / us_two * 1e6
+        );
+        println!(
+            "  gemv alone      {tag:9} chain {us_gemv:8.2} us  {:7.0} GB/s",
+            gb / us_gemv * 1e6
         );
         println!(
             "  gemv_normed     {tag:9} chain {us_one:8.2} us  {:7.0} GB/s  err {err_one:.1e}",
@@ -819,6 +855,7 @@ fn main() {
         backend_case(262144, 2816);
         return;
     }
+    dispatch_case(&lab, &filter);
     moe_case(&lab, &filter);
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);

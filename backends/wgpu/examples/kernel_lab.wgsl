@@ -35,6 +35,15 @@ fn empty(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
 }
 
+// `empty` again under another name: a second pipeline, for the cost of
+// switching pipelines between dependent dispatches (the `dispatch` case).
+@compute @workgroup_size(256)
+fn empty_b(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    if (wg.x == 0u && t == 0u) {
+        OUT[1] = 2.0;
+    }
+}
+
 // kernels/gemv.wgsl's loop as of the second session (the backend's own
 // kernel is timed beside the variants as `real gemv`).
 @compute @workgroup_size(256)
