@@ -30,7 +30,11 @@ pub(crate) struct CoopTile {
 /// k per step at two slices a step ([`CoopTile::slices`]), the most: k and
 /// the split steps are whole multiples of it for every tile.
 const BK: u32 = 32;
-/// X16 rows per prep workgroup (a warp per row).
+/// X16 rows per prep workgroup (a warp per row). A row per 256-thread
+/// workgroup (its max by workgroup_max, one pass of loads kept in
+/// registers) was slower on the H200: 15 -> 24 us a dispatch at 512 tokens
+/// (thirteenth session, run 07), the route search and the reduction's
+/// barriers repeated per row.
 const PREP_ROWS: u32 = 8;
 
 impl CoopTile {
@@ -615,10 +619,17 @@ mod tests {
 
     #[test]
     fn gemm_prep_scales_dense_rows_into_tiles() {
+        // k under a pass of a warp's loads, then (4224 = 1056 vec4) over
+        // several
+        for (m, k) in [(70, 96), (7, 4224)] {
+            prep_dense_rows(m, k);
+        }
+    }
+
+    fn prep_dense_rows(m: usize, k: usize) {
         let Some(be) = backend() else { return };
         let seed = turbospark::parity::seed_from_env();
         let mut rng = turbospark::rng::Rng::new(seed);
-        let (m, k) = (70, 96);
         let x = rows_with_range(&mut rng, m, k);
         let xb = upload_f32(&be, &x, "x");
         let t = DENSE_NARROW;
