@@ -634,6 +634,13 @@ impl<B: ComputeBackend> Model<B> {
         )?;
         for li in 0..cfg.layers.len() {
             self.record_layer(li, s, m, tail != Tail::Layers)?;
+            // A prefill batch goes to the device a layer at a time, so the
+            // GPU runs each layer while the host records the next (one
+            // submit at the end left it idle for the whole recording);
+            // a decode step (m = 1) stays one submit.
+            if m > 1 {
+                be.flush()?;
+            }
         }
         if tail == Tail::Head {
             self.record_head(s, &s.normed, m)?;
