@@ -38,7 +38,8 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 // ---- qkv_post: after the fused q|k|v projection -------------------------
 //
-// One workgroup per (token t, head slot): slots [0, heads) are query heads,
+// A warp (32 invocations) per (token t, head slot), eight a workgroup: slots
+// [0, heads) are query heads,
 // then kv_heads key heads, then kv_heads value heads. Each head's raw row is
 // RMS-normalised (q and k times their weights WQ / WK, v without one), q and
 // k are turned by RoPE as in `rope` above, q goes to QO and k / v to the
@@ -71,16 +72,28 @@ struct QkvParams {
 override WQD: u32 = 0u;
 override WKD: u32 = 0u;
 
+// Per warp: the squared sums of its lanes, summed by a tree (every warp
+// takes every step, so the barriers are uniform). (A workgroup per head,
+// its sum by workgroup_sum, left each 256-thread workgroup of a 512-token
+// batch one short chain, 16384 of them: 41 us a call on the H200.)
+var<workgroup> qred: array<f32, 256>;
+
 @compute @workgroup_size(256)
 fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
-    let id = linear_group(wg, nwg);
     let slots = QP.heads + 2u * QP.kv_heads;
-    let t = id / slots;
-    let s = id % slots;
-    if (t >= QP.m) {
+    let items = QP.m * slots;
+    let id0 = linear_group(wg, nwg) * 8u;
+    if (id0 >= items) {
         return;
     }
+    let warp = lid / 32u;
+    let lane = lid % 32u;
+    // (a warp past the last item computes on it and writes nothing)
+    let on = id0 + warp < items;
+    let id = min(id0 + warp, items - 1u);
+    let t = id / slots;
+    let s = id % slots;
     let d = QP.head_dim;
     let qd = QP.heads * d;
     let kd = QP.kv_heads * d;
@@ -101,23 +114,34 @@ fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let src = t * row + off;
 
     var ss = 0.0;
-    for (var i = lid; i < d; i += 256u) {
+    for (var i = lane; i < d; i += 32u) {
         let v = RAW[src + i];
         ss += v * v;
     }
-    let inv = inverseSqrt(workgroup_sum(ss, lid, 256u) / f32(d) + QP.eps);
+    qred[lid] = ss;
+    for (var st = 16u; st > 0u; st >>= 1u) {
+        workgroupBarrier();
+        if (lane < st) {
+            qred[lid] += qred[lid + st];
+        }
+    }
+    workgroupBarrier();
+    let inv = inverseSqrt(qred[warp * 32u] / f32(d) + QP.eps);
+    if (!on) {
+        return;
+    }
     let slot = QPOS[t] % QP.capacity;
 
     if (kind == 2u) {
         let dst = (h * QP.capacity + slot) * d;
-        for (var i = lid; i < d; i += 256u) {
+        for (var i = lane; i < d; i += 32u) {
             VCACHE[dst + i] = RAW[src + i] * inv;
         }
         return;
     }
     let half = d / 2u;
     let pos = QPOS[t];
-    for (var i = lid; i < half; i += 256u) {
+    for (var i = lane; i < half; i += 32u) {
         var a: f32;
         var b: f32;
         if (kind == 0u) {

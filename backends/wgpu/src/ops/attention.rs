@@ -44,7 +44,8 @@ struct QkvParams {
 }
 
 /// Per-head norms, RoPE and the cache append in one dispatch
-/// (`kernels/rope.wgsl` `qkv_post`): a workgroup per (token, head slot).
+/// (`kernels/rope.wgsl` `qkv_post`): a warp per (token, head slot), eight a
+/// workgroup.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_post(
     be: &WgpuBackend,
@@ -86,7 +87,7 @@ pub(crate) fn qkv_post(
             (one(kc), false),
             (one(vc), false),
         ],
-        groups: be.grid((p.m * (p.heads + 2 * p.kv_heads)) as u32),
+        groups: be.grid((p.m * (p.heads + 2 * p.kv_heads)).div_ceil(8) as u32),
     })
 }
 
