@@ -38,13 +38,20 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 // ---- qkv_post: after the fused q|k|v projection -------------------------
 //
-// A warp (32 invocations) per (token t, head slot), eight a workgroup: slots
-// [0, heads) are query heads,
-// then kv_heads key heads, then kv_heads value heads. Each head's raw row is
+// Items (token t, head slot): slots [0, heads) are query heads, then
+// kv_heads key heads, then kv_heads value heads. Each head's raw row is
 // RMS-normalised (q and k times their weights WQ / WK, v without one), q and
 // k are turned by RoPE as in `rope` above, q goes to QO and k / v to the
 // caches at slot POS[t] % capacity. The raw row of a token is
 // [q | k | v], or [q | k] with V taken from the raw k (attention_k_eq_v).
+//
+// Two launches of the same work (backends/wgpu/src/ops/attention.rs picks
+// by the item count): `qkv_post`, a 256-thread workgroup per item, and
+// `qkv_post_warps`, a warp (32 invocations) per item and eight a
+// workgroup. On the H200 (thirteenth session, runs 08 / 09) a workgroup
+// per item took 3.8-4.3 us at 32-512 items and 41.8 us at 16384 (a
+// 512-token batch: as many short chains); a warp per item 5.8-6.8 us and
+// 21.5 us.
 
 struct QkvParams {
     m: u32,
@@ -72,84 +79,70 @@ struct QkvParams {
 override WQD: u32 = 0u;
 override WKD: u32 = 0u;
 
-// Per warp: the squared sums of its lanes, summed by a tree (every warp
-// takes every step, so the barriers are uniform). (A workgroup per head,
-// its sum by workgroup_sum, left each 256-thread workgroup of a 512-token
-// batch one short chain, 16384 of them: 41 us a call on the H200.)
-var<workgroup> qred: array<f32, 256>;
+// Item `id`'s token, head slot, kind (0: query, 1: key, 2: value), head
+// within its kind and first raw element.
+struct QkvItem {
+    t: u32,
+    kind: u32,
+    h: u32,
+    src: u32,
+}
 
-@compute @workgroup_size(256)
-fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
+fn qkv_item(id: u32) -> QkvItem {
     let slots = QP.heads + 2u * QP.kv_heads;
-    let items = QP.m * slots;
-    let id0 = linear_group(wg, nwg) * 8u;
-    if (id0 >= items) {
-        return;
-    }
-    let warp = lid / 32u;
-    let lane = lid % 32u;
-    // (a warp past the last item computes on it and writes nothing)
-    let on = id0 + warp < items;
-    let id = min(id0 + warp, items - 1u);
     let t = id / slots;
     let s = id % slots;
     let d = QP.head_dim;
     let qd = QP.heads * d;
     let kd = QP.kv_heads * d;
     let row = qd + kd * (2u - QP.v_from_k);
-    // 0: query, 1: key, 2: value; h: head within its kind.
-    var kind = 0u;
-    var h = s;
-    var off = s * d;
+    var it = QkvItem(t, 0u, s, t * row + s * d);
     if (s >= QP.heads + QP.kv_heads) {
-        kind = 2u;
-        h = s - QP.heads - QP.kv_heads;
-        off = qd + select(kd, 0u, QP.v_from_k == 1u) + h * d;
+        it.kind = 2u;
+        it.h = s - QP.heads - QP.kv_heads;
+        it.src = t * row + qd + select(kd, 0u, QP.v_from_k == 1u) + it.h * d;
     } else if (s >= QP.heads) {
-        kind = 1u;
-        h = s - QP.heads;
-        off = qd + h * d;
+        it.kind = 1u;
+        it.h = s - QP.heads;
+        it.src = t * row + qd + it.h * d;
     }
-    let src = t * row + off;
+    return it;
+}
 
+// This invocation's part of the item's squared sum: elements lane, lane +
+// n, ...
+fn qkv_squares(it: QkvItem, lane: u32, n: u32) -> f32 {
     var ss = 0.0;
-    for (var i = lane; i < d; i += 32u) {
-        let v = RAW[src + i];
+    for (var i = lane; i < QP.head_dim; i += n) {
+        let v = RAW[it.src + i];
         ss += v * v;
     }
-    qred[lid] = ss;
-    for (var st = 16u; st > 0u; st >>= 1u) {
-        workgroupBarrier();
-        if (lane < st) {
-            qred[lid] += qred[lid + st];
-        }
-    }
-    workgroupBarrier();
-    let inv = inverseSqrt(qred[warp * 32u] / f32(d) + QP.eps);
-    if (!on) {
-        return;
-    }
-    let slot = QPOS[t] % QP.capacity;
+    return ss;
+}
 
-    if (kind == 2u) {
-        let dst = (h * QP.capacity + slot) * d;
-        for (var i = lane; i < d; i += 32u) {
-            VCACHE[dst + i] = RAW[src + i] * inv;
+// The item's outputs from its inverse RMS, by n invocations (this one
+// `lane`).
+fn qkv_write(it: QkvItem, inv: f32, lane: u32, n: u32) {
+    let d = QP.head_dim;
+    let slot = QPOS[it.t] % QP.capacity;
+    if (it.kind == 2u) {
+        let dst = (it.h * QP.capacity + slot) * d;
+        for (var i = lane; i < d; i += n) {
+            VCACHE[dst + i] = RAW[it.src + i] * inv;
         }
         return;
     }
     let half = d / 2u;
-    let pos = QPOS[t];
-    for (var i = lane; i < half; i += 32u) {
+    let pos = QPOS[it.t];
+    for (var i = lane; i < half; i += n) {
         var a: f32;
         var b: f32;
-        if (kind == 0u) {
-            a = RAW[src + i] * inv * decode_as(WQ[word_of(i, WQD)], i, WQD);
-            b = RAW[src + i + half] * inv * decode_as(WQ[word_of(i + half, WQD)], i + half, WQD);
+        if (it.kind == 0u) {
+            a = RAW[it.src + i] * inv * decode_as(WQ[word_of(i, WQD)], i, WQD);
+            b = RAW[it.src + i + half] * inv * decode_as(WQ[word_of(i + half, WQD)], i + half, WQD);
         } else {
-            a = RAW[src + i] * inv * decode_as(WK[word_of(i, WKD)], i, WKD);
-            b = RAW[src + i + half] * inv * decode_as(WK[word_of(i + half, WKD)], i + half, WKD);
+            a = RAW[it.src + i] * inv * decode_as(WK[word_of(i, WKD)], i, WKD);
+            b = RAW[it.src + i + half] * inv * decode_as(WK[word_of(i + half, WKD)], i + half, WKD);
         }
         var ra = a;
         var rb = b;
@@ -158,14 +151,59 @@ fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             ra = ab.x;
             rb = ab.y;
         }
-        if (kind == 0u) {
-            let dst = (t * QP.heads + h) * d;
+        if (it.kind == 0u) {
+            let dst = (it.t * QP.heads + it.h) * d;
             QO[dst + i] = ra;
             QO[dst + i + half] = rb;
         } else {
-            let dst = (h * QP.capacity + slot) * d;
+            let dst = (it.h * QP.capacity + slot) * d;
             KCACHE[dst + i] = ra;
             KCACHE[dst + i + half] = rb;
         }
+    }
+}
+
+fn qkv_inv(ss: f32) -> f32 {
+    return inverseSqrt(ss / f32(QP.head_dim) + QP.eps);
+}
+
+@compute @workgroup_size(256)
+fn qkv_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let id = linear_group(wg, nwg);
+    if (id >= QP.m * (QP.heads + 2u * QP.kv_heads)) {
+        return;
+    }
+    let it = qkv_item(id);
+    let inv = qkv_inv(workgroup_sum(qkv_squares(it, lid, 256u), lid, 256u));
+    qkv_write(it, inv, lid, 256u);
+}
+
+// qkv_post_warps: each warp's squared sums, summed by a tree (every warp
+// takes every step, so the barriers are uniform).
+var<workgroup> qred: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn qkv_post_warps(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let items = QP.m * (QP.heads + 2u * QP.kv_heads);
+    let id0 = linear_group(wg, nwg) * 8u;
+    if (id0 >= items) {
+        return;
+    }
+    let warp = lid / 32u;
+    let lane = lid % 32u;
+    // (a warp past the last item computes on it and writes nothing)
+    let it = qkv_item(min(id0 + warp, items - 1u));
+    qred[lid] = qkv_squares(it, lane, 32u);
+    for (var st = 16u; st > 0u; st >>= 1u) {
+        workgroupBarrier();
+        if (lane < st) {
+            qred[lid] += qred[lid + st];
+        }
+    }
+    workgroupBarrier();
+    if (id0 + warp < items) {
+        qkv_write(it, qkv_inv(qred[warp * 32u]), lane, 32u);
     }
 }

@@ -415,11 +415,12 @@ fn fused() -> Vec<Op> {
         qkv(1, 16, 2, 512, 64, 4096, true, 4000, BF16),
         qkv(16, 16, 8, 256, 128, 1039, false, 1030, F32),
         qkv(3, 4, 2, 12, 3, 5, true, 7, F16),
-        // items (tokens x head slots) not a whole number of the wgpu
-        // kernel's eight a workgroup: 7 x 20 and 3 x 5 (head_dim 40: lanes
-        // with two elements and with one)
-        qkv(7, 16, 2, 512, 64, 4096, true, 4000, BF16),
-        qkv(3, 3, 1, 40, 7, 9, false, 11, BF16),
+        // enough items (tokens x head slots) for wgpu's warp per item
+        // (`QKV_WARPS_MIN_ITEMS`), not a whole number of its eight a
+        // workgroup: 103 x 20 and 410 x 5 (head_dim 40: lanes with two
+        // elements and with one)
+        qkv(103, 16, 2, 512, 64, 4096, true, 4000, BF16),
+        qkv(410, 3, 1, 40, 7, 500, false, 11, BF16),
     ]
 }
 
