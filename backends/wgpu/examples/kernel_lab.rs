@@ -605,16 +605,23 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
         let us_two = lab.time_stages(&two, CHAIN);
         // The gemv's share of that chain: its own chain.
         let us_gemv = lab.time(&gemv, &gemv_groups, wgs, CHAIN);
-        // One dispatch.
+        // One dispatch (a bind group a weight copy, x and its norm weight
+        // read from xb).
+        let bind_copies = |p: &wgpu::ComputePipeline| -> Vec<_> {
+            ws.iter()
+                .map(|w| lab.bind(p, &params, &[w, &xb, &out]))
+                .collect()
+        };
+        // One checked run on a poisoned output, then the timed chain:
+        // (error, us).
+        let run = |p: &wgpu::ComputePipeline, groups: &[_], grid: u32| {
+            lab.poison(&out, rows);
+            lab.time(p, &groups[..1], grid, 1);
+            let err = rel_err(&lab.read_f32(&out, rows), &want);
+            (err, lab.time(p, groups, grid, CHAIN))
+        };
         let fused = lab.pipeline(&module, "gemv_normed", &consts, 3);
-        let fused_groups: Vec<_> = ws
-            .iter()
-            .map(|w| lab.bind(&fused, &params, &[w, &xb, &out]))
-            .collect();
-        lab.poison(&out, rows);
-        lab.time(&fused, &fused_groups[..1], wgs, 1);
-        let err_one = rel_err(&lab.read_f32(&out, rows), &want);
-        let us_one = lab.time(&fused, &fused_groups, wgs, CHAIN);
+        let (err_one, us_one) = run(&fused, &bind_copies(&fused), wgs);
         println!(
             "  norm, then gemv {tag:9} chain {us_two:8.2} us  {:7.0} GB/s  err {err_two:.1e}",
             gb / us_two * 1e6
@@ -635,20 +642,14 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
         // 132 SMs: one, two and four workgroups each; a third of the row
         // blocks walks the loop on small shapes too).
         let persist = lab.pipeline(&module, "gemv_normed_persist", &consts, 3);
-        let persist_groups: Vec<_> = ws
-            .iter()
-            .map(|w| lab.bind(&persist, &params, &[w, &xb, &out]))
-            .collect();
+        let persist_groups = bind_copies(&persist);
         let mut grids: Vec<u32> = [wgs.div_ceil(3), 132, 264, 528]
             .iter()
             .map(|g| (*g).min(wgs))
             .collect();
         grids.dedup();
         for grid in grids {
-            lab.poison(&out, rows);
-            lab.time(&persist, &persist_groups[..1], grid, 1);
-            let err = rel_err(&lab.read_f32(&out, rows), &want);
-            let us = lab.time(&persist, &persist_groups, grid, CHAIN);
+            let (err, us) = run(&persist, &persist_groups, grid);
             println!(
                 "  persistent {grid:4} {tag:9} chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
                 gb / us * 1e6

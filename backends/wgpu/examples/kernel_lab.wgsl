@@ -179,37 +179,52 @@ fn lab_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     }
 }
 
+// The normed row x * rms(x)^-1 * w into xs, by the whole workgroup, then
+// a barrier.
+fn stage_normed_row(t: u32) {
+    let k4 = P.k / 4u;
+    let inv = inv_rms_x(t);
+    for (var i = t; i < k4; i += 256u) {
+        xs[i] = X[i] * inv * X[k4 + i];
+    }
+    workgroupBarrier();
+}
+
+// Weight block b (8 bf16: `v`) dotted with xs; 0 past the row (b >= BK).
+fn block_dot(v: vec4<u32>, b: u32) -> f32 {
+    let bb = min(b, BK - 1u);
+    let lo = vec4<f32>(decode_pair(v.x), decode_pair(v.y));
+    let hi = vec4<f32>(decode_pair(v.z), decode_pair(v.w));
+    return select(0.0, dot(lo, xs[2u * bb]) + dot(hi, xs[2u * bb + 1u]), b < BK);
+}
+
+// Row r's lane sums into OUT[r] (every thread calls it: reduce32's
+// barriers).
+fn finish_row(t: u32, lane: u32, r: u32, acc: f32) {
+    let s = reduce32(t, lane, acc);
+    if (lane == 0u && r < P.rows) {
+        OUT[r] = s;
+    }
+}
+
 @compute @workgroup_size(256)
 fn gemv_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
     let r = wg.x * 8u + t / LANES;
     let rr = min(r, P.rows - 1u);
-    let k4 = P.k / 4u;
     // 1. The lane's weight blocks, issued before anything waits.
     var w: array<vec4<u32>, MAXW>;
     for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
         w[c] = W[rr * BK + min(lane + c * LANES, BK - 1u)];
     }
     // 2. The normed row into workgroup memory while they load.
-    let inv = inv_rms_x(t);
-    for (var i = t; i < k4; i += 256u) {
-        xs[i] = X[i] * inv * X[k4 + i];
-    }
-    workgroupBarrier();
+    stage_normed_row(t);
     // 3. The dot products from workgroup memory.
     var acc = 0.0;
     for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-        let b = lane + c * LANES;
-        let bb = min(b, BK - 1u);
-        let v = w[c];
-        let lo = vec4<f32>(decode_pair(v.x), decode_pair(v.y));
-        let hi = vec4<f32>(decode_pair(v.z), decode_pair(v.w));
-        acc += select(0.0, dot(lo, xs[2u * bb]) + dot(hi, xs[2u * bb + 1u]), b < BK);
+        acc += block_dot(w[c], lane + c * LANES);
     }
-    let s = reduce32(t, lane, acc);
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
+    finish_row(t, lane, r, acc);
 }
 
 // `gemv_normed` with fewer, persistent workgroups: each rebuilds the
@@ -222,7 +237,6 @@ fn gemv_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 fn gemv_normed_persist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) t: u32) {
     let lane = t % LANES;
-    let k4 = P.k / 4u;
     let nb = (P.rows + 7u) / 8u;
     var b = wg.x;
     if (b >= nb) {
@@ -233,11 +247,7 @@ fn gemv_normed_persist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
     for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
         w[c] = W[r0 * BK + min(lane + c * LANES, BK - 1u)];
     }
-    let inv = inv_rms_x(t);
-    for (var i = t; i < k4; i += 256u) {
-        xs[i] = X[i] * inv * X[k4 + i];
-    }
-    workgroupBarrier();
+    stage_normed_row(t);
     loop {
         let r = b * 8u + t / LANES;
         let bn = b + nwg.x;
@@ -250,17 +260,9 @@ fn gemv_normed_persist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
         }
         var acc = 0.0;
         for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-            let bl = lane + c * LANES;
-            let bb = min(bl, BK - 1u);
-            let v = w[c];
-            let lo = vec4<f32>(decode_pair(v.x), decode_pair(v.y));
-            let hi = vec4<f32>(decode_pair(v.z), decode_pair(v.w));
-            acc += select(0.0, dot(lo, xs[2u * bb]) + dot(hi, xs[2u * bb + 1u]), bl < BK);
+            acc += block_dot(w[c], lane + c * LANES);
         }
-        let s = reduce32(t, lane, acc);
-        if (lane == 0u && r < P.rows) {
-            OUT[r] = s;
-        }
+        finish_row(t, lane, r, acc);
         if (bn >= nb) {
             break;
         }
