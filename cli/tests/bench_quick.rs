@@ -162,6 +162,11 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     // negative; only the step itself must be positive.
     let ablation = &e["decode_step_ablation"];
     if backend == "wgpu" {
+        // A decode step is one submit (its dispatches recorded as one
+        // batch), whatever the prefill did before it.
+        let counted = &e["decode_step_counts"];
+        assert_eq!(counted["submits_per_step"].as_f64(), Some(1.0), "{counted}");
+        positive(&counted["dispatches_per_step"], "decode dispatches a step");
         positive(&ablation["step_us"], "ablation step_us");
         let profiled: Vec<&Value> = e["decode_step_profile"]
             .as_array()

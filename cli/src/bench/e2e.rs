@@ -80,6 +80,38 @@ const PROFILE_STEPS: usize = 2;
 /// Decode steps each run of the ablation times.
 const ABLATION_STEPS: usize = 16;
 
+/// Decode steps the counted decode-only run covers.
+const COUNTED_STEPS: usize = 8;
+
+/// Dispatches and submits per decode step, counted over `COUNTED_STEPS`
+/// steps after the prompt's prefill (the timed run's counters average the
+/// prefill batches in; a prefill batch is a submit a layer). Null where
+/// the backend does not count.
+fn decode_step_counts<B: ComputeBackend + Counters>(
+    model: &mut Model<B>,
+    prompt: &[u32],
+) -> turbospark::Result<Value> {
+    let greedy = |n| GenerateOptions {
+        max_new_tokens: n,
+        sampling: Sampling::Greedy,
+        stop_at_eos: false,
+    };
+    model.reset();
+    let first = model.generate(prompt, &greedy(1))?.tokens[0];
+    let before = model.backend().counters();
+    model.generate(&[first], &greedy(COUNTED_STEPS))?;
+    let after = model.backend().counters();
+    model.reset();
+    Ok(match before.zip(after) {
+        Some(((d0, s0), (d1, s1))) => json!({
+            "steps": COUNTED_STEPS,
+            "dispatches_per_step": (d1 - d0) as f64 / COUNTED_STEPS as f64,
+            "submits_per_step": (s1 - s0) as f64 / COUNTED_STEPS as f64,
+        }),
+        None => Value::Null,
+    })
+}
+
 /// Pairs of runs (nothing left out, then the kernel left out) per kernel
 /// in the ablation, outside `--quick`: its cost is the median of the pairs'
 /// differences. One pair a kernel against one shared baseline read
@@ -329,6 +361,11 @@ fn measure<B: ComputeBackend + Counters>(
         .flatten()
         .filter_map(|e| e["kernel"].as_str().map(str::to_string))
         .collect();
+    let counted = if prompt_len + COUNTED_STEPS < model.max_context() {
+        decode_step_counts(&mut model, &prompt)?
+    } else {
+        Value::Null
+    };
     let ablation = if prompt_len + ABLATION_STEPS < model.max_context() {
         let pairs = if args.quick { 1 } else { ABLATION_PAIRS };
         ablation(&mut model, &prompt, &kernels, pairs)?
@@ -359,9 +396,16 @@ fn measure<B: ComputeBackend + Counters>(
         None => String::new(),
     };
     let note = format!(
-        "{name}{cut} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}",
+        "{name}{cut} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}{}",
         g.prefill_tok_s,
         g.decode_tok_s,
+        match (
+            counted["dispatches_per_step"].as_f64(),
+            counted["submits_per_step"].as_f64()
+        ) {
+            (Some(d), Some(s)) => format!(" ({d:.0} dispatches, {s:.0} submit a step)"),
+            _ => String::new(),
+        },
         bound_tok_s
             .map(|b| format!(
                 ", bandwidth bound {b:.1} tok/s ({:.0}% of it)",
@@ -397,10 +441,12 @@ fn measure<B: ComputeBackend + Counters>(
         "bandwidth_bound_tok_s": bound_tok_s,
         "decode_share_of_bound": bound_tok_s.map(|b| g.decode_tok_s / b),
         // Averages over every forward pass of the timed run (prefill chunks
-        // included, which dispatch more); a decode step alone is in
+        // included, which dispatch more and submit a layer at a time); a
+        // decode step alone is in decode_step_counts (counted) and
         // decode_dispatches_per_step (from the profile).
         "dispatches_per_forward": per_token.map(|p| p.0),
         "submits_per_forward": per_token.map(|p| p.1),
+        "decode_step_counts": counted,
         "decode_dispatches_per_step": profile.as_array().map(|p| {
             p.iter()
                 .filter_map(|e| e["dispatches_per_step"].as_f64())
