@@ -519,6 +519,96 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
     }
 }
 
+/// The MoE GEMM's weight access pattern alone (`w_pattern`, kernel_lab.wgsl):
+/// `experts` experts of `rows` x `k` bf16 weights read 32 bytes of each of 64
+/// rows a step (as the tensor-core GEMM's GROUPED tile does), 64 and 128
+/// bytes a row a step, and the same bytes from a copy laid out step by step
+/// (tile-contiguous). Both layouts are checked to read every word of every
+/// row block once (the XOR of a block's words).
+fn pattern_case(lab: &Lab, (experts, rows, k): (usize, usize, usize), filter: &str) {
+    if !"w_pattern".contains(filter) && !filter.starts_with("w_pattern") {
+        return;
+    }
+    let kq = k / 8;
+    let n = experts * rows;
+    assert!(
+        n.is_multiple_of(64) && kq.is_multiple_of(8),
+        "whole row blocks and steps"
+    );
+    let blocks = n / 64;
+    // Random words (xorshift: 1 GB in well under a second).
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let words: Vec<u32> = (0..n * kq * 4)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u32
+        })
+        .collect();
+    // Each block's XOR of its words, folded to 16 bits as the kernel does.
+    let fold = |v: u32| (v ^ (v >> 16)) & 0xffff;
+    let want: Vec<u32> = words
+        .chunks(64 * kq * 4)
+        .map(|b| fold(b.iter().fold(0, |a, w| a ^ w)))
+        .collect();
+    let row_major = lab.storage(bytemuck::cast_slice(&words));
+    let gb = (n * k * 2) as f64 / 1e9;
+    println!("\nweight access pattern: {experts} experts x {rows} x {k} bf16, {gb:.2} GB a pass");
+    let x = lab.storage(&[0u8; 16]);
+    let out = lab.storage(&vec![0u8; blocks * 32 * 4]);
+    let params = lab.uniform(&[n as u32, k as u32, n as u32, 0]);
+    let module = lab.module(&format!("{}\n{LAB}", gemv_source(lab)), false);
+    for (pv, tiled) in [
+        (2usize, false),
+        (4, false),
+        (8, false),
+        (2, true),
+        (8, true),
+    ] {
+        let steps = kq / pv;
+        let w = if tiled {
+            // vec4 (r, s * pv + q) of block b at ((b * steps + s) * 64 + r) * pv + q
+            let mut t = vec![0u32; words.len()];
+            for b in 0..blocks {
+                for r in 0..64 {
+                    for c in 0..kq {
+                        let (st, q) = (c / pv, c % pv);
+                        let src = ((b * 64 + r) * kq + c) * 4;
+                        let dst = (((b * steps + st) * 64 + r) * pv + q) * 4;
+                        t[dst..dst + 4].copy_from_slice(&words[src..src + 4]);
+                    }
+                }
+            }
+            lab.storage(bytemuck::cast_slice(&t))
+        } else {
+            row_major.clone()
+        };
+        let consts = [("PV", pv as f64), ("TILED", tiled as u32 as f64)];
+        let p = lab.pipeline(&module, "w_pattern", &consts, 3);
+        let groups = [lab.bind(&p, &params, &[&w, &x, &out])];
+        lab.poison(&out, blocks * 32);
+        lab.time(&p, &groups, blocks as u32, 1);
+        let got = lab.read_f32(&out, blocks * 32);
+        let bad = (0..blocks)
+            .filter(|&b| {
+                let x = got[b * 32..b * 32 + 32]
+                    .iter()
+                    .fold(0u32, |a, v| a ^ *v as u32);
+                !got[b * 32..b * 32 + 32].iter().all(|v| v.is_finite()) || x != want[b]
+            })
+            .count();
+        let us = lab.time(&p, &groups, blocks as u32, 10);
+        println!(
+            "  {:13} {:3} B a row a step  {us:9.1} us  {:7.0} GB/s  blocks wrong {bad}",
+            if tiled { "tile-ordered" } else { "row-major" },
+            pv * 16,
+            gb / us * 1e6
+        );
+        assert_eq!(bad, 0, "w_pattern PV={pv} tiled={tiled}: blocks read wrong");
+    }
+}
+
 /// The fixed cost of a dependent dispatch: a chain of empty kernels (one
 /// workgroup, or as many as a GEMV launches) on one pipeline and bind
 /// group, on two bind groups, and alternating two pipelines. A decode step
@@ -846,6 +936,7 @@ fn main() {
     if small {
         gemv_case(&lab, "tiny", 64, 512, &filter);
         normed_gemv_case(&lab, "tiny", 64, 512, &filter);
+        pattern_case(&lab, (3, 128, 256), &filter);
         return;
     }
     if filter == "slots" {
@@ -857,6 +948,8 @@ fn main() {
         return;
     }
     dispatch_case(&lab, &filter);
+    // 64 of the 128 gate_up experts (1 GB; a 512-token batch touches nearly all)
+    pattern_case(&lab, (64, 2816, 2816), &filter);
     moe_case(&lab, &filter);
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);

@@ -270,3 +270,38 @@ fn gemv_normed_persist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
         b = bn;
     }
 }
+
+// ---- w_pattern: does the MoE GEMM's weight access pattern cost bandwidth?
+//
+// The tensor-core MoE GEMM's tile (kernels/gemm_coop.wgsl, GROUPED: one
+// warp, 64 weight rows, 16 of k a step) reads 32 bytes of each of 64 rows
+// a step, rows 5.6 KB apart. This kernel reads exactly those bytes with
+// nothing else to do: a 32-thread workgroup per block of 64 rows, PV vec4
+// (8 weights each) of every row a step, either from the row-major weights
+// (TILED 0) or from a copy laid out so that each step's 64 x PV vec4 are
+// contiguous (TILED 1). Each lane XORs what it reads; OUT gets the lane's
+// XOR folded to 16 bits (exact as f32), so the host checks that both
+// layouts read every word of the block once.
+override PV: u32 = 2u;
+override TILED: u32 = 0u;
+
+@compute @workgroup_size(32)
+fn w_pattern(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let kq = P.k / 8u;
+    let rb = wg.x;
+    let steps = kq / PV;
+    var acc = vec4<u32>(0u);
+    for (var s = 0u; s < steps; s++) {
+        // The step's 64 x PV vec4, two lanes a row's 32 bytes at PV = 2.
+        for (var u = 0u; u < 2u * PV; u++) {
+            let e = t + 32u * u;
+            var idx = ((rb * steps + s) * 64u) * PV + e;
+            if (TILED == 0u) {
+                idx = (rb * 64u + e / PV) * kq + s * PV + e % PV;
+            }
+            acc ^= W[idx];
+        }
+    }
+    let v = acc.x ^ acc.y ^ acc.z ^ acc.w;
+    OUT[rb * 32u + t] = f32((v ^ (v >> 16u)) & 0xffffu);
+}
