@@ -478,6 +478,9 @@ fn qkv_post_attention() -> Vec<Op> {
         c(1, 6, 3, 24, 5, 50, false, 0, 20, F16),
         c(1, 4, 2, 12, 3, 40, true, 0, 30, BF16),
         c(3, 16, 8, 256, 128, 600, false, 512, 590, BF16),
+        // a context long enough that wgpu's split phase reaches its most
+        // workgroups (2 kv heads, 8192 slots), where it takes the two ops
+        c(1, 4, 2, 64, 16, 8192, false, 0, 8190, BF16),
     ]
 }
 

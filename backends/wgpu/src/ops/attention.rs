@@ -458,7 +458,14 @@ fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
 /// [`qkv_post`] then [`attention`] on its output. One decode row that
 /// [`qkv_attention_fits`] takes `attn_decode_qkv` (the norms, RoPE and
 /// cache append inside the split phase) and attn_combine: one dependent
-/// dispatch fewer. Else the two ops. The caller checked both ops' shapes.
+/// dispatch fewer. Else, and where the split phase has reached its
+/// [`DECODE_GROUPS`] workgroups (a long context), the two ops: every
+/// workgroup of attn_decode_qkv builds its group's queries itself, which
+/// costs more than the dispatch it saves once there are that many (on the
+/// H200, full layers at 8K keys, 512 workgroups: 62.0 us fused against
+/// 45.5 for the split phase and combine after a 3.8 us qkv_post; sliding
+/// layers at 1K, 256 workgroups, 15.8 fused against 14.5 + 3.8; thirteenth
+/// session run 09). The caller checked both ops' shapes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_attention(
     be: &WgpuBackend,
@@ -470,14 +477,18 @@ pub(crate) fn qkv_attention(
     out: &WgpuBuffer,
     (qp, p): (QkvPost, Attention),
 ) -> Result<()> {
-    if !qkv_attention_fits(be, &p) {
+    let split = if qkv_attention_fits(be, &p) {
+        Some(split_plan(be, &p, true)?).filter(|s| s.groups < DECODE_GROUPS)
+    } else {
+        None
+    };
+    let Some(mut split) = split else {
         qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
         return attention(be, q, kc, vc, pos, out, p);
-    }
+    };
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
     let freq = freq_table(be, qp.theta, qp.head_dim, qp.rot_pairs)?;
-    let mut split = split_plan(be, &p, true)?;
     split.params.rot_pairs = qp.rot_pairs as u32;
     split.params.eps = qp.eps;
     split.params.v_from_k = qp.v_from_k as u32;
@@ -519,9 +530,24 @@ mod tests {
     use turbospark::ComputeBackend;
 
     /// Dispatches `qkv_post_attention` records for `m` rows of a small
-    /// layer (4 query heads over 2 kv heads) from position 40.
+    /// layer (4 query heads over 2 kv heads) from position 40 over a
+    /// 64-slot cache, or (`long`) over a cache of that many slots, at its
+    /// end.
     fn qkv_attention_dispatches(be: &WgpuBackend, m: usize, head_dim: usize) -> u64 {
-        let (heads, kv_heads, capacity) = (4, 2, 64);
+        qkv_attention_dispatches_at(be, m, head_dim, None)
+    }
+
+    fn qkv_attention_dispatches_at(
+        be: &WgpuBackend,
+        m: usize,
+        head_dim: usize,
+        long: Option<usize>,
+    ) -> u64 {
+        let (heads, kv_heads) = (4, 2);
+        let (start, capacity) = match long {
+            Some(c) => ((c - m - 1) as u32, c),
+            None => (40, 64),
+        };
         let qp = QkvPost {
             m,
             heads,
@@ -537,7 +563,7 @@ mod tests {
         let f = |n: usize, label| upload_f32(be, &vec![0.5; n], label);
         let raw = f(m * qp.raw_row(), "raw");
         let (wq, wk) = (f(head_dim, "wq"), f(head_dim, "wk"));
-        let pos = upload_u32(be, &(40..40 + m as u32).collect::<Vec<_>>(), "pos");
+        let pos = upload_u32(be, &(start..start + m as u32).collect::<Vec<_>>(), "pos");
         let q = f(m * heads * head_dim, "q");
         let cache = capacity * kv_heads * head_dim;
         let (kc, vc) = (f(cache, "kc"), f(cache, "vc"));
@@ -558,6 +584,13 @@ mod tests {
         // phase and attn_combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 12), 3);
         assert_eq!(qkv_attention_dispatches(&be, 2, 64), 3);
+        // A context long enough for the split phase's DECODE_GROUPS
+        // workgroups (2 kv heads: 256 splits of 32 keys): the two ops
+        // again; one split short of it, still one launch.
+        let full = DECODE_GROUPS / 2 * DECODE_KEYS;
+        assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(full)), 3);
+        let short = full - DECODE_KEYS;
+        assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(short)), 2);
     }
 
     #[test]
