@@ -261,6 +261,45 @@ fn generate_matches_teacher_forced_greedy() {
     assert_eq!(g2.tokens, g.tokens);
 }
 
+/// The prompt's last token rides in its last prefill batch, and the LM
+/// head runs for that row only: whatever the last batch holds (a whole
+/// batch, a part, or the one token on the decode path), generation
+/// matches the teacher-forced greedy choice and ends at the same position.
+#[test]
+fn generate_takes_the_first_token_from_the_last_prefill_batch() {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    let o = ModelOptions {
+        max_context: 64,
+        prefill_batch: 8,
+    };
+    let mut m = Model::load(CpuBackend::new(), &src, o).unwrap();
+    let vocab = m.config().vocab;
+    let greedy = |n| GenerateOptions {
+        max_new_tokens: n,
+        sampling: Sampling::Greedy,
+        ..Default::default()
+    };
+    for len in [16, 17, 20, 1] {
+        let p = prompt(len, vocab);
+        m.reset();
+        let g = m.generate(&p, &greedy(6)).unwrap();
+        assert_eq!(g.tokens.len(), 6, "prompt of {len}");
+        assert_eq!(m.position(), len + 5, "prompt of {len}: position");
+        m.reset();
+        let mut all = p.clone();
+        all.extend(&g.tokens);
+        let rows = m.logits(&all).unwrap();
+        for (j, &t) in g.tokens.iter().enumerate() {
+            assert_eq!(argmax(&rows[len - 1 + j]), t, "prompt of {len}, token {j}");
+        }
+        // One new token: the prefill's head alone.
+        m.reset();
+        let one = m.generate(&p, &greedy(1)).unwrap();
+        assert_eq!(one.tokens, g.tokens[..1], "prompt of {len}: one token");
+        assert_eq!(m.position(), len, "prompt of {len}: position after one");
+    }
+}
+
 #[test]
 fn seeded_sampling_is_reproducible() {
     let mut m = tiny_model(64);

@@ -410,9 +410,11 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Append `prompt` to the context and generate up to `max_new_tokens`.
     ///
-    /// The prompt but its last token goes through prefill batches
-    /// without the LM head; the last prompt token is the first decode step, so
-    /// the head runs once per new token. Each decode step is one submit and
+    /// The prompt goes through prefill batches, the LM head only for its
+    /// last token (the first new token's logits; a prompt of one token, or
+    /// whose last batch is that token, takes the decode path for it), so the
+    /// head runs once per new token. Each later token is a decode step:
+    /// one submit and
     /// one small readback: with greedy sampling the argmax runs on the device
     /// and writes straight into the id buffer the next step embeds, so only
     /// 4 bytes come back and the next step is recorded before they do
@@ -435,19 +437,20 @@ impl<B: ComputeBackend> Model<B> {
                 decode_tok_s: 0.0,
             });
         }
-        let (head, last) = prompt.split_at(prompt.len() - 1);
-        self.prefill(head)?;
-        self.backend.write_u32(&self.single.ids, 0, last)?;
         let stop = if opts.stop_at_eos {
             self.cfg.eos_token_ids.clone()
         } else {
             Vec::new()
         };
         if greedy {
-            return self.generate_greedy(opts.max_new_tokens, &stop, prompt.len(), t0);
+            return self.generate_greedy(prompt, opts.max_new_tokens, &stop, t0);
         }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
-        let mut tok = self.decode_step(&mut sampler)?;
+        let m = self.prefill_with_head(prompt)?;
+        let row = self
+            .backend
+            .download_f32(self.final_logits(self.scratch(m)?))?;
+        let mut tok = sampler.sample(&row[..self.cfg.vocab.min(row.len())])?;
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
         let t1 = Instant::now();
@@ -459,23 +462,32 @@ impl<B: ComputeBackend> Model<B> {
         Ok(Generation::timed(tokens, prefill_tok_s, t1))
     }
 
-    /// Greedy decode of `n` tokens after the prompt's last token (already in
-    /// `single.ids`), pipelined: the argmax runs on the device and writes the
-    /// id the next step embeds, so step k + 1 is recorded and submitted
-    /// before step k's 4-byte readback is waited for, and the device never
-    /// idles while the host records a step. Still one submit per token.
+    /// Greedy decode of `n` (> 0) tokens after `prompt`, pipelined: the
+    /// argmax runs on the device and writes the id the next step embeds, so
+    /// step k + 1 is recorded and submitted before step k's 4-byte readback
+    /// is waited for, and the device never idles while the host records a
+    /// step. The first token comes from the prompt's prefill
+    /// ([`Self::prefill_with_head`]); each later one is a decode step, one
+    /// submit per token.
     fn generate_greedy(
         &mut self,
+        prompt: &[u32],
         n: usize,
         stop: &[u32],
-        prompt_len: usize,
         t0: Instant,
     ) -> Result<Generation> {
         /// Steps recorded ahead of the token the host waits for.
         const AHEAD: usize = 2;
+        let prompt_len = prompt.len();
         let mut tokens = Vec::with_capacity(n);
         let mut in_flight = std::collections::VecDeque::with_capacity(AHEAD);
-        let (mut recorded, mut flip) = (0, false);
+        // The first token into `single.ids`, which the first step embeds.
+        let m = self.prefill_with_head(prompt)?;
+        let logits = self.final_logits(self.scratch(m)?);
+        self.backend
+            .argmax(logits, &self.single.ids, 1, self.cfg.vocab)?;
+        in_flight.push_back(self.backend.begin_read_u32(&self.single.ids)?);
+        let (mut recorded, mut flip) = (1, false);
         let (mut prefill_tok_s, mut t1) = (0.0, Instant::now());
         while tokens.len() < n {
             while recorded < n && in_flight.len() < AHEAD {
@@ -554,6 +566,30 @@ impl<B: ComputeBackend> Model<B> {
             self.pos += chunk.len();
         }
         Ok(())
+    }
+
+    /// Run the non-empty `prompt` through every layer in batches, and the
+    /// LM head for its last token only, recorded (not submitted). The last
+    /// token rides in the last batch, so the first new token costs the
+    /// batch one row more and the head, not a whole decode step's weight
+    /// reads after it. Returns the last batch's rows: its scratch
+    /// ([`Self::scratch`]) has the last token's logits in its first row (the
+    /// batch's through `head_slice`, or `single`'s where the last batch is
+    /// that one token).
+    fn prefill_with_head(&mut self, prompt: &[u32]) -> Result<usize> {
+        let last = (prompt.len() - 1) / self.prefill_batch * self.prefill_batch;
+        self.prefill(&prompt[..last])?;
+        let chunk = &prompt[last..];
+        let m = chunk.len();
+        if m == 1 {
+            self.forward_chunk(chunk, Tail::Head)?;
+        } else {
+            self.forward_chunk(chunk, Tail::FinalNorm)?;
+            let s = self.scratch(m)?;
+            self.head_slice(s, m - 1, 1)?;
+        }
+        self.pos += m;
+        Ok(m)
     }
 
     /// One sampled (not greedy) decode step: the logits row comes back and

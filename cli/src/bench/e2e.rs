@@ -383,11 +383,11 @@ fn measure<B: ComputeBackend + Counters>(
     };
     let bound_tok_s = ceiling_gbps.map(|c| c * 1e9 / bytes_per_token as f64);
     let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
-        // The counters cover every forward pass of the run: the prefill
-        // chunks (the prompt but its last token, which the first decode
-        // step takes) and the decode steps.
-        let chunks = prompt_len.saturating_sub(1).div_ceil(prefill_batch);
-        let steps = (chunks + decode) as f64;
+        // The counters cover every forward pass of the run: the prompt's
+        // prefill chunks (the last one also yields the first new token)
+        // and a decode step for each token after it.
+        let chunks = prompt_len.div_ceil(prefill_batch);
+        let steps = (chunks + decode.saturating_sub(1)) as f64;
         ((d1 - d0) as f64 / steps, (s1 - s0) as f64 / steps)
     });
     let peak_bytes = model.backend().memory().map(|m| m.1 - held_before);
