@@ -14,7 +14,7 @@
 //! - shapes are checked by the shared validators in [`crate::ops`] before any
 //!   work is recorded, so both backends reject the same bad calls with the same
 //!   error;
-//! - a case a backend does not implement returns [`Error::Unsupported`]
+//! - a case a backend does not implement returns [`Error::Unsupported`](crate::Error::Unsupported)
 //!   (see [`ComputeBackend::supports`]), never a silent fallback.
 
 use std::sync::Arc;

@@ -45,7 +45,7 @@ pub fn kv_append(src: &[f32], cache: &mut [f32], positions: &[u32], p: KvAppend)
 /// `f16`: as a tensor-core backend computes it (`turbospark::GemmRounding`,
 /// kernels/attention_coop.wgsl): queries and keys rounded to f16 by row
 /// with the GEMM's power-of-two scale ([`f16_rows`]), values by
-/// [`f16_value_rows`], and each probability (times its value row's factor)
+/// `f16_value_rows` (below), and each probability (times its value row's factor)
 /// rounded to f16 before it multiplies; the sums stay f32.
 pub fn attention(
     q: &[f32],
