@@ -154,10 +154,18 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let vsn = 256u / dp;
     let c = lid % dp;
     let vs = lid / dp;
-    var acc: array<vec4<f32>, 8>;
-    for (var q = 0u; q < QMAX; q++) {
-        acc[q] = vec4<f32>(0.0);
-    }
+    // Slot q's value accumulator is a<q>: named registers, not an array
+    // indexed in loops over the slots (attn_decode's rule, eighth session:
+    // the NVIDIA driver kept such arrays in local memory); slots past QT
+    // are never touched (QT is a constant).
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
     let kbase = g * P.capacity;
 
     for (var j0 = c_lo; j0 < c_hi; j0 += KR) {
@@ -181,18 +189,23 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             }
             vreg[i] = v;
         }
-        // Partial dots of key j with every query over this lane's dims.
-        var part: array<f32, 8>;
-        for (var q = 0u; q < QMAX; q++) {
-            part[q] = 0.0;
-        }
+        // Partial dots of key j with every query over this lane's dims,
+        // slots 0-3 and 4-7 as the lanes of two named vec4 (slots past QT
+        // dot qv's zeros and are never stored).
+        var pa = vec4<f32>(0.0);
+        var pb = vec4<f32>(0.0);
         for (var i = 0u; i < NV; i++) {
-            for (var q = 0u; q < QT; q++) {
-                part[q] += dot(qv[q * NV + i], kreg[i]);
+            let kt = kreg[i];
+            pa += vec4<f32>(dot(qv[i], kt), dot(qv[NV + i], kt), dot(qv[2u * NV + i], kt), dot(qv[3u * NV + i], kt));
+            if (QT > 4u) {
+                pb += vec4<f32>(dot(qv[4u * NV + i], kt), dot(qv[5u * NV + i], kt), dot(qv[6u * NV + i], kt), dot(qv[7u * NV + i], kt));
             }
         }
-        for (var q = 0u; q < QT; q++) {
-            red[(r * QT + q) * RS + lane / 4u][lane % 4u] = part[q];
+        for (var q = 0u; q < min(QT, 4u); q++) {
+            red[(r * QT + q) * RS + lane / 4u][lane % 4u] = pa[q];
+        }
+        for (var q = 4u; q < QT; q++) {
+            red[(r * QT + q) * RS + lane / 4u][lane % 4u] = pb[q - 4u];
         }
         workgroupBarrier();
 
@@ -237,15 +250,31 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         }
         workgroupBarrier();
 
-        // V: acc[q] = acc[q] * alpha + sum_r p[q][r] * V[j0 + r].
-        for (var q = 0u; q < QT; q++) {
-            acc[q] *= salpha[q];
+        // V: a<q> = a<q> * alpha + sum_r p[q][r] * V[j0 + r] (slots past
+        // QT read other slots' values: finite, unused).
+        a0 *= salpha[0];
+        a1 *= salpha[min(1u, QT - 1u)];
+        a2 *= salpha[min(2u, QT - 1u)];
+        a3 *= salpha[min(3u, QT - 1u)];
+        if (QT > 4u) {
+            a4 *= salpha[min(4u, QT - 1u)];
+            a5 *= salpha[min(5u, QT - 1u)];
+            a6 *= salpha[min(6u, QT - 1u)];
+            a7 *= salpha[min(7u, QT - 1u)];
         }
         for (var i = 0u; i < NV; i++) {
             let rr = vs + i * vsn;
             if (j0 + rr < c_hi) {
-                for (var q = 0u; q < QT; q++) {
-                    acc[q] += sp[q * KR + rr] * vreg[i];
+                let v = vreg[i];
+                a0 += sp[rr] * v;
+                a1 += sp[min(1u, QT - 1u) * KR + rr] * v;
+                a2 += sp[min(2u, QT - 1u) * KR + rr] * v;
+                a3 += sp[min(3u, QT - 1u) * KR + rr] * v;
+                if (QT > 4u) {
+                    a4 += sp[min(4u, QT - 1u) * KR + rr] * v;
+                    a5 += sp[min(5u, QT - 1u) * KR + rr] * v;
+                    a6 += sp[min(6u, QT - 1u) * KR + rr] * v;
+                    a7 += sp[min(7u, QT - 1u) * KR + rr] * v;
                 }
             }
         }
@@ -260,20 +289,41 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (c_lo >= c_hi) {
         return;
     }
-    // Sum the slices' accumulators and store them.
-    for (var q = 0u; q < QT; q++) {
-        workgroupBarrier();
-        sacc[lid] = acc[q];
-        workgroupBarrier();
-        let s = s0 + q;
-        if (vs == 0u && c < P.d4 && s < s1) {
-            var a = sacc[c];
-            for (var k = 1u; k < vsn; k++) {
-                a += sacc[k * dp + c];
-            }
-            let slot = (s / P.group) * P.heads + g * P.group + s % P.group;
-            PART[(split * nq + slot) * P.d4 + c] = a;
+    // Sum the slices' accumulators and store them, a slot at a time.
+    let tile_of = vec4<u32>(split, s0, s1, g);
+    split_store(0u, a0, lid, tile_of);
+    split_store(1u, a1, lid, tile_of);
+    split_store(2u, a2, lid, tile_of);
+    split_store(3u, a3, lid, tile_of);
+    split_store(4u, a4, lid, tile_of);
+    split_store(5u, a5, lid, tile_of);
+    split_store(6u, a6, lid, tile_of);
+    split_store(7u, a7, lid, tile_of);
+}
+
+// Slot q's value partials, summed over the slices, into PART (q < QT: a
+// uniform condition, QT being a constant). `t`: the split, the tile's
+// first and last slots, the kv head.
+fn split_store(q: u32, a: vec4<f32>, lid: u32, t: vec4<u32>) {
+    if (q >= QT) {
+        return;
+    }
+    let dp = NV * LK;
+    let vsn = 256u / dp;
+    let c = lid % dp;
+    let vs = lid / dp;
+    let nq = P.m * P.heads;
+    workgroupBarrier();
+    sacc[lid] = a;
+    workgroupBarrier();
+    let s = t.y + q;
+    if (vs == 0u && c < P.d4 && s < t.z) {
+        var sum = sacc[c];
+        for (var k = 1u; k < vsn; k++) {
+            sum += sacc[k * dp + c];
         }
+        let slot = (s / P.group) * P.heads + t.w * P.group + s % P.group;
+        PART[(t.x * nq + slot) * P.d4 + c] = sum;
     }
 }
 
