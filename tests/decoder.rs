@@ -297,6 +297,21 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
         let one = m.generate(&p, &greedy(1)).unwrap();
         assert_eq!(one.tokens, g.tokens[..1], "prompt of {len}: one token");
         assert_eq!(m.position(), len, "prompt of {len}: position after one");
+        // The sampled path reads the same first row back: top-1 sampling
+        // is greedy.
+        m.reset();
+        let top1 = GenerateOptions {
+            max_new_tokens: 6,
+            sampling: Sampling::Random {
+                temperature: 1.0,
+                top_k: Some(1),
+                top_p: None,
+                seed: 9,
+            },
+            ..Default::default()
+        };
+        let s = m.generate(&p, &top1).unwrap();
+        assert_eq!(s.tokens, g.tokens, "prompt of {len}: top-1 sampling");
     }
 }
 

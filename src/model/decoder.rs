@@ -381,24 +381,37 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// The LM head (and softcap) for rows `r0 .. r0 + n` of the batch's
-    /// final hidden state: the rows gathered into `head_x` through `embed`
-    /// (a row gather; times 1.0, exact), then the head as for a pass.
+    /// final hidden state, into the batch's logits.
     fn head_slice(&self, s: &Scratch<B>, r0: usize, n: usize) -> Result<()> {
+        self.head_rows_into(s, s, r0, n)
+    }
+
+    /// The LM head (and softcap) for rows `r0 .. r0 + n` of `src`'s final
+    /// hidden state into `dst`'s logits: the rows gathered into
+    /// `dst.head_x` through `embed` (a row gather; times 1.0, exact), then
+    /// the head as for a pass.
+    fn head_rows_into(
+        &self,
+        src: &Scratch<B>,
+        dst: &Scratch<B>,
+        r0: usize,
+        n: usize,
+    ) -> Result<()> {
         let be = &self.backend;
         let ids: Vec<u32> = (r0..r0 + n).map(|r| r as u32).collect();
-        be.write_u32(&s.head_ids, 0, &ids)?;
+        be.write_u32(&dst.head_ids, 0, &ids)?;
         be.embed(
-            &s.head_ids,
-            &s.normed,
-            &s.head_x,
+            &dst.head_ids,
+            &src.normed,
+            &dst.head_x,
             Embed {
                 m: n,
                 hidden: self.cfg.hidden,
-                vocab: s.rows,
+                vocab: src.rows,
                 scale: 1.0,
             },
         )?;
-        self.record_head(s, &s.head_x, n)
+        self.record_head(dst, &dst.head_x, n)
     }
 
     /// The first `m` rows of the final logits, read back.
@@ -446,10 +459,8 @@ impl<B: ComputeBackend> Model<B> {
             return self.generate_greedy(prompt, opts.max_new_tokens, &stop, t0);
         }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
-        let m = self.prefill_with_head(prompt)?;
-        let row = self
-            .backend
-            .download_f32(self.final_logits(self.scratch(m)?))?;
+        self.prefill_with_head(prompt)?;
+        let row = self.backend.download_f32(self.final_logits(&self.single))?;
         let mut tok = sampler.sample(&row[..self.cfg.vocab.min(row.len())])?;
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
@@ -482,10 +493,10 @@ impl<B: ComputeBackend> Model<B> {
         let mut tokens = Vec::with_capacity(n);
         let mut in_flight = std::collections::VecDeque::with_capacity(AHEAD);
         // The first token into `single.ids`, which the first step embeds.
-        let m = self.prefill_with_head(prompt)?;
-        let logits = self.final_logits(self.scratch(m)?);
+        self.prefill_with_head(prompt)?;
+        let s = &self.single;
         self.backend
-            .argmax(logits, &self.single.ids, 1, self.cfg.vocab)?;
+            .argmax(self.final_logits(s), &s.ids, 1, self.cfg.vocab)?;
         in_flight.push_back(self.backend.begin_read_u32(&self.single.ids)?);
         let (mut recorded, mut flip) = (1, false);
         let (mut prefill_tok_s, mut t1) = (0.0, Instant::now());
@@ -572,11 +583,10 @@ impl<B: ComputeBackend> Model<B> {
     /// LM head for its last token only, recorded (not submitted). The last
     /// token rides in the last batch, so the first new token costs the
     /// batch one row more and the head, not a whole decode step's weight
-    /// reads after it. Returns the last batch's rows: its scratch
-    /// ([`Self::scratch`]) has the last token's logits in its first row (the
-    /// batch's through `head_slice`, or `single`'s where the last batch is
-    /// that one token).
-    fn prefill_with_head(&mut self, prompt: &[u32]) -> Result<usize> {
+    /// reads after it. The last token's logits end in `single`'s, as a
+    /// decode step's do (its final-normed row gathered from the batch, or
+    /// the decode path itself where the last batch is that one token).
+    fn prefill_with_head(&mut self, prompt: &[u32]) -> Result<()> {
         let last = (prompt.len() - 1) / self.prefill_batch * self.prefill_batch;
         self.prefill(&prompt[..last])?;
         let chunk = &prompt[last..];
@@ -585,11 +595,10 @@ impl<B: ComputeBackend> Model<B> {
             self.forward_chunk(chunk, Tail::Head)?;
         } else {
             self.forward_chunk(chunk, Tail::FinalNorm)?;
-            let s = self.scratch(m)?;
-            self.head_slice(s, m - 1, 1)?;
+            self.head_rows_into(self.scratch(m)?, &self.single, m - 1, 1)?;
         }
         self.pos += m;
-        Ok(m)
+        Ok(())
     }
 
     /// One sampled (not greedy) decode step: the logits row comes back and
