@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Correctness on the lent H200's tensor cores: the test binaries built here
+# run there with TURBOSPARK_TENSOR_CORES=1 (the paths lavapipe cannot run:
+# the cooperative-matrix GEMMs and attention). Run it first in a session
+# whose kernels changed since the last device run: a kernel validated by
+# naga alone has read NaN there (docs/decisions.md, thirteenth session).
+#
+#   here (x86-64), in the repository root:
+#     cargo build --release -p turbospark --example parity
+#     mkdir -p .bin && cp target/release/examples/parity .bin/parityx     # examples/parity.rs
+#     cargo test --release -p turbospark --no-run   # note the tests/ binaries' paths
+#     cp target/release/deps/decoder-HASH .bin/decoderx                   # tests/decoder.rs
+#     cp target/release/deps/oracle-HASH .bin/oraclex                     # tests/oracle.rs
+#     strip .bin/*x
+#   then the device tool's `run` with carry [".gl", ".bin"] and
+#     bash scripts/h200-check.sh [PARITY_FILTER]
+#
+# Runs whichever of the three binaries .bin/ holds: the parity suite with
+# its full-size cases (the example's `--full`; PARITY_FILTER narrows it,
+# e.g. attention), then the decoder and oracle tests. Writes $OUT/check.log (each binary's
+# FAIL lines and results) and $OUT/check-NAME.log (its whole output);
+# exits non-zero if any failed.
+set -uo pipefail
+
+OUT=${OUT:-$PWD/check-out}
+mkdir -p "$OUT"
+. "$(dirname "$0")/h200-env.sh"
+export TURBOSPARK_TENSOR_CORES=1
+
+status=0
+ran=0
+for name in parityx decoderx oraclex; do
+    bin=.bin/$name
+    [ -x "$bin" ] || continue
+    ran=$((ran + 1))
+    args=()
+    if [ "$name" = parityx ]; then
+        args=(${1:+"$1"} --full)
+    fi
+    timeout "${CHECK_TIMEOUT:-300}" "$bin" "${args[@]}" >"$OUT/check-$name.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    {
+        echo "== $name (exit $rc)"
+        grep -E "^FAIL|^test result|panicked|passed|failed" "$OUT/check-$name.log" | cut -c1-300
+    } | tee -a "$OUT/check.log"
+done
+if [ $ran -eq 0 ]; then
+    echo "no test binaries in .bin/ (parityx, decoderx, oraclex): see the header" >&2
+    exit 2
+fi
+exit $status
