@@ -277,8 +277,9 @@ const QKV_SMEM: usize = 16 * 4;
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
 
-/// Attention: from [`super::PREFILL_MIN_M`] query rows one `attn_prefill` dispatch;
-/// below, two dispatches: a split phase (per key split and kv head:
+/// Attention: where the tensor cores take the call (`attention_coop::takes`,
+/// from [`super::PREFILL_MIN_M`] rows) their prep and kernel; else from
+/// that many rows one `attn_prefill` dispatch; below, two dispatches: a split phase (per key split and kv head:
 /// partial softmax into scratch) and `attn_combine` (merge). The split phase
 /// is `attn_decode` for one query row whose kv head's query heads fit its
 /// registers (all of them together per workgroup), else `attn_split` (query
@@ -299,30 +300,7 @@ pub(crate) fn attention(
             reason: format!("head_dim {} is not a multiple of 4", p.head_dim),
         });
     }
-    let d4 = p.head_dim / 4;
-    let group = p.heads / p.kv_heads;
-    let nslots = p.m * group;
-    // vec4 per lane of a K row in attn_split (and of a V row in
-    // attn_prefill): 32 lanes cover 128-512 dims.
-    let nv = d4.div_ceil(32).next_power_of_two();
-    // The first (or only) dispatch reads q, K, V and positions into `dst`.
-    let first =
-        |entry, constants: &[(&'static str, i64)], params: &AttnParams, dst, groups: usize| {
-            be.launch(Launch {
-                kernel: "attention",
-                entry,
-                constants,
-                params: bytemuck::bytes_of(params),
-                buffers: &[
-                    (one(q), true),
-                    (one(kc), true),
-                    (one(vc), true),
-                    (one(pos), true),
-                    (dst, false),
-                ],
-                groups: be.grid(groups as u32),
-            })
-        };
+    let kv = (q, kc, vc, pos);
     if super::attention_coop::takes(be, &p) {
         return super::attention_coop::attention(be, q, kc, vc, pos, out, p);
     }
@@ -330,19 +308,68 @@ pub(crate) fn attention(
         // One dispatch: a workgroup per (block of query slots, kv head)
         // walks all of its keys, so there are no partials to combine.
         // (a workgroup takes a light and a heavy block, attn_prefill)
-        let blocks = nslots.div_ceil(PREFILL_SLOTS).div_ceil(2);
+        let blocks = (p.m * (p.heads / p.kv_heads))
+            .div_ceil(PREFILL_SLOTS)
+            .div_ceil(2);
         let params = AttnParams::new(&p, 1, 0, blocks);
-        return first(
-            "attn_prefill",
-            &[("NV", nv as i64)],
+        let nv = [("NV", lanes_vec4(&p) as i64)];
+        return read_qkv(
+            be,
+            kv,
+            ("attn_prefill", &nv),
             &params,
-            one(out),
+            out,
             blocks * p.kv_heads,
         );
     }
-    let decode = decode_takes(&p);
-    let split = split_plan(be, &p, decode)?;
-    let (entry, constants) = if decode {
+    let split = split_plan(be, &p, decode_takes(&p))?;
+    split_phase(be, kv, out, &p, &split)
+}
+
+/// vec4 per lane of a K row in attn_split (and of a V row in
+/// attn_prefill): 32 lanes cover 128-512 dims.
+fn lanes_vec4(p: &Attention) -> usize {
+    (p.head_dim / 4).div_ceil(32).next_power_of_two()
+}
+
+/// The first (or only) dispatch of an attention: `entry` reads q, K, V and
+/// positions into `dst`.
+fn read_qkv(
+    be: &WgpuBackend,
+    (q, kc, vc, pos): (&WgpuBuffer, &WgpuBuffer, &WgpuBuffer, &WgpuBuffer),
+    (entry, constants): (&'static str, &[(&'static str, i64)]),
+    params: &AttnParams,
+    dst: &WgpuBuffer,
+    groups: usize,
+) -> Result<()> {
+    be.launch(Launch {
+        kernel: "attention",
+        entry,
+        constants,
+        params: bytemuck::bytes_of(params),
+        buffers: &[
+            (one(q), true),
+            (one(kc), true),
+            (one(vc), true),
+            (one(pos), true),
+            (one(dst), false),
+        ],
+        groups: be.grid(groups as u32),
+    })
+}
+
+/// The split phase over `split`'s plan (made by [`split_plan`] for
+/// `decode_takes(p)`), then `attn_combine` into `out`.
+fn split_phase(
+    be: &WgpuBackend,
+    kv: (&WgpuBuffer, &WgpuBuffer, &WgpuBuffer, &WgpuBuffer),
+    out: &WgpuBuffer,
+    p: &Attention,
+    split: &SplitPlan,
+) -> Result<()> {
+    let d4 = p.head_dim / 4;
+    let group = p.heads / p.kv_heads;
+    let (entry, constants) = if decode_takes(p) {
         let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
         let dqn = if stage { group * d4 } else { 1 };
         (
@@ -350,17 +377,21 @@ pub(crate) fn attention(
             &[("GD", group as i64), ("D4", d4 as i64), ("DQN", dqn as i64)][..],
         )
     } else {
-        let qt = nslots.min(MAX_TILE);
-        ("attn_split", &[("NV", nv as i64), ("QT", qt as i64)][..])
+        let qt = (p.m * group).min(MAX_TILE);
+        (
+            "attn_split",
+            &[("NV", lanes_vec4(p) as i64), ("QT", qt as i64)][..],
+        )
     };
-    first(
-        entry,
-        constants,
+    read_qkv(
+        be,
+        kv,
+        (entry, constants),
         &split.params,
-        one(&split.part),
+        &split.part,
         split.groups,
     )?;
-    combine(be, &split, out, &p)
+    combine(be, split, out, p)
 }
 
 /// A split phase's plan: its parameters, the scratch for its partials and
@@ -459,7 +490,7 @@ fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
 /// [`qkv_attention_fits`] takes `attn_decode_qkv` (the norms, RoPE and
 /// cache append inside the split phase) and attn_combine: one dependent
 /// dispatch fewer. Else, and where the split phase has reached its
-/// [`DECODE_GROUPS`] workgroups (a long context), the two ops: every
+/// [`DECODE_GROUPS`] target (a long context), the two ops: every
 /// workgroup of attn_decode_qkv builds its group's queries itself, which
 /// costs more than the dispatch it saves once there are that many (on the
 /// H200, full layers at 8K keys, 512 workgroups: 62.0 us fused against
@@ -477,15 +508,17 @@ pub(crate) fn qkv_attention(
     out: &WgpuBuffer,
     (qp, p): (QkvPost, Attention),
 ) -> Result<()> {
-    let split = if qkv_attention_fits(be, &p) {
-        Some(split_plan(be, &p, true)?).filter(|s| s.groups < DECODE_GROUPS)
-    } else {
-        None
-    };
-    let Some(mut split) = split else {
+    if !qkv_attention_fits(be, &p) {
         qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
         return attention(be, q, kc, vc, pos, out, p);
-    };
+    }
+    let mut split = split_plan(be, &p, true)?;
+    // At its workgroup target (one more split would pass it: a long
+    // context), the two ops, over the plan made here.
+    if split.groups + p.kv_heads > DECODE_GROUPS {
+        qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
+        return split_phase(be, (q, kc, vc, pos), out, &p, &split);
+    }
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
     let freq = freq_table(be, qp.theta, qp.head_dim, qp.rot_pairs)?;
