@@ -467,15 +467,10 @@ impl ComputeBackend for CpuBackend {
         p.validate(q, kc, vc, positions, out)?;
         let (qr, kr, vr, pr) = (q.read(), kc.read(), vc.read(), positions.read());
         // (attention rounds per row, with no weight to range-check)
-        let f16 = self.gemm_rounding.as_ref().is_some_and(|rule| {
-            rule(
-                &OpKind::Attention {
-                    head_dim: p.head_dim as u32,
-                },
-                p.m,
-                p.head_dim,
-            )
-        });
+        let kind = OpKind::Attention {
+            head_dim: p.head_dim as u32,
+        };
+        let f16 = self.rounds_gemm_inputs(&kind, p.m, p.head_dim);
         ops::attention(
             qr.f32(),
             kr.f32(),
