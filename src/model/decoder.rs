@@ -133,8 +133,8 @@ impl Generation {
 enum Tail {
     /// Nothing: prefill, which only fills the KV caches.
     Layers,
-    /// The final norm, into the scratch's `normed` (teacher forcing runs
-    /// the head after it in slices of rows).
+    /// The final norm, into the scratch's `normed` (the head runs after it
+    /// on gathered rows: teacher forcing's slices, generate's last row).
     FinalNorm,
     /// The final norm, the LM head and the softcap, into the logits.
     Head,
@@ -183,8 +183,9 @@ struct Scratch<B: ComputeBackend> {
     moe_out: B::Buffer,
     logits: B::Buffer,
     capped: B::Buffer,
-    /// Teacher forcing over more rows than `head_rows`: the rows of a head
-    /// slice (`head_ids`, 0.. into `normed`) gathered into `head_x`.
+    /// Rows of a final-normed batch gathered for the head (`head_ids`,
+    /// 0.. into a batch's `normed`) into `head_x`: teacher forcing's head
+    /// slices, and generate's last prompt row (into `single`'s).
     head_ids: B::Buffer,
     head_x: B::Buffer,
 }
@@ -460,8 +461,7 @@ impl<B: ComputeBackend> Model<B> {
         }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
         self.prefill_with_head(prompt)?;
-        let row = self.backend.download_f32(self.final_logits(&self.single))?;
-        let mut tok = sampler.sample(&row[..self.cfg.vocab.min(row.len())])?;
+        let mut tok = self.sample_single(&mut sampler)?;
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
         let t1 = Instant::now();
@@ -580,8 +580,8 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// Run the non-empty `prompt` through every layer in batches, and the
-    /// LM head for its last token only, recorded (not submitted). The last
-    /// token rides in the last batch, so the first new token costs the
+    /// LM head for its last token only (the layers submitted a layer at a
+    /// time, the head left recorded). The last token rides in the last batch, so the first new token costs the
     /// batch one row more and the head, not a whole decode step's weight
     /// reads after it. The last token's logits end in `single`'s, as a
     /// decode step's do (its final-normed row gathered from the batch, or
@@ -607,10 +607,15 @@ impl<B: ComputeBackend> Model<B> {
         let pos = self.pos as u32;
         self.backend.write_u32(&self.single.pos, 0, &[pos])?;
         self.record_forward(&self.single, &self.single.ids, 1, Tail::Head)?;
-        let row = self.backend.download_f32(self.final_logits(&self.single))?;
-        let tok = sampler.sample(&row[..self.cfg.vocab.min(row.len())])?;
+        let tok = self.sample_single(sampler)?;
         self.pos += 1;
         Ok(tok)
+    }
+
+    /// `single`'s logits row read back and sampled on the host.
+    fn sample_single(&self, sampler: &mut Sampler) -> Result<u32> {
+        let row = self.backend.download_f32(self.final_logits(&self.single))?;
+        sampler.sample(&row[..self.cfg.vocab.min(row.len())])
     }
 
     /// The scratch for an `m`-token pass (the batched one created on first use).
