@@ -156,8 +156,9 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let vs = lid / dp;
     // Slot q's value accumulator is a<q>: named registers, not an array
     // indexed in loops over the slots (attn_decode's rule, eighth session:
-    // the NVIDIA driver kept such arrays in local memory); slots past QT
-    // are never touched (QT is a constant).
+    // the NVIDIA driver kept such arrays in local memory); those past QT
+    // are computed on other slots' values and never stored (QT is a
+    // constant).
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -303,27 +304,31 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 
 // Slot q's value partials, summed over the slices, into PART (q < QT: a
 // uniform condition, QT being a constant). `t`: the split, the tile's
-// first and last slots, the kv head.
+// first slot and one past its last, the kv head.
 fn split_store(q: u32, a: vec4<f32>, lid: u32, t: vec4<u32>) {
     if (q >= QT) {
         return;
     }
     let dp = NV * LK;
-    let vsn = 256u / dp;
-    let c = lid % dp;
-    let vs = lid / dp;
-    let nq = P.m * P.heads;
+    let s = t.y + q;
+    let slot = (s / P.group) * P.heads + t.w * P.group + s % P.group;
+    slices_to_part(a, lid, dp, 256u / dp, P.d4, t.x * P.m * P.heads + slot, s < t.z);
+}
+
+// A value accumulator held in slices (invocation lid has column lid %
+// width of slice lid / width) summed over its `nslices` slices into PART
+// row `row` (`d4` vec4 a row), where `keep`. Every invocation calls it
+// (its barriers).
+fn slices_to_part(a: vec4<f32>, lid: u32, width: u32, nslices: u32, d4: u32, row: u32, keep: bool) {
     workgroupBarrier();
     sacc[lid] = a;
     workgroupBarrier();
-    let s = t.y + q;
-    if (vs == 0u && c < P.d4 && s < t.z) {
-        var sum = sacc[c];
-        for (var k = 1u; k < vsn; k++) {
-            sum += sacc[k * dp + c];
+    if (keep && lid < width && lid < d4) {
+        var sum = sacc[lid];
+        for (var k = 1u; k < nslices; k++) {
+            sum += sacc[k * width + lid];
         }
-        let slot = (s / P.group) * P.heads + t.w * P.group + s % P.group;
-        PART[(t.x * nq + slot) * P.d4 + c] = sum;
+        PART[row * d4 + lid] = sum;
     }
 }
 
@@ -357,7 +362,6 @@ var<workgroup> dmax: array<f32, 8>;
 var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
 var<workgroup> dmnew: array<f32, 8>;
-var<workgroup> dacc: array<vec4<f32>, 256>;
 // The kv head's GD queries, [GD][D4], where they are staged: DQN = GD * D4
 // (at most 1024 with head_dim <= 512), else 1, so the decode kernels of
 // small groups do not reserve the 16 KB. Whether they are staged: for 8
@@ -610,18 +614,7 @@ fn sum_slices(q: u32, a: vec4<f32>, lid: u32, pbase: u32) {
     if (q >= GD) {
         return;
     }
-    let c = lid % D4;
-    let vslices = min(256u / D4, KD);
-    workgroupBarrier();
-    dacc[lid] = a;
-    workgroupBarrier();
-    if (lid / D4 == 0u) {
-        var t = dacc[c];
-        for (var k = 1u; k < vslices; k++) {
-            t += dacc[k * D4 + c];
-        }
-        PART[(pbase + q) * D4 + c] = t;
-    }
+    slices_to_part(a, lid, D4, min(256u / D4, KD), D4, pbase + q, true);
 }
 
 @group(1) @binding(0) var<storage, read> PARTS: array<vec4<f32>>;

@@ -253,7 +253,7 @@ const DECODE_MAX_GROUP: usize = 8;
 const DECODE_STAGE_QUERY: usize = 512;
 
 /// `attn_decode`'s workgroup memory without the staged queries: dred
-/// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), dacc (256 vec4).
+/// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), sacc (256 vec4).
 const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
 
 /// Whether `attn_decode` stages a group's queries in workgroup memory (its
