@@ -4,8 +4,12 @@
 // `v` rounded to f16's 11 significant bits, to nearest even, in its own
 // f32 bits: WGSL leaves the rounding of f32 -> f16 to the device, so the
 // conversion is given a value it holds exactly, and every device, and the
-// CPU reference's model of these kernels, gets the same halves. (Below f16's
-// normal range, 2^28 under the row's largest, the conversion still rounds.)
+// CPU reference's model of these kernels, gets the same halves, as long as
+// the value is within f16's normal range. Below it (2^-14) the device's
+// conversion still rounds, or flushes to zero: for a row at gemm_prep's
+// scale that is 2^28 under its largest, but attention_coop also rounds
+// values it leaves unscaled (V rows under 2^15, and the probabilities),
+// where such values are ordinary.
 // Inf and NaN pass unchanged: the carry would turn a NaN's payload into
 // an inf or a sign flip.
 fn nearest_half(v: f32) -> f32 {

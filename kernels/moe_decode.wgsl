@@ -13,7 +13,8 @@
 //                       prefill batches up to 16) (inter a multiple of 8).
 //
 // An expert id past P.experts selects nothing, as in kernels/moe.wgsl: phase 1
-// leaves its activation row untouched and phase 2 skips the slot.
+// leaves its activation row untouched and phase 2 adds nothing for the slot
+// (it reads expert 0's row in the flat loop and drops it by a select).
 //
 // Bindings: 0 IDS, 1 W (weights), 2 A (x or act), 3 WTS, 4 OUT (act or out).
 //
