@@ -80,36 +80,24 @@ const PROFILE_STEPS: usize = 2;
 /// Decode steps each run of the ablation times.
 const ABLATION_STEPS: usize = 16;
 
-/// Decode steps the counted decode-only run covers.
+/// Decode steps counted for a step's dispatches and submits.
 const COUNTED_STEPS: usize = 8;
 
-/// Dispatches and submits per decode step, counted over `COUNTED_STEPS`
-/// steps after the prompt's prefill (the timed run's counters average the
-/// prefill batches in; a prefill batch is a submit a layer). Null where
-/// the backend does not count.
-fn decode_step_counts<B: ComputeBackend + Counters>(
-    model: &mut Model<B>,
-    prompt: &[u32],
-) -> turbospark::Result<Value> {
-    let greedy = |n| GenerateOptions {
+/// Context positions past the timed run's: the profile's and the counted
+/// steps continue it, each ablation run prefills the prompt again and
+/// decodes its steps.
+const SPARE_POSITIONS: usize = 32;
+const _: () =
+    assert!(PROFILE_STEPS + COUNTED_STEPS <= SPARE_POSITIONS && ABLATION_STEPS <= SPARE_POSITIONS);
+
+/// Greedy generation of `n` tokens, run to its length (timed and compared
+/// token for token).
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions {
         max_new_tokens: n,
         sampling: Sampling::Greedy,
         stop_at_eos: false,
-    };
-    model.reset();
-    let first = model.generate(prompt, &greedy(1))?.tokens[0];
-    let before = model.backend().counters();
-    model.generate(&[first], &greedy(COUNTED_STEPS))?;
-    let after = model.backend().counters();
-    model.reset();
-    Ok(match before.zip(after) {
-        Some(((d0, s0), (d1, s1))) => json!({
-            "steps": COUNTED_STEPS,
-            "dispatches_per_step": (d1 - d0) as f64 / COUNTED_STEPS as f64,
-            "submits_per_step": (s1 - s0) as f64 / COUNTED_STEPS as f64,
-        }),
-        None => Value::Null,
-    })
+    }
 }
 
 /// Pairs of runs (nothing left out, then the kernel left out) per kernel
@@ -139,11 +127,6 @@ fn ablation<B: ComputeBackend + Counters>(
     if kernels.is_empty() || !model.backend().omit(&[])? {
         return Ok(Value::Null);
     }
-    let greedy = |n| GenerateOptions {
-        max_new_tokens: n,
-        sampling: Sampling::Greedy,
-        stop_at_eos: false,
-    };
     let step_s = |m: &mut Model<B>, omit: &[&str]| -> turbospark::Result<f64> {
         m.reset();
         let first = m.generate(prompt, &greedy(1))?.tokens[0];
@@ -303,7 +286,7 @@ fn measure<B: ComputeBackend + Counters>(
         backend,
         &source,
         ModelOptions {
-            max_context: prompt_len + decode + 32,
+            max_context: prompt_len + decode + SPARE_POSITIONS,
             prefill_batch,
         },
     )?;
@@ -314,12 +297,6 @@ fn measure<B: ComputeBackend + Counters>(
     let mut rng = Rng::new(seed);
     let vocab = cfg.vocab as u64;
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
-    let greedy = |n| GenerateOptions {
-        max_new_tokens: n,
-        sampling: Sampling::Greedy,
-        // A fixed length: compared (or timed) token for token.
-        stop_at_eos: false,
-    };
     // Warm up: compile every pipeline (both the batched and the decode path)
     // and bring the device to its working clocks. The GPU idles through the
     // load (the weights are generated on the host), and one short warm-up
@@ -348,12 +325,24 @@ fn measure<B: ComputeBackend + Counters>(
     let before = model.backend().counters();
     let g = model.generate(&prompt, &greedy(decode))?;
     let after = model.backend().counters();
-    // Where a decode step's GPU time goes: two more steps (the context has
-    // room: max_context has 32 spare positions).
+    // Where a decode step's GPU time goes: two more steps, then what a step
+    // dispatches and submits, counted over more (within SPARE_POSITIONS;
+    // the timed run's counters average in the prefill's batches, a submit a
+    // layer).
     let last = *g.tokens.last().unwrap_or(&0);
     let profile = profiled(&mut model, "decode step", PROFILE_STEPS, |m| {
         m.generate(&[last], &greedy(PROFILE_STEPS)).map(drop)
     })?;
+    let c0 = model.backend().counters();
+    model.generate(&[last], &greedy(COUNTED_STEPS))?;
+    let counted = match c0.zip(model.backend().counters()) {
+        Some(((d0, s0), (d1, s1))) => json!({
+            "steps": COUNTED_STEPS,
+            "dispatches_per_step": (d1 - d0) as f64 / COUNTED_STEPS as f64,
+            "submits_per_step": (s1 - s0) as f64 / COUNTED_STEPS as f64,
+        }),
+        None => Value::Null,
+    };
     // What each of those kernels costs the step (every run resets).
     let kernels: Vec<String> = profile
         .as_array()
@@ -361,17 +350,10 @@ fn measure<B: ComputeBackend + Counters>(
         .flatten()
         .filter_map(|e| e["kernel"].as_str().map(str::to_string))
         .collect();
-    let counted = if prompt_len + COUNTED_STEPS < model.max_context() {
-        decode_step_counts(&mut model, &prompt)?
-    } else {
-        Value::Null
-    };
-    let ablation = if prompt_len + ABLATION_STEPS < model.max_context() {
-        let pairs = if args.quick { 1 } else { ABLATION_PAIRS };
-        ablation(&mut model, &prompt, &kernels, pairs)?
-    } else {
-        Value::Null
-    };
+    // (each run prefills the prompt and takes ABLATION_STEPS steps, within
+    // SPARE_POSITIONS)
+    let pairs = if args.quick { 1 } else { ABLATION_PAIRS };
+    let ablation = ablation(&mut model, &prompt, &kernels, pairs)?;
     // Where the prefill's GPU time goes: the prompt's prefill again.
     let prefill_profile = if prompt_len > 1 {
         profiled(&mut model, "prefill", 1, |m| {
