@@ -70,7 +70,7 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     positive(&b["ceiling"]["gbps"], "ceiling gbps");
     positive(&b["ceiling"]["bytes"], "ceiling bytes");
     check_timing(&b["ceiling"]["timing"], "ceiling");
-    // The ceiling's kernel at op sizes: the GPU's only (the CPU reference's
+    // The streaming kernels at op sizes: the GPU's only (the CPU reference's
     // ceiling is one thread's).
     let sizes = b["ceiling"]["at_sizes"].as_array().expect("at_sizes");
     assert_eq!(sizes.is_empty(), backend == "cpu", "{sizes:?}");
@@ -103,7 +103,7 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
                 check_timing(&r["timing"], label);
                 positive(&r["gbps"], &format!("{label} gbps"));
                 positive(&r["pct_of_ceiling"], &format!("{label} % of ceiling"));
-                // Against the ceiling's kernel at the next measured size up,
+                // Against the faster streaming kernel at the next size up,
                 // where one was measured (the GPU's, for sizes it covers).
                 let s = &r["pct_of_stream_at_size"];
                 if !s.is_null() {

@@ -1,6 +1,7 @@
 //! What `turbospark bench` needs from the device beyond the ops: per-op GPU
-//! time from timestamp queries, and a bandwidth-ceiling kernel
-//! (`kernels/bench.wgsl`) that streams a buffer larger than any cache.
+//! time from timestamp queries, and streaming kernels (`kernels/bench.wgsl`):
+//! the bandwidth ceiling's, which reads a buffer larger than any cache, and
+//! a second that reads single ops' sizes with all its loads at once.
 //!
 //! Timing writes timestamps at compute-pass boundaries only (all that Metal
 //! supports): while [`WgpuBackend::time_ops`] runs, each sample's calls are
@@ -311,7 +312,8 @@ impl WgpuBackend {
         })
     }
 
-    /// Largest buffer `stream_read` may read, in bytes: one binding.
+    /// Largest buffer `stream_read` / `stream_read_fixed` may read, in
+    /// bytes: one binding.
     pub fn max_stream_bytes(&self) -> u64 {
         self.max_binding() & !15
     }

@@ -83,15 +83,25 @@ pub struct SizedStream {
     pub stats: Stats,
 }
 
+/// GB/s of `bytes` moved in `s` seconds.
+pub fn gbps(bytes: u64, s: f64) -> f64 {
+    bytes as f64 / s / 1e9
+}
+
 impl SizedStream {
     pub fn gbps(&self) -> f64 {
-        self.bytes as f64 / self.stats.median / 1e9
+        gbps(self.bytes, self.stats.median)
     }
 }
 
 impl Ceiling {
     pub fn gbps(&self) -> f64 {
-        self.bytes as f64 / self.stats.median / 1e9
+        gbps(self.bytes, self.stats.median)
+    }
+
+    /// `gbps` as a percentage of this ceiling.
+    pub fn pct(&self, gbps: f64) -> f64 {
+        100.0 * gbps / self.gbps()
     }
 
     /// The streaming read at an op of `bytes`: the faster kernel at the
@@ -131,7 +141,7 @@ pub struct Budget {
     pub max_sets: usize,
     /// Bytes of the ceiling's streamed buffer (clamped to what the device allows).
     pub ceiling_bytes: u64,
-    /// Bytes a call of the ceiling's kernel also streams at op sizes
+    /// Bytes a call of the streaming kernels also reads at op sizes
     /// ([`Ceiling::at_sizes`]).
     pub stream_sizes: &'static [u64],
     /// Time with the wall clock even where the GPU has timestamps.
@@ -322,11 +332,9 @@ impl Bench for WgpuBackend {
         // (best effort: a size the device cannot hold is left out, not the
         // ceiling every case is read against)
         for &size in budget.stream_sizes {
-            for fixed in [false, true] {
-                match sized_stream(self, budget, size, fixed, &sink) {
-                    Ok(z) => at_sizes.push(z),
-                    Err(e) => eprintln!("bench: the stream at {} MiB: {e}", size >> 20),
-                }
+            match sized_streams(self, budget, size, &sink) {
+                Ok(z) => at_sizes.extend(z),
+                Err(e) => eprintln!("bench: the stream at {} MiB: {e}", size >> 20),
             }
         }
         Ok(Ceiling {
@@ -359,29 +367,36 @@ fn stream_buffer(b: &WgpuBackend, words: usize) -> Result<WgpuBuffer> {
     Ok(src)
 }
 
-/// The ceiling's kernel (or, `fixed`, `stream_read_fixed`) over `size`
-/// bytes a call, as an op is timed: calls rotate over enough buffers to
-/// cover the budget's rotation bytes, so each call reads from memory rather
-/// than cache.
-fn sized_stream(
+/// Both streaming kernels (the ceiling's grid-stride `stream_read`, then
+/// `stream_read_fixed`) over `size` bytes a call, as an op is timed: calls
+/// rotate over enough buffers to cover the budget's rotation bytes, so each
+/// call reads from memory rather than cache. The two share the buffers and
+/// the clock warm-up (the second follows the first at once).
+fn sized_streams(
     b: &WgpuBackend,
     budget: &Budget,
     size: u64,
-    fixed: bool,
     sink: &WgpuBuffer,
-) -> Result<SizedStream> {
+) -> Result<[SizedStream; 2]> {
     let size = size.min(b.max_stream_bytes()).max(16) & !15;
     let sets = (budget.rotate_bytes.div_ceil(size) as usize).clamp(2, budget.max_sets.max(2));
     let bufs = (0..sets)
         .map(|_| stream_buffer(b, (size / 4) as usize))
         .collect::<Result<Vec<_>>>()?;
-    let (samples, _) = time_stream(b, budget, &bufs, fixed, sink)?;
-    Ok(SizedStream {
-        kernel: if fixed { "fixed" } else { "grid-stride" },
-        bytes: size,
-        sets,
-        stats: Stats::of(&samples),
-    })
+    let warm = Budget {
+        warmup_seconds: 0.0,
+        ..*budget
+    };
+    let timed = |fixed: bool, budget: &Budget| -> Result<SizedStream> {
+        let (samples, _) = time_stream(b, budget, &bufs, fixed, sink)?;
+        Ok(SizedStream {
+            kernel: if fixed { "fixed" } else { "grid-stride" },
+            bytes: size,
+            sets,
+            stats: Stats::of(&samples),
+        })
+    };
+    Ok([timed(false, budget)?, timed(true, &warm)?])
 }
 
 /// Seconds per call of a streaming read (`stream_read`, or, `fixed`,

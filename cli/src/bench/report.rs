@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use super::cases::{flops, Case};
-use super::measure::{Outcome, Stats};
+use super::measure::{gbps, Outcome, Stats};
 use super::{Args, Run};
 
 pub struct Report<'a> {
@@ -38,10 +38,6 @@ fn fmt_flops(per_s: f64) -> String {
     } else {
         format!("{:.1} GFLOPS", per_s / 1e9)
     }
-}
-
-fn gbps(bytes: u64, s: f64) -> f64 {
-    bytes as f64 / s / 1e9
 }
 
 /// One line of progress for stderr.
@@ -134,7 +130,17 @@ impl Report<'_> {
         r.ceiling.as_ref().ok().map(|c| c.gbps())
     }
 
-    fn stream_at<'r>(&self, r: &'r Run, bytes: u64) -> Option<&'r super::measure::SizedStream> {
+    /// The bare stream a bandwidth-bound `case` (below the prefill size:
+    /// prefill batches are bound by arithmetic) is read against, on `r`.
+    fn stream_at<'r>(
+        &self,
+        r: &'r Run,
+        case: &Case,
+        bytes: u64,
+    ) -> Option<&'r super::measure::SizedStream> {
+        if case.m >= turbospark_wgpu::PREFILL_MIN_M {
+            return None;
+        }
         r.ceiling.as_ref().ok().and_then(|c| c.stream_at(bytes))
     }
 
@@ -182,7 +188,7 @@ impl Report<'_> {
                                 z.bytes >> 20,
                                 fmt_time(z.stats.median),
                                 z.gbps(),
-                                100.0 * z.gbps() / c.gbps()
+                                c.pct(z.gbps())
                             )
                         })
                         .collect();
@@ -235,9 +241,7 @@ impl Report<'_> {
                         if let (Some(t), "wgpu") = (case.target_us, r.name) {
                             notes.push(format!("target <= {t} us on the H200"));
                         }
-                        // Prefill batches are bound by arithmetic, not bytes.
-                        let prefill = case.m >= turbospark_wgpu::PREFILL_MIN_M;
-                        if let (Some(z), false) = (self.stream_at(r, bytes), prefill) {
+                        if let Some(z) = self.stream_at(r, case, bytes) {
                             notes.push(format!(
                                 "{:.0}% of a bare stream of {} MiB ({})",
                                 100.0 * g / z.gbps(),
@@ -245,6 +249,8 @@ impl Report<'_> {
                                 z.kernel
                             ));
                         }
+                        // (prefill batches are bound by arithmetic)
+                        let prefill = case.m >= turbospark_wgpu::PREFILL_MIN_M;
                         if let (Some(fl), true) = (flops(&case.op), prefill) {
                             notes.push(fmt_flops(fl as f64 / stats.median));
                         }
@@ -337,7 +343,7 @@ impl Report<'_> {
                                 "bytes": z.bytes,
                                 "sets": z.sets,
                                 "gbps": z.gbps(),
-                                "pct_of_ceiling": 100.0 * z.gbps() / c.gbps(),
+                                "pct_of_ceiling": c.pct(z.gbps()),
                                 "timing": stats_json(&z.stats),
                             })).collect::<Vec<_>>(),
                         }),
@@ -370,13 +376,10 @@ impl Report<'_> {
                                 "gbps_p10_time": gbps(bytes, stats.p10),
                                 "gbps_p90_time": gbps(bytes, stats.p90),
                                 "pct_of_ceiling": self.ceiling_gbps(r).map(|c| 100.0 * g / c),
-                                // against the ceiling's kernel at the next
-                                // measured size up (`Ceiling::stream_at`)
-                                // (bandwidth-bound cases: under the prefill size)
-                                "pct_of_stream_at_size": (c.m < turbospark_wgpu::PREFILL_MIN_M)
-                                    .then(|| self.stream_at(r, bytes))
-                                    .flatten()
-                                    .map(|z| json!({
+                                // against the faster streaming kernel at the
+                                // next measured size up (`Ceiling::stream_at`;
+                                // bandwidth-bound cases only)
+                                "pct_of_stream_at_size": self.stream_at(r, c, bytes).map(|z| json!({
                                     "pct": 100.0 * g / z.gbps(),
                                     "stream_bytes": z.bytes,
                                     "stream_kernel": z.kernel,
