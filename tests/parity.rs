@@ -314,3 +314,39 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         );
     }
 }
+
+/// On a device that rounds attention's inputs to f16 at prefill sizes (as
+/// the tensor cores do), the attention cases at those sizes, alone or after
+/// qkv_post, are held to the rounding's limit and every other case to its
+/// own: the fused op's attention is the same attention.
+#[test]
+fn rounded_attention_sets_the_limit_of_both_attention_ops() {
+    use std::sync::Arc;
+    use turbospark::parity::{all_cases, Op, F16_PROBABILITY_NMSE};
+    use turbospark::ops::OpKind;
+    let rounding = CpuBackend::new().rounding_gemm_inputs_as(Arc::new(|k: &OpKind, m, _| {
+        matches!(k, OpKind::Attention { .. }) && m >= 17
+    }));
+    let (mut fused, mut alone) = (0, 0);
+    for op in all_cases() {
+        let m = match &op {
+            Op::Attention { p, .. } => p.m,
+            Op::QkvPostAttention { p, .. } => p.m,
+            _ => continue,
+        };
+        let want = if m >= 17 {
+            match op {
+                Op::QkvPostAttention { .. } => fused += 1,
+                _ => alone += 1,
+            }
+            op.limit().max(F16_PROBABILITY_NMSE)
+        } else {
+            op.limit()
+        };
+        assert_eq!(op.limit_on(&rounding), want, "{}", op.name());
+    }
+    assert!(
+        fused > 0 && alone > 0,
+        "cases at prefill sizes: {fused} fused, {alone} alone"
+    );
+}

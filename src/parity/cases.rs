@@ -481,6 +481,9 @@ fn qkv_post_attention() -> Vec<Op> {
         // a context long enough that wgpu's split phase reaches its most
         // workgroups (2 kv heads, 8192 slots), where it takes the two ops
         c(1, 4, 2, 64, 16, 8192, false, 0, 8190, BF16),
+        // a prefill batch (the decoder's call at 17 rows and more: on
+        // tensor cores the cooperative attention after qkv_post)
+        c(20, 4, 2, 256, 128, 64, false, 32, 10, BF16),
     ]
 }
 

@@ -429,8 +429,9 @@ impl Op {
     /// matmul and the MoE phases at prefill sizes on tensor cores), where
     /// the rounding's own error sets it: [`F16_INPUT_NMSE`] per product,
     /// twice that through gate_up's two products; and prefill attention on
-    /// tensor cores, held to a reference that rounds alike, where its
-    /// probabilities' rounding sets it ([`F16_PROBABILITY_NMSE`]).
+    /// tensor cores (alone, or after qkv_post), held to a reference that
+    /// rounds alike, where its probabilities' rounding sets it
+    /// ([`F16_PROBABILITY_NMSE`]).
     pub fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
         let kind = self.kind();
         let rounded = match self {
@@ -438,12 +439,21 @@ impl Op {
             Op::MoeGateUp { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.hidden),
             Op::MoeDown { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.inter),
             Op::Attention { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.head_dim),
+            // (its attention, the half that may round)
+            Op::QkvPostAttention { p, .. } => {
+                let attention = OpKind::Attention {
+                    head_dim: p.head_dim as u32,
+                };
+                device.rounds_gemm_inputs(&attention, p.m, p.head_dim)
+            }
             _ => false,
         };
         match self {
             // (against a reference that rounds alike:
             // `CpuBackend::parity_reference_for`)
-            Op::Attention { .. } if rounded => self.limit().max(F16_PROBABILITY_NMSE),
+            Op::Attention { .. } | Op::QkvPostAttention { .. } if rounded => {
+                self.limit().max(F16_PROBABILITY_NMSE)
+            }
             Op::MoeGateUp { .. } if rounded => self.limit().max(2.0 * F16_INPUT_NMSE),
             _ if rounded => self.limit().max(F16_INPUT_NMSE),
             _ => self.limit(),
