@@ -322,8 +322,8 @@ fn tensor_core_gemm_keeps_each_rows_range() {
 #[test]
 fn rounded_attention_sets_the_limit_of_both_attention_ops() {
     use std::sync::Arc;
-    use turbospark::parity::{all_cases, Op, F16_PROBABILITY_NMSE};
     use turbospark::ops::OpKind;
+    use turbospark::parity::{all_cases, Op, F16_PROBABILITY_NMSE};
     let rounding = CpuBackend::new().rounding_gemm_inputs_as(Arc::new(|k: &OpKind, m, _| {
         matches!(k, OpKind::Attention { .. }) && m >= 17
     }));

@@ -17,8 +17,9 @@
 //! slower figures were its clock warm-up, BENCHMARKS.md). Every figure is
 //! taken after WARM seconds of back-to-back passes. `LAB_MOE_SRC=file.wgsl`
 //! times another version of kernels/moe_decode.wgsl. `LAB_LANES` (32, 64,
-//! 128) sets the backend kernels' threads per weight row (gemv's RL,
-//! moe_decode's LANES; the backend picks per op: ops/matmul.rs, ops/moe.rs).
+//! 128) sets moe_decode's threads per weight row (its LANES; the backend
+//! picks per op, ops/moe.rs); the backend's gemv runs with the constants
+//! the backend gives the shape (`gemv_constants`).
 
 use std::time::Instant;
 
@@ -459,12 +460,16 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
     let src = format!("{}\n{LAB}", gemv_source(lab));
     let variants = GEMV_VARIANTS;
     for checked in [true, false] {
-        // The backend's own kernels/gemv.wgsl, bound as the lab binds.
+        // The backend's own kernels/gemv.wgsl with the backend's constants
+        // for this shape (lanes, and the compiled-in trip count of short
+        // weights), bound as the lab binds.
         let tag = if checked { "checked" } else { "unchecked" };
         if format!("{name}/real/{tag}").contains(filter) && rows / 8 <= 65535 {
             let m = lab.module(&gemv_source(lab), checked);
-            let lanes = lab_lanes();
-            let p = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0), ("RL", lanes as f64)], 3);
+            let [rl, gbk] = turbospark_wgpu::gemv_constants(rows, k);
+            let lanes = rl.1 as u32;
+            let consts = [("WDTYPE", 2.0), (rl.0, rl.1 as f64), (gbk.0, gbk.1 as f64)];
+            let p = lab.pipeline(&m, "gemv", &consts, 3);
             let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
             let groups: Vec<_> = ws
                 .iter()

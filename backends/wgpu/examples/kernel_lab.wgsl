@@ -3,7 +3,8 @@
 // and f32 X. Each variant is one entry point; the lab
 // times them side by side at real Gemma 4 shapes. Kept: the ones decisions
 // and BENCHMARKS.md cite (empty: the per-dispatch cost) and the directions
-// left open (u4: more loads in flight, kc: a constant trip count). Variants
+// they tried (u4: more loads in flight; kc: a constant trip count, which
+// the backend's gemv now takes for short weights as its GBK). Variants
 // measured slower and dropped (X staged in workgroup memory, four rows per
 // lane group, 64-thread groups, a subgroup lane sum) are in the outputs of
 // docs/bench/h200-2026-11-29-s2/lab and s3/lab.
@@ -67,10 +68,7 @@ fn base(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         }
         acc += acc2;
     }
-    let s = reduce32(t, lane, acc);
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
+    finish_row(t, lane, r, acc);
 }
 
 // Four loads in flight per thread, X from global memory, shared-memory reduce.
@@ -100,10 +98,7 @@ fn u4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
             a0 += dot8(W[base + i], i);
         }
     }
-    let s = reduce32(t, lane, (a0 + a1) + (a2 + a3));
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
+    finish_row(t, lane, r, (a0 + a1) + (a2 + a3));
 }
 
 // Blocks per row as a constant: a fixed trip count the driver can unroll.

@@ -27,6 +27,7 @@ use turbospark::{
 
 pub use buffer::WgpuBuffer;
 pub use device::{list_adapters, AdapterSummary, WgpuOptions};
+pub use ops::matmul::gemv_constants;
 pub use ops::PREFILL_MIN_M;
 
 use batch::Batch;

@@ -132,6 +132,16 @@ fn gemv_lanes(rows: usize) -> u32 {
     }
 }
 
+/// `gemv`'s override constants for a weight of `rows` x `k` (one row of
+/// x): its lanes a row (`RL`, [`gemv_lanes`]) and, for short weights only,
+/// its blocks a row compiled in (`GBK`, a constant trip count; 0 keeps the
+/// runtime loop). Public for the kernel lab, which times the backend's
+/// gemv as the backend launches it.
+pub fn gemv_constants(rows: usize, k: usize) -> [(&'static str, i64); 2] {
+    let gbk = if rows <= GEMV_FIXED_ROWS { k / 8 } else { 0 };
+    [("RL", gemv_lanes(rows) as i64), ("GBK", gbk as i64)]
+}
+
 /// The decode and prefill fast path (kernels/gemv.wgsl): up to 16 rows of x,
 /// 16-bit weights read 16 bytes per load, each weight row read once. Rows of a multiple-of-8 k start on 16-byte
 /// boundaries, so the weight binds as `array<vec4<u32>>`.
@@ -159,20 +169,9 @@ fn gemv(
         } else {
             1
         };
-        let lanes = gemv_lanes(rows);
-        let one = [
-            super::wdtype(w.dtype)[0],
-            ("RL", lanes as i64),
-            // a constant trip count for short weights only (kernels/gemv.wgsl)
-            (
-                "GBK",
-                if rows <= GEMV_FIXED_ROWS {
-                    (p.k / 8) as i64
-                } else {
-                    0
-                },
-            ),
-        ];
+        let [rl, gbk] = gemv_constants(rows, p.k);
+        let lanes = rl.1 as u32;
+        let one = [super::wdtype(w.dtype)[0], rl, gbk];
         let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
         let (entry, constants, per_group) = if p.m == 1 {
             ("gemv", &one[..], 256 / lanes)
