@@ -82,13 +82,16 @@ pub(crate) fn attention(
     let (dw, nd, nsg) = shape(p.head_dim).expect("takes() checked the head size");
     let d = p.head_dim;
     let group = p.heads / p.kv_heads;
-    let qrows = p.m.div_ceil(ROWS) * ROWS * p.heads;
+    let nrb = p.m.div_ceil(ROWS);
+    let qrows = nrb * ROWS * p.heads;
     // Indexed by cache slot, so bounded by the cache whatever the positions
     // (the batch's keys may span more than the cache when they are not
     // consecutive: such keys share slots, as they do in the cache).
     let kvrows = p.capacity + MIRROR_ROWS;
     let kv_elems = p.kv_heads * kvrows * d;
-    let sc_elems = qrows + 2 * p.kv_heads * kvrows;
+    // Scratch rows, Q's then K's and V's: each has its scale, and the prep
+    // converts each.
+    let rows = qrows + 2 * p.kv_heads * kvrows;
     // (a scratch past the device's binding is `Error::DeviceLimit`, naming
     // it, before anything is recorded: the rounding rule promised the
     // rounding, so there is no fallback; f16 indices stay within u32, as a
@@ -117,10 +120,9 @@ pub(crate) fn attention(
     let sc = scratch(
         |s| &mut s.attn_scales,
         DType::F32,
-        sc_elems,
+        rows,
         "tensor-core attention row scales",
     )?;
-    let nrb = p.m.div_ceil(ROWS);
     let nhb = group.div_ceil(nsg);
     let params = Params {
         m: p.m as u32,
@@ -147,14 +149,13 @@ pub(crate) fn attention(
         (one(&sc), false),
         (one(out), false),
     ];
-    let prep_rows = qrows + 2 * p.kv_heads * kvrows;
     be.launch(Launch {
         kernel: "attention_coop",
         entry: "attn_coop_prep",
         constants: &[],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
-        groups: be.grid(prep_rows.div_ceil(PREP_ROWS) as u32),
+        groups: be.grid(rows.div_ceil(PREP_ROWS) as u32),
     })?;
     be.launch(Launch {
         kernel: "attention_coop",
