@@ -198,6 +198,17 @@ fn expert_ids(rng: &mut Rng, m: usize, k: usize, e: usize) -> Vec<u32> {
 }
 
 impl Op {
+    /// [`Op::Attention`] with the decoder's layout: consecutive positions
+    /// from `pos0`, values in f16's range.
+    pub fn attention(p: Attention, pos0: usize) -> Op {
+        Op::Attention {
+            p,
+            pos0,
+            stride: 1,
+            large_values: false,
+        }
+    }
+
     /// The family the case belongs to (one WGSL kernel family).
     pub fn family(&self) -> &'static str {
         match self {

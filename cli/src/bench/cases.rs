@@ -241,12 +241,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             push(
                 format!("attn sliding ctx={} m={m}", ctx_name(ctx)),
                 "attention",
-                Op::Attention {
-                    p: sliding,
-                    pos0: ctx - m,
-                    large_values: false,
-                    stride: 1,
-                },
+                Op::attention(sliding, ctx - m),
                 m,
             );
         }
@@ -263,12 +258,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             push(
                 format!("attn full ctx={} m={m}", ctx_name(ctx)),
                 "attention",
-                Op::Attention {
-                    p: full,
-                    pos0: ctx - m,
-                    large_values: false,
-                    stride: 1,
-                },
+                Op::attention(full, ctx - m),
                 m,
             );
         }
@@ -452,8 +442,8 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
         (
             "attn sliding from 0",
             "attention",
-            Op::Attention {
-                p: Attention {
+            Op::attention(
+                Attention {
                     m,
                     heads: sh,
                     kv_heads: skv,
@@ -462,16 +452,14 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                     window: s.window,
                     scale: 1.0,
                 },
-                pos0: 0,
-                large_values: false,
-                stride: 1,
-            },
+                0,
+            ),
         ),
         (
             "attn full from 0",
             "attention",
-            Op::Attention {
-                p: Attention {
+            Op::attention(
+                Attention {
                     m,
                     heads: fh,
                     kv_heads: fkv,
@@ -480,10 +468,8 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                     window: 0,
                     scale: 1.0,
                 },
-                pos0: 0,
-                large_values: false,
-                stride: 1,
-            },
+                0,
+            ),
         ),
     ];
     for (name, group, op) in cases {
@@ -541,12 +527,7 @@ fn fused_attention(op: &Op) -> Option<Op> {
     else {
         return None;
     };
-    Some(Op::Attention {
-        p: p.attention(*window, 1.0),
-        pos0: *pos0,
-        large_values: false,
-        stride: 1,
-    })
+    Some(Op::attention(p.attention(*window, 1.0), *pos0))
 }
 
 /// Bytes an op must move at least: every input it needs read once, every
@@ -756,8 +737,8 @@ mod tests {
         };
         assert_eq!(flops(&mm), Some(2 * 3 * 5 * 7));
         // Rows at positions 0, 1, 2 see 1, 2 and 2 keys (window 2): 5 keys.
-        let attn = Op::Attention {
-            p: Attention {
+        let attn = Op::attention(
+            Attention {
                 m: 3,
                 heads: 4,
                 kv_heads: 2,
@@ -766,10 +747,8 @@ mod tests {
                 window: 2,
                 scale: 1.0,
             },
-            pos0: 0,
-            large_values: false,
-            stride: 1,
-        };
+            0,
+        );
         assert_eq!(flops(&attn), Some(2 * 2 * 5 * 4 * 8));
         // qkv_post then attention: the attention's products.
         let fused = Op::QkvPostAttention {
