@@ -37,12 +37,32 @@ for name in parityx decoderx oraclex; do
     if [ "$name" = parityx ]; then
         args=(${1:+"$1"} --full)
     fi
-    timeout "${CHECK_TIMEOUT:-300}" "$bin" "${args[@]}" >"$OUT/check-$name.log" 2>&1
+    # (in the background and watched, so that a hang leaves each thread's
+    # kernel wait channel in the log: the fourteenth session's run 01
+    # saw the oracle binary hang once and not again)
+    "$bin" "${args[@]}" >"$OUT/check-$name.log" 2>&1 &
+    pid=$!
+    waited=0
+    while kill -0 $pid 2>/dev/null && [ $waited -lt "${CHECK_TIMEOUT:-300}" ]; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    if kill -0 $pid 2>/dev/null; then
+        {
+            echo "== $name still running after ${waited} s: its threads (name, wait channel, state)"
+            for t in /proc/$pid/task/*; do
+                echo "$(cat "$t/comm") $(cat "$t/wchan") $(cut -d' ' -f3 "$t/stat")"
+            done
+            nvidia-smi --query-gpu=utilization.gpu,clocks.sm,power.draw --format=csv
+        } >>"$OUT/check-$name.log" 2>&1
+        kill -9 $pid
+    fi
+    wait $pid
     rc=$?
     [ $rc -ne 0 ] && status=1
     {
         echo "== $name (exit $rc)"
-        grep -E "^FAIL|^test result|panicked|passed|failed" "$OUT/check-$name.log" | cut -c1-300
+        grep -E "^FAIL|^test result|panicked|passed|failed|still running" "$OUT/check-$name.log" | cut -c1-300
     } | tee -a "$OUT/check.log"
 done
 if [ $ran -eq 0 ]; then
