@@ -800,8 +800,8 @@ fn moe_case(lab: &Lab, filter: &str) {
         })
         .collect();
     // Threads per weight row (moe_decode.wgsl's LANES): LAB_LANES, else the
-    // kernel's default 32 (the backend runs decode at 128 for gate_up and
-    // 64 for down: LAB_LANES=128 / 64 times those).
+    // kernel's default 32 (the backend runs decode at 32 for gate_up and
+    // 64 for down: backends/wgpu/src/ops/moe.rs; LAB_LANES=64 times down's).
     let lanes = lab_lanes();
     // Activation rows per gate_up workgroup (moe_decode.wgsl's PAIRS).
     let rb = (128 / lanes).max(1);
@@ -924,6 +924,213 @@ fn moe_case(lab: &Lab, filter: &str) {
     }
 }
 
+/// `words` (vec4 units of 8 bf16) of `experts` matrices of `rows` x `k`,
+/// row-major, in kernel_lab_moe.wgsl's tile order: blocks of 64 tile rows
+/// (gate_up: 16 gate rows then the 16 up rows of the same features, twice,
+/// as gemm_coop's weight_row orders them), chunks of 16 of k, a chunk its
+/// 64 rows' 32 bytes one after another.
+fn tile_order(words: &[u32], (experts, rows, k): (usize, usize, usize), gate_up: bool) -> Vec<u32> {
+    let (kq, nch) = (k / 8, k / 16);
+    let half = rows / 2;
+    let mut out = Vec::with_capacity(words.len());
+    for e in 0..experts {
+        for b in 0..rows / 64 {
+            for c in 0..nch {
+                for jl in 0..64 {
+                    let wr = if gate_up {
+                        let f = 32 * b + 16 * (jl / 32) + jl % 16;
+                        f + if jl % 32 >= 16 { half } else { 0 }
+                    } else {
+                        64 * b + jl
+                    };
+                    for h in 0..2 {
+                        let v = ((e * rows + wr) * kq + 2 * c + h) * 4;
+                        out.extend_from_slice(&words[v..v + 4]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The decode MoE GEMVs on tile-ordered expert weights (`moe_tiled`,
+/// kernel_lab_moe.wgsl's gu_tiled / dn_tiled) against the backend's
+/// moe_decode kernels on row-major weights at the lanes the backend runs
+/// (32 gate_up, 64 down): the same selected experts (16 rotating sets),
+/// each tiled result checked against the backend's. Does decode keep its
+/// speed if the experts are stored the way the prefill GEMM reads fastest?
+fn tiled_moe_case(
+    lab: &Lab,
+    (hidden, inter, experts, top_k): (usize, usize, usize, usize),
+    filter: &str,
+) {
+    if !"moe_tiled".contains(filter) {
+        return;
+    }
+    assert!(hidden.is_multiple_of(64) && inter.is_multiple_of(32) && top_k == 8);
+    let mut s = 0x005e_ed71_11e5_u64;
+    let gu = bf16_weights(&mut s, experts * 2 * inter * hidden);
+    let dn = bf16_weights(&mut s, experts * hidden * inter);
+    let gu_t = tile_order(
+        bytemuck::cast_slice(&gu),
+        (experts, 2 * inter, hidden),
+        true,
+    );
+    let dn_t = tile_order(bytemuck::cast_slice(&dn), (experts, hidden, inter), false);
+    let (gub, dnb) = (
+        lab.storage(bytemuck::cast_slice(&gu)),
+        lab.storage(bytemuck::cast_slice(&dn)),
+    );
+    let (gutb, dntb) = (
+        lab.storage(bytemuck::cast_slice(&gu_t)),
+        lab.storage(bytemuck::cast_slice(&dn_t)),
+    );
+    drop((gu, dn, gu_t, dn_t));
+    let x: Vec<f32> = (0..hidden).map(|_| rng(&mut s)).collect();
+    let act: Vec<f32> = (0..top_k * inter).map(|_| rng(&mut s)).collect();
+    let (xb, actb) = (
+        lab.storage(bytemuck::cast_slice(&x)),
+        lab.storage(bytemuck::cast_slice(&act)),
+    );
+    let wts: Vec<f32> = (0..top_k).map(|j| 0.05 + 0.02 * j as f32).collect();
+    let wts = lab.storage(bytemuck::cast_slice(&wts));
+    let ids: Vec<wgpu::Buffer> = (0..16u64)
+        .map(|i| {
+            let mut v: Vec<u32> = Vec::new();
+            let mut st = 91 + i;
+            while v.len() < top_k {
+                let e = ((rng(&mut st) + 1.0) * 0.5 * experts as f32) as u32 % experts as u32;
+                if !v.contains(&e) {
+                    v.push(e);
+                }
+            }
+            lab.storage(bytemuck::cast_slice(&v))
+        })
+        .collect();
+    let act_out = lab.storage(&vec![0u8; top_k * inter * 4]);
+    let out = lab.storage(&vec![0u8; hidden * 4]);
+    // moe_decode.wgsl's Params (gate_up at the backend's 32 lanes: four
+    // activation rows a workgroup, nrb = inter / 4), then the pair
+    // launches' 8 words (unused).
+    let mut words = vec![
+        1,
+        hidden as u32,
+        inter as u32,
+        experts as u32,
+        top_k as u32,
+        1,
+        top_k as u32,
+        inter as u32 / 4,
+    ];
+    words.resize(16, 0);
+    let params = lab.uniform(&words);
+    let src = format!(
+        "{}\n{MOE_LAB}",
+        kernels::source("moe_decode", lab.subgroups).expect("moe_decode")
+    );
+    let module = lab.module(&src, false);
+    let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
+    let dn_mb = (top_k * inter * hidden * 2) as f64 / 1e6;
+    println!("\nmoe decode on tile-ordered experts: top-{top_k} of {experts}, {hidden} x {inter}");
+    // Times `entry` over the 16 id sets on `w` (a: x or act, into o), then
+    // runs it once on the first set and reads o.
+    let run = |entry: &str,
+               consts: &[(&str, f64)],
+               w: &wgpu::Buffer,
+               a: &wgpu::Buffer,
+               o: &wgpu::Buffer,
+               n: usize,
+               wgs: u32| {
+        let p = lab.pipeline(&module, entry, consts, 5);
+        let groups: Vec<_> = ids
+            .iter()
+            .map(|id| lab.bind(&p, &params, &[id, w, a, &wts, o]))
+            .collect();
+        let us = lab.time(&p, &groups, wgs, CHAIN);
+        lab.poison(o, n);
+        lab.time(&p, &groups[..1], wgs, 1);
+        (us, lab.read_f32(o, n))
+    };
+    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let (us, want) = run(
+        "moe_gate_up_decode",
+        &[
+            ("WDTYPE", 2.0),
+            ("LANES", 32.0),
+            ("BK", (hidden / 8) as f64),
+        ],
+        &gub,
+        &xb,
+        &act_out,
+        top_k * inter,
+        (top_k * inter / 4) as u32,
+    );
+    println!(
+        "  gate_up  row-major (backend, 32 lanes)   chain {us:8.2} us  {:7.0} GB/s",
+        gu_mb / us * 1e3
+    );
+    for feat in [16usize, 8, 4] {
+        let (us, got) = run(
+            "gu_tiled",
+            &[
+                ("WDTYPE", 2.0),
+                ("TGU_FEAT", feat as f64),
+                ("TGU_ROUNDS", (hidden / 16 * feat / 64) as f64),
+            ],
+            &gutb,
+            &xb,
+            &act_out,
+            top_k * inter,
+            (top_k * inter / feat) as u32,
+        );
+        let err = rel_err(&got, &f64s(&want));
+        println!(
+            "  gate_up  tile-ordered, {feat:2} features a group  chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
+            gu_mb / us * 1e3
+        );
+        assert!(
+            err < 1e-5,
+            "gu_tiled ({feat} features) against the backend's gate_up: {err:e}"
+        );
+    }
+    let (us, want) = run(
+        "moe_down_decode",
+        &[("WDTYPE", 2.0), ("LANES", 64.0), ("BK", (inter / 8) as f64)],
+        &dnb,
+        &actb,
+        &out,
+        hidden,
+        (hidden / 4) as u32,
+    );
+    println!(
+        "  down     row-major (backend, 64 lanes)   chain {us:8.2} us  {:7.0} GB/s",
+        dn_mb / us * 1e3
+    );
+    for rows in [4usize, 8, 16] {
+        let rounds = top_k * (inter / 16) * 2 * rows / 256;
+        let (us, got) = run(
+            "dn_tiled",
+            &[
+                ("WDTYPE", 2.0),
+                ("TDN_ROWS", rows as f64),
+                ("TDN_ROUNDS", rounds as f64),
+            ],
+            &dntb,
+            &actb,
+            &out,
+            hidden,
+            (hidden / rows) as u32,
+        );
+        let err = rel_err(&got, &f64s(&want));
+        println!("  down     tile-ordered, {rows:2} rows a group  chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}", dn_mb / us * 1e3);
+        assert!(
+            err < 1e-5,
+            "dn_tiled ({rows} rows) against the backend's down: {err:e}"
+        );
+    }
+}
+
 /// `LAB_LANES` (32, 64 or 128; default 32, the kernels' own default).
 fn lab_lanes() -> u32 {
     let lanes = std::env::var("LAB_LANES").map_or(32, |v| v.parse().expect("LAB_LANES: a number"));
@@ -942,6 +1149,7 @@ fn main() {
         gemv_case(&lab, "tiny", 64, 512, &filter);
         normed_gemv_case(&lab, "tiny", 64, 512, &filter);
         pattern_case(&lab, (3, 128, 256), &filter);
+        tiled_moe_case(&lab, (256, 64, 8, 8), &filter);
         return;
     }
     if filter == "slots" {
@@ -956,6 +1164,7 @@ fn main() {
     // 64 of the 128 gate_up experts (1 GB; a 512-token batch touches nearly all)
     pattern_case(&lab, (64, 2816, 2816), &filter);
     moe_case(&lab, &filter);
+    tiled_moe_case(&lab, (2816, 704, 128, 8), &filter);
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);
     // q|k|v of a sliding layer behind the layer's input norm (post_ffn's
