@@ -76,3 +76,36 @@ fn gelu_tanh(x: f32) -> f32 {
     let c = 0.7978845608028654;
     return 0.5 * x * (1.0 + safe_tanh(c * (x + 0.044715 * x * x * x)));
 }
+
+// ---- expert weights in tile order (backends/wgpu/src/expert_tiles.rs) ----
+// A layer's expert stack may be stored tile by tile (16-bit weights): each
+// expert's matrix in blocks of 64 rows, each block in chunks of 16 of k
+// (two vec4 a row), a chunk its 64 rows' 32 bytes one after another; a
+// gate_up matrix's block holds 16 gate rows, then the up rows of the same
+// 16 features, twice (the order the prefill GEMMs' tiles take them in).
+// The prefill GEMM's tiles then read whole runs of memory a step
+// (docs/decisions.md, fourteenth session).
+
+// The vec4 index of the first 8 weights of row `r` of the expert matrix
+// that starts at vec4 `eb`, `kq` vec4 a row: row-major, or `tiled` (a
+// gate_up matrix `gu` of `n` features: r < n the gate row of feature r,
+// else the up row of feature r - n).
+fn expert_row(eb: u32, r: u32, kq: u32, tiled: bool, gu: bool, n: u32) -> u32 {
+    if (!tiled) {
+        return eb + r * kq;
+    }
+    var b = r / 64u;
+    var jl = r % 64u;
+    if (gu) {
+        let up = r >= n;
+        let f = select(r, r - n, up);
+        b = f / 32u;
+        jl = 32u * ((f % 32u) / 16u) + f % 16u + select(0u, 16u, up);
+    }
+    return eb + (b * (kq / 2u) * 64u + jl) * 2u;
+}
+
+// Vec4 `q` (weights 8q .. 8q + 7) of a row, from its expert_row.
+fn expert_step(q: u32, tiled: bool) -> u32 {
+    return select(q, (q / 2u) * 128u + q % 2u, tiled);
+}

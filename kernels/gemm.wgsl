@@ -46,6 +46,8 @@ const DOWN: u32 = 2u;
 // in vec4 (XS4 = BM * BK / 4, WS4 = BN * BK / 4: the launcher sizes them
 // for the tile and checks the device's workgroup memory holds them, and
 // that BM <= MAX_BM and a step is at most two loads of each per thread).
+// 1: the MoE modes' weights are in tile order (common.wgsl's expert_row).
+override TILED: u32 = 0u;
 override TM: u32 = 4u;
 override TN4: u32 = 2u;
 override WN: u32 = 2u;
@@ -83,16 +85,19 @@ fn bn() -> u32 {
 
 // find_tile, stage_tile: kernels/gemm_tiles.wgsl.
 
-// Weight row (within the binding) of tile row `jl` of row block `nb`, and
-// whether it exists.
+// The first vec4 of the weight row (within the binding) of tile row `jl`
+// of row block `nb` (common.wgsl's expert_row), and whether it exists.
 fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
+    let kq = P.k / 8u;
+    let tiled = TILED == 1u && mode != DENSE;
     if (mode == GATE_UP) {
         let f = nb * (bn() / 2u) + 2u * (jl / 4u) + (jl % 2u);
         let up = select(0u, P.rows, (jl % 4u) >= 2u);
-        return vec2<u32>(expert * 2u * P.rows + up + f, u32(f < P.rows));
+        let eb = expert * 2u * P.rows * kq;
+        return vec2<u32>(expert_row(eb, up + f, kq, tiled, true, P.rows), u32(f < P.rows));
     }
     let r = nb * bn() + jl;
-    return vec2<u32>(expert * P.rows + r, u32(r < P.rows));
+    return vec2<u32>(expert_row(expert * P.rows * kq, r, kq, tiled, false, 0u), u32(r < P.rows));
 }
 
 @compute @workgroup_size(256)
@@ -123,13 +128,14 @@ fn load_x(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<f32> {
     return X[(row * P.k + kc) / 4u];
 }
 
-// W entry (weight row, eighth q of the step's k) at step k0.
-fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<u32> {
+// W entry (eighth q of the step's k) at step k0 of the weight row whose
+// first vec4 is `row` (tiled: in tile order).
+fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32, tiled: bool) -> vec4<u32> {
     let kc = k0 + 8u * q;
     if (!on || kc >= ke) {
         return vec4<u32>(0u);
     }
-    return W[row * (P.k / 8u) + kc / 8u];
+    return W[row + expert_step(kc / 8u, tiled)];
 }
 
 // Workgroup `g`'s output tile (`mode` is a constant at every call).
@@ -140,6 +146,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         return;
     }
     let split = g / per;
+    let tiled = TILED == 1u && mode != DENSE;
     // Token tiles fastest for dense problems (a row block's weight rows
     // stay in cache across them), row blocks fastest for the MoE phases (a
     // token tile's x rows stay in cache across its expert's row blocks), as
@@ -199,7 +206,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         w_row[u].y = select(0u, w_row[u].y, e < wn);
         // The first step's tile.
         xv4[u] = load_x(x_on[u], x_row[u], kb, xe[u].y, ke);
-        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, kb, we[u].y, ke);
+        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, kb, we[u].y, ke, tiled);
     }
     var acc: array<vec4<f32>, MAX_TM * MAX_TN4>;
     let b_m4 = b_m / 4u;
@@ -236,7 +243,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         // The next step's tile, loaded into registers while this one computes.
         for (var u = 0u; u < 2u; u++) {
             xv4[u] = load_x(x_on[u], x_row[u], k0 + BK, xe[u].y, ke);
-            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y, ke);
+            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y, ke, tiled);
         }
         for (var kk = 0u; kk < BK; kk++) {
             // This thread's TM tokens are tt * TM .. + TM: TM / 4 vec4 reads.

@@ -57,6 +57,8 @@ const GATE_UP: u32 = 1u;
 const DOWN: u32 = 2u;
 // Which of the three.
 override MODE: u32 = 0u;
+// 1: the MoE modes' weights are in tile order (common.wgsl's expert_row).
+override TILED: u32 = 0u;
 
 // The tile (backends/wgpu/src/ops/gemm_coop.rs sets every one): warps
 // along the tile rows and along the weight rows, whether X16 is staged in
@@ -103,29 +105,34 @@ fn bn() -> u32 {
 
 // find_tile, stage_tile: kernels/gemm_tiles.wgsl.
 
-// Weight row (within the binding) of tile row `jl` of row block `nb`, and
-// whether it exists. gate_up: each 32 tile rows are 16 gate rows then the
-// 16 up rows of the same features.
+// The first vec4 of the weight row (within the binding) of tile row `jl`
+// of row block `nb` (common.wgsl's expert_row), and whether it exists.
+// gate_up: each 32 tile rows are 16 gate rows then the 16 up rows of the
+// same features.
 fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
+    let kq = P.k / 8u;
+    let tiled = TILED == 1u && mode != DENSE;
     if (mode == GATE_UP) {
         let f = nb * (bn() / 2u) + 16u * (jl / 32u) + jl % 16u;
         let up = select(0u, P.rows, (jl % 32u) >= 16u);
-        return vec2<u32>(expert * 2u * P.rows + up + f, u32(f < P.rows));
+        let eb = expert * 2u * P.rows * kq;
+        return vec2<u32>(expert_row(eb, up + f, kq, tiled, true, P.rows), u32(f < P.rows));
     }
     let r = nb * bn() + jl;
-    return vec2<u32>(expert * P.rows + r, u32(r < P.rows));
+    return vec2<u32>(expert_row(expert * P.rows * kq, r, kq, tiled, false, 0u), u32(r < P.rows));
 }
 
 // ---- gemm_coop ----
 
-// W vec4 (8 weights) `q` of weight row `row`'s k step at k0; zero past
-// k_hi (the end of k, or of this workgroup's split of it).
+// W vec4 (8 weights) `q` of the k step at k0 of the weight row whose first
+// vec4 is `row`; zero past k_hi (the end of k, or of this workgroup's
+// split of it).
 fn load_w(on: bool, row: u32, k0: u32, q: u32, k_hi: u32) -> vec4<u32> {
     let kc = k0 + 8u * q;
     if (!on || kc >= k_hi) {
         return vec4<u32>(0u);
     }
-    return W[row * (P.k / 8u) + kc / 8u];
+    return W[row + expert_step(kc / 8u, TILED == 1u && MODE != DENSE)];
 }
 
 // Two weights of a word as f16, through f32: exact for f16 weights, and

@@ -156,6 +156,19 @@ fn wpair(row: u32, n: u32, u: u32) -> vec2<f32> {
     return decode_pair(W[(base >> 1u) + u]);
 }
 
+// 1: the weights are in tile order (common.wgsl's expert_row: 16-bit
+// weights, rows a multiple of 16 long, so the even-row paths only).
+override TILED: u32 = 0u;
+
+// wpair on a tile-ordered row whose first vec4 is `rbase` (TILED), else on
+// row `row` of length `n` as wpair.
+fn wpair_of(row: u32, n: u32, u: u32) -> vec2<f32> {
+    if (TILED == 1u) {
+        return decode_pair(W[4u * (row + expert_step(u / 4u, true)) + u % 4u]);
+    }
+    return wpair(row, n, u);
+}
+
 // Element i of weight row `row` of length `n` (any n: 16-bit rows may start
 // mid-word).
 fn welem(row: u32, n: u32, i: u32) -> f32 {
@@ -168,7 +181,7 @@ fn welem(row: u32, n: u32, i: u32) -> f32 {
 fn gu_unit(grow: u32, urow: u32, u: u32, nu: u32) -> vec4<f32> {
     let h = P.hidden;
     let uc = min(u, nu - 1u);
-    let v = vec4<f32>(wpair(grow, h, uc), wpair(urow, h, uc));
+    let v = vec4<f32>(wpair_of(grow, h, uc), wpair_of(urow, h, uc));
     return select(vec4<f32>(0.0), v, u < nu);
 }
 
@@ -224,8 +237,14 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let lane = lid % L;
     let i = (g % P.nrb) * T + team;
     let ir = min(i, n - 1u);
-    let grow = e * 2u * n + ir;
-    let urow = grow + n;
+    // (TILED: the rows' first vec4)
+    var grow = e * 2u * n + ir;
+    var urow = grow + n;
+    if (TILED == 1u) {
+        let kq = h / 8u;
+        grow = expert_row(e * 2u * n * kq, ir, kq, true, true, n);
+        urow = expert_row(e * 2u * n * kq, n + ir, kq, true, true, n);
+    }
 
     for (var q0 = 0u; q0 < cnt; q0 += 4u) {
         let np = min(4u, cnt - q0);
@@ -336,7 +355,11 @@ fn down_load(f: u32, total: u32, nu: u32, rr: u32) -> Unit {
     let fc = min(f, total - 1u);
     let s = fc / nu;
     let u = fc - s * nu;
-    let w = wpair(sl_row[s] + rr, n, u);
+    var row = sl_row[s] + rr;
+    if (TILED == 1u) {
+        row = expert_row(sl_row[s] * (n / 8u), rr, n / 8u, true, false, 0u);
+    }
+    let w = wpair_of(row, n, u);
     let a = apair(pair_at(sl_off[s], 0u) * n + 2u * u);
     return Unit(w, a, s, select(u, NONE, f >= total));
 }

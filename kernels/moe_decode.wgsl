@@ -103,6 +103,10 @@ fn reduce_lanes(t: u32, lane: u32) {
 // all of a lane's loads before the first one returns. BK2 / TOPK2: the
 // second problem of a down pair (a gate_up pair shares BK: same hidden).
 override BK: u32 = 352u;
+// 1: the first (A) or second (B) problem's weights are in tile order
+// (common.wgsl's expert_row; a pair's dense MLP keeps row-major).
+override TILED_A: u32 = 0u;
+override TILED_B: u32 = 0u;
 override TOPK: u32 = 8u;
 override BK2: u32 = 352u;
 override TOPK2: u32 = 8u;
@@ -142,11 +146,12 @@ fn gate_up_a(g: u32, t: u32) {
     }
     var acc = 0.0;
     if (valid && q.i < n) {
-        let base = (IDS[q.j] * 2u * n + q.up * n + q.i) * BK;
+        let ta = TILED_A == 1u;
+        let base = expert_row(IDS[q.j] * 2u * n * BK, q.up * n + q.i, BK, ta, true, n);
         for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
             let b = q.lane + c * LANES;
             let bb = min(b, BK - 1u);
-            acc += select(0.0, dot8(W[base + bb], 2u * bb), b < BK);
+            acc += select(0.0, dot8(W[base + expert_step(bb, ta)], 2u * bb), b < BK);
         }
     }
     part_a[t] = acc;
@@ -175,11 +180,12 @@ fn gate_up_b_expert(q: GateUpRole, e: u32, t: u32) {
     let valid = e < P.experts2;
     var acc = 0.0;
     if (valid && q.i < n) {
-        let base = (e * 2u * n + q.up * n + q.i) * BK;
+        let tb = TILED_B == 1u;
+        let base = expert_row(e * 2u * n * BK, q.up * n + q.i, BK, tb, true, n);
         for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
             let b = q.lane + c * LANES;
             let bb = min(b, BK - 1u);
-            acc += select(0.0, dot8b(W2[base + bb], 2u * bb), b < BK);
+            acc += select(0.0, dot8b(W2[base + expert_step(bb, tb)], 2u * bb), b < BK);
         }
     }
     part_a[t] = acc;
@@ -236,7 +242,8 @@ fn down_a(g: u32, t: u32, tok: u32) {
             let b = f % BK;
             let e = sid[j];
             let valid = e < P.experts && lane + c * LANES < TOPK * BK;
-            let w = W[(select(0u, e, valid) * h + r) * BK + b];
+            let ta = TILED_A == 1u;
+            let w = W[expert_row(select(0u, e, valid) * h * BK, r, BK, ta, false, 0u) + expert_step(b, ta)];
             acc += select(0.0, swt[j] * dot8(w, a0 + j * arow + 2u * b), valid);
         }
     }
@@ -266,7 +273,8 @@ fn down_b(g: u32, t: u32) {
             let b = f % BK2;
             let e = sid[j];
             let valid = e < P.experts2 && lane + c * LANES < TOPK2 * BK2;
-            let w = W2[(select(0u, e, valid) * h + r) * BK2 + b];
+            let tb = TILED_B == 1u;
+            let w = W2[expert_row(select(0u, e, valid) * h * BK2, r, BK2, tb, false, 0u) + expert_step(b, tb)];
             acc += select(0.0, swt[j] * dot8b(w, j * arow + 2u * b), valid);
         }
     }

@@ -217,6 +217,15 @@ pub struct Limits {
     pub max_workgroups_per_dim: u32,
 }
 
+/// What [`ComputeBackend::upload_experts`] is told about a stack of expert
+/// matrices: how many, and whether each is a gate_up matrix (its gate rows,
+/// then the up rows of the same features) or a down one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertStack {
+    pub experts: usize,
+    pub gate_up: bool,
+}
+
 /// Host bytes to upload: a borrowed slice, or a range of a memory map that a
 /// backend may keep without copying (the CPU backend does).
 #[derive(Clone)]
@@ -308,6 +317,24 @@ pub trait ComputeBackend {
         bytes: HostBytes<'_>,
         label: &str,
     ) -> Result<Self::Buffer>;
+
+    /// A layer's expert matrices stacked by rows (`stack.experts` of `rows /
+    /// stack.experts` rows each; gate_up: each expert's gate rows then its
+    /// up rows), read only by the MoE ops. A backend may store them in an
+    /// order of its own that its MoE kernels read faster (the wgpu backend's
+    /// tile order, docs/decisions.md, fourteenth session); by default they
+    /// are a weight like any other.
+    fn upload_experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        bytes: HostBytes<'_>,
+        label: &str,
+    ) -> Result<Self::Buffer> {
+        let _ = stack;
+        self.upload_weight(dtype, rows, cols, bytes, label)
+    }
 
     /// Overwrite `data.len()` f32 elements from element `offset`. Ordered after
     /// every op recorded before it and before every op recorded after it.

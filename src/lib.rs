@@ -14,8 +14,8 @@ pub mod parity;
 pub mod rng;
 
 pub use backend::{
-    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, GateUpArgs, GemmRounding,
-    HostBytes, PostAttentionArgs, ReadTicket, RouterArgs, Support,
+    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, ExpertStack, GateUpArgs,
+    GemmRounding, HostBytes, PostAttentionArgs, ReadTicket, RouterArgs, Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

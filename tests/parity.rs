@@ -81,6 +81,32 @@ fn tensor_core_gemm_families_with_other_tiles() {
     }
 }
 
+/// The MoE families with expert stacks stored in tile order where their
+/// shape allows (backends/wgpu/src/expert_tiles.rs): every kernel that
+/// reads expert weights (decode, pairs, the route-list kernels, the GEMMs
+/// with and without tensor cores) against the CPU reference, which keeps
+/// them row-major; the cases mix stacks that take the layout with ones that
+/// do not, and a pair's dense MLP with routed experts.
+#[test]
+fn moe_families_with_tiled_experts() {
+    for tensor_cores in [None, Some(false)] {
+        let opts = WgpuOptions {
+            expert_tiles: Some(true),
+            tensor_cores,
+            ..Default::default()
+        };
+        for name in [
+            "moe_gate_up",
+            "moe_down",
+            "moe_gate_up_pair",
+            "moe_down_pair",
+        ] {
+            eprintln!("tiled experts (tensor cores {tensor_cores:?}): {name}");
+            family_on(name, &opts);
+        }
+    }
+}
+
 fn family_on(name: &str, opts: &WgpuOptions) {
     let Some(device) = common::wgpu_backend_with(opts) else {
         return;

@@ -13,7 +13,7 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::backend::{ComputeBackend, HostBytes};
+use crate::backend::{ComputeBackend, ExpertStack, HostBytes};
 use crate::dtype::{decode_f32, encode_f32, DType};
 use crate::error::{Error, Result};
 use crate::model::checkpoint::{Checkpoint, TensorRef};
@@ -133,20 +133,24 @@ struct Loader<'a, B: ComputeBackend> {
 
 impl<B: ComputeBackend> Loader<'_, B> {
     fn weight(&self, name: &str, rows: usize, cols: usize) -> Result<B::Buffer> {
-        self.weight_shaped(name, &[rows, cols], rows, cols)
-    }
-
-    fn weight_shaped(
-        &self,
-        name: &str,
-        shape: &[usize],
-        rows: usize,
-        cols: usize,
-    ) -> Result<B::Buffer> {
-        let t = fetch(self.src, name, shape)?;
+        let t = fetch(self.src, name, &[rows, cols])?;
         let buf = self
             .backend
             .upload_weight(t.dtype, rows, cols, t.bytes.clone(), name)?;
+        self.bar.inc(t.bytes.as_slice().len() as u64);
+        Ok(buf)
+    }
+
+    /// A layer's `[experts, rows, cols]` expert stack (`upload_experts`).
+    fn experts(&self, name: &str, [e, rows, cols]: [usize; 3], gate_up: bool) -> Result<B::Buffer> {
+        let t = fetch(self.src, name, &[e, rows, cols])?;
+        let stack = ExpertStack {
+            experts: e,
+            gate_up,
+        };
+        let buf =
+            self.backend
+                .upload_experts(t.dtype, stack, (e * rows, cols), t.bytes.clone(), name)?;
         self.bar.inc(t.bytes.as_slice().len() as u64);
         Ok(buf)
     }
@@ -280,18 +284,12 @@ impl<B: ComputeBackend> Weights<B> {
                     eff_scale: ld.upload_f32(&eff, &format!("{p}router.eff_scale"))?,
                     per_expert_scale: ld
                         .upload_f32(&pes, &format!("{p}router.per_expert_scale"))?,
-                    gate_up: ld.weight_shaped(
+                    gate_up: ld.experts(
                         &format!("{p}experts.gate_up_proj"),
-                        &[e, 2 * mi, h],
-                        e * 2 * mi,
-                        h,
+                        [e, 2 * mi, h],
+                        true,
                     )?,
-                    down: ld.weight_shaped(
-                        &format!("{p}experts.down_proj"),
-                        &[e, h, mi],
-                        e * h,
-                        mi,
-                    )?,
+                    down: ld.experts(&format!("{p}experts.down_proj"), [e, h, mi], false)?,
                     pre_norm: ld.norm(&format!("{p}pre_feedforward_layernorm_2.weight"), h)?,
                     post_norm: ld.norm(&format!("{p}post_feedforward_layernorm_2.weight"), h)?,
                 })

@@ -138,6 +138,12 @@ fn moe(full: bool) -> Vec<Op> {
             // and inter multiples of 32), then several row blocks of each
             (40, 6, 3, 64, 64, BF16),
             (24, 5, 2, 160, 96, F16),
+            // shapes an expert stack can be stored in tile order in
+            // (backends/wgpu/src/expert_tiles.rs: whole 64-row blocks and
+            // 16-wide chunks of k) for one token, a micro-batch (gate_up
+            // through the route-list kernel) and the GEMMs above
+            (1, 6, 3, 64, 32, BF16),
+            (3, 6, 3, 128, 32, F16),
             // a long route list (about 130 of 200 experts in use): the
             // GEMMs' walk to their token tile passes many slots
             (40, 200, 4, 64, 64, BF16),
@@ -180,6 +186,8 @@ fn moe_pair(full: bool) -> Vec<Op> {
         (moe(1, 1, 1, 64, 24), moe(1, 4, 2, 128, 16), BF16),
         (moe(2, 1, 1, 64, 24), moe(2, 4, 2, 64, 16), BF16),
         (moe(1, 1, 1, 32, 8), moe(1, 3, 2, 32, 8), F32),
+        // experts an expert-tile layout takes, beside a dense MLP it does not
+        (moe(1, 1, 1, 128, 48), moe(1, 6, 3, 128, 32), BF16),
     ];
     if full {
         shapes.push((moe(1, 1, 1, 2816, 2112), moe(1, 128, 8, 2816, 704), BF16));

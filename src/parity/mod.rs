@@ -16,7 +16,7 @@ mod op;
 pub use cases::{all_cases, ci_cases};
 pub use op::{Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE};
 
-use crate::backend::{ComputeBackend, Support};
+use crate::backend::{ComputeBackend, ExpertStack, Support};
 use crate::rng::Rng;
 use crate::{DType, HostBytes, Result};
 
@@ -75,6 +75,9 @@ pub enum HostTensor {
         rows: usize,
         cols: usize,
         bytes: Vec<u8>,
+        /// An MoE op's expert stack (uploaded through `upload_experts`,
+        /// which a backend may reorder), else None.
+        experts: Option<ExpertStack>,
     },
 }
 
@@ -104,7 +107,21 @@ impl HostTensor {
                 rows,
                 cols,
                 bytes,
+                experts: None,
             } => b.upload_weight(*dtype, *rows, *cols, HostBytes::Slice(bytes), label),
+            HostTensor::Weight {
+                dtype,
+                rows,
+                cols,
+                bytes,
+                experts: Some(stack),
+            } => b.upload_experts(
+                *dtype,
+                *stack,
+                (*rows, *cols),
+                HostBytes::Slice(bytes),
+                label,
+            ),
         }
     }
 }

@@ -2,7 +2,9 @@
 //! how to record it on any backend.
 
 use super::{HostTensor, OutSpec};
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, PostAttentionArgs, RouterArgs};
+use crate::backend::{
+    ComputeBackend, DownArgs, ExpertStack, GateUpArgs, PostAttentionArgs, RouterArgs,
+};
 use crate::dtype::encode_f32;
 use crate::ops::{
     Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
@@ -168,6 +170,7 @@ fn norm_weight(rng: &mut Rng, dtype: DType, dim: usize) -> HostTensor {
         rows: 1,
         cols: dim,
         bytes: encode_f32(dtype, &rng.vec_range(dim, 0.2, 1.8)),
+        experts: None,
     }
 }
 
@@ -178,7 +181,39 @@ fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, std: f32) -> Ho
         rows,
         cols,
         bytes: encode_f32(dtype, &v),
+        experts: None,
     }
+}
+
+/// An MoE op's expert stack: `weight`, uploaded as experts (a backend may
+/// store it in an order of its own).
+fn experts(
+    rng: &mut Rng,
+    dtype: DType,
+    stack: ExpertStack,
+    (rows, cols): (usize, usize),
+    std: f32,
+) -> HostTensor {
+    let HostTensor::Weight { bytes, .. } = weight(rng, dtype, rows, cols, std) else {
+        unreachable!("weight() makes a Weight")
+    };
+    HostTensor::Weight {
+        dtype,
+        rows,
+        cols,
+        bytes,
+        experts: Some(stack),
+    }
+}
+
+/// `inputs` with its expert weight (input 1) a plain weight: the dense MLP
+/// that decode runs as problem a of a pair op, uploaded as the decoder
+/// uploads it.
+fn as_dense(mut inputs: Vec<HostTensor>) -> Vec<HostTensor> {
+    if let HostTensor::Weight { experts, .. } = &mut inputs[1] {
+        *experts = None;
+    }
+    inputs
 }
 
 /// Distinct expert ids per token.
@@ -506,34 +541,40 @@ impl Op {
             ],
             Op::MoeGateUp { p, w } => vec![
                 HostTensor::F32(rng.vec_normal(p.m * p.hidden, 1.0)),
-                weight(
+                experts(
                     rng,
                     *w,
-                    p.experts * 2 * p.inter,
-                    p.hidden,
+                    ExpertStack {
+                        experts: p.experts,
+                        gate_up: true,
+                    },
+                    (p.experts * 2 * p.inter, p.hidden),
                     1.0 / (p.hidden as f32).sqrt(),
                 ),
                 HostTensor::U32(expert_ids(rng, p.m, p.top_k, p.experts)),
             ],
             Op::MoeDown { p, w } => vec![
                 HostTensor::F32(rng.vec_normal(p.m * p.top_k * p.inter, 1.0)),
-                weight(
+                experts(
                     rng,
                     *w,
-                    p.experts * p.hidden,
-                    p.inter,
+                    ExpertStack {
+                        experts: p.experts,
+                        gate_up: false,
+                    },
+                    (p.experts * p.hidden, p.inter),
                     1.0 / (p.inter as f32).sqrt(),
                 ),
                 HostTensor::U32(expert_ids(rng, p.m, p.top_k, p.experts)),
                 HostTensor::F32(rng.vec_range(p.m * p.top_k, 0.05, 1.0)),
             ],
             Op::MoeGateUpPair { a, b, w } => {
-                let mut v = Op::MoeGateUp { p: *a, w: *w }.inputs(rng);
+                let mut v = as_dense(Op::MoeGateUp { p: *a, w: *w }.inputs(rng));
                 v.extend(Op::MoeGateUp { p: *b, w: *w }.inputs(rng));
                 v
             }
             Op::MoeDownPair { a, b, w } => {
-                let mut v = Op::MoeDown { p: *a, w: *w }.inputs(rng);
+                let mut v = as_dense(Op::MoeDown { p: *a, w: *w }.inputs(rng));
                 v.extend(Op::MoeDown { p: *b, w: *w }.inputs(rng));
                 v
             }

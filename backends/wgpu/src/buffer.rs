@@ -96,6 +96,9 @@ pub struct WgpuBuffer {
     /// such weights. It holds: a 16-bit buffer has no host writes after its
     /// upload (`write_f32` / `write_u32` take f32 and u32 buffers).
     pub(crate) fits_f16: bool,
+    /// An expert stack stored in tile order (`upload_experts`,
+    /// `expert_tiles.rs`): only the MoE kernels read it, each told so.
+    pub(crate) tiled: bool,
 }
 
 impl DeviceBuffer for WgpuBuffer {

@@ -33,6 +33,26 @@ pub struct WgpuOptions {
     /// the `TURBOSPARK_COOP_TILES` environment variable; a tile the kernel
     /// or device cannot hold is an error when the backend opens.
     pub coop_tiles: Option<String>,
+    /// Store MoE expert stacks in tile order (common.wgsl's `expert_row`,
+    /// docs/decisions.md, fourteenth session) where their shape allows:
+    /// `Some(true)` / `Some(false)`; `None` takes the
+    /// `TURBOSPARK_EXPERT_TILES` environment variable (`0` or `1`), else
+    /// off.
+    pub expert_tiles: Option<bool>,
+}
+
+/// `WgpuOptions::expert_tiles`, else `TURBOSPARK_EXPERT_TILES`.
+pub(crate) fn expert_tiles_wanted(opts: &WgpuOptions) -> Result<bool> {
+    if let Some(on) = opts.expert_tiles {
+        return Ok(on);
+    }
+    match std::env::var("TURBOSPARK_EXPERT_TILES").as_deref() {
+        Err(_) | Ok("") | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(Error::InvalidInput(format!(
+            "TURBOSPARK_EXPERT_TILES={v:?}: expected 0 or 1"
+        ))),
+    }
 }
 
 /// What an adapter is, for listings (`turbospark info`).

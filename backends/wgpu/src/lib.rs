@@ -10,6 +10,7 @@ mod batch;
 mod bench;
 mod buffer;
 mod device;
+mod expert_tiles;
 pub mod kernels;
 mod ops;
 mod readback;
@@ -21,8 +22,8 @@ use turbospark::ops::{
     RmsNorm, Rope, Router,
 };
 use turbospark::{
-    BackendInfo, ComputeBackend, DType, DownArgs, Error, GateUpArgs, HostBytes, PostAttentionArgs,
-    ReadTicket, Result, RouterArgs, Support,
+    BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertStack, GateUpArgs, HostBytes,
+    PostAttentionArgs, ReadTicket, Result, RouterArgs, Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -65,6 +66,9 @@ pub struct WgpuBackend {
     gemm_tiles: ops::gemm::Overrides,
     /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
     coop_tiles: ops::gemm_coop::CoopTiles,
+    /// Expert stacks stored in tile order where they fit
+    /// (`WgpuOptions::expert_tiles`).
+    expert_tiles: bool,
 }
 
 impl WgpuBackend {
@@ -73,6 +77,7 @@ impl WgpuBackend {
         let tiles = |opt, var| device::option_or_env(opt, var).unwrap_or_default();
         let gemm_tiles =
             ops::gemm::Overrides::parse(&tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"));
+        let expert_tiles = device::expert_tiles_wanted(opts)?;
         let o = device::open(opts)?;
         let coop_tiles = ops::gemm_coop::CoopTiles::parse(
             &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
@@ -148,6 +153,7 @@ impl WgpuBackend {
             reads: Mutex::default(),
             gemm_tiles,
             coop_tiles,
+            expert_tiles,
         })
     }
 
@@ -241,6 +247,7 @@ impl WgpuBackend {
             dtype,
             len,
             fits_f16: false,
+            tiled: false,
         })
     }
 
@@ -590,7 +597,33 @@ impl ComputeBackend for WgpuBackend {
             dtype,
             len: rows * cols,
             fits_f16: self.scan_fits_f16(dtype, s),
+            tiled: false,
         })
+    }
+
+    /// Tile order (`expert_tiles.rs`) where `WgpuOptions::expert_tiles` is
+    /// on and the stack fits one binding in whole blocks and chunks; else a
+    /// row-major weight.
+    fn upload_experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        bytes: HostBytes<'_>,
+        label: &str,
+    ) -> Result<WgpuBuffer> {
+        let s = bytes.as_slice();
+        if !self.expert_tiles
+            || !expert_tiles::fits(dtype, stack, rows, cols)
+            || s.len() != rows * cols * dtype.size()
+            || s.len() as u64 > self.max_binding()
+        {
+            return self.upload_weight(dtype, rows, cols, bytes, label);
+        }
+        let tiled = expert_tiles::tile_order(s, stack, rows, cols);
+        let mut b = self.upload_weight(dtype, rows, cols, HostBytes::Slice(&tiled), label)?;
+        b.tiled = true;
+        Ok(b)
     }
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {

@@ -78,10 +78,13 @@ impl Tile {
             && self.bn() * self.bk / 8 <= MAX_LOADS * WG
             && self.bytes() <= smem
     }
-    fn constants(self, dtype: DType) -> [(&'static str, i64); 7] {
+    /// `tiled`: the weights are an expert stack in tile order
+    /// (expert_tiles.rs; the MoE modes only).
+    fn constants(self, dtype: DType, tiled: bool) -> [(&'static str, i64); 8] {
         let (x, w) = self.arrays();
         [
             super::wdtype(dtype)[0],
+            ("TILED", tiled as i64),
             ("TM", self.tm as i64),
             ("TN4", self.tn4 as i64),
             ("WN", self.wn as i64),
@@ -248,7 +251,7 @@ pub(crate) fn dense(
         be.launch(Launch {
             kernel: "gemm",
             entry: "gemm",
-            constants: &t.constants(w.dtype),
+            constants: &t.constants(w.dtype, false),
             params: bytemuck::bytes_of(&params),
             // ROUTE and WTS are not read in dense mode: x stands in.
             buffers: &[
@@ -397,7 +400,7 @@ pub(crate) fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
 pub(crate) fn gate_up(
     be: &WgpuBackend,
     x: &wgpu::Buffer,
-    gu: (&wgpu::Buffer, DType),
+    gu: (&wgpu::Buffer, DType, bool),
     route: &wgpu::Buffer,
     act: &wgpu::Buffer,
     p: &Moe,
@@ -413,7 +416,7 @@ pub(crate) fn gate_up(
     be.launch(Launch {
         kernel: "gemm",
         entry: "gemm_gate_up",
-        constants: &t.constants(gu.1),
+        constants: &t.constants(gu.1, gu.2),
         params: bytemuck::bytes_of(&params),
         // phase 1 has no routing weights: x stands in, never read
         buffers: &[
@@ -434,7 +437,7 @@ pub(crate) fn gate_up(
 pub(crate) fn down(
     be: &WgpuBackend,
     act: &wgpu::Buffer,
-    d: (&wgpu::Buffer, DType),
+    d: (&wgpu::Buffer, DType, bool),
     (route, ids): (&wgpu::Buffer, &wgpu::Buffer),
     wts: &wgpu::Buffer,
     out: &wgpu::Buffer,
@@ -459,7 +462,7 @@ pub(crate) fn down(
         be.launch(Launch {
             kernel: "gemm",
             entry: "gemm_down",
-            constants: &t.constants(d.1),
+            constants: &t.constants(d.1, d.2),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (d.0, true),

@@ -92,10 +92,13 @@ impl CoopTile {
             && (1..=8).contains(&self.wn)
             && (!self.stage_x || matches!(self.wn, 2 | 4))
     }
-    fn constants(self, dtype: DType, mode: u32) -> [(&'static str, i64); 10] {
+    /// `tiled`: the weights are an expert stack in tile order
+    /// (expert_tiles.rs; the MoE modes only).
+    fn constants(self, dtype: DType, mode: u32, tiled: bool) -> [(&'static str, i64); 11] {
         [
             super::wdtype(dtype)[0],
             ("MODE", mode as i64),
+            ("TILED", tiled as i64),
             ("WM", self.wm as i64),
             ("WN", self.wn as i64),
             ("STAGE_X", self.stage_x as i64),
@@ -337,7 +340,7 @@ fn prep(
 #[allow(clippy::too_many_arguments)]
 fn launch(
     be: &WgpuBackend,
-    w: (&wgpu::Buffer, DType),
+    w: (&wgpu::Buffer, DType, bool),
     (x16, xs): &(WgpuBuffer, WgpuBuffer),
     out: &wgpu::Buffer,
     route: &wgpu::Buffer,
@@ -349,7 +352,7 @@ fn launch(
     be.launch(Launch {
         kernel: "gemm_coop",
         entry: "gemm_coop",
-        constants: &t.constants(w.1, mode),
+        constants: &t.constants(w.1, mode, w.2),
         params: bytemuck::bytes_of(params),
         buffers: &[
             (w.0, true),
@@ -426,7 +429,7 @@ pub(crate) fn dense(
         let (_, xp) = prepped.as_ref().expect("prepped above");
         launch(
             be,
-            (&c.buffer, w.dtype),
+            (&c.buffer, w.dtype, false),
             xp,
             out,
             xb,
@@ -452,7 +455,7 @@ fn grouped(p: &Moe, t: CoopTile, (n, k): (usize, usize), per_block: u32) -> Para
 pub(crate) fn gate_up(
     be: &WgpuBackend,
     x: &wgpu::Buffer,
-    gu: (&wgpu::Buffer, DType),
+    gu: (&wgpu::Buffer, DType, bool),
     route: &wgpu::Buffer,
     act: &wgpu::Buffer,
     p: &Moe,
@@ -468,7 +471,7 @@ pub(crate) fn gate_up(
 pub(crate) fn down(
     be: &WgpuBackend,
     act: &wgpu::Buffer,
-    d: (&wgpu::Buffer, DType),
+    d: (&wgpu::Buffer, DType, bool),
     route: &wgpu::Buffer,
     wts: &wgpu::Buffer,
     per_pair: &wgpu::Buffer,

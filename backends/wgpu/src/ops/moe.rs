@@ -292,13 +292,17 @@ fn decode_path(p: &Moe, k: usize, dtype: DType) -> bool {
     p.m == 1 && decode_fits(p, k, dtype)
 }
 
-/// Pipeline constants of the decode gate_up kernels: weight dtype and
-/// 16-byte blocks per row (`hidden / 8`); the slot count is a parameter.
-fn gate_up_constants(dtype: DType, hidden: usize) -> [(&'static str, i64); 3] {
+/// Pipeline constants of the decode gate_up kernels: weight dtype,
+/// 16-byte blocks per row (`hidden / 8`) and whether each problem's
+/// weights are in tile order (`tiled`: the first and, in a pair, the
+/// second; expert_tiles.rs); the slot count is a parameter.
+fn gate_up_constants(dtype: DType, hidden: usize, tiled: [bool; 2]) -> [(&'static str, i64); 5] {
     [
         super::wdtype(dtype)[0],
         ("BK", (hidden / 8) as i64),
         ("LANES", DECODE_GATE_UP_LANES as i64),
+        ("TILED_A", tiled[0] as i64),
+        ("TILED_B", tiled[1] as i64),
     ]
 }
 
@@ -325,13 +329,21 @@ fn down_lanes(m: usize) -> usize {
 
 /// Pipeline constants of the decode down kernels for `m` tokens: weight
 /// dtype, 16-byte blocks per row (`inter / 8`), experts per token (constant
-/// trip counts) and lanes per row.
-fn down_constants(dtype: DType, inter: usize, top_k: usize, m: usize) -> [(&'static str, i64); 4] {
+/// trip counts), lanes per row and whether the weights are in tile order
+/// (expert_tiles.rs).
+fn down_constants(
+    dtype: DType,
+    inter: usize,
+    top_k: usize,
+    m: usize,
+    tiled: bool,
+) -> [(&'static str, i64); 5] {
     [
         super::wdtype(dtype)[0],
         ("BK", (inter / 8) as i64),
         ("TOPK", top_k as i64),
         ("LANES", down_lanes(m) as i64),
+        ("TILED_A", tiled as i64),
     ]
 }
 
@@ -350,7 +362,7 @@ pub(crate) fn moe_gate_up(
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_gate_up_decode",
-            constants: &gate_up_constants(gu.dtype, p.hidden),
+            constants: &gate_up_constants(gu.dtype, p.hidden, [gu.tiled, false]),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
@@ -369,7 +381,7 @@ pub(crate) fn moe_gate_up(
         return super::gemm::gate_up(
             be,
             one(x),
-            (wb, gu.dtype),
+            (wb, gu.dtype, gu.tiled),
             one(&scratch),
             one(act),
             &p,
@@ -381,7 +393,7 @@ pub(crate) fn moe_gate_up(
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_gate_up",
-        constants: &super::wdtype(gu.dtype),
+        constants: &[super::wdtype(gu.dtype)[0], ("TILED", gu.tiled as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(ids), true),
@@ -506,7 +518,11 @@ fn gate_up_pair_launch(
         } else {
             "moe_gate_up_pair_decode"
         },
-        constants: &gate_up_constants(a.gate_up.dtype, a.p.hidden),
+        constants: &gate_up_constants(
+            a.gate_up.dtype,
+            a.p.hidden,
+            [a.gate_up.tiled, b.gate_up.tiled],
+        ),
         params: bytemuck::bytes_of(&params),
         buffers: &buffers[..bound as usize],
         groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
@@ -565,10 +581,20 @@ pub(crate) fn moe_down_pair(
         kernel: "moe_decode",
         entry: "moe_down_pair_decode",
         constants: &{
-            let [w, bk, topk, lanes] = down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1);
-            let [_, (_, bk2), (_, topk2), _] =
-                down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1);
-            [w, bk, topk, lanes, ("BK2", bk2), ("TOPK2", topk2)]
+            let [w, bk, topk, lanes, ta] =
+                down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled);
+            let [_, (_, bk2), (_, topk2), _, (_, tb)] =
+                down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled);
+            [
+                w,
+                bk,
+                topk,
+                lanes,
+                ta,
+                ("BK2", bk2),
+                ("TOPK2", topk2),
+                ("TILED_B", tb),
+            ]
         },
         params: bytemuck::bytes_of(&params),
         buffers: &[
@@ -606,7 +632,7 @@ pub(crate) fn moe_down(
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_down_decode",
-            constants: &down_constants(d.dtype, p.inter, p.top_k, p.m),
+            constants: &down_constants(d.dtype, p.inter, p.top_k, p.m, d.tiled),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
@@ -627,7 +653,7 @@ pub(crate) fn moe_down(
         return super::gemm::down(
             be,
             one(act),
-            (wb, d.dtype),
+            (wb, d.dtype, d.tiled),
             lists,
             one(w),
             one(out),
@@ -640,7 +666,7 @@ pub(crate) fn moe_down(
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_down",
-        constants: &super::wdtype(d.dtype),
+        constants: &[super::wdtype(d.dtype)[0], ("TILED", d.tiled as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(ids), true),
