@@ -120,6 +120,156 @@ var<workgroup> swt: array<f32, MAXK>;
 // gate and an up row each: twice the lanes, each with half the loads in
 // turn; on the H200 this is 3x faster at top-8 of 128, see BENCHMARKS.md).
 
+// ---- tile-ordered experts (TILED_A / TILED_B: common.wgsl's expert_row) ----
+// A workgroup reads its rows' pieces of each 16-wide chunk of k, which lie
+// together in the tile order, as runs: phase 1 takes its PAIRS features'
+// gate rows then their up rows (4 PAIRS threads a chunk, 256 / (4 PAIRS)
+// chunks a round), phase 2 TROWS output rows of one block across every
+// slot's chunks (2 TROWS threads a (slot, chunk) piece, 256 / (2 TROWS)
+// pieces a round). Re-indexing the row-major bodies instead, so that two
+// lanes share a 32-byte piece and the next pair reads 2 KB further on, was
+// 18% / 15% slower on the H200 (fourteenth session, run 08); kernel_lab's
+// moe_tiled (gu_tiled / dn_tiled) measured this layout of the work at the
+// row-major kernels' speed (runs 05-07).
+
+// Output rows of a tiled phase-2 workgroup (the launcher's
+// TILED_DOWN_ROWS).
+const TROWS: u32 = 4u;
+var<workgroup> trow: array<f32, 32>;
+
+// Phase 1 of slot j (expert e; none past P.experts) for features f0 ..
+// f0 + PAIRS, tile-ordered: ACT[j, f] = gelu(gate . x) * (up . x).
+fn gate_up_tiled_a(j: u32, f0: u32, e: u32, t: u32) {
+    let n = P.inter;
+    let valid = e < P.experts;
+    let per = 4u * PAIRS;
+    let nch = BK / 2u;
+    // this thread's row (gate rows first, then the up rows) and half
+    let q = (t % per) / 2u;
+    let r = select(0u, n, q >= PAIRS) + f0 + q % PAIRS;
+    let base = expert_row(select(0u, e, valid) * 2u * n * BK, r, BK, true, true, n);
+    let h = t % 2u;
+    var acc = 0.0;
+    for (var i = 0u; i < (nch + 256u / per - 1u) / (256u / per); i++) {
+        let c = t / per + (256u / per) * i;
+        let v = 2u * min(c, nch - 1u) + h;
+        acc += select(0.0, dot8(W[base + expert_step(v, true)], 2u * v), c < nch && valid);
+    }
+    part_a[t] = acc;
+    gate_up_tiled_out(t, per);
+    if (t < PAIRS && valid && f0 + t < n) {
+        OUT[j * n + f0 + t] = gelu_tanh(trow[t]) * trow[t + PAIRS];
+    }
+}
+
+// gate_up_tiled_a on the second binding set.
+fn gate_up_tiled_b(j: u32, f0: u32, e: u32, t: u32) {
+    let n = P.inter2;
+    let valid = e < P.experts2;
+    let per = 4u * PAIRS;
+    let nch = BK / 2u;
+    let q = (t % per) / 2u;
+    let r = select(0u, n, q >= PAIRS) + f0 + q % PAIRS;
+    let base = expert_row(select(0u, e, valid) * 2u * n * BK, r, BK, true, true, n);
+    let h = t % 2u;
+    var acc = 0.0;
+    for (var i = 0u; i < (nch + 256u / per - 1u) / (256u / per); i++) {
+        let c = t / per + (256u / per) * i;
+        let v = 2u * min(c, nch - 1u) + h;
+        acc += select(0.0, dot8b(W2[base + expert_step(v, true)], 2u * v), c < nch && valid);
+    }
+    part_a[t] = acc;
+    gate_up_tiled_out(t, per);
+    if (t < PAIRS && valid && f0 + t < n) {
+        OUT2[j * n + f0 + t] = gelu_tanh(trow[t]) * trow[t + PAIRS];
+    }
+}
+
+// The 2 PAIRS rows' sums of part_a (row q's partials at k per + 2 q and
+// + 1) into trow.
+fn gate_up_tiled_out(t: u32, per: u32) {
+    workgroupBarrier();
+    if (t < 2u * PAIRS) {
+        var s = 0.0;
+        for (var k = 0u; k < 256u / per; k++) {
+            s += part_a[k * per + 2u * t] + part_a[k * per + 2u * t + 1u];
+        }
+        trow[t] = s;
+    }
+    workgroupBarrier();
+}
+
+// Phase 2 of token tok, output rows g * TROWS .., tile-ordered (sid / swt
+// hold the token's slots).
+fn down_tiled_a(g: u32, t: u32, tok: u32) {
+    let h = P.hidden;
+    let r0 = g * TROWS;
+    let nch = BK / 2u;
+    let per = 2u * TROWS;
+    let units = TOPK * nch;
+    let r = min(r0 + (t % per) / 2u, h - 1u);
+    let half = t % 2u;
+    let arow = P.inter / 4u;
+    let a0 = tok * TOPK * arow;
+    var acc = 0.0;
+    for (var i = 0u; i < (units + 256u / per - 1u) / (256u / per); i++) {
+        let u = t / per + (256u / per) * i;
+        let uc = min(u, units - 1u);
+        let j = uc / nch;
+        let v = 2u * (uc % nch) + half;
+        let e = sid[j];
+        let valid = e < P.experts && u < units;
+        let w = W[expert_row(select(0u, e, valid) * h * BK, r, BK, true, false, 0u) + expert_step(v, true)];
+        acc += select(0.0, swt[j] * dot8(w, a0 + j * arow + 2u * v), valid);
+    }
+    part_a[t] = acc;
+    down_tiled_out(t, per);
+    if (t < TROWS && r0 + t < h) {
+        OUT[tok * h + r0 + t] = trow[t];
+    }
+}
+
+// down_tiled_a on the second binding set (one token).
+fn down_tiled_b(g: u32, t: u32) {
+    let h = P.hidden;
+    let r0 = g * TROWS;
+    let nch = BK2 / 2u;
+    let per = 2u * TROWS;
+    let units = TOPK2 * nch;
+    let r = min(r0 + (t % per) / 2u, h - 1u);
+    let half = t % 2u;
+    let arow = P.inter2 / 4u;
+    var acc = 0.0;
+    for (var i = 0u; i < (units + 256u / per - 1u) / (256u / per); i++) {
+        let u = t / per + (256u / per) * i;
+        let uc = min(u, units - 1u);
+        let j = uc / nch;
+        let v = 2u * (uc % nch) + half;
+        let e = sid[j];
+        let valid = e < P.experts2 && u < units;
+        let w = W2[expert_row(select(0u, e, valid) * h * BK2, r, BK2, true, false, 0u) + expert_step(v, true)];
+        acc += select(0.0, swt[j] * dot8b(w, j * arow + 2u * v), valid);
+    }
+    part_a[t] = acc;
+    down_tiled_out(t, per);
+    if (t < TROWS && r0 + t < h) {
+        OUT2[r0 + t] = trow[t];
+    }
+}
+
+// The TROWS rows' sums of part_a into trow.
+fn down_tiled_out(t: u32, per: u32) {
+    workgroupBarrier();
+    if (t < TROWS) {
+        var s = 0.0;
+        for (var k = 0u; k < 256u / per; k++) {
+            s += part_a[k * per + 2u * t] + part_a[k * per + 2u * t + 1u];
+        }
+        trow[t] = s;
+    }
+    workgroupBarrier();
+}
+
 // Thread t's role in workgroup g of a gate_up problem with nrb workgroups
 // per slot: slot j, activation rows i0 .. i0 + PAIRS, its own weight row
 // (`i`, gate or `up`) and lane.
@@ -140,6 +290,14 @@ fn gate_up_role(g: u32, t: u32, nrb: u32) -> GateUpRole {
 fn gate_up_a(g: u32, t: u32) {
     let q = gate_up_role(g, t, P.nrb);
     let n = P.inter;
+    if (TILED_A == 1u) {
+        var e = P.experts;
+        if (q.j < P.top_k) {
+            e = IDS[q.j];
+        }
+        gate_up_tiled_a(q.j, q.i0, e, t);
+        return;
+    }
     var valid = false;
     if (q.j < P.top_k) {
         valid = IDS[q.j] < P.experts;
@@ -176,6 +334,10 @@ fn gate_up_b(g: u32, t: u32) {
 // The second problem's workgroup with role q on expert e (none past
 // P.experts2).
 fn gate_up_b_expert(q: GateUpRole, e: u32, t: u32) {
+    if (TILED_B == 1u) {
+        gate_up_tiled_b(q.j, q.i0, e, t);
+        return;
+    }
     let n = P.inter2;
     let valid = e < P.experts2;
     var acc = 0.0;
@@ -229,6 +391,10 @@ fn down_a(g: u32, t: u32, tok: u32) {
         swt[t] = WTS[tok * TOPK + t];
     }
     workgroupBarrier();
+    if (TILED_A == 1u) {
+        down_tiled_a(g, t, tok);
+        return;
+    }
     let lane = t % LANES;
     let r = g * ROWS + t / LANES;
     let h = P.hidden;
@@ -261,6 +427,10 @@ fn down_b(g: u32, t: u32) {
         swt[t] = WTS2[t];
     }
     workgroupBarrier();
+    if (TILED_B == 1u) {
+        down_tiled_b(g, t);
+        return;
+    }
     let lane = t % LANES;
     let r = g * ROWS + t / LANES;
     let h = P.hidden;
@@ -294,7 +464,8 @@ fn down_b(g: u32, t: u32) {
 fn moe_down_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) t: u32) {
     let g = linear_group(wg, nwg);
-    let per = (P.hidden + ROWS - 1u) / ROWS;
+    let rows = select(ROWS, TROWS, TILED_A == 1u);
+    let per = (P.hidden + rows - 1u) / rows;
     let tok = g / per;
     if (tok < P.m) {
         down_a(g % per, t, tok);

@@ -72,7 +72,7 @@ fn tile_at(eb: u32, b: u32, c: u32, jl: u32, h: u32, nch: u32) -> u32 {
 // chunks, 64 / TGU_FEAT a round.
 override TGU_FEAT: u32 = 16u;
 override TGU_ROUNDS: u32 = 44u;
-var<workgroup> trow: array<f32, 32>;
+var<workgroup> lab_trow: array<f32, 32>;
 
 // gate_up: workgroup g takes TGU_FEAT features of slot j (their gate rows,
 // then their up rows, 16 tile rows further), thread t the (row, half)
@@ -108,11 +108,11 @@ fn gu_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         for (var r = 0u; r < 256u / per; r++) {
             s += part_a[r * per + 2u * t] + part_a[r * per + 2u * t + 1u];
         }
-        trow[t] = s;
+        lab_trow[t] = s;
     }
     workgroupBarrier();
     if (t < TGU_FEAT) {
-        OUT[j * n + f0 + t] = gelu_tanh(trow[t]) * trow[t + TGU_FEAT];
+        OUT[j * n + f0 + t] = gelu_tanh(lab_trow[t]) * lab_trow[t + TGU_FEAT];
     }
 }
 

@@ -37,18 +37,21 @@ pub struct WgpuOptions {
     /// docs/decisions.md, fourteenth session) where their shape allows:
     /// `Some(true)` / `Some(false)`; `None` takes the
     /// `TURBOSPARK_EXPERT_TILES` environment variable (`0` or `1`), else
-    /// off.
+    /// on where the device has the tensor-core GEMM (measured there: the
+    /// H200) and off elsewhere (not yet measured).
     pub expert_tiles: Option<bool>,
 }
 
-/// `WgpuOptions::expert_tiles`, else `TURBOSPARK_EXPERT_TILES`.
-pub(crate) fn expert_tiles_wanted(opts: &WgpuOptions) -> Result<bool> {
-    if let Some(on) = opts.expert_tiles {
-        return Ok(on);
+/// `WgpuOptions::expert_tiles`, else `TURBOSPARK_EXPERT_TILES`; None where
+/// neither says (the device decides).
+pub(crate) fn expert_tiles_wanted(opts: &WgpuOptions) -> Result<Option<bool>> {
+    if opts.expert_tiles.is_some() {
+        return Ok(opts.expert_tiles);
     }
     match std::env::var("TURBOSPARK_EXPERT_TILES").as_deref() {
-        Err(_) | Ok("") | Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
+        Err(_) | Ok("") => Ok(None),
+        Ok("0") => Ok(Some(false)),
+        Ok("1") => Ok(Some(true)),
         Ok(v) => Err(Error::InvalidInput(format!(
             "TURBOSPARK_EXPERT_TILES={v:?}: expected 0 or 1"
         ))),

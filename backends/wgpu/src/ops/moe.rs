@@ -316,6 +316,21 @@ fn decode_rows(m: usize) -> usize {
     256 / down_lanes(m)
 }
 
+/// Output rows per `moe_down_decode` workgroup on tile-ordered experts
+/// (kernels/moe_decode.wgsl's TROWS), for any token count: a down pair's
+/// two problems share one grid, so it equals a row-major one token's.
+const TILED_DOWN_ROWS: usize = 4;
+const _: () = assert!(256 / DECODE_DOWN_LANES == TILED_DOWN_ROWS);
+
+/// Output rows per `moe_down_decode` workgroup for `m` tokens of `down`.
+fn down_rows(m: usize, down: &WgpuBuffer) -> usize {
+    if down.tiled {
+        TILED_DOWN_ROWS
+    } else {
+        decode_rows(m)
+    }
+}
+
 /// Lanes per weight row of `moe_down_decode` for `m` tokens: a prefill
 /// micro-batch keeps 32 (on the H200 at 16 tokens: 118.6 us at 32 lanes,
 /// 132.2 at 64; sixth session run 8, seventh run 10).
@@ -641,7 +656,7 @@ pub(crate) fn moe_down(
                 (one(w), true),
                 (one(out), false),
             ],
-            groups: be.grid((p.m * p.hidden.div_ceil(decode_rows(p.m))) as u32),
+            groups: be.grid((p.m * p.hidden.div_ceil(down_rows(p.m, d))) as u32),
         });
     }
     let (mut params, scratch) = route(be, ids, &p, true)?;
