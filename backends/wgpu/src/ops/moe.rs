@@ -676,16 +676,36 @@ pub(crate) fn moe_down(
             coop,
         );
     }
+    route_list_down(be, (act, d, ids, w, out), (&mut params, &scratch), &p)
+}
+
+/// Phase 2 through the route-list kernel (kernels/moe.wgsl's moe_down):
+/// what `moe_down` falls back to where neither the decode kernel nor the
+/// GEMM takes the problem (for tile-ordered experts only past one binding
+/// of per-pair rows, which the tests cannot reach through `moe_down`).
+fn route_list_down(
+    be: &WgpuBackend,
+    (act, d, ids, w, out): (
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+    ),
+    (params, scratch): (&mut MoeParams, &WgpuBuffer),
+    p: &Moe,
+) -> Result<()> {
+    let wb = weight(be, d, "moe_down")?;
     params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_down",
         constants: &[super::wdtype(d.dtype)[0], ("TILED", d.tiled as i64)],
-        params: bytemuck::bytes_of(&params),
+        params: bytemuck::bytes_of(params),
         buffers: &[
             (one(ids), true),
-            (one(&scratch), false),
+            (one(scratch), false),
             (wb, true),
             (one(act), true),
             (one(w), true),
@@ -706,6 +726,73 @@ mod tests {
         let before = be.counters().0;
         f();
         be.counters().0 - before
+    }
+
+    /// The route-list down kernel on tile-ordered experts gives the same
+    /// bits as on the same experts row-major (the same products in the same
+    /// order): `moe_down` reaches it with such experts only past one
+    /// binding of per-pair rows.
+    #[test]
+    fn route_list_down_reads_tiled_experts() {
+        // (backend() for its no-adapter rule; then one of each layout)
+        let Some(_) = backend() else { return };
+        let open = |tiles| {
+            WgpuBackend::new(&crate::WgpuOptions {
+                expert_tiles: Some(tiles),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let (row_major, tiled) = (open(false), open(true));
+        let p = Moe {
+            m: 20,
+            hidden: 128,
+            inter: 32,
+            experts: 6,
+            top_k: 2,
+        };
+        let mut rng = turbospark::rng::Rng::new(7);
+        let wv = rng.vec_normal(p.experts * p.hidden * p.inter, 0.2);
+        let bytes = turbospark::dtype::encode_f32(DType::BF16, &wv);
+        let ids: Vec<u32> = (0..p.m * p.top_k)
+            .map(|i| ((i * 5 + i / 2) % 6) as u32)
+            .collect();
+        let act = rng.vec_normal(p.m * p.top_k * p.inter, 1.0);
+        let wts = rng.vec_range(p.m * p.top_k, 0.1, 1.0);
+        let stack = turbospark::ExpertStack {
+            experts: p.experts,
+            gate_up: false,
+        };
+        let run = |be: &WgpuBackend| {
+            let d = be
+                .upload_experts(
+                    DType::BF16,
+                    stack,
+                    (p.experts * p.hidden, p.inter),
+                    turbospark::HostBytes::Slice(&bytes),
+                    "down",
+                )
+                .unwrap();
+            let f32s = |v: &[f32]| {
+                be.upload(
+                    DType::F32,
+                    turbospark::HostBytes::Slice(bytemuck::cast_slice(v)),
+                    "f32",
+                )
+                .unwrap()
+            };
+            let (a, w) = (f32s(&act), f32s(&wts));
+            let out = f32s(&vec![f32::NAN; p.m * p.hidden]);
+            let idb = upload_u32(be, &ids, "ids");
+            let (mut params, scratch) = route(be, &idb, &p, true).unwrap();
+            route_list_down(be, (&a, &d, &idb, &w, &out), (&mut params, &scratch), &p).unwrap();
+            (d.tiled, be.download_f32(&out).unwrap())
+        };
+        let (was_tiled, want) = run(&row_major);
+        let (is_tiled, got) = run(&tiled);
+        assert!(!was_tiled && is_tiled, "one stack of each layout");
+        assert!(got.iter().all(|v| v.is_finite()), "every output written");
+        assert_eq!(got, want);
     }
 
     /// The route list is built once for two phases over the same ids, and
