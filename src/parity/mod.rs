@@ -93,7 +93,8 @@ pub enum OutSpec {
 }
 
 impl HostTensor {
-    /// Upload to a backend as it is (weights through `upload_weight`).
+    /// Upload to a backend as it is (weights through `upload_weight`,
+    /// expert stacks through `upload_experts`).
     pub fn upload<B: ComputeBackend>(&self, b: &B, label: &str) -> Result<B::Buffer> {
         match self {
             HostTensor::F32(v) => {
@@ -107,21 +108,14 @@ impl HostTensor {
                 rows,
                 cols,
                 bytes,
-                experts: None,
-            } => b.upload_weight(*dtype, *rows, *cols, HostBytes::Slice(bytes), label),
-            HostTensor::Weight {
-                dtype,
-                rows,
-                cols,
-                bytes,
-                experts: Some(stack),
-            } => b.upload_experts(
-                *dtype,
-                *stack,
-                (*rows, *cols),
-                HostBytes::Slice(bytes),
-                label,
-            ),
+                experts,
+            } => {
+                let bytes = HostBytes::Slice(bytes);
+                match experts {
+                    None => b.upload_weight(*dtype, *rows, *cols, bytes, label),
+                    Some(stack) => b.upload_experts(*dtype, *stack, (*rows, *cols), bytes, label),
+                }
+            }
         }
     }
 }

@@ -194,16 +194,11 @@ fn experts(
     (rows, cols): (usize, usize),
     std: f32,
 ) -> HostTensor {
-    let HostTensor::Weight { bytes, .. } = weight(rng, dtype, rows, cols, std) else {
-        unreachable!("weight() makes a Weight")
-    };
-    HostTensor::Weight {
-        dtype,
-        rows,
-        cols,
-        bytes,
-        experts: Some(stack),
+    let mut t = weight(rng, dtype, rows, cols, std);
+    if let HostTensor::Weight { experts, .. } = &mut t {
+        *experts = Some(stack);
     }
+    t
 }
 
 /// `inputs` with its expert weight (input 1) a plain weight: the dense MLP

@@ -45,16 +45,20 @@ pub struct WgpuOptions {
 /// `WgpuOptions::expert_tiles`, else `TURBOSPARK_EXPERT_TILES`; None where
 /// neither says (the device decides).
 pub(crate) fn expert_tiles_wanted(opts: &WgpuOptions) -> Result<Option<bool>> {
-    if opts.expert_tiles.is_some() {
-        return Ok(opts.expert_tiles);
+    switch_or_env(opts.expert_tiles, "TURBOSPARK_EXPERT_TILES")
+}
+
+/// An on/off option, else its environment variable (`0` or `1`; unset or
+/// empty: None).
+fn switch_or_env(opt: Option<bool>, var: &str) -> Result<Option<bool>> {
+    if opt.is_some() {
+        return Ok(opt);
     }
-    match std::env::var("TURBOSPARK_EXPERT_TILES").as_deref() {
+    match std::env::var(var).as_deref() {
         Err(_) | Ok("") => Ok(None),
         Ok("0") => Ok(Some(false)),
         Ok("1") => Ok(Some(true)),
-        Ok(v) => Err(Error::InvalidInput(format!(
-            "TURBOSPARK_EXPERT_TILES={v:?}: expected 0 or 1"
-        ))),
+        Ok(v) => Err(Error::InvalidInput(format!("{var}={v:?}: expected 0 or 1"))),
     }
 }
 
@@ -77,17 +81,7 @@ pub(crate) fn option_or_env(opt: &Option<String>, var: &str) -> Option<String> {
 
 /// `WgpuOptions::tensor_cores`, else `TURBOSPARK_TENSOR_CORES`.
 fn tensor_cores_wanted(opts: &WgpuOptions) -> Result<Option<bool>> {
-    if opts.tensor_cores.is_some() {
-        return Ok(opts.tensor_cores);
-    }
-    match std::env::var("TURBOSPARK_TENSOR_CORES").as_deref() {
-        Err(_) | Ok("") => Ok(None),
-        Ok("0") => Ok(Some(false)),
-        Ok("1") => Ok(Some(true)),
-        Ok(v) => Err(Error::InvalidInput(format!(
-            "TURBOSPARK_TENSOR_CORES={v:?}: expected 0 or 1"
-        ))),
-    }
+    switch_or_env(opts.tensor_cores, "TURBOSPARK_TENSOR_CORES")
 }
 
 /// The adapter's cooperative-matrix configurations, `"MxNxK ab->c"`.
