@@ -297,3 +297,93 @@ fn tensor_cores_required_or_named() {
     let msg = bad.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(msg.contains("\"2,4\" is not wm,wn,stage_x"), "{msg}");
 }
+
+/// An expert stack stored in tile order is read only by the MoE op that
+/// takes it: any other op, the other phase, or another expert count is an
+/// error that says so, never a result read in the wrong order.
+#[test]
+fn tiled_expert_stacks_only_where_they_belong() {
+    use turbospark::ops::{Embed, Matmul};
+    use turbospark::ExpertStack;
+    use turbospark_wgpu::{WgpuBackend, WgpuOptions};
+    let Some(_) = common::wgpu_backend() else {
+        return;
+    };
+    let b = WgpuBackend::new(&WgpuOptions {
+        expert_tiles: Some(true),
+        ..Default::default()
+    })
+    .unwrap();
+    // 2 experts of 64 x 16 (gate_up: 32 features of hidden 16).
+    let (e, rows, cols) = (2, 64, 16);
+    let bytes = vec![0x3c00u16; e * rows * cols];
+    let stack = |gate_up| {
+        b.upload_experts(
+            DType::F16,
+            ExpertStack {
+                experts: e,
+                gate_up,
+            },
+            (e * rows, cols),
+            HostBytes::Slice(bytemuck::cast_slice(&bytes)),
+            "experts",
+        )
+        .unwrap()
+    };
+    let (gu, down) = (stack(true), stack(false));
+    let f32s = |n: usize| {
+        b.upload(
+            DType::F32,
+            HostBytes::Slice(bytemuck::cast_slice(&vec![0.5f32; n])),
+            "f32",
+        )
+        .unwrap()
+    };
+    let ids = b
+        .upload(
+            DType::U32,
+            HostBytes::Slice(bytemuck::cast_slice(&[0u32, 1])),
+            "ids",
+        )
+        .unwrap();
+    let invalid = |r: turbospark::Result<()>, needle: &str| match r {
+        Err(Error::InvalidInput(m)) => assert!(m.contains(needle), "{m}"),
+        other => panic!("expected an error saying {needle:?}, got {other:?}"),
+    };
+    let mm = Matmul {
+        m: 1,
+        n: e * rows,
+        k: cols,
+    };
+    invalid(
+        b.matmul(&gu, &f32s(cols), &f32s(e * rows), mm),
+        "only the MoE ops read",
+    );
+    let emb = Embed {
+        m: 1,
+        vocab: e * rows,
+        hidden: cols,
+        scale: 1.0,
+    };
+    invalid(
+        b.embed(&ids, &gu, &f32s(cols), emb),
+        "only the MoE ops read",
+    );
+    // gate_up's stack where down's of the same size goes (hidden 64, inter
+    // 16): refused for its kind.
+    let p = Moe {
+        m: 1,
+        hidden: 64,
+        inter: 16,
+        experts: 2,
+        top_k: 2,
+    };
+    invalid(
+        b.moe_down(&f32s(2 * 16), &gu, &ids, &f32s(2), &f32s(64), p),
+        "not the 2 down experts",
+    );
+    // The right stack passes.
+    b.moe_down(&f32s(2 * 16), &down, &ids, &f32s(2), &f32s(64), p)
+        .unwrap();
+    b.sync().unwrap();
+}

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use turbospark::{DType, DeviceBuffer};
+use turbospark::{DType, DeviceBuffer, ExpertStack};
 
 /// One wgpu buffer holding rows `row_start .. row_start + rows` of a tensor.
 #[derive(Debug)]
@@ -96,9 +96,10 @@ pub struct WgpuBuffer {
     /// such weights. It holds: a 16-bit buffer has no host writes after its
     /// upload (`write_f32` / `write_u32` take f32 and u32 buffers).
     pub(crate) fits_f16: bool,
-    /// An expert stack stored in tile order (`upload_experts`,
-    /// `expert_tiles.rs`): only the MoE kernels read it, each told so.
-    pub(crate) tiled: bool,
+    /// The expert stack this buffer holds in tile order (`upload_experts`,
+    /// `expert_tiles.rs`), else None: only the MoE ops read such a buffer,
+    /// each told so, and the ops check it is the stack they take.
+    pub(crate) tiles: Option<ExpertStack>,
 }
 
 impl DeviceBuffer for WgpuBuffer {
@@ -114,6 +115,11 @@ impl DeviceBuffer for WgpuBuffer {
 }
 
 impl WgpuBuffer {
+    /// Whether the buffer is an expert stack in tile order.
+    pub(crate) fn tiled(&self) -> bool {
+        self.tiles.is_some()
+    }
+
     /// The single wgpu buffer of an unsplit tensor.
     pub(crate) fn single(&self) -> Option<&wgpu::Buffer> {
         match self.chunks.as_slice() {

@@ -250,7 +250,7 @@ impl WgpuBackend {
             dtype,
             len,
             fits_f16: false,
-            tiled: false,
+            tiles: None,
         })
     }
 
@@ -395,6 +395,7 @@ fn check_gate_up(
     p: Moe,
 ) -> Result<()> {
     p.validate_gate_up(x, gate_up, ids, act)?;
+    stack_is("moe_gate_up", gate_up, true, p.experts)?;
     whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])
 }
 
@@ -408,7 +409,42 @@ fn check_down(
     p: Moe,
 ) -> Result<()> {
     p.validate_down(act, down, ids, wts, out)?;
+    stack_is("moe_down", down, false, p.experts)?;
     whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
+}
+
+/// A weight that is an expert stack in tile order (`upload_experts`) is
+/// read as one only where it is the stack the op takes (`gate_up` or down,
+/// `experts` of them): anything else would read its rows in another order.
+/// `experts` None: an op that takes no expert stack.
+fn stack_is(
+    op: &str,
+    w: &WgpuBuffer,
+    gate_up: bool,
+    experts: impl Into<Option<usize>>,
+) -> Result<()> {
+    let Some(t) = w.tiles else { return Ok(()) };
+    let want = experts
+        .into()
+        .map(|experts| ExpertStack { experts, gate_up });
+    if want == Some(t) {
+        return Ok(());
+    }
+    let what = |s: ExpertStack| {
+        format!(
+            "{} {} experts",
+            s.experts,
+            if s.gate_up { "gate_up" } else { "down" }
+        )
+    };
+    Err(Error::InvalidInput(format!(
+        "{op}: a weight holds {} stored in tile order (upload_experts), {}",
+        what(t),
+        want.map_or("which only the MoE ops read".to_string(), |w| format!(
+            "not the {} this op takes",
+            what(w)
+        ))
+    )))
 }
 
 /// Every argument but a split-capable weight must be one binding: a weight
@@ -453,6 +489,7 @@ fn check_router(
     p: Router,
 ) -> Result<()> {
     p.validate(x, scale, proj, pes, ids, wts)?;
+    stack_is("router", proj, false, None)?;
     whole(
         "router",
         &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
@@ -600,7 +637,7 @@ impl ComputeBackend for WgpuBackend {
             dtype,
             len: rows * cols,
             fits_f16: self.scan_fits_f16(dtype, s),
-            tiled: false,
+            tiles: None,
         })
     }
 
@@ -625,7 +662,7 @@ impl ComputeBackend for WgpuBackend {
         }
         let tiled = expert_tiles::tile_order(s, stack, rows, cols);
         let mut b = self.upload_weight(dtype, rows, cols, HostBytes::Slice(&tiled), label)?;
-        b.tiled = true;
+        b.tiles = Some(stack);
         Ok(b)
     }
 
@@ -701,6 +738,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn matmul(&self, w: &WgpuBuffer, x: &WgpuBuffer, out: &WgpuBuffer, p: Matmul) -> Result<()> {
         p.validate(w, x, out)?;
+        stack_is("matmul", w, false, None)?;
         v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         whole("matmul", &[Some(x), Some(out)])?;
         ops::matmul::matmul(self, w, x, out, p)
@@ -843,6 +881,7 @@ impl ComputeBackend for WgpuBackend {
         p: Embed,
     ) -> Result<()> {
         p.validate(ids, table, out)?;
+        stack_is("embed", table, false, None)?;
         v::no_alias("embed", out, &[Some(ids), Some(table)])?;
         whole("embed", &[Some(ids), Some(out)])?;
         ops::elementwise::embed(self, ids, table, out, p)

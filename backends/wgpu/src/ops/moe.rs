@@ -324,7 +324,7 @@ const _: () = assert!(256 / DECODE_DOWN_LANES == TILED_DOWN_ROWS);
 
 /// Output rows per `moe_down_decode` workgroup for `m` tokens of `down`.
 fn down_rows(m: usize, down: &WgpuBuffer) -> usize {
-    if down.tiled {
+    if down.tiled() {
         TILED_DOWN_ROWS
     } else {
         decode_rows(m)
@@ -377,7 +377,7 @@ pub(crate) fn moe_gate_up(
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_gate_up_decode",
-            constants: &gate_up_constants(gu.dtype, p.hidden, [gu.tiled, false]),
+            constants: &gate_up_constants(gu.dtype, p.hidden, [gu.tiled(), false]),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
@@ -396,7 +396,7 @@ pub(crate) fn moe_gate_up(
         return super::gemm::gate_up(
             be,
             one(x),
-            (wb, gu.dtype, gu.tiled),
+            (wb, gu.dtype, gu.tiled()),
             one(&scratch),
             one(act),
             &p,
@@ -408,7 +408,7 @@ pub(crate) fn moe_gate_up(
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_gate_up",
-        constants: &[super::wdtype(gu.dtype)[0], ("TILED", gu.tiled as i64)],
+        constants: &[super::wdtype(gu.dtype)[0], ("TILED", gu.tiled() as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(ids), true),
@@ -536,7 +536,7 @@ fn gate_up_pair_launch(
         constants: &gate_up_constants(
             a.gate_up.dtype,
             a.p.hidden,
-            [a.gate_up.tiled, b.gate_up.tiled],
+            [a.gate_up.tiled(), b.gate_up.tiled()],
         ),
         params: bytemuck::bytes_of(&params),
         buffers: &buffers[..bound as usize],
@@ -597,9 +597,9 @@ pub(crate) fn moe_down_pair(
         entry: "moe_down_pair_decode",
         constants: &{
             let [w, bk, topk, lanes, ta] =
-                down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled);
+                down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled());
             let [_, (_, bk2), (_, topk2), _, (_, tb)] =
-                down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled);
+                down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled());
             [
                 w,
                 bk,
@@ -647,7 +647,7 @@ pub(crate) fn moe_down(
         return be.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_down_decode",
-            constants: &down_constants(d.dtype, p.inter, p.top_k, p.m, d.tiled),
+            constants: &down_constants(d.dtype, p.inter, p.top_k, p.m, d.tiled()),
             params: bytemuck::bytes_of(&params),
             buffers: &[
                 (one(ids), true),
@@ -668,7 +668,7 @@ pub(crate) fn moe_down(
         return super::gemm::down(
             be,
             one(act),
-            (wb, d.dtype, d.tiled),
+            (wb, d.dtype, d.tiled()),
             lists,
             one(w),
             one(out),
@@ -701,7 +701,7 @@ fn route_list_down(
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_down",
-        constants: &[super::wdtype(d.dtype)[0], ("TILED", d.tiled as i64)],
+        constants: &[super::wdtype(d.dtype)[0], ("TILED", d.tiled() as i64)],
         params: bytemuck::bytes_of(params),
         buffers: &[
             (one(ids), true),
@@ -786,7 +786,7 @@ mod tests {
             let idb = upload_u32(be, &ids, "ids");
             let (mut params, scratch) = route(be, &idb, &p, true).unwrap();
             route_list_down(be, (&a, &d, &idb, &w, &out), (&mut params, &scratch), &p).unwrap();
-            (d.tiled, be.download_f32(&out).unwrap())
+            (d.tiled(), be.download_f32(&out).unwrap())
         };
         let (was_tiled, want) = run(&row_major);
         let (is_tiled, got) = run(&tiled);
