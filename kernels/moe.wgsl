@@ -160,8 +160,9 @@ fn wpair(row: u32, n: u32, u: u32) -> vec2<f32> {
 // weights, rows a multiple of 16 long, so the even-row paths only).
 override TILED: u32 = 0u;
 
-// wpair on a tile-ordered row whose first vec4 is `rbase` (TILED), else on
-// row `row` of length `n` as wpair.
+// Phase 2's weight pairs: on a tile-ordered row whose first vec4 is `row`
+// (TILED), else wpair on row `row` of length `n`. (Phase 1 reads the tiles
+// in gate_up_tiled.)
 fn wpair_of(row: u32, n: u32, u: u32) -> vec2<f32> {
     if (TILED == 1u) {
         return decode_pair(W[4u * (row + expert_step(u / 4u, true)) + u % 4u]);
@@ -181,7 +182,7 @@ fn welem(row: u32, n: u32, i: u32) -> f32 {
 fn gu_unit(grow: u32, urow: u32, u: u32, nu: u32) -> vec4<f32> {
     let h = P.hidden;
     let uc = min(u, nu - 1u);
-    let v = vec4<f32>(wpair_of(grow, h, uc), wpair_of(urow, h, uc));
+    let v = vec4<f32>(wpair(grow, h, uc), wpair(urow, h, uc));
     return select(vec4<f32>(0.0), v, u < nu);
 }
 
@@ -230,6 +231,11 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
 
+    if (TILED == 1u) {
+        gate_up_tiled(e, cnt, off, (g % P.nrb) * T, lid);
+        return;
+    }
+
     let h = P.hidden;
     let n = P.inter;
     let k = P.top_k;
@@ -237,14 +243,8 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let lane = lid % L;
     let i = (g % P.nrb) * T + team;
     let ir = min(i, n - 1u);
-    // (TILED: the rows' first vec4)
-    var grow = e * 2u * n + ir;
-    var urow = grow + n;
-    if (TILED == 1u) {
-        let kq = h / 8u;
-        grow = expert_row(e * 2u * n * kq, ir, kq, true, true, n);
-        urow = expert_row(e * 2u * n * kq, n + ir, kq, true, true, n);
-    }
+    let grow = e * 2u * n + ir;
+    let urow = grow + n;
 
     for (var q0 = 0u; q0 < cnt; q0 += 4u) {
         let np = min(4u, cnt - q0);
@@ -307,6 +307,72 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             let us = red_b[lid];
             for (var q = 0u; q < np; q++) {
                 OUT[pair_at(off, q0 + q) * n + i] = gelu_tanh(gs[q]) * us[q];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// Phase 1 on tile-ordered experts (TILED): the workgroup's T features'
+// gate rows and their up rows are 16 tile rows, two 256-byte runs of each
+// 16-wide chunk of k. A warp reads a chunk's 16 rows with one 16-byte load
+// a lane (two lanes a row) and the 8 warps take every 8th chunk, so a
+// warp's loads are two whole runs (the row-major body above, re-indexed,
+// read 32-byte pieces 2 KB apart: 238 -> 329 us at 16 tokens on the H200,
+// fourteenth session run 09). The slot's tokens go through 4 at a time.
+var<workgroup> t_rows: array<vec4<f32>, 16>;
+
+fn gate_up_tiled(e: u32, cnt: u32, off: u32, i0: u32, lid: u32) {
+    let h = P.hidden;
+    let n = P.inter;
+    let k = P.top_k;
+    let kq = h / 8u;
+    let nch = kq / 2u;
+    let warp = lid / 32u;
+    let lane = lid % 32u;
+    // this lane's row (gate rows of features i0.., then their up rows) and half
+    let q = lane / 2u;
+    let r = select(0u, n, q >= T) + i0 + q % T;
+    let base = expert_row(e * 2u * n * kq, r, kq, true, true, n);
+    let half = lane % 2u;
+    for (var q0 = 0u; q0 < cnt; q0 += 4u) {
+        let np = min(4u, cnt - q0);
+        var xb = vec4<u32>(0u);
+        for (var t = 0u; t < 4u; t++) {
+            xb[t] = (pair_at(off, q0 + min(t, np - 1u)) / k) * h;
+        }
+        var acc = vec4<f32>(0.0);
+        for (var c = warp; c < nch; c += 8u) {
+            let v = 2u * c + half;
+            let wi = 4u * (base + expert_step(v, true));
+            let w01 = decode_pair(W[wi]);
+            let w23 = decode_pair(W[wi + 1u]);
+            let w45 = decode_pair(W[wi + 2u]);
+            let w67 = decode_pair(W[wi + 3u]);
+            for (var t = 0u; t < 4u; t++) {
+                if (t < np) {
+                    let xi = xb[t] + 8u * v;
+                    acc[t] += (dot(w01, apair(xi)) + dot(w23, apair(xi + 2u)))
+                        + (dot(w45, apair(xi + 4u)) + dot(w67, apair(xi + 6u)));
+                }
+            }
+        }
+        // Row q's partials: lanes 2q and 2q + 1 of every warp.
+        red_a[lid] = acc;
+        workgroupBarrier();
+        if (lid < 2u * T) {
+            var sum = vec4<f32>(0.0);
+            for (var w = 0u; w < 8u; w++) {
+                sum += red_a[w * 32u + 2u * lid] + red_a[w * 32u + 2u * lid + 1u];
+            }
+            t_rows[lid] = sum;
+        }
+        workgroupBarrier();
+        if (lid < T && i0 + lid < n) {
+            let gs = t_rows[lid];
+            let us = t_rows[lid + T];
+            for (var t = 0u; t < np; t++) {
+                OUT[pair_at(off, q0 + t) * n + i0 + lid] = gelu_tanh(gs[t]) * us[t];
             }
         }
         workgroupBarrier();
