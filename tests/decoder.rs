@@ -611,7 +611,7 @@ fn wgpu_with_tiled_experts_matches_the_reference() {
         ..tiny_config()
     };
     let src = SyntheticSource::new(cfg, 7).unwrap();
-    let reference = common::reference_for(&gpu).unwrap_or_else(CpuBackend::new);
+    let reference = common::reference_for(&gpu).unwrap_or_default();
     let load = |be| Model::load(be, &src, opts(64)).unwrap();
     let mut m = Model::load(gpu, &src, opts(64)).unwrap();
     let tokens = &prompt(2 * LOGITS_BATCH + 5, m.config().vocab);
