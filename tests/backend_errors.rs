@@ -369,6 +369,29 @@ fn tiled_expert_stacks_only_where_they_belong() {
         b.embed(&ids, &gu, &f32s(cols), emb),
         "only the MoE ops read",
     );
+    // As a norm's weight (any op's non-expert argument).
+    let norm = turbospark::ops::RmsNorm {
+        rows: 1,
+        dim: 64,
+        eps: 1e-6,
+        scale: 1.0,
+    };
+    invalid(
+        b.rms_norm(&f32s(64), Some(&down), None, &f32s(64), norm),
+        "only the MoE ops read",
+    );
+    // An empty stack is a shape error, not a tiling of nothing.
+    let empty = b.upload_experts(
+        DType::F16,
+        ExpertStack {
+            experts: 1,
+            gate_up: false,
+        },
+        (0, 16),
+        HostBytes::Slice(&[]),
+        "empty",
+    );
+    assert!(matches!(empty, Err(Error::Shape { .. })), "{empty:?}");
     // gate_up's stack where down's of the same size goes (hidden 64, inter
     // 16): refused for its kind.
     let p = Moe {

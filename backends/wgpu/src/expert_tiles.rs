@@ -21,6 +21,8 @@ const UNIT: usize = 16;
 pub(crate) fn fits(dtype: DType, stack: ExpertStack, rows: usize, cols: usize) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
         && stack.experts > 0
+        && rows > 0
+        && cols > 0
         && rows.is_multiple_of(stack.experts)
         && (rows / stack.experts).is_multiple_of(64)
         && cols.is_multiple_of(16)
@@ -148,5 +150,8 @@ mod tests {
         assert!(!fits(DType::BF16, s(2), 256, 40));
         assert!(!fits(DType::BF16, s(3), 256, 32));
         assert!(!fits(DType::BF16, s(0), 256, 32));
+        // (empty: upload_weight's shape error, not a tiling of nothing)
+        assert!(!fits(DType::BF16, s(2), 0, 32));
+        assert!(!fits(DType::BF16, s(2), 256, 0));
     }
 }

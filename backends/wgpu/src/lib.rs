@@ -450,12 +450,18 @@ fn stack_is(
 /// Every argument but a split-capable weight must be one binding: a weight
 /// uploaded with `upload_weight` and split by rows is only read by `matmul`
 /// (the MoE and router launchers report such a weight `Unsupported`).
+/// None of them may be an expert stack in tile order either: only the MoE
+/// ops read those, and they check their weight with `stack_is` (the
+/// arguments listed here are never an MoE op's expert weight).
 fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     if args.iter().flatten().any(|b| b.single().is_none()) {
         return Err(Error::shape(
             op,
             "an argument is a weight split across bindings; only matmul's weight may be split",
         ));
+    }
+    for b in args.iter().flatten() {
+        stack_is(op, b, false, None)?;
     }
     Ok(())
 }
