@@ -133,7 +133,7 @@ fn gemv_lanes(rows: usize) -> u32 {
 }
 
 /// `gemv`'s override constants for a weight of `rows` x `k` (one row of
-/// x): its lanes a row (`RL`, [`gemv_lanes`]) and, for short weights only,
+/// x): its lanes a row (`RL`, `gemv_lanes`) and, for short weights only,
 /// its blocks a row compiled in (`GBK`, a constant trip count; 0 keeps the
 /// runtime loop). Public for the kernel lab, which times the backend's
 /// gemv as the backend launches it.
