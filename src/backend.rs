@@ -206,6 +206,10 @@ pub struct Features {
     /// and f32 accumulation: their results differ from f32 arithmetic by
     /// that rounding (see `parity::F16_INPUT_NMSE`).
     pub tensor_core_gemm: bool,
+    /// Expert stacks uploaded with [`ComputeBackend::upload_experts`] are
+    /// stored in the backend's own order where their shape allows (the wgpu
+    /// backend's tile order); false: as uploaded.
+    pub expert_tiles: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -82,6 +82,14 @@ fn print_backend(i: &BackendInfo) {
             "f32 units"
         }
     );
+    println!(
+        "  MoE expert weights: {}",
+        if f.expert_tiles {
+            "tile order where the shape allows (TURBOSPARK_EXPERT_TILES=0 turns it off)"
+        } else {
+            "as in the checkpoint"
+        }
+    );
     let l = &i.limits;
     println!(
         "  limits: max binding {}, max buffer {}, max workgroups/dim {}",

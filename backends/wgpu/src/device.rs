@@ -273,6 +273,8 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
             timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cooperative_matrix: coop,
             tensor_core_gemm: coop_gemm,
+            // (set by WgpuBackend::new, which decides it)
+            expert_tiles: false,
         },
         limits: Limits {
             max_binding_bytes: limits.max_storage_buffer_binding_size,

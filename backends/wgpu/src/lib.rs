@@ -78,10 +78,11 @@ impl WgpuBackend {
         let gemm_tiles =
             ops::gemm::Overrides::parse(&tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"));
         let expert_tiles = device::expert_tiles_wanted(opts)?;
-        let o = device::open(opts)?;
+        let mut o = device::open(opts)?;
         // (on the H200 the tile order took prefill 6665 -> 7314 tok/s and
         // decode 264 -> 268; other devices have no figure yet)
         let expert_tiles = expert_tiles.unwrap_or(o.info.features.tensor_core_gemm);
+        o.info.features.expert_tiles = expert_tiles;
         let coop_tiles = ops::gemm_coop::CoopTiles::parse(
             &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
             o.limits.max_compute_workgroup_storage_size,

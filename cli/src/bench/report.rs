@@ -316,6 +316,7 @@ impl Report<'_> {
                         "timestamps": i.features.timestamps,
                         "cooperative_matrix": i.features.cooperative_matrix,
                         "tensor_core_gemm": i.features.tensor_core_gemm,
+                        "expert_tiles": i.features.expert_tiles,
                     },
                     "limits": {
                         "max_binding_bytes": i.limits.max_binding_bytes,
