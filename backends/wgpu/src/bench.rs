@@ -110,7 +110,7 @@ impl Timing {
         });
         let polled = be.device.poll(wgpu::PollType::Wait {
             submission_index: None,
-            timeout: None,
+            timeout: Some(crate::GPU_WAIT),
         });
         let mapped = polled.is_ok() && matches!(rx.recv(), Ok(Ok(())));
         let got: Vec<u64> = match mapped.then(|| slice.get_mapped_range()) {

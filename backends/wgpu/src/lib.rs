@@ -40,6 +40,25 @@ const PARAM_SLOT: u64 = 256;
 /// Slots per batch: a batch that would exceed it is flushed first.
 const PARAM_SLOTS: u64 = 4096;
 
+/// The longest the host waits for the device to finish what it was given
+/// (a decode step, a layer of a prefill batch: milliseconds on a real GPU,
+/// seconds on lavapipe) before it reports the device hung, rather than
+/// waiting for ever (the fourteenth session saw a test binary wait 300 s
+/// once on the H200, with nothing to say where).
+pub(crate) const GPU_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A failed wait on the device, saying how long it waited where it timed
+/// out.
+pub(crate) fn poll_error(e: wgpu::PollError) -> Error {
+    match e {
+        wgpu::PollError::Timeout => Error::Gpu(format!(
+            "the device did not finish its work within {} s: it may be hung",
+            GPU_WAIT.as_secs()
+        )),
+        e => Error::Gpu(format!("poll: {e}")),
+    }
+}
+
 /// A wgpu device with turbospark's kernels.
 pub struct WgpuBackend {
     device: wgpu::Device,
@@ -283,9 +302,9 @@ impl WgpuBackend {
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: None,
-                timeout: None,
+                timeout: Some(GPU_WAIT),
             })
-            .map_err(|e| Error::Gpu(format!("poll: {e}")))?;
+            .map_err(poll_error)?;
         self.check_errors()
     }
 

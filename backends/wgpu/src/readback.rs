@@ -132,9 +132,9 @@ impl WgpuBackend {
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(b.submission),
-                timeout: None,
+                timeout: Some(crate::GPU_WAIT),
             })
-            .map_err(|e| Error::Gpu(format!("poll: {e}")))?;
+            .map_err(crate::poll_error)?;
         b.mapped
             .recv()
             .map_err(|_| Error::Gpu("map callback never ran".into()))?
