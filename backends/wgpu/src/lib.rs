@@ -85,9 +85,6 @@ pub struct WgpuBackend {
     gemm_tiles: ops::gemm::Overrides,
     /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
     coop_tiles: ops::gemm_coop::CoopTiles,
-    /// Expert stacks stored in tile order where they fit
-    /// (`WgpuOptions::expert_tiles`).
-    expert_tiles: bool,
 }
 
 impl WgpuBackend {
@@ -96,12 +93,7 @@ impl WgpuBackend {
         let tiles = |opt, var| device::option_or_env(opt, var).unwrap_or_default();
         let gemm_tiles =
             ops::gemm::Overrides::parse(&tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"));
-        let expert_tiles = device::expert_tiles_wanted(opts)?;
-        let mut o = device::open(opts)?;
-        // (on the H200 the tile order took prefill 6665 -> 7314 tok/s and
-        // decode 264 -> 268; other devices have no figure yet)
-        let expert_tiles = expert_tiles.unwrap_or(o.info.features.tensor_core_gemm);
-        o.info.features.expert_tiles = expert_tiles;
+        let o = device::open(opts)?;
         let coop_tiles = ops::gemm_coop::CoopTiles::parse(
             &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
             o.limits.max_compute_workgroup_storage_size,
@@ -176,7 +168,6 @@ impl WgpuBackend {
             reads: Mutex::default(),
             gemm_tiles,
             coop_tiles,
-            expert_tiles,
         })
     }
 
@@ -667,7 +658,7 @@ impl ComputeBackend for WgpuBackend {
         })
     }
 
-    /// Tile order (`expert_tiles.rs`) where `WgpuOptions::expert_tiles` is
+    /// Tile order (`expert_tiles.rs`) where `Features::expert_tiles` is
     /// on and the stack fits one binding in whole blocks and chunks; else a
     /// row-major weight.
     fn upload_experts(
@@ -679,7 +670,7 @@ impl ComputeBackend for WgpuBackend {
         label: &str,
     ) -> Result<WgpuBuffer> {
         let s = bytes.as_slice();
-        if !self.expert_tiles
+        if !self.info.features.expert_tiles
             || !expert_tiles::fits(dtype, stack, rows, cols)
             || s.len() != rows * cols * dtype.size()
             || s.len() as u64 > self.max_binding()
