@@ -406,7 +406,14 @@ fn check_gate_up(
     p: Moe,
 ) -> Result<()> {
     p.validate_gate_up(x, gate_up, ids, act)?;
-    stack_is("moe_gate_up", gate_up, true, p.experts)?;
+    tiles_are(
+        "moe_gate_up",
+        gate_up,
+        ExpertStack {
+            experts: p.experts,
+            gate_up: true,
+        },
+    )?;
     whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])
 }
 
@@ -420,41 +427,46 @@ fn check_down(
     p: Moe,
 ) -> Result<()> {
     p.validate_down(act, down, ids, wts, out)?;
-    stack_is("moe_down", down, false, p.experts)?;
+    tiles_are(
+        "moe_down",
+        down,
+        ExpertStack {
+            experts: p.experts,
+            gate_up: false,
+        },
+    )?;
     whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
 }
 
-/// A weight that is an expert stack in tile order (`upload_experts`) is
-/// read as one only where it is the stack the op takes (`gate_up` or down,
-/// `experts` of them): anything else would read its rows in another order.
-/// `experts` None: an op that takes no expert stack.
-fn stack_is(
-    op: &str,
-    w: &WgpuBuffer,
-    gate_up: bool,
-    experts: impl Into<Option<usize>>,
-) -> Result<()> {
+/// A weight in tile order (`upload_experts`) is read only by the MoE op
+/// that takes that stack (`want`: gate_up or down, that many experts);
+/// anything else would read its rows in another order. A weight as
+/// uploaded passes.
+fn tiles_are(op: &str, w: &WgpuBuffer, want: ExpertStack) -> Result<()> {
+    tiles_read_by(op, w, Some(want))
+}
+
+/// No weight in tile order: for every op but the MoE ones.
+fn not_tiled(op: &str, w: &WgpuBuffer) -> Result<()> {
+    tiles_read_by(op, w, None)
+}
+
+fn tiles_read_by(op: &str, w: &WgpuBuffer, want: Option<ExpertStack>) -> Result<()> {
     let Some(t) = w.tiles else { return Ok(()) };
-    let want = experts
-        .into()
-        .map(|experts| ExpertStack { experts, gate_up });
     if want == Some(t) {
         return Ok(());
     }
     let what = |s: ExpertStack| {
-        format!(
-            "{} {} experts",
-            s.experts,
-            if s.gate_up { "gate_up" } else { "down" }
-        )
+        let kind = if s.gate_up { "gate_up" } else { "down" };
+        format!("{} {kind} experts", s.experts)
+    };
+    let why = match want {
+        Some(w) => format!("not the {} this op takes", what(w)),
+        None => "which only the MoE ops read".into(),
     };
     Err(Error::InvalidInput(format!(
-        "{op}: a weight holds {} stored in tile order (upload_experts), {}",
-        what(t),
-        want.map_or("which only the MoE ops read".to_string(), |w| format!(
-            "not the {} this op takes",
-            what(w)
-        ))
+        "{op}: a weight holds {} stored in tile order (upload_experts), {why}",
+        what(t)
     )))
 }
 
@@ -462,7 +474,7 @@ fn stack_is(
 /// uploaded with `upload_weight` and split by rows is only read by `matmul`
 /// (the MoE and router launchers report such a weight `Unsupported`).
 /// None of them may be an expert stack in tile order either: only the MoE
-/// ops read those, and they check their weight with `stack_is` (the
+/// ops read those, and they check their weight with `tiles_are` (the
 /// arguments listed here are never an MoE op's expert weight).
 fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     if args.iter().flatten().any(|b| b.single().is_none()) {
@@ -472,7 +484,7 @@ fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
         ));
     }
     for b in args.iter().flatten() {
-        stack_is(op, b, false, None)?;
+        not_tiled(op, b)?;
     }
     Ok(())
 }
@@ -506,7 +518,7 @@ fn check_router(
     p: Router,
 ) -> Result<()> {
     p.validate(x, scale, proj, pes, ids, wts)?;
-    stack_is("router", proj, false, None)?;
+    not_tiled("router", proj)?;
     whole(
         "router",
         &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
@@ -755,7 +767,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn matmul(&self, w: &WgpuBuffer, x: &WgpuBuffer, out: &WgpuBuffer, p: Matmul) -> Result<()> {
         p.validate(w, x, out)?;
-        stack_is("matmul", w, false, None)?;
+        not_tiled("matmul", w)?;
         v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         whole("matmul", &[Some(x), Some(out)])?;
         ops::matmul::matmul(self, w, x, out, p)
@@ -898,7 +910,7 @@ impl ComputeBackend for WgpuBackend {
         p: Embed,
     ) -> Result<()> {
         p.validate(ids, table, out)?;
-        stack_is("embed", table, false, None)?;
+        not_tiled("embed", table)?;
         v::no_alias("embed", out, &[Some(ids), Some(table)])?;
         whole("embed", &[Some(ids), Some(out)])?;
         ops::elementwise::embed(self, ids, table, out, p)
