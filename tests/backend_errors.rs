@@ -305,15 +305,12 @@ fn tensor_cores_required_or_named() {
 fn tiled_expert_stacks_only_where_they_belong() {
     use turbospark::ops::{Embed, Matmul};
     use turbospark::ExpertStack;
-    use turbospark_wgpu::{WgpuBackend, WgpuOptions};
-    let Some(_) = common::wgpu_backend() else {
-        return;
-    };
-    let b = WgpuBackend::new(&WgpuOptions {
+    let Some(b) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
         expert_tiles: Some(true),
         ..Default::default()
-    })
-    .unwrap();
+    }) else {
+        return;
+    };
     // 2 experts of 64 x 16 (gate_up: 32 features of hidden 16).
     let (e, rows, cols) = (2, 64, 16);
     let bytes = vec![0x3c00u16; e * rows * cols];

@@ -596,15 +596,12 @@ fn cpu_reference_rounds_the_gemms_a_rule_names() {
 /// keeps the experts row-major, and the first tokens `generate` picks.
 #[test]
 fn wgpu_with_tiled_experts_matches_the_reference() {
-    use turbospark_wgpu::{WgpuBackend, WgpuOptions};
-    let Some(_) = common::wgpu_backend() else {
-        return;
-    };
-    let gpu = WgpuBackend::new(&WgpuOptions {
+    let Some(gpu) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
         expert_tiles: Some(true),
         ..Default::default()
-    })
-    .unwrap();
+    }) else {
+        return;
+    };
     let cfg = turbospark::model::ModelConfig {
         hidden: 64,
         moe_inter: 32,

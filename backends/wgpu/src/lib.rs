@@ -1048,7 +1048,12 @@ pub(crate) mod tests {
     /// adapter that cannot open as asked (e.g. `TURBOSPARK_TENSOR_CORES=1`
     /// without tensor cores) fails everywhere.
     pub(crate) fn backend() -> Option<WgpuBackend> {
-        match WgpuBackend::new(&WgpuOptions::default()) {
+        backend_with(&WgpuOptions::default())
+    }
+
+    /// [`backend`] with options (the same skip / CI rule).
+    pub(crate) fn backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
+        match WgpuBackend::new(opts) {
             Ok(b) => Some(b),
             Err(e @ Error::NoAdapter(_)) if std::env::var("CI").is_ok_and(|v| v == "true") => {
                 panic!("CI=true but no wgpu adapter: {e}")
