@@ -204,6 +204,16 @@ fn reduce_lanes(lid: u32, lane: u32, width: u32) {
 
 // ---- phase 1 -------------------------------------------------------------------
 
+// The x row offsets of a phase-1 group's np (<= 4) tokens, the slot's
+// pairs q0.. from `off` (unused lanes repeat the last).
+fn token_rows(off: u32, q0: u32, np: u32) -> vec4<u32> {
+    var xb = vec4<u32>(0u);
+    for (var q = 0u; q < 4u; q++) {
+        xb[q] = (pair_at(off, q0 + min(q, np - 1u)) / P.top_k) * P.hidden;
+    }
+    return xb;
+}
+
 // Workgroup g: expert slot g / nrb, output rows (g % nrb) * 8 .. + 8. The
 // slot's pairs go through in groups of 4 (one vec4 accumulator lane each).
 @compute @workgroup_size(256)
@@ -238,7 +248,6 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
     let h = P.hidden;
     let n = P.inter;
-    let k = P.top_k;
     let team = lid / L;
     let lane = lid % L;
     let i = (g % P.nrb) * T + team;
@@ -248,11 +257,7 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
     for (var q0 = 0u; q0 < cnt; q0 += 4u) {
         let np = min(4u, cnt - q0);
-        // x row offsets of the group's tokens (unused ones repeat the first).
-        var xb = vec4<u32>(0u);
-        for (var q = 0u; q < 4u; q++) {
-            xb[q] = (pair_at(off, q0 + min(q, np - 1u)) / k) * h;
-        }
+        let xb = token_rows(off, q0, np);
         var ag = vec4<f32>(0.0);
         var au = vec4<f32>(0.0);
         if ((h & 1u) == 0u) {
@@ -325,7 +330,6 @@ var<workgroup> t_rows: array<vec4<f32>, 16>;
 fn gate_up_tiled(e: u32, cnt: u32, off: u32, i0: u32, lid: u32) {
     let h = P.hidden;
     let n = P.inter;
-    let k = P.top_k;
     let kq = h / 8u;
     let nch = kq / 2u;
     let warp = lid / 32u;
@@ -337,10 +341,7 @@ fn gate_up_tiled(e: u32, cnt: u32, off: u32, i0: u32, lid: u32) {
     let half = lane % 2u;
     for (var q0 = 0u; q0 < cnt; q0 += 4u) {
         let np = min(4u, cnt - q0);
-        var xb = vec4<u32>(0u);
-        for (var t = 0u; t < 4u; t++) {
-            xb[t] = (pair_at(off, q0 + min(t, np - 1u)) / k) * h;
-        }
+        let xb = token_rows(off, q0, np);
         var acc = vec4<f32>(0.0);
         for (var c = warp; c < nch; c += 8u) {
             let v = 2u * c + half;
