@@ -1046,77 +1046,50 @@ fn tiled_moe_case(
         lab.time(&p, &groups[..1], wgs, 1);
         (us, lab.read_f32(o, n))
     };
-    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-    let (us, want) = run(
-        "moe_gate_up_decode",
-        &[
-            ("WDTYPE", 2.0),
-            ("LANES", 32.0),
-            ("BK", (hidden / 8) as f64),
-        ],
-        &gub,
-        &xb,
-        &act_out,
-        top_k * inter,
-        (top_k * inter / 4) as u32,
+    // Each phase on both layouts (TILED_A 0 on the row-major stack, 1 on
+    // the tile-ordered one), the tiled result checked against the other.
+    let both = |phase: &str,
+                (entry, consts): (&str, &[(&str, f64)]),
+                (row_major, tiled): (&wgpu::Buffer, &wgpu::Buffer),
+                (a, o, n, wgs): (&wgpu::Buffer, &wgpu::Buffer, usize, u32),
+                mb: f64| {
+        let with = |t: f64| [consts, &[("TILED_A", t)]].concat();
+        let (us, want) = run(entry, &with(0.0), row_major, a, o, n, wgs);
+        println!(
+            "  {phase:8} row-major     chain {us:8.2} us  {:7.0} GB/s",
+            mb / us * 1e3
+        );
+        let (us, got) = run(entry, &with(1.0), tiled, a, o, n, wgs);
+        let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+        let err = rel_err(&got, &want);
+        println!(
+            "  {phase:8} tile-ordered  chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
+            mb / us * 1e3
+        );
+        assert!(err < 1e-5, "tiled {phase} against row-major: {err:e}");
+    };
+    let gate_up = [
+        ("WDTYPE", 2.0),
+        ("LANES", 32.0),
+        ("BK", (hidden / 8) as f64),
+    ];
+    let gu_out = (&xb, &act_out, top_k * inter, (top_k * inter / 4) as u32);
+    both(
+        "gate_up",
+        ("moe_gate_up_decode", &gate_up),
+        (&gub, &gutb),
+        gu_out,
+        gu_mb,
     );
-    println!(
-        "  gate_up  row-major (backend)              chain {us:8.2} us  {:7.0} GB/s",
-        gu_mb / us * 1e3
+    let down = [("WDTYPE", 2.0), ("LANES", 64.0), ("BK", (inter / 8) as f64)];
+    let dn_out = (&actb, &out, hidden, (hidden / 4) as u32);
+    both(
+        "down",
+        ("moe_down_decode", &down),
+        (&dnb, &dntb),
+        dn_out,
+        dn_mb,
     );
-    let (us, got) = run(
-        "moe_gate_up_decode",
-        &[
-            ("WDTYPE", 2.0),
-            ("LANES", 32.0),
-            ("BK", (hidden / 8) as f64),
-            ("TILED_A", 1.0),
-        ],
-        &gutb,
-        &xb,
-        &act_out,
-        top_k * inter,
-        (top_k * inter / 4) as u32,
-    );
-    let err = rel_err(&got, &f64s(&want));
-    println!(
-        "  gate_up  tile-ordered (backend, TILED_A)  chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
-        gu_mb / us * 1e3
-    );
-    assert!(err < 1e-5, "tiled gate_up against row-major: {err:e}");
-    let (us, want) = run(
-        "moe_down_decode",
-        &[("WDTYPE", 2.0), ("LANES", 64.0), ("BK", (inter / 8) as f64)],
-        &dnb,
-        &actb,
-        &out,
-        hidden,
-        (hidden / 4) as u32,
-    );
-    println!(
-        "  down     row-major (backend)              chain {us:8.2} us  {:7.0} GB/s",
-        dn_mb / us * 1e3
-    );
-    let (us, got) = run(
-        "moe_down_decode",
-        &[
-            ("WDTYPE", 2.0),
-            ("LANES", 64.0),
-            ("BK", (inter / 8) as f64),
-            ("TILED_A", 1.0),
-        ],
-        &dntb,
-        &actb,
-        &out,
-        hidden,
-        (hidden / 4) as u32,
-    );
-    let err = rel_err(&got, &f64s(&want));
-    println!(
-        "  down     tile-ordered (backend, TILED_A)  chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
-        dn_mb / us * 1e3
-    );
-    assert!(err < 1e-5, "tiled down against row-major: {err:e}");
 }
 
 /// `LAB_LANES` (32, 64 or 128; default 32, the kernels' own default).
