@@ -25,9 +25,6 @@ struct Params {
 @group(1) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(1) @binding(2) var<storage, read_write> OUT: array<f32>;
 
-// (gemv_rows' lane groups)
-const LANES: u32 = 32u;
-const ROWS: u32 = 8u;
 override RL: u32 = 32u;
 var<workgroup> part: array<f32, 256>;
 
@@ -93,29 +90,80 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // ---- gemv_rows: a few rows of x (prefill batches of m <= 16) -------------
 //
 // OUT[j, row0 + r] = W[r, :] . X[j, :] for the MT rows j of X (MT = m,
-// compiled in). Laid out as `gemv`, with RPL weight rows (1 or 2, compiled
-// in) per 32 lanes: each weight row is read once, 16 bytes per load, and
-// each block is applied to all MT rows of x, an x block read once (from
-// cache) for the RPL weight rows, with RPL x MT accumulators per lane
-// (arrays indexed by loops over the compiled-in MT). The lane sums go
+// compiled in). GL lanes (a power of two, 32 to 256) take RPL weight rows
+// (1 or 4), both compiled in and picked by the launcher from the weight's
+// rows. Each weight row is read once, 16 bytes per load; each x block is
+// loaded once for the group's RPL weight rows and all MT rows of x. Why
+// four rows: x is f32 and a group reads all MT rows of it per weight row,
+// so at 16 rows x's traffic from cache is 32 times the weight's, and
+// sharing each x load over four weight rows cut it by four (q_proj
+// sliding at 16 rows 49.7 -> 31.8 us on the H200; ops/matmul.rs has the
+// rule and its figures). The sums are named vec4 registers (x rows 0-3,
+// 4-7, ... of weight row 0 in c0..c3, row 1 in d*, 2 in e*, 3 in f*), not
+// arrays indexed by loops, which the NVIDIA driver has kept in local
+// memory elsewhere (docs/decisions.md, eighth session). The lane sums go
 // through workgroup memory for all of x's rows at once (one tree of
-// barriers per weight row, not per x row). Two rows per lane group
-// pay off for wide weights (4096+ rows) and cost for narrow ones (fewer
-// workgroups in flight): the launcher picks by shape, BENCHMARKS.md.
+// barriers per weight row, not per x row).
 
 override MT: u32 = 1u;
-override RPL: u32 = 2u;
+override RPL: u32 = 4u;
+override GL: u32 = 32u;
 const MAXT: u32 = 16u;
 var<workgroup> pt: array<f32, 4096>; // [MAXT][256]
 
-// Sum each row's 32 lanes of `acc` (MT values per lane) and write them as
-// weight row r of OUT.
-fn rows_out(acc: ptr<function, array<f32, MAXT>>, t: u32, lane: u32, r: u32, ok: bool) {
-    for (var j = 0u; j < MT; j++) {
-        pt[j * 256u + t] = (*acc)[j];
-    }
+// Eight weights of a block, as two vec4.
+struct Block {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn block(w: vec4<u32>) -> Block {
+    return Block(vec4<f32>(decode_pair(w.x), decode_pair(w.y)),
+                 vec4<f32>(decode_pair(w.z), decode_pair(w.w)));
+}
+
+// Block i of x rows j0 .. j0 + 3; rows past MT reread row MT - 1 (their
+// sums are never written).
+struct XRows {
+    a0: vec4<f32>, a1: vec4<f32>,
+    b0: vec4<f32>, b1: vec4<f32>,
+    c0: vec4<f32>, c1: vec4<f32>,
+    d0: vec4<f32>, d1: vec4<f32>,
+}
+
+fn x_rows(i: u32, j0: u32, k4: u32) -> XRows {
+    let j = min(vec4<u32>(j0, j0 + 1u, j0 + 2u, j0 + 3u), vec4<u32>(MT - 1u));
+    let xi = j * k4 + 2u * i;
+    return XRows(X[xi.x], X[xi.x + 1u], X[xi.y], X[xi.y + 1u],
+                 X[xi.z], X[xi.z + 1u], X[xi.w], X[xi.w + 1u]);
+}
+
+// One weight block's dots with four x rows.
+fn dots(w: Block, x: XRows) -> vec4<f32> {
+    return vec4<f32>(dot(w.lo, x.a0) + dot(w.hi, x.a1),
+                     dot(w.lo, x.b0) + dot(w.hi, x.b1),
+                     dot(w.lo, x.c0) + dot(w.hi, x.c1),
+                     dot(w.lo, x.d0) + dot(w.hi, x.d1));
+}
+
+// x rows j0 .. j0 + 3 of one lane's sums into workgroup memory.
+fn rows_put(v: vec4<f32>, j0: u32, t: u32) {
+    if (j0 < MT) { pt[j0 * 256u + t] = v.x; }
+    if (j0 + 1u < MT) { pt[(j0 + 1u) * 256u + t] = v.y; }
+    if (j0 + 2u < MT) { pt[(j0 + 2u) * 256u + t] = v.z; }
+    if (j0 + 3u < MT) { pt[(j0 + 3u) * 256u + t] = v.w; }
+}
+
+// Sum each x row's GL lanes of sums (v0: x rows 0-3, v1: 4-7, ...) and write
+// them as weight row r of OUT.
+fn rows_out(v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
+            t: u32, lane: u32, r: u32, ok: bool) {
+    rows_put(v0, 0u, t);
+    rows_put(v1, 4u, t);
+    rows_put(v2, 8u, t);
+    rows_put(v3, 12u, t);
     workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+    for (var s = GL / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
             for (var j = 0u; j < MT; j++) {
                 pt[j * 256u + t] += pt[j * 256u + t + s];
@@ -134,44 +182,71 @@ fn rows_out(acc: ptr<function, array<f32, MAXT>>, t: u32, lane: u32, r: u32, ok:
 @compute @workgroup_size(256)
 fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r0 = (linear_group(wg, nwg) * ROWS + t / LANES) * RPL;
-    let r1 = r0 + 1u;
-    let ok0 = r0 < P.rows;
-    let ok1 = RPL == 2u && r1 < P.rows;
+    let lane = t % GL;
+    let r0 = (linear_group(wg, nwg) * (256u / GL) + t / GL) * RPL;
     let blocks = P.k / 8u;
     let k4 = P.k / 4u;
-    var acc0: array<f32, MAXT>;
-    var acc1: array<f32, MAXT>;
-    if (ok0) {
-        let b0 = r0 * blocks;
-        // A missing second row rereads the first (dropped when written).
-        let b1 = select(r0, r1, ok1) * blocks;
-        for (var i = lane; i < blocks; i += LANES) {
-            let w0 = W[b0 + i];
-            let lo0 = vec4<f32>(decode_pair(w0.x), decode_pair(w0.y));
-            let hi0 = vec4<f32>(decode_pair(w0.z), decode_pair(w0.w));
-            if (RPL == 2u) {
-                let w1 = W[b1 + i];
-                let lo1 = vec4<f32>(decode_pair(w1.x), decode_pair(w1.y));
-                let hi1 = vec4<f32>(decode_pair(w1.z), decode_pair(w1.w));
-                for (var j = 0u; j < MT; j++) {
-                    let xi = j * k4 + 2u * i;
-                    let x0 = X[xi];
-                    let x1 = X[xi + 1u];
-                    acc0[j] += dot(lo0, x0) + dot(hi0, x1);
-                    acc1[j] += dot(lo1, x0) + dot(hi1, x1);
+    // A weight row past the last rereads row r0 (dropped when written).
+    let b0 = r0 * blocks;
+    let b1 = select(r0, r0 + 1u, r0 + 1u < P.rows) * blocks;
+    let b2 = select(r0, r0 + 2u, r0 + 2u < P.rows) * blocks;
+    let b3 = select(r0, r0 + 3u, r0 + 3u < P.rows) * blocks;
+    var c0 = vec4<f32>(); var c1 = vec4<f32>(); var c2 = vec4<f32>(); var c3 = vec4<f32>();
+    var d0 = vec4<f32>(); var d1 = vec4<f32>(); var d2 = vec4<f32>(); var d3 = vec4<f32>();
+    var e0 = vec4<f32>(); var e1 = vec4<f32>(); var e2 = vec4<f32>(); var e3 = vec4<f32>();
+    var f0 = vec4<f32>(); var f1 = vec4<f32>(); var f2 = vec4<f32>(); var f3 = vec4<f32>();
+    if (r0 < P.rows) {
+        for (var i = lane; i < blocks; i += GL) {
+            let w0 = block(W[b0 + i]);
+            var w1 = w0;
+            var w2 = w0;
+            var w3 = w0;
+            if (RPL == 4u) {
+                w1 = block(W[b1 + i]);
+                w2 = block(W[b2 + i]);
+                w3 = block(W[b3 + i]);
+            }
+            // (RPL and MT are compiled in: the conditions fold away)
+            let x0 = x_rows(i, 0u, k4);
+            c0 += dots(w0, x0);
+            if (RPL == 4u) {
+                d0 += dots(w1, x0);
+                e0 += dots(w2, x0);
+                f0 += dots(w3, x0);
+            }
+            if (MT > 4u) {
+                let x1 = x_rows(i, 4u, k4);
+                c1 += dots(w0, x1);
+                if (RPL == 4u) {
+                    d1 += dots(w1, x1);
+                    e1 += dots(w2, x1);
+                    f1 += dots(w3, x1);
                 }
-            } else {
-                for (var j = 0u; j < MT; j++) {
-                    let xi = j * k4 + 2u * i;
-                    acc0[j] += dot(lo0, X[xi]) + dot(hi0, X[xi + 1u]);
+            }
+            if (MT > 8u) {
+                let x2 = x_rows(i, 8u, k4);
+                c2 += dots(w0, x2);
+                if (RPL == 4u) {
+                    d2 += dots(w1, x2);
+                    e2 += dots(w2, x2);
+                    f2 += dots(w3, x2);
+                }
+            }
+            if (MT > 12u) {
+                let x3 = x_rows(i, 12u, k4);
+                c3 += dots(w0, x3);
+                if (RPL == 4u) {
+                    d3 += dots(w1, x3);
+                    e3 += dots(w2, x3);
+                    f3 += dots(w3, x3);
                 }
             }
         }
     }
-    rows_out(&acc0, t, lane, r0, ok0);
-    if (RPL == 2u) {
-        rows_out(&acc1, t, lane, r1, ok1);
+    rows_out(c0, c1, c2, c3, t, lane, r0, r0 < P.rows);
+    if (RPL == 4u) {
+        rows_out(d0, d1, d2, d3, t, lane, r0 + 1u, r0 + 1u < P.rows);
+        rows_out(e0, e1, e2, e3, t, lane, r0 + 2u, r0 + 2u < P.rows);
+        rows_out(f0, f1, f2, f3, t, lane, r0 + 3u, r0 + 3u < P.rows);
     }
 }

@@ -44,10 +44,12 @@ fn matmul(full: bool) -> Vec<Op> {
         c(1, 45, 8200, F16),        // decode GEMV, 64 lanes, many loads a lane, a short last pass
         c(1, 4099, 64, BF16),       // decode GEMV past the short rows: 32 lanes
         c(1, 2816, 2112, BF16),     // dense down: a partial last column of blocks
-        c(3, 131, 64, F16),         // gemv_rows, one weight row per lane group
-        c(2, 4097, 64, BF16),       // gemv_rows, two per lane group, an odd last one
-        c(1, 24001, 2816, BF16),    // decode GEMV over a weight split across bindings
-        c(16, 2816, 2112, BF16),    // dense down, micro-batch
+        c(3, 131, 64, F16),         // gemv_rows, one weight row per 64 lanes
+        c(2, 4097, 64, BF16),       // gemv_rows, four per 32 lanes, a last group of one
+        c(13, 2048, 72, F16), // gemv_rows, four per 64 lanes, x rows in a partial group of four
+        c(9, 2051, 64, BF16), // gemv_rows, four per 32 lanes, a last group of three
+        c(1, 24001, 2816, BF16), // decode GEMV over a weight split across bindings
+        c(16, 2816, 2112, BF16), // dense down, micro-batch
         c(1, 16 * 256, 2816, BF16), // q_proj, sliding
         c(2, 2816, 16 * 512, BF16), // o_proj, full
         c(5, 1001, 777, F16),

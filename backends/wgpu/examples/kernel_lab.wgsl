@@ -10,8 +10,11 @@
 // docs/bench/h200-2026-11-29-s2/lab and s3/lab.
 
 // Compiled after kernels/gemv.wgsl (as the backend composes it), whose
-// Params (k = P.k, rows = P.rows), bindings W / X / OUT, LANES, `part` and
-// dot8 it reuses.
+// Params (k = P.k, rows = P.rows), bindings W / X / OUT, `part` and dot8 it
+// reuses.
+
+// Lanes per weight row of every variant here.
+const LANES: u32 = 32u;
 
 // Blocks per row as a pipeline constant (variant kc): the loop trip count
 // is known when the driver compiles, so it can unroll and hoist the loads.

@@ -104,11 +104,26 @@ struct GemvParams {
     row0: u32,
 }
 
-/// Lane groups (of 32) per workgroup of kernels/gemv.wgsl's `gemv_rows`,
-/// `RPL` weight rows each (`gemv` takes `256 / lanes` rows a workgroup).
-const GEMV_ROWS: u32 = 8;
-/// Weight rows from which `gemv_rows` takes two rows per lane group.
-const GEMV_WIDE_ROWS: usize = 4096;
+/// Weight rows from which `gemv_rows` takes four rows per lane group.
+const GEMV_WIDE_ROWS: usize = 2048;
+/// Weight rows up to which `gemv_rows` gives a lane group 64 lanes.
+const GEMV_ROWS_SHORT: usize = 2048;
+
+/// `gemv_rows`' lanes per lane group (its `GL`) and weight rows per lane
+/// group (its `RPL`: each x load serves that many weight rows) for a
+/// weight of `rows` rows. On the H200 at 16 rows of x (BENCHMARKS.md,
+/// fifteenth session, runs 03-04; against one row a group of 32 lanes):
+/// four rows a group took q_proj sliding (4096 rows) 49.7 -> 31.8 us, the
+/// dense down and o_proj (2816) 35.0 -> 26.8 and 60.1 -> 40.6, the LM head
+/// 1.97 -> 1.55 ms; 64 lanes took k_proj sliding (2048) 30.7 -> 25.7 with
+/// four rows, k_proj full (1024) 26.1 -> 18.8 with one (four: 30.2),
+/// while 2816+ rows lost with 64 (dense down 41.6, LM head 2.57 ms).
+fn gemv_rows_shape(rows: usize) -> (u32, u32) {
+    let lanes = if rows <= GEMV_ROWS_SHORT { 64 } else { 32 };
+    let rpl = if rows >= GEMV_WIDE_ROWS { 4 } else { 1 };
+    (lanes, rpl)
+}
+
 /// Weight rows up to which `gemv` gives a row 64 lanes (`gemv_lanes`).
 const GEMV_SHORT_ROWS: usize = 4096;
 /// Weight rows up to which `gemv` compiles in the blocks per row (its
@@ -160,23 +175,20 @@ fn gemv(
             rows: rows as u32,
             row0: row0 as u32,
         };
-        // One row of x: `gemv`; a few (prefill): `gemv_rows` with MT = m and
-        // two weight rows per lane group for wide weights only (on the H200,
-        // BENCHMARKS.md runs 9-10: 4096-8192 rows gained 16-24%, 1024-2816
-        // rows lost 10-78%).
-        let rpl: i64 = if p.m > 1 && rows >= GEMV_WIDE_ROWS {
-            2
-        } else {
-            1
-        };
+        // One row of x: `gemv`; a few (prefill): `gemv_rows` with MT = m.
         let [rl, gbk] = gemv_constants(rows, p.k);
-        let lanes = rl.1 as u32;
+        let (gl, rpl) = gemv_rows_shape(rows);
         let one = [super::wdtype(w.dtype)[0], rl, gbk];
-        let all = [super::wdtype(w.dtype)[0], ("MT", p.m as i64), ("RPL", rpl)];
+        let all = [
+            super::wdtype(w.dtype)[0],
+            ("MT", p.m as i64),
+            ("RPL", rpl as i64),
+            ("GL", gl as i64),
+        ];
         let (entry, constants, per_group) = if p.m == 1 {
-            ("gemv", &one[..], 256 / lanes)
+            ("gemv", &one[..], 256 / rl.1 as u32)
         } else {
-            ("gemv_rows", &all[..], GEMV_ROWS * rpl as u32)
+            ("gemv_rows", &all[..], 256 / gl * rpl)
         };
         be.launch(Launch {
             kernel: "gemv",
