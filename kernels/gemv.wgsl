@@ -146,6 +146,26 @@ fn dots(w: Block, x: XRows) -> vec4<f32> {
                      dot(w.lo, x.d0) + dot(w.hi, x.d1));
 }
 
+// The group's weight blocks (w1..w3 only read with RPL = 4).
+struct Rows4 {
+    w0: Block,
+    w1: Block,
+    w2: Block,
+    w3: Block,
+}
+
+// One step's dots of the group's weight rows with four x rows, added to
+// their sums (c: weight row 0, d: 1, e: 2, f: 3).
+fn add_dots(w: Rows4, x: XRows, c: ptr<function, vec4<f32>>, d: ptr<function, vec4<f32>>,
+            e: ptr<function, vec4<f32>>, f: ptr<function, vec4<f32>>) {
+    *c += dots(w.w0, x);
+    if (RPL == 4u) {
+        *d += dots(w.w1, x);
+        *e += dots(w.w2, x);
+        *f += dots(w.w3, x);
+    }
+}
+
 // x rows j0 .. j0 + 3 of one lane's sums into workgroup memory.
 fn rows_put(v: vec4<f32>, j0: u32, t: u32) {
     if (j0 < MT) { pt[j0 * 256u + t] = v.x; }
@@ -198,48 +218,22 @@ fn gemv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     if (r0 < P.rows) {
         for (var i = lane; i < blocks; i += GL) {
             let w0 = block(W[b0 + i]);
-            var w1 = w0;
-            var w2 = w0;
-            var w3 = w0;
-            if (RPL == 4u) {
-                w1 = block(W[b1 + i]);
-                w2 = block(W[b2 + i]);
-                w3 = block(W[b3 + i]);
-            }
+            var w = Rows4(w0, w0, w0, w0);
             // (RPL and MT are compiled in: the conditions fold away)
-            let x0 = x_rows(i, 0u, k4);
-            c0 += dots(w0, x0);
             if (RPL == 4u) {
-                d0 += dots(w1, x0);
-                e0 += dots(w2, x0);
-                f0 += dots(w3, x0);
+                w.w1 = block(W[b1 + i]);
+                w.w2 = block(W[b2 + i]);
+                w.w3 = block(W[b3 + i]);
             }
+            add_dots(w, x_rows(i, 0u, k4), &c0, &d0, &e0, &f0);
             if (MT > 4u) {
-                let x1 = x_rows(i, 4u, k4);
-                c1 += dots(w0, x1);
-                if (RPL == 4u) {
-                    d1 += dots(w1, x1);
-                    e1 += dots(w2, x1);
-                    f1 += dots(w3, x1);
-                }
+                add_dots(w, x_rows(i, 4u, k4), &c1, &d1, &e1, &f1);
             }
             if (MT > 8u) {
-                let x2 = x_rows(i, 8u, k4);
-                c2 += dots(w0, x2);
-                if (RPL == 4u) {
-                    d2 += dots(w1, x2);
-                    e2 += dots(w2, x2);
-                    f2 += dots(w3, x2);
-                }
+                add_dots(w, x_rows(i, 8u, k4), &c2, &d2, &e2, &f2);
             }
             if (MT > 12u) {
-                let x3 = x_rows(i, 12u, k4);
-                c3 += dots(w0, x3);
-                if (RPL == 4u) {
-                    d3 += dots(w1, x3);
-                    e3 += dots(w2, x3);
-                    f3 += dots(w3, x3);
-                }
+                add_dots(w, x_rows(i, 12u, k4), &c3, &d3, &e3, &f3);
             }
         }
     }
