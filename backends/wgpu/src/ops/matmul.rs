@@ -223,6 +223,27 @@ mod tests {
         }
     }
 
+    /// `gemv_rows` at Gemma 4 26B-A4B's weights takes the shapes measured
+    /// for them (k_proj full 1024 rows, k_proj sliding 2048, o_proj and the
+    /// dense down 2816, q_proj 4096 and 8192, the LM head), and every shape
+    /// is one the kernel compiles: lanes a power of two from 32 to 256 that
+    /// divide its 256 threads, one or four rows a group.
+    #[test]
+    fn gemv_rows_shape_by_rows() {
+        assert_eq!(gemv_rows_shape(1024), (64, 1));
+        assert_eq!(gemv_rows_shape(2048), (64, 4));
+        assert_eq!(gemv_rows_shape(2816), (32, 4));
+        assert_eq!(gemv_rows_shape(8192), (32, 4));
+        assert_eq!(gemv_rows_shape(262144), (32, 4));
+        for rows in [1, GEMV_WIDE_ROWS - 1, GEMV_WIDE_ROWS, GEMV_ROWS_SHORT + 1] {
+            let (gl, rpl) = gemv_rows_shape(rows);
+            assert!(
+                gl.is_power_of_two() && (32..=256).contains(&gl) && (rpl == 1 || rpl == 4),
+                "{rows}: {gl} lanes, {rpl} rows"
+            );
+        }
+    }
+
     #[test]
     fn configs_fit_the_kernel() {
         for m in 1..=16 {
