@@ -5,6 +5,7 @@
 mod common;
 
 use common::nmse;
+use turbospark::model::sampling::Sampler;
 use turbospark::model::synthetic::{tiny_config, SyntheticSource};
 use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, LOGITS_BATCH};
 use turbospark::{ComputeBackend, Error};
@@ -297,21 +298,34 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
         let one = m.generate(&p, &greedy(1)).unwrap();
         assert_eq!(one.tokens, g.tokens[..1], "prompt of {len}: one token");
         assert_eq!(m.position(), len, "prompt of {len}: position after one");
-        // The sampled path reads the same first row back: top-1 sampling
-        // is greedy.
+        // The sampled path samples the prefill's head row first, then one
+        // decode step's row a token: a sampler replayed over the
+        // teacher-forced rows picks the same tokens. (Top-1 sampling would
+        // not test it: it takes the greedy path.)
         m.reset();
-        let top1 = GenerateOptions {
+        let sampling = Sampling::Random {
+            temperature: 1.0,
+            top_k: Some(20),
+            top_p: None,
+            seed: 9,
+        };
+        assert!(!sampling.is_greedy());
+        let sampled = GenerateOptions {
             max_new_tokens: 6,
-            sampling: Sampling::Random {
-                temperature: 1.0,
-                top_k: Some(1),
-                top_p: None,
-                seed: 9,
-            },
+            sampling: sampling.clone(),
             ..Default::default()
         };
-        let s = m.generate(&p, &top1).unwrap();
-        assert_eq!(s.tokens, g.tokens, "prompt of {len}: top-1 sampling");
+        let s = m.generate(&p, &sampled).unwrap();
+        assert_eq!(s.tokens.len(), 6, "prompt of {len}: sampled");
+        m.reset();
+        let mut all = p.clone();
+        all.extend(&s.tokens);
+        let rows = m.logits(&all).unwrap();
+        let mut replay = Sampler::new(&sampling).unwrap();
+        for (j, &t) in s.tokens.iter().enumerate() {
+            let want = replay.sample(&rows[len - 1 + j]).unwrap();
+            assert_eq!(want, t, "prompt of {len}: sampled token {j}");
+        }
     }
 }
 
