@@ -40,6 +40,24 @@ fn argmax(row: &[f32]) -> u32 {
     turbospark::model::sampling::argmax(row)
 }
 
+/// What `pick` chooses from each row that predicted one of `new` when the
+/// prompt and `new` are teacher-forced from a reset model: a generation
+/// made with that choice returns `new` itself.
+fn teacher_forced_picks<B: ComputeBackend>(
+    m: &mut Model<B>,
+    prompt: &[u32],
+    new: &[u32],
+    mut pick: impl FnMut(&[f32]) -> u32,
+) -> Vec<u32> {
+    m.reset();
+    let all: Vec<u32> = prompt.iter().chain(new).copied().collect();
+    let rows = m.logits(&all).unwrap();
+    rows[prompt.len() - 1..][..new.len()]
+        .iter()
+        .map(|r| pick(r))
+        .collect()
+}
+
 /// `tokens`' rows from position 0, batched and token by token.
 type Rows = Vec<Vec<f32>>;
 fn teacher_forced<B: ComputeBackend>(m: &mut Model<B>, tokens: &[u32]) -> (Rows, Rows) {
@@ -226,13 +244,10 @@ fn generate_matches_teacher_forced_greedy() {
     assert_eq!(g.tokens.len(), 10);
     // Teacher-forcing the prompt plus the generated tokens must reproduce
     // every greedy choice.
-    m.reset();
-    let mut all = p.clone();
-    all.extend(&g.tokens);
-    let rows = m.logits(&all).unwrap();
-    for (j, &t) in g.tokens.iter().enumerate() {
-        assert_eq!(argmax(&rows[p.len() - 1 + j]), t, "new token {j}");
-    }
+    assert_eq!(
+        teacher_forced_picks(&mut m, &p, &g.tokens, argmax),
+        g.tokens
+    );
     // Same answer when the prompt goes one token at a time.
     m.reset();
     let g1 = m
@@ -286,13 +301,8 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
         let g = m.generate(&p, &greedy(6)).unwrap();
         assert_eq!(g.tokens.len(), 6, "prompt of {len}");
         assert_eq!(m.position(), len + 5, "prompt of {len}: position");
-        m.reset();
-        let mut all = p.clone();
-        all.extend(&g.tokens);
-        let rows = m.logits(&all).unwrap();
-        for (j, &t) in g.tokens.iter().enumerate() {
-            assert_eq!(argmax(&rows[len - 1 + j]), t, "prompt of {len}, token {j}");
-        }
+        let picks = teacher_forced_picks(&mut m, &p, &g.tokens, argmax);
+        assert_eq!(picks, g.tokens, "prompt of {len}");
         // One new token: the prefill's head alone.
         m.reset();
         let one = m.generate(&p, &greedy(1)).unwrap();
@@ -317,15 +327,9 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
         };
         let s = m.generate(&p, &sampled).unwrap();
         assert_eq!(s.tokens.len(), 6, "prompt of {len}: sampled");
-        m.reset();
-        let mut all = p.clone();
-        all.extend(&s.tokens);
-        let rows = m.logits(&all).unwrap();
         let mut replay = Sampler::new(&sampling).unwrap();
-        for (j, &t) in s.tokens.iter().enumerate() {
-            let want = replay.sample(&rows[len - 1 + j]).unwrap();
-            assert_eq!(want, t, "prompt of {len}: sampled token {j}");
-        }
+        let picks = teacher_forced_picks(&mut m, &p, &s.tokens, |r| replay.sample(r).unwrap());
+        assert_eq!(picks, s.tokens, "prompt of {len}: sampled");
     }
 }
 
