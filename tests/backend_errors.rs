@@ -402,6 +402,24 @@ fn tiled_expert_stacks_only_where_they_belong() {
         b.moe_down(&f32s(2 * 16), &gu, &ids, &f32s(2), &f32s(64), p),
         "not the 2 down experts",
     );
+    // The same bytes as one expert of 128 rows, where two of 64 go:
+    // refused for its expert count (the tile order is per expert).
+    let one = b
+        .upload_experts(
+            DType::F16,
+            ExpertStack {
+                experts: 1,
+                gate_up: false,
+            },
+            (e * rows, cols),
+            HostBytes::Slice(bytemuck::cast_slice(&bytes)),
+            "one expert",
+        )
+        .unwrap();
+    invalid(
+        b.moe_down(&f32s(2 * 16), &one, &ids, &f32s(2), &f32s(64), p),
+        "holds 1 down experts",
+    );
     // The right stack passes.
     b.moe_down(&f32s(2 * 16), &down, &ids, &f32s(2), &f32s(64), p)
         .unwrap();
