@@ -573,6 +573,8 @@ impl<B: ComputeBackend> Model<B> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
         for chunk in tokens.chunks(self.prefill_batch) {
             self.forward_chunk(chunk, Tail::Layers)?;
+            // (a chunk of several tokens went a layer at a time and left
+            // nothing recorded; this submits a one-token chunk)
             self.backend.flush()?;
             self.pos += chunk.len();
         }
