@@ -41,13 +41,18 @@
 const DENSE: u32 = 0u;
 const GATE_UP: u32 = 1u;
 const DOWN: u32 = 2u;
+// 1: the MoE modes' weights are in tile order (common.wgsl's expert_row).
+override TILED: u32 = 0u;
+
+// Whether `mode` reads its weights in tile order (a dense weight never is).
+fn w_tiled(mode: u32) -> bool {
+    return TILED == 1u && mode != DENSE;
+}
 // Token rows per thread, weight-row groups (of 4) per thread, warps along
 // the weight rows, k per step (8, 16 or 32), and the workgroup arrays' sizes
 // in vec4 (XS4 = BM * BK / 4, WS4 = BN * BK / 4: the launcher sizes them
 // for the tile and checks the device's workgroup memory holds them, and
 // that BM <= MAX_BM and a step is at most two loads of each per thread).
-// 1: the MoE modes' weights are in tile order (common.wgsl's expert_row).
-override TILED: u32 = 0u;
 override TM: u32 = 4u;
 override TN4: u32 = 2u;
 override WN: u32 = 2u;
@@ -89,7 +94,7 @@ fn bn() -> u32 {
 // of row block `nb` (common.wgsl's expert_row), and whether it exists.
 fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
     let kq = P.k / 8u;
-    let tiled = TILED == 1u && mode != DENSE;
+    let tiled = w_tiled(mode);
     if (mode == GATE_UP) {
         let f = nb * (bn() / 2u) + 2u * (jl / 4u) + (jl % 2u);
         let up = select(0u, P.rows, (jl % 4u) >= 2u);
@@ -146,7 +151,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         return;
     }
     let split = g / per;
-    let tiled = TILED == 1u && mode != DENSE;
+    let tiled = w_tiled(mode);
     // Token tiles fastest for dense problems (a row block's weight rows
     // stay in cache across them), row blocks fastest for the MoE phases (a
     // token tile's x rows stay in cache across its expert's row blocks), as

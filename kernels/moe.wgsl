@@ -160,14 +160,15 @@ fn wpair(row: u32, n: u32, u: u32) -> vec2<f32> {
 // weights, rows a multiple of 16 long, so the even-row paths only).
 override TILED: u32 = 0u;
 
-// Phase 2's weight pairs: on a tile-ordered row whose first vec4 is `row`
-// (TILED), else wpair on row `row` of length `n`. (Phase 1 reads the tiles
-// in gate_up_tiled.)
-fn wpair_of(row: u32, n: u32, u: u32) -> vec2<f32> {
+// Phase 2's weight pair u of row rr of the expert matrix whose first row
+// is `row0` (`n` long): from the tiles (TILED; common.wgsl's expert_row,
+// 4 pairs a vec4), else wpair. (Phase 1 reads the tiles in gate_up_tiled.)
+fn down_wpair(row0: u32, rr: u32, n: u32, u: u32) -> vec2<f32> {
     if (TILED == 1u) {
+        let row = expert_row(row0 * (n / 8u), rr, n / 8u, true, false, 0u);
         return decode_pair(W[4u * (row + expert_step(u / 4u, true)) + u % 4u]);
     }
-    return wpair(row, n, u);
+    return wpair(row0 + rr, n, u);
 }
 
 // Element i of weight row `row` of length `n` (any n: 16-bit rows may start
@@ -422,11 +423,7 @@ fn down_load(f: u32, total: u32, nu: u32, rr: u32) -> Unit {
     let fc = min(f, total - 1u);
     let s = fc / nu;
     let u = fc - s * nu;
-    var row = sl_row[s] + rr;
-    if (TILED == 1u) {
-        row = expert_row(sl_row[s] * (n / 8u), rr, n / 8u, true, false, 0u);
-    }
-    let w = wpair_of(row, n, u);
+    let w = down_wpair(sl_row[s], rr, n, u);
     let a = apair(pair_at(sl_off[s], 0u) * n + 2u * u);
     return Unit(w, a, s, select(u, NONE, f >= total));
 }

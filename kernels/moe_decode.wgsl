@@ -129,8 +129,8 @@ var<workgroup> swt: array<f32, MAXK>;
 // pieces a round). Re-indexing the row-major bodies instead, so that two
 // lanes share a 32-byte piece and the next pair reads 2 KB further on, was
 // 18% / 15% slower on the H200 (fourteenth session, run 08); kernel_lab's
-// moe_tiled (gu_tiled / dn_tiled) measured this layout of the work at the
-// row-major kernels' speed (runs 05-07).
+// moe_tiled (its first form, since replaced) measured this layout of the
+// work at the row-major kernels' speed (runs 05-07).
 
 // Output rows of a tiled phase-2 workgroup (the launcher's
 // TILED_DOWN_ROWS).
@@ -156,7 +156,7 @@ fn gate_up_tiled_a(j: u32, f0: u32, e: u32, t: u32) {
         acc += select(0.0, dot8(W[base + expert_step(v, true)], 2u * v), c < nch && valid);
     }
     part_a[t] = acc;
-    gate_up_tiled_out(t, per);
+    tiled_rows_out(t, 2u * PAIRS);
     if (t < PAIRS && valid && f0 + t < n) {
         OUT[j * n + f0 + t] = gelu_tanh(trow[t]) * trow[t + PAIRS];
     }
@@ -179,17 +179,18 @@ fn gate_up_tiled_b(j: u32, f0: u32, e: u32, t: u32) {
         acc += select(0.0, dot8b(W2[base + expert_step(v, true)], 2u * v), c < nch && valid);
     }
     part_a[t] = acc;
-    gate_up_tiled_out(t, per);
+    tiled_rows_out(t, 2u * PAIRS);
     if (t < PAIRS && valid && f0 + t < n) {
         OUT2[j * n + f0 + t] = gelu_tanh(trow[t]) * trow[t + PAIRS];
     }
 }
 
-// The 2 PAIRS rows' sums of part_a (row q's partials at k per + 2 q and
-// + 1) into trow.
-fn gate_up_tiled_out(t: u32, per: u32) {
+// The sums of a tiled body's `rows` rows (per = 2 rows threads a round:
+// row q's partials at k per + 2 q and + 1) from part_a into trow.
+fn tiled_rows_out(t: u32, rows: u32) {
+    let per = 2u * rows;
     workgroupBarrier();
-    if (t < 2u * PAIRS) {
+    if (t < rows) {
         var s = 0.0;
         for (var k = 0u; k < 256u / per; k++) {
             s += part_a[k * per + 2u * t] + part_a[k * per + 2u * t + 1u];
@@ -223,7 +224,7 @@ fn down_tiled_a(g: u32, t: u32, tok: u32) {
         acc += select(0.0, swt[j] * dot8(w, a0 + j * arow + 2u * v), valid);
     }
     part_a[t] = acc;
-    down_tiled_out(t, per);
+    tiled_rows_out(t, TROWS);
     if (t < TROWS && r0 + t < h) {
         OUT[tok * h + r0 + t] = trow[t];
     }
@@ -251,23 +252,10 @@ fn down_tiled_b(g: u32, t: u32) {
         acc += select(0.0, swt[j] * dot8b(w, j * arow + 2u * v), valid);
     }
     part_a[t] = acc;
-    down_tiled_out(t, per);
+    tiled_rows_out(t, TROWS);
     if (t < TROWS && r0 + t < h) {
         OUT2[r0 + t] = trow[t];
     }
-}
-
-// The TROWS rows' sums of part_a into trow.
-fn down_tiled_out(t: u32, per: u32) {
-    workgroupBarrier();
-    if (t < TROWS) {
-        var s = 0.0;
-        for (var k = 0u; k < 256u / per; k++) {
-            s += part_a[k * per + 2u * t] + part_a[k * per + 2u * t + 1u];
-        }
-        trow[t] = s;
-    }
-    workgroupBarrier();
 }
 
 // Thread t's role in workgroup g of a gate_up problem with nrb workgroups
@@ -304,12 +292,11 @@ fn gate_up_a(g: u32, t: u32) {
     }
     var acc = 0.0;
     if (valid && q.i < n) {
-        let ta = TILED_A == 1u;
-        let base = expert_row(IDS[q.j] * 2u * n * BK, q.up * n + q.i, BK, ta, true, n);
+        let base = (IDS[q.j] * 2u * n + q.up * n + q.i) * BK;
         for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
             let b = q.lane + c * LANES;
             let bb = min(b, BK - 1u);
-            acc += select(0.0, dot8(W[base + expert_step(bb, ta)], 2u * bb), b < BK);
+            acc += select(0.0, dot8(W[base + bb], 2u * bb), b < BK);
         }
     }
     part_a[t] = acc;
@@ -342,12 +329,11 @@ fn gate_up_b_expert(q: GateUpRole, e: u32, t: u32) {
     let valid = e < P.experts2;
     var acc = 0.0;
     if (valid && q.i < n) {
-        let tb = TILED_B == 1u;
-        let base = expert_row(e * 2u * n * BK, q.up * n + q.i, BK, tb, true, n);
+        let base = (e * 2u * n + q.up * n + q.i) * BK;
         for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
             let b = q.lane + c * LANES;
             let bb = min(b, BK - 1u);
-            acc += select(0.0, dot8b(W2[base + expert_step(bb, tb)], 2u * bb), b < BK);
+            acc += select(0.0, dot8b(W2[base + bb], 2u * bb), b < BK);
         }
     }
     part_a[t] = acc;
@@ -408,8 +394,7 @@ fn down_a(g: u32, t: u32, tok: u32) {
             let b = f % BK;
             let e = sid[j];
             let valid = e < P.experts && lane + c * LANES < TOPK * BK;
-            let ta = TILED_A == 1u;
-            let w = W[expert_row(select(0u, e, valid) * h * BK, r, BK, ta, false, 0u) + expert_step(b, ta)];
+            let w = W[(select(0u, e, valid) * h + r) * BK + b];
             acc += select(0.0, swt[j] * dot8(w, a0 + j * arow + 2u * b), valid);
         }
     }
@@ -443,8 +428,7 @@ fn down_b(g: u32, t: u32) {
             let b = f % BK2;
             let e = sid[j];
             let valid = e < P.experts2 && lane + c * LANES < TOPK2 * BK2;
-            let tb = TILED_B == 1u;
-            let w = W2[expert_row(select(0u, e, valid) * h * BK2, r, BK2, tb, false, 0u) + expert_step(b, tb)];
+            let w = W2[(select(0u, e, valid) * h + r) * BK2 + b];
             acc += select(0.0, swt[j] * dot8b(w, j * arow + 2u * b), valid);
         }
     }
@@ -455,8 +439,8 @@ fn down_b(g: u32, t: u32) {
     }
 }
 
-// Workgroup g: token g / per, its output rows (g % per) * ROWS .. + ROWS (per =
-// ceil(hidden / ROWS)). Prefill batches of m <= 16 take this too: each
+// Workgroup g: token g / per, its output rows (g % per) * rows .. + rows
+// (rows: ROWS, or TROWS on tile-ordered experts; per = ceil(hidden / rows)). Prefill batches of m <= 16 take this too: each
 // token reads its own k experts' rows, which on the H200 beats the route-list
 // kernel of kernels/moe.wgsl that reads each expert once for all its tokens
 // (moe_down M = 16: 1.03 ms there).

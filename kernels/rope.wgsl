@@ -79,8 +79,8 @@ struct QkvParams {
 override WQD: u32 = 0u;
 override WKD: u32 = 0u;
 
-// Item `id`'s token, head slot, kind (0: query, 1: key, 2: value), head
-// within its kind and first raw element.
+// Item `id`'s token, kind (0: query, 1: key, 2: value), head within its
+// kind and first raw element.
 struct QkvItem {
     t: u32,
     kind: u32,
