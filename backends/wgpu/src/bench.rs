@@ -108,15 +108,13 @@ impl Timing {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let polled = be.device.poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: Some(crate::GPU_WAIT),
-        });
+        let polled = be.wait_for(None);
         let mapped = polled.is_ok() && matches!(rx.recv(), Ok(Ok(())));
         let got: Vec<u64> = match mapped.then(|| slice.get_mapped_range()) {
             Some(Ok(view)) => bytemuck::pod_collect_to_vec(&view),
             _ => {
-                be.report_error("timestamp readback failed".into());
+                let why = polled.err().map_or(String::new(), |e| format!(": {e}"));
+                be.report_error(format!("timestamp readback failed{why}"));
                 vec![0; n]
             }
         };

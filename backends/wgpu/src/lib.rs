@@ -45,11 +45,11 @@ const PARAM_SLOTS: u64 = 4096;
 /// seconds on lavapipe) before it reports the device hung, rather than
 /// waiting for ever (the fourteenth session saw a test binary wait 300 s
 /// once on the H200, with nothing to say where).
-pub(crate) const GPU_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+const GPU_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A failed wait on the device, saying how long it waited where it timed
 /// out.
-pub(crate) fn poll_error(e: wgpu::PollError) -> Error {
+fn poll_error(e: wgpu::PollError) -> Error {
     match e {
         wgpu::PollError::Timeout => Error::Gpu(format!(
             "the device did not finish its work within {} s: it may be hung",
@@ -290,12 +290,7 @@ impl WgpuBackend {
     }
 
     fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(GPU_WAIT),
-            })
-            .map_err(poll_error)?;
+        self.wait_for(None)?;
         self.check_errors()
     }
 
@@ -328,6 +323,19 @@ impl WgpuBackend {
 }
 
 impl WgpuBackend {
+    /// Wait until the device has finished `submission` (None: all it was
+    /// given), for at most GPU_WAIT: every wait on the device goes through
+    /// here, so none is unbounded.
+    pub(crate) fn wait_for(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: Some(GPU_WAIT),
+            })
+            .map(|_| ())
+            .map_err(poll_error)
+    }
+
     /// The compiled pipeline the backend uses for a kernel entry point, for
     /// tools that time a kernel outside the backend (examples/kernel_lab).
     pub fn pipeline(

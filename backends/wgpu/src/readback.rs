@@ -129,12 +129,7 @@ impl WgpuBackend {
 
     /// Wait for a readback's submission, copy its bytes out, unmap.
     fn complete(&self, staging: &wgpu::Buffer, b: InFlight) -> Result<Vec<u8>> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(b.submission),
-                timeout: Some(crate::GPU_WAIT),
-            })
-            .map_err(crate::poll_error)?;
+        self.wait_for(Some(b.submission))?;
         b.mapped
             .recv()
             .map_err(|_| Error::Gpu("map callback never ran".into()))?
