@@ -718,7 +718,7 @@ fn route_list_down(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::{backend, backend_with, upload_u32};
+    use crate::tests::{backend, backend_with, upload_f32, upload_u32};
     use turbospark::ComputeBackend;
 
     /// Dispatches `f` records.
@@ -772,16 +772,8 @@ mod tests {
                     "down",
                 )
                 .unwrap();
-            let f32s = |v: &[f32]| {
-                be.upload(
-                    DType::F32,
-                    turbospark::HostBytes::Slice(bytemuck::cast_slice(v)),
-                    "f32",
-                )
-                .unwrap()
-            };
-            let (a, w) = (f32s(&act), f32s(&wts));
-            let out = f32s(&vec![f32::NAN; p.m * p.hidden]);
+            let (a, w) = (upload_f32(be, &act, "act"), upload_f32(be, &wts, "wts"));
+            let out = upload_f32(be, &vec![f32::NAN; p.m * p.hidden], "out");
             let idb = upload_u32(be, &ids, "ids");
             let (mut params, scratch) = route(be, &idb, &p, true).unwrap();
             route_list_down(be, (&a, &d, &idb, &w, &out), (&mut params, &scratch), &p).unwrap();
