@@ -89,7 +89,11 @@ pub(crate) fn qkv_post(
             (one(kc), false),
             (one(vc), false),
         ],
-        groups: be.grid(if warps { items.div_ceil(8) } else { items } as u32),
+        groups: be.grid(if warps {
+            items.div_ceil(QKV_WARPS)
+        } else {
+            items
+        } as u32),
     })
 }
 
@@ -98,7 +102,9 @@ pub(crate) fn qkv_post(
 /// GPU was full (41.8 us at 16384) over a 3.8 us floor, a warp per item 1.3
 /// ns an item over 5.8 us (runs 08 / 09: 512 and 16384 items): the lines
 /// cross near 2300 items. Between 512 and 16384 items neither was measured.
-pub(crate) const QKV_WARPS_MIN_ITEMS: usize = 2048;
+const QKV_WARPS_MIN_ITEMS: usize = 2048;
+/// Warps (items) per `qkv_post_warps` workgroup (kernels/rope.wgsl).
+const QKV_WARPS: usize = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -279,11 +285,12 @@ const PREFILL_SLOTS: usize = 32;
 
 /// Attention: where the tensor cores take the call (`attention_coop::takes`,
 /// from [`super::PREFILL_MIN_M`] rows) their prep and kernel; else from
-/// that many rows one `attn_prefill` dispatch; below, two dispatches: a split phase (per key split and kv head:
-/// partial softmax into scratch) and `attn_combine` (merge). The split phase
-/// is `attn_decode` for one query row whose kv head's query heads fit its
-/// registers (all of them together per workgroup), else `attn_split` (query
-/// tiles of up to MAX_TILE slots).
+/// that many rows one `attn_prefill` dispatch; below, two dispatches: a
+/// split phase (per key split and kv head: partial softmax into scratch)
+/// and `attn_combine` (merge). The split phase is `attn_decode` for one
+/// query row whose kv head's query heads fit its registers (all of them
+/// together per workgroup), else `attn_split` (query tiles of up to
+/// MAX_TILE slots).
 pub(crate) fn attention(
     be: &WgpuBackend,
     q: &WgpuBuffer,
@@ -300,10 +307,10 @@ pub(crate) fn attention(
             reason: format!("head_dim {} is not a multiple of 4", p.head_dim),
         });
     }
-    let kv = (q, kc, vc, pos);
     if super::attention_coop::takes(be, &p) {
         return super::attention_coop::attention(be, q, kc, vc, pos, out, p);
     }
+    let kv = (q, kc, vc, pos);
     if p.m >= super::PREFILL_MIN_M {
         // One dispatch: a workgroup per (block of query slots, kv head)
         // walks all of its keys, so there are no partials to combine.
@@ -322,7 +329,7 @@ pub(crate) fn attention(
             blocks * p.kv_heads,
         );
     }
-    let split = split_plan(be, &p, decode_takes(&p))?;
+    let split = split_plan(be, &p)?;
     split_phase(be, kv, out, &p, &split)
 }
 
@@ -358,8 +365,8 @@ fn read_qkv(
     })
 }
 
-/// The split phase over `split`'s plan (made by [`split_plan`] for
-/// `decode_takes(p)`), then `attn_combine` into `out`.
+/// The split phase over `split`'s plan (made by [`split_plan`] for `p`),
+/// then `attn_combine` into `out`.
 fn split_phase(
     be: &WgpuBackend,
     kv: (&WgpuBuffer, &WgpuBuffer, &WgpuBuffer, &WgpuBuffer),
@@ -369,7 +376,7 @@ fn split_phase(
 ) -> Result<()> {
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
-    let (entry, constants) = if decode_takes(p) {
+    let (entry, constants) = if split.decode {
         let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
         let dqn = if stage { group * d4 } else { 1 };
         (
@@ -394,17 +401,21 @@ fn split_phase(
     combine(be, split, out, p)
 }
 
-/// A split phase's plan: its parameters, the scratch for its partials and
-/// its workgroup count.
+/// A split phase's plan: its kernel (attn_decode where `decode`, else
+/// attn_split), its parameters, the scratch for its partials, its
+/// workgroup count, and whether that count is at its target (one more
+/// split would pass it: a long context).
 struct SplitPlan {
+    decode: bool,
     params: AttnParams,
     part: WgpuBuffer,
     groups: usize,
+    at_target: bool,
 }
 
-/// The key splits of a split phase (attn_decode where `decode`, else
-/// attn_split) and its scratch.
-fn split_plan(be: &WgpuBackend, p: &Attention, decode: bool) -> Result<SplitPlan> {
+/// The key splits of `p`'s split phase and its scratch.
+fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
+    let decode = decode_takes(p);
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let nslots = p.m * group;
@@ -442,9 +453,11 @@ fn split_plan(be: &WgpuBackend, p: &Attention, decode: bool) -> Result<SplitPlan
         "attention split-K scratch",
     )?;
     Ok(SplitPlan {
+        decode,
         params: AttnParams::new(p, nsplit, min_chunk, ntiles),
         part,
         groups: nsplit * p.kv_heads * ntiles,
+        at_target: (nsplit + 1) * p.kv_heads * ntiles > target,
     })
 }
 
@@ -512,10 +525,11 @@ pub(crate) fn qkv_attention(
         qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
         return attention(be, q, kc, vc, pos, out, p);
     }
-    let mut split = split_plan(be, &p, true)?;
-    // At its workgroup target (one more split would pass it: a long
-    // context), the two ops, over the plan made here.
-    if split.groups + p.kv_heads > DECODE_GROUPS {
+    // (qkv_attention_fits: the plan is attn_decode's)
+    let mut split = split_plan(be, &p)?;
+    // At its workgroup target (a long context), the two ops, over the plan
+    // made here.
+    if split.at_target {
         qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
         return split_phase(be, (q, kc, vc, pos), out, &p, &split);
     }
