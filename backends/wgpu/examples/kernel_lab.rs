@@ -2,14 +2,18 @@
 //! and the backend's MoE decode kernels side by side at Gemma 4 26B-A4B
 //! shapes, with and without wgpu's injected runtime checks, and a row norm
 //! before a GEMV as two dependent dispatches against one fused kernel
-//! (`normed`: the decode lead of fusing post_ffn into the q|k|v GEMV). Each figure is a
-//! chain of dependent dispatches in one compute pass (as in a decode step),
-//! timed by GPU timestamps around the pass, weights rotated over enough
-//! copies that they cannot sit in cache. Every variant is checked against an
-//! f64 host result before it is timed.
+//! (`normed`: fusing post_ffn into the q|k|v GEMV, measured and not kept,
+//! docs/decisions.md). Each figure is a chain of dependent dispatches in one
+//! compute pass (as in a decode step), timed by GPU timestamps around the
+//! pass, weights rotated over enough copies that they cannot sit in cache.
+//! The GEMV variants are checked against an f64 host result on a
+//! NaN-poisoned output before they are timed; `moe_tiled` checks the tiled
+//! bodies against the row-major ones, `w_pattern` that each layout reads
+//! every word once; `moe`'s and `dispatch`'s figures are timing only.
 //!
 //! `cargo run --release -p turbospark-wgpu --example kernel_lab [FILTER]`
-//! (FILTER: a substring of `case/variant/checked`), or one of two special
+//! (FILTER: a substring of `case/variant/checked`; `dispatch`, `w_pattern`
+//! and `moe_tiled` select those cases), or one of two special
 //! modes: `backend` (the backend's own LM head matmul against the lab's
 //! pipeline on its buffers) and `slots` (a 23 MB GEMV: the backend's chain
 //! against the lab's, one parameter binding or an arena slot per dispatch;
@@ -330,6 +334,22 @@ impl Lab {
             .write_buffer(b, 0, bytemuck::cast_slice(&vec![f32::NAN; n]));
     }
 
+    /// One run of `p` on `groups[0]` over `out` poisoned first, its first
+    /// `want.len()` f32 against `want`: the relative error (infinite where
+    /// the kernel left a NaN), then `time`'s chain over every group.
+    fn checked(
+        &self,
+        p: &wgpu::ComputePipeline,
+        groups: &[(wgpu::BindGroup, wgpu::BindGroup)],
+        wgs: u32,
+        (out, want): (&wgpu::Buffer, &[f64]),
+    ) -> (f64, f64) {
+        self.poison(out, want.len());
+        self.time(p, &groups[..1], wgs, 1);
+        let err = rel_err(&self.read_f32(out, want.len()), want);
+        (err, self.time(p, groups, wgs, CHAIN))
+    }
+
     fn read_f32(&self, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
         let st = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
@@ -458,7 +478,6 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
         gb * 1e3
     );
     let src = format!("{}\n{LAB}", gemv_source(lab));
-    let variants = GEMV_VARIANTS;
     for checked in [true, false] {
         // The backend's own kernels/gemv.wgsl with the backend's constants
         // for this shape (lanes, and the compiled-in trip count of short
@@ -476,24 +495,16 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
                 .map(|w| lab.bind(&p, &rp, &[w, &xb, &out]))
                 .collect();
             let wgs = rows.div_ceil(256 / lanes as usize) as u32;
-            lab.time(&p, &groups[..1], wgs, 1);
-            let err = rel_err(&lab.read_f32(&out, rows), &want);
-            let us = lab.time(&p, &groups, wgs, CHAIN);
+            let (err, us) = lab.checked(&p, &groups, wgs, (&out, &want));
             println!(
                 "  real gemv {tag:9} chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
                 gb / us * 1e6
             );
         }
         let module = lab.module(&src, checked);
-        for &(entry, rpw, needs_sg) in variants {
-            let label = format!(
-                "{name}/{entry}/{}",
-                if checked { "checked" } else { "unchecked" }
-            );
+        for &(entry, rpw, needs_sg) in GEMV_VARIANTS {
+            let label = format!("{name}/{entry}/{tag}");
             if !label.contains(filter) || (needs_sg && !lab.lanes32) {
-                continue;
-            }
-            if entry.starts_with("xs") && k > 8192 {
                 continue;
             }
             let p = lab.pipeline(&module, entry, &[("WDTYPE", 2.0), ("BK", blocks as f64)], 3);
@@ -505,18 +516,15 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
             if wgs > 65535 {
                 continue;
             }
-            let err = if entry == "empty" {
-                0.0
-            } else {
-                lab.time(&p, &groups[..1], wgs, 1);
-                rel_err(&lab.read_f32(&out, rows), &want)
-            };
             let t0 = Instant::now();
-            let us = lab.time(&p, &groups, wgs, CHAIN);
+            let (err, us) = if entry == "empty" {
+                (0.0, lab.time(&p, &groups, wgs, CHAIN))
+            } else {
+                lab.checked(&p, &groups, wgs, (&out, &want))
+            };
             let solo = lab.time(&p, &groups, wgs, 1);
             println!(
-                "  {entry:8} {:9}  chain {us:8.2} us  {:7.0} GB/s  solo pass {solo:8.2} us  err {err:.1e}  ({:.1}s)",
-                if checked { "checked" } else { "unchecked" },
+                "  {entry:8} {tag:9}  chain {us:8.2} us  {:7.0} GB/s  solo pass {solo:8.2} us  err {err:.1e}  ({:.1}s)",
                 gb / us * 1e6,
                 t0.elapsed().as_secs_f64()
             );
@@ -531,7 +539,7 @@ fn gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
 /// (tile-contiguous). Both layouts are checked to read every word of every
 /// row block once (the XOR of a block's words).
 fn pattern_case(lab: &Lab, (experts, rows, k): (usize, usize, usize), filter: &str) {
-    if !"w_pattern".contains(filter) && !filter.starts_with("w_pattern") {
+    if !"w_pattern".contains(filter) {
         return;
     }
     let kq = k / 8;
@@ -688,18 +696,25 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
         let norm = lab.pipeline(&module, "lab_norm", &consts, 3);
         let norm_groups = [lab.bind(&norm, &params, &[&ws[0], &xb, &yb])];
         let gm = lab.module(&gemv_source(lab), checked);
-        let gemv = lab.pipeline(&gm, "gemv", &[("WDTYPE", 2.0), ("RL", lanes as f64)], 3);
+        // (the backend's gemv with the constants the backend gives the shape)
+        let [rl, gbk] = turbospark_wgpu::gemv_constants(rows, k);
+        let gemv_consts = [("WDTYPE", 2.0), (rl.0, rl.1 as f64), (gbk.0, gbk.1 as f64)];
+        let gemv = lab.pipeline(&gm, "gemv", &gemv_consts, 3);
+        let gemv_wgs = rows.div_ceil(256 / rl.1 as usize) as u32;
         let gemv_groups: Vec<_> = ws
             .iter()
             .map(|w| lab.bind(&gemv, &params, &[w, &yb, &out]))
             .collect();
-        let two = [(&norm, &norm_groups[..], 1), (&gemv, &gemv_groups[..], wgs)];
+        let two = [
+            (&norm, &norm_groups[..], 1),
+            (&gemv, &gemv_groups[..], gemv_wgs),
+        ];
         lab.poison(&out, rows);
         lab.time_stages(&two, 1);
         let err_two = rel_err(&lab.read_f32(&out, rows), &want);
         let us_two = lab.time_stages(&two, CHAIN);
         // The gemv's share of that chain: its own chain.
-        let us_gemv = lab.time(&gemv, &gemv_groups, wgs, CHAIN);
+        let us_gemv = lab.time(&gemv, &gemv_groups, gemv_wgs, CHAIN);
         // One dispatch (a bind group a weight copy, x and its norm weight
         // read from xb).
         let bind_copies = |p: &wgpu::ComputePipeline| -> Vec<_> {
@@ -707,13 +722,8 @@ fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) 
                 .map(|w| lab.bind(p, &params, &[w, &xb, &out]))
                 .collect()
         };
-        // One checked run on a poisoned output, then the timed chain:
-        // (error, us).
         let run = |p: &wgpu::ComputePipeline, groups: &[_], grid: u32| {
-            lab.poison(&out, rows);
-            lab.time(p, &groups[..1], grid, 1);
-            let err = rel_err(&lab.read_f32(&out, rows), &want);
-            (err, lab.time(p, groups, grid, CHAIN))
+            lab.checked(p, groups, grid, (&out, &want))
         };
         let fused = lab.pipeline(&module, "gemv_normed", &consts, 3);
         let (err_one, us_one) = run(&fused, &bind_copies(&fused), wgs);
@@ -931,7 +941,8 @@ fn moe_case(lab: &Lab, filter: &str) {
 }
 
 /// `words` (vec4 units of 8 bf16) of `experts` matrices of `rows` x `k`,
-/// row-major, in kernel_lab_moe.wgsl's tile order: blocks of 64 tile rows
+/// row-major, in the backend's tile order (kernels/common.wgsl's
+/// expert_row, backends/wgpu/src/expert_tiles.rs): blocks of 64 tile rows
 /// (gate_up: 16 gate rows then the 16 up rows of the same features, twice,
 /// as gemm_coop's weight_row orders them), chunks of 16 of k, a chunk its
 /// 64 rows' 32 bytes one after another.
