@@ -44,15 +44,24 @@ work=$(mktemp -d)
 mkdir -p "$OUT" "$work/ab"
 . "$(dirname "$0")/h200-env.sh"
 
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
-    --format=csv -lms 200 >"$work/ab/clocks.csv" 2>/dev/null &
+clock_log "$work/ab/clocks.csv"
 smi=$!
 
+# The device tool stops a command at 10 minutes and then returns only what
+# is in $OUT: the archive is rewritten after every run, and no run starts
+# past AB_DEADLINE seconds (each also ends at AB_TIMEOUT).
 summary="$work/ab/summary.txt"
+deadline=$((SECONDS + ${AB_DEADLINE:-540}))
 for r in $(seq 1 "$rounds"); do
     for b in "${bins[@]}"; do
         tag="r$r-$b"
-        timeout "${AB_TIMEOUT:-300}" ".bin/$b" bench --backend wgpu --json "$work/ab/$tag.json" "$@" \
+        left=$((deadline - SECONDS))
+        if [ $left -le 10 ]; then
+            echo "== round $r $b: not run, past AB_DEADLINE" >>"$summary"
+            continue
+        fi
+        [ $left -gt "${AB_TIMEOUT:-300}" ] && left=${AB_TIMEOUT:-300}
+        timeout "$left" ".bin/$b" bench --backend wgpu --json "$work/ab/$tag.json" "$@" \
             >"$work/ab/$tag.log" 2>&1
         rc=$?
         {
@@ -60,8 +69,11 @@ for r in $(seq 1 "$rounds"); do
             grep -E "^[a-z].* wgpu +[0-9.]+ [mun]?s|^end to end|decode step profile" "$work/ab/$tag.log" |
                 cut -c1-160
         } >>"$summary"
+        cp "$summary" "$OUT/ab-summary-partial.txt"
+        tar czf "$OUT/ab.tgz" -C "$work" ab
     done
 done
 kill "$smi" 2>/dev/null
 tar czf "$OUT/ab.tgz" -C "$work" ab
+rm -f "$OUT/ab-summary-partial.txt"
 cat "$summary"

@@ -41,10 +41,8 @@ fi
     uname -a
 } >"$OUT/gpu.txt" 2>&1
 
-# SM / memory clocks, utilisation and power every 200 ms while the bench
-# runs (clocks.csv): idle GPUs sit at low clocks, which short cases feel.
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw \
-    --format=csv -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
+# Clocks while the bench runs (clocks.csv).
+clock_log "$OUT/clocks.csv"
 smi=$!
 
 # (With --synthetic gemma-4-26b-a4b it took 220 s in the twelfth

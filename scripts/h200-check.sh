@@ -29,10 +29,16 @@ export TURBOSPARK_TENSOR_CORES=1
 
 status=0
 ran=0
+# The device tool stops a command at 10 minutes: each binary gets at most
+# CHECK_TIMEOUT seconds and what is left of CHECK_DEADLINE, so a hang is
+# logged (below) before the tool would kill the script.
+deadline=$((SECONDS + ${CHECK_DEADLINE:-540}))
 for name in parityx decoderx oraclex; do
     bin=.bin/$name
     [ -x "$bin" ] || continue
     ran=$((ran + 1))
+    limit=$((deadline - SECONDS))
+    [ $limit -gt "${CHECK_TIMEOUT:-300}" ] && limit=${CHECK_TIMEOUT:-300}
     args=()
     if [ "$name" = parityx ]; then
         args=(${1:+"$1"} --full)
@@ -43,7 +49,7 @@ for name in parityx decoderx oraclex; do
     "$bin" "${args[@]}" >"$OUT/check-$name.log" 2>&1 &
     pid=$!
     waited=0
-    while kill -0 $pid 2>/dev/null && [ $waited -lt "${CHECK_TIMEOUT:-300}" ]; do
+    while kill -0 $pid 2>/dev/null && [ $waited -lt $limit ]; do
         sleep 1
         waited=$((waited + 1))
     done

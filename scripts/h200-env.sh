@@ -11,3 +11,11 @@ export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/n
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 # Vulkan only: the adapter is the H200 through NVIDIA's ICD, not a GL one.
 export WGPU_BACKEND=${WGPU_BACKEND:-vulkan}
+
+# SM / memory clocks, utilisation, power and temperature every 200 ms into
+# $1, in the background (idle GPUs sit at low clocks, which short cases
+# feel); the caller kills $! when done.
+clock_log() {
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
+        --format=csv -lms 200 >"$1" 2>/dev/null &
+}
