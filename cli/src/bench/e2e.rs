@@ -424,16 +424,11 @@ fn measure<B: ComputeBackend + Counters>(
         "decode_share_of_bound": bound_tok_s.map(|b| g.decode_tok_s / b),
         // Averages over every forward pass of the timed run (prefill chunks
         // included, which dispatch more and submit a layer at a time); a
-        // decode step alone is in decode_step_counts (counted) and
-        // decode_dispatches_per_step (from the profile).
+        // decode step alone is in decode_step_counts (counted over its own
+        // run; the profile's per-kernel counts sum to the same).
         "dispatches_per_forward": per_token.map(|p| p.0),
         "submits_per_forward": per_token.map(|p| p.1),
         "decode_step_counts": counted,
-        "decode_dispatches_per_step": profile.as_array().map(|p| {
-            p.iter()
-                .filter_map(|e| e["dispatches_per_step"].as_f64())
-                .sum::<f64>()
-        }),
         "decode_step_profile": profile,
         // What each decode kernel costs the step, launches included
         // (`ablation`).

@@ -118,6 +118,12 @@ pub fn machine() -> Value {
     })
 }
 
+/// Whether `case` runs at a prefill batch's size, where the GPU's GEMMs are
+/// bound by arithmetic (FLOPS shown) rather than by bandwidth.
+fn prefill_sized(case: &Case) -> bool {
+    case.m >= turbospark_wgpu::PREFILL_MIN_M
+}
+
 fn stats_json(s: &Stats) -> Value {
     json!({
         "median_s": s.median, "p10_s": s.p10, "p90_s": s.p90,
@@ -130,6 +136,11 @@ impl Report<'_> {
         r.ceiling.as_ref().ok().map(|c| c.gbps())
     }
 
+    /// `g` GB/s as a percentage of `r`'s ceiling.
+    fn pct_of_ceiling(&self, r: &Run, g: f64) -> Option<f64> {
+        r.ceiling.as_ref().ok().map(|c| c.pct(g))
+    }
+
     /// The bare stream a bandwidth-bound `case` (below the prefill size:
     /// prefill batches are bound by arithmetic) is read against, on `r`.
     fn stream_at<'r>(
@@ -138,7 +149,7 @@ impl Report<'_> {
         case: &Case,
         bytes: u64,
     ) -> Option<&'r super::measure::SizedStream> {
-        if case.m >= turbospark_wgpu::PREFILL_MIN_M {
+        if prefill_sized(case) {
             return None;
         }
         r.ceiling.as_ref().ok().and_then(|c| c.stream_at(bytes))
@@ -232,8 +243,8 @@ impl Report<'_> {
                             ));
                         }
                         let pct = self
-                            .ceiling_gbps(r)
-                            .map(|c| format!("{:.1}%", 100.0 * g / c))
+                            .pct_of_ceiling(r, g)
+                            .map(|p| format!("{p:.1}%"))
                             .unwrap_or_else(|| "-".into());
                         if *sets > 1 {
                             notes.push(format!("{sets} input sets"));
@@ -250,8 +261,7 @@ impl Report<'_> {
                             ));
                         }
                         // (prefill batches are bound by arithmetic)
-                        let prefill = case.m >= turbospark_wgpu::PREFILL_MIN_M;
-                        if let (Some(fl), true) = (flops(&case.op), prefill) {
+                        if let (Some(fl), true) = (flops(&case.op), prefill_sized(case)) {
                             notes.push(fmt_flops(fl as f64 / stats.median));
                         }
                         format!(
@@ -376,7 +386,7 @@ impl Report<'_> {
                                 "gbps": g,
                                 "gbps_p10_time": gbps(bytes, stats.p10),
                                 "gbps_p90_time": gbps(bytes, stats.p90),
-                                "pct_of_ceiling": self.ceiling_gbps(r).map(|c| 100.0 * g / c),
+                                "pct_of_ceiling": self.pct_of_ceiling(r, g),
                                 // against the faster streaming kernel at the
                                 // next measured size up (`Ceiling::stream_at`;
                                 // bandwidth-bound cases only)
@@ -518,7 +528,7 @@ impl Report<'_> {
                 match o {
                     Outcome::Measured { stats, .. } => {
                         let g = gbps(self.bytes[ci], stats.median);
-                        let pct = ceiling.map(|c| 100.0 * g / c);
+                        let pct = self.pct_of_ceiling(r, g);
                         let colour = match pct {
                             Some(p) if p >= 85.0 => "#2e8b57",
                             Some(p) if p >= 50.0 => "#e69500",
