@@ -73,11 +73,6 @@ pub(crate) fn option_or_env(opt: &Option<String>, var: &str) -> Option<String> {
     opt.clone().or_else(|| std::env::var(var).ok())
 }
 
-/// `WgpuOptions::tensor_cores`, else `TURBOSPARK_TENSOR_CORES`.
-fn tensor_cores_wanted(opts: &WgpuOptions) -> Result<Option<bool>> {
-    switch_or_env(opts.tensor_cores, "TURBOSPARK_TENSOR_CORES")
-}
-
 /// The adapter's cooperative-matrix configurations, `"MxNxK ab->c"`.
 fn coop_configs(adapter: &wgpu::Adapter, afeat: wgpu::Features) -> Vec<String> {
     if !afeat.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
@@ -209,7 +204,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         wanted_features.remove(wgpu::Features::SUBGROUP);
     }
     let coop = coop_configs(adapter, afeat);
-    let tensor_cores = tensor_cores_wanted(opts)?;
+    let tensor_cores = switch_or_env(opts.tensor_cores, "TURBOSPARK_TENSOR_CORES")?;
     // The kernel takes each 32 consecutive invocations for one subgroup
     // (a warp's fragments): only where subgroups are exactly 32 wide.
     let coop_gemm = tensor_cores != Some(false)

@@ -7,7 +7,13 @@ use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use turbospark_wgpu::kernels::{families, source, KERNELS, OPTIONAL};
 
-fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
+/// Family `name` (its subgroup build or not) parsed, validated and with its
+/// overrides resolved at their defaults, WDTYPE at `wdtype` where it has one.
+fn resolved(
+    name: &str,
+    wdtype: f64,
+    subgroups: bool,
+) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
     let src = source(name, subgroups).ok_or("missing")?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     // Subgroup operations are optional: only the subgroup build of a family
@@ -20,8 +26,7 @@ fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
     };
     // The optional families (f16 and cooperative matrices: wgpu offers the
     // latter on Vulkan and Metal only) translate to SPIR-V and MSL.
-    let optional = OPTIONAL.contains(&name);
-    if optional {
+    if OPTIONAL.contains(&name) {
         caps |= Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
     }
     let info = Validator::new(ValidationFlags::all(), caps)
@@ -35,9 +40,14 @@ fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
     {
         constants.insert("WDTYPE".to_string(), wdtype);
     }
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-            .map_err(|e| format!("overrides: {e}"))?;
+    naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+        .map(|(m, i)| (m.into_owned(), i.into_owned()))
+        .map_err(|e| format!("overrides: {e}"))
+}
+
+fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
+    let (module, info) = resolved(name, wdtype, subgroups)?;
+    let optional = OPTIONAL.contains(&name);
 
     let msl_opts = msl::Options {
         lang_version: (2, 4),
@@ -162,18 +172,7 @@ fn cooperative_families_keep_workgroup_variables_16_byte_sized() {
         if !src.contains("coop_mat") {
             continue;
         }
-        let module = naga::front::wgsl::parse_str(&src).expect("parses (tested above)");
-        let caps = Capabilities::default()
-            | Capabilities::SUBGROUP
-            | Capabilities::SHADER_FLOAT16
-            | Capabilities::COOPERATIVE_MATRIX;
-        let info = Validator::new(ValidationFlags::all(), caps)
-            .validate(&module)
-            .expect("validates (tested above)");
-        let constants = naga::back::PipelineConstants::default();
-        let (module, _) =
-            naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-                .expect("overrides resolve at their defaults");
+        let (module, _) = resolved(name, 0.0, true).expect("validates (tested above)");
         for (_, var) in module.global_variables.iter() {
             if var.space != naga::AddressSpace::WorkGroup {
                 continue;
