@@ -590,7 +590,8 @@ pub(crate) fn moe_down_pair(
         moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
         return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
     }
-    let groups_a = a.p.hidden.div_ceil(decode_rows(1)) as u32;
+    // (tiled or not, a's rows a workgroup are b's: TILED_DOWN_ROWS' assert)
+    let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
     let params = pair_params(&a.p, &b.p, (0, 0), groups_a);
     be.launch(Launch {
         kernel: "moe_decode",
@@ -659,7 +660,7 @@ pub(crate) fn moe_down(
             groups: be.grid((p.m * p.hidden.div_ceil(down_rows(p.m, d))) as u32),
         });
     }
-    let (mut params, scratch) = route(be, ids, &p, true)?;
+    let (params, scratch) = route(be, ids, &p, true)?;
     // The GEMM keeps a row per (token, expert) pair in one binding.
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
@@ -676,7 +677,7 @@ pub(crate) fn moe_down(
             coop,
         );
     }
-    route_list_down(be, (act, d, ids, w, out), (&mut params, &scratch), &p)
+    route_list_down(be, (act, d, ids, w, out), (params, &scratch), &p)
 }
 
 /// Phase 2 through the route-list kernel (kernels/moe.wgsl's moe_down):
@@ -692,7 +693,7 @@ fn route_list_down(
         &WgpuBuffer,
         &WgpuBuffer,
     ),
-    (params, scratch): (&mut MoeParams, &WgpuBuffer),
+    (mut params, scratch): (MoeParams, &WgpuBuffer),
     p: &Moe,
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
@@ -702,7 +703,7 @@ fn route_list_down(
         kernel: "moe",
         entry: "moe_down",
         constants: &[super::wdtype(d.dtype)[0], ("TILED", d.tiled() as i64)],
-        params: bytemuck::bytes_of(params),
+        params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(ids), true),
             (one(scratch), false),
@@ -775,8 +776,8 @@ mod tests {
             let (a, w) = (upload_f32(be, &act, "act"), upload_f32(be, &wts, "wts"));
             let out = upload_f32(be, &vec![f32::NAN; p.m * p.hidden], "out");
             let idb = upload_u32(be, &ids, "ids");
-            let (mut params, scratch) = route(be, &idb, &p, true).unwrap();
-            route_list_down(be, (&a, &d, &idb, &w, &out), (&mut params, &scratch), &p).unwrap();
+            let (params, scratch) = route(be, &idb, &p, true).unwrap();
+            route_list_down(be, (&a, &d, &idb, &w, &out), (params, &scratch), &p).unwrap();
             (d.tiled(), be.download_f32(&out).unwrap())
         };
         let (was_tiled, want) = run(&row_major);
