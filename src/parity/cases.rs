@@ -238,27 +238,18 @@ fn kv_append() -> Vec<Op> {
 }
 
 fn attention(full: bool) -> Vec<Op> {
-    // (rows `stride` positions apart; V rows past f16's range)
-    let at = |m, heads, kv_heads, head_dim, capacity, window, pos0, stride, large_values| {
-        Op::Attention {
-            large_values,
-            stride,
-            p: Attention {
-                m,
-                heads,
-                kv_heads,
-                head_dim,
-                capacity,
-                window,
-                scale: 1.0,
-            },
-            pos0,
-        }
+    let shape = |m, heads, kv_heads, head_dim, capacity, window| Attention {
+        m,
+        heads,
+        kv_heads,
+        head_dim,
+        capacity,
+        window,
+        scale: 1.0,
     };
+    // (the decoder's layout: consecutive positions from pos0)
     let c = |m, heads, kv_heads, head_dim, capacity, window, pos0| {
-        at(
-            m, heads, kv_heads, head_dim, capacity, window, pos0, 1, false,
-        )
+        Op::attention(shape(m, heads, kv_heads, head_dim, capacity, window), pos0)
     };
     let mut v = vec![
         c(1, 16, 8, 256, 1039, 1024, 3000), // sliding decode over a wrapped ring
@@ -305,14 +296,24 @@ fn attention(full: bool) -> Vec<Op> {
     // Value rows past f16's range: the tensor-core prefill scales them down
     // and their probabilities up (the other kernels are f32 throughout).
     for (m, pos0) in [(24, 30), (1, 60)] {
-        v.push(at(m, 4, 2, 256, 64, 0, pos0, 1, true));
+        v.push(Op::Attention {
+            p: shape(m, 4, 2, 256, 64, 0),
+            pos0,
+            stride: 1,
+            large_values: true,
+        });
     }
     // Rows far apart (positions 40 apart, a 32-key window over a 64-slot
     // cache): their keys span more than the cache and share its slots, as
     // the cache's own keys do; the tensor-core prefill's scratch is indexed
     // by slot.
     for (heads, kv_heads, head_dim) in [(4, 2, 256), (8, 2, 128)] {
-        v.push(at(20, heads, kv_heads, head_dim, 64, 32, 70, 40, false));
+        v.push(Op::Attention {
+            p: shape(20, heads, kv_heads, head_dim, 64, 32),
+            pos0: 70,
+            stride: 40,
+            large_values: false,
+        });
     }
     // A cache under 16 slots: a 16-key step wraps the ring more than once
     // (the tensor-core scratch's mirror rows repeat it).
