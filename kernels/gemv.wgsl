@@ -109,7 +109,7 @@ override MT: u32 = 1u;
 override RPL: u32 = 4u;
 override GL: u32 = 32u;
 const MAXT: u32 = 16u;
-var<workgroup> pt: array<f32, 4096>; // [MAXT][256]
+var<workgroup> pt: array<f32, MAXT * 256u>; // [MAXT][256]
 
 // Eight weights of a block, as two vec4.
 struct Block {

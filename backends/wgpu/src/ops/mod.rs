@@ -152,9 +152,9 @@ pub(crate) fn wdtype(d: DType) -> [(&'static str, i64); 1] {
 
 #[cfg(test)]
 mod tests {
-    /// `gemv_rows` keeps up to `MAXT` rows of x per weight row in registers
-    /// (a WGSL constant: it sizes function arrays); the launchers hand it
-    /// at most [`super::STREAM_MAX_M`] rows.
+    /// `gemv_rows` takes up to `MAXT` rows of x (a WGSL constant: it sizes
+    /// the workgroup array of row sums, and the kernel's named sums cover
+    /// 16 rows); the launchers hand it at most [`super::STREAM_MAX_M`].
     #[test]
     fn stream_max_m_is_gemv_rows_maxt() {
         let src = crate::kernels::source("gemv", false).expect("gemv");

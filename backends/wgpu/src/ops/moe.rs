@@ -722,6 +722,18 @@ mod tests {
     use crate::tests::{backend, backend_with, upload_f32, upload_u32};
     use turbospark::ComputeBackend;
 
+    /// The tiled down bodies' rows a workgroup are a WGSL constant (TROWS:
+    /// it sizes their loops), the launcher's grid TILED_DOWN_ROWS.
+    #[test]
+    fn tiled_down_rows_are_the_kernels() {
+        let src = crate::kernels::source("moe_decode", false).expect("moe_decode");
+        let want = format!("const TROWS: u32 = {TILED_DOWN_ROWS}u;");
+        assert!(
+            src.contains(&want),
+            "kernels/moe_decode.wgsl lacks `{want}`"
+        );
+    }
+
     /// Dispatches `f` records.
     fn dispatches(be: &WgpuBackend, f: impl FnOnce()) -> u64 {
         let before = be.counters().0;
