@@ -353,6 +353,11 @@ fn slices_to_part(a: vec4<f32>, lid: u32, width: u32, nslices: u32, d4: u32, row
 // Query heads per kv head and head_dim / 4, compiled in per layer type.
 override GD: u32 = 1u;
 override D4: u32 = 64u;
+// Whether a split's next chunk of keys is loaded during the current one
+// (the launcher sets it where splits take several chunks: on the H200 the
+// sliding layers' single-chunk splits were 20% slower with the loads laid
+// out so, 14.5 -> 17.4 us at 1K keys, sixteenth session runs 02-03).
+override PIPE: bool = false;
 // Keys per chunk and dim parts per key (KD * DP = 256 threads).
 const KD: u32 = 32u;
 const DP: u32 = 8u;
@@ -452,20 +457,28 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         workgroupBarrier();
     }
 
-    for (var j0 = c_lo; j0 < c_hi; j0 += KD) {
-        // Every load of the chunk is issued before its first use: the K
-        // columns of this thread's key (past the chunk: its last key,
-        // masked below), then this slice's V rows, so the chunk waits on
-        // memory about once (the V rows arrive while the scores are
-        // reduced) rather than once per load.
-        let krow = (kbase + min(j0 + kk, c_hi - 1u) % P.capacity) * D4;
-        // Heads 0-3 and 4-7's partial scores (as the accumulators: named).
-        var pa = vec4<f32>(0.0);
-        var pb = vec4<f32>(0.0);
-        var kv: array<vec4<f32>, DB>;
+    // The K columns of this thread's key (past the chunk: its last key,
+    // masked below). With PIPE, those of the first chunk here, and each
+    // chunk then loads the next chunk's as soon as its own scores are taken
+    // (below), so that they arrive during its softmax and values rather
+    // than after its last barrier; without, each chunk its own first.
+    var kv: array<vec4<f32>, DB>;
+    if (PIPE && c_lo < c_hi) {
+        let krow = (kbase + min(c_lo + kk, c_hi - 1u) % P.capacity) * D4;
         for (var t = 0u; t < NT; t++) {
             kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
         }
+    }
+    for (var j0 = c_lo; j0 < c_hi; j0 += KD) {
+        if (!PIPE) {
+            let krow = (kbase + min(j0 + kk, c_hi - 1u) % P.capacity) * D4;
+            for (var t = 0u; t < NT; t++) {
+                kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
+            }
+        }
+        // Heads 0-3 and 4-7's partial scores (as the accumulators: named).
+        var pa = vec4<f32>(0.0);
+        var pb = vec4<f32>(0.0);
         for (var t = 0u; t < NT; t++) {
             let i = dpart + DP * t;
             if (i < D4) {
@@ -476,11 +489,23 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
                 }
             }
         }
+        // This slice's V rows, issued once the scores are taken: they
+        // arrive while the scores are reduced.
         var vv: array<vec4<f32>, DB>;
         for (var r = 0u; r < vrows; r++) {
             // (past the chunk: its last key's row, finite, unused)
             let key = min(j0 + vs * vrows + r, c_hi - 1u);
             vv[r] = VC[(kbase + key % P.capacity) * D4 + c];
+        }
+        // The scores are in pa / pb: kv's registers take the next chunk's
+        // keys (a uniform test: the span is the workgroup's). (The loads
+        // are written out three times rather than in a function taking kv
+        // by pointer: the array must stay in registers.)
+        if (PIPE && j0 + KD < c_hi) {
+            let krow = (kbase + min(j0 + KD + kk, c_hi - 1u) % P.capacity) * D4;
+            for (var t = 0u; t < NT; t++) {
+                kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
+            }
         }
         for (var q = 0u; q < min(GD, 4u); q++) {
             dred[(dpart * GD + q) * KD + kk] = pa[q];

@@ -292,6 +292,13 @@ fn attention(full: bool) -> Vec<Op> {
         // past the group (it names 8) stay unused.
         c(1, 9, 3, 64, 90, 0, 80),
         c(1, 10, 2, 64, 60, 0, 40),
+        // Several chunks a split (attn_decode loads a chunk's keys during
+        // the chunk before): enough kv heads that the split count hits its
+        // cap. One head a group over 3 chunks (the last split's one partial);
+        // 8 heads a group over 2; a wrapped window over 2.
+        c(1, 64, 64, 32, 700, 0, 699),
+        c(1, 32, 4, 128, 4200, 0, 4199),
+        c(1, 32, 16, 64, 2100, 2048, 5000),
     ];
     // Value rows past f16's range: the tensor-core prefill scales them down
     // and their probabilities up (the other kernels are f32 throughout).
@@ -486,6 +493,10 @@ fn qkv_post_attention() -> Vec<Op> {
         // a context long enough that wgpu's split phase reaches its most
         // workgroups (2 kv heads, 8192 slots), where it takes the two ops
         c(1, 4, 2, 64, 16, 8192, false, 0, 8190, BF16),
+        // two chunks a split in the one launch (one kv head: the split
+        // count stops at its 256 cap, short of the workgroup target), the
+        // new key in a split's second chunk, loaded during the first
+        c(1, 8, 1, 64, 16, 8300, false, 0, 8299, BF16),
         // a prefill batch (the decoder's call at 17 rows and more: on
         // tensor cores the cooperative attention after qkv_post)
         c(20, 4, 2, 256, 128, 64, false, 32, 10, BF16),

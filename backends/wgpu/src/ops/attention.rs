@@ -249,6 +249,21 @@ const DECODE_KEYS: usize = 32;
 /// Decode workgroups to aim for: a few per compute unit of a large GPU,
 /// without making the partials a noticeable share of the K/V read.
 const DECODE_GROUPS: usize = 512;
+/// The same for wide groups (at least [`DECODE_STAGE_QUERY`] query vec4 a
+/// kv head: 8 heads of 512), about one per compute unit of a large GPU. A
+/// split of theirs carries 16 KB of queries and writes 16.5 KB of partials
+/// that attn_combine reads again, next to 128 KB of K/V a chunk of keys, so
+/// fewer splits of several chunks each win (H200, 8 heads of 512 at 8K
+/// keys: 45.6 us at 512 workgroups, 35.8 at 128, 53.3 at 64; at 32K 111.4,
+/// 96.1, 171.2; sixteenth session run 03), where the narrow groups lost
+/// (2 heads of 256 at 1K keys: 14.5 us at 256 workgroups, 15.9 at 128).
+const DECODE_GROUPS_WIDE: usize = 128;
+/// Most split workgroups `attn_decode_qkv` runs in one launch: each builds
+/// its group's queries itself, which at 512 of them (full layers at 8K
+/// keys) cost more than the qkv_post dispatch it saves, and at 256
+/// (sliding layers at 1K) less (thirteenth session run 09, at
+/// [`qkv_attention`]).
+const FUSED_MAX_GROUPS: usize = 256;
 /// Most query heads per kv head `attn_decode` keeps in registers (its
 /// per-head arrays; with head_dim <= 512 (`ops::MAX_HEAD_DIM`) its staged
 /// queries, group * head_dim / 4 vec4, fit its 1024).
@@ -261,6 +276,16 @@ const DECODE_STAGE_QUERY: usize = 512;
 /// `attn_decode`'s workgroup memory without the staged queries: dred
 /// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), sacc (256 vec4).
 const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
+
+/// Decode workgroups to aim for with `group` query heads of `d4` vec4 a kv
+/// head.
+fn decode_target(group: usize, d4: usize) -> usize {
+    if group * d4 >= DECODE_STAGE_QUERY {
+        DECODE_GROUPS_WIDE
+    } else {
+        DECODE_GROUPS
+    }
+}
 
 /// Whether `attn_decode` stages a group's queries in workgroup memory (its
 /// `DQN`, else 1): for large groups (8 heads of 512), and only where the staged
@@ -381,7 +406,12 @@ fn split_phase(
         let dqn = if stage { group * d4 } else { 1 };
         (
             "attn_decode",
-            &[("GD", group as i64), ("D4", d4 as i64), ("DQN", dqn as i64)][..],
+            &[
+                ("GD", group as i64),
+                ("D4", d4 as i64),
+                ("DQN", dqn as i64),
+                ("PIPE", split.pipe as i64),
+            ][..],
         )
     } else {
         let qt = (p.m * group).min(MAX_TILE);
@@ -402,15 +432,15 @@ fn split_phase(
 }
 
 /// A split phase's plan: its kernel (attn_decode where `decode`, else
-/// attn_split), its parameters, the scratch for its partials, its
-/// workgroup count, and whether that count is at its target (one more
-/// split would pass it: a long context).
+/// attn_split), its parameters, the scratch for its partials and its
+/// workgroup count.
 struct SplitPlan {
     decode: bool,
     params: AttnParams,
     part: WgpuBuffer,
     groups: usize,
-    at_target: bool,
+    /// attn_decode's `PIPE`: a split may take more than one chunk of keys.
+    pipe: bool,
 }
 
 /// The key splits of `p`'s split phase and its scratch.
@@ -423,7 +453,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     // 16 per query of its tile, so its partials stay small next to the K/V
     // it reads) and the workgroups to aim for.
     let (qt, min_chunk, target) = if decode {
-        (group, DECODE_KEYS, DECODE_GROUPS)
+        (group, DECODE_KEYS, decode_target(group, d4))
     } else {
         let qt = nslots.min(MAX_TILE);
         (qt, (16 * qt).max(KEYS_PER_STEP), TARGET_GROUPS)
@@ -457,7 +487,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         params: AttnParams::new(p, nsplit, min_chunk, ntiles),
         part,
         groups: nsplit * p.kv_heads * ntiles,
-        at_target: (nsplit + 1) * p.kv_heads * ntiles > target,
+        pipe: decode && keys.div_ceil(nsplit) > DECODE_KEYS,
     })
 }
 
@@ -502,14 +532,16 @@ fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
 /// [`qkv_post`] then [`attention`] on its output. One decode row that
 /// [`qkv_attention_fits`] takes `attn_decode_qkv` (the norms, RoPE and
 /// cache append inside the split phase) and attn_combine: one dependent
-/// dispatch fewer. Else, and where the split phase has reached its
-/// [`DECODE_GROUPS`] target (a long context), the two ops: every
+/// dispatch fewer. Else, and where the split phase has more than
+/// [`FUSED_MAX_GROUPS`] workgroups (a long context), the two ops: every
 /// workgroup of attn_decode_qkv builds its group's queries itself, which
 /// costs more than the dispatch it saves once there are that many (on the
 /// H200, full layers at 8K keys, 512 workgroups: 62.0 us fused against
 /// 45.5 for the split phase and combine after a 3.8 us qkv_post; sliding
 /// layers at 1K, 256 workgroups, 15.8 fused against 14.5 + 3.8; thirteenth
-/// session run 09). The caller checked both ops' shapes.
+/// session run 09; at 128 workgroups, full layers at 8K: 40.5 fused
+/// against 35.8 + 3.8, sixteenth session run 03). The caller checked both
+/// ops' shapes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_attention(
     be: &WgpuBackend,
@@ -527,9 +559,9 @@ pub(crate) fn qkv_attention(
     }
     // (qkv_attention_fits: the plan is attn_decode's)
     let mut split = split_plan(be, &p)?;
-    // At its workgroup target (a long context), the two ops, over the plan
-    // made here.
-    if split.at_target {
+    // Past the fused launch's workgroups (a long context), the two ops,
+    // over the plan made here.
+    if split.groups > FUSED_MAX_GROUPS {
         qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
         return split_phase(be, (q, kc, vc, pos), out, &p, &split);
     }
@@ -550,6 +582,7 @@ pub(crate) fn qkv_attention(
             ("DQN", (group * d4) as i64),
             ("WQD", wdtype_code(w_q.dtype) as i64),
             ("WKD", wdtype_code(w_k.dtype) as i64),
+            ("PIPE", split.pipe as i64),
         ],
         params: bytemuck::bytes_of(&split.params),
         buffers: &[
@@ -631,10 +664,11 @@ mod tests {
         // phase and attn_combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 12), 3);
         assert_eq!(qkv_attention_dispatches(&be, 2, 64), 3);
-        // A context long enough for the split phase's DECODE_GROUPS
-        // workgroups (2 kv heads: 256 splits of 32 keys): the two ops
+        // A context long enough for more than FUSED_MAX_GROUPS split
+        // workgroups (2 kv heads: 129 splits of 32 keys): the two ops
         // again; one split short of it, still one launch.
-        let full = DECODE_GROUPS / 2 * DECODE_KEYS;
+        let full = (FUSED_MAX_GROUPS / 2 + 1) * DECODE_KEYS;
+        assert!(full / DECODE_KEYS * 2 <= decode_target(2, 16));
         assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(full)), 3);
         let short = full - DECODE_KEYS;
         assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(short)), 2);
@@ -649,5 +683,14 @@ mod tests {
         assert!(!decode_stages_queries(8, 128, DECODE_SMEM + 16 * 1024 - 1));
         // Sliding layers, 2 heads of 256: never (read from memory).
         assert!(!decode_stages_queries(2, 64, 1 << 20));
+    }
+
+    #[test]
+    fn wide_groups_aim_for_fewer_decode_workgroups() {
+        // Gemma 4's full layers (8 heads of 512) and sliding ones (2 of 256).
+        assert_eq!(decode_target(8, 128), DECODE_GROUPS_WIDE);
+        assert_eq!(decode_target(2, 64), DECODE_GROUPS);
+        assert_eq!(decode_target(4, 128), DECODE_GROUPS_WIDE);
+        assert_eq!(decode_target(4, 127), DECODE_GROUPS);
     }
 }
