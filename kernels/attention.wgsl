@@ -332,11 +332,13 @@ fn slices_to_part(a: vec4<f32>, lid: u32, width: u32, nslices: u32, d4: u32, row
     }
 }
 
-// ---- decode (m = 1): attn_decode ----------------------------------------
+// ---- decode and short batches (m <= 16): attn_decode ----------------------
 //
-// The split phase for one query row, in place of attn_split (same PART
-// layout, same attn_combine after it). Workgroup (split, kv head g) walks
-// its chunk of keys 32 at a time:
+// The split phase for up to 16 query rows, in place of attn_split (same
+// PART layout, same attn_combine after it): each row by itself, as decode
+// runs its one row, its K / V reads shared with the other rows' workgroups
+// through the cache only. Workgroup (row, kv head g, split) walks its chunk
+// of the row's keys 32 at a time:
 //   scores  thread (key kk = lid / 8, dim part dp = lid % 8) dots vec4
 //           columns dp, dp + 8, ... of its key with the G query heads of g
 //           (GD of them, a pipeline constant, so the G accumulators are
@@ -353,6 +355,10 @@ fn slices_to_part(a: vec4<f32>, lid: u32, width: u32, nslices: u32, d4: u32, row
 // Query heads per kv head and head_dim / 4, compiled in per layer type.
 override GD: u32 = 1u;
 override D4: u32 = 64u;
+// Whether the launch has several query rows (else the row is 0: decode
+// kept to its one-row indexing, which the rows' cost 1.5-2% at full
+// layers' 8K and 32K keys on the H200, sixteenth session run 05).
+override MROWS: bool = false;
 // Whether a split's next chunk of keys is loaded during the current one
 // (the launcher sets it where splits take several chunks: on the H200 the
 // sliding layers' single-chunk splits were 20% slower with the loads laid
@@ -393,10 +399,10 @@ fn query(qbase: u32, i: u32) -> vec4<f32> {
     return Q[qbase + i];
 }
 
-// The keys [lo, hi) of the row's split `split` (the splits that short spans
+// The keys [lo, hi) of row t's split `split` (the splits that short spans
 // leave without keys get an empty range).
-fn decode_span(split: u32) -> vec2<u32> {
-    let kr = key_range(0u);
+fn decode_span(t: u32, split: u32) -> vec2<u32> {
+    let kr = key_range(t);
     let n = kr.y - kr.x;
     let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
     let chunk = ((n + nsplit - 1u) / nsplit + KD - 1u) / KD * KD;
@@ -410,20 +416,28 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     decode_body(linear_group(wg, nwg), lid, true);
 }
 
-// Workgroup `id`'s split of attn_decode; `stage`: copy the group's queries
-// from Q into dq first (where DQN > 1; attn_decode_qkv built them there).
+// Workgroup `id`'s split of attn_decode: (query row, kv head g, split),
+// the split fastest; `stage`: copy the group's queries from Q into dq first
+// (where DQN > 1; attn_decode_qkv built them there).
 fn decode_body(id: u32, lid: u32, stage: bool) {
     let split = id % P.nsplit;
-    let g = id / P.nsplit;
-    if (g >= P.kv_heads) {
+    var g = id / P.nsplit;
+    var row = 0u;
+    if (MROWS) {
+        row = g / P.kv_heads;
+        g = g % P.kv_heads;
+    }
+    if (row >= P.m || g >= P.kv_heads) {
         return;
     }
-    let nq = P.heads;
-    let span = decode_span(split);
+    let nq = P.m * P.heads;
+    let span = decode_span(row, split);
     let c_lo = span.x;
     let c_hi = span.y;
     let kbase = g * P.capacity;
-    let qbase = g * GD * D4;
+    // The row's query heads of kv head g, and their first slot.
+    let slot0 = row * P.heads + g * GD;
+    let qbase = slot0 * D4;
 
     // Score roles: key kk, vec4 columns dpart, dpart + DP, ... of it (the DP
     // lanes of a key read 128 contiguous bytes per step: coalesced).
@@ -608,13 +622,13 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
 
     let mlbase = P.nsplit * nq * D4;
     if (lid < GD) {
-        PART[mlbase + split * nq + g * GD + lid] = vec4<f32>(dmax[lid], dsum[lid], 0.0, 0.0);
+        PART[mlbase + split * nq + slot0 + lid] = vec4<f32>(dmax[lid], dsum[lid], 0.0, 0.0);
     }
     if (c_lo >= c_hi) {
         return;
     }
     // Sum the slices' accumulators, one head at a time.
-    let pbase = split * nq + g * GD;
+    let pbase = split * nq + slot0;
     sum_slices(0u, a0, lid, pbase);
     sum_slices(1u, a1, lid, pbase);
     sum_slices(2u, a2, lid, pbase);

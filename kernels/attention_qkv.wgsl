@@ -92,7 +92,7 @@ fn attn_decode_qkv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         return;
     }
     let pos = POS[0];
-    let span = decode_span(split);
+    let span = decode_span(0u, split);
     // (uniform: the workgroup's span)
     let new_key = span.x <= pos && pos < span.y;
     let heads = GD + select(0u, 2u, new_key);

@@ -299,6 +299,13 @@ fn attention(full: bool) -> Vec<Op> {
         c(1, 64, 64, 32, 700, 0, 699),
         c(1, 32, 4, 128, 4200, 0, 4199),
         c(1, 32, 16, 64, 2100, 2048, 5000),
+        // Rows of 16 query heads per kv head (past attn_decode's 8: attn_split
+        // and its tiles of 8 slots).
+        c(4, 16, 1, 64, 100, 0, 60),
+        // Rows of wide groups (attn_decode a row at a time): a window over a
+        // wrapped ring, and splits of several chunks.
+        c(9, 16, 2, 512, 300, 200, 1000),
+        c(4, 8, 1, 256, 9000, 0, 8990),
     ];
     // Value rows past f16's range: the tensor-core prefill scales them down
     // and their probabilities up (the other kernels are f32 throughout).

@@ -264,6 +264,8 @@ const DECODE_GROUPS_WIDE: usize = 128;
 /// (sliding layers at 1K) less (thirteenth session run 09, at
 /// [`qkv_attention`]).
 const FUSED_MAX_GROUPS: usize = 256;
+/// Query rows of `attn_decode` that share one [`decode_target`].
+const DECODE_ROWS_PER_TARGET: usize = 4;
 /// Most query heads per kv head `attn_decode` keeps in registers (its
 /// per-head arrays; with head_dim <= 512 (`ops::MAX_HEAD_DIM`) its staged
 /// queries, group * head_dim / 4 vec4, fit its 1024).
@@ -312,10 +314,9 @@ const PREFILL_SLOTS: usize = 32;
 /// from [`super::PREFILL_MIN_M`] rows) their prep and kernel; else from
 /// that many rows one `attn_prefill` dispatch; below, two dispatches: a
 /// split phase (per key split and kv head: partial softmax into scratch)
-/// and `attn_combine` (merge). The split phase is `attn_decode` for one
-/// query row whose kv head's query heads fit its registers (all of them
-/// together per workgroup), else `attn_split` (query tiles of up to
-/// MAX_TILE slots).
+/// and `attn_combine` (merge). The split phase is `attn_decode` where
+/// [`decode_takes`] it (a row's query heads of one kv head together per
+/// workgroup), else `attn_split` (query tiles of up to MAX_TILE slots).
 pub(crate) fn attention(
     be: &WgpuBackend,
     q: &WgpuBuffer,
@@ -411,6 +412,7 @@ fn split_phase(
                 ("D4", d4 as i64),
                 ("DQN", dqn as i64),
                 ("PIPE", split.pipe as i64),
+                ("MROWS", (p.m > 1) as i64),
             ][..],
         )
     } else {
@@ -459,6 +461,16 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         (qt, (16 * qt).max(KEYS_PER_STEP), TARGET_GROUPS)
     };
     let ntiles = nslots.div_ceil(qt);
+    // attn_split aims for its target over all its tiles; attn_decode's rows
+    // (its tiles) share no K / V load, and take its target four rows to a
+    // share: at 16 rows, 8 heads of 512 at 8K keys on the H200, 390 us with
+    // the target per row (2048 workgroups), 345 with four rows to it (512);
+    // sixteenth session run 05.
+    let tiles_per_target = if decode {
+        ntiles.div_ceil(DECODE_ROWS_PER_TARGET)
+    } else {
+        ntiles
+    };
     // Keys one query can see.
     let keys = if p.window > 0 {
         p.window.min(p.capacity)
@@ -471,7 +483,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     let nsplit = keys
         .div_ceil(min_chunk)
         .min(MAX_SPLIT)
-        .min((target / (p.kv_heads * ntiles)).max(1))
+        .min((target / (p.kv_heads * tiles_per_target)).max(1))
         .min(max_by_scratch)
         .max(1);
     let part = super::scratch_buffer(
@@ -504,10 +516,19 @@ fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention)
     })
 }
 
-/// Whether `attn_decode` takes the split phase: one query row whose kv
-/// head's query heads fit its registers.
+/// Whether `attn_decode` takes the split phase: a kv head's query heads
+/// fit its registers, and one row, or rows below prefill sizes of wide
+/// groups (at least [`DECODE_STAGE_QUERY`] query vec4 a kv head).
+/// attn_split takes the other batches: it shares each K / V load among a
+/// tile's 8 query slots but walks 8 keys a step. On the H200 at 16 rows
+/// (sixteenth session run 05), attn_decode a row at a time against it:
+/// 8 heads of 512 at 8K keys 671 -> 345 us, at 32K 2.36 -> 1.30 ms, at 1K
+/// 82 -> 62; 2 heads of 256 at 1K 57 -> 86 (slower: the narrow group's
+/// tiles hold 4 rows each).
 fn decode_takes(p: &Attention) -> bool {
-    p.m == 1 && p.heads / p.kv_heads <= DECODE_MAX_GROUP
+    let group = p.heads / p.kv_heads;
+    let wide = group * (p.head_dim / 4) >= DECODE_STAGE_QUERY;
+    group <= DECODE_MAX_GROUP && (p.m == 1 || (p.m < super::PREFILL_MIN_M && wide))
 }
 
 /// Storage bindings of `attn_decode_qkv` (0-9).
@@ -519,7 +540,8 @@ const QKV_BINDINGS: u32 = 10;
 /// workgroup memory beside the kernel's own.
 fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
     let group = p.heads / p.kv_heads;
-    decode_takes(p)
+    p.m == 1
+        && decode_takes(p)
         && p.head_dim.is_multiple_of(8)
         && be.limits.max_storage_buffers_per_shader_stage >= QKV_BINDINGS
         && staged_queries_fit(
@@ -683,6 +705,28 @@ mod tests {
         assert!(!decode_stages_queries(8, 128, DECODE_SMEM + 16 * 1024 - 1));
         // Sliding layers, 2 heads of 256: never (read from memory).
         assert!(!decode_stages_queries(2, 64, 1 << 20));
+    }
+
+    #[test]
+    fn decode_takes_one_row_and_short_batches_of_wide_groups() {
+        let at = |m, heads, kv_heads, head_dim| Attention {
+            m,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity: 8192,
+            window: 0,
+            scale: 1.0,
+        };
+        // Gemma 4's full layers (8 heads of 512 a kv head) up to 16 rows;
+        // its sliding layers (2 of 256) at one row only.
+        assert!(decode_takes(&at(1, 16, 2, 512)));
+        assert!(decode_takes(&at(16, 16, 2, 512)));
+        assert!(!decode_takes(&at(17, 16, 2, 512)));
+        assert!(decode_takes(&at(1, 16, 8, 256)));
+        assert!(!decode_takes(&at(2, 16, 8, 256)));
+        // Past 8 heads a kv head: attn_split at any row count.
+        assert!(!decode_takes(&at(1, 16, 1, 512)));
     }
 
     #[test]
