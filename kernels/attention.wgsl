@@ -335,25 +335,34 @@ fn slices_to_part(a: vec4<f32>, lid: u32, width: u32, nslices: u32, d4: u32, row
 // ---- decode and short batches (m <= 16): attn_decode ----------------------
 //
 // The split phase for up to 16 query rows, in place of attn_split (same
-// PART layout, same attn_combine after it): each row by itself, as decode
-// runs its one row, its K / V reads shared with the other rows' workgroups
-// through the cache only. Workgroup (row, kv head g, split) walks its chunk
-// of the row's keys 32 at a time:
+// PART layout, same attn_combine after it). Workgroup (block of RPW rows,
+// kv head g, split) walks its chunk of the rows' keys 32 at a time, over
+// NS = RPW x GD query slots (the rows' query heads of g): wide groups (8
+// heads of 512) a row a workgroup, the rows' K / V reads shared through the
+// cache only; narrow ones as many rows as fill 8 slots.
 //   scores  thread (key kk = lid / 8, dim part dp = lid % 8) dots vec4
-//           columns dp, dp + 8, ... of its key with the G query heads of g
-//           (GD of them, a pipeline constant, so the G accumulators are
-//           registers); the 8 parts are summed through workgroup memory. The
-//           group's queries are read from global memory (cached) or, for
-//           large groups, staged in workgroup memory first (DQN > 1).
-//   softmax one thread per (query head, key): the running max and the
-//           key's exp; one thread per head sums the chunk's exps.
+//           columns dp, dp + 8, ... of its key with the NS queries (a
+//           pipeline constant, so the NS accumulators are registers); the
+//           8 parts are summed through workgroup memory. The queries are
+//           read from global memory (cached: one row of a small group) or
+//           staged in workgroup memory first (DQN > 1).
+//   softmax one thread per (slot, key): the running max and the key's
+//           exp (a key past the slot's row's range: none); one thread per
+//           slot sums the chunk's exps.
 //   values  thread (column c = lid % D4, key slice lid / D4) accumulates
-//           p * V over its slice's keys for the G heads, in registers.
+//           p * V over its slice's keys for the NS slots, in registers.
 // No subgroup operations; every loop with a barrier in it has a constant or
 // uniform bound.
 
 // Query heads per kv head and head_dim / 4, compiled in per layer type.
 override GD: u32 = 1u;
+// Query rows a workgroup takes together (a launch of several rows whose
+// groups are narrow: 8 / GD of them), and its query slots NS = GD * RPW:
+// slot q is row row0 + q / GD's head g * GD + q % GD. Slots are what the
+// chunk's roles, sums and accumulators run over; with RPW = 1 they are the
+// kv head's query heads.
+override RPW: u32 = 1u;
+override NS: u32 = GD * RPW;
 override D4: u32 = 64u;
 // Whether the launch has several query rows (else the row is 0: decode
 // kept to its one-row indexing, which the rows' cost 1.5-2% at full
@@ -368,14 +377,14 @@ override PIPE: bool = false;
 const KD: u32 = 32u;
 const DP: u32 = 8u;
 
-var<workgroup> dred: array<f32, 2048>; // [DP][GD][KD], then p [GD][KD]
+var<workgroup> dred: array<f32, 2048>; // [DP][NS][KD], then p [NS][KD]
 var<workgroup> dmax: array<f32, 8>;
 var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
 var<workgroup> dmnew: array<f32, 8>;
-// The kv head's GD queries, [GD][D4], where they are staged: DQN = GD * D4
+// The slots' queries, [NS][D4], where they are staged: DQN = NS * D4
 // (at most 1024 with head_dim <= 512), else 1, so the decode kernels of
-// small groups do not reserve the 16 KB. Whether they are staged: for 8
+// one row of a small group do not reserve the 16 KB. Whether they are staged: for 8
 // heads of 512 (128 loads of Q per thread a chunk) they were a chain of
 // cache round trips per key (attn full 8K on the H200: 117 -> 108 us); 2
 // heads of 256 read them from memory (cached): 14.7 us at every context
@@ -391,7 +400,7 @@ var<workgroup> dq: array<vec4<f32>, DQN>;
 const DB: u32 = 16u;
 override NT: u32 = (D4 + DP - 1u) / DP;
 
-// Query vec4 i of the group ([GD][D4]).
+// Query vec4 i of the slots ([NS][D4]).
 fn query(qbase: u32, i: u32) -> vec4<f32> {
     if (DQN > 1u) {
         return dq[i];
@@ -399,10 +408,25 @@ fn query(qbase: u32, i: u32) -> vec4<f32> {
     return Q[qbase + i];
 }
 
-// The keys [lo, hi) of row t's split `split` (the splits that short spans
-// leave without keys get an empty range).
-fn decode_span(t: u32, split: u32) -> vec2<u32> {
-    let kr = key_range(t);
+// The keys of rows row0 .. row0 + RPW (those below P.m) together.
+fn rows_span(row0: u32) -> vec2<u32> {
+    var kr = key_range(row0);
+    for (var r = row0 + 1u; r < min(row0 + RPW, P.m); r++) {
+        let o = key_range(r);
+        kr = vec2<u32>(min(kr.x, o.x), max(kr.y, o.y));
+    }
+    return kr;
+}
+
+// Query slot q's row-major index in Q and PART's slots ([m][heads]).
+fn slot_of(row0: u32, g: u32, q: u32) -> u32 {
+    return (row0 + q / GD) * P.heads + g * GD + q % GD;
+}
+
+// The keys [lo, hi) of split `split` of the rows from row0 (the splits
+// that short spans leave without keys get an empty range).
+fn decode_span(row0: u32, split: u32) -> vec2<u32> {
+    let kr = rows_span(row0);
     let n = kr.y - kr.x;
     let nsplit = min(P.nsplit, max(1u, (n + P.min_chunk - 1u) / P.min_chunk));
     let chunk = ((n + nsplit - 1u) / nsplit + KD - 1u) / KD * KD;
@@ -416,28 +440,27 @@ fn attn_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     decode_body(linear_group(wg, nwg), lid, true);
 }
 
-// Workgroup `id`'s split of attn_decode: (query row, kv head g, split),
-// the split fastest; `stage`: copy the group's queries from Q into dq first
-// (where DQN > 1; attn_decode_qkv built them there).
+// Workgroup `id`'s split of attn_decode: (block of RPW query rows, kv head
+// g, split), the split fastest; `stage`: copy the slots' queries from Q
+// into dq first (where DQN > 1; attn_decode_qkv built them there).
 fn decode_body(id: u32, lid: u32, stage: bool) {
     let split = id % P.nsplit;
     var g = id / P.nsplit;
-    var row = 0u;
+    var row0 = 0u;
     if (MROWS) {
-        row = g / P.kv_heads;
+        row0 = g / P.kv_heads * RPW;
         g = g % P.kv_heads;
     }
-    if (row >= P.m || g >= P.kv_heads) {
+    if (row0 >= P.m || g >= P.kv_heads) {
         return;
     }
     let nq = P.m * P.heads;
-    let span = decode_span(row, split);
+    let span = decode_span(row0, split);
     let c_lo = span.x;
     let c_hi = span.y;
     let kbase = g * P.capacity;
-    // The row's query heads of kv head g, and their first slot.
-    let slot0 = row * P.heads + g * GD;
-    let qbase = slot0 * D4;
+    // Slot 0's queries (unstaged: RPW = 1, the slots one row's heads).
+    let qbase = slot_of(row0, g, 0u) * D4;
 
     // Score roles: key kk, vec4 columns dpart, dpart + DP, ... of it (the DP
     // lanes of a key read 128 contiguous bytes per step: coalesced).
@@ -449,13 +472,26 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     let vs = lid / D4;
     let vrows = (KD + vslices - 1u) / vslices;
 
-    if (lid < GD) {
+    if (lid < NS) {
         dmax[lid] = NEG;
         dsum[lid] = 0.0;
     }
-    // Head q's value accumulator is a<q>: named registers, not an array
+    // With several rows, the keys of this thread's score slot (lid / KD)
+    // within the span: its row's (none past P.m).
+    var s_lo = c_lo;
+    var s_hi = c_hi;
+    if (RPW > 1u && lid < NS * KD) {
+        let r = row0 + lid / KD / GD;
+        var kr = vec2<u32>(0u, 0u);
+        if (r < P.m) {
+            kr = key_range(r);
+        }
+        s_lo = max(kr.x, c_lo);
+        s_hi = min(kr.y, c_hi);
+    }
+    // Slot q's value accumulator is a<q>: named registers, not an array
     // indexed in loops (which a driver that does not unroll the loops keeps
-    // in local memory); heads past GD are never touched (GD is constant).
+    // in local memory); slots past NS are never touched (NS is constant).
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -465,8 +501,13 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
     if (DQN > 1u && stage) {
-        for (var i = lid; i < GD * D4; i += 256u) {
-            dq[i] = Q[qbase + i];
+        for (var i = lid; i < NS * D4; i += 256u) {
+            let q = i / D4;
+            var v = vec4<f32>(0.0);
+            if (row0 + q / GD < P.m) {
+                v = Q[slot_of(row0, g, q) * D4 + i % D4];
+            }
+            dq[i] = v;
         }
         workgroupBarrier();
     }
@@ -498,7 +539,7 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
             if (i < D4) {
                 let kt = kv[t];
                 pa += vec4<f32>(qdot(qbase, 0u, i, kt), qdot(qbase, 1u, i, kt), qdot(qbase, 2u, i, kt), qdot(qbase, 3u, i, kt));
-                if (GD > 4u) {
+                if (NS > 4u) {
                     pb += vec4<f32>(qdot(qbase, 4u, i, kt), qdot(qbase, 5u, i, kt), qdot(qbase, 6u, i, kt), qdot(qbase, 7u, i, kt));
                 }
             }
@@ -521,29 +562,34 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
                 kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
             }
         }
-        for (var q = 0u; q < min(GD, 4u); q++) {
-            dred[(dpart * GD + q) * KD + kk] = pa[q];
+        for (var q = 0u; q < min(NS, 4u); q++) {
+            dred[(dpart * NS + q) * KD + kk] = pa[q];
         }
-        for (var q = 4u; q < GD; q++) {
-            dred[(dpart * GD + q) * KD + kk] = pb[q - 4u];
+        for (var q = 4u; q < NS; q++) {
+            dred[(dpart * NS + q) * KD + kk] = pb[q - 4u];
         }
         workgroupBarrier();
 
         // Scores: thread (q, key) sums the DP parts.
         var sc = NEG;
-        if (lid < GD * KD) {
+        if (lid < NS * KD) {
             let q = lid / KD;
             let k = lid % KD;
             var s = 0.0;
             for (var d = 0u; d < DP; d++) {
-                s += dred[(d * GD + q) * KD + k];
+                s += dred[(d * NS + q) * KD + k];
             }
-            if (j0 + k < c_hi) {
+            // (with RPW = 1 the span's end alone, as one row's decode had)
+            var seen = j0 + k < c_hi;
+            if (RPW > 1u) {
+                seen = j0 + k >= s_lo && j0 + k < s_hi;
+            }
+            if (seen) {
                 sc = s * P.scale;
             }
         }
         workgroupBarrier();
-        if (lid < GD * KD) {
+        if (lid < NS * KD) {
             dred[lid] = sc;
         }
         workgroupBarrier();
@@ -554,7 +600,7 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         // same arithmetic in the same order as one thread per head doing it
         // all, without its chain of 2 x KD dependent steps and KD exps.
         var pk = 0.0;
-        if (lid < GD * KD) {
+        if (lid < NS * KD) {
             let q = lid / KD;
             var mnew = dmax[q];
             for (var k = 0u; k < KD; k++) {
@@ -568,11 +614,11 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
             }
         }
         workgroupBarrier();
-        if (lid < GD * KD) {
+        if (lid < NS * KD) {
             dred[lid] = pk;
         }
         workgroupBarrier();
-        if (lid < GD) {
+        if (lid < NS) {
             let mold = dmax[lid];
             let mnew = dmnew[lid];
             let alpha = exp(mold - mnew);
@@ -592,7 +638,7 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
             a1 *= dalpha[1];
             a2 *= dalpha[2];
             a3 *= dalpha[3];
-            if (GD > 4u) {
+            if (NS > 4u) {
                 a4 *= dalpha[4];
                 a5 *= dalpha[5];
                 a6 *= dalpha[6];
@@ -602,12 +648,12 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
                 let k = vs * vrows + r;
                 if (k < KD && j0 + k < c_hi) {
                     let v = vv[r];
-                    // (heads past GD read other heads' p: finite, unused)
+                    // (slots past NS read other slots' p: finite, unused)
                     a0 += dred[k] * v;
                     a1 += dred[KD + k] * v;
                     a2 += dred[2u * KD + k] * v;
                     a3 += dred[3u * KD + k] * v;
-                    if (GD > 4u) {
+                    if (NS > 4u) {
                         a4 += dred[4u * KD + k] * v;
                         a5 += dred[5u * KD + k] * v;
                         a6 += dred[6u * KD + k] * v;
@@ -621,39 +667,41 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     }
 
     let mlbase = P.nsplit * nq * D4;
-    if (lid < GD) {
-        PART[mlbase + split * nq + slot0 + lid] = vec4<f32>(dmax[lid], dsum[lid], 0.0, 0.0);
+    if (lid < NS && row0 + lid / GD < P.m) {
+        PART[mlbase + split * nq + slot_of(row0, g, lid)] = vec4<f32>(dmax[lid], dsum[lid], 0.0, 0.0);
     }
     if (c_lo >= c_hi) {
         return;
     }
-    // Sum the slices' accumulators, one head at a time.
-    let pbase = split * nq + slot0;
-    sum_slices(0u, a0, lid, pbase);
-    sum_slices(1u, a1, lid, pbase);
-    sum_slices(2u, a2, lid, pbase);
-    sum_slices(3u, a3, lid, pbase);
-    sum_slices(4u, a4, lid, pbase);
-    sum_slices(5u, a5, lid, pbase);
-    sum_slices(6u, a6, lid, pbase);
-    sum_slices(7u, a7, lid, pbase);
+    // Sum the slices' accumulators, one slot at a time.
+    let at = vec3<u32>(split * nq, row0, g);
+    sum_slices(0u, a0, lid, at);
+    sum_slices(1u, a1, lid, at);
+    sum_slices(2u, a2, lid, at);
+    sum_slices(3u, a3, lid, at);
+    sum_slices(4u, a4, lid, at);
+    sum_slices(5u, a5, lid, at);
+    sum_slices(6u, a6, lid, at);
+    sum_slices(7u, a7, lid, at);
 }
 
-// Query head q's dot with key columns kt at vec4 i, 0 past the group.
+// Query slot q's dot with key columns kt at vec4 i, 0 past the slots.
 fn qdot(qbase: u32, q: u32, i: u32, kt: vec4<f32>) -> f32 {
-    if (q < GD) {
+    if (q < NS) {
         return dot(query(qbase, q * D4 + i), kt);
     }
     return 0.0;
 }
 
-// Head q's value partials summed over the slices into PART (q < GD; the
-// condition is uniform: GD is a constant).
-fn sum_slices(q: u32, a: vec4<f32>, lid: u32, pbase: u32) {
-    if (q >= GD) {
+// Slot q's value partials summed over the slices into PART (q < NS: a
+// uniform condition, NS being a constant; written where the slot's row is
+// below P.m, uniform too). `at`: the split's first PART row, row0 and g.
+fn sum_slices(q: u32, a: vec4<f32>, lid: u32, at: vec3<u32>) {
+    if (q >= NS) {
         return;
     }
-    slices_to_part(a, lid, D4, min(256u / D4, KD), D4, pbase + q, true);
+    let keep = at.y + q / GD < P.m;
+    slices_to_part(a, lid, D4, min(256u / D4, KD), D4, at.x + slot_of(at.y, at.z, q), keep);
 }
 
 @group(1) @binding(0) var<storage, read> PARTS: array<vec4<f32>>;

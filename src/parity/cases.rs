@@ -306,6 +306,10 @@ fn attention(full: bool) -> Vec<Op> {
         // wrapped ring, and splits of several chunks.
         c(9, 16, 2, 512, 300, 200, 1000),
         c(4, 8, 1, 256, 9000, 0, 8990),
+        // Rows of narrow groups, several a workgroup: one head a kv head (8
+        // rows a workgroup, 5 of them here) and three (2 rows, 6 slots).
+        c(5, 4, 4, 64, 50, 0, 45),
+        c(3, 6, 2, 64, 40, 0, 30),
     ];
     // Value rows past f16's range: the tensor-core prefill scales them down
     // and their probabilities up (the other kernels are f32 throughout).

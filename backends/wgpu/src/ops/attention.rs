@@ -403,8 +403,11 @@ fn split_phase(
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let (entry, constants) = if split.decode {
-        let stage = decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
-        let dqn = if stage { group * d4 } else { 1 };
+        let rows = decode_rows(p);
+        // (several rows a workgroup read their queries from dq only)
+        let stage = rows > 1
+            || decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
+        let dqn = if stage { group * rows * d4 } else { 1 };
         (
             "attn_decode",
             &[
@@ -413,6 +416,7 @@ fn split_phase(
                 ("DQN", dqn as i64),
                 ("PIPE", split.pipe as i64),
                 ("MROWS", (p.m > 1) as i64),
+                ("RPW", rows as i64),
             ][..],
         )
     } else {
@@ -447,7 +451,7 @@ struct SplitPlan {
 
 /// The key splits of `p`'s split phase and its scratch.
 fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
-    let decode = decode_takes(p);
+    let decode = decode_takes(p, be.limits.max_compute_workgroup_storage_size);
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let nslots = p.m * group;
@@ -455,7 +459,11 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     // 16 per query of its tile, so its partials stay small next to the K/V
     // it reads) and the workgroups to aim for.
     let (qt, min_chunk, target) = if decode {
-        (group, DECODE_KEYS, decode_target(group, d4))
+        (
+            group * decode_rows(p),
+            DECODE_KEYS,
+            decode_target(group, d4),
+        )
     } else {
         let qt = nslots.min(MAX_TILE);
         (qt, (16 * qt).max(KEYS_PER_STEP), TARGET_GROUPS)
@@ -517,18 +525,37 @@ fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention)
 }
 
 /// Whether `attn_decode` takes the split phase: a kv head's query heads
-/// fit its registers, and one row, or rows below prefill sizes of wide
-/// groups (at least [`DECODE_STAGE_QUERY`] query vec4 a kv head).
-/// attn_split takes the other batches: it shares each K / V load among a
-/// tile's 8 query slots but walks 8 keys a step. On the H200 at 16 rows
-/// (sixteenth session run 05), attn_decode a row at a time against it:
-/// 8 heads of 512 at 8K keys 671 -> 345 us, at 32K 2.36 -> 1.30 ms, at 1K
-/// 82 -> 62; 2 heads of 256 at 1K 57 -> 86 (slower: the narrow group's
-/// tiles hold 4 rows each).
-fn decode_takes(p: &Attention) -> bool {
+/// fit its registers, below prefill sizes, and one row, or rows of wide
+/// groups (at least [`DECODE_STAGE_QUERY`] query vec4 a kv head: a row a
+/// workgroup), or rows of narrow groups whose [`decode_rows`] queries fit
+/// workgroup memory. attn_split takes the rest: it shares each K / V load
+/// among a tile's 8 query slots but walks 8 keys a step with a serial
+/// softmax. On the H200 at 16 rows against attn_split: 8 heads of 512 a
+/// row a workgroup, 8K keys 671 -> 345 us, 32K 2.36 -> 1.30 ms, 1K 82 ->
+/// 62 (sixteenth session run 05); 2 heads of 256 four rows a workgroup, 1K
+/// keys 57.6 -> 39.7 us, 8K 59.7 -> 42.5 (run 07; a row a workgroup was
+/// slower than attn_split there, 86 us at 1K).
+fn decode_takes(p: &Attention, smem_limit: u32) -> bool {
     let group = p.heads / p.kv_heads;
-    let wide = group * (p.head_dim / 4) >= DECODE_STAGE_QUERY;
-    group <= DECODE_MAX_GROUP && (p.m == 1 || (p.m < super::PREFILL_MIN_M && wide))
+    let d4 = p.head_dim / 4;
+    if group > DECODE_MAX_GROUP || p.m >= super::PREFILL_MIN_M {
+        return false;
+    }
+    let wide = group * d4 >= DECODE_STAGE_QUERY;
+    let rows = decode_rows(p);
+    p.m == 1 || wide || (rows > 1 && staged_queries_fit(group * rows * d4, 0, smem_limit))
+}
+
+/// Query rows an `attn_decode` workgroup takes together (its `RPW`): one
+/// for a single row or wide groups, else as many as fill its 8 query slots
+/// with their heads of one kv head (2 heads of 256: 4 rows).
+fn decode_rows(p: &Attention) -> usize {
+    let group = p.heads / p.kv_heads;
+    if p.m == 1 || group * (p.head_dim / 4) >= DECODE_STAGE_QUERY {
+        1
+    } else {
+        (DECODE_MAX_GROUP / group).max(1)
+    }
 }
 
 /// Storage bindings of `attn_decode_qkv` (0-9).
@@ -541,7 +568,7 @@ const QKV_BINDINGS: u32 = 10;
 fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
     let group = p.heads / p.kv_heads;
     p.m == 1
-        && decode_takes(p)
+        && decode_takes(p, be.limits.max_compute_workgroup_storage_size)
         && p.head_dim.is_multiple_of(8)
         && be.limits.max_storage_buffers_per_shader_stage >= QKV_BINDINGS
         && staged_queries_fit(
@@ -708,7 +735,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_takes_one_row_and_short_batches_of_wide_groups() {
+    fn decode_takes_one_row_and_short_batches_where_their_queries_fit() {
         let at = |m, heads, kv_heads, head_dim| Attention {
             m,
             heads,
@@ -718,15 +745,21 @@ mod tests {
             window: 0,
             scale: 1.0,
         };
-        // Gemma 4's full layers (8 heads of 512 a kv head) up to 16 rows;
-        // its sliding layers (2 of 256) at one row only.
-        assert!(decode_takes(&at(1, 16, 2, 512)));
-        assert!(decode_takes(&at(16, 16, 2, 512)));
-        assert!(!decode_takes(&at(17, 16, 2, 512)));
-        assert!(decode_takes(&at(1, 16, 8, 256)));
-        assert!(!decode_takes(&at(2, 16, 8, 256)));
+        // Gemma 4's full layers (8 heads of 512 a kv head) up to 16 rows,
+        // a row a workgroup; its sliding layers (2 of 256) four rows a
+        // workgroup where their 8 queries fit beside the kernel's memory
+        // (not in WebGPU's 16 KB floor: attn_split there).
+        assert!(decode_takes(&at(1, 16, 2, 512), 48 << 10));
+        assert!(decode_takes(&at(16, 16, 2, 512), 48 << 10));
+        assert!(!decode_takes(&at(17, 16, 2, 512), 48 << 10));
+        assert_eq!(decode_rows(&at(16, 16, 2, 512)), 1);
+        assert!(decode_takes(&at(1, 16, 8, 256), 48 << 10));
+        assert!(decode_takes(&at(2, 16, 8, 256), 48 << 10));
+        assert!(!decode_takes(&at(2, 16, 8, 256), 16 << 10));
+        assert_eq!(decode_rows(&at(2, 16, 8, 256)), 4);
+        assert_eq!(decode_rows(&at(1, 16, 8, 256)), 1);
         // Past 8 heads a kv head: attn_split at any row count.
-        assert!(!decode_takes(&at(1, 16, 1, 512)));
+        assert!(!decode_takes(&at(1, 16, 1, 512), 48 << 10));
     }
 
     #[test]
