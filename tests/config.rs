@@ -341,6 +341,16 @@ fn flagship_shape() {
         "{bytes} bytes per token"
     );
     assert_eq!(c.bytes_per_token(DType::F32), 2 * bytes);
+    // The KV caches read per token: 5 full layers (2 kv heads of 512) see
+    // every key, 25 sliding ones (8 of 256) at most the last 1024; K and V,
+    // f32. At position 0 one key each; from 1023 on the sliding layers stop
+    // growing.
+    let kv_row = |keys_full: u64, keys_sliding: u64| {
+        (5 * keys_full * 2 * 512 + 25 * keys_sliding * 8 * 256) * 2 * 4
+    };
+    assert_eq!(c.kv_bytes_per_token(0), kv_row(1, 1));
+    assert_eq!(c.kv_bytes_per_token(1023), kv_row(1024, 1024));
+    assert_eq!(c.kv_bytes_per_token(32767), kv_row(32768, 1024));
 }
 
 #[test]

@@ -20,6 +20,8 @@ fn quick(backend: &str) -> (Value, String, String) {
             "24",
             "--decode-tokens",
             "4",
+            "--decode-context",
+            "40",
         ])
         .arg("--json")
         .arg(&json)
@@ -156,6 +158,25 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     ] {
         positive(&e[k], &format!("end to end {k}"));
     }
+    // Decode at the longer context asked for (`--decode-context 40`), its
+    // bound counting the KV caches that context reads.
+    let long = e["decode_at_context"]
+        .as_array()
+        .expect("decode_at_context");
+    assert_eq!(long.len(), 1, "{}", e["decode_at_context"]);
+    assert_eq!(long[0]["context"], 40, "{}", long[0]);
+    for k in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "kv_bytes_per_token",
+        "bandwidth_bound_tok_s",
+    ] {
+        positive(&long[0][k], &format!("decode at context 40: {k}"));
+    }
+    assert!(
+        long[0]["bandwidth_bound_tok_s"].as_f64() < e["bandwidth_bound_tok_s"].as_f64(),
+        "the KV caches' bytes lower the bound: {e}"
+    );
     // The decode-step ablation (a GPU's figures only): a finite cost for
     // every kernel of the step's profile, in its order. The costs are
     // differences of two timings, so on a loaded CPU device they may read

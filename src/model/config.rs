@@ -297,6 +297,25 @@ impl ModelConfig {
         elems * weight_dtype.size() as u64
     }
 
+    /// Bytes of the KV caches a decoded token's attention reads at position
+    /// `pos` (keys `0..=pos` seen, the sliding layers' last
+    /// `sliding_window` of them): each seen key's K and V rows, f32 (the
+    /// caches' dtype), every kv head. With [`Self::bytes_per_token`] the
+    /// whole read of a decode step at a long context.
+    pub fn kv_bytes_per_token(&self, pos: usize) -> u64 {
+        let seen = pos + 1;
+        self.layers
+            .iter()
+            .map(|l| {
+                let keys = match l.kind {
+                    LayerKind::Full => seen,
+                    LayerKind::Sliding => seen.min(self.sliding_window),
+                };
+                (keys * l.kv_heads * l.head_dim * 2 * 4) as u64
+            })
+            .sum()
+    }
+
     /// Number of layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()

@@ -230,6 +230,52 @@ impl Counters for turbospark_cpu::CpuBackend {
     }
 }
 
+/// The longest prompt of the run: `--prompt-tokens` or a
+/// `--decode-context`.
+fn longest_prompt(args: &Args) -> usize {
+    args.decode_context
+        .iter()
+        .copied()
+        .fold(args.prompt_tokens, usize::max)
+}
+
+/// Decode at a long context: a random prompt of `context` tokens, then
+/// `decode` greedy tokens, timed as the main run is (its prefill tok/s is
+/// the long prompt's). The bound adds the KV caches a step reads halfway
+/// through the decode ([`ModelConfig::kv_bytes_per_token`]) to the weights.
+fn at_context<B: ComputeBackend + Counters>(
+    model: &mut Model<B>,
+    cfg: &ModelConfig,
+    context: usize,
+    decode: usize,
+    seed: u64,
+    ceiling_gbps: Option<f64>,
+) -> turbospark::Result<Value> {
+    let mut rng = Rng::new(seed ^ context as u64);
+    let vocab = cfg.vocab as u64;
+    let prompt: Vec<u32> = (0..context).map(|_| rng.below(vocab) as u32).collect();
+    model.reset();
+    let g = model.generate(&prompt, &greedy(decode))?;
+    model.reset();
+    let kv = cfg.kv_bytes_per_token(context + decode / 2);
+    let bytes = cfg.bytes_per_token(DType::BF16) + kv;
+    let bound = ceiling_gbps.map(|c| c * 1e9 / bytes as f64);
+    eprintln!(
+        "bench: decode at a {context}-token context: {:.1} tok/s ({} of KV caches read a step)",
+        g.decode_tok_s,
+        human_bytes(kv)
+    );
+    Ok(json!({
+        "context": context,
+        "decode_tokens": decode,
+        "prefill_tok_s": g.prefill_tok_s,
+        "decode_tok_s": g.decode_tok_s,
+        "kv_bytes_per_token": kv,
+        "bandwidth_bound_tok_s": bound,
+        "decode_share_of_bound": bound.map(|b| g.decode_tok_s / b),
+    }))
+}
+
 /// The synthetic model `name`'s config, cut to its first `layers` decoder
 /// layers where given (`--layers`): an unknown name or a cut past the
 /// model's layers is an error that names it.
@@ -286,7 +332,7 @@ fn measure<B: ComputeBackend + Counters>(
         backend,
         &source,
         ModelOptions {
-            max_context: prompt_len + decode + SPARE_POSITIONS,
+            max_context: longest_prompt(args) + decode + SPARE_POSITIONS,
             prefill_batch,
         },
     )?;
@@ -364,6 +410,13 @@ fn measure<B: ComputeBackend + Counters>(
         Value::Null
     };
     let bound_tok_s = ceiling_gbps.map(|c| c * 1e9 / bytes_per_token as f64);
+    // Decode at the long contexts asked for, last: the runs above keep
+    // their own conditions (only the full layers' caches are larger).
+    let long = args
+        .decode_context
+        .iter()
+        .map(|&n| at_context(&mut model, &cfg, n, decode, seed, ceiling_gbps))
+        .collect::<turbospark::Result<Vec<Value>>>()?;
     let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
         // The counters cover every forward pass of the run: the prompt's
         // prefill chunks (the last one also yields the first new token)
@@ -377,8 +430,22 @@ fn measure<B: ComputeBackend + Counters>(
         Some(n) => format!(" (first {n} layers)"),
         None => String::new(),
     };
+    let long_note: String = long
+        .iter()
+        .map(|v| {
+            format!(
+                "; decode at a {}-token context {:.1} tok/s{}",
+                v["context"],
+                v["decode_tok_s"].as_f64().unwrap_or(0.0),
+                v["decode_share_of_bound"]
+                    .as_f64()
+                    .map(|x| format!(" ({:.0}% of its bound)", 100.0 * x))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
     let note = format!(
-        "{name}{cut} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}{}",
+        "{name}{cut} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}{}{long_note}",
         g.prefill_tok_s,
         g.decode_tok_s,
         match (
@@ -436,6 +503,8 @@ fn measure<B: ComputeBackend + Counters>(
         // Per kernel over the whole prompt's prefill ("dispatches_per_step"
         // and "us_per_step" there mean per prefill).
         "prefill_profile": prefill_profile,
+        // `--decode-context`: decode after a prompt of each length.
+        "decode_at_context": long,
         "note": note,
     }))
 }

@@ -82,6 +82,12 @@ pub struct Args {
     /// Tokens decoded in the end-to-end run.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
+    /// End to end: also time decode at these contexts (comma-separated
+    /// prompt lengths, e.g. 8192,32768): a random prompt of each length,
+    /// then `--decode-tokens` tokens, with the KV caches read at that
+    /// context counted in its bound. The caches are sized for the longest.
+    #[arg(long, value_delimiter = ',')]
+    pub decode_context: Vec<usize>,
     /// Most prompt tokens per prefill pass in the end-to-end run.
     #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH)]
     pub prefill_batch: usize,
@@ -256,8 +262,14 @@ pub fn main(args: Args) -> ExitCode {
             eprintln!("bench: --synthetic {name}: {e}");
             return ExitCode::FAILURE;
         }
-    } else if args.layers.is_some() {
-        eprintln!("bench: --layers cuts a synthetic model: pass --synthetic too");
+    } else if args.layers.is_some() || !args.decode_context.is_empty() {
+        eprintln!(
+            "bench: --layers and --decode-context need a synthetic model: pass --synthetic too"
+        );
+        return ExitCode::FAILURE;
+    }
+    if args.decode_context.contains(&0) {
+        eprintln!("bench: --decode-context: a context is a prompt of at least one token");
         return ExitCode::FAILURE;
     }
     let (gpu_budget, cpu_budget) = budgets(&args);
