@@ -333,6 +333,17 @@ fn attention(full: bool) -> Vec<Op> {
             large_values: false,
         });
     }
+    // The same for a short batch on attn_decode: four rows of a narrow
+    // group in one workgroup (their union of keys wider than the cache,
+    // each slot masked to its own row's), and a wide group's rows.
+    for (heads, kv_heads, head_dim) in [(16, 8, 256), (16, 2, 512)] {
+        v.push(Op::Attention {
+            p: shape(4, heads, kv_heads, head_dim, 64, 32),
+            pos0: 70,
+            stride: 40,
+            large_values: false,
+        });
+    }
     // A cache under 16 slots: a 16-key step wraps the ring more than once
     // (the tensor-core scratch's mirror rows repeat it).
     v.push(c(20, 4, 2, 128, 8, 8, 40));
