@@ -364,9 +364,10 @@ override GD: u32 = 1u;
 override RPW: u32 = 1u;
 override NS: u32 = GD * RPW;
 override D4: u32 = 64u;
-// Whether the launch has several query rows (else the row is 0: decode
-// kept to its one-row indexing, which the rows' cost 1.5-2% at full
-// layers' 8K and 32K keys on the H200, sixteenth session run 05).
+// Whether the launch has several query rows. Without, the row is 0 and a
+// workgroup's index is one row's (kv head, split): the rows' indexing cost
+// one row 1.5-2% at full layers' 8K and 32K keys on the H200 (sixteenth
+// session run 05).
 override MROWS: bool = false;
 // Whether a split's next chunk of keys is loaded during the current one
 // (the launcher sets it where splits take several chunks: on the H200 the
@@ -384,11 +385,11 @@ var<workgroup> dalpha: array<f32, 8>;
 var<workgroup> dmnew: array<f32, 8>;
 // The slots' queries, [NS][D4], where they are staged: DQN = NS * D4
 // (at most 1024 with head_dim <= 512), else 1, so the decode kernels of
-// one row of a small group do not reserve the 16 KB. Whether they are staged: for 8
-// heads of 512 (128 loads of Q per thread a chunk) they were a chain of
-// cache round trips per key (attn full 8K on the H200: 117 -> 108 us); 2
-// heads of 256 read them from memory (cached): 14.7 us at every context
-// on the H200, BENCHMARKS.md.
+// one row of a small group do not reserve the 16 KB. Several rows are
+// always staged; one row's: for 8 heads of 512 (128 loads of Q per thread
+// a chunk) they were a chain of cache round trips per key (attn full 8K
+// on the H200: 117 -> 108 us); 2 heads of 256 read them from memory
+// (cached): 14.7 us at every context on the H200, BENCHMARKS.md.
 override DQN: u32 = 1024u;
 var<workgroup> dq: array<vec4<f32>, DQN>;
 
