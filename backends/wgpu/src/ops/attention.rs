@@ -264,7 +264,8 @@ const DECODE_GROUPS_WIDE: usize = 128;
 /// (sliding layers at 1K) less (thirteenth session run 09, at
 /// [`qkv_attention`]).
 const FUSED_MAX_GROUPS: usize = 256;
-/// Query rows of `attn_decode` that share one [`decode_target`].
+/// Row blocks of `attn_decode` (a workgroup's rows: one, or
+/// [`decode_rows`]) that share one [`decode_target`].
 const DECODE_ROWS_PER_TARGET: usize = 4;
 /// Most query heads per kv head `attn_decode` keeps in registers (its
 /// per-head arrays; with head_dim <= 512 (`ops::MAX_HEAD_DIM`) its staged
@@ -315,8 +316,9 @@ const PREFILL_SLOTS: usize = 32;
 /// that many rows one `attn_prefill` dispatch; below, two dispatches: a
 /// split phase (per key split and kv head: partial softmax into scratch)
 /// and `attn_combine` (merge). The split phase is `attn_decode` where
-/// [`decode_takes`] it (a row's query heads of one kv head together per
-/// workgroup), else `attn_split` (query tiles of up to MAX_TILE slots).
+/// [`decode_takes`] it (one kv head's query heads of one row, or of a few
+/// rows, per workgroup), else `attn_split` (query tiles of up to MAX_TILE
+/// slots).
 pub(crate) fn attention(
     be: &WgpuBackend,
     q: &WgpuBuffer,
@@ -469,8 +471,8 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         (qt, (16 * qt).max(KEYS_PER_STEP), TARGET_GROUPS)
     };
     let ntiles = nslots.div_ceil(qt);
-    // attn_split aims for its target over all its tiles; attn_decode's rows
-    // (its tiles) share no K / V load, and take its target four rows to a
+    // attn_split aims for its target over all its tiles; attn_decode's row
+    // blocks (its tiles) share no K / V load, and take its target four to a
     // share: at 16 rows, 8 heads of 512 at 8K keys on the H200, 390 us with
     // the target per row (2048 workgroups), 345 with four rows to it (512);
     // sixteenth session run 05.
