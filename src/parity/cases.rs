@@ -324,21 +324,17 @@ fn attention(full: bool) -> Vec<Op> {
     // Rows far apart (positions 40 apart, a 32-key window over a 64-slot
     // cache): their keys span more than the cache and share its slots, as
     // the cache's own keys do; the tensor-core prefill's scratch is indexed
-    // by slot.
-    for (heads, kv_heads, head_dim) in [(4, 2, 256), (8, 2, 128)] {
+    // by slot. At 4 rows, attn_decode: a narrow group's four rows in one
+    // workgroup (each slot masked to its own row's keys), a wide group's
+    // rows a workgroup each.
+    for (m, heads, kv_heads, head_dim) in [
+        (20, 4, 2, 256),
+        (20, 8, 2, 128),
+        (4, 16, 8, 256),
+        (4, 16, 2, 512),
+    ] {
         v.push(Op::Attention {
-            p: shape(20, heads, kv_heads, head_dim, 64, 32),
-            pos0: 70,
-            stride: 40,
-            large_values: false,
-        });
-    }
-    // The same for a short batch on attn_decode: four rows of a narrow
-    // group in one workgroup (their union of keys wider than the cache,
-    // each slot masked to its own row's), and a wide group's rows.
-    for (heads, kv_heads, head_dim) in [(16, 8, 256), (16, 2, 512)] {
-        v.push(Op::Attention {
-            p: shape(4, heads, kv_heads, head_dim, 64, 32),
+            p: shape(m, heads, kv_heads, head_dim, 64, 32),
             pos0: 70,
             stride: 40,
             large_values: false,
