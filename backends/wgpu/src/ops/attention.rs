@@ -280,10 +280,18 @@ const DECODE_STAGE_QUERY: usize = 512;
 /// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), sacc (256 vec4).
 const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
 
+/// Whether `group` query heads of `d4` vec4 a kv head are a wide group (at
+/// least [`DECODE_STAGE_QUERY`] query vec4: 8 heads of 512, not 2 of 256):
+/// attn_decode stages one row's queries, aims for fewer workgroups and
+/// takes a row a workgroup.
+fn wide_group(group: usize, d4: usize) -> bool {
+    group * d4 >= DECODE_STAGE_QUERY
+}
+
 /// Decode workgroups to aim for with `group` query heads of `d4` vec4 a kv
 /// head.
 fn decode_target(group: usize, d4: usize) -> usize {
-    if group * d4 >= DECODE_STAGE_QUERY {
+    if wide_group(group, d4) {
         DECODE_GROUPS_WIDE
     } else {
         DECODE_GROUPS
@@ -295,8 +303,7 @@ fn decode_target(group: usize, d4: usize) -> usize {
 /// array (16 bytes a query vec4) fits the device's workgroup memory with
 /// the kernel's own (WebGPU's baseline is 16 KB: 8 heads of 512 need 28.8).
 fn decode_stages_queries(group: usize, d4: usize, smem_limit: u32) -> bool {
-    let q = group * d4;
-    q >= DECODE_STAGE_QUERY && staged_queries_fit(q, 0, smem_limit)
+    wide_group(group, d4) && staged_queries_fit(group * d4, 0, smem_limit)
 }
 
 /// Whether `q` staged query vec4s (16 bytes each) fit the device's
@@ -543,9 +550,10 @@ fn decode_takes(p: &Attention, smem_limit: u32) -> bool {
     if group > DECODE_MAX_GROUP || p.m >= super::PREFILL_MIN_M {
         return false;
     }
-    let wide = group * d4 >= DECODE_STAGE_QUERY;
     let rows = decode_rows(p);
-    p.m == 1 || wide || (rows > 1 && staged_queries_fit(group * rows * d4, 0, smem_limit))
+    p.m == 1
+        || wide_group(group, d4)
+        || (rows > 1 && staged_queries_fit(group * rows * d4, 0, smem_limit))
 }
 
 /// Query rows an `attn_decode` workgroup takes together (its `RPW`): one
@@ -553,7 +561,7 @@ fn decode_takes(p: &Attention, smem_limit: u32) -> bool {
 /// with their heads of one kv head (2 heads of 256: 4 rows).
 fn decode_rows(p: &Attention) -> usize {
     let group = p.heads / p.kv_heads;
-    if p.m == 1 || group * (p.head_dim / 4) >= DECODE_STAGE_QUERY {
+    if p.m == 1 || wide_group(group, p.head_dim / 4) {
         1
     } else {
         (DECODE_MAX_GROUP / group).max(1)
