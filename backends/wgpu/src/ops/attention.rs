@@ -412,7 +412,7 @@ fn split_phase(
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let (entry, constants) = if split.decode {
-        let rows = decode_rows(p);
+        let rows = split.rows;
         // (several rows a workgroup read their queries from dq only)
         let stage = rows > 1
             || decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
@@ -456,11 +456,15 @@ struct SplitPlan {
     groups: usize,
     /// attn_decode's `PIPE`: a split may take more than one chunk of keys.
     pipe: bool,
+    /// attn_decode's `RPW`: query rows a workgroup takes ([`decode_rows`];
+    /// the plan's tiles are blocks of them).
+    rows: usize,
 }
 
 /// The key splits of `p`'s split phase and its scratch.
 fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     let decode = decode_takes(p, be.limits.max_compute_workgroup_storage_size);
+    let rows = if decode { decode_rows(p) } else { 1 };
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let nslots = p.m * group;
@@ -468,11 +472,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     // 16 per query of its tile, so its partials stay small next to the K/V
     // it reads) and the workgroups to aim for.
     let (qt, min_chunk, target) = if decode {
-        (
-            group * decode_rows(p),
-            DECODE_KEYS,
-            decode_target(group, d4),
-        )
+        (group * rows, DECODE_KEYS, decode_target(group, d4))
     } else {
         let qt = nslots.min(MAX_TILE);
         (qt, (16 * qt).max(KEYS_PER_STEP), TARGET_GROUPS)
@@ -517,6 +517,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         part,
         groups: nsplit * p.kv_heads * ntiles,
         pipe: decode && keys.div_ceil(nsplit) > DECODE_KEYS,
+        rows,
     })
 }
 
