@@ -49,6 +49,9 @@ use crate::ops::{Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, R
 /// many tokens; the batch's activations cost ~0.3 GB at that size.
 pub const DEFAULT_PREFILL_BATCH: usize = 512;
 
+/// The KV caches' element type (every attention kernel reads f32 rows).
+pub const KV_CACHE_DTYPE: DType = DType::F32;
+
 /// Most tokens a prefill batch may carry (`ModelOptions::prefill_batch`).
 pub const MAX_PREFILL_BATCH: usize = 4096;
 
@@ -301,8 +304,8 @@ impl<B: ComputeBackend> Model<B> {
             let capacity = cache_capacity(&cfg, l.kind, opts.max_context, prefill_batch);
             let n = l.kv_heads * capacity * l.head_dim;
             caches.push(KvCache {
-                k: backend.alloc(DType::F32, n, &format!("layers.{i}.k_cache"))?,
-                v: backend.alloc(DType::F32, n, &format!("layers.{i}.v_cache"))?,
+                k: backend.alloc(KV_CACHE_DTYPE, n, &format!("layers.{i}.k_cache"))?,
+                v: backend.alloc(KV_CACHE_DTYPE, n, &format!("layers.{i}.v_cache"))?,
                 capacity,
             });
         }
@@ -1031,7 +1034,7 @@ pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize
     // Logits rows (and a head slice's gathered rows and their ids): one for
     // decode, a head batch for teacher forcing.
     let logits = (2 * cfg.vocab + cfg.hidden + 1) * (1 + head_batch(prefill_batch));
-    ((kv + per_row * (1 + prefill_batch) + logits) * 4) as u64
+    (kv * KV_CACHE_DTYPE.size() + (per_row * (1 + prefill_batch) + logits) * 4) as u64
 }
 
 fn rate(n: usize, since: Instant) -> f64 {
