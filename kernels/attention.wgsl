@@ -64,8 +64,8 @@ override QT: u32 = 8u;
 // (read_write in the attention_qkv build, which adds
 // kernels/attention_qkv.wgsl's attn_decode_qkv: backends/wgpu/src/kernels.rs
 // VARIANTS)
-@group(1) @binding(1) var<storage, read> KC: array<vec4<f32>>;
-@group(1) @binding(2) var<storage, read> VC: array<vec4<f32>>;
+@group(1) @binding(1) var<storage, read> KC: array<vec4<CacheT>>;
+@group(1) @binding(2) var<storage, read> VC: array<vec4<CacheT>>;
 @group(1) @binding(3) var<storage, read> POS: array<u32>;
 // Scratch: acc [nsplit][m * heads][d4], then (max, sum) [nsplit][m * heads].
 @group(1) @binding(4) var<storage, read_write> PART: array<vec4<f32>>;
@@ -180,13 +180,13 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             let idx = lane + LK * i;
             var k = vec4<f32>(0.0);
             if (j < c_hi && idx < P.d4) {
-                k = KC[(kbase + j % P.capacity) * P.d4 + idx];
+                k = vec4<f32>(KC[(kbase + j % P.capacity) * P.d4 + idx]);
             }
             kreg[i] = k;
             let jj = j0 + vs + i * vsn;
             var v = vec4<f32>(0.0);
             if (jj < c_hi && c < P.d4) {
-                v = VC[(kbase + jj % P.capacity) * P.d4 + c];
+                v = vec4<f32>(VC[(kbase + jj % P.capacity) * P.d4 + c]);
             }
             vreg[i] = v;
         }
@@ -522,14 +522,14 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     if (PIPE && c_lo < c_hi) {
         let krow = (kbase + min(c_lo + kk, c_hi - 1u) % P.capacity) * D4;
         for (var t = 0u; t < NT; t++) {
-            kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
+            kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
         }
     }
     for (var j0 = c_lo; j0 < c_hi; j0 += KD) {
         if (!PIPE) {
             let krow = (kbase + min(j0 + kk, c_hi - 1u) % P.capacity) * D4;
             for (var t = 0u; t < NT; t++) {
-                kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
+                kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
             }
         }
         // Heads 0-3 and 4-7's partial scores (as the accumulators: named).
@@ -551,7 +551,7 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         for (var r = 0u; r < vrows; r++) {
             // (past the chunk: its last key's row, finite, unused)
             let key = min(j0 + vs * vrows + r, c_hi - 1u);
-            vv[r] = VC[(kbase + key % P.capacity) * D4 + c];
+            vv[r] = vec4<f32>(VC[(kbase + key % P.capacity) * D4 + c]);
         }
         // The scores are in pa / pb: kv's registers take the next chunk's
         // keys (a uniform test: the span is the workgroup's). (The loads
@@ -560,7 +560,7 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         if (PIPE && j0 + KD < c_hi) {
             let krow = (kbase + min(j0 + KD + kk, c_hi - 1u) % P.capacity) * D4;
             for (var t = 0u; t < NT; t++) {
-                kv[t] = KC[krow + min(dpart + DP * t, D4 - 1u)];
+                kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
             }
         }
         for (var q = 0u; q < min(NS, 4u); q++) {
@@ -824,7 +824,7 @@ fn prefill_q(s: u32, s1: u32, g: u32, col: u32) -> vec4<f32> {
 // Key j's vec4 `col` (zero past the span or the head).
 fn prefill_k(kbase: u32, j: u32, hi: u32, col: u32) -> vec4<f32> {
     if (j < hi && col < P.d4) {
-        return KC[(kbase + j % P.capacity) * P.d4 + col];
+        return vec4<f32>(KC[(kbase + j % P.capacity) * P.d4 + col]);
     }
     return vec4<f32>(0.0);
 }
@@ -1028,7 +1028,7 @@ fn prefill_block(s0: u32, g: u32, lid: u32) {
 // V row `vrow`'s vec4 column c (0 past the head).
 fn prefill_v(vrow: u32, c: u32, d4: u32) -> vec4<f32> {
     if (c < d4) {
-        return VC[vrow + c];
+        return vec4<f32>(VC[vrow + c]);
     }
     return vec4<f32>(0.0);
 }

@@ -68,8 +68,8 @@ struct Params {
 
 @group(1) @binding(0) var<storage, read> POS: array<u32>;
 @group(1) @binding(1) var<storage, read> QF: array<vec4<f32>>;
-@group(1) @binding(2) var<storage, read> KC: array<vec4<f32>>;
-@group(1) @binding(3) var<storage, read> VC: array<vec4<f32>>;
+@group(1) @binding(2) var<storage, read> KC: array<vec4<CacheT>>;
+@group(1) @binding(3) var<storage, read> VC: array<vec4<CacheT>>;
 // [t][head][d] for t < qrows / heads (rows past m are zeros).
 @group(1) @binding(4) var<storage, read_write> Q16: array<f16>;
 // [kv head][cache slot, then the 16 mirror rows][d].
@@ -188,9 +188,9 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
             if (kind == 0u) {
                 a[u] = QF[src + c];
             } else if (kind == 1u) {
-                a[u] = KC[src + c];
+                a[u] = vec4<f32>(KC[src + c]);
             } else {
-                a[u] = VC[src + c];
+                a[u] = vec4<f32>(VC[src + c]);
             }
         }
         let b = abs(a[u]);

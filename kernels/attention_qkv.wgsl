@@ -141,12 +141,12 @@ fn attn_decode_qkv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         } else if (hh == GD) {
             let t = turn4(a * wk4(4u * c), b * wk4(half + 4u * c), 4u * c, pos);
             let row = (g * P.capacity + slot) * D4;
-            KC[row + c] = t[0];
-            KC[row + hv + c] = t[1];
+            KC[row + c] = to_cache4(t[0]);
+            KC[row + hv + c] = to_cache4(t[1]);
         } else {
             let row = (g * P.capacity + slot) * D4;
-            VC[row + c] = a;
-            VC[row + hv + c] = b;
+            VC[row + c] = to_cache4(a);
+            VC[row + hv + c] = to_cache4(b);
         }
     }
     // The new key and value for this workgroup's own loads, dq for all.

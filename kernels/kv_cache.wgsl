@@ -13,8 +13,8 @@ struct Params {
 @group(0) @binding(0) var<uniform> P: Params;
 @group(1) @binding(0) var<storage, read> K: array<f32>;
 @group(1) @binding(1) var<storage, read> V: array<f32>;
-@group(1) @binding(2) var<storage, read_write> KC: array<f32>;
-@group(1) @binding(3) var<storage, read_write> VC: array<f32>;
+@group(1) @binding(2) var<storage, read_write> KC: array<CacheT>;
+@group(1) @binding(3) var<storage, read_write> VC: array<CacheT>;
 @group(1) @binding(4) var<storage, read> POS: array<u32>;
 
 @compute @workgroup_size(256)
@@ -31,6 +31,6 @@ fn kv_append(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let d = gd % P.head_dim;
     let slot = POS[t] % P.capacity;
     let dst = (g * P.capacity + slot) * P.head_dim + d;
-    KC[dst] = K[i];
-    VC[dst] = V[i];
+    KC[dst] = to_cache(K[i]);
+    VC[dst] = to_cache(V[i]);
 }

@@ -72,8 +72,8 @@ struct QkvParams {
 @group(1) @binding(3) var<storage, read> QPOS: array<u32>;
 @group(1) @binding(4) var<storage, read> QFREQ: array<f32>;
 @group(1) @binding(5) var<storage, read_write> QO: array<f32>;
-@group(1) @binding(6) var<storage, read_write> KCACHE: array<f32>;
-@group(1) @binding(7) var<storage, read_write> VCACHE: array<f32>;
+@group(1) @binding(6) var<storage, read_write> KCACHE: array<CacheT>;
+@group(1) @binding(7) var<storage, read_write> VCACHE: array<CacheT>;
 
 // dtype codes of WQ and WK
 override WQD: u32 = 0u;
@@ -128,7 +128,7 @@ fn qkv_write(it: QkvItem, inv: f32, lane: u32, n: u32) {
     if (it.kind == 2u) {
         let dst = (it.h * QP.capacity + slot) * d;
         for (var i = lane; i < d; i += n) {
-            VCACHE[dst + i] = RAW[it.src + i] * inv;
+            VCACHE[dst + i] = to_cache(RAW[it.src + i] * inv);
         }
         return;
     }
@@ -157,8 +157,8 @@ fn qkv_write(it: QkvItem, inv: f32, lane: u32, n: u32) {
             QO[dst + i + half] = rb;
         } else {
             let dst = (it.h * QP.capacity + slot) * d;
-            KCACHE[dst + i] = ra;
-            KCACHE[dst + i + half] = rb;
+            KCACHE[dst + i] = to_cache(ra);
+            KCACHE[dst + i + half] = to_cache(rb);
         }
     }
 }

@@ -351,7 +351,8 @@ pub trait ComputeBackend {
     /// Submit the recorded batch and wait until the device is idle.
     fn sync(&self) -> Result<()>;
 
-    /// Read back an f32 buffer (flushes and waits).
+    /// Read back an f32 buffer, or an f16 one (a KV cache) widened exactly
+    /// (flushes and waits).
     fn download_f32(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
     /// Read back a u32 buffer (flushes and waits).
     fn download_u32(&self, buf: &Self::Buffer) -> Result<Vec<u32>>;

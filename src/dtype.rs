@@ -125,3 +125,63 @@ pub fn f16_row_scale(row: &[f32]) -> (f32, f32) {
     let inv = f32::from_bits(((127 - 14 + e) as u32) << 23);
     (s, inv)
 }
+
+/// An f32 as an f16 KV cache stores it (kernels/kv_f16.wgsl's `to_cache`
+/// computes the same bits): to nearest, ties to even; finite values past
+/// f16's largest (65504) held there rather than turned to inf (a cache row
+/// with an inf key would make every later score NaN); below f16's smallest
+/// normal (2^-14) a signed zero, because devices differ in whether they keep
+/// f16 subnormals and the cache must hold the same bits on each. Inf and
+/// NaN pass. Gemma 4 caches normed rows (|x| about 1 to 30), where neither
+/// edge is reached.
+pub fn kv_half(x: f32) -> half::f16 {
+    const SIGN: u32 = 0x8000_0000;
+    const MIN_NORMAL: u32 = 0x3880_0000; // 2^-14
+    const MAX_HALF: u32 = 0x477f_e000; // 65504
+    let b = x.to_bits();
+    let mag = b & !SIGN;
+    if mag >= 0x7f80_0000 {
+        return half::f16::from_f32(x);
+    }
+    if mag < MIN_NORMAL {
+        return half::f16::from_f32(f32::from_bits(b & SIGN));
+    }
+    // Round the low 13 mantissa bits away, to nearest even.
+    let r = (b + 0xfff + ((b >> 13) & 1)) & 0xffff_e000;
+    let r = if r & !SIGN > MAX_HALF {
+        (b & SIGN) | MAX_HALF
+    } else {
+        r
+    };
+    half::f16::from_f32(f32::from_bits(r))
+}
+
+#[cfg(test)]
+mod kv_half_tests {
+    use super::kv_half;
+
+    /// In f16's normal range the rule is round-to-nearest-even, as `half`'s
+    /// own conversion; the edges flush and saturate.
+    #[test]
+    fn kv_half_rounds_to_nearest_and_holds_the_edges() {
+        let mut rng = crate::rng::Rng::new(7);
+        for _ in 0..100_000 {
+            let x = rng.normal(40.0);
+            if x.abs() >= 2f32.powi(-14) {
+                assert_eq!(kv_half(x), half::f16::from_f32(x), "{x}");
+            }
+        }
+        // ties: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 (even: 1)
+        assert_eq!(kv_half(1.0 + 2f32.powi(-11)).to_f32(), 1.0);
+        assert_eq!(
+            kv_half(1.0 + 3.0 * 2f32.powi(-11)).to_f32(),
+            1.0 + 2.0 * 2f32.powi(-10)
+        );
+        assert_eq!(kv_half(3.0e-5).to_f32(), 0.0);
+        assert!(kv_half(-3.0e-5).is_sign_negative());
+        assert_eq!(kv_half(1.0e6).to_f32(), 65504.0);
+        assert_eq!(kv_half(-65530.0).to_f32(), -65504.0);
+        assert_eq!(kv_half(f32::INFINITY).to_f32(), f32::INFINITY);
+        assert!(kv_half(f32::NAN).is_nan());
+    }
+}

@@ -11,22 +11,45 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpKind {
     RmsNorm,
-    Matmul { w: DType },
-    Router { w: DType },
-    MoeGateUp { w: DType },
-    MoeDown { w: DType },
+    Matmul {
+        w: DType,
+    },
+    Router {
+        w: DType,
+    },
+    MoeGateUp {
+        w: DType,
+    },
+    MoeDown {
+        w: DType,
+    },
     Rope,
     KvAppend,
-    Attention { head_dim: u32 },
+    Attention {
+        head_dim: u32,
+    },
     Add,
     Scale,
     GeluMul,
     Softcap,
-    Embed { w: DType },
+    Embed {
+        w: DType,
+    },
     Argmax,
-    PostAttention { dim: u32 },
-    PostFfn { dim: u32 },
-    QkvPost { head_dim: u32 },
+    PostAttention {
+        dim: u32,
+    },
+    PostFfn {
+        dim: u32,
+    },
+    QkvPost {
+        head_dim: u32,
+    },
+    /// KV caches of this element type (one of [`CACHES`]), which every op
+    /// that reads or writes the caches takes.
+    KvCache {
+        dtype: DType,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -321,20 +344,24 @@ impl QkvPost {
         rope_dims(OP, self.head_dim, self.rot_pairs)?;
         fits_cache(OP, self.m, self.capacity)?;
         let (kv, hd) = (self.capacity * self.kv_heads * self.head_dim, self.head_dim);
-        check_args(
+        check_caches(OP, kc, vc, kv)?;
+        let mut all = check_args(
             OP,
             &[
                 ("raw", Some(raw), &F32, self.m * self.raw_row()),
                 ("w_q", Some(wq), &FLOATS, hd),
                 ("w_k", Some(wk), &FLOATS, hd),
                 ("positions", Some(pos), &U32, self.m),
+                ("q", Some(q), &F32, self.m * self.heads * hd),
             ],
-            &[
-                ("q", Some(q), self.m * self.heads * hd),
-                ("k_cache", Some(kc), kv),
-                ("v_cache", Some(vc), kv),
-            ],
-        )
+            &[],
+        )?;
+        // q and the caches are outputs: none may alias an input or another.
+        let q = all.pop().flatten();
+        let outs = [q, Some(kc), Some(vc)];
+        no_alias_all(OP, &outs, &all)?;
+        all.extend(outs);
+        Ok(all)
     }
 }
 
@@ -431,6 +458,27 @@ pub fn no_alias<B: DeviceBuffer>(op: &'static str, out: &B, inputs: &[Option<&B>
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub const F32: [DType; 1] = [DType::F32];
 pub const U32: [DType; 1] = [DType::U32];
+/// The KV caches' element types: f32 (the default) or f16, which halves
+/// the caches' memory and what attention reads (`ModelOptions::kv_cache`).
+pub const CACHES: [DType; 2] = [DType::F32, DType::F16];
+
+/// A layer's K and V caches: each one of [`CACHES`], both the same, each at
+/// least `need` elements.
+pub fn check_caches<B: DeviceBuffer>(op: &'static str, kc: &B, vc: &B, need: usize) -> Result<()> {
+    check_buf(op, "k_cache", kc, &CACHES, need)?;
+    check_buf(op, "v_cache", vc, &CACHES, need)?;
+    if kc.dtype() != vc.dtype() {
+        return Err(Error::shape(
+            op,
+            format!(
+                "`k_cache` is {} but `v_cache` is {}: a layer's caches share one dtype",
+                kc.dtype(),
+                vc.dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// RoPE turns pairs (d, d + head_dim / 2): head_dim even, at most half of
 /// it rotated.
@@ -648,8 +696,7 @@ impl KvAppend {
         let row = self.kv_heads * self.head_dim;
         check_buf(OP, "k", k, &F32, self.m * row)?;
         check_buf(OP, "v", v, &F32, self.m * row)?;
-        check_buf(OP, "k_cache", kc, &F32, self.capacity * row)?;
-        check_buf(OP, "v_cache", vc, &F32, self.capacity * row)?;
+        check_caches(OP, kc, vc, self.capacity * row)?;
         check_buf(OP, "positions", pos, &U32, self.m)?;
         no_alias(OP, kc, &[Some(k), Some(v), Some(vc), Some(pos)])?;
         no_alias(OP, vc, &[Some(k), Some(v), Some(pos)])
@@ -694,20 +741,7 @@ impl Attention {
         }
         let qn = self.m * self.heads * self.head_dim;
         check_buf(OP, "q", q, &F32, qn)?;
-        check_buf(
-            OP,
-            "k_cache",
-            kc,
-            &F32,
-            self.capacity * self.kv_heads * self.head_dim,
-        )?;
-        check_buf(
-            OP,
-            "v_cache",
-            vc,
-            &F32,
-            self.capacity * self.kv_heads * self.head_dim,
-        )?;
+        check_caches(OP, kc, vc, self.capacity * self.kv_heads * self.head_dim)?;
         check_buf(OP, "positions", pos, &U32, self.m)?;
         check_buf(OP, "out", out, &F32, qn)?;
         no_alias(OP, out, &[Some(q), Some(kc), Some(vc), Some(pos)])

@@ -348,9 +348,14 @@ fn flagship_shape() {
     let kv_row = |keys_full: u64, keys_sliding: u64| {
         (5 * keys_full * 2 * 512 + 25 * keys_sliding * 8 * 256) * 2 * 4
     };
-    assert_eq!(c.kv_bytes_per_token(0), kv_row(1, 1));
-    assert_eq!(c.kv_bytes_per_token(1023), kv_row(1024, 1024));
-    assert_eq!(c.kv_bytes_per_token(32767), kv_row(32768, 1024));
+    assert_eq!(c.kv_bytes_per_token(0, DType::F32), kv_row(1, 1));
+    assert_eq!(c.kv_bytes_per_token(1023, DType::F32), kv_row(1024, 1024));
+    assert_eq!(c.kv_bytes_per_token(32767, DType::F32), kv_row(32768, 1024));
+    // f16 caches read half
+    assert_eq!(
+        2 * c.kv_bytes_per_token(32767, DType::F16),
+        kv_row(32768, 1024)
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use common::nmse;
 use turbospark::model::sampling::Sampler;
 use turbospark::model::synthetic::{tiny_config, SyntheticSource};
 use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, LOGITS_BATCH};
-use turbospark::{ComputeBackend, Error};
+use turbospark::{ComputeBackend, DType, Error};
 use turbospark_cpu::CpuBackend;
 
 /// Both paths do the same f32 arithmetic per row (the CPU ops process rows
@@ -135,6 +135,7 @@ fn logits_over_several_batches_and_head_slices() {
     let o = ModelOptions {
         max_context: 64,
         prefill_batch: 20,
+        ..Default::default()
     };
     batched_and_single(CpuBackend::new(), o, 45);
 }
@@ -183,6 +184,7 @@ fn row_after_prefill<B: ComputeBackend>(
     let o = ModelOptions {
         max_context: 64,
         prefill_batch,
+        ..Default::default()
     };
     let mut m = Model::load(be, src, o).unwrap();
     let p = prompt(2 * batch + 5, m.config().vocab);
@@ -223,6 +225,19 @@ fn bad_prefill_batch_is_refused() {
         };
         let e = Model::load(CpuBackend::new(), &src, o).err().unwrap();
         assert!(e.to_string().contains("prefill_batch"), "{e}");
+    }
+}
+
+#[test]
+fn bad_kv_cache_dtype_is_refused() {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    for kv_cache in [DType::BF16, DType::U32] {
+        let o = ModelOptions {
+            kv_cache,
+            ..Default::default()
+        };
+        let e = Model::load(CpuBackend::new(), &src, o).err().unwrap();
+        assert!(e.to_string().contains("kv_cache"), "{e}");
     }
 }
 
@@ -287,6 +302,7 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
     let o = ModelOptions {
         max_context: 64,
         prefill_batch: 8,
+        ..Default::default()
     };
     let mut m = Model::load(CpuBackend::new(), &src, o).unwrap();
     let vocab = m.config().vocab;

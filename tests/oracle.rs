@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::nmse;
 use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions, Sampling};
-use turbospark::ComputeBackend;
+use turbospark::{ComputeBackend, DType};
 use turbospark_cpu::CpuBackend;
 
 /// Limit on the NMSE of each logits row against transformers (float32,
@@ -64,12 +64,13 @@ fn expected(dir: &Path) -> Expected {
     }
 }
 
-fn load<B: ComputeBackend>(backend: B, ck: &Checkpoint) -> Model<B> {
+fn load<B: ComputeBackend>(backend: B, ck: &Checkpoint, kv_cache: DType) -> Model<B> {
     Model::load(
         backend,
         ck,
         ModelOptions {
             max_context: 64,
+            kv_cache,
             ..Default::default()
         },
     )
@@ -204,15 +205,26 @@ fn check_rows(name: &str, what: &str, got: &[Vec<f32>], truth: &[Row]) -> f64 {
     worst
 }
 
-fn oracle<B: ComputeBackend>(backend: B, name: &str) {
+/// The fixture `name` reproduced by `backend` with KV caches of
+/// `kv_cache`. f16 caches round every key and value, so their truth is the
+/// CPU reference with f16 caches (rounding its GEMM inputs as `backend`
+/// does), each row with the allowance that rounding sets
+/// (`common::rounding_allowance`: the reference itself within 1e-4 of
+/// transformers); on the CPU reference that is itself, so its f16 test
+/// checks that bound.
+fn oracle<B: ComputeBackend>(backend: B, name: &str, kv_cache: DType) {
     let dir = fixture(name);
     let ck = Checkpoint::open(&dir).unwrap();
-    let reference = common::reference_for(&backend).map(|cpu| load(cpu, &ck));
+    let reference = match common::reference_for(&backend) {
+        Some(cpu) => Some(cpu),
+        None => (kv_cache != DType::F32).then(CpuBackend::new),
+    }
+    .map(|cpu| load(cpu, &ck, kv_cache));
     let mut truth = Truth {
         want: expected(&dir),
         reference,
     };
-    let mut model = load(backend, &ck);
+    let mut model = load(backend, &ck, kv_cache);
     assert_eq!(model.config().vocab, truth.want.vocab);
     let tokens = truth.want.tokens.clone();
     let n = tokens.len();
@@ -224,7 +236,7 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
     let rows = model.logits(&tokens).unwrap();
     let worst = check_rows(name, "teacher-forced rows", &rows, &truth.rows(&tokens));
     let against = if truth.reference.is_some() {
-        "the CPU reference rounding its GEMMs' inputs alike"
+        "the CPU reference rounding alike"
     } else {
         "transformers"
     };
@@ -233,7 +245,7 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
         let cost = (0..n)
             .map(|i| nmse(&rows[i], truth.want(i)))
             .fold(0f64, f64::max);
-        eprintln!("{name}: with f16-rounded GEMM inputs, worst row NMSE vs transformers {cost:e}");
+        eprintln!("{name}: rounded as the backend rounds, worst row NMSE vs transformers {cost:e}");
     }
 
     // Token-by-token decode.
@@ -268,24 +280,38 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str) {
 
 #[test]
 fn cpu_tiny_text() {
-    oracle(CpuBackend::new(), "tiny-text");
+    oracle(CpuBackend::new(), "tiny-text", DType::F32);
 }
 
 #[test]
 fn cpu_tiny_multimodal() {
-    oracle(CpuBackend::new(), "tiny-multimodal");
+    oracle(CpuBackend::new(), "tiny-multimodal", DType::F32);
 }
 
 #[test]
 fn wgpu_tiny_text() {
     if let Some(b) = common::wgpu_backend() {
-        oracle(b, "tiny-text");
+        oracle(b, "tiny-text", DType::F32);
     }
 }
 
 #[test]
 fn wgpu_tiny_multimodal() {
     if let Some(b) = common::wgpu_backend() {
-        oracle(b, "tiny-multimodal");
+        oracle(b, "tiny-multimodal", DType::F32);
+    }
+}
+
+// f16 KV caches (`ModelOptions::kv_cache`), on one fixture: both layer
+// kinds and every cache op run in it.
+#[test]
+fn cpu_tiny_text_f16_caches() {
+    oracle(CpuBackend::new(), "tiny-text", DType::F16);
+}
+
+#[test]
+fn wgpu_tiny_text_f16_caches() {
+    if let Some(b) = common::wgpu_backend() {
+        oracle(b, "tiny-text", DType::F16);
     }
 }

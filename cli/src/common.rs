@@ -21,6 +21,25 @@ pub enum BackendKind {
     Wgpu,
 }
 
+/// The KV caches' element type (`--kv-cache`; `ModelOptions::kv_cache`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvCache {
+    /// f32: exact (the default).
+    F32,
+    /// f16: half the caches' memory and the attention's reads; each key and
+    /// value rounded to 11 significant bits.
+    F16,
+}
+
+impl KvCache {
+    pub fn dtype(self) -> turbospark::DType {
+        match self {
+            KvCache::F32 => turbospark::DType::F32,
+            KvCache::F16 => turbospark::DType::F16,
+        }
+    }
+}
+
 /// Print an error and every cause under it (never a panic, never a backtrace).
 pub fn print_error_chain(e: &(dyn StdError + 'static)) {
     eprintln!("error: {e}");

@@ -10,6 +10,7 @@ use turbospark_cpu::CpuBackend;
 
 use crate::common::{
     decode, encode, open_checkpoint, open_wgpu, parse_tokens, tokenizer, BackendKind, CliResult,
+    KvCache,
 };
 
 #[derive(clap::Args)]
@@ -43,6 +44,10 @@ pub struct Args {
     /// Most prompt tokens per prefill pass (more: fewer weight reads, more memory).
     #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH)]
     prefill_batch: usize,
+    /// The KV caches' element type: f16 halves their memory and the
+    /// attention's reads at long contexts, rounding each key and value.
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_cache: KvCache,
 }
 
 /// Sampling flags: none (or a temperature of 0) means greedy decoding.
@@ -139,6 +144,7 @@ fn generate_on<B: ComputeBackend>(
         ModelOptions {
             max_context: a.max_context,
             prefill_batch: a.prefill_batch,
+            kv_cache: a.kv_cache.dtype(),
         },
     )?;
     Ok((model.generate(prompt, opts)?, device))

@@ -8,7 +8,7 @@ use turbospark::model::decoder::{runtime_bytes, DEFAULT_PREFILL_BATCH};
 use turbospark::model::{LayerKind, ModelConfig};
 use turbospark::{BackendInfo, ComputeBackend, DType};
 
-use crate::common::{human_bytes, open_checkpoint, open_wgpu, CliResult};
+use crate::common::{human_bytes, open_checkpoint, open_wgpu, CliResult, KvCache};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,6 +24,9 @@ pub struct Args {
     /// Prompt tokens per prefill pass to size the batch activations for.
     #[arg(long, default_value_t = DEFAULT_PREFILL_BATCH)]
     prefill_batch: usize,
+    /// The KV caches' element type to size them for.
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_cache: KvCache,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -49,7 +52,7 @@ pub fn run(a: Args) -> CliResult {
             ck.config(),
             dtype,
             ck.total_bytes(),
-            (a.max_context, a.prefill_batch),
+            (a.max_context, a.prefill_batch, a.kv_cache.dtype()),
         );
     }
     Ok(())
@@ -103,7 +106,7 @@ fn print_model(
     cfg: &ModelConfig,
     dtype: DType,
     weight_bytes: u64,
-    (max_context, prefill_batch): (usize, usize),
+    (max_context, prefill_batch, kv_cache): (usize, usize, DType),
 ) {
     let full = cfg
         .layers
@@ -138,10 +141,10 @@ fn print_model(
         "  bytes read per decoded token ({dtype}): {}",
         human_bytes(cfg.bytes_per_token(dtype))
     );
-    let run = runtime_bytes(cfg, max_context, prefill_batch);
+    let run = runtime_bytes(cfg, max_context, prefill_batch, kv_cache);
     println!(
         "  memory for a run at --max-context {max_context} (prefill batches of \
-         {prefill_batch}): {} weights + {} KV caches and scratch = {}",
+         {prefill_batch}, {kv_cache} KV caches): {} weights + {} KV caches and scratch = {}",
         human_bytes(weight_bytes),
         human_bytes(run),
         human_bytes(weight_bytes + run)

@@ -15,7 +15,6 @@ use serde_json::Value;
 use super::json::{config_err, show, Fields};
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::model::decoder::KV_CACHE_DTYPE;
 use crate::Result;
 
 /// Attention kind of one layer (`layer_types`).
@@ -301,9 +300,9 @@ impl ModelConfig {
     /// Bytes of the KV caches a decoded token's attention reads at position
     /// `pos` (keys `0..=pos` seen, the sliding layers' last
     /// `sliding_window` of them): each seen key's K and V rows of every kv
-    /// head, at [`KV_CACHE_DTYPE`]. With [`Self::bytes_per_token`] the
+    /// head, in caches of `kv_cache`. With [`Self::bytes_per_token`] the
     /// whole read of a decode step at a long context.
-    pub fn kv_bytes_per_token(&self, pos: usize) -> u64 {
+    pub fn kv_bytes_per_token(&self, pos: usize, kv_cache: DType) -> u64 {
         let seen = pos + 1;
         self.layers
             .iter()
@@ -312,7 +311,7 @@ impl ModelConfig {
                     LayerKind::Full => seen,
                     LayerKind::Sliding => seen.min(self.sliding_window),
                 };
-                (keys * l.kv_heads * l.head_dim * 2 * KV_CACHE_DTYPE.size()) as u64
+                (keys * l.kv_heads * l.head_dim * 2 * kv_cache.size()) as u64
             })
             .sum()
     }

@@ -34,23 +34,20 @@
 use std::time::Instant;
 
 use crate::backend::{
-    ComputeBackend, DownArgs, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs,
+    ComputeBackend, DownArgs, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs, Support,
 };
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::sampling::{Sampler, Sampling};
 use crate::model::weights::{LayerWeights, TensorSource, Weights};
-use crate::ops::{Embed, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
+use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 /// Tokens one prefill batch carries by default. Large enough that each
 /// expert of Gemma 4 26B-A4B sees a full GEMM tile of tokens per batch
 /// (512 x top-8 / 128 experts = 32), so a batch reads the weights once for
 /// many tokens; the batch's activations cost ~0.3 GB at that size.
 pub const DEFAULT_PREFILL_BATCH: usize = 512;
-
-/// The KV caches' element type (every attention kernel reads f32 rows).
-pub const KV_CACHE_DTYPE: DType = DType::F32;
 
 /// Most tokens a prefill batch may carry (`ModelOptions::prefill_batch`).
 pub const MAX_PREFILL_BATCH: usize = 4096;
@@ -72,6 +69,13 @@ pub struct ModelOptions {
     /// GPU's GEMM tiles full; they cost activation memory and sliding-window
     /// cache slots (see [`Model::load`]).
     pub prefill_batch: usize,
+    /// The KV caches' element type: f32 (the default, and what the
+    /// transformers fixtures are reproduced with), or f16, which halves the
+    /// caches' memory and what a decode step's attention reads, as
+    /// llama.cpp's default does. An f16 cache rounds each key and value to
+    /// 11 significant bits on append (`dtype::kv_half`); the wgpu backend
+    /// needs the device's shader-f16 feature for it.
+    pub kv_cache: DType,
 }
 
 impl Default for ModelOptions {
@@ -79,6 +83,7 @@ impl Default for ModelOptions {
         ModelOptions {
             max_context: 4096,
             prefill_batch: DEFAULT_PREFILL_BATCH,
+            kv_cache: DType::F32,
         }
     }
 }
@@ -295,6 +300,23 @@ impl<B: ComputeBackend> Model<B> {
                 opts.max_context
             )));
         }
+        if !crate::ops::CACHES.contains(&opts.kv_cache) {
+            return Err(Error::InvalidInput(format!(
+                "kv_cache {}: the KV caches are f32 or f16",
+                opts.kv_cache
+            )));
+        }
+        // Before a weight is uploaded: a device that cannot run f16 caches
+        // says so now, not at the first token.
+        if let Support::No(reason) = backend.supports(&OpKind::KvCache {
+            dtype: opts.kv_cache,
+        }) {
+            return Err(Error::Unsupported {
+                backend: backend.info().backend.clone(),
+                op: format!("{} KV caches", opts.kv_cache),
+                reason,
+            });
+        }
         // A batch never holds more tokens than the context.
         let prefill_batch = opts.prefill_batch.min(opts.max_context);
         check_batch_fits(&cfg, prefill_batch, backend.info().limits.max_binding_bytes)?;
@@ -304,8 +326,8 @@ impl<B: ComputeBackend> Model<B> {
             let capacity = cache_capacity(&cfg, l.kind, opts.max_context, prefill_batch);
             let n = l.kv_heads * capacity * l.head_dim;
             caches.push(KvCache {
-                k: backend.alloc(KV_CACHE_DTYPE, n, &format!("layers.{i}.k_cache"))?,
-                v: backend.alloc(KV_CACHE_DTYPE, n, &format!("layers.{i}.v_cache"))?,
+                k: backend.alloc(opts.kv_cache, n, &format!("layers.{i}.k_cache"))?,
+                v: backend.alloc(opts.kv_cache, n, &format!("layers.{i}.v_cache"))?,
                 capacity,
             });
         }
@@ -1005,8 +1027,14 @@ pub fn cache_capacity(
     }
 }
 
-/// Device bytes a run needs beyond the weights: KV caches and both scratches.
-pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize) -> u64 {
+/// Device bytes a run needs beyond the weights: KV caches (of `kv_cache`)
+/// and both scratches.
+pub fn runtime_bytes(
+    cfg: &ModelConfig,
+    max_context: usize,
+    prefill_batch: usize,
+    kv_cache: DType,
+) -> u64 {
     let prefill_batch = prefill_batch.min(max_context);
     let kv: usize = cfg
         .layers
@@ -1034,7 +1062,7 @@ pub fn runtime_bytes(cfg: &ModelConfig, max_context: usize, prefill_batch: usize
     // Logits rows (and a head slice's gathered rows and their ids): one for
     // decode, a head batch for teacher forcing.
     let logits = (2 * cfg.vocab + cfg.hidden + 1) * (1 + head_batch(prefill_batch));
-    (kv * KV_CACHE_DTYPE.size() + (per_row * (1 + prefill_batch) + logits) * 4) as u64
+    (kv * kv_cache.size() + (per_row * (1 + prefill_batch) + logits) * 4) as u64
 }
 
 fn rate(n: usize, since: Instant) -> f64 {
@@ -1071,7 +1099,18 @@ mod tests {
     #[test]
     fn runtime_bytes_counts_a_batch_of_at_most_the_context() {
         let cfg = tiny_config();
-        assert_eq!(runtime_bytes(&cfg, 64, 512), runtime_bytes(&cfg, 64, 64));
-        assert!(runtime_bytes(&cfg, 64, 32) < runtime_bytes(&cfg, 64, 64));
+        let f32s = |ctx, batch| runtime_bytes(&cfg, ctx, batch, DType::F32);
+        assert_eq!(f32s(64, 512), f32s(64, 64));
+        assert!(f32s(64, 32) < f32s(64, 64));
+        // f16 caches: the caches' half less
+        let caches: usize = cfg
+            .layers
+            .iter()
+            .map(|l| 2 * l.kv_heads * l.head_dim * cache_capacity(&cfg, l.kind, 64, 64))
+            .sum();
+        assert_eq!(
+            f32s(64, 64) - runtime_bytes(&cfg, 64, 64, DType::F16),
+            2 * caches as u64
+        );
     }
 }

@@ -229,12 +229,16 @@ fn kv_append() -> Vec<Op> {
             capacity,
         },
         pos0,
+        kv: F32,
     };
-    vec![
+    let v = vec![
         c(1, 8, 256, 1039, 5000), // sliding ring, wrapped
         c(16, 2, 512, 64, 30),
         c(5, 1, 64, 7, 3), // wraps inside the batch
-    ]
+    ];
+    // f16 caches: the same appends, rounded as kv_half rounds
+    let f16: Vec<Op> = v.iter().map(|o| o.clone().with_kv(F16)).collect();
+    v.into_iter().chain(f16).collect()
 }
 
 fn attention(full: bool) -> Vec<Op> {
@@ -319,6 +323,7 @@ fn attention(full: bool) -> Vec<Op> {
             pos0,
             stride: 1,
             large_values: true,
+            kv: F32,
         });
     }
     // Rows far apart (positions 40 apart, a 32-key window over a 64-slot
@@ -338,15 +343,34 @@ fn attention(full: bool) -> Vec<Op> {
             pos0: 70,
             stride: 40,
             large_values: false,
+            kv: F32,
         });
     }
     // A cache under 16 slots: a 16-key step wraps the ring more than once
     // (the tensor-core scratch's mirror rows repeat it).
     v.push(c(20, 4, 2, 128, 8, 8, 40));
     v.push(c(18, 4, 4, 128, 12, 12, 100));
+    // f16 caches on each kernel: decode rows of both layer types, several
+    // chunks a split, rows of wide and of narrow groups, 16 heads a kv
+    // head (attn_split), a sliding micro-batch, the prefill batches (the
+    // tensor-core one where the device has it)
+    for op in [
+        c(1, 16, 8, 256, 1039, 1024, 3000),
+        c(1, 16, 2, 512, 4096, 0, 4000),
+        c(1, 32, 4, 128, 4200, 0, 4199),
+        c(9, 16, 2, 512, 300, 200, 1000),
+        c(5, 4, 4, 64, 50, 0, 45),
+        c(4, 16, 1, 64, 100, 0, 60),
+        c(16, 16, 8, 256, 1039, 1024, 2000),
+        c(40, 16, 8, 256, 1063, 1024, 2000),
+        c(48, 8, 4, 128, 200, 0, 150),
+    ] {
+        v.push(op.with_kv(F16));
+    }
     if full {
         v.push(c(1, 16, 2, 512, 32768, 0, 32767));
         v.push(c(1, 16, 8, 256, 1039, 1024, 32767));
+        v.push(c(1, 16, 2, 512, 32768, 0, 32767).with_kv(F16));
     }
     v
 }
@@ -428,6 +452,7 @@ fn fused() -> Vec<Op> {
         ),
         pos0,
         w,
+        kv: F32,
     };
     vec![
         pa(1, 2816, true, BF16),
@@ -451,6 +476,12 @@ fn fused() -> Vec<Op> {
         // elements and with one)
         qkv(103, 16, 2, 512, 64, 4096, true, 4000, BF16),
         qkv(410, 3, 1, 40, 7, 500, false, 11, BF16),
+        // f16 caches: a sliding and a full decode row, an odd small shape,
+        // the warp per item
+        qkv(1, 16, 8, 256, 128, 1039, false, 30_000, BF16).with_kv(F16),
+        qkv(1, 16, 2, 512, 64, 4096, true, 4000, BF16).with_kv(F16),
+        qkv(3, 4, 2, 12, 3, 5, true, 7, F16).with_kv(F16),
+        qkv(103, 16, 2, 512, 64, 4096, true, 4000, BF16).with_kv(F16),
     ]
 }
 
@@ -498,6 +529,7 @@ fn qkv_post_attention() -> Vec<Op> {
             window,
             pos0,
             w,
+            kv: F32,
         }
     };
     vec![
@@ -518,6 +550,17 @@ fn qkv_post_attention() -> Vec<Op> {
         // a prefill batch (the decoder's call at 17 rows and more: on
         // tensor cores the cooperative attention after qkv_post)
         c(20, 4, 2, 256, 128, 64, false, 32, 10, BF16),
+        // f16 caches: the fused decode rows of both layer types, the new
+        // key in a split's second chunk. (Not a prefill batch: its keys,
+        // which the two backends compute a few f32 ulps apart, round to
+        // f16 one ulp apart now and then, and at Gemma 4's attention scale
+        // of 1 a flip in the leading key moves the output by up to ~1e-8
+        // NMSE (lavapipe, 11 seeds: 2e-11 .. 7e-9). The batch's two ops
+        // are each checked on f16 caches: qkv_post above, attention's
+        // prefill cases on caches given in f16.)
+        c(1, 16, 8, 256, 128, 1039, false, 1024, 30_000, BF16).with_kv(F16),
+        c(1, 16, 2, 512, 64, 4096, true, 0, 4000, BF16).with_kv(F16),
+        c(1, 8, 1, 64, 16, 8300, false, 0, 8299, BF16).with_kv(F16),
     ]
 }
 

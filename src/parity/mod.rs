@@ -68,6 +68,8 @@ impl std::fmt::Display for Outcome {
 #[derive(Clone, Debug)]
 pub enum HostTensor {
     F32(Vec<f32>),
+    /// An f16 KV cache.
+    F16(Vec<half::f16>),
     U32(Vec<u32>),
     /// A weight in its stored dtype (`values` are exactly the decoded bytes).
     Weight {
@@ -88,7 +90,8 @@ pub enum OutSpec {
     F32(usize),
     /// A fresh buffer of `len` u32, poisoned before the run.
     U32(usize),
-    /// Input number `i` (f32, `len` elements) modified in place.
+    /// Input number `i` (f32, or an f16 cache; `len` elements) modified in
+    /// place, read back as f32.
     InPlace(usize, usize),
 }
 
@@ -99,6 +102,9 @@ impl HostTensor {
         match self {
             HostTensor::F32(v) => {
                 b.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
+            }
+            HostTensor::F16(v) => {
+                b.upload(DType::F16, HostBytes::Slice(bytemuck::cast_slice(v)), label)
             }
             HostTensor::U32(v) => {
                 b.upload(DType::U32, HostBytes::Slice(bytemuck::cast_slice(v)), label)
@@ -127,6 +133,11 @@ fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, guard: bool, label: &str) ->
             let mut w = v.clone();
             w.extend(std::iter::repeat_n(f32::NAN, GUARD));
             HostTensor::F32(w).upload(b, label)
+        }
+        HostTensor::F16(v) if guard => {
+            let mut w = v.clone();
+            w.extend(std::iter::repeat_n(half::f16::NAN, GUARD));
+            HostTensor::F16(w).upload(b, label)
         }
         _ => t.upload(b, label),
     }

@@ -5,7 +5,7 @@ use super::{HostTensor, OutSpec};
 use crate::backend::{
     ComputeBackend, DownArgs, ExpertStack, GateUpArgs, PostAttentionArgs, RouterArgs,
 };
-use crate::dtype::encode_f32;
+use crate::dtype::{encode_f32, kv_half};
 use crate::ops::{
     Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm,
     Rope, Router,
@@ -74,10 +74,12 @@ pub enum Op {
     Rope {
         p: Rope,
     },
-    /// Appends m entries at positions `pos0..pos0+m` into random caches.
+    /// Appends m entries at positions `pos0..pos0+m` into random caches of
+    /// `kv` (f32 or f16).
     KvAppend {
         p: KvAppend,
         pos0: usize,
+        kv: DType,
     },
     /// m queries at positions `pos0 + t * stride` over random full caches
     /// (stride 1: consecutive, as the decoder's; wider, rows whose keys
@@ -85,11 +87,13 @@ pub enum Op {
     /// `large_values`: every seventh value row is scaled by 2^17, past
     /// f16's range (the tensor-core attention scales such rows down and
     /// their probabilities up, `turbospark::GemmRounding`).
+    /// `kv`: the caches' element type (f32 or f16).
     Attention {
         p: Attention,
         pos0: usize,
         stride: usize,
         large_values: bool,
+        kv: DType,
     },
     Add {
         n: usize,
@@ -147,11 +151,12 @@ pub enum Op {
         next: bool,
         w: DType,
     },
-    /// m tokens at positions `pos0..pos0+m` into random caches.
+    /// m tokens at positions `pos0..pos0+m` into random caches of `kv`.
     QkvPost {
         p: QkvPost,
         pos0: usize,
         w: DType,
+        kv: DType,
     },
     /// `qkv_post_attention`: `QkvPost`'s case, then attention over its
     /// outputs (`window`: the layer's; same rows, heads and caches).
@@ -160,7 +165,26 @@ pub enum Op {
         window: usize,
         pos0: usize,
         w: DType,
+        kv: DType,
     },
+}
+
+/// A random KV cache of `kv`: f32 as drawn, or each value as an f16 cache
+/// stores it (`kv_half`).
+fn cache_tensor(values: Vec<f32>, kv: DType) -> HostTensor {
+    match kv {
+        DType::F16 => HostTensor::F16(values.into_iter().map(kv_half).collect()),
+        _ => HostTensor::F32(values),
+    }
+}
+
+/// A case name's mark for f16 caches (f32 ones, the default, have none).
+fn kv_suffix(kv: DType) -> &'static str {
+    if kv == DType::F16 {
+        ",kv=f16"
+    } else {
+        ""
+    }
 }
 
 /// An RMSNorm weight away from 1 (so a missing multiply shows).
@@ -236,7 +260,21 @@ impl Op {
             pos0,
             stride: 1,
             large_values: false,
+            kv: DType::F32,
         }
+    }
+
+    /// The same case with KV caches of `dtype` (ops without caches
+    /// unchanged).
+    pub fn with_kv(mut self, dtype: DType) -> Op {
+        match &mut self {
+            Op::KvAppend { kv, .. }
+            | Op::Attention { kv, .. }
+            | Op::QkvPost { kv, .. }
+            | Op::QkvPostAttention { kv, .. } => *kv = dtype,
+            _ => {}
+        }
+        self
     }
 
     /// The family the case belongs to (one WGSL kernel family).
@@ -337,17 +375,22 @@ impl Op {
                 "{f}(m={},heads={},head_dim={},rot_pairs={},theta={})",
                 p.m, p.heads, p.head_dim, p.rot_pairs, p.theta
             ),
-            Op::KvAppend { p, pos0 } => format!(
-                "{f}(m={},kv_heads={},head_dim={},capacity={},pos0={pos0})",
-                p.m, p.kv_heads, p.head_dim, p.capacity
+            Op::KvAppend { p, pos0, kv } => format!(
+                "{f}(m={},kv_heads={},head_dim={},capacity={},pos0={pos0}{})",
+                p.m,
+                p.kv_heads,
+                p.head_dim,
+                p.capacity,
+                kv_suffix(*kv)
             ),
             Op::Attention {
                 p,
                 pos0,
                 stride,
                 large_values,
+                kv,
             } => format!(
-                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0}{}{})",
+                "{f}(m={},heads={},kv_heads={},head_dim={},capacity={},window={},pos0={pos0}{}{}{})",
                 p.m,
                 p.heads,
                 p.kv_heads,
@@ -359,7 +402,8 @@ impl Op {
                 } else {
                     format!(",stride={stride}")
                 },
-                if *large_values { ",large_values" } else { "" }
+                if *large_values { ",large_values" } else { "" },
+                kv_suffix(*kv)
             ),
             Op::Add { n } => format!("{f}(n={n})"),
             Op::Scale { n, s } => format!("{f}(n={n},s={s})"),
@@ -392,13 +436,13 @@ impl Op {
                 "{f}(rows={},dim={},moe={moe},next={next},scale={},w={w})",
                 p.rows, p.dim, p.scale
             ),
-            Op::QkvPost { p, pos0, w } => format!(
-                "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},pos0={pos0},w={w})",
-                p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k
+            Op::QkvPost { p, pos0, w, kv } => format!(
+                "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},pos0={pos0},w={w}{})",
+                p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k, kv_suffix(*kv)
             ),
-            Op::QkvPostAttention { p, window, pos0, w } => format!(
-                "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},window={window},pos0={pos0},w={w})",
-                p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k
+            Op::QkvPostAttention { p, window, pos0, w, kv } => format!(
+                "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},window={window},pos0={pos0},w={w}{})",
+                p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k, kv_suffix(*kv)
             ),
         }
     }
@@ -577,13 +621,13 @@ impl Op {
                 HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 1.0)),
                 HostTensor::U32((0..p.m).map(|_| rng.below(40_000) as u32).collect()),
             ],
-            Op::KvAppend { p, pos0 } => {
+            Op::KvAppend { p, pos0, kv } => {
                 let row = p.kv_heads * p.head_dim;
                 vec![
                     HostTensor::F32(rng.vec_normal(p.m * row, 1.0)),
                     HostTensor::F32(rng.vec_normal(p.m * row, 1.0)),
-                    HostTensor::F32(rng.vec_normal(p.capacity * row, 1.0)),
-                    HostTensor::F32(rng.vec_normal(p.capacity * row, 1.0)),
+                    cache_tensor(rng.vec_normal(p.capacity * row, 1.0), *kv),
+                    cache_tensor(rng.vec_normal(p.capacity * row, 1.0), *kv),
                     HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
                 ]
             }
@@ -592,6 +636,7 @@ impl Op {
                 pos0,
                 stride,
                 large_values,
+                kv,
             } => {
                 let cache = p.capacity * p.kv_heads * p.head_dim;
                 let mut v = rng.vec_normal(cache, 1.0);
@@ -602,8 +647,8 @@ impl Op {
                 }
                 vec![
                     HostTensor::F32(rng.vec_normal(p.m * p.heads * p.head_dim, 0.25)),
-                    HostTensor::F32(rng.vec_normal(cache, 0.25)),
-                    HostTensor::F32(v),
+                    cache_tensor(rng.vec_normal(cache, 0.25), *kv),
+                    cache_tensor(v, *kv),
                     HostTensor::U32((0..p.m).map(|i| (pos0 + i * stride) as u32).collect()),
                 ]
             }
@@ -674,15 +719,15 @@ impl Op {
                 }
                 v
             }
-            Op::QkvPost { p, pos0, w } | Op::QkvPostAttention { p, pos0, w, .. } => {
+            Op::QkvPost { p, pos0, w, kv } | Op::QkvPostAttention { p, pos0, w, kv, .. } => {
                 let cache = p.capacity * p.kv_heads * p.head_dim;
                 vec![
                     HostTensor::F32(rng.vec_normal(p.m * p.raw_row(), 1.0)),
                     norm_weight(rng, *w, p.head_dim),
                     norm_weight(rng, *w, p.head_dim),
                     HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
-                    HostTensor::F32(rng.vec_normal(cache, 1.0)),
-                    HostTensor::F32(rng.vec_normal(cache, 1.0)),
+                    cache_tensor(rng.vec_normal(cache, 1.0), *kv),
+                    cache_tensor(rng.vec_normal(cache, 1.0), *kv),
                 ]
             }
         }

@@ -8,6 +8,7 @@
 
 pub mod ops;
 
+use std::borrow::Cow;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use turbospark::backend::{BackendInfo, Features, Limits};
@@ -75,6 +76,19 @@ impl Read<'_> {
             Storage::Mapped { .. } => unreachable!("ids are never mapped"),
         }
     }
+    /// An f32 or f16 buffer's values as f32 (f16 widens exactly; borrowed
+    /// when f32).
+    fn floats(&self, dtype: DType) -> Cow<'_, [f32]> {
+        match (&*self.0, dtype) {
+            (Storage::Owned(v), DType::F16) => Cow::Owned(
+                bytemuck::cast_slice::<u32, half::f16>(v)[..self.1 / 2]
+                    .iter()
+                    .map(|h| h.to_f32())
+                    .collect(),
+            ),
+            _ => Cow::Borrowed(self.f32()),
+        }
+    }
 }
 
 impl Write<'_> {
@@ -87,6 +101,12 @@ impl Write<'_> {
     fn u32(&mut self) -> &mut [u32] {
         match &mut *self.0 {
             Storage::Owned(v) => &mut v[..self.1 / 4],
+            Storage::Mapped { .. } => unreachable!("outputs are never mapped"),
+        }
+    }
+    fn f16(&mut self) -> &mut [half::f16] {
+        match &mut *self.0 {
+            Storage::Owned(v) => &mut bytemuck::cast_slice_mut(v)[..self.1 / 2],
             Storage::Mapped { .. } => unreachable!("outputs are never mapped"),
         }
     }
@@ -298,8 +318,8 @@ impl ComputeBackend for CpuBackend {
     }
 
     fn download_f32(&self, buf: &CpuBuffer) -> Result<Vec<f32>> {
-        v::check_buf("download_f32", "buf", buf, &v::F32, 0)?;
-        Ok(buf.read().f32().to_vec())
+        v::check_buf("download_f32", "buf", buf, &v::CACHES, 0)?;
+        Ok(buf.read().floats(buf.dtype()).into_owned())
     }
 
     fn download_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>> {
@@ -450,8 +470,15 @@ impl ComputeBackend for CpuBackend {
     ) -> Result<()> {
         p.validate(k, v, kc, vc, positions)?;
         let (kr, vr, pr) = (k.read(), v.read(), positions.read());
-        ops::kv_append(kr.f32(), kc.write("kv_append")?.f32(), pr.u32(), p);
-        ops::kv_append(vr.f32(), vc.write("kv_append")?.f32(), pr.u32(), p);
+        let (kr, vr, pr) = (kr.f32(), vr.f32(), pr.u32());
+        let (mut kw, mut vw) = (kc.write("kv_append")?, vc.write("kv_append")?);
+        if kc.dtype() == DType::F16 {
+            ops::kv_append(kr, kw.f16(), pr, p);
+            ops::kv_append(vr, vw.f16(), pr, p);
+        } else {
+            ops::kv_append(kr, kw.f32(), pr, p);
+            ops::kv_append(vr, vw.f32(), pr, p);
+        }
         Ok(())
     }
 
@@ -471,10 +498,12 @@ impl ComputeBackend for CpuBackend {
             head_dim: p.head_dim as u32,
         };
         let f16 = self.rounds_gemm_inputs(&kind, p.m, p.head_dim);
+        // (an f16 cache widens whole: plain, and the attention reads most of
+        // it anyway)
         ops::attention(
             qr.f32(),
-            kr.f32(),
-            vr.f32(),
+            &kr.floats(kc.dtype()),
+            &vr.floats(vc.dtype()),
             pr.u32(),
             out.write("attention")?.f32(),
             p,
@@ -626,17 +655,15 @@ impl ComputeBackend for CpuBackend {
         const OP: &str = "qkv_post";
         p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
         let (rr, wqr, wkr, pr) = (raw.read(), w_q.read(), w_k.read(), positions.read());
-        let (mut qw, mut kw, mut vw) = (q.write(OP)?, k_cache.write(OP)?, v_cache.write(OP)?);
-        ops::qkv_post(
-            rr.f32(),
-            &weights(&wqr, w_q.dtype()),
-            &weights(&wkr, w_k.dtype()),
-            pr.u32(),
-            qw.f32(),
-            kw.f32(),
-            vw.f32(),
-            p,
-        );
+        let (wq, wk) = (weights(&wqr, w_q.dtype()), weights(&wkr, w_k.dtype()));
+        let mut qw = q.write(OP)?;
+        let (rr, pr, qw) = (rr.f32(), pr.u32(), qw.f32());
+        let (mut kw, mut vw) = (k_cache.write(OP)?, v_cache.write(OP)?);
+        if k_cache.dtype() == DType::F16 {
+            ops::qkv_post(rr, &wq, &wk, pr, qw, kw.f16(), vw.f16(), p);
+        } else {
+            ops::qkv_post(rr, &wq, &wk, pr, qw, kw.f32(), vw.f32(), p);
+        }
         Ok(())
     }
 }

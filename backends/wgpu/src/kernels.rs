@@ -34,6 +34,44 @@ pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
 /// families.
 pub const ATTENTION_KEYS: &str = include_str!("../../../kernels/attention_keys.wgsl");
 
+/// The KV caches' element type and the conversion a write goes through,
+/// appended to the families that read or write the caches
+/// ([`CACHE_FAMILIES`]): f32 in their own builds, f16 in their `_f16`
+/// builds ([`F16_CACHE_BUILDS`]).
+pub const KV_F32: &str = include_str!("../../../kernels/kv_f32.wgsl");
+pub const KV_F16: &str = include_str!("../../../kernels/kv_f16.wgsl");
+
+/// The families (files and variants) that read or write the KV caches.
+pub const CACHE_FAMILIES: &[&str] = &[
+    "kv_cache",
+    "rope",
+    "attention",
+    "attention_qkv",
+    "attention_coop",
+];
+
+/// `(name, family)`: each cache family built for f16 caches. The family's
+/// text is the same; `CacheT` is f16 (kernels/kv_f16.wgsl) and `enable
+/// f16;` leads.
+pub const F16_CACHE_BUILDS: &[(&str, &str)] = &[
+    ("kv_cache_f16", "kv_cache"),
+    ("rope_f16", "rope"),
+    ("attention_f16", "attention"),
+    ("attention_qkv_f16", "attention_qkv"),
+    ("attention_coop_f16", "attention_coop"),
+];
+
+/// The build of cache family `family` for caches of `cache` (f32 or f16).
+pub fn for_caches(family: &'static str, cache: DType) -> &'static str {
+    if cache != DType::F16 {
+        return family;
+    }
+    F16_CACHE_BUILDS
+        .iter()
+        .find(|(_, f)| *f == family)
+        .map_or(family, |(n, _)| *n)
+}
+
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
     ("rmsnorm", include_str!("../../../kernels/rmsnorm.wgsl")),
@@ -95,12 +133,14 @@ pub const VARIANTS: &[Variant] = &[Variant {
     ],
 }];
 
-/// Every family's name: the files', then the variants'.
+/// Every family's name: the files', the variants', then the f16 cache
+/// builds'.
 pub fn families() -> impl Iterator<Item = &'static str> {
     KERNELS
         .iter()
         .map(|(n, _)| *n)
         .chain(VARIANTS.iter().map(|v| v.name))
+        .chain(F16_CACHE_BUILDS.iter().map(|(n, _)| *n))
 }
 
 /// The full WGSL text of a kernel family: the file's `enable` directives
@@ -108,8 +148,16 @@ pub fn families() -> impl Iterator<Item = &'static str> {
 /// subgroup ones when `subgroups`), then the rest of the file; a variant
 /// ([`VARIANTS`]) is its base's text with each change made once.
 pub fn source(name: &str, subgroups: bool) -> Option<String> {
+    match F16_CACHE_BUILDS.iter().find(|(n, _)| *n == name) {
+        Some((_, family)) => build(family, subgroups, true),
+        None => build(name, subgroups, false),
+    }
+}
+
+/// [`source`] of a family with f32 or f16 (`f16_caches`) KV caches.
+fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
     if let Some(v) = VARIANTS.iter().find(|v| v.name == name) {
-        let mut text = source(v.base, subgroups)?;
+        let mut text = build(v.base, subgroups, f16_caches)?;
         for (from, to) in v.changes {
             if text.matches(from).count() != 1 {
                 return None;
@@ -124,9 +172,12 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
     }
     let reduce = if subgroups { REDUCE_SUBGROUP } else { REDUCE };
     KERNELS.iter().find(|(n, _)| *n == name).map(|(_, s)| {
-        let (enables, body): (Vec<&str>, Vec<&str>) =
+        let (mut enables, body): (Vec<&str>, Vec<&str>) =
             s.lines().partition(|l| l.starts_with("enable "));
-        let appendix = match name {
+        if f16_caches && !enables.contains(&"enable f16;") {
+            enables.push("enable f16;");
+        }
+        let mut appendix = match name {
             "gemm" | "gemm_coop" => GEMM_TILES.to_string(),
             "gemm_prep" => format!("{GEMM_TILES}\n{F16_ROUND}"),
             "attention" => ATTENTION_KEYS.to_string(),
@@ -135,6 +186,10 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
             "rope" => ROPE_ANGLE.to_string(),
             _ => String::new(),
         };
+        if CACHE_FAMILIES.contains(&name) {
+            appendix.push('\n');
+            appendix.push_str(if f16_caches { KV_F16 } else { KV_F32 });
+        }
         format!(
             "{}\n{COMMON}\n{reduce}\n{}\n{appendix}",
             enables.join("\n"),
@@ -145,10 +200,19 @@ pub fn source(name: &str, subgroups: bool) -> Option<String> {
 
 /// Kernel families that need a device feature beyond WebGPU's baseline
 /// (`gemm_coop`, `attention_coop`: f16 and cooperative matrices;
-/// `gemm_prep`: f16). The backend compiles a
+/// `gemm_prep` and the `_f16` cache builds: f16). The backend compiles a
 /// family on its first launch, and launches this one only where the device
 /// has the feature; the WGSL validation test gives them the capability.
-pub const OPTIONAL: &[&str] = &["gemm_coop", "gemm_prep", "attention_coop"];
+pub const OPTIONAL: &[&str] = &[
+    "gemm_coop",
+    "gemm_prep",
+    "attention_coop",
+    "kv_cache_f16",
+    "rope_f16",
+    "attention_f16",
+    "attention_qkv_f16",
+    "attention_coop_f16",
+];
 
 /// Whether to compile kernels with wgpu's injected runtime checks (index
 /// clamping, loop bounding, division guards): `TURBOSPARK_SHADER_CHECKS=1`.

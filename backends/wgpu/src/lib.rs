@@ -368,6 +368,12 @@ impl WgpuBackend {
         whole(OP, &p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
         self.require(
             OP,
+            OpKind::KvCache {
+                dtype: k_cache.dtype,
+            },
+        )?;
+        self.require(
+            OP,
             OpKind::QkvPost {
                 head_dim: p.head_dim as u32,
             },
@@ -741,8 +747,15 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn download_f32(&self, buf: &WgpuBuffer) -> Result<Vec<f32>> {
-        v::check_buf("download_f32", "buf", buf, &v::F32, 0)?;
-        Ok(bytemuck::pod_collect_to_vec(&self.download_bytes(buf)?))
+        v::check_buf("download_f32", "buf", buf, &v::CACHES, 0)?;
+        let bytes = self.download_bytes(buf)?;
+        Ok(match buf.dtype {
+            DType::F16 => bytes
+                .chunks_exact(2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                .collect(),
+            _ => bytemuck::pod_collect_to_vec(&bytes),
+        })
     }
 
     fn download_u32(&self, buf: &WgpuBuffer) -> Result<Vec<u32>> {
@@ -866,6 +879,7 @@ impl ComputeBackend for WgpuBackend {
             "kv_append",
             &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
         )?;
+        self.require("kv_append", OpKind::KvCache { dtype: kc.dtype })?;
         ops::attention::kv_append(self, k, vb, kc, vc, positions, p)
     }
 
@@ -879,6 +893,7 @@ impl ComputeBackend for WgpuBackend {
         p: Attention,
     ) -> Result<()> {
         check_attention(&p, q, kc, vc, positions, out)?;
+        self.require("attention", OpKind::KvCache { dtype: kc.dtype })?;
         ops::attention::attention(self, q, kc, vc, positions, out, p)
     }
 

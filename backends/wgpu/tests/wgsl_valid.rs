@@ -5,7 +5,7 @@
 
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use turbospark_wgpu::kernels::{families, source, KERNELS, OPTIONAL};
+use turbospark_wgpu::kernels::{families, source, F16_CACHE_BUILDS, KERNELS, OPTIONAL};
 
 /// Family `name` (its subgroup build or not) parsed, validated and with its
 /// overrides resolved at their defaults, WDTYPE at `wdtype` where it has one.
@@ -59,11 +59,17 @@ fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
     spv::write_vec(&module, &info, &spv::Options::default(), None)
         .map_err(|e| format!("SPIR-V: {e:?}"))?;
 
-    if optional {
+    // DX12 has f16 from shader model 6.2; it has no cooperative matrices.
+    let f16_caches = F16_CACHE_BUILDS.iter().any(|(n, _)| *n == name);
+    if optional && (!f16_caches || name.contains("coop")) {
         return Ok(());
     }
     let hlsl_opts = hlsl::Options {
-        shader_model: hlsl::ShaderModel::V6_0,
+        shader_model: if f16_caches {
+            hlsl::ShaderModel::V6_2
+        } else {
+            hlsl::ShaderModel::V6_0
+        },
         ..Default::default()
     };
     let mut out = String::new();
@@ -111,6 +117,8 @@ fn every_kernel_file_is_registered() {
             "attention_qkv",
             "f16_round",
             "attention_keys",
+            "kv_f32",
+            "kv_f16",
         ]
         .contains(&stem.as_str());
         if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {

@@ -82,8 +82,9 @@ fn ctx_name(c: usize) -> String {
     }
 }
 
-/// Every case, in table order.
-pub fn cases(quick: bool) -> Vec<Case> {
+/// Every case, in table order; the attention and qkv_post cases with KV
+/// caches of `kv` (f32 or f16).
+pub fn cases(quick: bool, kv: DType) -> Vec<Case> {
     let s = if quick { &QUICK } else { &GEMMA4_26B_A4B };
     let h = s.hidden;
     let mut v = Vec::new();
@@ -241,7 +242,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             push(
                 format!("attn sliding ctx={} m={m}", ctx_name(ctx)),
                 "attention",
-                Op::attention(sliding, ctx - m),
+                Op::attention(sliding, ctx - m).with_kv(kv),
                 m,
             );
         }
@@ -258,7 +259,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             push(
                 format!("attn full ctx={} m={m}", ctx_name(ctx)),
                 "attention",
-                Op::attention(full, ctx - m),
+                Op::attention(full, ctx - m).with_kv(kv),
                 m,
             );
         }
@@ -277,6 +278,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             },
             pos0: s.ring + 3,
             w: BF16,
+            kv,
         };
         push(
             format!("qkv_post sliding m={m}"),
@@ -295,11 +297,12 @@ pub fn cases(quick: bool) -> Vec<Case> {
         // Both in one op (decode: one launch and the combine on a GPU), at
         // the attention cases' first and middle contexts.
         let fused = |q: Op, window, ctx: usize| match q {
-            Op::QkvPost { p, w, .. } => Op::QkvPostAttention {
+            Op::QkvPost { p, w, kv, .. } => Op::QkvPostAttention {
                 p,
                 window,
                 pos0: ctx - m,
                 w,
+                kv,
             },
             other => other,
         };
@@ -372,7 +375,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             m,
         );
     }
-    prefill_cases(s, &mut push);
+    prefill_cases(s, kv, &mut push);
     if !quick {
         for c in &mut v {
             match (&c.op, c.m) {
@@ -422,7 +425,7 @@ fn routed(s: &Shapes, m: usize) -> Moe {
 /// One prefill batch of the prompt's start through the ops that take a
 /// batch (the prefill GEMM, attn_prefill, the router's GEMM path): compute-
 /// bound, so read the median, not the GB/s.
-fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usize)) {
+fn prefill_cases(s: &Shapes, kv: DType, push: &mut impl FnMut(String, &'static str, Op, usize)) {
     let (m, h) = (s.prefill, s.hidden);
     let mm = |n, k| Op::Matmul {
         p: Matmul { m, n, k },
@@ -453,7 +456,8 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                     scale: 1.0,
                 },
                 0,
-            ),
+            )
+            .with_kv(kv),
         ),
         (
             "attn full from 0",
@@ -469,7 +473,8 @@ fn prefill_cases(s: &Shapes, push: &mut impl FnMut(String, &'static str, Op, usi
                     scale: 1.0,
                 },
                 0,
-            ),
+            )
+            .with_kv(kv),
         ),
     ];
     for (name, group, op) in cases {
@@ -481,6 +486,7 @@ fn tensor_bytes(t: &HostTensor) -> u64 {
     match t {
         HostTensor::F32(v) => v.len() as u64 * 4,
         HostTensor::U32(v) => v.len() as u64 * 4,
+        HostTensor::F16(v) => v.len() as u64 * 2,
         HostTensor::Weight { bytes, .. } => bytes.len() as u64,
     }
 }
@@ -522,12 +528,16 @@ pub fn flops(op: &Op) -> Option<u64> {
 /// The attention part of a `qkv_post_attention` case, as its own case.
 fn fused_attention(op: &Op) -> Option<Op> {
     let Op::QkvPostAttention {
-        p, window, pos0, ..
+        p,
+        window,
+        pos0,
+        kv,
+        ..
     } = op
     else {
         return None;
     };
-    Some(Op::attention(p.attention(*window, 1.0), *pos0))
+    Some(Op::attention(p.attention(*window, 1.0), *pos0).with_kv(*kv))
 }
 
 /// Bytes an op must move at least: every input it needs read once, every
@@ -568,7 +578,7 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
             let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
             m * k * i * f + ids() * h * i * ws(w) + 2 * m * k * f + m * h * f
         }
-        Op::Attention { p, pos0, .. } => {
+        Op::Attention { p, pos0, kv, .. } => {
             let last = pos0 + p.m - 1;
             let lo = if p.window > 0 {
                 (pos0 + 1).saturating_sub(p.window)
@@ -577,7 +587,7 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
             };
             let keys = ((last - lo + 1).min(p.capacity)) as u64;
             let q = (p.m * p.heads * p.head_dim) as u64 * f;
-            2 * q + 2 * keys * (p.kv_heads * p.head_dim) as u64 * f + p.m as u64 * 4
+            2 * q + 2 * keys * (p.kv_heads * p.head_dim) as u64 * ws(kv) + p.m as u64 * 4
         }
         Op::RmsNorm {
             p,
@@ -590,9 +600,9 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
         Op::Argmax { rows, n } => (rows * n) as u64 * f + *rows as u64 * 4,
         // The raw rows, two norm weights and the positions in; q out, and
         // only the new cache entries (not the whole caches).
-        Op::QkvPost { p, w, .. } => {
+        Op::QkvPost { p, w, kv, .. } => {
             let (m, hd) = (p.m as u64, p.head_dim as u64);
-            let kv = m * p.kv_heads as u64 * hd * f;
+            let kv = m * p.kv_heads as u64 * hd * ws(kv);
             m * p.raw_row() as u64 * f
                 + 2 * hd * ws(w)
                 + m * 4
@@ -601,11 +611,12 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
         }
         // qkv_post's bytes, then the attention's keys and values read and
         // its rows written (its queries never leave the launch).
-        Op::QkvPostAttention { p, pos0, w, .. } => {
+        Op::QkvPostAttention { p, pos0, w, kv, .. } => {
             let qkv = Op::QkvPost {
                 p: *p,
                 pos0: *pos0,
                 w: *w,
+                kv: *kv,
             };
             let attention = fused_attention(op).map_or(0, |a| bytes_moved(&a, &[]));
             let q = (p.m * p.heads * p.head_dim) as u64 * f;
@@ -766,6 +777,7 @@ mod tests {
             window: 2,
             pos0: 0,
             w: BF16,
+            kv: DType::F32,
         };
         assert_eq!(flops(&fused), flops(&attn));
         assert_eq!(flops(&Op::GeluMul { rows: 1, n: 4 }), None);

@@ -250,6 +250,7 @@ fn at_context<B: ComputeBackend + Counters>(
     decode: usize,
     seed: u64,
     ceiling_gbps: Option<f64>,
+    kv_cache: DType,
 ) -> turbospark::Result<Value> {
     let mut rng = Rng::new(seed ^ context as u64);
     let vocab = cfg.vocab as u64;
@@ -257,7 +258,7 @@ fn at_context<B: ComputeBackend + Counters>(
     model.reset();
     let g = model.generate(&prompt, &greedy(decode))?;
     model.reset();
-    let kv = cfg.kv_bytes_per_token(context + decode / 2);
+    let kv = cfg.kv_bytes_per_token(context + decode / 2, kv_cache);
     let bytes = cfg.bytes_per_token(DType::BF16) + kv;
     let bound = ceiling_gbps.map(|c| c * 1e9 / bytes as f64);
     eprintln!(
@@ -334,6 +335,7 @@ fn measure<B: ComputeBackend + Counters>(
         ModelOptions {
             max_context: longest_prompt(args) + decode + SPARE_POSITIONS,
             prefill_batch,
+            kv_cache: args.kv_cache.dtype(),
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();
@@ -415,7 +417,17 @@ fn measure<B: ComputeBackend + Counters>(
     let long = args
         .decode_context
         .iter()
-        .map(|&n| at_context(&mut model, &cfg, n, decode, seed, ceiling_gbps))
+        .map(|&n| {
+            at_context(
+                &mut model,
+                &cfg,
+                n,
+                decode,
+                seed,
+                ceiling_gbps,
+                args.kv_cache.dtype(),
+            )
+        })
         .collect::<turbospark::Result<Vec<Value>>>()?;
     let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
         // The counters cover every forward pass of the run: the prompt's
@@ -479,6 +491,7 @@ fn measure<B: ComputeBackend + Counters>(
         "prompt_tokens": prompt_len,
         "decode_tokens": decode,
         "prefill_batch": prefill_batch,
+        "kv_cache": args.kv_cache.dtype().name(),
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
         "bytes_per_token": bytes_per_token,

@@ -91,6 +91,10 @@ pub struct Args {
     /// Most prompt tokens per prefill pass in the end-to-end run.
     #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH)]
     pub prefill_batch: usize,
+    /// The KV caches' element type of the attention and qkv_post cases and
+    /// the end-to-end model (their bytes moved and bounds count it).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache: crate::common::KvCache,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -311,7 +315,7 @@ pub fn main(args: Args) -> ExitCode {
         runs.push(open_run(b, cpu_budget, extra));
     }
 
-    let all = cases::cases(args.quick);
+    let all = cases::cases(args.quick, args.kv_cache.dtype());
     // Each case's seed follows its place in the full list, so a filtered
     // run times the same inputs.
     let (seeds, selected): (Vec<u64>, Vec<cases::Case>) = all

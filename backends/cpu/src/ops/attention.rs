@@ -25,15 +25,35 @@ pub fn rope(x: &mut [f32], positions: &[u32], p: Rope) {
     }
 }
 
+/// A KV cache's element: f32, or f16 as `turbospark::dtype::kv_half`
+/// rounds it.
+pub trait CacheElem: Copy {
+    fn store(x: f32) -> Self;
+}
+
+impl CacheElem for f32 {
+    fn store(x: f32) -> f32 {
+        x
+    }
+}
+
+impl CacheElem for half::f16 {
+    fn store(x: f32) -> half::f16 {
+        turbospark::dtype::kv_half(x)
+    }
+}
+
 /// Write `m` rows of `[kv_heads, head_dim]` into a `[kv_heads, capacity, head_dim]` cache.
-pub fn kv_append(src: &[f32], cache: &mut [f32], positions: &[u32], p: KvAppend) {
+pub fn kv_append<T: CacheElem>(src: &[f32], cache: &mut [T], positions: &[u32], p: KvAppend) {
     let d = p.head_dim;
     for t in 0..p.m {
         let slot = positions[t] as usize % p.capacity;
         for g in 0..p.kv_heads {
             let from = &src[(t * p.kv_heads + g) * d..(t * p.kv_heads + g + 1) * d];
-            cache[(g * p.capacity + slot) * d..(g * p.capacity + slot + 1) * d]
-                .copy_from_slice(from);
+            let to = &mut cache[(g * p.capacity + slot) * d..(g * p.capacity + slot + 1) * d];
+            for (c, &x) in to.iter_mut().zip(from) {
+                *c = T::store(x);
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use turbospark::ops::{KvAppend, PostAttention, PostFfn, QkvPost, RmsNorm, Rope};
 
-use super::{kv_append, rms_norm, rope, Weights};
+use super::{kv_append, rms_norm, rope, CacheElem, Weights};
 
 fn norm(rows: usize, dim: usize, eps: f32) -> RmsNorm {
     RmsNorm {
@@ -74,14 +74,14 @@ pub fn post_ffn(
 /// See [`QkvPost`]: the per-head norms, RoPE and cache append of the raw
 /// q|k|v rows.
 #[allow(clippy::too_many_arguments)]
-pub fn qkv_post(
+pub fn qkv_post<T: CacheElem>(
     raw: &[f32],
     w_q: &Weights<'_>,
     w_k: &Weights<'_>,
     positions: &[u32],
     q: &mut [f32],
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
     p: QkvPost,
 ) {
     let (d, row) = (p.head_dim, p.raw_row());

@@ -8,7 +8,7 @@ mod matmul;
 mod moe;
 mod norm;
 
-pub use attention::{attention, kv_append, rope};
+pub use attention::{attention, kv_append, rope, CacheElem};
 pub use elementwise::{add, argmax, embed, gelu_mul, scale, softcap};
 pub use fused::{post_attention, post_ffn, qkv_post};
 pub use matmul::matmul;

@@ -7,7 +7,7 @@ use turbospark::{DType, Error, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::kernels::wdtype_code;
+use crate::kernels::{for_caches, wdtype_code};
 use crate::{WgpuBackend, WgpuBuffer};
 
 /// The RoPE frequency table `rope_inv_freq(theta, head_dim, rot_pairs)` on
@@ -72,7 +72,7 @@ pub(crate) fn qkv_post(
     let items = p.m * (p.heads + 2 * p.kv_heads);
     let warps = items >= QKV_WARPS_MIN_ITEMS;
     be.launch(Launch {
-        kernel: "rope",
+        kernel: for_caches("rope", kc.dtype),
         entry: if warps { "qkv_post_warps" } else { "qkv_post" },
         constants: &[
             ("WQD", wdtype_code(w_q.dtype) as i64),
@@ -167,7 +167,7 @@ pub(crate) fn kv_append(
     };
     let n = (p.m * p.kv_heads * p.head_dim) as u32;
     be.launch(Launch {
-        kernel: "kv_cache",
+        kernel: for_caches("kv_cache", kc.dtype),
         entry: "kv_append",
         constants: &[],
         params: bytemuck::bytes_of(&params),
@@ -385,7 +385,7 @@ fn read_qkv(
     groups: usize,
 ) -> Result<()> {
     be.launch(Launch {
-        kernel: "attention",
+        kernel: for_caches("attention", kc.dtype),
         entry,
         constants,
         params: bytemuck::bytes_of(params),
@@ -633,7 +633,7 @@ pub(crate) fn qkv_attention(
     split.params.v_from_k = qp.v_from_k as u32;
     be.launch(Launch {
         // (the build with writable caches, kernels::VARIANTS)
-        kernel: "attention_qkv",
+        kernel: for_caches("attention_qkv", kc.dtype),
         entry: "attn_decode_qkv",
         constants: &[
             ("GD", group as i64),

@@ -12,6 +12,7 @@ use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
+use crate::kernels::for_caches;
 use crate::{WgpuBackend, WgpuBuffer};
 
 /// Query rows a workgroup takes (a fragment's rows).
@@ -150,7 +151,7 @@ pub(crate) fn attention(
         (one(out), false),
     ];
     be.launch(Launch {
-        kernel: "attention_coop",
+        kernel: for_caches("attention_coop", kc.dtype),
         entry: "attn_coop_prep",
         constants: &[],
         params: bytemuck::bytes_of(&params),
@@ -158,7 +159,7 @@ pub(crate) fn attention(
         groups: be.grid(rows.div_ceil(PREP_ROWS) as u32),
     })?;
     be.launch(Launch {
-        kernel: "attention_coop",
+        kernel: for_caches("attention_coop", kc.dtype),
         entry: "attn_prefill_coop",
         constants: &[
             ("DW", dw as i64),

@@ -141,6 +141,12 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
         OpKind::Attention { head_dim } if head_dim % 4 != 0 => Support::No(format!(
             "head_dim {head_dim} is not a multiple of 4 (K/V rows are read as vec4)"
         )),
+        OpKind::KvCache { dtype } if !turbospark::ops::CACHES.contains(dtype) => {
+            Support::No(format!("KV caches of {dtype} (f32 or f16 only)"))
+        }
+        OpKind::KvCache { dtype: DType::F16 } if !be.info.features.shader_f16 => {
+            Support::No("f16 KV caches need the shader-f16 feature, which the device lacks".into())
+        }
         _ => Support::Yes,
     }
 }
