@@ -6,23 +6,31 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The end-to-end arguments of the quick runs: the tiny synthetic model.
+const TINY_E2E: [&str; 8] = [
+    "--synthetic",
+    "tiny",
+    "--prompt-tokens",
+    "24",
+    "--decode-tokens",
+    "4",
+    "--decode-context",
+    "40",
+];
+
 /// Run the quick bench on one backend; returns (JSON, SVG, stdout).
 fn quick(backend: &str) -> (Value, String, String) {
+    quick_with(backend, backend, &TINY_E2E)
+}
+
+/// The quick bench on `backend` with `args`, its files named by `tag`.
+fn quick_with(backend: &str, tag: &str, args: &[&str]) -> (Value, String, String) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let json = dir.join(format!("bench-quick-{backend}.json"));
-    let svg = dir.join(format!("bench-quick-{backend}.svg"));
+    let json = dir.join(format!("bench-quick-{tag}.json"));
+    let svg = dir.join(format!("bench-quick-{tag}.svg"));
     let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
         .args(["bench", "--quick", "--backend", backend])
-        .args([
-            "--synthetic",
-            "tiny",
-            "--prompt-tokens",
-            "24",
-            "--decode-tokens",
-            "4",
-            "--decode-context",
-            "40",
-        ])
+        .args(args)
         .arg("--json")
         .arg(&json)
         .arg("--plot")
@@ -224,16 +232,69 @@ fn quick_bench_on_cpu_measures_every_case() {
     check("cpu", false);
 }
 
-#[test]
-fn quick_bench_on_wgpu_measures_every_supported_case() {
-    // Without an adapter: skipped on a developer machine, a failure under CI.
+/// Whether a wgpu adapter is here: without one, skipped on a developer
+/// machine, a failure under CI.
+fn have_wgpu() -> bool {
     if let Err(e) = turbospark_wgpu::WgpuBackend::new(&Default::default()) {
         if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
             panic!("CI=true but the wgpu backend could not start: {e}");
         }
         eprintln!("SKIPPED (no wgpu adapter; set CI=true to make this a failure): {e}");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn quick_bench_on_wgpu_measures_every_supported_case() {
+    if have_wgpu() {
+        // Every op has a wgpu kernel: every case must be measured.
+        check("wgpu", false);
+    }
+}
+
+/// `--kv-cache f16`: the attention cases run on f16 caches and count half
+/// the K/V bytes of the f32 run (the same cases otherwise), and the
+/// end-to-end model decodes with them.
+#[test]
+fn quick_bench_with_f16_kv_caches() {
+    if !have_wgpu() {
         return;
     }
-    // Every op has a wgpu kernel: every case must be measured.
-    check("wgpu", false);
+    let filter = ["--filter", "attn full ctx"];
+    let (f32s, _, _) = quick_with("wgpu", "wgpu-kv-f32", &filter);
+    let mut args = filter.to_vec();
+    args.extend(["--kv-cache", "f16"]);
+    args.extend(TINY_E2E);
+    let (f16s, _, stdout) = quick_with("wgpu", "wgpu-kv-f16", &args);
+    assert_eq!(f32s["kv_cache"], "f32");
+    assert_eq!(f16s["kv_cache"], "f16");
+    assert!(stdout.contains("f16 KV caches"), "{stdout}");
+    let (a, b) = (
+        f32s["cases"].as_array().expect("cases"),
+        f16s["cases"].as_array().expect("cases"),
+    );
+    assert!(
+        !a.is_empty() && a.len() == b.len(),
+        "{} / {}",
+        a.len(),
+        b.len()
+    );
+    for (c32, c16) in a.iter().zip(b) {
+        let label = c16["label"].as_str().expect("label");
+        assert_eq!(c32["label"], c16["label"]);
+        assert_eq!(c16["results"]["wgpu"]["status"], "ok", "{label}: {c16}");
+        let (x, y) = (c32["bytes"].as_f64(), c16["bytes"].as_f64());
+        assert!(
+            y.is_some_and(|y| y > 0.0) && y < x,
+            "{label}: {y:?} bytes with f16 caches, {x:?} with f32"
+        );
+    }
+    let e = &f16s["end_to_end"]["runs"][0];
+    assert_eq!(e["kv_cache"], "f16", "{e}");
+    positive(&e["decode_tok_s"], "decode tok/s with f16 caches");
+    positive(
+        &e["decode_at_context"][0]["decode_tok_s"],
+        "decode at context 40 with f16 caches",
+    );
 }

@@ -457,7 +457,12 @@ fn measure<B: ComputeBackend + Counters>(
         })
         .collect();
     let note = format!(
-        "{name}{cut} on {device}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}{}{long_note}",
+        "{name}{cut} on {device}{}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}{}{long_note}",
+        if args.kv_cache.dtype() == DType::F32 {
+            String::new()
+        } else {
+            format!(" with {} KV caches", args.kv_cache.dtype())
+        },
         g.prefill_tok_s,
         g.decode_tok_s,
         match (

@@ -297,10 +297,11 @@ impl Report<'_> {
         let _ = writeln!(
             s,
             "\nMB moved: each input read once, each output written once (MoE: the selected \
-             experts only; attention: the keys in the window). %ceil is GB/s over the \
+             experts only; attention: the keys in the window, {} KV caches). %ceil is GB/s over the \
              backend's ceiling; over 100% means the data came from a cache (inputs rotate over \
              the input sets shown, still within cache for the smallest ops).\n\
              end to end: {}",
+            self.args.kv_cache.dtype(),
             self.end_to_end["note"].as_str().unwrap_or("-")
         );
         s
@@ -429,6 +430,7 @@ impl Report<'_> {
             "command_line": std::env::args().collect::<Vec<_>>(),
             "mode": if self.args.quick { "quick" } else { "full" },
             "seed": self.args.seed,
+            "kv_cache": self.args.kv_cache.dtype().name(),
             "machine": machine(),
             "backends": backends,
             "cases": cases,
