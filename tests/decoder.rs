@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::ops::ControlFlow;
+
 use common::nmse;
 use turbospark::model::sampling::Sampler;
 use turbospark::model::synthetic::{tiny_config, SyntheticSource};
@@ -669,4 +671,84 @@ fn wgpu_with_tiled_experts_matches_the_reference() {
     let got = m.generate(&tokens[..20], &greedy).unwrap().tokens;
     let want = r.generate(&tokens[..20], &greedy).unwrap().tokens;
     assert_eq!(got, want, "greedy tokens with tiled experts");
+}
+
+/// `generate_streaming` hands over each token once, in order, as
+/// `generate` returns them (greedy, pipelined on the device, and sampled).
+#[test]
+fn streaming_hands_over_every_token_in_order() {
+    let mut m = tiny_model(64);
+    let p = prompt(9, m.config().vocab);
+    for sampling in [
+        Sampling::Greedy,
+        Sampling::Random {
+            temperature: 0.9,
+            top_k: Some(20),
+            top_p: None,
+            seed: 3,
+        },
+    ] {
+        let opts = GenerateOptions {
+            max_new_tokens: 12,
+            sampling,
+            ..Default::default()
+        };
+        m.reset();
+        let mut seen = Vec::new();
+        let g = m
+            .generate_streaming(&p, &opts, |t| {
+                seen.push(t);
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        assert_eq!(g.tokens.len(), 12);
+        assert_eq!(seen, g.tokens, "{:?}", opts.sampling);
+        m.reset();
+        assert_eq!(m.generate(&p, &opts).unwrap().tokens, g.tokens);
+    }
+}
+
+/// A `Break` from the callback ends generation after that token and
+/// leaves the context as a stop token does: the greedy steps recorded past
+/// it are taken back, so continuing from the last token gives the rest of
+/// the uninterrupted run.
+#[test]
+fn streaming_stops_where_the_callback_says_and_can_continue() {
+    let mut m = tiny_model(64);
+    let p = prompt(9, m.config().vocab);
+    let greedy = |n| GenerateOptions {
+        max_new_tokens: n,
+        ..Default::default()
+    };
+    let whole = m.generate(&p, &greedy(10)).unwrap().tokens;
+    m.reset();
+    // Stopped after its fourth token.
+    let head_of = |m: &mut Model<CpuBackend>| {
+        m.reset();
+        let mut n = 0;
+        m.generate_streaming(&p, &greedy(10), |_| {
+            n += 1;
+            if n == 4 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap()
+        .tokens
+    };
+    assert_eq!(head_of(&mut m), whole[..4]);
+    let rest = m.generate(&whole[3..4], &greedy(6)).unwrap().tokens;
+    assert_eq!(rest, whole[4..]);
+    // The context holds the prompt and the first three new tokens: the
+    // next rows match a model fed all of them at once.
+    head_of(&mut m);
+    let next = m.logits(&whole[3..5]).unwrap();
+    let mut fresh = tiny_model(64);
+    let all: Vec<u32> = p.iter().chain(&whole[..5]).copied().collect();
+    let want = fresh.logits(&all).unwrap();
+    for (got, want) in next.iter().zip(&want[all.len() - 2..]) {
+        let e = nmse(got, want);
+        assert!(e < SAME_PATH_NMSE, "NMSE {e:e}");
+    }
 }

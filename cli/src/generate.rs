@@ -1,7 +1,8 @@
 //! `turbospark generate`: a prompt (text through the checkpoint's tokenizer,
-//! or token ids) in, the continuation out on stdout; prefill and decode
-//! tokens/s on stderr.
+//! or token ids) in, the continuation out on stdout as it is generated;
+//! prefill and decode tokens/s on stderr.
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, Sampling};
@@ -9,9 +10,9 @@ use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
 use crate::common::{
-    decode, encode, open_checkpoint, open_wgpu, parse_tokens, tokenizer, BackendKind, CliResult,
-    KvCache,
+    encode, open_checkpoint, open_wgpu, parse_tokens, tokenizer, BackendKind, CliResult, KvCache,
 };
+use crate::stream::Stream;
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "tokens"])))]
@@ -101,21 +102,31 @@ pub fn run(a: Args) -> CliResult {
         sampling: a.sampling.sampling(),
         stop_at_eos: !a.ignore_eos,
     };
-    let (g, device) = match a.backend {
-        BackendKind::Cpu => generate_on(CpuBackend::new(), &a, &prompt, &opts)?,
-        BackendKind::Wgpu => generate_on(open_wgpu(a.adapter.clone())?, &a, &prompt, &opts)?,
+    // The continuation goes to stdout token by token; a write that fails
+    // (stdout closed) stops generation and is the error reported.
+    let mut out = Stream::new(std::io::stdout().lock(), tok.as_ref());
+    let mut failed = None;
+    let mut on_token = |id: u32| match out.push(id) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(e) => {
+            failed = Some(e);
+            ControlFlow::Break(())
+        }
     };
-    match &tok {
-        Some(t) => println!("{}", decode(t, &g.tokens)?),
-        None => println!(
-            "{}",
-            g.tokens
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
+    let (g, device) = match a.backend {
+        BackendKind::Cpu => generate_on(CpuBackend::new(), &a, &prompt, &opts, &mut on_token)?,
+        BackendKind::Wgpu => generate_on(
+            open_wgpu(a.adapter.clone())?,
+            &a,
+            &prompt,
+            &opts,
+            &mut on_token,
+        )?,
+    };
+    if let Some(e) = failed {
+        return Err(e);
     }
+    out.finish()?;
     eprintln!(
         "{device}: {} prompt tokens, {} new; prefill {:.1} tok/s, decode {:.1} tok/s",
         prompt.len(),
@@ -131,6 +142,7 @@ fn generate_on<B: ComputeBackend>(
     a: &Args,
     prompt: &[u32],
     opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> CliResult<(Generation, String)> {
     let device = format!(
         "{} ({})",
@@ -147,5 +159,5 @@ fn generate_on<B: ComputeBackend>(
             kv_cache: a.kv_cache.dtype(),
         },
     )?;
-    Ok((model.generate(prompt, opts)?, device))
+    Ok((model.generate_streaming(prompt, opts, on_token)?, device))
 }

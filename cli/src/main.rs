@@ -8,6 +8,7 @@ mod default_job;
 mod generate;
 mod info;
 mod logits;
+mod stream;
 
 use clap::{Parser, Subcommand};
 

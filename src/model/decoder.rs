@@ -31,6 +31,7 @@
 //! scratch buffer; the residual stream needs no ping-pong because post_ffn
 //! reads `r`, not `x`.
 
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 use crate::backend::{
@@ -459,7 +460,24 @@ impl<B: ComputeBackend> Model<B> {
     /// 4 bytes come back and the next step is recorded before they do
     /// (pipelined); other sampling reads back the logits row. With
     /// `opts.stop_at_eos`, generation ends after an `eos_token_id` token.
+    ///
+    /// The last new token is not yet in the context: a following call
+    /// starts its prompt with it.
     pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+        self.generate_streaming(prompt, opts, |_| ControlFlow::Continue(()))
+    }
+
+    /// [`Self::generate`], handing each new token to `on_token` as soon as
+    /// the host has it (a chat shows the text as it comes). A
+    /// `ControlFlow::Break` stops generation after that token, which is
+    /// the last one returned; the context is left as an end-of-sequence
+    /// token leaves it (greedy steps recorded past it are taken back).
+    pub fn generate_streaming(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation> {
         if prompt.is_empty() {
             return Err(Error::InvalidInput("empty prompt".into()));
         }
@@ -481,8 +499,10 @@ impl<B: ComputeBackend> Model<B> {
         } else {
             Vec::new()
         };
+        // Whether generation ends after token `t`.
+        let mut ends = |t: u32| on_token(t).is_break() || stop.contains(&t);
         if greedy {
-            return self.generate_greedy(prompt, opts.max_new_tokens, &stop, t0);
+            return self.generate_greedy(prompt, opts.max_new_tokens, &mut ends, t0);
         }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
         self.prefill_with_head(prompt)?;
@@ -490,7 +510,7 @@ impl<B: ComputeBackend> Model<B> {
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
         let t1 = Instant::now();
-        while tokens.len() < opts.max_new_tokens && !stop.contains(&tok) {
+        while !ends(tok) && tokens.len() < opts.max_new_tokens {
             self.backend.write_u32(&self.single.ids, 0, &[tok])?;
             tok = self.decode_step(&mut sampler)?;
             tokens.push(tok);
@@ -509,7 +529,7 @@ impl<B: ComputeBackend> Model<B> {
         &mut self,
         prompt: &[u32],
         n: usize,
-        stop: &[u32],
+        ends: &mut dyn FnMut(u32) -> bool,
         t0: Instant,
     ) -> Result<Generation> {
         /// Steps recorded ahead of the token the host waits for.
@@ -546,15 +566,15 @@ impl<B: ComputeBackend> Model<B> {
                 .pop_front()
                 .ok_or_else(|| Error::Gpu("no decode step in flight".into()))?;
             let ids = self.backend.finish_read_u32(ticket)?;
-            tokens.push(
-                *ids.first()
-                    .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?,
-            );
+            let tok = *ids
+                .first()
+                .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?;
+            tokens.push(tok);
             if tokens.len() == 1 {
                 prefill_tok_s = rate(prompt_len, t0);
                 t1 = Instant::now();
             }
-            if tokens.last().is_some_and(|t| stop.contains(t)) {
+            if ends(tok) {
                 // Steps recorded past the stop token never happened: drain
                 // their readbacks and take their positions back (their cache
                 // entries are overwritten by whatever comes next).
