@@ -91,8 +91,14 @@ pub fn tokenizer(dir: &Path) -> CliResult<Option<tokenizers::Tokenizer>> {
 }
 
 pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> CliResult<Vec<u32>> {
+    encode_with(tok, text, true)
+}
+
+/// `text`'s tokens; `special`: with the tokenizer's own additions (a
+/// sequence's BOS), which only a context's first text takes.
+pub fn encode_with(tok: &tokenizers::Tokenizer, text: &str, special: bool) -> CliResult<Vec<u32>> {
     let enc = tok
-        .encode(text, true)
+        .encode(text, special)
         .map_err(|e| format!("tokenizing the prompt: {e}"))?;
     Ok(enc.get_ids().to_vec())
 }

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
+use turbospark_wgpu::WgpuBackend;
 
+use crate::chat;
 use crate::common::{
     encode, open_checkpoint, open_wgpu, parse_tokens, tokenizer, BackendKind, CliResult, KvCache,
 };
@@ -32,8 +34,23 @@ pub struct Args {
     /// (config.json's `eos_token_id`); by default generation stops at one.
     #[arg(long)]
     ignore_eos: bool,
+    /// Wrap the prompt in Gemma 4's chat turns (a user turn, then the
+    /// model's) and stop where the model ends its turn: for
+    /// instruction-tuned checkpoints.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: a system turn before the prompt.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// Where and how a model runs: what `generate` and `chat` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
     #[arg(long, value_enum, default_value = "wgpu")]
     backend: BackendKind,
     /// Case-insensitive substring of the adapter name (wgpu only).
@@ -49,6 +66,68 @@ pub struct Args {
     /// attention's reads at long contexts, rounding each key and value.
     #[arg(long, value_enum, default_value = "f32")]
     kv_cache: KvCache,
+}
+
+impl RunArgs {
+    /// `dir`'s checkpoint loaded on the backend asked for, and the
+    /// device's name.
+    pub fn load(&self, dir: &std::path::Path) -> CliResult<(AnyModel, String)> {
+        Ok(match self.backend {
+            BackendKind::Cpu => {
+                let (m, d) = self.load_on(CpuBackend::new(), dir)?;
+                (AnyModel::Cpu(Box::new(m)), d)
+            }
+            BackendKind::Wgpu => {
+                let (m, d) = self.load_on(open_wgpu(self.adapter.clone())?, dir)?;
+                (AnyModel::Wgpu(Box::new(m)), d)
+            }
+        })
+    }
+
+    fn load_on<B: ComputeBackend>(
+        &self,
+        backend: B,
+        dir: &std::path::Path,
+    ) -> CliResult<(Model<B>, String)> {
+        let device = format!(
+            "{} ({})",
+            backend.info().device_name,
+            backend.info().backend
+        );
+        let ck = open_checkpoint(dir)?;
+        let model = Model::load(
+            backend,
+            &ck,
+            ModelOptions {
+                max_context: self.max_context,
+                prefill_batch: self.prefill_batch,
+                kv_cache: self.kv_cache.dtype(),
+            },
+        )?;
+        Ok((model, device))
+    }
+}
+
+/// A model on whichever backend the command line picked (boxed: one
+/// lives for the run, and the wgpu one's handles are the larger).
+pub enum AnyModel {
+    Cpu(Box<Model<CpuBackend>>),
+    Wgpu(Box<Model<WgpuBackend>>),
+}
+
+impl AnyModel {
+    /// [`Model::generate_streaming`].
+    pub fn generate_streaming(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> turbospark::Result<Generation> {
+        match self {
+            AnyModel::Cpu(m) => m.generate_streaming(prompt, opts, on_token),
+            AnyModel::Wgpu(m) => m.generate_streaming(prompt, opts, on_token),
+        }
+    }
 }
 
 /// Sampling flags: none (or a temperature of 0) means greedy decoding.
@@ -85,7 +164,23 @@ impl SamplingArgs {
 
 pub fn run(a: Args) -> CliResult {
     let tok = tokenizer(&a.model)?;
+    // With --chat, where the model's turn ends (its id, from the tokenizer).
+    let turn_end = match (&tok, a.chat) {
+        (Some(t), true) => Some(chat::turn_end_id(t)?),
+        (None, true) => {
+            return Err(format!(
+                "--chat needs the checkpoint's tokenizer.json ({} has none)",
+                a.model.display()
+            )
+            .into())
+        }
+        (_, false) => None,
+    };
     let prompt = match (&a.prompt, &a.tokens, &tok) {
+        (Some(text), None, Some(t)) if a.chat => {
+            encode(t, &chat::first_turn(a.system.as_deref(), text))?
+        }
+        (_, Some(_), _) if a.chat => return Err("--chat takes --prompt, not --tokens".into()),
         (_, Some(ids), _) => parse_tokens(ids)?,
         (Some(text), None, Some(t)) => encode(t, text)?,
         (Some(_), None, None) => {
@@ -106,23 +201,20 @@ pub fn run(a: Args) -> CliResult {
     // (stdout closed) stops generation and is the error reported.
     let mut out = Stream::new(std::io::stdout().lock(), tok.as_ref());
     let mut failed = None;
-    let mut on_token = |id: u32| match out.push(id) {
-        Ok(()) => ControlFlow::Continue(()),
-        Err(e) => {
-            failed = Some(e);
-            ControlFlow::Break(())
+    let mut on_token = |id: u32| {
+        if Some(id) == turn_end {
+            return ControlFlow::Break(());
+        }
+        match out.push(id) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
         }
     };
-    let (g, device) = match a.backend {
-        BackendKind::Cpu => generate_on(CpuBackend::new(), &a, &prompt, &opts, &mut on_token)?,
-        BackendKind::Wgpu => generate_on(
-            open_wgpu(a.adapter.clone())?,
-            &a,
-            &prompt,
-            &opts,
-            &mut on_token,
-        )?,
-    };
+    let (mut model, device) = a.run.load(&a.model)?;
+    let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;
     if let Some(e) = failed {
         return Err(e);
     }
@@ -135,29 +227,4 @@ pub fn run(a: Args) -> CliResult {
         g.decode_tok_s
     );
     Ok(())
-}
-
-fn generate_on<B: ComputeBackend>(
-    backend: B,
-    a: &Args,
-    prompt: &[u32],
-    opts: &GenerateOptions,
-    on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
-) -> CliResult<(Generation, String)> {
-    let device = format!(
-        "{} ({})",
-        backend.info().device_name,
-        backend.info().backend
-    );
-    let ck = open_checkpoint(&a.model)?;
-    let mut model = Model::load(
-        backend,
-        &ck,
-        ModelOptions {
-            max_context: a.max_context,
-            prefill_batch: a.prefill_batch,
-            kv_cache: a.kv_cache.dtype(),
-        },
-    )?;
-    Ok((model.generate_streaming(prompt, opts, on_token)?, device))
 }

@@ -3,6 +3,7 @@
 //! With no arguments it runs the main job on the bundled default checkpoint.
 
 mod bench;
+mod chat;
 mod common;
 mod default_job;
 mod generate;
@@ -27,6 +28,9 @@ enum Command {
     Info(info::Args),
     /// Generate text (or token ids) from a prompt.
     Generate(generate::Args),
+    /// A conversation with a Gemma 4 chat model on stdin, each reply
+    /// streamed as it is generated.
+    Chat(chat::Args),
     /// Teacher-forced logits of a token sequence, written to a safetensors file.
     Logits(logits::Args),
     /// Per-op timings at Gemma 4 26B-A4B's shapes, per backend, against the
@@ -40,6 +44,7 @@ fn main() {
         None => default_job::run(),
         Some(Command::Info(a)) => info::run(a),
         Some(Command::Generate(a)) => generate::run(a),
+        Some(Command::Chat(a)) => chat::run(a),
         Some(Command::Logits(a)) => logits::run(a),
         Some(Command::Bench(a)) => {
             let code = bench::main(a);

@@ -1,0 +1,354 @@
+//! Gemma 4's chat turns, and `turbospark chat`: a conversation on stdin,
+//! each reply streamed as it is generated, the context kept from turn to
+//! turn (only the new turn is prefilled).
+//!
+//! A turn is `<|turn>ROLE\n TEXT <turn|>\n` (Gemma 4's prompt format, with
+//! the roles `system`, `user` and `model`); the model's reply follows an
+//! open `<|turn>model\n` and ends with its own `<turn|>`.
+
+use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use turbospark::model::{GenerateOptions, Generation};
+
+use crate::common::{encode_with, tokenizer, CliResult};
+use crate::generate::{AnyModel, RunArgs, SamplingArgs};
+use crate::stream::Stream;
+
+/// Opens a turn; a role and a newline follow.
+pub const TURN_START: &str = "<|turn>";
+/// Closes a turn (the model's reply ends with it).
+pub const TURN_END: &str = "<turn|>";
+
+/// The text of a conversation's opening: a system turn where given, the
+/// user's turn, and the model's turn opened for the reply.
+pub fn first_turn(system: Option<&str>, user: &str) -> String {
+    let system = system
+        .map(|s| format!("{TURN_START}system\n{s}{TURN_END}\n"))
+        .unwrap_or_default();
+    format!("{system}{TURN_START}user\n{user}{TURN_END}\n{TURN_START}model\n")
+}
+
+/// The text of a later user turn, after the model's reply and its
+/// `<turn|>`: the line break that follows a turn, the user's turn and the
+/// model's opened.
+pub fn next_turn(user: &str) -> String {
+    format!("\n{TURN_START}user\n{user}{TURN_END}\n{TURN_START}model\n")
+}
+
+/// The id of `<turn|>`; an error naming the tokenizer's lack of it (a
+/// checkpoint that is not a Gemma 4 chat model).
+pub fn turn_end_id(tok: &tokenizers::Tokenizer) -> CliResult<u32> {
+    for t in [TURN_START, TURN_END] {
+        if tok.token_to_id(t).is_none() {
+            return Err(
+                format!("the tokenizer has no {t} token: not a Gemma 4 chat tokenizer").into(),
+            );
+        }
+    }
+    Ok(tok.token_to_id(TURN_END).expect("checked above"))
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json + safetensors + tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// A system turn at the start of the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    /// Most new tokens a reply may take.
+    #[arg(long, default_value_t = 512)]
+    max_new_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let tok = tokenizer(&a.model)?.ok_or_else(|| {
+        format!(
+            "{} has no tokenizer.json, which chat needs",
+            a.model.display()
+        )
+    })?;
+    // (before the weights are loaded: a tokenizer without turns says so now)
+    turn_end_id(&tok)?;
+    let (mut model, device) = a.run.load(&a.model)?;
+    eprintln!("{device}: type a message, an empty line or end of input to quit");
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: a.sampling.sampling(),
+        stop_at_eos: true,
+    };
+    let stdin = std::io::stdin();
+    converse(
+        &mut model,
+        &tok,
+        a.system.as_deref(),
+        &opts,
+        stdin.lock(),
+        std::io::stdout().lock(),
+        std::io::stderr(),
+    )?;
+    Ok(())
+}
+
+/// What a conversation needs of a model: [`AnyModel`], or a scripted one
+/// in the tests.
+pub trait Generator {
+    fn generate_streaming(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> turbospark::Result<Generation>;
+}
+
+impl Generator for AnyModel {
+    fn generate_streaming(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> turbospark::Result<Generation> {
+        AnyModel::generate_streaming(self, prompt, opts, on_token)
+    }
+}
+
+/// One conversation: a user message a line of `input`, each reply streamed
+/// to `out`, the prompt marker to `prompt`. Ends at an empty line or the end
+/// of input; returns the replies' tokens. A reply cut at `opts.max_new_tokens`
+/// is closed with `<turn|>` before the next user turn.
+pub fn converse(
+    model: &mut impl Generator,
+    tok: &tokenizers::Tokenizer,
+    system: Option<&str>,
+    opts: &GenerateOptions,
+    input: impl BufRead,
+    mut out: impl Write,
+    mut prompt: impl Write,
+) -> CliResult<Vec<Vec<u32>>> {
+    let turn_end = turn_end_id(tok)?;
+    let mut replies: Vec<Vec<u32>> = Vec::new();
+    let mut lines = input.lines();
+    loop {
+        write!(prompt, "> ")?;
+        prompt.flush()?;
+        let line = match lines.next() {
+            Some(l) => l?,
+            None => break,
+        };
+        let user = line.trim_end();
+        if user.is_empty() {
+            break;
+        }
+        // The new turn's tokens. The last reply's last token is not in the
+        // context yet (generate leaves it to the next call): it leads, and
+        // a reply that did not end its turn gets its <turn|> here.
+        let tokens = match replies.last().and_then(|r| r.last()) {
+            None => encode_with(tok, &first_turn(system, user), true)?,
+            Some(&last) => {
+                let mut t = vec![last];
+                if last != turn_end {
+                    t.push(turn_end);
+                }
+                t.extend(encode_with(tok, &next_turn(user), false)?);
+                t
+            }
+        };
+        let mut stream = Stream::new(&mut out, Some(tok));
+        let mut failed = None;
+        let g = model.generate_streaming(&tokens, opts, &mut |id| {
+            if id == turn_end {
+                return ControlFlow::Break(());
+            }
+            match stream.push(id) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        stream.finish()?;
+        replies.push(g.tokens);
+    }
+    Ok(replies)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turbospark::model::{Checkpoint, Model, ModelOptions};
+    use turbospark_cpu::CpuBackend;
+
+    fn fixture() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
+    }
+
+    /// The tiny fixture's word-level tokenizer with Gemma 4's two turn
+    /// tokens added as special tokens at ids `start` and `end`.
+    fn chat_tokenizer(start: u32, end: u32) -> tokenizers::Tokenizer {
+        let text = std::fs::read_to_string(fixture().join("tokenizer.json")).unwrap();
+        let mut j: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for (id, content) in [(start, TURN_START), (end, TURN_END)] {
+            // (the vocabulary's word for the id gives way to the token)
+            let vocab = j["model"]["vocab"].as_object_mut().unwrap();
+            vocab.retain(|_, v| v.as_u64() != Some(id as u64));
+            vocab.insert(content.into(), id.into());
+            j["added_tokens"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({
+                    "id": id, "content": content, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true
+                }));
+        }
+        j.to_string().parse().unwrap()
+    }
+
+    fn model() -> AnyModel {
+        let ck = Checkpoint::open(&fixture()).unwrap();
+        let opts = ModelOptions {
+            max_context: 128,
+            ..Default::default()
+        };
+        AnyModel::Cpu(Box::new(Model::load(CpuBackend::new(), &ck, opts).unwrap()))
+    }
+
+    fn greedy(n: usize) -> GenerateOptions {
+        GenerateOptions {
+            max_new_tokens: n,
+            stop_at_eos: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn turns_are_gemma_4s() {
+        assert_eq!(
+            first_turn(Some("Be brief."), "Hi"),
+            "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+        );
+        assert_eq!(
+            first_turn(None, "Hi"),
+            "<|turn>user\nHi<turn|>\n<|turn>model\n"
+        );
+        assert_eq!(
+            next_turn("Bye"),
+            "\n<|turn>user\nBye<turn|>\n<|turn>model\n"
+        );
+    }
+
+    #[test]
+    fn a_tokenizer_without_turns_is_refused() {
+        let tok = crate::common::tokenizer(&fixture()).unwrap().unwrap();
+        let e = turn_end_id(&tok).unwrap_err().to_string();
+        assert!(
+            e.contains("<|turn>") && e.contains("not a Gemma 4 chat"),
+            "{e}"
+        );
+    }
+
+    /// Two turns: the second reply is the one a fresh model gives to the
+    /// whole conversation at once (the context was kept, and the first
+    /// reply, cut at the token limit, was closed with <turn|>); each reply
+    /// is printed as its text and a line break.
+    #[test]
+    fn a_conversation_keeps_its_context() {
+        let tok = chat_tokenizer(500, 501);
+        let mut m = model();
+        let mut out = Vec::new();
+        let replies = converse(
+            &mut m,
+            &tok,
+            Some("w7"),
+            &greedy(6),
+            "w10 w11\nw12 w13 w14\n\nw15\n".as_bytes(),
+            &mut out,
+            std::io::sink(),
+        )
+        .unwrap();
+        assert_eq!(replies.len(), 2, "ends at the empty line");
+        assert!(replies.iter().all(|r| r.len() == 6), "{replies:?}");
+        let text = |ids: &[u32]| tok.decode(ids, true).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("{}\n{}\n", text(&replies[0]), text(&replies[1]))
+        );
+        let mut all = encode_with(&tok, &first_turn(Some("w7"), "w10 w11"), true).unwrap();
+        all.extend(&replies[0]);
+        all.push(501);
+        all.extend(encode_with(&tok, &next_turn("w12 w13 w14"), false).unwrap());
+        let mut fresh = model();
+        let g = fresh.generate_streaming(&all, &greedy(6), |_| ControlFlow::Continue(()));
+        assert_eq!(g.unwrap().tokens, replies[1]);
+    }
+
+    /// A model that writes `script` (up to the token limit, or until the
+    /// callback breaks) and records each prompt.
+    struct Scripted {
+        script: Vec<u32>,
+        prompts: Vec<Vec<u32>>,
+    }
+
+    impl Generator for Scripted {
+        fn generate_streaming(
+            &mut self,
+            prompt: &[u32],
+            opts: &GenerateOptions,
+            on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        ) -> turbospark::Result<Generation> {
+            self.prompts.push(prompt.to_vec());
+            let mut tokens = Vec::new();
+            for &t in self.script.iter().take(opts.max_new_tokens) {
+                tokens.push(t);
+                if on_token(t).is_break() {
+                    break;
+                }
+            }
+            Ok(Generation {
+                tokens,
+                prefill_tok_s: 1.0,
+                decode_tok_s: 1.0,
+            })
+        }
+    }
+
+    /// A reply ends where the model writes <turn|>, which is not printed;
+    /// the next turn starts from that token, without a second one.
+    #[test]
+    fn a_reply_ends_at_turn_end() {
+        let tok = chat_tokenizer(500, 501);
+        let mut m = Scripted {
+            script: vec![7, 8, 501, 9],
+            prompts: Vec::new(),
+        };
+        let mut out = Vec::new();
+        let replies = converse(
+            &mut m,
+            &tok,
+            None,
+            &greedy(6),
+            "w10 w11\nw12\n".as_bytes(),
+            &mut out,
+            std::io::sink(),
+        )
+        .unwrap();
+        assert_eq!(replies, [vec![7, 8, 501], vec![7, 8, 501]]);
+        assert_eq!(String::from_utf8(out).unwrap(), "w7 w8\nw7 w8\n");
+        let mut second = vec![501];
+        second.extend(encode_with(&tok, &next_turn("w12"), false).unwrap());
+        assert_eq!(m.prompts[1], second);
+        assert_eq!(
+            m.prompts[0],
+            encode_with(&tok, &first_turn(None, "w10 w11"), true).unwrap()
+        );
+    }
+}
