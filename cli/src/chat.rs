@@ -160,22 +160,12 @@ pub fn converse(
             }
         };
         let mut stream = Stream::new(&mut out, Some(tok));
-        let mut failed = None;
         let g = model.generate_streaming(&tokens, opts, &mut |id| {
             if id == turn_end {
                 return ControlFlow::Break(());
             }
-            match stream.push(id) {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(e) => {
-                    failed = Some(e);
-                    ControlFlow::Break(())
-                }
-            }
+            stream.take(id)
         })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
         stream.finish()?;
         replies.push(g.tokens);
     }

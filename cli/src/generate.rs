@@ -200,24 +200,14 @@ pub fn run(a: Args) -> CliResult {
     // The continuation goes to stdout token by token; a write that fails
     // (stdout closed) stops generation and is the error reported.
     let mut out = Stream::new(std::io::stdout().lock(), tok.as_ref());
-    let mut failed = None;
     let mut on_token = |id: u32| {
         if Some(id) == turn_end {
             return ControlFlow::Break(());
         }
-        match out.push(id) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                failed = Some(e);
-                ControlFlow::Break(())
-            }
-        }
+        out.take(id)
     };
     let (mut model, device) = a.run.load(&a.model)?;
     let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
     out.finish()?;
     eprintln!(
         "{device}: {} prompt tokens, {} new; prefill {:.1} tok/s, decode {:.1} tok/s",

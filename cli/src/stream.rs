@@ -2,8 +2,9 @@
 //! has it (text through the tokenizer, else comma-separated ids).
 
 use std::io::Write;
+use std::ops::ControlFlow;
 
-use crate::common::{decode, CliResult};
+use crate::common::{decode, CliError, CliResult};
 
 /// Prints a growing continuation. Text is decoded whole each time and only
 /// what it adds is printed, so what is on the screen is only ever appended
@@ -15,6 +16,8 @@ pub struct Stream<'a, W: Write> {
     ids: Vec<u32>,
     /// The decoded text already written.
     shown: String,
+    /// The first write or decode that failed (`take` stopped there).
+    failed: Option<CliError>,
 }
 
 impl<'a, W: Write> Stream<'a, W> {
@@ -24,6 +27,19 @@ impl<'a, W: Write> Stream<'a, W> {
             tok,
             ids: Vec::new(),
             shown: String::new(),
+            failed: None,
+        }
+    }
+
+    /// [`Self::push`] as a generation callback: `Break` (stop generating)
+    /// once a write fails, the error kept for [`Self::finish`].
+    pub fn take(&mut self, id: u32) -> ControlFlow<()> {
+        match self.push(id) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                self.failed = Some(e);
+                ControlFlow::Break(())
+            }
         }
     }
 
@@ -46,8 +62,11 @@ impl<'a, W: Write> Stream<'a, W> {
     }
 
     /// Print what is left (a trailing partial character as it decodes) and
-    /// end the line.
+    /// end the line; or the error that stopped [`Self::take`].
     pub fn finish(mut self) -> CliResult {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         if let Some(t) = self.tok {
             let text = decode(t, &self.ids)?;
             self.show(&text)?;
@@ -88,6 +107,25 @@ mod tests {
         }
         s.finish().unwrap();
         assert_eq!(String::from_utf8(buf).unwrap(), "5,17,42\n");
+    }
+
+    /// A write that fails (stdout closed) stops generation, and finish
+    /// reports it.
+    #[test]
+    fn a_failed_write_stops_and_is_reported() {
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut s = Stream::new(Closed, None);
+        assert!(s.take(5).is_break());
+        let e = s.finish().unwrap_err();
+        assert!(e.to_string().to_lowercase().contains("pipe"), "{e}");
     }
 
     /// A character split over byte tokens (byte fallback) is printed once
