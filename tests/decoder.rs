@@ -335,6 +335,8 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
             temperature: 1.0,
             top_k: Some(20),
             top_p: None,
+            min_p: None,
+            repetition_penalty: None,
             seed: 9,
         };
         assert!(!sampling.is_greedy());
@@ -361,6 +363,8 @@ fn seeded_sampling_is_reproducible() {
             temperature: 1.0,
             top_k: Some(20),
             top_p: Some(0.9),
+            min_p: None,
+            repetition_penalty: None,
             seed: 5,
         },
         ..Default::default()
@@ -505,6 +509,8 @@ fn stops_at_eos<B: ComputeBackend>(open: impl Fn() -> B) {
         temperature: 1.0,
         top_k: Some(20),
         top_p: None,
+        min_p: None,
+        repetition_penalty: None,
         seed: 3,
     };
     for sampling in [Sampling::Greedy, sampled] {
@@ -685,6 +691,8 @@ fn streaming_hands_over_every_token_in_order() {
             temperature: 0.9,
             top_k: Some(20),
             top_p: None,
+            min_p: None,
+            repetition_penalty: None,
             seed: 3,
         },
     ] {
@@ -751,4 +759,47 @@ fn streaming_stops_where_the_callback_says_and_can_continue() {
         let e = nmse(got, want);
         assert!(e < SAME_PATH_NMSE, "NMSE {e:e}");
     }
+}
+
+/// A repetition penalty reaches the model's sampling: the tiny model
+/// repeats itself greedily, and with a large penalty (temperature 0, so
+/// the host's argmax over penalized logits) it takes no token twice and
+/// none of the prompt's.
+#[test]
+fn repetition_penalty_applies_to_the_prompt_and_the_new_tokens() {
+    let mut m = tiny_model(64);
+    let p = prompt(9, m.config().vocab);
+    let plain = m
+        .generate(
+            &p,
+            &GenerateOptions {
+                max_new_tokens: 12,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .tokens;
+    let mut distinct = plain.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() < plain.len(), "greedy repeats: {plain:?}");
+    m.reset();
+    let opts = GenerateOptions {
+        max_new_tokens: 12,
+        sampling: Sampling::Random {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repetition_penalty: Some(1e4),
+            seed: 0,
+        },
+        ..Default::default()
+    };
+    let got = m.generate(&p, &opts).unwrap().tokens;
+    let mut distinct = got.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), got.len(), "{got:?}");
+    assert!(!got.iter().any(|t| p.contains(t)), "{got:?} against {p:?}");
 }

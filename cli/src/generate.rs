@@ -142,6 +142,13 @@ pub struct SamplingArgs {
     /// Sample among the smallest set of tokens holding probability P.
     #[arg(long)]
     top_p: Option<f32>,
+    /// Sample among the tokens at least P times as likely as the likeliest.
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Divide the positive logits (multiply the negative ones) of tokens
+    /// already seen, the prompt's included, by this (1.1 to 1.3 is usual).
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -149,13 +156,16 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     pub fn sampling(&self) -> Sampling {
-        let random = self.top_k.is_some() || self.top_p.is_some();
+        // (a repetition penalty alone keeps greedy's pick, on penalized logits)
+        let random = self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some();
         match self.temperature {
-            None if !random => Sampling::Greedy,
+            None if !random && self.repetition_penalty.is_none() => Sampling::Greedy,
             t => Sampling::Random {
-                temperature: t.unwrap_or(1.0),
+                temperature: t.unwrap_or(if random { 1.0 } else { 0.0 }),
                 top_k: self.top_k,
                 top_p: self.top_p,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
                 seed: self.seed,
             },
         }

@@ -483,6 +483,7 @@ impl<B: ComputeBackend> Model<B> {
         }
         self.check_request(prompt, opts.max_new_tokens.saturating_sub(1))?;
         let mut sampler = Sampler::new(&opts.sampling)?;
+        sampler.observe(prompt);
         let greedy = opts.sampling.is_greedy();
         let t0 = Instant::now();
         if opts.max_new_tokens == 0 {

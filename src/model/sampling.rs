@@ -16,23 +16,37 @@ pub enum Sampling {
     /// Highest logit (first index on ties), computed on the device.
     Greedy,
     /// Softmax of `logits / temperature`, optionally restricted to the `top_k`
-    /// highest and then to the smallest prefix holding `top_p` of the mass.
+    /// highest, then to the smallest prefix holding `top_p` of the mass, then
+    /// to the tokens at least `min_p` times as likely as the likeliest (the
+    /// order transformers applies them in). `repetition_penalty` first
+    /// divides the positive logits (multiplies the negative ones) of every
+    /// token already seen in this call: the prompt and the tokens it
+    /// generated. A temperature of 0 then takes the highest.
     Random {
         temperature: f32,
         top_k: Option<usize>,
         top_p: Option<f32>,
+        min_p: Option<f32>,
+        repetition_penalty: Option<f32>,
         seed: u64,
     },
 }
 
 impl Sampling {
-    /// Whether this is greedy decoding (a temperature of 0 counts as greedy).
+    /// Whether this is greedy decoding (a temperature of 0 counts as greedy,
+    /// unless a repetition penalty changes the logits first).
     pub fn is_greedy(&self) -> bool {
         match self {
             Sampling::Greedy => true,
             Sampling::Random {
-                temperature, top_k, ..
-            } => *temperature == 0.0 || *top_k == Some(1),
+                temperature,
+                top_k,
+                repetition_penalty,
+                ..
+            } => {
+                (*temperature == 0.0 || *top_k == Some(1))
+                    && repetition_penalty.is_none_or(|r| r == 1.0)
+            }
         }
     }
 
@@ -42,6 +56,8 @@ impl Sampling {
             temperature,
             top_k,
             top_p,
+            min_p,
+            repetition_penalty,
             ..
         } = self
         {
@@ -56,6 +72,18 @@ impl Sampling {
             if let Some(p) = top_p {
                 if !(*p > 0.0 && *p <= 1.0) {
                     return Err(Error::InvalidInput(format!("top-p {p} must be in (0, 1]")));
+                }
+            }
+            if let Some(p) = min_p {
+                if !(0.0..=1.0).contains(p) {
+                    return Err(Error::InvalidInput(format!("min-p {p} must be in [0, 1]")));
+                }
+            }
+            if let Some(r) = repetition_penalty {
+                if !(r.is_finite() && *r > 0.0) {
+                    return Err(Error::InvalidInput(format!(
+                        "repetition penalty {r} must be finite and > 0"
+                    )));
                 }
             }
         }
@@ -80,6 +108,11 @@ pub struct Sampler {
     rng: Rng,
     /// Reused candidate index buffer (avoids a vocab-sized allocation per token).
     idx: Vec<u32>,
+    /// The tokens seen so far (`observe`d and sampled), for the repetition
+    /// penalty.
+    seen: std::collections::BTreeSet<u32>,
+    /// Reused copy of the row the penalty changes.
+    penalized: Vec<f32>,
 }
 
 /// Initial candidate count for top-p without top-k: enough for most peaked
@@ -97,23 +130,57 @@ impl Sampler {
             sampling: sampling.clone(),
             rng: Rng::new(seed),
             idx: Vec::new(),
+            seen: Default::default(),
+            penalized: Vec::new(),
         })
     }
 
-    /// Picks a token from one row of logits.
+    /// Tokens already in the context (the prompt), which the repetition
+    /// penalty counts as seen.
+    pub fn observe(&mut self, ids: &[u32]) {
+        self.seen.extend(ids);
+    }
+
+    /// Picks a token from one row of logits (and counts it as seen).
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         if logits.is_empty() {
             return Err(Error::InvalidInput("empty logits row".into()));
         }
-        let (t, top_k, top_p) = match &self.sampling {
-            s if s.is_greedy() => return Ok(argmax(logits)),
+        let mut penalized = std::mem::take(&mut self.penalized);
+        let logits = match self.sampling {
+            Sampling::Random {
+                repetition_penalty: Some(r),
+                ..
+            } if r != 1.0 => {
+                penalized.clear();
+                penalized.extend_from_slice(logits);
+                for &i in self.seen.range(..logits.len() as u32) {
+                    let l = &mut penalized[i as usize];
+                    *l = if *l > 0.0 { *l / r } else { *l * r };
+                }
+                &penalized[..]
+            }
+            _ => logits,
+        };
+        let tok = self.pick(logits);
+        self.penalized = penalized;
+        self.seen.insert(tok);
+        Ok(tok)
+    }
+
+    /// The token for a (penalized) row.
+    fn pick(&mut self, logits: &[f32]) -> u32 {
+        let (t, top_k, top_p, min_p) = match &self.sampling {
             Sampling::Random {
                 temperature,
                 top_k,
                 top_p,
+                min_p,
                 ..
-            } => (*temperature, *top_k, *top_p),
-            Sampling::Greedy => return Ok(argmax(logits)),
+            } if *temperature != 0.0 && *top_k != Some(1) => {
+                (*temperature, *top_k, *top_p, min_p.unwrap_or(0.0))
+            }
+            _ => return argmax(logits),
         };
         let n = logits.len();
         let max = logits[argmax(logits) as usize];
@@ -127,17 +194,27 @@ impl Sampler {
         };
         let top_p = top_p.filter(|p| *p < 1.0);
         let k = top_k.map(|k| k.min(n));
+        // min-p keeps a token whose weight (its probability over the
+        // likeliest's) reaches it.
+        let kept = |l: f32| {
+            let w = weight(l);
+            if w >= min_p {
+                w
+            } else {
+                0.0
+            }
+        };
         if k.is_none() && top_p.is_none() {
             // Plain temperature: one pass for the total, one to find the draw.
-            let total: f32 = logits.iter().map(|&l| weight(l)).sum();
+            let total: f32 = logits.iter().map(|&l| kept(l)).sum();
             let mut u = self.rng.uniform() * total;
             for (i, &l) in logits.iter().enumerate() {
-                u -= weight(l);
+                u -= kept(l);
                 if u < 0.0 {
-                    return Ok(i as u32);
+                    return i as u32;
                 }
             }
-            return Ok(argmax(logits));
+            return argmax(logits);
         }
         // Candidates: the k highest (all of them for top-p alone, grown in steps).
         let total_all: f32 = if k.is_none() {
@@ -152,8 +229,8 @@ impl Sampler {
             if k.is_some() || cut == n {
                 break;
             }
-            let kept: f32 = self.idx.iter().map(|&i| weight(logits[i as usize])).sum();
-            if kept >= p * total_all {
+            let held: f32 = self.idx.iter().map(|&i| weight(logits[i as usize])).sum();
+            if held >= p * total_all {
                 break;
             }
             cut = (cut * 2).min(n);
@@ -176,15 +253,15 @@ impl Sampler {
             }
         }
         let cands = &self.idx[..keep];
-        let mass: f32 = cands.iter().map(|&i| weight(logits[i as usize])).sum();
+        let mass: f32 = cands.iter().map(|&i| kept(logits[i as usize])).sum();
         let mut u = self.rng.uniform() * mass;
         for &i in cands {
-            u -= weight(logits[i as usize]);
+            u -= kept(logits[i as usize]);
             if u < 0.0 {
-                return Ok(i);
+                return i;
             }
         }
-        Ok(cands[0])
+        cands[0]
     }
 
     /// `self.idx` = indices of the `cut` highest logits, sorted descending
@@ -219,6 +296,8 @@ mod tests {
             temperature: t,
             top_k: k,
             top_p: p,
+            min_p: None,
+            repetition_penalty: None,
             seed,
         }
     }
@@ -303,6 +382,72 @@ mod tests {
         }
     }
 
+    /// Every sampled token is at least min-p times as likely as the
+    /// likeliest (after the temperature), and more than one is drawn.
+    #[test]
+    fn min_p_keeps_the_likely_ones() {
+        let l = logits(4000, 6);
+        let max = l.iter().copied().fold(f32::MIN, f32::max);
+        for (t, k, mp) in [(1.0, None, 0.1), (0.7, Some(50), 0.3), (2.0, None, 0.05)] {
+            let s = Sampling::Random {
+                temperature: t,
+                top_k: k,
+                top_p: None,
+                min_p: Some(mp),
+                repetition_penalty: None,
+                seed: 17,
+            };
+            let got = draw(&s, &l, 300);
+            for &tok in &got {
+                let w = ((l[tok as usize] - max) / t).exp();
+                assert!(w >= mp, "t={t} min_p={mp}: {tok} at {w}");
+            }
+            let mut distinct = got.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert!(distinct.len() > 1, "t={t} min_p={mp}");
+        }
+    }
+
+    /// The penalty lowers the tokens seen (observed or sampled): at
+    /// temperature 0 (host-side argmax, not the device's greedy path) a
+    /// large one never picks a token twice, nor one of the prompt.
+    #[test]
+    fn repetition_penalty_lowers_what_was_seen() {
+        let mut l = logits(1000, 8);
+        // every logit positive, so dividing lowers each
+        l.iter_mut().for_each(|x| *x = x.abs() + 1.0);
+        let s = Sampling::Random {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repetition_penalty: Some(1e6),
+            seed: 0,
+        };
+        assert!(!s.is_greedy());
+        let mut sm = Sampler::new(&s).unwrap();
+        let prompt = [argmax(&l), 3, 4];
+        sm.observe(&prompt);
+        let got: Vec<u32> = (0..20).map(|_| sm.sample(&l).unwrap()).collect();
+        let mut distinct = got.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), got.len(), "{got:?}");
+        assert!(!got.iter().any(|t| prompt.contains(t)), "{got:?}");
+        // A penalty of 1 changes nothing: greedy.
+        let one = Sampling::Random {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repetition_penalty: Some(1.0),
+            seed: 0,
+        };
+        assert!(one.is_greedy());
+        assert_eq!(draw(&one, &l, 3), vec![argmax(&l); 3]);
+    }
+
     #[test]
     fn bad_settings_are_errors() {
         assert!(Sampler::new(&random(-1.0, None, None, 0)).is_err());
@@ -310,5 +455,17 @@ mod tests {
         assert!(Sampler::new(&random(1.0, Some(0), None, 0)).is_err());
         assert!(Sampler::new(&random(1.0, None, Some(0.0), 0)).is_err());
         assert!(Sampler::new(&random(1.0, None, Some(1.5), 0)).is_err());
+        let with = |min_p, repetition_penalty| Sampling::Random {
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            min_p,
+            repetition_penalty,
+            seed: 0,
+        };
+        assert!(Sampler::new(&with(Some(1.5), None)).is_err());
+        assert!(Sampler::new(&with(Some(-0.1), None)).is_err());
+        assert!(Sampler::new(&with(None, Some(0.0))).is_err());
+        assert!(Sampler::new(&with(None, Some(f32::INFINITY))).is_err());
     }
 }
