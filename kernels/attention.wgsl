@@ -377,8 +377,19 @@ override PIPE: bool = false;
 // Keys per chunk and dim parts per key (KD * DP = 256 threads).
 const KD: u32 = 32u;
 const DP: u32 = 8u;
+// The width of the device's subgroups where it has one (8, 16 or 32; the
+// launcher sets it): thread (slot q, key k) of a chunk is then invocation
+// q * KD + k, a slot's KD keys are whole subgroups, and the chunk's
+// softmax takes its max and sum by subgroup (`keys_max`, `keys_sum`) with
+// the slots' running max and sum in registers: two barriers a chunk, not
+// seven. 0: the softmax through workgroup memory, one thread per slot.
+override SGW: u32 = 0u;
+// Subgroup results of the slots' keys where a subgroup is narrower than KD.
+var<workgroup> dsg: array<f32, 32>;
 
-var<workgroup> dred: array<f32, 2048>; // [DP][NS][KD], then p [NS][KD]
+var<workgroup> dred: array<f32, 2048>; // [DP][NS][KD], then scores [NS][KD]
+// The chunk's probabilities [NS][KD], which the value phase reads.
+var<workgroup> dp: array<f32, 256>;
 var<workgroup> dmax: array<f32, 8>;
 var<workgroup> dsum: array<f32, 8>;
 var<workgroup> dalpha: array<f32, 8>;
@@ -477,6 +488,9 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         dmax[lid] = NEG;
         dsum[lid] = 0.0;
     }
+    // (SGW: the running max and sum of this thread's slot, lid / KD)
+    var mrun = NEG;
+    var lrun = 0.0;
     // With several rows, the keys of this thread's score slot (lid / KD)
     // within the span: its row's (none past P.m).
     var s_lo = c_lo;
@@ -589,49 +603,70 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
                 sc = s * P.scale;
             }
         }
-        workgroupBarrier();
-        if (lid < NS * KD) {
-            dred[lid] = sc;
-        }
-        workgroupBarrier();
-
-        // Online softmax. Thread (head q, key k) finds the head's new running
-        // max over the chunk's scores (independent loads, no chain) and its
-        // own key's exp; then one thread per head adds the chunk's exps. The
-        // same arithmetic in the same order as one thread per head doing it
-        // all, without its chain of 2 x KD dependent steps and KD exps.
-        var pk = 0.0;
-        if (lid < NS * KD) {
-            let q = lid / KD;
-            var mnew = dmax[q];
-            for (var k = 0u; k < KD; k++) {
-                mnew = max(mnew, dred[q * KD + k]);
-            }
+        if (SGW > 0u) {
+            // Online softmax by subgroup: the slot's chunk max, its keys'
+            // exps and their sum, the same in every thread of the slot.
+            // (Past NS * KD: no key, nothing written.)
+            let mnew = max(mrun, keys_max(sc, lid));
+            var pk = 0.0;
             if (sc > NEG) {
                 pk = exp(sc - mnew);
             }
-            if (lid % KD == 0u) {
-                dmnew[q] = mnew;
+            let alpha = exp(mrun - mnew);
+            lrun = lrun * alpha + keys_sum(pk, lid);
+            mrun = mnew;
+            if (lid < NS * KD) {
+                dp[lid] = pk;
+                if (lid % KD == 0u) {
+                    dalpha[lid / KD] = alpha;
+                }
             }
-        }
-        workgroupBarrier();
-        if (lid < NS * KD) {
-            dred[lid] = pk;
-        }
-        workgroupBarrier();
-        if (lid < NS) {
-            let mold = dmax[lid];
-            let mnew = dmnew[lid];
-            let alpha = exp(mold - mnew);
-            var l = 0.0;
-            for (var k = 0u; k < KD; k++) {
-                l += dred[lid * KD + k];
+            workgroupBarrier();
+        } else {
+            workgroupBarrier();
+            if (lid < NS * KD) {
+                dred[lid] = sc;
             }
-            dsum[lid] = dsum[lid] * alpha + l;
-            dmax[lid] = mnew;
-            dalpha[lid] = alpha;
+            workgroupBarrier();
+
+            // Online softmax. Thread (head q, key k) finds the head's new running
+            // max over the chunk's scores (independent loads, no chain) and its
+            // own key's exp; then one thread per head adds the chunk's exps. The
+            // same arithmetic in the same order as one thread per head doing it
+            // all, without its chain of 2 x KD dependent steps and KD exps.
+            var pk = 0.0;
+            if (lid < NS * KD) {
+                let q = lid / KD;
+                var mnew = dmax[q];
+                for (var k = 0u; k < KD; k++) {
+                    mnew = max(mnew, dred[q * KD + k]);
+                }
+                if (sc > NEG) {
+                    pk = exp(sc - mnew);
+                }
+                if (lid % KD == 0u) {
+                    dmnew[q] = mnew;
+                }
+            }
+            workgroupBarrier();
+            if (lid < NS * KD) {
+                dp[lid] = pk;
+            }
+            workgroupBarrier();
+            if (lid < NS) {
+                let mold = dmax[lid];
+                let mnew = dmnew[lid];
+                let alpha = exp(mold - mnew);
+                var l = 0.0;
+                for (var k = 0u; k < KD; k++) {
+                    l += dp[lid * KD + k];
+                }
+                dsum[lid] = dsum[lid] * alpha + l;
+                dmax[lid] = mnew;
+                dalpha[lid] = alpha;
+            }
+            workgroupBarrier();
         }
-        workgroupBarrier();
 
         // Values: this slice's keys of the chunk.
         if (vs < vslices) {
@@ -650,20 +685,32 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
                 if (k < KD && j0 + k < c_hi) {
                     let v = vv[r];
                     // (slots past NS read other slots' p: finite, unused)
-                    a0 += dred[k] * v;
-                    a1 += dred[KD + k] * v;
-                    a2 += dred[2u * KD + k] * v;
-                    a3 += dred[3u * KD + k] * v;
+                    a0 += dp[k] * v;
+                    a1 += dp[KD + k] * v;
+                    a2 += dp[2u * KD + k] * v;
+                    a3 += dp[3u * KD + k] * v;
                     if (NS > 4u) {
-                        a4 += dred[4u * KD + k] * v;
-                        a5 += dred[5u * KD + k] * v;
-                        a6 += dred[6u * KD + k] * v;
-                        a7 += dred[7u * KD + k] * v;
+                        a4 += dp[4u * KD + k] * v;
+                        a5 += dp[5u * KD + k] * v;
+                        a6 += dp[6u * KD + k] * v;
+                        a7 += dp[7u * KD + k] * v;
                     }
                 }
             }
         }
-        // dred is rewritten by the next chunk's scores.
+        // dred and dp are rewritten by the next chunk. (SGW: the next
+        // chunk's partial scores go to dred, which this chunk last read
+        // before its barrier, and its probabilities to dp after the next
+        // barrier, which every thread passes once done with these.)
+        if (SGW == 0u) {
+            workgroupBarrier();
+        }
+    }
+    if (SGW > 0u) {
+        if (lid < NS * KD && lid % KD == 0u) {
+            dmax[lid / KD] = mrun;
+            dsum[lid / KD] = lrun;
+        }
         workgroupBarrier();
     }
 
@@ -684,6 +731,45 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     sum_slices(5u, a5, lid, at);
     sum_slices(6u, a6, lid, at);
     sum_slices(7u, a7, lid, at);
+}
+
+// `r`, a subgroup's max (or sum) of its invocations' values, over the
+// KD = 32 invocations of this thread's slot (invocations q * KD ..): as it
+// is where a subgroup spans them, else through workgroup memory, each
+// thread of the slot summing the same partials in the same order. Call
+// from uniform control flow.
+fn keys_combine(r: f32, lid: u32, is_max: bool) -> f32 {
+    if (SGW >= KD) {
+        return r;
+    }
+    // (SGW = 0 never calls this; the max keeps its constants defined)
+    let w = max(SGW, 1u);
+    if (lid % w == 0u) {
+        dsg[lid / w] = r;
+    }
+    workgroupBarrier();
+    let n = KD / w;
+    let base = lid / KD * n;
+    var t = dsg[base];
+    for (var i = 1u; i < n; i++) {
+        if (is_max) {
+            t = max(t, dsg[base + i]);
+        } else {
+            t += dsg[base + i];
+        }
+    }
+    workgroupBarrier();
+    return t;
+}
+
+// The largest `v` of this thread's slot's keys (keys_combine).
+fn keys_max(v: f32, lid: u32) -> f32 {
+    return keys_combine(lanes_max(v), lid, true);
+}
+
+// The sum of `v` over this thread's slot's keys (keys_combine).
+fn keys_sum(v: f32, lid: u32) -> f32 {
+    return keys_combine(lanes_sum(v), lid, false);
 }
 
 // Query slot q's dot with key columns kt at vec4 i, 0 past the slots.

@@ -56,3 +56,14 @@ fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {
     workgroupBarrier();
     return m;
 }
+
+// The max and the sum of `v` over this invocation's subgroup, in a build
+// without subgroup operations: each invocation is a subgroup of one (the
+// launchers then tell the kernels a width of 0 or 1).
+fn lanes_max(v: f32) -> f32 {
+    return v;
+}
+
+fn lanes_sum(v: f32) -> f32 {
+    return v;
+}

@@ -92,3 +92,14 @@ fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {
     }
     return subgroupMax(m);
 }
+
+// The max and the sum of `v` over this invocation's subgroup (for kernels
+// that arrange their work by subgroup: attention's keys_max / keys_sum).
+// Call from uniform control flow.
+fn lanes_max(v: f32) -> f32 {
+    return subgroupMax(v);
+}
+
+fn lanes_sum(v: f32) -> f32 {
+    return subgroupAdd(v);
+}

@@ -277,8 +277,30 @@ const DECODE_MAX_GROUP: usize = 8;
 const DECODE_STAGE_QUERY: usize = 512;
 
 /// `attn_decode`'s workgroup memory without the staged queries: dred
-/// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), sacc (256 vec4).
-const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16;
+/// (2048 f32), dmax / dsum / dalpha / dmnew (8 f32 each), sacc (256 vec4),
+/// dp (256 f32), dsg (32 f32).
+const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16 + 256 * 4 + 32 * 4;
+
+/// `attn_decode`'s `SGW`: the device's subgroup width where its subgroups
+/// have one width that divides the kernel's 32 keys a chunk (NVIDIA and
+/// Apple: 32; lavapipe: 8), so that a query slot's keys are whole
+/// subgroups and the chunk's softmax runs by subgroup; else 0, the
+/// softmax through workgroup memory (devices without subgroups, or whose
+/// width varies). On the H200 (seventeenth session run 05, medians of two
+/// rounds) the subgroup softmax took full layers at 8K keys 36.5 -> 32.8
+/// us, at 32K 97.6 -> 90.8, qkv_post + attention at 8K 40.8 -> 38.1,
+/// sliding layers at 1K 14.7 -> 14.0; 16 rows of the sliding layers (four
+/// a workgroup) 39.5 -> 40.1, and as much slower with the workgroup-memory
+/// softmax kept for them (run 06: 40.4), so every launch takes it.
+fn decode_sgw(be: &WgpuBackend) -> u32 {
+    let f = &be.info.features;
+    let w = f.subgroup_max_size;
+    if f.subgroups && f.subgroup_min_size == w && matches!(w, 8 | 16 | 32) {
+        w
+    } else {
+        0
+    }
+}
 
 /// Whether `group` query heads of `d4` vec4 a kv head are a wide group (at
 /// least [`DECODE_STAGE_QUERY`] query vec4: 8 heads of 512, not 2 of 256):
@@ -426,6 +448,7 @@ fn split_phase(
                 ("PIPE", split.pipe as i64),
                 ("MROWS", (p.m > 1) as i64),
                 ("RPW", rows as i64),
+                ("SGW", decode_sgw(be) as i64),
             ][..],
         )
     } else {
@@ -643,6 +666,7 @@ pub(crate) fn qkv_attention(
             ("WQD", wdtype_code(w_q.dtype) as i64),
             ("WKD", wdtype_code(w_k.dtype) as i64),
             ("PIPE", split.pipe as i64),
+            ("SGW", decode_sgw(be) as i64),
         ],
         params: bytemuck::bytes_of(&split.params),
         buffers: &[
