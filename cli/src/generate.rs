@@ -17,7 +17,11 @@ use crate::common::{
 use crate::stream::Stream;
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "tokens"])))]
+#[command(group(
+    clap::ArgGroup::new("input")
+        .required(true)
+        .args(["prompt", "prompt_file", "tokens"])
+))]
 pub struct Args {
     /// Checkpoint directory (config.json + safetensors [+ tokenizer.json]).
     #[arg(long)]
@@ -25,6 +29,10 @@ pub struct Args {
     /// Prompt text (needs the checkpoint's tokenizer.json).
     #[arg(long)]
     prompt: Option<String>,
+    /// Prompt text read from a file (`-`: standard input), for prompts too
+    /// long for a command line.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
     /// Prompt as comma-separated token ids.
     #[arg(long)]
     tokens: Option<String>,
@@ -172,8 +180,24 @@ impl SamplingArgs {
     }
 }
 
+/// The prompt's text: `--prompt`, or `--prompt-file`'s contents.
+fn prompt_text(a: &Args) -> CliResult<Option<String>> {
+    let Some(path) = &a.prompt_file else {
+        return Ok(a.prompt.clone());
+    };
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    };
+    Ok(Some(text.map_err(|e| {
+        format!("--prompt-file {}: {e}", path.display())
+    })?))
+}
+
 pub fn run(a: Args) -> CliResult {
     let tok = tokenizer(&a.model)?;
+    let text = prompt_text(&a)?;
     // With --chat, where the model's turn ends (its id, from the tokenizer).
     let turn_end = match (&tok, a.chat) {
         (Some(t), true) => Some(chat::turn_end_id(t)?),
@@ -186,7 +210,7 @@ pub fn run(a: Args) -> CliResult {
         }
         (_, false) => None,
     };
-    let prompt = match (&a.prompt, &a.tokens, &tok) {
+    let prompt = match (&text, &a.tokens, &tok) {
         (Some(text), None, Some(t)) if a.chat => {
             encode(t, &chat::first_turn(a.system.as_deref(), text))?
         }

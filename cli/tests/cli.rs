@@ -167,3 +167,65 @@ fn bench_synthetic_errors_name_the_argument() {
     );
     fails_with(&bench(&["--layers", "2"]), "pass --synthetic too");
 }
+
+/// A prompt read from a file gives what the same text on the command line
+/// gives; a file that cannot be read is named in the error.
+#[test]
+fn prompt_file_reads_the_prompt() {
+    let m = model();
+    let text = "w429 w92 w412 w358 w75";
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("prompt.txt");
+    std::fs::write(&path, text).unwrap();
+    let run = |input: [&str; 2]| {
+        let out = turbospark(&[
+            "generate",
+            "--model",
+            &m,
+            "--backend",
+            "cpu",
+            "--max-new-tokens",
+            "6",
+            input[0],
+            input[1],
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let from_file = run(["--prompt-file", path.to_str().unwrap()]);
+    assert_eq!(from_file, run(["--prompt", text]));
+    assert!(!from_file.trim().is_empty());
+    let missing = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        "/no/such/prompt.txt",
+    ]);
+    fails_with(&missing, "--prompt-file /no/such/prompt.txt");
+}
+
+/// `--chat` and `chat` need a tokenizer with Gemma 4's turn tokens: the
+/// fixture's word-level one has none, which they say before loading.
+#[test]
+fn chat_without_turn_tokens_is_an_error() {
+    let m = model();
+    let out = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--chat",
+        "--prompt",
+        "w5",
+    ]);
+    fails_with(&out, "not a Gemma 4 chat tokenizer");
+    let out = turbospark(&["chat", "--model", &m, "--backend", "cpu"]);
+    fails_with(&out, "not a Gemma 4 chat tokenizer");
+}
