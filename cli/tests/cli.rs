@@ -19,6 +19,14 @@ fn model() -> String {
     fixture().display().to_string()
 }
 
+/// `turbospark generate` on the CPU backend and the fixture, with `args`.
+fn generate_on_cpu(args: &[&str]) -> Output {
+    let m = model();
+    let mut all = vec!["generate", "--model", &m, "--backend", "cpu"];
+    all.extend(args);
+    turbospark(&all)
+}
+
 fn fails_with(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure, stderr: {err}");
@@ -28,13 +36,7 @@ fn fails_with(out: &Output, needle: &str) {
 
 #[test]
 fn generate_greedy_on_cpu_matches_the_fixture() {
-    let m = model();
-    let out = turbospark(&[
-        "generate",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
+    let out = generate_on_cpu(&[
         "--max-new-tokens",
         "8",
         "--tokens",
@@ -53,33 +55,13 @@ fn generate_greedy_on_cpu_matches_the_fixture() {
 
 #[test]
 fn token_past_vocabulary_is_an_error() {
-    let m = model();
-    let out = turbospark(&[
-        "generate",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
-        "--tokens",
-        "1,512",
-    ]);
+    let out = generate_on_cpu(&["--tokens", "1,512"]);
     fails_with(&out, "past the vocabulary");
 }
 
 #[test]
 fn prompt_past_context_is_an_error() {
-    let m = model();
-    let out = turbospark(&[
-        "generate",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
-        "--tokens",
-        "1,2,3,4,5",
-        "--max-context",
-        "4",
-    ]);
+    let out = generate_on_cpu(&["--tokens", "1,2,3,4,5", "--max-context", "4"]);
     fails_with(&out, "maximum context");
 }
 
@@ -172,22 +154,11 @@ fn bench_synthetic_errors_name_the_argument() {
 /// gives; a file that cannot be read is named in the error.
 #[test]
 fn prompt_file_reads_the_prompt() {
-    let m = model();
     let text = "w429 w92 w412 w358 w75";
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("prompt.txt");
     std::fs::write(&path, text).unwrap();
     let run = |input: [&str; 2]| {
-        let out = turbospark(&[
-            "generate",
-            "--model",
-            &m,
-            "--backend",
-            "cpu",
-            "--max-new-tokens",
-            "6",
-            input[0],
-            input[1],
-        ]);
+        let out = generate_on_cpu(&["--max-new-tokens", "6", input[0], input[1]]);
         assert!(
             out.status.success(),
             "{}",
@@ -198,15 +169,7 @@ fn prompt_file_reads_the_prompt() {
     let from_file = run(["--prompt-file", path.to_str().unwrap()]);
     assert_eq!(from_file, run(["--prompt", text]));
     assert!(!from_file.trim().is_empty());
-    let missing = turbospark(&[
-        "generate",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
-        "--prompt-file",
-        "/no/such/prompt.txt",
-    ]);
+    let missing = generate_on_cpu(&["--prompt-file", "/no/such/prompt.txt"]);
     fails_with(&missing, "--prompt-file /no/such/prompt.txt");
 }
 
@@ -214,18 +177,9 @@ fn prompt_file_reads_the_prompt() {
 /// fixture's word-level one has none, which they say before loading.
 #[test]
 fn chat_without_turn_tokens_is_an_error() {
-    let m = model();
-    let out = turbospark(&[
-        "generate",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
-        "--chat",
-        "--prompt",
-        "w5",
-    ]);
+    let out = generate_on_cpu(&["--chat", "--prompt", "w5"]);
     fails_with(&out, "not a Gemma 4 chat tokenizer");
+    let m = model();
     let out = turbospark(&["chat", "--model", &m, "--backend", "cpu"]);
     fails_with(&out, "not a Gemma 4 chat tokenizer");
 }
