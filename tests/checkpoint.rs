@@ -257,6 +257,51 @@ fn opens_synthetic_single_file() {
     assert!(ckpt.tensor("layers.0.self_attn.v_proj.weight").is_ok());
 }
 
+/// `generation_config.json`'s end tokens join config.json's (transformers'
+/// generate stops at those); a bad one is an error naming the file and
+/// the field, before any weight is read.
+#[test]
+fn generation_config_adds_its_end_tokens() {
+    let dir = single_file_ckpt(true, |_| {});
+    let own = Checkpoint::open(dir.path())
+        .unwrap()
+        .config()
+        .eos_token_ids
+        .clone();
+    write(
+        dir.path(),
+        "generation_config.json",
+        br#"{"bos_token_id": 2, "eos_token_id": [1, 7, 9]}"#,
+    );
+    let ids = Checkpoint::open(dir.path())
+        .unwrap()
+        .config()
+        .eos_token_ids
+        .clone();
+    let mut want = own.clone();
+    for id in [1, 7, 9] {
+        if !want.contains(&id) {
+            want.push(id);
+        }
+    }
+    assert_eq!(ids, want);
+    assert!(ids.contains(&7) && ids.contains(&9), "{ids:?}");
+    for (text, culprit) in [
+        (&br#"{"eos_token_id": 16}"#[..], "past the vocabulary"),
+        (&br#"{"eos_token_id": "x"}"#[..], "eos_token_id"),
+        (&b"{not json"[..], "not valid JSON"),
+    ] {
+        write(dir.path(), "generation_config.json", text);
+        match Checkpoint::open(dir.path()) {
+            Err(Error::Config { path, detail }) => {
+                assert!(path.ends_with("generation_config.json"), "{path}");
+                assert!(detail.contains(culprit), "{detail}");
+            }
+            other => panic!("expected Error::Config, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn f16_and_f32_weights_are_accepted() {
     for (st, dt) in [(Dtype::F16, DType::F16), (Dtype::F32, DType::F32)] {

@@ -38,8 +38,9 @@ pub struct Args {
     tokens: Option<String>,
     #[arg(long, default_value_t = 32)]
     max_new_tokens: usize,
-    /// Keep generating past the model's end-of-sequence tokens
-    /// (config.json's `eos_token_id`); by default generation stops at one.
+    /// Keep generating past the model's end-of-sequence tokens (the
+    /// `eos_token_id` of config.json and generation_config.json); by
+    /// default generation stops at one.
     #[arg(long)]
     ignore_eos: bool,
     /// Wrap the prompt in Gemma 4's chat turns (a user turn, then the

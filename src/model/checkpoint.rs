@@ -1,7 +1,8 @@
 //! A Hugging Face Gemma 4 checkpoint directory, memory-mapped and checked
 //! against its config before anything is uploaded.
 //!
-//! `open` reads `config.json`, maps `model.safetensors` (or every shard the
+//! `open` reads `config.json` (and `generation_config.json`'s end tokens
+//! where present), maps `model.safetensors` (or every shard the
 //! `model.safetensors.index.json` names for a language-model tensor), and
 //! checks each tensor [`expected_tensors`] lists for presence, dtype and shape.
 //! Nothing is read from the maps at open beyond the headers, so opening a
@@ -17,7 +18,7 @@ use super::layer_state::{self, LayerHostState};
 use super::shard::{ckpt_err, RawTensor, Shard};
 use crate::backend::HostBytes;
 use crate::dtype::DType;
-use crate::Result;
+use crate::{Error, Result};
 
 pub use super::tensors::expected_tensors;
 
@@ -96,7 +97,14 @@ impl Checkpoint {
         if !config_path.is_file() {
             return Err(ckpt_err(dir, "no config.json in the checkpoint directory"));
         }
-        let config = ModelConfig::from_file(&config_path)?;
+        let mut config = ModelConfig::from_file(&config_path)?;
+        let generation_path = dir.join("generation_config.json");
+        if generation_path.is_file() {
+            let shown = generation_path.display().to_string();
+            let text =
+                std::fs::read_to_string(&generation_path).map_err(|e| Error::io(&shown, e))?;
+            config.add_generation_config(&text, &shown)?;
+        }
         let index_path = dir.join("model.safetensors.index.json");
         let single_path = dir.join("model.safetensors");
         let (shards, tensors, prefix) = if index_path.is_file() {

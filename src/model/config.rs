@@ -101,6 +101,28 @@ impl ModelConfig {
         Self::from_json(&text, &shown)
     }
 
+    /// `eos_token_id` of a `generation_config.json` text (transformers'
+    /// `generate` stops at those: an instruction-tuned checkpoint may list
+    /// its end-of-turn token there only) added to the ids already held,
+    /// then validated like the config's own.
+    pub fn add_generation_config(&mut self, text: &str, path_for_errors: &str) -> Result<()> {
+        let path = path_for_errors;
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| config_err(path, format!("not valid JSON: {e}")))?;
+        let root = root
+            .as_object()
+            .ok_or_else(|| config_err(path, "expected a JSON object at the top level"))?;
+        for id in parse_token_ids(&Fields::new(root, path, ""), "eos_token_id")? {
+            if !self.eos_token_ids.contains(&id) {
+                self.eos_token_ids.push(id);
+            }
+        }
+        self.validate().map_err(|e| match e {
+            Error::Config { detail, .. } => config_err(path, detail),
+            other => other,
+        })
+    }
+
     /// Parses and validates a `config.json` text, text-only (fields at the top
     /// level) or multimodal (fields under `text_config`).
     pub fn from_json(text: &str, path_for_errors: &str) -> Result<Self> {
