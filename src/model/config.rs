@@ -77,8 +77,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     pub eps: f32,
     pub tie_embeddings: bool,
-    /// `eos_token_id` (one id or a list; empty when absent): the tokens
-    /// generation stops at when asked to.
+    /// `eos_token_id` (one id or a list; empty when absent), with those of
+    /// a `generation_config.json` beside it ([`Self::add_generation_config`],
+    /// which `Checkpoint::open` applies): the tokens generation stops at
+    /// when asked to.
     pub eos_token_ids: Vec<u32>,
 }
 
