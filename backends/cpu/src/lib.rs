@@ -77,16 +77,23 @@ impl Read<'_> {
         }
     }
     /// An f32 or f16 buffer's values as f32 (f16 widens exactly; borrowed
-    /// when f32).
+    /// when f32 and owned; a mapped weight's bytes are copied, as they
+    /// need not be aligned).
     fn floats(&self, dtype: DType) -> Cow<'_, [f32]> {
         match (&*self.0, dtype) {
-            (Storage::Owned(v), DType::F16) => Cow::Owned(
-                bytemuck::cast_slice::<u32, half::f16>(v)[..self.1 / 2]
-                    .iter()
-                    .map(|h| h.to_f32())
+            (Storage::Owned(_), DType::F32) => Cow::Borrowed(self.f32()),
+            (_, DType::F16) => Cow::Owned(
+                self.bytes()
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                     .collect(),
             ),
-            _ => Cow::Borrowed(self.f32()),
+            _ => Cow::Owned(
+                self.bytes()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
         }
     }
 }
@@ -665,5 +672,55 @@ impl ComputeBackend for CpuBackend {
             ops::qkv_post(rr, &wq, &wk, pr, qw, kw.f32(), vw.f32(), p);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `download_f32` reads f32 and f16 buffers, owned or mapped from a
+    /// file (a weight uploaded without a copy), f16 widened exactly; other
+    /// dtypes are an error, not a panic.
+    #[test]
+    fn download_f32_reads_f32_and_f16_owned_or_mapped() {
+        let b = CpuBackend::new();
+        let vals = [1.5f32, -2.25, 0.125, 3.0];
+        let f32_bytes: Vec<u8> = bytemuck::cast_slice(&vals).to_vec();
+        let f16_bytes: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect();
+        // one file holding both, the f32 part at an odd offset
+        let path = std::env::temp_dir().join(format!("turbospark-cpu-map-{}", std::process::id()));
+        let mut file = vec![0u8];
+        file.extend(&f32_bytes);
+        file.extend(&f16_bytes);
+        std::fs::write(&path, &file).unwrap();
+        let map =
+            Arc::new(unsafe { memmap2::Mmap::map(&std::fs::File::open(&path).unwrap()) }.unwrap());
+        let mapped = |dtype, offset, len| {
+            let bytes = HostBytes::Mapped {
+                map: map.clone(),
+                offset,
+                len,
+            };
+            b.upload(dtype, bytes, "mapped").unwrap()
+        };
+        for buf in [
+            b.upload(DType::F32, HostBytes::Slice(&f32_bytes), "owned")
+                .unwrap(),
+            b.upload(DType::F16, HostBytes::Slice(&f16_bytes), "owned")
+                .unwrap(),
+            mapped(DType::F32, 1, 16),
+            mapped(DType::F16, 17, 8),
+        ] {
+            assert_eq!(b.download_f32(&buf).unwrap(), vals);
+        }
+        let ids = b
+            .upload(DType::U32, HostBytes::Slice(&f32_bytes), "ids")
+            .unwrap();
+        assert!(b.download_f32(&ids).is_err());
+        std::fs::remove_file(&path).unwrap();
     }
 }
