@@ -623,9 +623,21 @@ impl Op {
             ],
             Op::KvAppend { p, pos0, kv } => {
                 let row = p.kv_heads * p.head_dim;
+                // For f16 caches, the rounding rule's edges too: every
+                // fifth value below f16's smallest normal (a signed zero),
+                // every seventh past its largest (held at 65504).
+                let mut new_rows = || {
+                    let mut v = rng.vec_normal(p.m * row, 1.0);
+                    if *kv == DType::F16 {
+                        v.iter_mut().step_by(5).for_each(|x| *x *= 1e-6);
+                        v.iter_mut().skip(3).step_by(7).for_each(|x| *x *= 1e6);
+                    }
+                    v
+                };
+                let (k, v) = (new_rows(), new_rows());
                 vec![
-                    HostTensor::F32(rng.vec_normal(p.m * row, 1.0)),
-                    HostTensor::F32(rng.vec_normal(p.m * row, 1.0)),
+                    HostTensor::F32(k),
+                    HostTensor::F32(v),
                     cache_tensor(rng.vec_normal(p.capacity * row, 1.0), *kv),
                     cache_tensor(rng.vec_normal(p.capacity * row, 1.0), *kv),
                     HostTensor::U32((0..p.m).map(|i| (pos0 + i) as u32).collect()),
