@@ -51,6 +51,10 @@ pub struct Args {
     /// With --chat: a system turn before the prompt.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// Stop once the generated text contains STRING (printed with it);
+    /// may be given several times.
+    #[arg(long = "stop", value_name = "STRING")]
+    stops: Vec<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -211,6 +215,16 @@ pub fn run(a: Args) -> CliResult {
         }
         (_, false) => None,
     };
+    if tok.is_none() && !a.stops.is_empty() {
+        return Err(format!(
+            "--stop matches text, which needs the checkpoint's tokenizer.json ({} has none)",
+            a.model.display()
+        )
+        .into());
+    }
+    if a.stops.iter().any(String::is_empty) {
+        return Err("--stop needs a non-empty string".into());
+    }
     let prompt = match (&text, &a.tokens, &tok) {
         (Some(text), None, Some(t)) if a.chat => {
             encode(t, &chat::first_turn(a.system.as_deref(), text))?
@@ -239,7 +253,11 @@ pub fn run(a: Args) -> CliResult {
         if Some(id) == turn_end {
             return ControlFlow::Break(());
         }
-        out.take(id)
+        out.take(id)?;
+        if a.stops.iter().any(|s| out.shown().contains(s.as_str())) {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
     };
     let (mut model, device) = a.run.load(&a.model)?;
     let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;

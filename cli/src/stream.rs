@@ -61,6 +61,11 @@ impl<'a, W: Write> Stream<'a, W> {
         Ok(self.out.flush()?)
     }
 
+    /// The text printed so far (empty for ids).
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
     /// Print what is left (a trailing partial character as it decodes) and
     /// end the line; or the error that stopped [`Self::take`].
     pub fn finish(mut self) -> CliResult {

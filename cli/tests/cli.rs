@@ -183,3 +183,30 @@ fn chat_without_turn_tokens_is_an_error() {
     let out = turbospark(&["chat", "--model", &m, "--backend", "cpu"]);
     fails_with(&out, "not a Gemma 4 chat tokenizer");
 }
+
+/// `--stop` ends generation once the text holds the string (printed with
+/// it); it needs text, so a tokenizer, and a non-empty string.
+#[test]
+fn stop_strings_end_generation() {
+    let prompt = "429,92,412,358,75,470,508,444,157,469";
+    let out = generate_on_cpu(&[
+        "--max-new-tokens",
+        "8",
+        "--tokens",
+        prompt,
+        "--stop",
+        "w190",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // (the whole run: "w469 w469 w190 w310 w23 w278 w278 w485")
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "w469 w469 w190"
+    );
+    let out = generate_on_cpu(&["--tokens", prompt, "--stop", ""]);
+    fails_with(&out, "--stop needs a non-empty string");
+}
