@@ -77,7 +77,7 @@ pub fn run(a: Args) -> CliResult {
     // (before the weights are loaded: a tokenizer without turns says so now)
     turn_end_id(&tok)?;
     let (mut model, device) = a.run.load(&a.model)?;
-    eprintln!("{device}: type a message, an empty line or end of input to quit");
+    eprintln!("{device}: type a message; /reset starts over; an empty line or end of input quits");
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         sampling: a.sampling.sampling(),
@@ -105,6 +105,10 @@ pub trait Generator {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> turbospark::Result<Generation>;
+    /// An empty context.
+    fn reset(&mut self);
+    /// Positions left in the context.
+    fn room(&self) -> usize;
 }
 
 impl Generator for AnyModel {
@@ -116,12 +120,23 @@ impl Generator for AnyModel {
     ) -> turbospark::Result<Generation> {
         AnyModel::generate_streaming(self, prompt, opts, on_token)
     }
+    fn reset(&mut self) {
+        AnyModel::reset(self)
+    }
+    fn room(&self) -> usize {
+        AnyModel::room(self)
+    }
 }
 
+/// A line that starts the conversation over (an empty context).
+pub const RESET: &str = "/reset";
+
 /// One conversation: a user message a line of `input`, each reply streamed
-/// to `out`, the prompt marker to `prompt`. Ends at an empty line or the end
-/// of input; returns the replies' tokens. A reply cut at `opts.max_new_tokens`
-/// is closed with `<turn|>` before the next user turn.
+/// to `out`, the prompt marker and notices to `prompt`. Ends at an empty
+/// line or the end of input; returns the replies' tokens. A reply cut at
+/// `opts.max_new_tokens` is closed with `<turn|>` before the next user
+/// turn; a reply is cut short where the context ends, and a turn that does
+/// not fit is refused with a notice ([`RESET`] starts over).
 pub fn converse(
     model: &mut impl Generator,
     tok: &tokenizers::Tokenizer,
@@ -133,6 +148,9 @@ pub fn converse(
 ) -> CliResult<Vec<Vec<u32>>> {
     let turn_end = turn_end_id(tok)?;
     let mut replies: Vec<Vec<u32>> = Vec::new();
+    // The last reply's last token, which the context does not hold yet
+    // (None: a new conversation).
+    let mut last: Option<u32> = None;
     let mut lines = input.lines();
     loop {
         write!(prompt, "> ")?;
@@ -145,12 +163,18 @@ pub fn converse(
         if user.is_empty() {
             break;
         }
+        if user == RESET {
+            model.reset();
+            last = None;
+            writeln!(prompt, "(a new conversation)")?;
+            continue;
+        }
         // The new turn's tokens. The last reply's last token is not in the
         // context yet (generate leaves it to the next call): it leads, and
         // a reply that did not end its turn gets its <turn|> here.
-        let tokens = match replies.last().and_then(|r| r.last()) {
+        let tokens = match last {
             None => encode_with(tok, &first_turn(system, user), true)?,
-            Some(&last) => {
+            Some(last) => {
                 let mut t = vec![last];
                 if last != turn_end {
                     t.push(turn_end);
@@ -159,14 +183,31 @@ pub fn converse(
                 t
             }
         };
+        // The turn and at least one new token must fit; the reply takes
+        // what is left of the context, up to its limit.
+        let room = model.room();
+        if tokens.len() > room {
+            writeln!(
+                prompt,
+                "(the turn's {} tokens do not fit the {room} left of the context: \
+                 {RESET} starts a new conversation)",
+                tokens.len()
+            )?;
+            continue;
+        }
+        let opts = GenerateOptions {
+            max_new_tokens: opts.max_new_tokens.min(room - tokens.len() + 1),
+            ..opts.clone()
+        };
         let mut stream = Stream::new(&mut out, Some(tok));
-        let g = model.generate_streaming(&tokens, opts, &mut |id| {
+        let g = model.generate_streaming(&tokens, &opts, &mut |id| {
             if id == turn_end {
                 return ControlFlow::Break(());
             }
             stream.take(id)
         })?;
         stream.finish()?;
+        last = g.tokens.last().copied();
         replies.push(g.tokens);
     }
     Ok(replies)
@@ -204,9 +245,13 @@ mod tests {
     }
 
     fn model() -> AnyModel {
+        model_of(128)
+    }
+
+    fn model_of(max_context: usize) -> AnyModel {
         let ck = Checkpoint::open(&fixture()).unwrap();
         let opts = ModelOptions {
-            max_context: 128,
+            max_context,
             ..Default::default()
         };
         AnyModel::Cpu(Box::new(Model::load(CpuBackend::new(), &ck, opts).unwrap()))
@@ -309,6 +354,10 @@ mod tests {
                 decode_tok_s: 1.0,
             })
         }
+        fn reset(&mut self) {}
+        fn room(&self) -> usize {
+            1 << 20
+        }
     }
 
     /// A reply ends where the model writes <turn|>, which is not printed;
@@ -340,5 +389,39 @@ mod tests {
             m.prompts[0],
             encode_with(&tok, &first_turn(None, "w10 w11"), true).unwrap()
         );
+    }
+
+    /// Turns fill the context: the reply that reaches its end is cut
+    /// there, a turn that does not fit is refused with a notice (the
+    /// conversation goes on), and /reset starts over, its first reply the
+    /// same as the very first.
+    #[test]
+    fn a_full_context_is_said_and_reset_starts_over() {
+        let tok = chat_tokenizer(500, 501);
+        let mut m = model_of(24);
+        let mut notices = Vec::new();
+        let replies = converse(
+            &mut m,
+            &tok,
+            None,
+            &greedy(6),
+            "w10 w11\nw12 w13\nw14 w15 w16 w17 w18 w19 w20\n/reset\nw10 w11\n".as_bytes(),
+            std::io::sink(),
+            &mut notices,
+        )
+        .unwrap();
+        let notices = String::from_utf8(notices).unwrap();
+        // 24 positions: the first turn and its whole reply fit, the second
+        // reply is cut where the context ends, the third turn is refused
+        // (no reply), then /reset and the first turn again.
+        assert_eq!(replies[0].len(), 6, "{replies:?}");
+        assert!(
+            replies[1].len() < 6,
+            "cut at the context's end: {replies:?}"
+        );
+        assert!(notices.contains("do not fit"), "{notices}");
+        assert!(notices.contains("(a new conversation)"), "{notices}");
+        assert_eq!(replies.len(), 3, "{replies:?}");
+        assert_eq!(replies[2], replies[0], "after /reset, the same first reply");
     }
 }

@@ -141,6 +141,23 @@ impl AnyModel {
             AnyModel::Wgpu(m) => m.generate_streaming(prompt, opts, on_token),
         }
     }
+
+    /// [`Model::reset`]: an empty context.
+    pub fn reset(&mut self) {
+        match self {
+            AnyModel::Cpu(m) => m.reset(),
+            AnyModel::Wgpu(m) => m.reset(),
+        }
+    }
+
+    /// Positions left in the context ([`Model::max_context`] past
+    /// [`Model::position`]).
+    pub fn room(&self) -> usize {
+        match self {
+            AnyModel::Cpu(m) => m.max_context() - m.position(),
+            AnyModel::Wgpu(m) => m.max_context() - m.position(),
+        }
+    }
 }
 
 /// Sampling flags: none (or a temperature of 0) means greedy decoding.
