@@ -379,10 +379,12 @@ const KD: u32 = 32u;
 const DP: u32 = 8u;
 // The width of the device's subgroups where it has one (8, 16 or 32; the
 // launcher sets it): thread (slot q, key k) of a chunk is then invocation
-// q * KD + k, a slot's KD keys are whole subgroups, and the chunk's
-// softmax takes its max and sum by subgroup (`keys_max`, `keys_sum`) with
-// the slots' running max and sum in registers: two barriers a chunk, not
-// seven. 0: the softmax through workgroup memory, one thread per slot.
+// q * KD + k, a slot's keys are whole subgroups, and the chunk's softmax
+// takes its max and sum by subgroup (`keys_max`, `keys_sum`) with the
+// slots' running max and sum in registers: two barriers a chunk with
+// 32-wide subgroups, not seven (narrower ones add two a reduction, their
+// subgroups' results combined through dsg). 0: the softmax through
+// workgroup memory, one thread per slot.
 override SGW: u32 = 0u;
 // Subgroup results of the slots' keys where a subgroup is narrower than KD.
 var<workgroup> dsg: array<f32, 32>;
