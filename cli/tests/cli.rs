@@ -210,3 +210,85 @@ fn stop_strings_end_generation() {
     let out = generate_on_cpu(&["--tokens", prompt, "--stop", ""]);
     fails_with(&out, "--stop needs a non-empty string");
 }
+
+/// The tiny fixture with Gemma 4's turn tokens added to its tokenizer (in
+/// place of two of its words), in a directory of its own.
+fn chat_fixture() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-fixture");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(fixture().join("tokenizer.json")).unwrap();
+    let mut j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (id, content) in [(500u64, "<|turn>"), (501, "<turn|>")] {
+        let vocab = j["model"]["vocab"].as_object_mut().unwrap();
+        vocab.retain(|_, v| v.as_u64() != Some(id));
+        vocab.insert(content.into(), id.into());
+        j["added_tokens"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            }));
+    }
+    std::fs::write(dir.join("tokenizer.json"), j.to_string()).unwrap();
+    dir
+}
+
+/// `turbospark chat` end to end: two turns on stdin, a reply a line on
+/// stdout; `generate --chat` on the same checkpoint gives the first reply.
+#[test]
+fn chat_converses_on_stdin() {
+    use std::io::Write;
+    let dir = chat_fixture();
+    let m = dir.display().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args([
+            "chat",
+            "--model",
+            &m,
+            "--backend",
+            "cpu",
+            "--max-new-tokens",
+            "4",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"w10 w11\nw12\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("type a message"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text:?}");
+    assert!(lines.iter().all(|l| l.starts_with('w')), "{text:?}");
+    let one = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--backend",
+        "cpu",
+        "--max-new-tokens",
+        "4",
+        "--chat",
+        "--prompt",
+        "w10 w11",
+    ]);
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&one.stdout).trim(), lines[0]);
+}
