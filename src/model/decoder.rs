@@ -149,7 +149,8 @@ enum Tail {
     Head,
 }
 
-/// Per-layer KV cache, `[kv_heads, capacity, head_dim]` f32 for K and for V.
+/// Per-layer KV cache, `[kv_heads, capacity, head_dim]` for K and for V, of
+/// `ModelOptions::kv_cache` (f32 or f16).
 struct KvCache<B: ComputeBackend> {
     k: B::Buffer,
     v: B::Buffer,
