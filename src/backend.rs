@@ -484,6 +484,9 @@ pub trait ComputeBackend {
     /// Write the `m` new keys/values (`[m, kv_heads * head_dim]`) into caches
     /// laid out `[kv_heads, capacity, head_dim]`, position `pos` at slot
     /// `pos % capacity` (a ring on sliding layers, linear on full layers).
+    /// The caches are f32 or f16 ([`crate::ops::CACHES`], both alike); an
+    /// f16 cache stores each value as [`crate::dtype::kv_half`] rounds it,
+    /// as do `qkv_post`'s appends, and attention reads it widened.
     #[allow(clippy::too_many_arguments)]
     fn kv_append(
         &self,
