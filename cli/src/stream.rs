@@ -6,16 +6,24 @@ use std::ops::ControlFlow;
 
 use crate::common::{decode, CliError, CliResult};
 
-/// Prints a growing continuation. Text is decoded whole each time and only
-/// what it adds is printed, so what is on the screen is only ever appended
-/// to: a token that ends inside a multi-byte character (decoded as U+FFFD
-/// until its last byte comes) waits for the next one.
+/// Prints a growing continuation. The text since the last line break
+/// printed is decoded again at each token and only what it adds is
+/// printed, so what is on the screen is only ever appended to: a token that
+/// ends inside a multi-byte character (decoded as U+FFFD until its last
+/// byte comes) waits for the next one. Starting over at a line break (as
+/// transformers' TextStreamer does) keeps a token's decode as long as its
+/// line, not as the whole reply.
 pub struct Stream<'a, W: Write> {
     out: W,
     tok: Option<&'a tokenizers::Tokenizer>,
-    ids: Vec<u32>,
-    /// The decoded text already written.
+    /// Tokens taken.
+    count: usize,
+    /// With a tokenizer: the tokens since the last line break printed.
+    line: Vec<u32>,
+    /// Their decoded text already written.
     shown: String,
+    /// All the text written.
+    printed: String,
     /// The first write or decode that failed (`take` stopped there).
     failed: Option<CliError>,
 }
@@ -25,8 +33,10 @@ impl<'a, W: Write> Stream<'a, W> {
         Stream {
             out,
             tok,
-            ids: Vec::new(),
+            count: 0,
+            line: Vec::new(),
             shown: String::new(),
+            printed: String::new(),
             failed: None,
         }
     }
@@ -45,16 +55,21 @@ impl<'a, W: Write> Stream<'a, W> {
 
     /// Take the next token and print what it adds.
     pub fn push(&mut self, id: u32) -> CliResult {
-        self.ids.push(id);
+        self.count += 1;
         match self.tok {
             None => {
-                let sep = if self.ids.len() > 1 { "," } else { "" };
+                let sep = if self.count > 1 { "," } else { "" };
                 write!(self.out, "{sep}{id}")?;
             }
             Some(t) => {
-                let text = decode(t, &self.ids)?;
+                self.line.push(id);
+                let text = decode(t, &self.line)?;
                 if !text.ends_with('\u{fffd}') {
                     self.show(&text)?;
+                    if text.ends_with('\n') {
+                        self.line.clear();
+                        self.shown.clear();
+                    }
                 }
             }
         }
@@ -63,7 +78,7 @@ impl<'a, W: Write> Stream<'a, W> {
 
     /// The text printed so far (empty for ids).
     pub fn shown(&self) -> &str {
-        &self.shown
+        &self.printed
     }
 
     /// Print what is left (a trailing partial character as it decodes) and
@@ -73,7 +88,7 @@ impl<'a, W: Write> Stream<'a, W> {
             return Err(e);
         }
         if let Some(t) = self.tok {
-            let text = decode(t, &self.ids)?;
+            let text = decode(t, &self.line)?;
             self.show(&text)?;
         }
         writeln!(self.out)?;
@@ -92,6 +107,7 @@ impl<'a, W: Write> Stream<'a, W> {
             .map_or(self.shown.len().min(text.len()), |((i, _), _)| i);
         if text.len() > common {
             write!(self.out, "{}", &text[common..])?;
+            self.printed.push_str(&text[common..]);
         }
         self.shown = text.to_string();
         Ok(())
@@ -142,7 +158,7 @@ mod tests {
             "decoder":{"type":"Sequence","decoders":[{"type":"ByteFallback"},{"type":"Fuse"}]},
             "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
             "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":true,
-            "vocab":{"a":0,"b":1,"<0xE4>":2,"<0xB8>":3,"<0x96>":4},"merges":[]}}"#;
+            "vocab":{"a":0,"b":1,"<0xE4>":2,"<0xB8>":3,"<0x96>":4,"<0x0A>":5},"merges":[]}}"#;
         let tok: tokenizers::Tokenizer = json.parse().unwrap();
         let mut buf = Vec::new();
         let mut s = Stream::new(&mut buf, Some(&tok));
@@ -154,6 +170,31 @@ mod tests {
         s.finish().unwrap();
         assert_eq!(seen, ["a", "a", "a", "a\u{4e16}", "a\u{4e16}b"]);
         assert_eq!(String::from_utf8(buf).unwrap(), "a\u{4e16}b\n");
+    }
+
+    /// After a line break the decode starts over from the next token; the
+    /// text printed is still the whole decode, and `shown` all of it.
+    #[test]
+    fn lines_start_the_decode_over() {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"pre_tokenizer":null,"post_processor":null,
+            "decoder":{"type":"Sequence","decoders":[{"type":"ByteFallback"},{"type":"Fuse"}]},
+            "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
+            "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":true,
+            "vocab":{"a":0,"b":1,"<0xE4>":2,"<0xB8>":3,"<0x96>":4,"<0x0A>":5},"merges":[]}}"#;
+        let tok: tokenizers::Tokenizer = json.parse().unwrap();
+        let ids = [0, 5, 2, 3, 4, 1, 5, 5, 0];
+        let mut buf = Vec::new();
+        let mut s = Stream::new(&mut buf, Some(&tok));
+        for id in ids {
+            s.push(id).unwrap();
+        }
+        assert!(s.line.len() == 1, "the last line only: {:?}", s.line);
+        let whole = decode(&tok, &ids).unwrap();
+        assert_eq!(whole, "a\n\u{4e16}b\n\na");
+        assert_eq!(s.shown(), whole);
+        s.finish().unwrap();
+        assert_eq!(String::from_utf8(buf).unwrap(), format!("{whole}\n"));
     }
 
     /// Text streamed a token at a time prints exactly the whole decode.
