@@ -271,7 +271,7 @@ pub fn run(a: Args) -> CliResult {
             return ControlFlow::Break(());
         }
         out.take(id)?;
-        if a.stops.iter().any(|s| out.shown().contains(s.as_str())) {
+        if a.stops.iter().any(|s| out.printed().contains(s.as_str())) {
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())

@@ -77,7 +77,7 @@ impl<'a, W: Write> Stream<'a, W> {
     }
 
     /// The text printed so far (empty for ids).
-    pub fn shown(&self) -> &str {
+    pub fn printed(&self) -> &str {
         &self.printed
     }
 
@@ -192,7 +192,7 @@ mod tests {
         assert!(s.line.len() == 1, "the last line only: {:?}", s.line);
         let whole = decode(&tok, &ids).unwrap();
         assert_eq!(whole, "a\n\u{4e16}b\n\na");
-        assert_eq!(s.shown(), whole);
+        assert_eq!(s.printed(), whole);
         s.finish().unwrap();
         assert_eq!(String::from_utf8(buf).unwrap(), format!("{whole}\n"));
     }
