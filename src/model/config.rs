@@ -109,16 +109,17 @@ impl ModelConfig {
     /// then validated like the config's own.
     pub fn add_generation_config(&mut self, text: &str, path_for_errors: &str) -> Result<()> {
         let path = path_for_errors;
-        let root: Value = serde_json::from_str(text)
-            .map_err(|e| config_err(path, format!("not valid JSON: {e}")))?;
-        let root = root
-            .as_object()
-            .ok_or_else(|| config_err(path, "expected a JSON object at the top level"))?;
-        for id in parse_token_ids(&Fields::new(root, path, ""), "eos_token_id")? {
+        let root = json_object(text, path)?;
+        for id in parse_token_ids(&Fields::new(&root, path, ""), "eos_token_id")? {
             if !self.eos_token_ids.contains(&id) {
                 self.eos_token_ids.push(id);
             }
         }
+        self.validate_in(path)
+    }
+
+    /// [`Self::validate`], its errors naming the file `path`.
+    fn validate_in(&self, path: &str) -> Result<()> {
         self.validate().map_err(|e| match e {
             Error::Config { detail, .. } => config_err(path, detail),
             other => other,
@@ -129,18 +130,11 @@ impl ModelConfig {
     /// level) or multimodal (fields under `text_config`).
     pub fn from_json(text: &str, path_for_errors: &str) -> Result<Self> {
         let path = path_for_errors;
-        let root: Value = serde_json::from_str(text)
-            .map_err(|e| config_err(path, format!("not valid JSON: {e}")))?;
-        let root = root
-            .as_object()
-            .ok_or_else(|| config_err(path, "expected a JSON object at the top level"))?;
-        let root_fields = Fields::new(root, path, "");
+        let root = json_object(text, path)?;
+        let root_fields = Fields::new(&root, path, "");
         let text_fields = select_text_config(&root_fields)?;
         let cfg = parse_text_config(&text_fields, &root_fields)?;
-        cfg.validate().map_err(|e| match e {
-            Error::Config { detail, .. } => config_err(path, detail),
-            other => other,
-        })?;
+        cfg.validate_in(path)?;
         Ok(cfg)
     }
 
@@ -542,6 +536,15 @@ fn parse_token_ids(f: &Fields<'_>, key: &str) -> Result<Vec<u32>> {
         None | Some(serde_json::Value::Null) => Ok(Vec::new()),
         Some(serde_json::Value::Array(a)) => a.iter().map(one).collect(),
         Some(v) => Ok(vec![one(v)?]),
+    }
+}
+
+/// A JSON text's top-level object; errors name the file `path`.
+fn json_object(text: &str, path: &str) -> Result<serde_json::Map<String, Value>> {
+    match serde_json::from_str(text) {
+        Ok(Value::Object(root)) => Ok(root),
+        Ok(_) => Err(config_err(path, "expected a JSON object at the top level")),
+        Err(e) => Err(config_err(path, format!("not valid JSON: {e}"))),
     }
 }
 
