@@ -149,17 +149,23 @@ mod tests {
         assert!(e.to_string().to_lowercase().contains("pipe"), "{e}");
     }
 
-    /// A character split over byte tokens (byte fallback) is printed once
-    /// its last byte comes, never as U+FFFD.
-    #[test]
-    fn a_split_character_waits_for_its_last_byte() {
+    /// A byte-fallback tokenizer: `a` 0, `b` 1, the bytes of U+4E16 (3
+    /// tokens, 2-4) and of a line break (5).
+    fn byte_tokenizer() -> tokenizers::Tokenizer {
         let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
             "normalizer":null,"pre_tokenizer":null,"post_processor":null,
             "decoder":{"type":"Sequence","decoders":[{"type":"ByteFallback"},{"type":"Fuse"}]},
             "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
             "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":true,
             "vocab":{"a":0,"b":1,"<0xE4>":2,"<0xB8>":3,"<0x96>":4,"<0x0A>":5},"merges":[]}}"#;
-        let tok: tokenizers::Tokenizer = json.parse().unwrap();
+        json.parse().unwrap()
+    }
+
+    /// A character split over byte tokens (byte fallback) is printed once
+    /// its last byte comes, never as U+FFFD.
+    #[test]
+    fn a_split_character_waits_for_its_last_byte() {
+        let tok = byte_tokenizer();
         let mut buf = Vec::new();
         let mut s = Stream::new(&mut buf, Some(&tok));
         let mut seen = Vec::new();
@@ -173,16 +179,10 @@ mod tests {
     }
 
     /// After a line break the decode starts over from the next token; the
-    /// text printed is still the whole decode, and `shown` all of it.
+    /// text printed is still the whole decode, and `printed` all of it.
     #[test]
     fn lines_start_the_decode_over() {
-        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
-            "normalizer":null,"pre_tokenizer":null,"post_processor":null,
-            "decoder":{"type":"Sequence","decoders":[{"type":"ByteFallback"},{"type":"Fuse"}]},
-            "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
-            "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":true,
-            "vocab":{"a":0,"b":1,"<0xE4>":2,"<0xB8>":3,"<0x96>":4,"<0x0A>":5},"merges":[]}}"#;
-        let tok: tokenizers::Tokenizer = json.parse().unwrap();
+        let tok = byte_tokenizer();
         let ids = [0, 5, 2, 3, 4, 1, 5, 5, 0];
         let mut buf = Vec::new();
         let mut s = Stream::new(&mut buf, Some(&tok));

@@ -27,6 +27,16 @@ fn generate_on_cpu(args: &[&str]) -> Output {
     turbospark(&all)
 }
 
+/// Asserts a zero exit (showing stderr otherwise); returns stdout.
+fn succeeds(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn fails_with(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure, stderr: {err}");
@@ -42,13 +52,8 @@ fn generate_greedy_on_cpu_matches_the_fixture() {
         "--tokens",
         "429,92,412,358,75,470,508,444,157,469",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // The fixture's tokenizer spells id N as "wN".
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = succeeds(&out);
     assert_eq!(text.trim(), "w469 w469 w190 w310 w23 w278 w278 w485");
     assert!(String::from_utf8_lossy(&out.stderr).contains("tok/s"));
 }
@@ -114,11 +119,7 @@ fn logits_writes_one_row_per_token() {
         "--out",
         &p,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(&out);
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("logits").unwrap();
@@ -159,12 +160,7 @@ fn prompt_file_reads_the_prompt() {
     std::fs::write(&path, text).unwrap();
     let run = |input: [&str; 2]| {
         let out = generate_on_cpu(&["--max-new-tokens", "6", input[0], input[1]]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        succeeds(&out)
     };
     let from_file = run(["--prompt-file", path.to_str().unwrap()]);
     assert_eq!(from_file, run(["--prompt", text]));
@@ -197,16 +193,8 @@ fn stop_strings_end_generation() {
         "--stop",
         "w190",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // (the whole run: "w469 w469 w190 w310 w23 w278 w278 w485")
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "w469 w469 w190"
-    );
+    assert_eq!(succeeds(&out).trim(), "w469 w469 w190");
     let out = generate_on_cpu(&["--tokens", prompt, "--stop", ""]);
     fails_with(&out, "--stop needs a non-empty string");
 }
@@ -285,10 +273,5 @@ fn chat_converses_on_stdin() {
         "--prompt",
         "w10 w11",
     ]);
-    assert!(
-        one.status.success(),
-        "{}",
-        String::from_utf8_lossy(&one.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&one.stdout).trim(), lines[0]);
+    assert_eq!(succeeds(&one).trim(), lines[0]);
 }
