@@ -224,24 +224,11 @@ mod tests {
     }
 
     /// The tiny fixture's word-level tokenizer with Gemma 4's two turn
-    /// tokens added as special tokens at ids `start` and `end`.
-    fn chat_tokenizer(start: u32, end: u32) -> tokenizers::Tokenizer {
-        let text = std::fs::read_to_string(fixture().join("tokenizer.json")).unwrap();
-        let mut j: serde_json::Value = serde_json::from_str(&text).unwrap();
-        for (id, content) in [(start, TURN_START), (end, TURN_END)] {
-            // (the vocabulary's word for the id gives way to the token)
-            let vocab = j["model"]["vocab"].as_object_mut().unwrap();
-            vocab.retain(|_, v| v.as_u64() != Some(id as u64));
-            vocab.insert(content.into(), id.into());
-            j["added_tokens"]
-                .as_array_mut()
-                .unwrap()
-                .push(serde_json::json!({
-                    "id": id, "content": content, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": true
-                }));
-        }
-        j.to_string().parse().unwrap()
+    /// tokens, `<|turn>` 500 and `<turn|>` 501
+    /// (scripts/make_chat_tokenizer.py).
+    fn chat_tokenizer() -> tokenizers::Tokenizer {
+        let path = fixture().join("../tiny-text-chat/tokenizer.json");
+        tokenizers::Tokenizer::from_file(path).unwrap()
     }
 
     fn model() -> AnyModel {
@@ -297,7 +284,7 @@ mod tests {
     /// is printed as its text and a line break.
     #[test]
     fn a_conversation_keeps_its_context() {
-        let tok = chat_tokenizer(500, 501);
+        let tok = chat_tokenizer();
         let mut m = model();
         let mut out = Vec::new();
         let replies = converse(
@@ -364,7 +351,7 @@ mod tests {
     /// the next turn starts from that token, without a second one.
     #[test]
     fn a_reply_ends_at_turn_end() {
-        let tok = chat_tokenizer(500, 501);
+        let tok = chat_tokenizer();
         let mut m = Scripted {
             script: vec![7, 8, 501, 9],
             prompts: Vec::new(),
@@ -397,7 +384,7 @@ mod tests {
     /// same as the very first.
     #[test]
     fn a_full_context_is_said_and_reset_starts_over() {
-        let tok = chat_tokenizer(500, 501);
+        let tok = chat_tokenizer();
         let mut m = model_of(24);
         let mut notices = Vec::new();
         let replies = converse(

@@ -199,29 +199,17 @@ fn stop_strings_end_generation() {
     fails_with(&out, "--stop needs a non-empty string");
 }
 
-/// The tiny fixture with Gemma 4's turn tokens added to its tokenizer (in
-/// place of two of its words), in a directory of its own.
+/// The tiny fixture with Gemma 4's turn tokens in its tokenizer
+/// (tests/fixtures/tiny-text-chat, scripts/make_chat_tokenizer.py), in a
+/// directory of its own.
 fn chat_fixture() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-fixture");
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
     }
-    let text = std::fs::read_to_string(fixture().join("tokenizer.json")).unwrap();
-    let mut j: serde_json::Value = serde_json::from_str(&text).unwrap();
-    for (id, content) in [(500u64, "<|turn>"), (501, "<turn|>")] {
-        let vocab = j["model"]["vocab"].as_object_mut().unwrap();
-        vocab.retain(|_, v| v.as_u64() != Some(id));
-        vocab.insert(content.into(), id.into());
-        j["added_tokens"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({
-                "id": id, "content": content, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true
-            }));
-    }
-    std::fs::write(dir.join("tokenizer.json"), j.to_string()).unwrap();
+    let chat = fixture().join("../tiny-text-chat/tokenizer.json");
+    std::fs::copy(chat, dir.join("tokenizer.json")).unwrap();
     dir
 }
 
