@@ -68,7 +68,9 @@ override QT: u32 = 8u;
 @group(1) @binding(2) var<storage, read> VC: array<vec4<CacheT>>;
 @group(1) @binding(3) var<storage, read> POS: array<u32>;
 // Scratch: acc [nsplit][m * heads][d4], then (max, sum) [nsplit][m * heads].
-@group(1) @binding(4) var<storage, read_write> PART: array<vec4<f32>>;
+// Coherent where the device has it: attn_decode's tail reads the other
+// splits' partials (TAIL, below).
+@group(1) @binding(4) /* @coherent */ var<storage, read_write> PART: array<vec4<f32>>;
 
 var<workgroup> red: array<vec4<f32>, 576>; // KR * QMAX * RS
 var<workgroup> sp: array<f32, 64>; // [q][r]: scores, then probabilities
@@ -720,19 +722,146 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     if (lid < NS && row0 + lid / GD < P.m) {
         PART[mlbase + split * nq + slot_of(row0, g, lid)] = vec4<f32>(dmax[lid], dsum[lid], 0.0, 0.0);
     }
-    if (c_lo >= c_hi) {
+    // Sum the slices' accumulators, one slot at a time (a split that saw no
+    // keys has none: attn_combine gives it weight 0).
+    if (c_lo < c_hi) {
+        let at = vec3<u32>(split * nq, row0, g);
+        sum_slices(0u, a0, lid, at);
+        sum_slices(1u, a1, lid, at);
+        sum_slices(2u, a2, lid, at);
+        sum_slices(3u, a3, lid, at);
+        sum_slices(4u, a4, lid, at);
+        sum_slices(5u, a5, lid, at);
+        sum_slices(6u, a6, lid, at);
+        sum_slices(7u, a7, lid, at);
+    }
+    if (TAIL) {
+        decode_tail(id / P.nsplit, row0, g, lid);
+    }
+}
+
+// ---- attn_combine as attn_decode's tail (TAIL) ----------------------------
+//
+// Where the device has coherent storage (the launcher sets TAIL), the last
+// split workgroup of each (row block, kv head) to finish combines that
+// group's slots into TOUT itself, as attn_combine would: one dependent
+// dispatch a decode layer fewer. Each workgroup publishes its partials with
+// a storage barrier (device scope on Vulkan and DX12, and PART is coherent)
+// and then counts itself in on TCNT[group]; the one that brings the count
+// to nsplit has seen every other's count, so its storage barrier after it
+// makes their partials visible, and it resets the count for the next
+// launch. No workgroup waits on another (WGSL promises no forward
+// progress between workgroups): the last simply goes on. The launcher
+// takes it only where the group's partials are small (NS * nsplit <= 256
+// (max, sum) pairs, which the tail stages in dred; the bytes, a few tens of
+// KB) so that one workgroup combines them in about what attn_combine's
+// launch would take.
+@group(1) @binding(5) var<storage, read_write> TOUT: array<vec4<f32>>;
+@group(1) @binding(6) var<storage, read_write> TCNT: array<atomic<u32>>;
+override TAIL: bool = false;
+var<workgroup> dlast: u32;
+
+// Count this split of group `gi` (rows from row0, kv head g) in; the last
+// combines. Called by every invocation, in uniform control flow.
+fn decode_tail(gi: u32, row0: u32, g: u32, lid: u32) {
+    storageBarrier();
+    if (lid == 0u) {
+        var last = 0u;
+        if (atomicAdd(&TCNT[gi], 1u) + 1u == P.nsplit) {
+            last = 1u;
+            atomicStore(&TCNT[gi], 0u);
+        }
+        dlast = last;
+    }
+    if (workgroupUniformLoad(&dlast) == 0u) {
         return;
     }
-    // Sum the slices' accumulators, one slot at a time.
-    let at = vec3<u32>(split * nq, row0, g);
-    sum_slices(0u, a0, lid, at);
-    sum_slices(1u, a1, lid, at);
-    sum_slices(2u, a2, lid, at);
-    sum_slices(3u, a3, lid, at);
-    sum_slices(4u, a4, lid, at);
-    sum_slices(5u, a5, lid, at);
-    sum_slices(6u, a6, lid, at);
-    sum_slices(7u, a7, lid, at);
+    storageBarrier();
+    tail_combine(row0, g, lid);
+}
+
+// attn_combine's arithmetic for the NS slots of (row0, g): the splits'
+// (max, sum) staged in dred ([NS][nsplit] maxes from 0, sums from 256,
+// weights exp(max - m) from 512), the totals in dsum, then thread (split
+// group sg, vec4 column) adds its splits' weighted partials, CB loads at a
+// time, and the groups are summed through sacc.
+fn tail_combine(row0: u32, g: u32, lid: u32) {
+    let nq = P.m * P.heads;
+    let ns = P.nsplit;
+    let mlbase = ns * nq * D4;
+    if (lid < NS * ns) {
+        let q = lid / ns;
+        var e = vec4<f32>(NEG, 0.0, 0.0, 0.0);
+        if (row0 + q / GD < P.m) {
+            e = PART[mlbase + (lid % ns) * nq + slot_of(row0, g, q)];
+        }
+        dred[lid] = select(NEG, e.x, e.y > 0.0);
+        dred[256u + lid] = e.y;
+    }
+    workgroupBarrier();
+    if (lid < NS * ns) {
+        let q = lid / ns;
+        var m = NEG;
+        for (var k = 0u; k < ns; k++) {
+            m = max(m, dred[q * ns + k]);
+        }
+        var w = 0.0;
+        if (dred[256u + lid] > 0.0) {
+            w = exp(dred[lid] - m);
+        }
+        dred[512u + lid] = w;
+    }
+    workgroupBarrier();
+    if (lid < NS) {
+        var l = 0.0;
+        for (var k = 0u; k < ns; k++) {
+            l += dred[512u + lid * ns + k] * dred[256u + lid * ns + k];
+        }
+        dsum[lid] = l;
+    }
+    workgroupBarrier();
+    // Columns (slot, vec4) of the group: 256 a pass, or fewer with the
+    // splits shared among 256 / width groups of threads.
+    let nc = NS * D4;
+    let width = min(nc, 256u);
+    let nsg = 256u / width;
+    let sg = lid / width;
+    for (var c0 = 0u; c0 < nc; c0 += 256u) {
+        let col = c0 + lid % width;
+        let q = min(col / D4, NS - 1u);
+        let c = col % D4;
+        let slot = slot_of(row0, g, q);
+        var a = vec4<f32>(0.0);
+        if (sg < nsg) {
+            for (var k0 = sg; k0 < ns; k0 += nsg * CB) {
+                var pv: array<vec4<f32>, CB>;
+                for (var u = 0u; u < CB; u++) {
+                    let k = min(k0 + nsg * u, ns - 1u);
+                    pv[u] = PART[(k * nq + slot) * D4 + c];
+                }
+                for (var u = 0u; u < CB; u++) {
+                    let k = k0 + nsg * u;
+                    let w = select(0.0, dred[512u + q * ns + min(k, ns - 1u)], k < ns);
+                    a += select(vec4<f32>(0.0), w * pv[u], w != 0.0);
+                }
+            }
+        }
+        // (threads past nsg groups, where width does not divide 256, idle)
+        let keep = sg == 0u && col < nc && row0 + q / GD < P.m;
+        if (nsg > 1u) {
+            sacc[lid] = a;
+            workgroupBarrier();
+            if (keep) {
+                var o = sacc[lid];
+                for (var s = 1u; s < nsg; s++) {
+                    o += sacc[s * width + lid];
+                }
+                TOUT[slot * D4 + c] = o / dsum[q];
+            }
+        } else if (keep) {
+            TOUT[slot * D4 + c] = a / dsum[q];
+        }
+    }
 }
 
 // `r`, a subgroup's max (or sum) of its invocations' values, over the

@@ -21,11 +21,12 @@
 // and half + 4c.. that RoPE pairs. Heads hh < GD are the group's queries,
 // GD its key and GD + 1 its value (those two only in the new key's split).
 
-@group(1) @binding(5) var<storage, read> RAW: array<f32>;
-@group(1) @binding(6) var<storage, read> WQ: array<u32>;
-@group(1) @binding(7) var<storage, read> WK: array<u32>;
-@group(1) @binding(8) var<storage, read> QFREQ: array<f32>;
-@group(1) @binding(9) var<storage, read_write> QOUT: array<f32>;
+// (0-6: attention.wgsl's, attn_decode's tail outputs among them)
+@group(1) @binding(7) var<storage, read> RAW: array<f32>;
+@group(1) @binding(8) var<storage, read> WQ: array<u32>;
+@group(1) @binding(9) var<storage, read> WK: array<u32>;
+@group(1) @binding(10) var<storage, read> QFREQ: array<f32>;
+@group(1) @binding(11) var<storage, read_write> QOUT: array<f32>;
 
 // dtype codes of WQ and WK
 override WQD: u32 = 0u;

@@ -25,6 +25,20 @@ fn family_without_subgroups(name: &str) {
     );
 }
 
+/// The families whose decode launches finish in their last workgroup where
+/// the device has coherent storage (attn_decode's tail combine, lavapipe
+/// has it) again with it off, so the dependent dispatches they replace
+/// (attn_combine after attn_decode) stay tested on the same cases.
+fn family_without_tails(name: &str) {
+    family_on(
+        name,
+        &WgpuOptions {
+            no_tails: true,
+            ..Default::default()
+        },
+    );
+}
+
 /// The families the prefill GEMM serves, with each shipped tile forced: the
 /// launcher picks tiles by shape and device, so the cases alone reach only
 /// some of them (on lavapipe never the 16 KB MoE tile). Forced tiles also
@@ -283,6 +297,15 @@ fn attention_without_subgroups() {
 #[test]
 fn post_ffn_without_subgroups() {
     family_without_subgroups("post_ffn");
+}
+
+#[test]
+fn attention_without_tails() {
+    family_without_tails("attention");
+}
+#[test]
+fn qkv_post_attention_without_tails() {
+    family_without_tails("qkv_post_attention");
 }
 
 /// The tensor-core GEMM's per-row scale (kernels/gemm_coop.wgsl's

@@ -93,6 +93,14 @@ fn print_backend(i: &BackendInfo) {
             "as in the checkpoint"
         }
     );
+    println!(
+        "  coherent storage: {}",
+        if f.coherent_storage {
+            "yes (decode attention combines in its last workgroup; TURBOSPARK_NO_TAILS=1 turns it off)"
+        } else {
+            "no"
+        }
+    );
     let l = &i.limits;
     println!(
         "  limits: max binding {}, max buffer {}, max workgroups/dim {}",

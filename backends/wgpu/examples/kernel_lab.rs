@@ -395,7 +395,7 @@ fn record_chain(pass: &mut wgpu::ComputePass<'_>, stages: &[Stage<'_>], chain: u
 
 /// kernels/gemv.wgsl as the backend compiles it.
 fn gemv_source(lab: &Lab) -> String {
-    kernels::source("gemv", lab.subgroups).expect("gemv")
+    kernels::source("gemv", lab.subgroups, false).expect("gemv")
 }
 
 /// Max |got - want| / max |want|.
@@ -857,7 +857,7 @@ fn moe_case(lab: &Lab, filter: &str) {
     // The backend's own composition (common, reduce helpers, family) unless
     // a variant file is given.
     let src = if moe_src.is_empty() {
-        kernels::source("moe_decode", lab.subgroups).expect("moe_decode")
+        kernels::source("moe_decode", lab.subgroups, false).expect("moe_decode")
     } else {
         // the backend's prelude, then the given file in moe_decode's place
         let reduce = if lab.subgroups {
@@ -1033,7 +1033,7 @@ fn tiled_moe_case(
     ];
     words.resize(16, 0);
     let params = lab.uniform(&words);
-    let src = kernels::source("moe_decode", lab.subgroups).expect("moe_decode");
+    let src = kernels::source("moe_decode", lab.subgroups, false).expect("moe_decode");
     let module = lab.module(&src, false);
     let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
     let dn_mb = (top_k * inter * hidden * 2) as f64 / 1e6;

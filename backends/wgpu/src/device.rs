@@ -14,6 +14,11 @@ pub struct WgpuOptions {
     /// for testing that path on devices that have subgroups. Also set by
     /// `TURBOSPARK_NO_SUBGROUPS=1`.
     pub no_subgroups: bool,
+    /// Leave coherent storage off even where the adapter has it, so no
+    /// launch finishes in its last workgroup (kernels' `TAIL`) and the
+    /// dependent dispatches run instead: for testing that path on devices
+    /// that have it. Also set by `TURBOSPARK_NO_TAILS=1`.
+    pub no_tails: bool,
     /// Tiles of the prefill GEMM (`kernels/gemm.wgsl`) in place of the
     /// shape-chosen defaults, `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped;
     /// an empty half keeps its default): for tile sweeps and for testing
@@ -234,6 +239,10 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     if coop_gemm {
         wanted_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
+    let no_tails = opts.no_tails || std::env::var("TURBOSPARK_NO_TAILS").is_ok_and(|v| v == "1");
+    if !no_tails {
+        wanted_features |= wgpu::Features::MEMORY_DECORATION_COHERENT;
+    }
     let required_features = afeat & wanted_features;
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -268,6 +277,8 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
             cooperative_matrix: coop,
             tensor_core_gemm: coop_gemm,
             expert_tiles,
+            coherent_storage: required_features
+                .contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
         },
         limits: Limits {
             max_binding_bytes: limits.max_storage_buffer_binding_size,

@@ -146,13 +146,24 @@ pub fn families() -> impl Iterator<Item = &'static str> {
 /// The full WGSL text of a kernel family: the file's `enable` directives
 /// (WGSL wants them first), the common prelude, the reduction helpers (the
 /// subgroup ones when `subgroups`), then the rest of the file; a variant
-/// ([`VARIANTS`]) is its base's text with each change made once.
-pub fn source(name: &str, subgroups: bool) -> Option<String> {
-    match F16_CACHE_BUILDS.iter().find(|(n, _)| *n == name) {
+/// ([`VARIANTS`]) is its base's text with each change made once. With
+/// `coherent` (the device has coherent storage) every [`COHERENT_MARK`]
+/// becomes `@coherent`; without, it stays a comment.
+pub fn source(name: &str, subgroups: bool, coherent: bool) -> Option<String> {
+    let text = match F16_CACHE_BUILDS.iter().find(|(n, _)| *n == name) {
         Some((_, family)) => build(family, subgroups, true),
         None => build(name, subgroups, false),
-    }
+    }?;
+    Some(if coherent {
+        text.replace(COHERENT_MARK, "@coherent")
+    } else {
+        text
+    })
 }
+
+/// Written before a storage declaration that a launch's last workgroup reads
+/// after the others wrote it (a tail: `Features::coherent_storage`).
+pub const COHERENT_MARK: &str = "/* @coherent */";
 
 /// [`source`] of a family with f32 or f16 (`f16_caches`) KV caches.
 fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
@@ -272,14 +283,17 @@ pub(crate) struct Cache {
     pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
     /// Whether the device has subgroup operations (picks the reduce helpers).
     subgroups: bool,
+    /// Whether the device has coherent storage (turns [`COHERENT_MARK`]s on).
+    coherent: bool,
 }
 
 impl Cache {
     /// An empty cache for a device with (`subgroups`) or without subgroup
-    /// operations.
-    pub fn new(subgroups: bool) -> Cache {
+    /// operations, with or without (`coherent`) coherent storage.
+    pub fn new(subgroups: bool, coherent: bool) -> Cache {
         Cache {
             subgroups,
+            coherent,
             ..Default::default()
         }
     }
@@ -365,7 +379,7 @@ impl Cache {
         {
             return Ok(m.clone());
         }
-        let src = source(kernel, self.subgroups)
+        let src = source(kernel, self.subgroups, self.coherent)
             .ok_or_else(|| Error::Gpu(format!("no kernel family named {kernel}")))?;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {

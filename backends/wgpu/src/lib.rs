@@ -151,12 +151,13 @@ impl WgpuBackend {
             })
             .collect();
         let subgroups = o.info.features.subgroups;
+        let coherent = o.info.features.coherent_storage;
         Ok(WgpuBackend {
             device: o.device,
             queue: o.queue,
             info: o.info,
             limits: o.limits,
-            cache: kernels::Cache::new(subgroups),
+            cache: kernels::Cache::new(subgroups, coherent),
             binds: kernels::BindCache::default(),
             memory: Default::default(),
             params_layout,

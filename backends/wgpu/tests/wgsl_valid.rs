@@ -5,16 +5,20 @@
 
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use turbospark_wgpu::kernels::{families, source, F16_CACHE_BUILDS, KERNELS, OPTIONAL};
+use turbospark_wgpu::kernels::{
+    families, source, COHERENT_MARK, F16_CACHE_BUILDS, KERNELS, OPTIONAL,
+};
 
-/// Family `name` (its subgroup build or not) parsed, validated and with its
-/// overrides resolved at their defaults, WDTYPE at `wdtype` where it has one.
+/// Family `name` (its subgroup build or not, its coherent build or not)
+/// parsed, validated and with its overrides resolved at their defaults,
+/// WDTYPE at `wdtype` where it has one.
 fn resolved(
     name: &str,
     wdtype: f64,
     subgroups: bool,
+    coherent: bool,
 ) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
-    let src = source(name, subgroups).ok_or("missing")?;
+    let src = source(name, subgroups, coherent).ok_or("missing")?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     // Subgroup operations are optional: only the subgroup build of a family
     // may use them (validated with the capability), the other is validated
@@ -28,6 +32,10 @@ fn resolved(
     // latter on Vulkan and Metal only) translate to SPIR-V and MSL.
     if OPTIONAL.contains(&name) {
         caps |= Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+    }
+    // (coherent storage is optional too: only its build declares it)
+    if coherent {
+        caps |= Capabilities::MEMORY_DECORATION_COHERENT;
     }
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
@@ -45,12 +53,13 @@ fn resolved(
         .map_err(|e| format!("overrides: {e}"))
 }
 
-fn translate(name: &str, wdtype: f64, subgroups: bool) -> Result<(), String> {
-    let (module, info) = resolved(name, wdtype, subgroups)?;
+fn translate(name: &str, wdtype: f64, subgroups: bool, coherent: bool) -> Result<(), String> {
+    let (module, info) = resolved(name, wdtype, subgroups, coherent)?;
     let optional = OPTIONAL.contains(&name);
 
+    // (wgpu offers coherent storage on Metal from MSL 3.2)
     let msl_opts = msl::Options {
-        lang_version: (2, 4),
+        lang_version: if coherent { (3, 2) } else { (2, 4) },
         ..Default::default()
     };
     msl::write_string(&module, &info, &msl_opts, &msl::PipelineOptions::default())
@@ -85,10 +94,20 @@ fn every_kernel_validates_and_translates() {
     for name in families() {
         for wdtype in [0.0, 1.0, 2.0] {
             for subgroups in [false, true] {
-                if let Err(e) = translate(name, wdtype, subgroups) {
-                    failures.push(format!(
-                        "kernels/{name}.wgsl (WDTYPE={wdtype}, subgroups {subgroups}): {e}"
-                    ));
+                // (the coherent build differs only where a family marks a
+                // declaration coherent)
+                let marked =
+                    source(name, subgroups, false).is_some_and(|s| s.contains(COHERENT_MARK));
+                for coherent in [false, true] {
+                    if coherent && !marked {
+                        continue;
+                    }
+                    if let Err(e) = translate(name, wdtype, subgroups, coherent) {
+                        failures.push(format!(
+                            "kernels/{name}.wgsl (WDTYPE={wdtype}, subgroups {subgroups}, \
+                             coherent {coherent}): {e}"
+                        ));
+                    }
                 }
             }
         }
@@ -141,7 +160,7 @@ fn kernel_lab_sources_validate() {
             // as the lab composes it: after the backend's gemv source
             format!(
                 "{}\n{}",
-                source("gemv", true).expect("gemv"),
+                source("gemv", true, false).expect("gemv"),
                 include_str!("../examples/kernel_lab.wgsl")
             ),
         ),
@@ -150,7 +169,7 @@ fn kernel_lab_sources_validate() {
             // as the lab composes it: after the backend's moe_decode source
             format!(
                 "{}\n{}",
-                source("moe_decode", true).expect("moe_decode"),
+                source("moe_decode", true, false).expect("moe_decode"),
                 include_str!("../examples/kernel_lab_moe.wgsl")
             ),
         ),
@@ -176,11 +195,11 @@ fn kernel_lab_sources_validate() {
 fn cooperative_families_keep_workgroup_variables_16_byte_sized() {
     let mut failures = Vec::new();
     for name in families() {
-        let src = source(name, true).expect("registered");
+        let src = source(name, true, false).expect("registered");
         if !src.contains("coop_mat") {
             continue;
         }
-        let (module, _) = resolved(name, 0.0, true).expect("validates (tested above)");
+        let (module, _) = resolved(name, 0.0, true, false).expect("validates (tested above)");
         for (_, var) in module.global_variables.iter() {
             if var.space != naga::AddressSpace::WorkGroup {
                 continue;

@@ -337,6 +337,42 @@ fn staged_queries_fit(q: usize, extra: usize, smem_limit: u32) -> bool {
 /// attn_decode_qkv's workgroup memory past attn_decode's: `qinv`, 16 f32.
 const QKV_SMEM: usize = 16 * 4;
 
+/// Most (row block, kv head) groups an attn_decode launch with a tail
+/// counts in (`TCNT`'s entries, u32 each).
+const TAIL_COUNTERS: usize = 1024;
+/// Most bytes of value partials one group's tail combines: one workgroup
+/// reads them all, where attn_combine spreads them over a workgroup per
+/// (slot, 32 vec4). Gemma 4's sliding layers (2 slots of 64 vec4, 16-32
+/// splits) take the tail; its full layers (8 slots of 128, at least 288 KB
+/// from 18 splits) keep attn_combine. docs/decisions.md, eighteenth session.
+const TAIL_MAX_BYTES: usize = 64 << 10;
+/// Most (slot, split) pairs a tail stages (`tail_combine`'s dred rows).
+const TAIL_MAX_PAIRS: usize = 256;
+
+/// Whether an attn_decode launch over `nsplit` splits of `slots` query
+/// slots a group, in `groups` groups of `d4` vec4 rows, combines in its
+/// last workgroup (its `TAIL`) instead of an attn_combine launch after it:
+/// where the device has coherent storage and the partials are small.
+fn takes_tail(be: &WgpuBackend, slots: usize, nsplit: usize, groups: usize, d4: usize) -> bool {
+    be.info.features.coherent_storage
+        && slots * nsplit <= TAIL_MAX_PAIRS
+        && slots * nsplit * d4 * 16 <= TAIL_MAX_BYTES
+        && groups <= TAIL_COUNTERS
+}
+
+/// The zeroed counters of attn_decode's tails: each tail leaves its count
+/// at zero again for the next launch.
+fn tail_counters(be: &WgpuBackend) -> Result<WgpuBuffer> {
+    super::scratch_buffer(
+        be,
+        |s| &mut s.tail_counters,
+        DType::U32,
+        TAIL_COUNTERS,
+        0,
+        "attention tail counters",
+    )
+}
+
 /// Query slots per `attn_prefill` workgroup (its `PB`).
 const PREFILL_SLOTS: usize = 32;
 
@@ -458,14 +494,36 @@ fn split_phase(
             &[("NV", lanes_vec4(p) as i64), ("QT", qt as i64)][..],
         )
     };
-    read_qkv(
-        be,
-        kv,
-        (entry, constants),
-        &split.params,
-        &split.part,
-        split.groups,
-    )?;
+    if !split.decode {
+        read_qkv(
+            be,
+            kv,
+            (entry, constants),
+            &split.params,
+            &split.part,
+            split.groups,
+        )?;
+        return combine(be, split, out, p);
+    }
+    let (q, kc, vc, pos) = kv;
+    let counters = tail_counters(be)?;
+    let constants = [constants, &[("TAIL", split.tail as i64)]].concat();
+    be.launch(Launch {
+        kernel: for_caches("attention", kc.dtype),
+        entry,
+        constants: &constants,
+        params: bytemuck::bytes_of(&split.params),
+        buffers: &[
+            (one(q), true),
+            (one(kc), true),
+            (one(vc), true),
+            (one(pos), true),
+            (one(&split.part), false),
+            (one(out), false),
+            (one(&counters), false),
+        ],
+        groups: be.grid(split.groups as u32),
+    })?;
     combine(be, split, out, p)
 }
 
@@ -482,6 +540,9 @@ struct SplitPlan {
     /// attn_decode's `RPW`: query rows a workgroup takes ([`decode_rows`];
     /// the plan's tiles are blocks of them).
     rows: usize,
+    /// attn_decode's `TAIL` ([`takes_tail`]): its last workgroups combine,
+    /// and no attn_combine follows.
+    tail: bool,
 }
 
 /// The key splits of `p`'s split phase and its scratch.
@@ -541,11 +602,16 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         groups: nsplit * p.kv_heads * ntiles,
         pipe: decode && keys.div_ceil(nsplit) > DECODE_KEYS,
         rows,
+        tail: decode && takes_tail(be, qt, nsplit, p.kv_heads * ntiles, d4),
     })
 }
 
-/// `attn_combine`: the split phase's partials into `out`.
+/// `attn_combine`: the split phase's partials into `out` (nothing where the
+/// split phase's tail combined them).
 fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention) -> Result<()> {
+    if split.tail {
+        return Ok(());
+    }
     let nq = p.m * p.heads;
     be.launch(Launch {
         kernel: "attention",
@@ -592,8 +658,8 @@ fn decode_rows(p: &Attention) -> usize {
     }
 }
 
-/// Storage bindings of `attn_decode_qkv` (0-9).
-const QKV_BINDINGS: u32 = 10;
+/// Storage bindings of `attn_decode_qkv` (0-11).
+const QKV_BINDINGS: u32 = 12;
 
 /// Whether [`qkv_attention`] takes a decode row in one launch: attn_decode
 /// takes it, head_dim is a multiple of 8 (the kernel's units are 4 pairs),
@@ -651,6 +717,7 @@ pub(crate) fn qkv_attention(
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
     let freq = freq_table(be, qp.theta, qp.head_dim, qp.rot_pairs)?;
+    let counters = tail_counters(be)?;
     split.params.rot_pairs = qp.rot_pairs as u32;
     split.params.eps = qp.eps;
     split.params.v_from_k = qp.v_from_k as u32;
@@ -667,6 +734,7 @@ pub(crate) fn qkv_attention(
             ("WKD", wdtype_code(w_k.dtype) as i64),
             ("PIPE", split.pipe as i64),
             ("SGW", decode_sgw(be) as i64),
+            ("TAIL", split.tail as i64),
         ],
         params: bytemuck::bytes_of(&split.params),
         buffers: &[
@@ -676,6 +744,8 @@ pub(crate) fn qkv_attention(
             (one(vc), false),
             (one(pos), true),
             (one(&split.part), false),
+            (one(out), false),
+            (one(&counters), false),
             (one(raw), true),
             (one(w_q), true),
             (one(w_k), true),
@@ -741,7 +811,14 @@ mod tests {
 
     #[test]
     fn qkv_post_attention_is_one_split_launch_for_a_decode_row() {
-        let Some(be) = backend() else { return };
+        let opts = crate::WgpuOptions {
+            no_tails: true,
+            ..Default::default()
+        };
+        let Some(be) = crate::tests::backend_with(&opts) else {
+            return;
+        };
+        assert!(!be.info.features.coherent_storage);
         // attn_decode_qkv and attn_combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 64), 2);
         // head_dim not a multiple of 8, or two rows: qkv_post, the split
@@ -756,6 +833,46 @@ mod tests {
         assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(full)), 3);
         let short = full - DECODE_KEYS;
         assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(short)), 2);
+    }
+
+    #[test]
+    fn decode_combines_in_its_tail_where_storage_is_coherent() {
+        let Some(be) = backend() else { return };
+        // (wgpu offers coherent storage on every Vulkan device: lavapipe,
+        // the H200)
+        if be.info.api != "Vulkan" && !be.info.features.coherent_storage {
+            eprintln!("skipping: {} has no coherent storage", be.info.device_name);
+            return;
+        }
+        assert!(be.info.features.coherent_storage);
+        // attn_decode_qkv alone: its last split workgroups combine.
+        assert_eq!(qkv_attention_dispatches(&be, 1, 64), 1);
+        // qkv_post, then the split phase with its tail.
+        assert_eq!(qkv_attention_dispatches(&be, 1, 12), 2);
+        assert_eq!(qkv_attention_dispatches(&be, 2, 64), 2);
+        // 2 slots of 128 splits: the most (slot, split) pairs a tail stages;
+        // one split more (and past FUSED_MAX_GROUPS): qkv_post, attn_decode
+        // and attn_combine.
+        let full = (FUSED_MAX_GROUPS / 2 + 1) * DECODE_KEYS;
+        assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(full)), 3);
+        let short = full - DECODE_KEYS;
+        assert_eq!(qkv_attention_dispatches_at(&be, 1, 64, Some(short)), 1);
+    }
+
+    #[test]
+    fn tails_take_small_partials_only() {
+        let Some(be) = backend() else { return };
+        if !be.info.features.coherent_storage {
+            return;
+        }
+        // Gemma 4's sliding layers at a 1K window: 2 slots of 64 vec4, 32
+        // splits (64 KB); its full layers: 8 slots of 128 vec4 (288 KB at
+        // 18 splits).
+        assert!(takes_tail(&be, 2, 32, 8, 64));
+        assert!(!takes_tail(&be, 8, 18, 2, 128));
+        // Past the staged pairs, or the counters.
+        assert!(!takes_tail(&be, 2, 129, 8, 4));
+        assert!(!takes_tail(&be, 2, 16, TAIL_COUNTERS + 1, 4));
     }
 
     #[test]

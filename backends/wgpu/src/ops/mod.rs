@@ -50,6 +50,8 @@ pub(crate) struct Scratch {
     pub unused_out: Option<crate::WgpuBuffer>,
     /// Argmax chunk winners `[rows, chunks]` between its two dispatches.
     pub argmax: Option<crate::WgpuBuffer>,
+    /// attn_decode's tail counters (ops/attention.rs `tail_counters`).
+    pub tail_counters: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
     pub router: Option<crate::WgpuBuffer>,
     /// A prefill batch's router input `x * eff_scale`, `[m, hidden]`.
@@ -163,7 +165,7 @@ mod tests {
     /// 16 rows); the launchers hand it at most [`super::STREAM_MAX_M`].
     #[test]
     fn stream_max_m_is_gemv_rows_maxt() {
-        let src = crate::kernels::source("gemv", false).expect("gemv");
+        let src = crate::kernels::source("gemv", false, false).expect("gemv");
         let want = format!("const MAXT: u32 = {}u;", super::STREAM_MAX_M);
         assert!(src.contains(&want), "kernels/gemv.wgsl lacks `{want}`");
     }

@@ -726,7 +726,7 @@ mod tests {
     /// it sizes their loops), the launcher's grid TILED_DOWN_ROWS.
     #[test]
     fn tiled_down_rows_are_the_kernels() {
-        let src = crate::kernels::source("moe_decode", false).expect("moe_decode");
+        let src = crate::kernels::source("moe_decode", false, false).expect("moe_decode");
         let want = format!("const TROWS: u32 = {TILED_DOWN_ROWS}u;");
         assert!(
             src.contains(&want),
