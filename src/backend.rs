@@ -210,8 +210,9 @@ pub struct Features {
     /// stored in the backend's own order where their shape allows (the wgpu
     /// backend's tile order); false: as uploaded.
     pub expert_tiles: bool,
-    /// Storage buffers can be declared coherent (wgpu's
-    /// `MEMORY_DECORATION_COHERENT`: Vulkan, DX12, Metal 3.2): one
+    /// Storage buffers are declared coherent (wgpu's
+    /// `MEMORY_DECORATION_COHERENT`: Vulkan, DX12, Metal 3.2; the wgpu
+    /// backend asks for it on Vulkan unless told otherwise): one
     /// workgroup's writes, published by a storage barrier, are visible to
     /// another that has seen them counted on an atomic. A launch's last
     /// workgroup can then finish work that took a dependent dispatch (a

@@ -33,7 +33,7 @@ fn family_without_tails(name: &str) {
     family_on(
         name,
         &WgpuOptions {
-            no_tails: true,
+            tails: Some(false),
             ..Default::default()
         },
     );

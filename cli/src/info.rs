@@ -96,7 +96,7 @@ fn print_backend(i: &BackendInfo) {
     println!(
         "  coherent storage: {}",
         if f.coherent_storage {
-            "yes (decode attention combines in its last workgroup; TURBOSPARK_NO_TAILS=1 turns it off)"
+            "yes (decode attention combines in its last workgroup; TURBOSPARK_TAILS=0 turns it off)"
         } else {
             "no"
         }

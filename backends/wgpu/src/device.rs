@@ -14,11 +14,15 @@ pub struct WgpuOptions {
     /// for testing that path on devices that have subgroups. Also set by
     /// `TURBOSPARK_NO_SUBGROUPS=1`.
     pub no_subgroups: bool,
-    /// Leave coherent storage off even where the adapter has it, so no
-    /// launch finishes in its last workgroup (kernels' `TAIL`) and the
-    /// dependent dispatches run instead: for testing that path on devices
-    /// that have it. Also set by `TURBOSPARK_NO_TAILS=1`.
-    pub no_tails: bool,
+    /// Launches that finish in their last workgroup ("tails": attn_decode
+    /// combining its splits, docs/decisions.md eighteenth session), which
+    /// need coherent storage: `None` takes them on Vulkan where the adapter
+    /// has it (measured and tested there: lavapipe, the H200) and not on
+    /// Metal or DX12, where no device run has checked them yet;
+    /// `Some(true)` wherever the adapter has coherent storage; `Some(false)`
+    /// never (the dependent dispatches run instead). Defaults to the
+    /// `TURBOSPARK_TAILS` environment variable (`0` or `1`).
+    pub tails: Option<bool>,
     /// Tiles of the prefill GEMM (`kernels/gemm.wgsl`) in place of the
     /// shape-chosen defaults, `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped;
     /// an empty half keeps its default): for tile sweeps and for testing
@@ -239,8 +243,9 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     if coop_gemm {
         wanted_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
-    let no_tails = opts.no_tails || std::env::var("TURBOSPARK_NO_TAILS").is_ok_and(|v| v == "1");
-    if !no_tails {
+    let tails = switch_or_env(opts.tails, "TURBOSPARK_TAILS")?
+        .unwrap_or(ainfo.backend == wgpu::Backend::Vulkan);
+    if tails {
         wanted_features |= wgpu::Features::MEMORY_DECORATION_COHERENT;
     }
     let required_features = afeat & wanted_features;

@@ -812,7 +812,7 @@ mod tests {
     #[test]
     fn qkv_post_attention_is_one_split_launch_for_a_decode_row() {
         let opts = crate::WgpuOptions {
-            no_tails: true,
+            tails: Some(false),
             ..Default::default()
         };
         let Some(be) = crate::tests::backend_with(&opts) else {
@@ -838,8 +838,8 @@ mod tests {
     #[test]
     fn decode_combines_in_its_tail_where_storage_is_coherent() {
         let Some(be) = backend() else { return };
-        // (wgpu offers coherent storage on every Vulkan device: lavapipe,
-        // the H200)
+        // (on Vulkan the backend takes tails by default, and wgpu offers
+        // coherent storage on every Vulkan device: lavapipe, the H200)
         if be.info.api != "Vulkan" && !be.info.features.coherent_storage {
             eprintln!("skipping: {} has no coherent storage", be.info.device_name);
             return;
