@@ -80,6 +80,52 @@ impl<B> DownArgs<'_, B> {
     }
 }
 
+/// The arguments of one [`ComputeBackend::post_ffn`], for
+/// [`ComputeBackend::moe_down_pair_post_ffn`].
+pub struct PostFfnArgs<'a, B> {
+    pub dense: &'a B,
+    pub w_dense: &'a B,
+    /// `(moe_out, w_moe, w_sum)`: the experts branch.
+    pub moe: Option<(&'a B, &'a B, &'a B)>,
+    pub r: &'a B,
+    pub x: &'a B,
+    /// `(w_next, normed)`: the next layer's normed input.
+    pub next: Option<(&'a B, &'a B)>,
+    pub p: PostFfn,
+}
+
+impl<B: DeviceBuffer> PostFfnArgs<'_, B> {
+    /// This one call: `be.post_ffn(..)`.
+    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
+        be.post_ffn(
+            self.dense,
+            self.w_dense,
+            self.moe,
+            self.r,
+            self.x,
+            self.next,
+            self.p,
+        )
+    }
+
+    /// The rule of [`ComputeBackend::moe_down_pair_post_ffn`]: this post_ffn
+    /// reads the pair's outputs, `dense.out` as its dense branch and
+    /// `routed.out` as its experts branch.
+    pub fn check_reads(&self, dense: &DownArgs<'_, B>, routed: &DownArgs<'_, B>) -> Result<()> {
+        let reads = self.dense.same_storage(dense.out)
+            && self.moe.is_some_and(|m| m.0.same_storage(routed.out));
+        if reads {
+            Ok(())
+        } else {
+            Err(crate::Error::shape(
+                "moe_down_pair_post_ffn",
+                "post_ffn must read the pair's outputs: `dense` = the dense problem's `out`, \
+                 the experts branch = the routed problem's `out`",
+            ))
+        }
+    }
+}
+
 /// The arguments of one [`ComputeBackend::post_attention`] with experts,
 /// for [`ComputeBackend::post_attention_router`].
 pub struct PostAttentionArgs<'a, B> {
@@ -480,6 +526,23 @@ pub trait ComputeBackend {
         )?;
         a.run(self)?;
         b.run(self)
+    }
+
+    /// [`ComputeBackend::moe_down_pair`] on `(dense, routed)`, then
+    /// [`ComputeBackend::post_ffn`] on their outputs (`post` reads
+    /// `dense.out` and `routed.out`: [`PostFfnArgs::check_reads`]): a decode
+    /// layer's work from both branches' activations to the next layer's
+    /// input, as one call so that a GPU can run post_ffn inside the pair's
+    /// launch (wgpu: in its last workgroup) and save a dependent dispatch.
+    fn moe_down_pair_post_ffn(
+        &self,
+        dense: DownArgs<'_, Self::Buffer>,
+        routed: DownArgs<'_, Self::Buffer>,
+        post: PostFfnArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        post.check_reads(&dense, &routed)?;
+        self.moe_down_pair(dense, routed)?;
+        post.run(self)
     }
 
     // ---- attention -------------------------------------------------------

@@ -15,7 +15,7 @@ pub mod rng;
 
 pub use backend::{
     BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, ExpertStack, GateUpArgs,
-    GemmRounding, HostBytes, PostAttentionArgs, ReadTicket, RouterArgs, Support,
+    GemmRounding, HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, RouterArgs, Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -26,9 +26,10 @@ fn family_without_subgroups(name: &str) {
 }
 
 /// The families whose decode launches finish in their last workgroup where
-/// the device has coherent storage (attn_decode's tail combine, lavapipe
-/// has it) again with it off, so the dependent dispatches they replace
-/// (attn_combine after attn_decode) stay tested on the same cases.
+/// the device has coherent storage (attn_decode's combine, the down pair's
+/// post_ffn; lavapipe has it) again with it off, so the dependent
+/// dispatches they replace (attn_combine, post_ffn) stay tested on the
+/// same cases.
 fn family_without_tails(name: &str) {
     family_on(
         name,
@@ -259,6 +260,10 @@ fn moe_gate_up_pair() {
 fn moe_down_pair() {
     family("moe_down_pair");
 }
+#[test]
+fn moe_down_pair_post_ffn() {
+    family("moe_down_pair_post_ffn");
+}
 
 #[test]
 fn rms_norm_without_subgroups() {
@@ -306,6 +311,14 @@ fn attention_without_tails() {
 #[test]
 fn qkv_post_attention_without_tails() {
     family_without_tails("qkv_post_attention");
+}
+#[test]
+fn moe_down_pair_post_ffn_without_tails() {
+    family_without_tails("moe_down_pair_post_ffn");
+}
+#[test]
+fn moe_down_pair_post_ffn_without_subgroups() {
+    family_without_subgroups("moe_down_pair_post_ffn");
 }
 
 /// The tensor-core GEMM's per-row scale (kernels/gemm_coop.wgsl's

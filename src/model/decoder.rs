@@ -35,7 +35,8 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use crate::backend::{
-    ComputeBackend, DownArgs, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs, Support,
+    ComputeBackend, DownArgs, GateUpArgs, HostBytes, PostAttentionArgs, PostFfnArgs, RouterArgs,
+    Support,
 };
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
@@ -878,7 +879,26 @@ impl<B: ComputeBackend> Model<B> {
         // x = (r + post_ff(...)) * layer_scalar, then the next norm: with
         // experts post_ff(post_ff1(dense) + post_ff2(moe)), without
         // post_ff(dense).
-        let (w_dense, moe) = match (&w.moe, &w.post_ff1_norm) {
+        let next = match self.weights.layers.get(li + 1) {
+            Some(next) => Some((&next.input_norm, &s.normed)),
+            None if final_norm => Some((&self.weights.final_norm, &s.normed)),
+            None => None,
+        };
+        let post_ffn = |w_dense, moe| PostFfnArgs {
+            dense: &s.dense,
+            w_dense,
+            moe,
+            r: &s.r,
+            x: &s.x,
+            next,
+            p: PostFfn {
+                rows: m,
+                dim: h,
+                eps: cfg.eps,
+                scale: w.layer_scalar,
+            },
+        };
+        match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
                 let pa_args = PostAttentionArgs {
                     o: &s.o,
@@ -926,17 +946,20 @@ impl<B: ComputeBackend> Model<B> {
                     out: &s.moe_out,
                     p: mp,
                 };
+                let post = post_ffn(
+                    post_ff1,
+                    Some((&s.moe_out, &moe.post_norm, &w.post_ff_norm)),
+                );
                 if m == 1 {
                     be.post_attention_gate_up((pa_args, router), dense_gate_up, routed_gate_up)?;
-                    be.moe_down_pair(dense_down, routed_down)?;
+                    be.moe_down_pair_post_ffn(dense_down, routed_down, post)
                 } else {
                     be.post_attention_router(pa_args, router)?;
                     self.dense_mlp(s, w, m)?;
                     routed_gate_up.run(be)?;
                     routed_down.run(be)?;
+                    post.run(be)
                 }
-                let moe_branch = (&s.moe_out, &moe.post_norm, &w.post_ff_norm);
-                (post_ff1, Some(moe_branch))
             }
             _ => {
                 be.post_attention(
@@ -955,28 +978,9 @@ impl<B: ComputeBackend> Model<B> {
                 } else {
                     self.dense_mlp(s, w, m)?;
                 }
-                (&w.post_ff_norm, None)
+                post_ffn(&w.post_ff_norm, None).run(be)
             }
-        };
-        let next = match self.weights.layers.get(li + 1) {
-            Some(next) => Some((&next.input_norm, &s.normed)),
-            None if final_norm => Some((&self.weights.final_norm, &s.normed)),
-            None => None,
-        };
-        be.post_ffn(
-            &s.dense,
-            w_dense,
-            moe,
-            &s.r,
-            &s.x,
-            next,
-            PostFfn {
-                rows: m,
-                dim: h,
-                eps: cfg.eps,
-                scale: w.layer_scalar,
-            },
-        )
+        }
     }
 }
 

@@ -172,8 +172,9 @@ fn moe(full: bool) -> Vec<Op> {
 }
 
 /// The pair ops as decode uses them: the dense MLP as a one-expert MoE
-/// (problem a) beside the routed experts (b); plus cases a GPU must split
-/// back into two launches (different hidden sizes, m > 1, f32 weights).
+/// (problem a) beside the routed experts (b), and the down pair with the
+/// post_ffn that follows it; plus cases a GPU must split back into two
+/// launches (different hidden sizes, m > 1, f32 weights).
 fn moe_pair(full: bool) -> Vec<Op> {
     let moe = |m, experts, top_k, hidden, inter| Moe {
         m,
@@ -195,9 +196,27 @@ fn moe_pair(full: bool) -> Vec<Op> {
         shapes.push((moe(1, 1, 1, 2816, 2112), moe(1, 128, 8, 2816, 704), BF16));
     }
     let mut v = Vec::new();
-    for (a, b, w) in shapes {
+    for (i, (a, b, w)) in shapes.into_iter().enumerate() {
         v.push(Op::MoeGateUpPair { a, b, w });
         v.push(Op::MoeDownPair { a, b, w });
+        // (post_ffn over both outputs: the pairs of one hidden size; the
+        // next layer's norm every other case, the norm weights' dtypes in
+        // turn)
+        if a.hidden == b.hidden {
+            v.push(Op::MoeDownPairPostFfn {
+                a,
+                b,
+                w,
+                p: PostFfn {
+                    rows: a.m,
+                    dim: a.hidden,
+                    eps: EPS,
+                    scale: 0.75,
+                },
+                next: i % 2 == 0,
+                nw: [BF16, F32, F16][i % 3],
+            });
+        }
     }
     v
 }

@@ -3,7 +3,7 @@
 
 use super::{HostTensor, OutSpec};
 use crate::backend::{
-    ComputeBackend, DownArgs, ExpertStack, GateUpArgs, PostAttentionArgs, RouterArgs,
+    ComputeBackend, DownArgs, ExpertStack, GateUpArgs, PostAttentionArgs, PostFfnArgs, RouterArgs,
 };
 use crate::dtype::{encode_f32, kv_half};
 use crate::ops::{
@@ -143,6 +143,17 @@ pub enum Op {
         w: DType,
         pw: DType,
         gw: DType,
+    },
+    /// `moe_down_pair_post_ffn`: `MoeDownPair`'s problems (a the dense
+    /// MLP, b the experts), then `PostFfn` with the experts branch on their
+    /// outputs (norm weights of dtype `nw`).
+    MoeDownPairPostFfn {
+        a: Moe,
+        b: Moe,
+        w: DType,
+        p: PostFfn,
+        next: bool,
+        nw: DType,
     },
     /// `moe`: the experts branch; `next`: the next layer's normed input.
     PostFfn {
@@ -287,6 +298,7 @@ impl Op {
             Op::MoeDown { .. } => "moe_down",
             Op::MoeGateUpPair { .. } => "moe_gate_up_pair",
             Op::MoeDownPair { .. } => "moe_down_pair",
+            Op::MoeDownPairPostFfn { .. } => "moe_down_pair_post_ffn",
             Op::Rope { .. } => "rope",
             Op::KvAppend { .. } => "kv_append",
             Op::Attention { .. } => "attention",
@@ -436,6 +448,10 @@ impl Op {
                 "{f}(rows={},dim={},moe={moe},next={next},scale={},w={w})",
                 p.rows, p.dim, p.scale
             ),
+            Op::MoeDownPairPostFfn { a, b, w, p, next, nw } => format!(
+                "{f}(a=e{}k{}h{}i{}m{},b=e{}k{}h{}i{}m{},w={w},next={next},scale={},nw={nw})",
+                a.experts, a.top_k, a.hidden, a.inter, a.m, b.experts, b.top_k, b.hidden, b.inter, b.m, p.scale
+            ),
             Op::QkvPost { p, pos0, w, kv } => format!(
                 "{f}(m={},heads={},kv_heads={},head_dim={},rot_pairs={},capacity={},v_from_k={},pos0={pos0},w={w}{})",
                 p.m, p.heads, p.kv_heads, p.head_dim, p.rot_pairs, p.capacity, p.v_from_k, kv_suffix(*kv)
@@ -455,7 +471,9 @@ impl Op {
             Op::MoeGateUp { w, .. } => OpKind::MoeGateUp { w: *w },
             Op::MoeDown { w, .. } => OpKind::MoeDown { w: *w },
             Op::MoeGateUpPair { w, .. } => OpKind::MoeGateUp { w: *w },
-            Op::MoeDownPair { w, .. } => OpKind::MoeDown { w: *w },
+            Op::MoeDownPair { w, .. } | Op::MoeDownPairPostFfn { w, .. } => {
+                OpKind::MoeDown { w: *w }
+            }
             Op::Rope { .. } => OpKind::Rope,
             Op::KvAppend { .. } => OpKind::KvAppend,
             Op::Attention { p, .. } => OpKind::Attention {
@@ -501,7 +519,8 @@ impl Op {
             | Op::MoeGateUp { .. }
             | Op::MoeDown { .. }
             | Op::MoeGateUpPair { .. }
-            | Op::MoeDownPair { .. } => 1e-9,
+            | Op::MoeDownPair { .. }
+            | Op::MoeDownPairPostFfn { .. } => 1e-9,
             // Softmax over up to thousands of keys, split and recombined
             // (after qkv_post's norms and RoPE).
             Op::Attention { .. } | Op::QkvPostAttention { .. } => 1e-9,
@@ -615,6 +634,34 @@ impl Op {
             Op::MoeDownPair { a, b, w } => {
                 let mut v = as_dense(Op::MoeDown { p: *a, w: *w }.inputs(rng));
                 v.extend(Op::MoeDown { p: *b, w: *w }.inputs(rng));
+                v
+            }
+            Op::MoeDownPairPostFfn {
+                a,
+                b,
+                w,
+                p,
+                next,
+                nw,
+            } => {
+                // The pair's inputs, then PostFfn's but its two branches
+                // (the pair's outputs): r and the norm weights.
+                let mut v = Op::MoeDownPair {
+                    a: *a,
+                    b: *b,
+                    w: *w,
+                }
+                .inputs(rng);
+                let post = Op::PostFfn {
+                    p: *p,
+                    moe: true,
+                    next: *next,
+                    w: *nw,
+                }
+                .inputs(rng);
+                v.push(post[1].clone());
+                v.push(post[2].clone());
+                v.extend(post[4..].iter().cloned());
                 v
             }
             Op::Rope { p } => vec![
@@ -759,6 +806,18 @@ impl Op {
             Op::MoeDownPair { a, b, .. } => {
                 vec![OutSpec::F32(a.m * a.hidden), OutSpec::F32(b.m * b.hidden)]
             }
+            Op::MoeDownPairPostFfn { a, b, p, next, .. } => {
+                let n = p.rows * p.dim;
+                let mut v = vec![
+                    OutSpec::F32(a.m * a.hidden),
+                    OutSpec::F32(b.m * b.hidden),
+                    OutSpec::F32(n),
+                ];
+                if *next {
+                    v.push(OutSpec::F32(n));
+                }
+                v
+            }
             Op::Rope { p } => vec![OutSpec::InPlace(0, p.m * p.heads * p.head_dim)],
             Op::KvAppend { p, .. } => {
                 let n = p.capacity * p.kv_heads * p.head_dim;
@@ -858,24 +917,28 @@ impl Op {
                     p: *pb,
                 },
             ),
-            Op::MoeDownPair { a, b: pb, .. } => b.moe_down_pair(
-                DownArgs {
-                    act: &i[0],
-                    down: &i[1],
-                    ids: &i[2],
-                    weights: &i[3],
-                    out: &o[0],
-                    p: *a,
-                },
-                DownArgs {
-                    act: &i[4],
-                    down: &i[5],
-                    ids: &i[6],
-                    weights: &i[7],
-                    out: &o[1],
-                    p: *pb,
-                },
-            ),
+            Op::MoeDownPair { a, b: pb, .. } => {
+                let (dense, routed) = down_pair_args(i, o, *a, *pb);
+                b.moe_down_pair(dense, routed)
+            }
+            Op::MoeDownPairPostFfn {
+                a, b: pb, p, next, ..
+            } => {
+                let (dense, routed) = down_pair_args(i, o, *a, *pb);
+                b.moe_down_pair_post_ffn(
+                    dense,
+                    routed,
+                    PostFfnArgs {
+                        dense: &o[0],
+                        w_dense: &i[9],
+                        moe: Some((&o[1], &i[10], &i[11])),
+                        r: &i[8],
+                        x: &o[2],
+                        next: next.then(|| (&i[12], &o[3])),
+                        p: *p,
+                    },
+                )
+            }
             Op::Rope { p } => b.rope(&i[0], &i[1], *p),
             Op::KvAppend { p, .. } => b.kv_append(&i[0], &i[1], &i[2], &i[3], &i[4], *p),
             Op::Attention { p, .. } => b.attention(&i[0], &i[1], &i[2], &i[3], &o[0], *p),
@@ -936,6 +999,34 @@ impl Op {
             ),
         }
     }
+}
+
+/// `MoeDownPair`'s two problems (and `MoeDownPairPostFfn`'s) from a case's
+/// inputs `i` and outputs `o`.
+fn down_pair_args<'a, B>(
+    i: &'a [B],
+    o: &'a [B],
+    a: Moe,
+    b: Moe,
+) -> (DownArgs<'a, B>, DownArgs<'a, B>) {
+    (
+        DownArgs {
+            act: &i[0],
+            down: &i[1],
+            ids: &i[2],
+            weights: &i[3],
+            out: &o[0],
+            p: a,
+        },
+        DownArgs {
+            act: &i[4],
+            down: &i[5],
+            ids: &i[6],
+            weights: &i[7],
+            out: &o[1],
+            p: b,
+        },
+    )
 }
 
 /// `PostAttentionRouter`'s arguments (and the first of

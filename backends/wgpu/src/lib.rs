@@ -23,7 +23,7 @@ use turbospark::ops::{
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertStack, GateUpArgs, HostBytes,
-    PostAttentionArgs, ReadTicket, Result, RouterArgs, Support,
+    PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -381,6 +381,19 @@ impl WgpuBackend {
         )
     }
 
+    /// The checks of `post_ffn`: shapes, one binding each, the device's
+    /// widest row.
+    fn check_post_ffn(&self, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
+        const OP: &str = "post_ffn";
+        whole(OP, &a.p.check(a.dense, a.w_dense, a.moe, a.r, a.x, a.next)?)?;
+        self.require(
+            OP,
+            OpKind::PostFfn {
+                dim: a.p.dim as u32,
+            },
+        )
+    }
+
     /// `Unsupported` naming the reason when `supports(kind)` says no.
     fn require(&self, op: &'static str, kind: OpKind) -> Result<()> {
         match ComputeBackend::supports(self, &kind) {
@@ -451,6 +464,19 @@ fn check_down(
         },
     )?;
     whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
+}
+
+/// The checks of `moe_down_pair`: each problem's, then that neither
+/// output aliases the other problem's buffers.
+fn check_down_pair(a: &DownArgs<'_, WgpuBuffer>, b: &DownArgs<'_, WgpuBuffer>) -> Result<()> {
+    for q in [a, b] {
+        check_down(q.act, q.down, q.ids, q.weights, q.out, q.p)?;
+    }
+    v::pair_apart(
+        "moe_down_pair",
+        &[a.act, a.down, a.ids, a.weights, a.out],
+        &[b.act, b.down, b.ids, b.weights, b.out],
+    )
 }
 
 /// A weight in tile order (`upload_experts`) is read only by the MoE op
@@ -848,14 +874,7 @@ impl ComputeBackend for WgpuBackend {
         a: DownArgs<'_, WgpuBuffer>,
         b: DownArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        for q in [&a, &b] {
-            check_down(q.act, q.down, q.ids, q.weights, q.out, q.p)?;
-        }
-        v::pair_apart(
-            "moe_down_pair",
-            &[a.act, a.down, a.ids, a.weights, a.out],
-            &[b.act, b.down, b.ids, b.weights, b.out],
-        )?;
+        check_down_pair(&a, &b)?;
         ops::moe::moe_down_pair(self, &a, &b)
     }
 
@@ -1000,10 +1019,33 @@ impl ComputeBackend for WgpuBackend {
         next: Option<(&WgpuBuffer, &WgpuBuffer)>,
         p: PostFfn,
     ) -> Result<()> {
-        const OP: &str = "post_ffn";
-        whole(OP, &p.check(dense, w_dense, moe, r, x, next)?)?;
-        self.require(OP, OpKind::PostFfn { dim: p.dim as u32 })?;
-        ops::fused::post_ffn(self, dense, w_dense, moe, r, x, next, p)
+        let a = PostFfnArgs {
+            dense,
+            w_dense,
+            moe,
+            r,
+            x,
+            next,
+            p,
+        };
+        self.check_post_ffn(&a)?;
+        ops::fused::post_ffn(self, &a)
+    }
+
+    fn moe_down_pair_post_ffn(
+        &self,
+        dense: DownArgs<'_, WgpuBuffer>,
+        routed: DownArgs<'_, WgpuBuffer>,
+        post: PostFfnArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        check_down_pair(&dense, &routed)?;
+        self.check_post_ffn(&post)?;
+        post.check_reads(&dense, &routed)?;
+        if !ops::moe::moe_down_pair_post_ffn(self, &dense, &routed, &post)? {
+            self.moe_down_pair(dense, routed)?;
+            return post.run(self);
+        }
+        Ok(())
     }
 
     fn qkv_post(

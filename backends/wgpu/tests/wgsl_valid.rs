@@ -138,6 +138,8 @@ fn every_kernel_file_is_registered() {
             "attention_keys",
             "kv_f32",
             "kv_f16",
+            "post_ffn_row",
+            "moe_decode_ffn",
         ]
         .contains(&stem.as_str());
         if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {

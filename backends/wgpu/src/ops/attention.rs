@@ -337,9 +337,6 @@ fn staged_queries_fit(q: usize, extra: usize, smem_limit: u32) -> bool {
 /// attn_decode_qkv's workgroup memory past attn_decode's: `qinv`, 16 f32.
 const QKV_SMEM: usize = 16 * 4;
 
-/// Most (row block, kv head) groups an attn_decode launch with a tail
-/// counts in (`TCNT`'s entries, u32 each).
-const TAIL_COUNTERS: usize = 1024;
 /// Most bytes of value partials one group's tail combines: one workgroup
 /// reads them all, where attn_combine spreads them over a workgroup per
 /// (slot, 32 vec4). Gemma 4's sliding layers (2 slots of 64 vec4, 16-32
@@ -357,20 +354,7 @@ fn takes_tail(be: &WgpuBackend, slots: usize, nsplit: usize, groups: usize, d4: 
     be.info.features.coherent_storage
         && slots * nsplit <= TAIL_MAX_PAIRS
         && slots * nsplit * d4 * 16 <= TAIL_MAX_BYTES
-        && groups <= TAIL_COUNTERS
-}
-
-/// The zeroed counters of attn_decode's tails: each tail leaves its count
-/// at zero again for the next launch.
-fn tail_counters(be: &WgpuBackend) -> Result<WgpuBuffer> {
-    super::scratch_buffer(
-        be,
-        |s| &mut s.tail_counters,
-        DType::U32,
-        TAIL_COUNTERS,
-        0,
-        "attention tail counters",
-    )
+        && groups <= crate::ops::TAIL_COUNTERS
 }
 
 /// Query slots per `attn_prefill` workgroup (its `PB`).
@@ -506,7 +490,7 @@ fn split_phase(
         return combine(be, split, out, p);
     }
     let (q, kc, vc, pos) = kv;
-    let counters = tail_counters(be)?;
+    let counters = super::tail_counters(be)?;
     let constants = [constants, &[("TAIL", split.tail as i64)]].concat();
     be.launch(Launch {
         kernel: for_caches("attention", kc.dtype),
@@ -717,7 +701,7 @@ pub(crate) fn qkv_attention(
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
     let freq = freq_table(be, qp.theta, qp.head_dim, qp.rot_pairs)?;
-    let counters = tail_counters(be)?;
+    let counters = super::tail_counters(be)?;
     split.params.rot_pairs = qp.rot_pairs as u32;
     split.params.eps = qp.eps;
     split.params.v_from_k = qp.v_from_k as u32;
@@ -872,7 +856,7 @@ mod tests {
         assert!(!takes_tail(&be, 8, 18, 2, 128));
         // Past the staged pairs, or the counters.
         assert!(!takes_tail(&be, 2, 129, 8, 4));
-        assert!(!takes_tail(&be, 2, 16, TAIL_COUNTERS + 1, 4));
+        assert!(!takes_tail(&be, 2, 16, crate::ops::TAIL_COUNTERS + 1, 4));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Fused decoder steps (`kernels/fused.wgsl`): one workgroup per row.
 
 use bytemuck::{Pod, Zeroable};
-use turbospark::ops::{PostAttention, PostFfn};
-use turbospark::{DType, GateUpArgs, PostAttentionArgs, Result, RouterArgs};
+use turbospark::ops::PostAttention;
+use turbospark::{DType, GateUpArgs, PostAttentionArgs, PostFfnArgs, Result, RouterArgs};
 
 use super::one;
 use crate::batch::Launch;
@@ -23,10 +23,9 @@ struct Params {
 }
 
 /// A one-element buffer bound where an optional output is absent (the
-/// kernel's flags keep it from being touched); looked up only then. An
-/// absent input binds one of the op's own read-only inputs instead, as
-/// rms_norm does.
-fn unused_out(be: &WgpuBackend) -> Result<WgpuBuffer> {
+/// kernel's flags keep it from being touched). An absent input binds one
+/// of the op's own read-only inputs instead, as rms_norm does.
+pub(crate) fn unused_out(be: &WgpuBackend) -> Result<WgpuBuffer> {
     super::scratch_buffer(be, |s| &mut s.unused_out, DType::F32, 1, 1, "unused output")
 }
 
@@ -42,7 +41,7 @@ fn threads(be: &WgpuBackend) -> usize {
     }
 }
 
-const MAXPER: usize = 32;
+pub(crate) const MAXPER: usize = 32;
 
 /// Widest row the fused kernels take on this device.
 pub(crate) fn max_dim(be: &WgpuBackend) -> usize {
@@ -56,8 +55,16 @@ fn constants(
     ws: [Option<&WgpuBuffer>; 4],
     dim: usize,
 ) -> [(&'static str, i64); 6] {
+    row_constants(ws, threads(be), dim)
+}
+
+/// [`constants`] for `wg` threads a row (kernels/post_ffn_row.wgsl's).
+pub(crate) fn row_constants(
+    ws: [Option<&WgpuBuffer>; 4],
+    wg: usize,
+    dim: usize,
+) -> [(&'static str, i64); 6] {
     let code = |w: Option<&WgpuBuffer>| w.map_or(0, |w| wdtype_code(w.dtype) as i64);
-    let wg = threads(be);
     [
         ("WD0", code(ws[0])),
         ("WD1", code(ws[1])),
@@ -244,61 +251,74 @@ fn post_attention_logits(
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn post_ffn(
-    be: &WgpuBackend,
-    dense: &WgpuBuffer,
-    w_dense: &WgpuBuffer,
-    moe: Option<(&WgpuBuffer, &WgpuBuffer, &WgpuBuffer)>,
-    r: &WgpuBuffer,
-    x: &WgpuBuffer,
-    next: Option<(&WgpuBuffer, &WgpuBuffer)>,
-    p: PostFfn,
-) -> Result<()> {
-    let (e, w_moe, w_sum) = moe.unwrap_or((dense, dense, dense));
-    let pad;
-    let (w_next, normed) = match next {
-        Some(n) => n,
-        None => {
-            pad = unused_out(be)?;
-            (dense, &pad)
-        }
-    };
+pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
+    let pad = unused_out(be)?;
+    let rows = PostFfnRow::of(a, &pad);
+    let p = a.p;
     let params = Params {
         rows: p.rows as u32,
         dim: p.dim as u32,
         eps: p.eps,
         scale: p.scale,
-        flags: moe.is_some() as u32 | (next.is_some() as u32) << 1,
+        flags: rows.flags,
         experts: 0,
         _pad: [0; 2],
     };
+    let [r, w0, w1, w2, w3, x, normed] = rows.buffers;
+    let e = a.moe.map_or(a.dense, |m| m.0);
     be.launch(Launch {
         kernel: "fused",
         entry: "post_ffn",
-        constants: &constants(
-            be,
-            [
-                Some(w_dense),
-                moe.map(|m| m.1),
-                moe.map(|m| m.2),
-                next.map(|n| n.0),
-            ],
-            p.dim,
-        ),
+        constants: &constants(be, rows.weights, p.dim),
         params: bytemuck::bytes_of(&params),
         buffers: &[
-            (one(dense), true),
+            (one(a.dense), true),
             (one(e), true),
-            (one(r), true),
-            (one(w_dense), true),
-            (one(w_moe), true),
-            (one(w_sum), true),
-            (one(w_next), true),
-            (one(x), false),
-            (one(normed), false),
+            r,
+            w0,
+            w1,
+            w2,
+            w3,
+            x,
+            normed,
         ],
         groups: be.grid(p.rows as u32),
     })
+}
+
+/// What a launch of kernels/post_ffn_row.wgsl binds past the two branches'
+/// rows: r, the four norm weights (absent ones: the dense branch's
+/// weight, never read), x and the normed output (absent: `pad`), and its
+/// flags (bit 0 the experts branch, bit 1 the next layer's norm).
+pub(crate) struct PostFfnRow<'a> {
+    pub buffers: [(&'a wgpu::Buffer, bool); 7],
+    pub weights: [Option<&'a WgpuBuffer>; 4],
+    pub flags: u32,
+}
+
+impl<'a> PostFfnRow<'a> {
+    pub(crate) fn of(a: &PostFfnArgs<'a, WgpuBuffer>, pad: &'a WgpuBuffer) -> Self {
+        let (_, w_moe, w_sum) = a.moe.unwrap_or((a.dense, a.w_dense, a.w_dense));
+        let (w_next, normed) = a.next.unwrap_or((a.w_dense, pad));
+        PostFfnRow {
+            buffers: [
+                (one(a.r), true),
+                (one(a.w_dense), true),
+                (one(w_moe), true),
+                (one(w_sum), true),
+                (one(w_next), true),
+                (one(a.x), false),
+                (one(normed), false),
+            ],
+            weights: [
+                Some(a.w_dense),
+                a.moe.map(|m| m.1),
+                a.moe.map(|m| m.2),
+                a.next.map(|n| n.0),
+            ],
+            flags: a.moe.is_some() as u32 | (a.next.is_some() as u32) << 1,
+        }
+    }
 }
 
 #[cfg(test)]

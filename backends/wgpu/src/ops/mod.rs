@@ -50,7 +50,7 @@ pub(crate) struct Scratch {
     pub unused_out: Option<crate::WgpuBuffer>,
     /// Argmax chunk winners `[rows, chunks]` between its two dispatches.
     pub argmax: Option<crate::WgpuBuffer>,
-    /// attn_decode's tail counters (ops/attention.rs `tail_counters`).
+    /// The tails' counters ([`tail_counters`]).
     pub tail_counters: Option<crate::WgpuBuffer>,
     /// Router logits `[m, E]` between its two dispatches.
     pub router: Option<crate::WgpuBuffer>,
@@ -79,6 +79,25 @@ pub(crate) fn scratch_buffer(
             Ok(b)
         }
     }
+}
+
+/// Entries of [`tail_counters`].
+pub(crate) const TAIL_COUNTERS: usize = 1024;
+
+/// The counters of the launches that finish in their last workgroup (a
+/// "tail": attn_decode's combine, the down pair's post_ffn), zero between
+/// launches: each tail resets its count for the next. One buffer for all:
+/// every launch binds it writable, so the launches that use it run one
+/// after another.
+pub(crate) fn tail_counters(be: &WgpuBackend) -> turbospark::Result<crate::WgpuBuffer> {
+    scratch_buffer(
+        be,
+        |s| &mut s.tail_counters,
+        DType::U32,
+        TAIL_COUNTERS,
+        0,
+        "tail counters",
+    )
 }
 
 /// `(first output row, rows)` of weight chunk `c` of `w` in an `n`-row
