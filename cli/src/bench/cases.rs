@@ -162,6 +162,26 @@ pub fn cases(quick: bool, kv: DType) -> Vec<Case> {
                 },
                 m,
             );
+            // The pair with the post_ffn after it, as decode calls it (one
+            // launch where the device takes tails).
+            push(
+                format!("down pair+post_ffn m={m}"),
+                "moe",
+                Op::MoeDownPairPostFfn {
+                    a: dense,
+                    b: moe,
+                    w: BF16,
+                    p: PostFfn {
+                        rows: m,
+                        dim: h,
+                        eps: 1e-6,
+                        scale: 1.0,
+                    },
+                    next: true,
+                    nw: BF16,
+                },
+                m,
+            );
         }
         push(
             format!("dense gate|up m={m}"),
@@ -634,6 +654,26 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
             bytes_moved(&Op::MoeDown { p: *a, w: *w }, &inputs[..split])
                 + bytes_moved(&Op::MoeDown { p: *b, w: *w }, &inputs[split..])
         }
+        // The pair's count, then post_ffn's other inputs (the residual and
+        // the norm weights) read and its outputs written; the pair's two
+        // rows are written once and read back once.
+        Op::MoeDownPairPostFfn {
+            a, b, w, p, next, ..
+        } => {
+            let split = inputs.len().min(8);
+            let post = inputs[split..].iter().map(tensor_bytes).sum::<u64>();
+            let rows = (p.rows * p.dim) as u64 * f;
+            bytes_moved(
+                &Op::MoeDownPair {
+                    a: *a,
+                    b: *b,
+                    w: *w,
+                },
+                &inputs[..split],
+            ) + post
+                + 2 * rows
+                + rows * (1 + *next as u64)
+        }
         // Everything else: the inputs once and each output once.
         _ => {
             let outs: u64 =
@@ -699,7 +739,9 @@ pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
     let id_inputs: Vec<(usize, u32)> = match op {
         Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => vec![(2, p.experts as u32)],
         Op::MoeGateUpPair { a, b, .. } => vec![(2, a.experts as u32), (5, b.experts as u32)],
-        Op::MoeDownPair { a, b, .. } => vec![(2, a.experts as u32), (6, b.experts as u32)],
+        Op::MoeDownPair { a, b, .. } | Op::MoeDownPairPostFfn { a, b, .. } => {
+            vec![(2, a.experts as u32), (6, b.experts as u32)]
+        }
         _ => vec![],
     };
     let per_set = if id_inputs.is_empty() {

@@ -590,30 +590,49 @@ pub(crate) fn moe_down_pair(
         moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
         return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
     }
-    // (tiled or not, a's rows a workgroup are b's: TILED_DOWN_ROWS' assert)
-    let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
+    let (groups_a, constants, buffers) = down_pair_parts(be, a, b)?;
     let params = pair_params(&a.p, &b.p, (0, 0), groups_a);
     be.launch(Launch {
         kernel: "moe_decode",
         entry: "moe_down_pair_decode",
-        constants: &{
-            let [w, bk, topk, lanes, ta] =
-                down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled());
-            let [_, (_, bk2), (_, topk2), _, (_, tb)] =
-                down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled());
-            [
-                w,
-                bk,
-                topk,
-                lanes,
-                ta,
-                ("BK2", bk2),
-                ("TOPK2", topk2),
-                ("TILED_B", tb),
-            ]
-        },
+        constants: &constants,
         params: bytemuck::bytes_of(&params),
-        buffers: &[
+        buffers: &buffers,
+        groups: be.grid(2 * groups_a),
+    })
+}
+
+/// A down pair launch's parts: problem a's workgroups (b has as many), the
+/// pipeline constants and the ten bindings (kernels/moe_decode.wgsl).
+#[allow(clippy::type_complexity)]
+fn down_pair_parts<'a>(
+    be: &WgpuBackend,
+    a: &DownArgs<'a, WgpuBuffer>,
+    b: &DownArgs<'a, WgpuBuffer>,
+) -> Result<(
+    u32,
+    [(&'static str, i64); 8],
+    [(&'a wgpu::Buffer, bool); 10],
+)> {
+    // (tiled or not, a's rows a workgroup are b's: TILED_DOWN_ROWS' assert)
+    let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
+    let [w, bk, topk, lanes, ta] =
+        down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled());
+    let [_, (_, bk2), (_, topk2), _, (_, tb)] =
+        down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled());
+    Ok((
+        groups_a,
+        [
+            w,
+            bk,
+            topk,
+            lanes,
+            ta,
+            ("BK2", bk2),
+            ("TOPK2", topk2),
+            ("TILED_B", tb),
+        ],
+        [
             (one(a.ids), true),
             (weight(be, a.down, "moe_down")?, true),
             (one(a.act), true),
@@ -625,8 +644,7 @@ pub(crate) fn moe_down_pair(
             (one(b.weights), true),
             (one(b.out), false),
         ],
-        groups: be.grid(2 * groups_a),
-    })
+    ))
 }
 
 /// Storage bindings of `moe_down_pair_post_ffn` (kernels/moe_decode_ffn.wgsl,
@@ -658,43 +676,19 @@ pub(crate) fn moe_down_pair_post_ffn(
     if !takes {
         return Ok(false);
     }
-    let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
+    let (groups_a, pair_constants, pair_buffers) = down_pair_parts(be, a, b)?;
     let pad = super::fused::unused_out(be)?;
     let row = super::fused::PostFfnRow::of(post, &pad);
     let mut params = pair_params(&a.p, &b.p, (0, 0), groups_a);
     params._pad = [post.p.eps.to_bits(), post.p.scale.to_bits(), row.flags];
     let counters = super::tail_counters(be)?;
-    let [w, bk, topk, lanes, ta] =
-        down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled());
-    let [_, (_, bk2), (_, topk2), _, (_, tb)] =
-        down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled());
-    let mut constants = vec![
-        w,
-        bk,
-        topk,
-        lanes,
-        ta,
-        ("BK2", bk2),
-        ("TOPK2", topk2),
-        ("TILED_B", tb),
-    ];
+    let mut constants = pair_constants.to_vec();
     constants.extend(super::fused::row_constants(
         row.weights,
         DECODE_THREADS,
         post.p.dim,
     ));
-    let mut buffers = vec![
-        (one(a.ids), true),
-        (weight(be, a.down, "moe_down")?, true),
-        (one(a.act), true),
-        (one(a.weights), true),
-        (one(a.out), false),
-        (one(b.ids), true),
-        (weight(be, b.down, "moe_down")?, true),
-        (one(b.act), true),
-        (one(b.weights), true),
-        (one(b.out), false),
-    ];
+    let mut buffers = pair_buffers.to_vec();
     buffers.extend(row.buffers);
     buffers.push((one(&counters), false));
     be.launch(Launch {
