@@ -18,7 +18,7 @@ pub struct WgpuOptions {
     /// combining its splits, docs/decisions.md eighteenth session), which
     /// need coherent storage: `None` takes them on Vulkan where the adapter
     /// has it (measured and tested there: lavapipe, the H200) and not on
-    /// Metal or DX12, where no device run has checked them yet;
+    /// Metal, DX12 or MoltenVK, where no device run has checked them yet;
     /// `Some(true)` wherever the adapter has coherent storage; `Some(false)`
     /// never (the dependent dispatches run instead). Defaults to the
     /// `TURBOSPARK_TAILS` environment variable (`0` or `1`).
@@ -243,8 +243,9 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     if coop_gemm {
         wanted_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
+    // (MoltenVK is Vulkan over Metal: Metal's rule)
     let tails = switch_or_env(opts.tails, "TURBOSPARK_TAILS")?
-        .unwrap_or(ainfo.backend == wgpu::Backend::Vulkan);
+        .unwrap_or(ainfo.backend == wgpu::Backend::Vulkan && !ainfo.driver.contains("MoltenVK"));
     if tails {
         wanted_features |= wgpu::Features::MEMORY_DECORATION_COHERENT;
     }
