@@ -359,6 +359,40 @@ pub fn cases(quick: bool, kv: DType) -> Vec<Case> {
             },
             m,
         );
+        if m == 1 {
+            // What decode runs from o_proj's output to both branches'
+            // activations: post_attention with the router's logits in one
+            // launch, then the gate_up pair picking the experts itself (two
+            // launches), beside the pair alone above (its experts given).
+            let (pa, router) = (
+                PostAttention {
+                    rows: m,
+                    dim: h,
+                    eps: 1e-6,
+                },
+                Router {
+                    m,
+                    hidden: h,
+                    experts: s.experts,
+                    top_k: s.top_k,
+                    eps: 1e-6,
+                },
+            );
+            push(
+                format!("post_attention+router+gate_up pair m={m}"),
+                "moe",
+                Op::PostAttentionGateUp {
+                    p: pa,
+                    r: router,
+                    inter: s.dense_inter,
+                    moe_inter: s.moe_inter,
+                    w: BF16,
+                    pw: BF16,
+                    gw: BF16,
+                },
+                m,
+            );
+        }
         push(
             format!("post_ffn m={m}"),
             "glue",
@@ -508,6 +542,15 @@ fn tensor_bytes(t: &HostTensor) -> u64 {
         HostTensor::U32(v) => v.len() as u64 * 4,
         HostTensor::F16(v) => v.len() as u64 * 2,
         HostTensor::Weight { bytes, .. } => bytes.len() as u64,
+    }
+}
+
+/// Bytes an output writes (an in-place one: its whole span).
+fn out_bytes(o: &turbospark::parity::OutSpec) -> u64 {
+    match o {
+        turbospark::parity::OutSpec::F32(n)
+        | turbospark::parity::OutSpec::U32(n)
+        | turbospark::parity::OutSpec::InPlace(_, n) => *n as u64 * 4,
     }
 }
 
@@ -674,17 +717,26 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
                 + 2 * rows
                 + rows * (1 + *next as u64)
         }
+        // Every input once and each output once, but of the routed
+        // experts' stack (the last input) only the top-k a token picks
+        // (the routing is computed in the call: counted as distinct).
+        Op::PostAttentionGateUp { gw, .. } => {
+            let Some((_, routed)) = op.gate_up_problems() else {
+                return 0;
+            };
+            let outs: u64 = op.outputs().iter().map(out_bytes).sum();
+            let (stack, rest) = inputs.split_last().map_or((0, 0), |(last, rest)| {
+                (tensor_bytes(last), rest.iter().map(tensor_bytes).sum())
+            });
+            let picked = (routed.m * routed.top_k).min(routed.experts) as u64
+                * 2
+                * (routed.inter * routed.hidden) as u64
+                * ws(gw);
+            rest + stack.min(picked) + outs
+        }
         // Everything else: the inputs once and each output once.
         _ => {
-            let outs: u64 =
-                op.outputs()
-                    .iter()
-                    .map(|o| match o {
-                        turbospark::parity::OutSpec::F32(n)
-                        | turbospark::parity::OutSpec::U32(n) => *n as u64 * 4,
-                        turbospark::parity::OutSpec::InPlace(_, n) => *n as u64 * 4,
-                    })
-                    .sum();
+            let outs: u64 = op.outputs().iter().map(out_bytes).sum();
             inputs.iter().map(tensor_bytes).sum::<u64>() + outs
         }
     }
@@ -765,6 +817,14 @@ pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
                             ))
                         }
                         _ if shared[i] => Variant::Share,
+                        // The routed ops pick their experts from o_proj's
+                        // row: rotated, each set routes to other experts.
+                        (_, HostTensor::F32(o)) if i == 0 && routes(op) => {
+                            let mut o = o.clone();
+                            let n = o.len().max(1);
+                            o.rotate_left(s * 7919 % n);
+                            Variant::Replace(HostTensor::F32(o))
+                        }
                         _ => Variant::Copy,
                     },
                 )
@@ -776,6 +836,11 @@ pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
         others,
         bytes,
     }
+}
+
+/// Whether `op` routes its token from its first input (o_proj's row).
+fn routes(op: &Op) -> bool {
+    matches!(op, Op::PostAttentionGateUp { .. })
 }
 
 #[cfg(test)]
@@ -823,5 +888,43 @@ mod tests {
         };
         assert_eq!(flops(&fused), flops(&attn));
         assert_eq!(flops(&Op::GeluMul { rows: 1, n: 4 }), None);
+    }
+
+    #[test]
+    fn routed_gate_up_counts_the_picked_experts_only() {
+        let (experts, top_k, hidden, moe_inter) = (16, 4, 64, 24);
+        let op = Op::PostAttentionGateUp {
+            p: PostAttention {
+                rows: 1,
+                dim: hidden,
+                eps: 1e-6,
+            },
+            r: Router {
+                m: 1,
+                hidden,
+                experts,
+                top_k,
+                eps: 1e-6,
+            },
+            inter: 32,
+            moe_inter,
+            w: BF16,
+            pw: BF16,
+            gw: BF16,
+        };
+        let inputs = op.inputs(&mut turbospark::rng::Rng::new(7));
+        let all: u64 = inputs.iter().map(tensor_bytes).sum::<u64>()
+            + op.outputs().iter().map(out_bytes).sum::<u64>();
+        let stack = tensor_bytes(inputs.last().unwrap());
+        assert_eq!(stack, (experts * 2 * moe_inter * hidden * 2) as u64);
+        // Of the stack's 16 experts, the 4 picked.
+        assert_eq!(bytes_moved(&op, &inputs), all - stack / 4 * 3);
+        // The sets rotate o_proj's row (other experts), nothing else.
+        let sets = host_sets(&op, 1, 1 << 20, 3);
+        assert!(sets
+            .others
+            .iter()
+            .all(|set| matches!(set[0], Variant::Replace(_))
+                && set[1..].iter().all(|v| !matches!(v, Variant::Replace(_)))));
     }
 }
