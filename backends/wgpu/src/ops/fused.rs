@@ -250,7 +250,6 @@ fn post_attention_logits(
     Ok(logits)
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
     let pad = unused_out(be)?;
     let rows = PostFfnRow::of(a, &pad);
