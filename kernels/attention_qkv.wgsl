@@ -14,8 +14,9 @@
 // row's position) also builds kv head g's key (normalised, times WK,
 // turned) and value (normalised) and writes them at the position's cache
 // slot before its chunk loop reads them: its own writes (storageBarrier),
-// and no other split reads that slot. Then decode_body, as attn_decode: one
-// dependent dispatch a decode layer fewer than qkv_post before it.
+// and no other split reads that slot. That is qkv_build, which decode_body
+// calls as its prelude: one dependent dispatch a decode layer fewer than
+// qkv_post before it.
 //
 // A thread takes units (head hh, vec4 c of the first half): the dims 4c..
 // and half + 4c.. that RoPE pairs. Heads hh < GD are the group's queries,
@@ -86,12 +87,16 @@ fn raw_head(hh: u32, g: u32) -> u32 {
 @compute @workgroup_size(256)
 fn attn_decode_qkv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let id = linear_group(wg, nwg);
+    // (decode_body calls qkv_build through decode_prelude)
+    decode_body(linear_group(wg, nwg), lid, false);
+}
+
+// The queries of workgroup `id`'s (split, kv head g) into dq (split 0: and
+// QOUT), and the new key and value where the split holds them; decode_body
+// has returned for ids past the kv heads. Every invocation calls it.
+fn qkv_build(id: u32, lid: u32) {
     let split = id % P.nsplit;
     let g = id / P.nsplit;
-    if (g >= P.kv_heads) {
-        return;
-    }
     let pos = POS[0];
     let span = decode_span(0u, split);
     // (uniform: the workgroup's span)
@@ -153,5 +158,4 @@ fn attn_decode_qkv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     // The new key and value for this workgroup's own loads, dq for all.
     storageBarrier();
     workgroupBarrier();
-    decode_body(id, lid, false);
 }
