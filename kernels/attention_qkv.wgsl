@@ -105,8 +105,31 @@ fn qkv_build(id: u32, lid: u32) {
     let hv = D4 / 2u;
     let half = 2u * D4;
     // Each unit head's sum of squares: partial per unit, then a thread per
-    // head adds its units in order.
-    for (var u = lid; u < heads * hv; u += 256u) {
+    // head adds its units in order. With PRE and a unit a thread at most
+    // (the sliding layers), the unit's raw halves and norm weights are
+    // loaded here together and kept for the second pass (its memory waits
+    // then come before the barrier, not after it).
+    let one = PRE && heads * hv <= 256u;
+    var ra = vec4<f32>(0.0);
+    var rb = vec4<f32>(0.0);
+    var wa = vec4<f32>(1.0);
+    var wb = vec4<f32>(1.0);
+    if (one && lid < heads * hv) {
+        let hh = lid / hv;
+        let c = lid % hv;
+        let at = raw_head(hh, g) + 4u * c;
+        ra = raw4(at);
+        rb = raw4(at + half);
+        if (hh < GD) {
+            wa = wq4(4u * c);
+            wb = wq4(half + 4u * c);
+        } else if (hh == GD) {
+            wa = wk4(4u * c);
+            wb = wk4(half + 4u * c);
+        }
+        dred[lid] = dot(ra, ra) + dot(rb, rb);
+    }
+    for (var u = lid; u < select(heads * hv, 0u, one); u += 256u) {
         let at = raw_head(u / hv, g) + 4u * (u % hv);
         let a = raw4(at);
         let b = raw4(at + half);
@@ -127,10 +150,25 @@ fn qkv_build(id: u32, lid: u32) {
         let c = u % hv;
         let at = raw_head(hh, g) + 4u * c;
         let inv = qinv[hh];
-        let a = raw4(at) * inv;
-        let b = raw4(at + half) * inv;
+        var a = ra;
+        var b = rb;
+        var w0 = wa;
+        var w1 = wb;
+        if (!one) {
+            a = raw4(at);
+            b = raw4(at + half);
+            if (hh < GD) {
+                w0 = wq4(4u * c);
+                w1 = wq4(half + 4u * c);
+            } else if (hh == GD) {
+                w0 = wk4(4u * c);
+                w1 = wk4(half + 4u * c);
+            }
+        }
+        a *= inv;
+        b *= inv;
         if (hh < GD) {
-            let t = turn4(a * wq4(4u * c), b * wq4(half + 4u * c), 4u * c, pos);
+            let t = turn4(a * w0, b * w1, 4u * c, pos);
             dq[hh * D4 + c] = t[0];
             dq[hh * D4 + hv + c] = t[1];
             if (split == 0u) {
@@ -145,7 +183,7 @@ fn qkv_build(id: u32, lid: u32) {
                 QOUT[o + half + 3u] = t[1].w;
             }
         } else if (hh == GD) {
-            let t = turn4(a * wk4(4u * c), b * wk4(half + 4u * c), 4u * c, pos);
+            let t = turn4(a * w0, b * w1, 4u * c, pos);
             let row = (g * P.capacity + slot) * D4;
             KC[row + c] = to_cache4(t[0]);
             KC[row + hv + c] = to_cache4(t[1]);
