@@ -127,29 +127,45 @@ fn qkv_build(id: u32, lid: u32) {
             wa = wk4(4u * c);
             wb = wk4(half + 4u * c);
         }
-        dred[lid] = dot(ra, ra) + dot(rb, rb);
     }
-    for (var u = lid; u < select(heads * hv, 0u, one); u += 256u) {
-        let at = raw_head(u / hv, g) + 4u * (u % hv);
-        let a = raw4(at);
-        let b = raw4(at + half);
-        dred[u] = dot(a, a) + dot(b, b);
-    }
-    workgroupBarrier();
-    if (lid < heads) {
-        var ss = 0.0;
-        for (var c = 0u; c < hv; c++) {
-            ss += dred[lid * hv + c];
+    // Where a head's units are one whole subgroup (PRE, the subgroup width
+    // SGW equal to the units a head: Gemma 4's sliding layers on 32-wide
+    // subgroups), the head's sum is a subgroup sum, in registers: no
+    // barrier, no thread summing the units one by one.
+    let by_lanes = one && SGW == hv;
+    var inv_lanes = 0.0;
+    if (by_lanes) {
+        let ss = lanes_sum(dot(ra, ra) + dot(rb, rb));
+        inv_lanes = inverseSqrt(ss / f32(4u * D4) + P.eps);
+    } else {
+        if (one && lid < heads * hv) {
+            dred[lid] = dot(ra, ra) + dot(rb, rb);
         }
-        qinv[lid] = inverseSqrt(ss / f32(4u * D4) + P.eps);
+        for (var u = lid; u < select(heads * hv, 0u, one); u += 256u) {
+            let at = raw_head(u / hv, g) + 4u * (u % hv);
+            let a = raw4(at);
+            let b = raw4(at + half);
+            dred[u] = dot(a, a) + dot(b, b);
+        }
+        workgroupBarrier();
+        if (lid < heads) {
+            var ss = 0.0;
+            for (var c = 0u; c < hv; c++) {
+                ss += dred[lid * hv + c];
+            }
+            qinv[lid] = inverseSqrt(ss / f32(4u * D4) + P.eps);
+        }
+        workgroupBarrier();
     }
-    workgroupBarrier();
     let slot = pos % P.capacity;
     for (var u = lid; u < heads * hv; u += 256u) {
         let hh = u / hv;
         let c = u % hv;
         let at = raw_head(hh, g) + 4u * c;
-        let inv = qinv[hh];
+        var inv = inv_lanes;
+        if (!by_lanes) {
+            inv = qinv[hh];
+        }
         var a = ra;
         var b = rb;
         var w0 = wa;
