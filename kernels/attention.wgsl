@@ -905,8 +905,8 @@ fn tail_combine(row0: u32, g: u32, lid: u32) {
 }
 
 // Work before a decode split's chunk loop, called by every invocation in
-// uniform control flow: none here; the attention_qkv variant builds the
-// row's queries (and the new key and value) in it (kernels/
+// uniform control flow: none here; with PRE the attention_qkv variant
+// builds the row's queries (and the new key and value) in it (kernels/
 // attention_qkv.wgsl's qkv_build; backends/wgpu/src/kernels.rs VARIANTS).
 fn decode_prelude(id: u32, lid: u32) {}
 

@@ -87,13 +87,21 @@ fn raw_head(hh: u32, g: u32) -> u32 {
 @compute @workgroup_size(256)
 fn attn_decode_qkv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    // (decode_body calls qkv_build through decode_prelude)
-    decode_body(linear_group(wg, nwg), lid, false);
+    let id = linear_group(wg, nwg);
+    if (id / P.nsplit >= P.kv_heads) {
+        return;
+    }
+    // The build first, then the split's keys; with PRE, decode_body calls
+    // the build through decode_prelude once the first keys are issued.
+    if (!PRE) {
+        qkv_build(id, lid);
+    }
+    decode_body(id, lid, false);
 }
 
 // The queries of workgroup `id`'s (split, kv head g) into dq (split 0: and
-// QOUT), and the new key and value where the split holds them; decode_body
-// has returned for ids past the kv heads. Every invocation calls it.
+// QOUT), and the new key and value where the split holds them (g below the
+// kv heads). Every invocation calls it.
 fn qkv_build(id: u32, lid: u32) {
     let split = id % P.nsplit;
     let g = id / P.nsplit;

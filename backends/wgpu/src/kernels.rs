@@ -117,7 +117,7 @@ pub struct Variant {
 }
 
 /// `attention_qkv`: kernels/attention.wgsl with its caches writable and its
-/// decode prelude building the queries, and kernels/attention_qkv.wgsl's
+/// decode prelude building the queries (with `PRE`), and kernels/attention_qkv.wgsl's
 /// `attn_decode_qkv`, which appends the token's key and value (with
 /// kernels/rope_angle.wgsl). The other attention
 /// kernels keep the caches read-only, which lets the driver read them
@@ -139,7 +139,7 @@ pub const VARIANTS: &[Variant] = &[
             ("var<storage, read> VC:", "var<storage, read_write> VC:"),
             (
                 "fn decode_prelude(id: u32, lid: u32) {}",
-                "fn decode_prelude(id: u32, lid: u32) {\n    qkv_build(id, lid);\n}",
+                "fn decode_prelude(id: u32, lid: u32) {\n    if (PRE) {\n        qkv_build(id, lid);\n    }\n}",
             ),
         ],
         appendix: &[
