@@ -613,7 +613,7 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         }
         // The scores are in pa / pb: kv's registers take the next chunk's
         // keys (a uniform test: the span is the workgroup's). (The loads
-        // are written out three times rather than in a function taking kv
+        // are written out four times rather than in a function taking kv
         // by pointer: the array must stay in registers.)
         if (PIPE && j0 + KD < c_hi) {
             let krow = (kbase + min(j0 + KD + kk, c_hi - 1u) % P.capacity) * D4;

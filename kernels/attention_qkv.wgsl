@@ -71,6 +71,19 @@ fn turn4(a: vec4<f32>, b: vec4<f32>, i: u32, pos: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(t0.x, t1.x, t2.x, t3.x), vec4<f32>(t0.y, t1.y, t2.y, t3.y));
 }
 
+// The norm weights of unit (head hh, vec4 c): its two halves' (WQ for the
+// queries, WK for the key; ones for the value, which has none).
+fn unit_weights(hh: u32, c: u32) -> array<vec4<f32>, 2> {
+    let half = 2u * D4;
+    if (hh < GD) {
+        return array<vec4<f32>, 2>(wq4(4u * c), wq4(half + 4u * c));
+    }
+    if (hh == GD) {
+        return array<vec4<f32>, 2>(wk4(4u * c), wk4(half + 4u * c));
+    }
+    return array<vec4<f32>, 2>(vec4<f32>(1.0), vec4<f32>(1.0));
+}
+
 // Unit head hh's offset in the raw row (kv head g).
 fn raw_head(hh: u32, g: u32) -> u32 {
     let d = 4u * D4;
@@ -123,18 +136,12 @@ fn qkv_build(id: u32, lid: u32) {
     var wa = vec4<f32>(1.0);
     var wb = vec4<f32>(1.0);
     if (one && lid < heads * hv) {
-        let hh = lid / hv;
-        let c = lid % hv;
-        let at = raw_head(hh, g) + 4u * c;
+        let at = raw_head(lid / hv, g) + 4u * (lid % hv);
         ra = raw4(at);
         rb = raw4(at + half);
-        if (hh < GD) {
-            wa = wq4(4u * c);
-            wb = wq4(half + 4u * c);
-        } else if (hh == GD) {
-            wa = wk4(4u * c);
-            wb = wk4(half + 4u * c);
-        }
+        let w = unit_weights(lid / hv, lid % hv);
+        wa = w[0];
+        wb = w[1];
     }
     // Where a head's units are one whole subgroup (PRE, the subgroup width
     // SGW equal to the units a head: Gemma 4's sliding layers on 32-wide
@@ -181,13 +188,9 @@ fn qkv_build(id: u32, lid: u32) {
         if (!one) {
             a = raw4(at);
             b = raw4(at + half);
-            if (hh < GD) {
-                w0 = wq4(4u * c);
-                w1 = wq4(half + 4u * c);
-            } else if (hh == GD) {
-                w0 = wk4(4u * c);
-                w1 = wk4(half + 4u * c);
-            }
+            let w = unit_weights(hh, c);
+            w0 = w[0];
+            w1 = w[1];
         }
         a *= inv;
         b *= inv;
