@@ -474,6 +474,7 @@ fn split_phase(
                 ("MROWS", (p.m > 1) as i64),
                 ("RPW", rows as i64),
                 ("SGW", decode_sgw(be) as i64),
+                ("TAIL", split.tail as i64),
             ][..],
         )
     } else {
@@ -496,11 +497,10 @@ fn split_phase(
     }
     let (q, kc, vc, pos) = kv;
     let counters = super::tail_counters(be)?;
-    let constants = [constants, &[("TAIL", split.tail as i64)]].concat();
     be.launch(Launch {
         kernel: for_caches("attention", kc.dtype),
         entry,
-        constants: &constants,
+        constants,
         params: bytemuck::bytes_of(&split.params),
         buffers: &[
             (one(q), true),

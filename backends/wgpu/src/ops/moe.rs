@@ -682,15 +682,33 @@ pub(crate) fn moe_down_pair_post_ffn(
     let mut params = pair_params(&a.p, &b.p, (0, 0), groups_a);
     params._pad = [post.p.eps.to_bits(), post.p.scale.to_bits(), row.flags];
     let counters = super::tail_counters(be)?;
-    let mut constants = pair_constants.to_vec();
-    constants.extend(super::fused::row_constants(
-        row.weights,
-        DECODE_THREADS,
-        post.p.dim,
-    ));
-    let mut buffers = pair_buffers.to_vec();
-    buffers.extend(row.buffers);
-    buffers.push((one(&counters), false));
+    // (fixed arrays: no allocation per decode layer)
+    let [c0, c1, c2, c3, c4, c5, c6, c7] = pair_constants;
+    let [r0, r1, r2, r3, r4, r5] =
+        super::fused::row_constants(row.weights, DECODE_THREADS, post.p.dim);
+    let constants = [c0, c1, c2, c3, c4, c5, c6, c7, r0, r1, r2, r3, r4, r5];
+    let [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9] = pair_buffers;
+    let [f0, f1, f2, f3, f4, f5, f6] = row.buffers;
+    let buffers = [
+        b0,
+        b1,
+        b2,
+        b3,
+        b4,
+        b5,
+        b6,
+        b7,
+        b8,
+        b9,
+        f0,
+        f1,
+        f2,
+        f3,
+        f4,
+        f5,
+        f6,
+        (one(&counters), false),
+    ];
     be.launch(Launch {
         kernel: "moe_decode_ffn",
         entry: "moe_down_pair_post_ffn",
