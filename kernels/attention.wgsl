@@ -785,39 +785,22 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
 // Where the device has coherent storage (the launcher sets TAIL), the last
 // split workgroup of each (row block, kv head) to finish combines that
 // group's slots into TOUT itself, as attn_combine would: one dependent
-// dispatch a decode layer fewer. Each workgroup publishes its partials with
-// a storage barrier (device scope on Vulkan and DX12, and PART is coherent)
-// and then counts itself in on TCNT[group]; the one that brings the count
-// to nsplit has seen every other's count, so its storage barrier after it
-// makes their partials visible, and it resets the count for the next
-// launch. No workgroup waits on another (WGSL promises no forward
-// progress between workgroups): the last simply goes on. The launcher
-// takes it only where the group's partials are small (NS * nsplit <= 256
-// (max, sum) pairs, which the tail stages in dred; the bytes, a few tens of
-// KB) so that one workgroup combines them in about what attn_combine's
-// launch would take.
+// dispatch a decode layer fewer. The splits count in on TCNT[group]
+// (kernels/tail.wgsl's tail_last; PART is coherent). The launcher takes it
+// only where the group's partials are small (NS * nsplit <= 256 (max, sum)
+// pairs, which the tail stages in dred; the bytes, a few tens of KB) so
+// that one workgroup combines them in about what attn_combine's launch
+// would take.
 @group(1) @binding(5) var<storage, read_write> TOUT: array<vec4<f32>>;
 @group(1) @binding(6) var<storage, read_write> TCNT: array<atomic<u32>>;
 override TAIL: bool = false;
-var<workgroup> dlast: u32;
 
 // Count this split of group `gi` (rows from row0, kv head g) in; the last
 // combines. Called by every invocation, in uniform control flow.
 fn decode_tail(gi: u32, row0: u32, g: u32, lid: u32) {
-    storageBarrier();
-    if (lid == 0u) {
-        var last = 0u;
-        if (atomicAdd(&TCNT[gi], 1u) + 1u == P.nsplit) {
-            last = 1u;
-            atomicStore(&TCNT[gi], 0u);
-        }
-        dlast = last;
+    if (tail_last(gi, P.nsplit, lid)) {
+        tail_combine(row0, g, lid);
     }
-    if (workgroupUniformLoad(&dlast) == 0u) {
-        return;
-    }
-    storageBarrier();
-    tail_combine(row0, g, lid);
 }
 
 // attn_combine's arithmetic for the NS slots of (row0, g): the splits'

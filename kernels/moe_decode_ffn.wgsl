@@ -7,13 +7,10 @@
 // One decode row: moe_down_pair_decode's workgroups (problem A the dense
 // MLP's down projection into OUT, B the routed experts' into OUT2), then
 // the last of them to finish runs post_ffn on the two rows: one dependent
-// dispatch a decode layer fewer. Each workgroup publishes its rows with a
-// storage barrier (OUT and OUT2 are coherent) and counts itself in on
-// TCNT[0]; the one that brings the count to the launch's 2 x groups_a
-// workgroups has seen every other's count, so after its own storage barrier
-// their rows are visible to it; it resets the count for the next launch.
-// No workgroup waits on another. post_ffn's parameters ride in the pair's
-// spare words: _p0 eps and _p1 the layer scalar (f32 bits), _p2 its flags.
+// dispatch a decode layer fewer. The launch's 2 x groups_a workgroups count
+// in on TCNT[0] (kernels/tail.wgsl's tail_last; OUT and OUT2 are
+// coherent). post_ffn's parameters ride in the pair's spare words: _p0 eps
+// and _p1 the layer scalar (f32 bits), _p2 its flags.
 
 @group(1) @binding(10) var<storage, read> FR: array<f32>;
 @group(1) @binding(11) var<storage, read> FW0: array<u32>;
@@ -23,8 +20,6 @@
 @group(1) @binding(15) var<storage, read_write> FX: array<f32>;
 @group(1) @binding(16) var<storage, read_write> FN: array<f32>;
 @group(1) @binding(17) var<storage, read_write> TCNT: array<atomic<u32>>;
-
-var<workgroup> flast: u32;
 
 // kernels/post_ffn_row.wgsl's accessors.
 fn ffn_dense(i: u32) -> f32 {
@@ -59,18 +54,7 @@ fn moe_down_pair_post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     } else {
         down_b(g - P.groups_a, t);
     }
-    storageBarrier();
-    if (t == 0u) {
-        var last = 0u;
-        if (atomicAdd(&TCNT[0], 1u) + 1u == n) {
-            last = 1u;
-            atomicStore(&TCNT[0], 0u);
-        }
-        flast = last;
+    if (tail_last(0u, n, t)) {
+        post_ffn_row(0u, t);
     }
-    if (workgroupUniformLoad(&flast) == 0u) {
-        return;
-    }
-    storageBarrier();
-    post_ffn_row(0u, t);
 }

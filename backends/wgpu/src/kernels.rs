@@ -33,6 +33,9 @@ pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
 /// post_ffn's row and the row kernels' launch constants, appended to the
 /// `fused` family and to the down pair's tail (`moe_decode_ffn`).
 pub const POST_FFN_ROW: &str = include_str!("../../../kernels/post_ffn_row.wgsl");
+/// The last-workgroup count of the launches that finish in one
+/// (`tail_last`), appended to the attention families and `moe_decode_ffn`.
+pub const TAIL: &str = include_str!("../../../kernels/tail.wgsl");
 /// The keys a query row sees (`key_range`), appended to the attention
 /// families.
 pub const ATTENTION_KEYS: &str = include_str!("../../../kernels/attention_keys.wgsl");
@@ -162,6 +165,7 @@ pub const VARIANTS: &[Variant] = &[
         ],
         appendix: &[
             POST_FFN_ROW,
+            TAIL,
             include_str!("../../../kernels/moe_decode_ffn.wgsl"),
         ],
     },
@@ -225,7 +229,7 @@ fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
         let mut appendix = match name {
             "gemm" | "gemm_coop" => GEMM_TILES.to_string(),
             "gemm_prep" => format!("{GEMM_TILES}\n{F16_ROUND}"),
-            "attention" => ATTENTION_KEYS.to_string(),
+            "attention" => format!("{ATTENTION_KEYS}\n{TAIL}"),
             "attention_coop" => format!("{ATTENTION_KEYS}\n{F16_ROUND}"),
             "router" | "moe_decode" => TOPK.to_string(),
             "fused" => POST_FFN_ROW.to_string(),
