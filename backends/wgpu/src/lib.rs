@@ -1046,9 +1046,11 @@ impl ComputeBackend for WgpuBackend {
         check_down_pair(&dense, &routed)?;
         self.check_post_ffn(&post)?;
         post.check_reads(&dense, &routed)?;
+        // (checked above: the two ops' launchers directly where the tail
+        // is not taken)
         if !ops::moe::moe_down_pair_post_ffn(self, &dense, &routed, &post)? {
-            self.moe_down_pair(dense, routed)?;
-            return post.run(self);
+            ops::moe::moe_down_pair(self, &dense, &routed)?;
+            return ops::fused::post_ffn(self, &post);
         }
         Ok(())
     }
