@@ -220,16 +220,11 @@ fn chat_converses_on_stdin() {
     use std::io::Write;
     let dir = chat_fixture();
     let m = dir.display().to_string();
+    // (the same model and settings for `chat` and `generate --chat`)
+    let run = ["--model", &m, "--backend", "cpu", "--max-new-tokens", "4"];
     let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args([
-            "chat",
-            "--model",
-            &m,
-            "--backend",
-            "cpu",
-            "--max-new-tokens",
-            "4",
-        ])
+        .arg("chat")
+        .args(run)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -249,17 +244,6 @@ fn chat_converses_on_stdin() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text:?}");
     assert!(lines.iter().all(|l| l.starts_with('w')), "{text:?}");
-    let one = turbospark(&[
-        "generate",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
-        "--max-new-tokens",
-        "4",
-        "--chat",
-        "--prompt",
-        "w10 w11",
-    ]);
+    let one = turbospark(&[&["generate"][..], &run, &["--chat", "--prompt", "w10 w11"]].concat());
     assert_eq!(succeeds(&one).trim(), lines[0]);
 }
