@@ -220,17 +220,17 @@ fn post_attention_logits(
         experts: p.experts as u32,
         _pad: [0; 2],
     };
-    let mut cs = constants(
+    // (a fixed array: no allocation per decode layer)
+    let [c0, c1, c2, c3, c4, c5] = constants(
         be,
         [Some(pa.w_post), Some(pa.w_ff), Some(pa.moe.0), None],
         pa.p.dim,
-    )
-    .to_vec();
-    cs.extend(super::wdtype(router.proj.dtype));
+    );
+    let [wd] = super::wdtype(router.proj.dtype);
     be.launch(Launch {
         kernel: "fused",
         entry: "post_attention_logits",
-        constants: &cs,
+        constants: &[c0, c1, c2, c3, c4, c5, wd],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(pa.o), true),
