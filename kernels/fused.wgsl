@@ -32,13 +32,6 @@ fn inv_rms(ss: f32) -> f32 {
     return inverseSqrt(ss / f32(P.dim) + P.eps);
 }
 
-// post_attention's thread keeps its columns lid + j * WG for j < PER (PER =
-// ceil(dim / WG), a pipeline constant, at most MAXPER) in registers from
-// pass to pass. With 1024 threads a 2816-wide row is 3 columns per thread,
-// so a pass waits on at most 3 loads in turn.
-override PER: u32 = 11u;
-const MAXPER: u32 = 32u;
-
 // ---- post_attention ----
 
 @group(1) @binding(0) var<storage, read> AO: array<f32>;

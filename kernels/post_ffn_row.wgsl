@@ -25,68 +25,95 @@ fn block_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
     return workgroup_sum2(v, lid, WG);
 }
 
+// A thread's columns are lid + j * WG for j < PER (PER = ceil(dim / WG), a
+// pipeline constant, at most MAXPER): its values stay in registers from pass
+// to pass. With 1024 threads a 2816-wide row is 3 columns per thread, so a
+// pass waits on at most 3 loads in turn.
+override PER: u32 = 11u;
+const MAXPER: u32 = 32u;
+
 fn ffn_inv_rms(ss: f32) -> f32 {
     return inverseSqrt(ss / f32(ffn_dim()) + ffn_eps());
 }
 
-// The branch sum before its norm at column i: rmsnorm(d) * w_d +
-// rmsnorm(e) * w_e (with the experts branch).
-fn ffn_branch_sum(base: u32, i: u32, inv_d: f32, inv_e: f32) -> f32 {
-    let h = ffn_dense(base + i) * inv_d * decode_as(FW0[word_of(i, WD0)], i, WD0);
-    return ffn_moe(base + i) * inv_e * decode_as(FW1[word_of(i, WD1)], i, WD1) + h;
-}
-
-// The row at `base`, by the workgroup's WG threads, thread lid on columns
-// lid, lid + WG, .. . Each pass rereads its inputs (from cache: the row is a
-// few KB) rather than keeping them in registers between the reductions: the
-// MoE down pair's tail runs this in the pair's own launch, where registers
-// held here would be held by every workgroup of the pair and cut its
-// occupancy (the eighteenth session's form, with the row in registers, made
-// the launch 40.0 us against 15.5 + 5.9 for the two launches on the H200).
+// The row at `base`, by the workgroup's WG threads.
 fn post_ffn_row(base: u32, lid: u32) {
     let moe = (ffn_flags() & 1u) != 0u;
     let next = (ffn_flags() & 2u) != 0u;
-    let dim = ffn_dim();
-    // The two branches' sums of squares, with one reduction.
+    // Every input a thread needs is loaded first (as kernels/fused.wgsl's
+    // post_attention does).
+    // h: the dense branch, then the branch sum, then the new residual x.
+    var h: array<f32, MAXPER>;
+    var e: array<f32, MAXPER>;
+    var r: array<f32, MAXPER>;
+    var w0: array<f32, MAXPER>;
+    var w1: array<f32, MAXPER>;
+    var w2: array<f32, MAXPER>;
+    var w3: array<f32, MAXPER>;
     var sd = 0.0;
     var se = 0.0;
-    for (var i = lid; i < dim; i += WG) {
-        let d = ffn_dense(base + i);
-        sd += d * d;
-        if (moe) {
-            let ev = ffn_moe(base + i);
-            se += ev * ev;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        var d = 0.0;
+        var ev = 0.0;
+        if (i < ffn_dim()) {
+            d = ffn_dense(base + i);
+            r[j] = FR[base + i];
+            w0[j] = decode_as(FW0[word_of(i, WD0)], i, WD0);
+            if (moe) {
+                ev = ffn_moe(base + i);
+                w1[j] = decode_as(FW1[word_of(i, WD1)], i, WD1);
+                w2[j] = decode_as(FW2[word_of(i, WD2)], i, WD2);
+            }
+            if (next) {
+                w3[j] = decode_as(FW3[word_of(i, WD3)], i, WD3);
+            }
         }
+        h[j] = d;
+        e[j] = ev;
+        sd += d * d;
+        se += ev * ev;
     }
+    // (the dense and expert branches' sums together: the same sums, one
+    // reduction)
     let sde = block_sum2(vec2<f32>(sd, se), lid);
     let inv_d = ffn_inv_rms(sde.x);
-    let inv_e = ffn_inv_rms(sde.y);
-    var inv_s = 0.0;
+    for (var j = 0u; j < PER; j++) {
+        h[j] = h[j] * inv_d * w0[j];
+    }
     if (moe) {
+        let inv_e = ffn_inv_rms(sde.y);
         var ss = 0.0;
-        for (var i = lid; i < dim; i += WG) {
-            let s = ffn_branch_sum(base, i, inv_d, inv_e);
-            ss += s * s;
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < ffn_dim()) {
+                let s = e[j] * inv_e * w1[j] + h[j];
+                h[j] = s;
+                ss += s * s;
+            }
         }
-        inv_s = ffn_inv_rms(block_sum(ss, lid));
+        let inv_s = ffn_inv_rms(block_sum(ss, lid));
+        for (var j = 0u; j < PER; j++) {
+            h[j] = h[j] * inv_s * w2[j];
+        }
     }
     var sx = 0.0;
-    for (var i = lid; i < dim; i += WG) {
-        var h: f32;
-        if (moe) {
-            h = ffn_branch_sum(base, i, inv_d, inv_e) * inv_s * decode_as(FW2[word_of(i, WD2)], i, WD2);
-        } else {
-            h = ffn_dense(base + i) * inv_d * decode_as(FW0[word_of(i, WD0)], i, WD0);
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < ffn_dim()) {
+            let x = (r[j] + h[j]) * ffn_scale();
+            FX[base + i] = x;
+            h[j] = x;
+            sx += x * x;
         }
-        let x = (FR[base + i] + h) * ffn_scale();
-        FX[base + i] = x;
-        sx += x * x;
     }
     if (next) {
         let inv_x = ffn_inv_rms(block_sum(sx, lid));
-        // (FX[base + i] is this thread's own write above)
-        for (var i = lid; i < dim; i += WG) {
-            FN[base + i] = FX[base + i] * inv_x * decode_as(FW3[word_of(i, WD3)], i, WD3);
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < ffn_dim()) {
+                FN[base + i] = h[j] * inv_x * w3[j];
+            }
         }
     }
 }

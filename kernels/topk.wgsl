@@ -27,8 +27,7 @@ fn topk_pad(l: vec4<f32>, t: u32, ne: u32) -> vec4<f32> {
 // With tk_log filled (topk_pad) and a barrier since: the k largest into
 // tk_id / tk_v, largest first, then a barrier. Expert e's place is the
 // number of experts ahead of it (a larger logit, or an equal one and a
-// lower id). Every thread of the workgroup calls it (at least 256 threads;
-// more than 256 leaves the rest idle).
+// lower id). Every thread of the workgroup calls it.
 fn topk_select(lid: u32, ne: u32, k: u32) {
     // Two threads per expert, each over half the logits, where ne <= 128.
     let split = ne <= 128u;
@@ -51,10 +50,7 @@ fn topk_select(lid: u32, ne: u32, k: u32) {
             rank += (c.x + c.y) + (c.z + c.w);
         }
     }
-    // (a workgroup may be wider than the experts: post_attention_route's)
-    if (lid < TOPK_MAXE) {
-        tk_rank[lid] = rank;
-    }
+    tk_rank[lid] = rank;
     workgroupBarrier();
     if (lid < ne) {
         var r = tk_rank[lid];

@@ -295,17 +295,6 @@ fn post_attention_router_without_subgroups() {
 fn post_attention_gate_up_without_subgroups() {
     family_without_subgroups("post_attention_gate_up");
 }
-/// Without tails the router's top-k is its own launch (post_attention_router)
-/// or ranked in each gate_up workgroup (post_attention_gate_up): the paths
-/// of devices without coherent storage.
-#[test]
-fn post_attention_router_without_tails() {
-    family_without_tails("post_attention_router");
-}
-#[test]
-fn post_attention_gate_up_without_tails() {
-    family_without_tails("post_attention_gate_up");
-}
 #[test]
 fn attention_without_subgroups() {
     family_without_subgroups("attention");

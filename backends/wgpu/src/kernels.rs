@@ -21,7 +21,7 @@ pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup
 /// appended to the GEMM families.
 pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
 /// The router's top-k and softmax over a token's logits, appended to the
-/// families that pick experts (router, moe_decode, fused_route).
+/// families that pick experts.
 pub const TOPK: &str = include_str!("../../../kernels/topk.wgsl");
 /// RoPE's rotation of a pair (`turn_pair`) and its angle arithmetic,
 /// appended to the families that turn by RoPE (rope, and the attention_qkv
@@ -34,8 +34,7 @@ pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
 /// `fused` family and to the down pair's tail (`moe_decode_ffn`).
 pub const POST_FFN_ROW: &str = include_str!("../../../kernels/post_ffn_row.wgsl");
 /// The last-workgroup count of the launches that finish in one
-/// (`tail_last`), appended to the attention families, `moe_decode_ffn` and
-/// `fused_route`.
+/// (`tail_last`), appended to the attention families and `moe_decode_ffn`.
 pub const TAIL: &str = include_str!("../../../kernels/tail.wgsl");
 /// The keys a query row sees (`key_range`), appended to the attention
 /// families.
@@ -134,10 +133,6 @@ pub struct Variant {
 /// kernels/moe_decode_ffn.wgsl's `moe_down_pair_post_ffn`, the down pair
 /// with post_ffn in its last workgroup (with kernels/post_ffn_row.wgsl).
 /// Its own family so that the other MoE kernels keep plain outputs.
-///
-/// `fused_route`: kernels/fused.wgsl with the router's logits coherent, and
-/// kernels/fused_route.wgsl's `post_attention_route`, post_attention_logits
-/// with the top-k in its last workgroup (with kernels/topk.wgsl).
 pub const VARIANTS: &[Variant] = &[
     Variant {
         name: "attention_qkv",
@@ -172,19 +167,6 @@ pub const VARIANTS: &[Variant] = &[
             POST_FFN_ROW,
             TAIL,
             include_str!("../../../kernels/moe_decode_ffn.wgsl"),
-        ],
-    },
-    Variant {
-        name: "fused_route",
-        base: "fused",
-        changes: &[(
-            "@binding(10) var<storage, read_write> RLOG:",
-            "@binding(10) /* @coherent */ var<storage, read_write> RLOG:",
-        )],
-        appendix: &[
-            TOPK,
-            TAIL,
-            include_str!("../../../kernels/fused_route.wgsl"),
         ],
     },
 ];

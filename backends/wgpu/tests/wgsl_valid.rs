@@ -140,7 +140,6 @@ fn every_kernel_file_is_registered() {
             "kv_f16",
             "post_ffn_row",
             "moe_decode_ffn",
-            "fused_route",
             "tail",
         ]
         .contains(&stem.as_str());

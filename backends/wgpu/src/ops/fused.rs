@@ -19,7 +19,6 @@ struct Params {
     flags: u32,
     /// post_attention_logits: the router's expert count.
     experts: u32,
-    /// post_attention_route: `[top_k, 0]`.
     _pad: [u32; 2],
 }
 
@@ -149,40 +148,19 @@ fn logits_fit(
         && be.limits.max_storage_buffers_per_shader_stage >= LOGITS_BINDINGS
 }
 
-/// Storage bindings of `post_attention_route` (kernels/fused_route.wgsl,
-/// 0-14).
-const ROUTE_BINDINGS: u32 = 15;
-
-/// Whether `post_attention_route` takes this call: `post_attention_logits`
-/// does ([`logits_fit`]), the device has coherent storage (the tail's
-/// count) and binds the kernel's 15 buffers.
-fn route_fits(
-    be: &WgpuBackend,
-    pa: &PostAttentionArgs<'_, WgpuBuffer>,
-    r: &RouterArgs<'_, WgpuBuffer>,
-) -> bool {
-    be.info.features.coherent_storage
-        && logits_fit(be, pa, r)
-        && be.limits.max_storage_buffers_per_shader_stage >= ROUTE_BINDINGS
-}
-
-/// [`turbospark::ComputeBackend::post_attention_router`] in one dispatch
-/// where it fits (`post_attention_route`: the top-k in the logits' tail),
-/// else two (`post_attention_logits`, then the router's top-k), else false:
-/// the caller runs the two ops in turn. Arguments checked by the caller.
+/// [`turbospark::ComputeBackend::post_attention_router`] in two dispatches
+/// where it fits (`post_attention_logits`, then the router's top-k), else
+/// false: the caller runs the two ops in turn. Arguments checked by the
+/// caller.
 pub(crate) fn post_attention_router(
     be: &WgpuBackend,
     pa: &PostAttentionArgs<'_, WgpuBuffer>,
     router: &RouterArgs<'_, WgpuBuffer>,
 ) -> Result<bool> {
-    if route_fits(be, pa, router) {
-        post_attention_route(be, pa, router)?;
-        return Ok(true);
-    }
     if !logits_fit(be, pa, router) {
         return Ok(false);
     }
-    let logits = post_attention_logits(be, pa, router, None)?;
+    let logits = post_attention_logits(be, pa, router)?;
     super::moe::router_topk(
         be,
         pa.r,
@@ -197,11 +175,10 @@ pub(crate) fn post_attention_router(
 }
 
 /// [`turbospark::ComputeBackend::post_attention_gate_up`] in two
-/// dispatches where it fits: `post_attention_route` (the routing in its
-/// tail), then the gate_up pair reading its experts; without coherent
-/// storage `post_attention_logits`, then the pair ranking the logits in
-/// each workgroup (`moe_gate_up_pair_routed`). Else false: the caller runs
-/// the ops in turn. Arguments checked by the caller.
+/// dispatches where it fits (`post_attention_logits`, then the gate_up
+/// pair picking its experts from the logits, `moe_gate_up_pair_routed`),
+/// else false: the caller runs the ops in turn. Arguments checked by the
+/// caller.
 pub(crate) fn post_attention_gate_up(
     be: &WgpuBackend,
     (pa, router): (
@@ -214,11 +191,7 @@ pub(crate) fn post_attention_gate_up(
     if !logits_fit(be, pa, router) || !super::moe::routed_pair_fits(be, dense, routed) {
         return Ok(false);
     }
-    if route_fits(be, pa, router) {
-        post_attention_route(be, pa, router)?;
-        return super::moe::moe_gate_up_pair(be, dense, routed).map(|()| true);
-    }
-    let logits = post_attention_logits(be, pa, router, None)?;
+    let logits = post_attention_logits(be, pa, router)?;
     super::moe::moe_gate_up_pair_routed(
         be,
         (dense, routed),
@@ -228,39 +201,13 @@ pub(crate) fn post_attention_gate_up(
     Ok(true)
 }
 
-/// `post_attention_route` (the caller checked [`route_fits`]): post_attention
-/// and the router's logits, then the routing `(ids, weights)` from its last
-/// workgroup.
-fn post_attention_route(
+/// The `post_attention_logits` launch (the caller checked [`logits_fit`]):
+/// post_attention, and the router's scaled logits into the returned
+/// scratch.
+fn post_attention_logits(
     be: &WgpuBackend,
     pa: &PostAttentionArgs<'_, WgpuBuffer>,
     router: &RouterArgs<'_, WgpuBuffer>,
-) -> Result<()> {
-    let counters = super::tail_counters(be)?;
-    post_attention_logits(
-        be,
-        pa,
-        router,
-        Some([
-            (one(router.per_expert_scale), true),
-            (one(router.ids), false),
-            (one(router.weights), false),
-            (one(&counters), false),
-        ]),
-    )
-    .map(drop)
-}
-
-/// The `post_attention_logits` launch (the caller checked [`logits_fit`]):
-/// post_attention, and the router's scaled logits into the returned
-/// scratch; with `route` (its per-expert scales, ids, weights and the tail
-/// counters) the `post_attention_route` launch, which also writes the
-/// routing.
-fn post_attention_logits<'a>(
-    be: &WgpuBackend,
-    pa: &PostAttentionArgs<'a, WgpuBuffer>,
-    router: &RouterArgs<'a, WgpuBuffer>,
-    route: Option<[(&'a wgpu::Buffer, bool); 4]>,
 ) -> Result<WgpuBuffer> {
     let p = router.p;
     let logits = super::moe::router_logits_buffer(be, &p)?;
@@ -271,7 +218,7 @@ fn post_attention_logits<'a>(
         scale: 1.0,
         flags: 1,
         experts: p.experts as u32,
-        _pad: [p.top_k as u32, 0],
+        _pad: [0; 2],
     };
     // (a fixed array: no allocation per decode layer)
     let [c0, c1, c2, c3, c4, c5] = constants(
@@ -280,34 +227,24 @@ fn post_attention_logits<'a>(
         pa.p.dim,
     );
     let [wd] = super::wdtype(router.proj.dtype);
-    let [r0, r1, r2, r3] = route.unwrap_or([(one(&logits), false); 4]);
-    let buffers = [
-        (one(pa.o), true),
-        (one(pa.x), true),
-        (one(pa.w_post), true),
-        (one(pa.w_ff), true),
-        (one(pa.moe.0), true),
-        (one(pa.r), false),
-        (one(pa.ff), false),
-        (one(pa.moe.1), false),
-        (one(router.eff_scale), true),
-        (one(router.proj), true),
-        (one(&logits), false),
-        r0,
-        r1,
-        r2,
-        r3,
-    ];
-    let (kernel, entry, bound) = match route {
-        Some(_) => ("fused_route", "post_attention_route", ROUTE_BINDINGS),
-        None => ("fused", "post_attention_logits", LOGITS_BINDINGS),
-    };
     be.launch(Launch {
-        kernel,
-        entry,
+        kernel: "fused",
+        entry: "post_attention_logits",
         constants: &[c0, c1, c2, c3, c4, c5, wd],
         params: bytemuck::bytes_of(&params),
-        buffers: &buffers[..bound as usize],
+        buffers: &[
+            (one(pa.o), true),
+            (one(pa.x), true),
+            (one(pa.w_post), true),
+            (one(pa.w_ff), true),
+            (one(pa.moe.0), true),
+            (one(pa.r), false),
+            (one(pa.ff), false),
+            (one(pa.moe.1), false),
+            (one(router.eff_scale), true),
+            (one(router.proj), true),
+            (one(&logits), false),
+        ],
         groups: be.grid(1 + p.experts as u32),
     })?;
     Ok(logits)
@@ -512,11 +449,9 @@ mod tests {
         be.counters().0 - before
     }
 
-    /// One decode row with experts takes one dispatch (post_attention with
-    /// the router's logits, the top-k in its tail) where the device has
-    /// coherent storage and binds 15 storage buffers, as lavapipe and the
-    /// H200 do; two (the top-k its own launch) where it binds 11; else
-    /// three.
+    /// One decode row with experts takes two dispatches (post_attention
+    /// with the router's logits, then top-k) where the device binds 11
+    /// storage buffers, as lavapipe and the H200 do; else three.
     #[test]
     fn post_attention_router_fuses_the_logits_where_it_fits() {
         let Some(be) = backend() else { return };
@@ -524,25 +459,16 @@ mod tests {
         let (pa, router) = row.args();
         let n = dispatches(&be, || be.post_attention_router(pa, router).unwrap());
         let limit = be.limits.max_storage_buffers_per_shader_stage;
-        let coherent = be.info.features.coherent_storage;
-        eprintln!("{limit} storage buffers a stage, coherent storage {coherent}: {n} dispatches");
-        let expected = if coherent && limit >= ROUTE_BINDINGS {
-            1
-        } else if limit >= LOGITS_BINDINGS {
-            2
-        } else {
-            3
-        };
-        assert_eq!(n, expected);
+        eprintln!("{limit} storage buffers a stage: {n} dispatches");
+        assert_eq!(n, if limit >= LOGITS_BINDINGS { 2 } else { 3 });
         if std::env::var("CI").is_ok_and(|v| v == "true") {
-            assert_eq!(n, 1, "CI's lavapipe routes in the fused kernel's tail");
+            assert_eq!(n, 2, "CI's lavapipe runs the fused kernel");
         }
     }
 
-    /// With both branches' gate_up, two dispatches (the logits routed in
-    /// their tail, then the pair; without coherent storage the pair picks
-    /// its experts) where the device binds 14 storage buffers; the routing
-    /// written for phase 2 is router_topk's.
+    /// With both branches' gate_up, two dispatches (the logits, then the
+    /// pair picking its experts) where the device binds 14 storage buffers;
+    /// the routing it writes for phase 2 is router_topk's.
     #[test]
     fn post_attention_gate_up_picks_the_experts_in_the_pair_launch() {
         let Some(be) = backend() else { return };
@@ -556,20 +482,8 @@ mod tests {
             be.download_u32(&row.ids).unwrap(),
             be.download_f32(&row.wts).unwrap(),
         );
-        // (the logits, then router_topk: the unfused routing)
         let (pa, router) = row.args();
-        let logits = post_attention_logits(&be, &pa, &router, None).unwrap();
-        super::super::moe::router_topk(
-            &be,
-            pa.r,
-            router.eff_scale,
-            router.proj,
-            router.per_expert_scale,
-            (&logits, true),
-            (router.ids, router.weights),
-            router.p,
-        )
-        .unwrap();
+        be.post_attention_router(pa, router).unwrap();
         let apart = (
             be.download_u32(&row.ids).unwrap(),
             be.download_f32(&row.wts).unwrap(),

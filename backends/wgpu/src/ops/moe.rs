@@ -656,8 +656,9 @@ const DECODE_THREADS: usize = 256;
 
 /// The down pair with post_ffn in its last workgroup
 /// (`moe_down_pair_post_ffn`, one launch), where the device has coherent
-/// storage, the pair is one decode launch ([`pair_fits`]) and the device
-/// binds the kernel's 18 buffers. `Ok(false)`: not taken, nothing recorded (the caller runs the
+/// storage, the pair is one decode launch ([`pair_fits`]), the row fits a
+/// 256-thread workgroup's registers and the device binds the kernel's 18
+/// buffers. `Ok(false)`: not taken, nothing recorded (the caller runs the
 /// two ops). The caller checked both ops and that `post` reads the pair's
 /// outputs.
 pub(crate) fn moe_down_pair_post_ffn(
@@ -670,6 +671,7 @@ pub(crate) fn moe_down_pair_post_ffn(
         && a.p.m == 1
         && post.p.rows == 1
         && pair_fits(be, (&a.p, a.p.inter, a.down), (&b.p, b.p.inter, b.down))
+        && post.p.dim.div_ceil(DECODE_THREADS) <= super::fused::MAXPER
         && be.limits.max_storage_buffers_per_shader_stage >= PAIR_FFN_BINDINGS;
     if !takes {
         return Ok(false);
@@ -682,10 +684,9 @@ pub(crate) fn moe_down_pair_post_ffn(
     let counters = super::tail_counters(be)?;
     // (fixed arrays: no allocation per decode layer)
     let [c0, c1, c2, c3, c4, c5, c6, c7] = pair_constants;
-    // (post_ffn_row walks its row by WG; PER is post_attention's, not here)
-    let [r0, r1, r2, r3, r4, _per] =
+    let [r0, r1, r2, r3, r4, r5] =
         super::fused::row_constants(row.weights, DECODE_THREADS, post.p.dim);
-    let constants = [c0, c1, c2, c3, c4, c5, c6, c7, r0, r1, r2, r3, r4];
+    let constants = [c0, c1, c2, c3, c4, c5, c6, c7, r0, r1, r2, r3, r4, r5];
     let [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9] = pair_buffers;
     let [f0, f1, f2, f3, f4, f5, f6] = row.buffers;
     let buffers = [
