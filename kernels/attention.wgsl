@@ -371,13 +371,6 @@ override D4: u32 = 64u;
 // one row 1.5-2% at full layers' 8K and 32K keys on the H200 (sixteenth
 // session run 05).
 override MROWS: bool = false;
-// Whether the first chunk's K and V rows are loaded before decode_prelude
-// (attn_decode_qkv: before the queries are built, so that their memory
-// latency passes during the build; the split holding the new key reloads
-// that key's rows after). Off unless asked for (`WgpuOptions::
-// qkv_prefetch`) until the device has measured it (docs/decisions.md,
-// eighteenth session).
-override PRE: bool = false;
 // Whether a split's next chunk of keys is loaded during the current one
 // (the launcher sets it where splits take several chunks: on the H200 the
 // sliding layers' single-chunk splits were 20% slower with the loads laid
@@ -526,36 +519,6 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     var a5 = vec4<f32>(0.0);
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
-    // (PRE) The first chunk's K rows into kv and V rows into v0, then the
-    // prelude, then the new key's rows again where the prelude wrote them
-    // (its own writes, after its storage barrier).
-    var kv: array<vec4<f32>, DB>;
-    var v0: array<vec4<f32>, DB>;
-    if (PRE && c_lo < c_hi) {
-        let krow = (kbase + min(c_lo + kk, c_hi - 1u) % P.capacity) * D4;
-        for (var t = 0u; t < NT; t++) {
-            kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
-        }
-        for (var r = 0u; r < vrows; r++) {
-            let key = min(c_lo + vs * vrows + r, c_hi - 1u);
-            v0[r] = vec4<f32>(VC[(kbase + key % P.capacity) * D4 + c]);
-        }
-    }
-    decode_prelude(id, lid);
-    if (PRE && c_lo < c_hi) {
-        let pos = POS[row0];
-        let krow = (kbase + pos % P.capacity) * D4;
-        for (var t = 0u; t < NT; t++) {
-            if (min(c_lo + kk, c_hi - 1u) == pos) {
-                kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
-            }
-        }
-        for (var r = 0u; r < vrows; r++) {
-            if (min(c_lo + vs * vrows + r, c_hi - 1u) == pos) {
-                v0[r] = vec4<f32>(VC[krow + c]);
-            }
-        }
-    }
     if (DQN > 1u && stage) {
         for (var i = lid; i < NS * D4; i += 256u) {
             let q = i / D4;
@@ -573,14 +536,15 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
     // chunk then loads the next chunk's as soon as its own scores are taken
     // (below), so that they arrive during its softmax and values rather
     // than after its last barrier; without, each chunk its own first.
-    if (PIPE && !PRE && c_lo < c_hi) {
+    var kv: array<vec4<f32>, DB>;
+    if (PIPE && c_lo < c_hi) {
         let krow = (kbase + min(c_lo + kk, c_hi - 1u) % P.capacity) * D4;
         for (var t = 0u; t < NT; t++) {
             kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
         }
     }
     for (var j0 = c_lo; j0 < c_hi; j0 += KD) {
-        if (!PIPE && !(PRE && j0 == c_lo)) {
+        if (!PIPE) {
             let krow = (kbase + min(j0 + kk, c_hi - 1u) % P.capacity) * D4;
             for (var t = 0u; t < NT; t++) {
                 kv[t] = vec4<f32>(KC[krow + min(dpart + DP * t, D4 - 1u)]);
@@ -602,18 +566,14 @@ fn decode_body(id: u32, lid: u32, stage: bool) {
         // This slice's V rows, issued once the scores are taken: they
         // arrive while the scores are reduced.
         var vv: array<vec4<f32>, DB>;
-        if (PRE && j0 == c_lo) {
-            vv = v0;
-        } else {
-            for (var r = 0u; r < vrows; r++) {
-                // (past the chunk: its last key's row, finite, unused)
-                let key = min(j0 + vs * vrows + r, c_hi - 1u);
-                vv[r] = vec4<f32>(VC[(kbase + key % P.capacity) * D4 + c]);
-            }
+        for (var r = 0u; r < vrows; r++) {
+            // (past the chunk: its last key's row, finite, unused)
+            let key = min(j0 + vs * vrows + r, c_hi - 1u);
+            vv[r] = vec4<f32>(VC[(kbase + key % P.capacity) * D4 + c]);
         }
         // The scores are in pa / pb: kv's registers take the next chunk's
         // keys (a uniform test: the span is the workgroup's). (The loads
-        // are written out four times rather than in a function taking kv
+        // are written out three times rather than in a function taking kv
         // by pointer: the array must stay in registers.)
         if (PIPE && j0 + KD < c_hi) {
             let krow = (kbase + min(j0 + KD + kk, c_hi - 1u) % P.capacity) * D4;
@@ -886,12 +846,6 @@ fn tail_combine(row0: u32, g: u32, lid: u32) {
         }
     }
 }
-
-// Work before a decode split's chunk loop, called by every invocation in
-// uniform control flow: none here; with PRE the attention_qkv variant
-// builds the row's queries (and the new key and value) in it (kernels/
-// attention_qkv.wgsl's qkv_build; backends/wgpu/src/kernels.rs VARIANTS).
-fn decode_prelude(id: u32, lid: u32) {}
 
 // `r`, a subgroup's max (or sum) of its invocations' values, over the
 // KD = 32 invocations of this thread's slot (invocations q * KD ..): as it

@@ -312,19 +312,6 @@ fn attention_without_tails() {
 fn qkv_post_attention_without_tails() {
     family_without_tails("qkv_post_attention");
 }
-/// attn_decode_qkv with its first chunk's keys and values loaded before the
-/// queries are built (`WgpuOptions::qkv_prefetch`, off by default until
-/// measured), so that the path is tested before it is chosen.
-#[test]
-fn qkv_post_attention_with_prefetch() {
-    family_on(
-        "qkv_post_attention",
-        &WgpuOptions {
-            qkv_prefetch: Some(true),
-            ..Default::default()
-        },
-    );
-}
 #[test]
 fn moe_down_pair_post_ffn_without_tails() {
     family_without_tails("moe_down_pair_post_ffn");

@@ -49,18 +49,11 @@ pub struct WgpuOptions {
     /// on where the device has the tensor-core GEMM (measured there: the
     /// H200) and off elsewhere (not yet measured).
     pub expert_tiles: Option<bool>,
-    /// The fused decode attention (`attn_decode_qkv`) loads its first chunk
-    /// of keys and values before it builds the queries (the kernel's `PRE`),
-    /// so that their memory latency passes during the build: `Some(true)`;
-    /// `None` takes the `TURBOSPARK_QKV_PREFETCH` environment variable (`0`
-    /// or `1`), else off, until a device run has measured it
-    /// (docs/decisions.md, eighteenth session).
-    pub qkv_prefetch: Option<bool>,
 }
 
 /// An on/off option, else its environment variable (`0` or `1`; unset or
 /// empty: None).
-pub(crate) fn switch_or_env(opt: Option<bool>, var: &str) -> Result<Option<bool>> {
+fn switch_or_env(opt: Option<bool>, var: &str) -> Result<Option<bool>> {
     if opt.is_some() {
         return Ok(opt);
     }

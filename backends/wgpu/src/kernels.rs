@@ -119,10 +119,9 @@ pub struct Variant {
     pub appendix: &'static [&'static str],
 }
 
-/// `attention_qkv`: kernels/attention.wgsl with its caches writable and its
-/// decode prelude building the queries (with `PRE`), and kernels/attention_qkv.wgsl's
-/// `attn_decode_qkv`, which appends the token's key and value (with
-/// kernels/rope_angle.wgsl). The other attention
+/// `attention_qkv`: kernels/attention.wgsl with its caches writable, and
+/// kernels/attention_qkv.wgsl's `attn_decode_qkv`, which appends the
+/// token's key and value (with kernels/rope_angle.wgsl). The other attention
 /// kernels keep the caches read-only, which lets the driver read them
 /// through its read-only cache path (on the H200, a 6-layer cut of the 26B
 /// shape prefilled 3.7% slower with every attention kernel binding them
@@ -140,10 +139,6 @@ pub const VARIANTS: &[Variant] = &[
         changes: &[
             ("var<storage, read> KC:", "var<storage, read_write> KC:"),
             ("var<storage, read> VC:", "var<storage, read_write> VC:"),
-            (
-                "fn decode_prelude(id: u32, lid: u32) {}",
-                "fn decode_prelude(id: u32, lid: u32) {\n    if (PRE) {\n        qkv_build(id, lid);\n    }\n}",
-            ),
         ],
         appendix: &[
             include_str!("../../../kernels/attention_qkv.wgsl"),

@@ -85,8 +85,6 @@ pub struct WgpuBackend {
     gemm_tiles: ops::gemm::Overrides,
     /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
     coop_tiles: ops::gemm_coop::CoopTiles,
-    /// `attn_decode_qkv`'s `PRE` (`WgpuOptions::qkv_prefetch`).
-    qkv_prefetch: bool,
 }
 
 impl WgpuBackend {
@@ -95,8 +93,6 @@ impl WgpuBackend {
         let tiles = |opt, var| device::option_or_env(opt, var).unwrap_or_default();
         let gemm_tiles =
             ops::gemm::Overrides::parse(&tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"));
-        let qkv_prefetch =
-            device::switch_or_env(opts.qkv_prefetch, "TURBOSPARK_QKV_PREFETCH")?.unwrap_or(false);
         let o = device::open(opts)?;
         let coop_tiles = ops::gemm_coop::CoopTiles::parse(
             &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
@@ -173,7 +169,6 @@ impl WgpuBackend {
             reads: Mutex::default(),
             gemm_tiles,
             coop_tiles,
-            qkv_prefetch,
         })
     }
 

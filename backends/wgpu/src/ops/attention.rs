@@ -724,7 +724,6 @@ pub(crate) fn qkv_attention(
             ("PIPE", split.pipe as i64),
             ("SGW", decode_sgw(be) as i64),
             ("TAIL", split.tail as i64),
-            ("PRE", be.qkv_prefetch as i64),
         ],
         params: bytemuck::bytes_of(&split.params),
         buffers: &[
