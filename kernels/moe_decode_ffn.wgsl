@@ -8,7 +8,7 @@
 // MLP's down projection into OUT, B the routed experts' into OUT2), then
 // the last of them to finish runs post_ffn on the two rows: one dependent
 // dispatch a decode layer fewer. The launch's 2 x groups_a workgroups count
-// in from TCNT[0] on (kernels/tail.wgsl's tail_last_tree; OUT and OUT2 are
+// in on TCNT[0] (kernels/tail.wgsl's tail_last; OUT and OUT2 are
 // coherent). post_ffn's parameters ride in the pair's spare words: _p0 eps
 // and _p1 the layer scalar (f32 bits), _p2 its flags.
 
@@ -54,7 +54,7 @@ fn moe_down_pair_post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     } else {
         down_b(g - P.groups_a, t);
     }
-    if (tail_last_tree(0u, n, g, t)) {
+    if (tail_last(0u, n, t)) {
         post_ffn_row(0u, t);
     }
 }

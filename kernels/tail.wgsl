@@ -30,22 +30,3 @@ fn tail_last(i: u32, n: u32, lid: u32) -> bool {
     }
     return last;
 }
-
-// Workgroups per first-level counter of tail_last_tree.
-const TAIL_FAN: u32 = 32u;
-
-// tail_last for a launch of many workgroups: workgroup k of the n counts in
-// on its group's counter TCNT[i + 1 + k / TAIL_FAN] first, and only each
-// group's last on TCNT[i], so no counter takes more than TAIL_FAN counts
-// (on the H200 a launch of 1408 workgroups counting on one counter cost
-// about 15 ns a workgroup, as if the counts ran one at a time). A group's
-// last has acquired its members' writes (tail_last's second barrier)
-// before it releases them on TCNT[i] with its own: the top's last sees
-// every workgroup's writes. Uses counters i .. i + ceil(n / TAIL_FAN).
-fn tail_last_tree(i: u32, n: u32, k: u32, lid: u32) -> bool {
-    let grp = k / TAIL_FAN;
-    if (!tail_last(i + 1u + grp, min(TAIL_FAN, n - grp * TAIL_FAN), lid)) {
-        return false;
-    }
-    return tail_last(i, (n + TAIL_FAN - 1u) / TAIL_FAN, lid);
-}

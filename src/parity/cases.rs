@@ -191,9 +191,6 @@ fn moe_pair(full: bool) -> Vec<Op> {
         (moe(1, 1, 1, 32, 8), moe(1, 3, 2, 32, 8), F32),
         // experts an expert-tile layout takes, beside a dense MLP it does not
         (moe(1, 1, 1, 128, 48), moe(1, 6, 3, 128, 32), BF16),
-        // a down pair of 168 workgroups: the post_ffn tail's counter groups
-        // are five of 32 and one of 8 (kernels/tail.wgsl's tail_last_tree)
-        (moe(1, 1, 1, 336, 48), moe(1, 6, 3, 336, 32), BF16),
     ];
     if full {
         shapes.push((moe(1, 1, 1, 2816, 2112), moe(1, 128, 8, 2816, 704), BF16));

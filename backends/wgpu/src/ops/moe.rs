@@ -650,8 +650,6 @@ fn down_pair_parts<'a>(
 /// Storage bindings of `moe_down_pair_post_ffn` (kernels/moe_decode_ffn.wgsl,
 /// 0-17).
 const PAIR_FFN_BINDINGS: u32 = 18;
-/// kernels/tail.wgsl's TAIL_FAN.
-const TAIL_FAN: usize = 32;
 /// Threads of a moe_decode workgroup: post_ffn's row in the pair's tail is
 /// walked by these (its `WG`).
 const DECODE_THREADS: usize = 256;
@@ -679,11 +677,6 @@ pub(crate) fn moe_down_pair_post_ffn(
         return Ok(false);
     }
     let (groups_a, pair_constants, pair_buffers) = down_pair_parts(be, a, b)?;
-    // (kernels/tail.wgsl's tail_last_tree: a counter per TAIL_FAN
-    // workgroups and the top one)
-    if 1 + (2 * groups_a as usize).div_ceil(TAIL_FAN) > super::TAIL_COUNTERS {
-        return Ok(false);
-    }
     let pad = super::fused::unused_out(be)?;
     let row = super::fused::PostFfnRow::of(post, &pad);
     let mut params = pair_params(&a.p, &b.p, (0, 0), groups_a);
