@@ -10,9 +10,6 @@
 //                   x = (r + h) * scale; normed = rmsnorm(x) * w_n (flags & 2)
 //
 // Norm weights may each be f32, f16 or bf16: WD0..WD3 are their dtype codes.
-// The launch constants and post_ffn's row are kernels/post_ffn_row.wgsl's
-// (appended), which the MoE down pair's tail shares
-// (kernels/moe_decode_ffn.wgsl).
 
 struct Params {
     rows: u32,
@@ -28,9 +25,35 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> P: Params;
 
+override WD0: u32 = 0u;
+override WD1: u32 = 0u;
+override WD2: u32 = 0u;
+override WD3: u32 = 0u;
+
+// Threads per row: 1024 where the device allows, else 256 (a power of two).
+override WG: u32 = 256u;
+
+// Row sums through workgroup_sum / workgroup_sum2 (kernels/reduce*.wgsl): one
+// barrier with subgroup operations, log2(WG) + 2 without.
+fn block_sum(v: f32, lid: u32) -> f32 {
+    return workgroup_sum(v, lid, WG);
+}
+
+// Two independent row sums with one reduction.
+fn block_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    return workgroup_sum2(v, lid, WG);
+}
+
 fn inv_rms(ss: f32) -> f32 {
     return inverseSqrt(ss / f32(P.dim) + P.eps);
 }
+
+// A thread's columns are lid + j * WG for j < PER (PER = ceil(dim / WG), a
+// pipeline constant, at most MAXPER): its values stay in registers from pass
+// to pass. With 1024 threads a 2816-wide row is 3 columns per thread, so a
+// pass waits on at most 3 loads in turn.
+override PER: u32 = 11u;
+const MAXPER: u32 = 32u;
 
 // ---- post_attention ----
 
@@ -177,27 +200,6 @@ fn post_attention_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
 @group(1) @binding(7) var<storage, read_write> FX: array<f32>;
 @group(1) @binding(8) var<storage, read_write> FN: array<f32>;
 
-// kernels/post_ffn_row.wgsl's accessors: the branches' rows and the
-// parameters.
-fn ffn_dense(i: u32) -> f32 {
-    return FD[i];
-}
-fn ffn_moe(i: u32) -> f32 {
-    return FE[i];
-}
-fn ffn_dim() -> u32 {
-    return P.dim;
-}
-fn ffn_eps() -> f32 {
-    return P.eps;
-}
-fn ffn_scale() -> f32 {
-    return P.scale;
-}
-fn ffn_flags() -> u32 {
-    return P.flags;
-}
-
 @compute @workgroup_size(WG)
 fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -205,5 +207,82 @@ fn post_ffn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (row >= P.rows) {
         return;
     }
-    post_ffn_row(row * P.dim, lid);
+    let base = row * P.dim;
+    let moe = (P.flags & 1u) != 0u;
+    let next = (P.flags & 2u) != 0u;
+    // Every input a thread needs is loaded first (see post_attention).
+    // h: the dense branch, then the branch sum, then the new residual x.
+    var h: array<f32, MAXPER>;
+    var e: array<f32, MAXPER>;
+    var r: array<f32, MAXPER>;
+    var w0: array<f32, MAXPER>;
+    var w1: array<f32, MAXPER>;
+    var w2: array<f32, MAXPER>;
+    var w3: array<f32, MAXPER>;
+    var sd = 0.0;
+    var se = 0.0;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        var d = 0.0;
+        var ev = 0.0;
+        if (i < P.dim) {
+            d = FD[base + i];
+            r[j] = FR[base + i];
+            w0[j] = decode_as(FW0[word_of(i, WD0)], i, WD0);
+            if (moe) {
+                ev = FE[base + i];
+                w1[j] = decode_as(FW1[word_of(i, WD1)], i, WD1);
+                w2[j] = decode_as(FW2[word_of(i, WD2)], i, WD2);
+            }
+            if (next) {
+                w3[j] = decode_as(FW3[word_of(i, WD3)], i, WD3);
+            }
+        }
+        h[j] = d;
+        e[j] = ev;
+        sd += d * d;
+        se += ev * ev;
+    }
+    // (the dense and expert branches' sums together: the same sums, one
+    // reduction)
+    let sde = block_sum2(vec2<f32>(sd, se), lid);
+    let inv_d = inv_rms(sde.x);
+    for (var j = 0u; j < PER; j++) {
+        h[j] = h[j] * inv_d * w0[j];
+    }
+    if (moe) {
+        let inv_e = inv_rms(sde.y);
+        var ss = 0.0;
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < P.dim) {
+                let s = e[j] * inv_e * w1[j] + h[j];
+                h[j] = s;
+                ss += s * s;
+            }
+        }
+        let inv_s = inv_rms(block_sum(ss, lid));
+        for (var j = 0u; j < PER; j++) {
+            h[j] = h[j] * inv_s * w2[j];
+        }
+    }
+    var sx = 0.0;
+    for (var j = 0u; j < PER; j++) {
+        let i = lid + j * WG;
+        if (i < P.dim) {
+            let x = (r[j] + h[j]) * P.scale;
+            FX[base + i] = x;
+            h[j] = x;
+            sx += x * x;
+        }
+    }
+    if (next) {
+        let inv_x = inv_rms(block_sum(sx, lid));
+        for (var j = 0u; j < PER; j++) {
+            let i = lid + j * WG;
+            if (i < P.dim) {
+                FN[base + i] = h[j] * inv_x * w3[j];
+            }
+        }
+    }
 }

@@ -1,6 +1,6 @@
 // A launch's last workgroup to finish (a "tail": docs/decisions.md,
 // eighteenth session), appended to the families that finish in one
-// (attention, moe_decode_ffn). The host declares the counters
+// (attention). The host declares the counters
 // `TCNT: array<atomic<u32>>` (zero between launches) and makes what the
 // last workgroup reads of the others' writes `@coherent`
 // (kernels.rs COHERENT_MARK).

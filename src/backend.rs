@@ -533,7 +533,9 @@ pub trait ComputeBackend {
     /// `dense.out` and `routed.out`: [`PostFfnArgs::check_reads`]): a decode
     /// layer's work from both branches' activations to the next layer's
     /// input, as one call so that a GPU can run post_ffn inside the pair's
-    /// launch (wgpu: in its last workgroup) and save a dependent dispatch.
+    /// launch and save a dependent dispatch. (wgpu runs the two: post_ffn in
+    /// the pair's last workgroup was 2.5x slower on the H200,
+    /// docs/decisions.md, nineteenth session.)
     fn moe_down_pair_post_ffn(
         &self,
         dense: DownArgs<'_, Self::Buffer>,

@@ -570,16 +570,10 @@ fn wgpu_decode_step_is_one_submit() {
     assert!(cfg.enable_moe, "the tiny model exercises the MoE path");
     let layers = cfg.layers.len() as u64;
     // 8 a layer where every fusion binds its buffers (the routed gate_up
-    // pair 14, attn_decode_qkv 12, post_attention_logits 11), and two
-    // fewer where launches finish in their last workgroup (coherent
-    // storage): the decode attention's combine and, where the device binds
-    // its 18 buffers, the down pair's post_ffn (the tiny model's layers all
-    // take both).
-    let tails = if be.info().features.coherent_storage {
-        1 + u64::from(be.wgpu_limits().max_storage_buffers_per_shader_stage >= 18)
-    } else {
-        0
-    };
+    // pair 14, attn_decode_qkv 12, post_attention_logits 11), and one fewer
+    // where launches finish in their last workgroup (coherent storage): the
+    // decode attention's combine (the tiny model's layers all take it).
+    let tails = u64::from(be.info().features.coherent_storage);
     let per_layer = match be.wgpu_limits().max_storage_buffers_per_shader_stage {
         14.. => Some(8),
         12..=13 => Some(9),

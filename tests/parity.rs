@@ -312,14 +312,6 @@ fn attention_without_tails() {
 fn qkv_post_attention_without_tails() {
     family_without_tails("qkv_post_attention");
 }
-#[test]
-fn moe_down_pair_post_ffn_without_tails() {
-    family_without_tails("moe_down_pair_post_ffn");
-}
-#[test]
-fn moe_down_pair_post_ffn_without_subgroups() {
-    family_without_subgroups("moe_down_pair_post_ffn");
-}
 
 /// The tensor-core GEMM's per-row scale (kernels/gemm_coop.wgsl's
 /// gemm_prep): rows of x from 1e-6 to 1e6 (past f16's 65504, and far below

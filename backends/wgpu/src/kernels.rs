@@ -30,11 +30,8 @@ pub const ROPE_ANGLE: &str = include_str!("../../../kernels/rope_angle.wgsl");
 /// f32 -> f16 rounding that every device does alike, appended to the
 /// families that round inputs for tensor cores.
 pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
-/// post_ffn's row and the row kernels' launch constants, appended to the
-/// `fused` family and to the down pair's tail (`moe_decode_ffn`).
-pub const POST_FFN_ROW: &str = include_str!("../../../kernels/post_ffn_row.wgsl");
 /// The last-workgroup count of the launches that finish in one
-/// (`tail_last`), appended to the attention families and `moe_decode_ffn`.
+/// (`tail_last`), appended to the attention families.
 pub const TAIL: &str = include_str!("../../../kernels/tail.wgsl");
 /// The keys a query row sees (`key_range`), appended to the attention
 /// families.
@@ -126,45 +123,18 @@ pub struct Variant {
 /// through its read-only cache path (on the H200, a 6-layer cut of the 26B
 /// shape prefilled 3.7% slower with every attention kernel binding them
 /// writable).
-///
-/// `moe_decode_ffn`: kernels/moe_decode.wgsl with its two outputs coherent
-/// (where the device has coherent storage), and
-/// kernels/moe_decode_ffn.wgsl's `moe_down_pair_post_ffn`, the down pair
-/// with post_ffn in its last workgroup (with kernels/post_ffn_row.wgsl).
-/// Its own family so that the other MoE kernels keep plain outputs.
-pub const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "attention_qkv",
-        base: "attention",
-        changes: &[
-            ("var<storage, read> KC:", "var<storage, read_write> KC:"),
-            ("var<storage, read> VC:", "var<storage, read_write> VC:"),
-        ],
-        appendix: &[
-            include_str!("../../../kernels/attention_qkv.wgsl"),
-            ROPE_ANGLE,
-        ],
-    },
-    Variant {
-        name: "moe_decode_ffn",
-        base: "moe_decode",
-        changes: &[
-            (
-                "@binding(4) var<storage, read_write> OUT:",
-                "@binding(4) /* @coherent */ var<storage, read_write> OUT:",
-            ),
-            (
-                "@binding(9) var<storage, read_write> OUT2:",
-                "@binding(9) /* @coherent */ var<storage, read_write> OUT2:",
-            ),
-        ],
-        appendix: &[
-            POST_FFN_ROW,
-            TAIL,
-            include_str!("../../../kernels/moe_decode_ffn.wgsl"),
-        ],
-    },
-];
+pub const VARIANTS: &[Variant] = &[Variant {
+    name: "attention_qkv",
+    base: "attention",
+    changes: &[
+        ("var<storage, read> KC:", "var<storage, read_write> KC:"),
+        ("var<storage, read> VC:", "var<storage, read_write> VC:"),
+    ],
+    appendix: &[
+        include_str!("../../../kernels/attention_qkv.wgsl"),
+        ROPE_ANGLE,
+    ],
+}];
 
 /// Every family's name: the files', the variants', then the f16 cache
 /// builds'.
@@ -227,7 +197,6 @@ fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
             "attention" => format!("{ATTENTION_KEYS}\n{TAIL}"),
             "attention_coop" => format!("{ATTENTION_KEYS}\n{F16_ROUND}"),
             "router" | "moe_decode" => TOPK.to_string(),
-            "fused" => POST_FFN_ROW.to_string(),
             "rope" => ROPE_ANGLE.to_string(),
             _ => String::new(),
         };

@@ -1032,24 +1032,6 @@ impl ComputeBackend for WgpuBackend {
         ops::fused::post_ffn(self, &a)
     }
 
-    fn moe_down_pair_post_ffn(
-        &self,
-        dense: DownArgs<'_, WgpuBuffer>,
-        routed: DownArgs<'_, WgpuBuffer>,
-        post: PostFfnArgs<'_, WgpuBuffer>,
-    ) -> Result<()> {
-        check_down_pair(&dense, &routed)?;
-        self.check_post_ffn(&post)?;
-        post.check_reads(&dense, &routed)?;
-        // (checked above: the two ops' launchers directly where the tail
-        // is not taken)
-        if !ops::moe::moe_down_pair_post_ffn(self, &dense, &routed, &post)? {
-            ops::moe::moe_down_pair(self, &dense, &routed)?;
-            return ops::fused::post_ffn(self, &post);
-        }
-        Ok(())
-    }
-
     fn qkv_post(
         &self,
         raw: &WgpuBuffer,

@@ -138,8 +138,6 @@ fn every_kernel_file_is_registered() {
             "attention_keys",
             "kv_f32",
             "kv_f16",
-            "post_ffn_row",
-            "moe_decode_ffn",
             "tail",
         ]
         .contains(&stem.as_str());

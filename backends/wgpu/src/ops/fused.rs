@@ -55,16 +55,8 @@ fn constants(
     ws: [Option<&WgpuBuffer>; 4],
     dim: usize,
 ) -> [(&'static str, i64); 6] {
-    row_constants(ws, threads(be), dim)
-}
-
-/// [`constants`] for `wg` threads a row (kernels/post_ffn_row.wgsl's).
-pub(crate) fn row_constants(
-    ws: [Option<&WgpuBuffer>; 4],
-    wg: usize,
-    dim: usize,
-) -> [(&'static str, i64); 6] {
     let code = |w: Option<&WgpuBuffer>| w.map_or(0, |w| wdtype_code(w.dtype) as i64);
+    let wg = threads(be);
     [
         ("WD0", code(ws[0])),
         ("WD1", code(ws[1])),
@@ -251,73 +243,45 @@ fn post_attention_logits(
 }
 
 pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
-    let pad = unused_out(be)?;
-    let rows = PostFfnRow::of(a, &pad);
     let p = a.p;
+    // Absent weights bind the dense branch's weight and an absent output
+    // `pad`; the flags keep the kernel from touching them.
+    let pad = unused_out(be)?;
+    let (e, w_moe, w_sum) = a.moe.unwrap_or((a.dense, a.w_dense, a.w_dense));
+    let (w_next, normed) = a.next.unwrap_or((a.w_dense, &pad));
     let params = Params {
         rows: p.rows as u32,
         dim: p.dim as u32,
         eps: p.eps,
         scale: p.scale,
-        flags: rows.flags,
+        flags: a.moe.is_some() as u32 | (a.next.is_some() as u32) << 1,
         experts: 0,
         _pad: [0; 2],
     };
-    let [r, w0, w1, w2, w3, x, normed] = rows.buffers;
-    let e = a.moe.map_or(a.dense, |m| m.0);
+    let weights = [
+        Some(a.w_dense),
+        a.moe.map(|m| m.1),
+        a.moe.map(|m| m.2),
+        a.next.map(|n| n.0),
+    ];
     be.launch(Launch {
         kernel: "fused",
         entry: "post_ffn",
-        constants: &constants(be, rows.weights, p.dim),
+        constants: &constants(be, weights, p.dim),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(a.dense), true),
             (one(e), true),
-            r,
-            w0,
-            w1,
-            w2,
-            w3,
-            x,
-            normed,
+            (one(a.r), true),
+            (one(a.w_dense), true),
+            (one(w_moe), true),
+            (one(w_sum), true),
+            (one(w_next), true),
+            (one(a.x), false),
+            (one(normed), false),
         ],
         groups: be.grid(p.rows as u32),
     })
-}
-
-/// What a launch of kernels/post_ffn_row.wgsl binds past the two branches'
-/// rows: r, the four norm weights (absent ones: the dense branch's
-/// weight, never read), x and the normed output (absent: `pad`), and its
-/// flags (bit 0 the experts branch, bit 1 the next layer's norm).
-pub(crate) struct PostFfnRow<'a> {
-    pub buffers: [(&'a wgpu::Buffer, bool); 7],
-    pub weights: [Option<&'a WgpuBuffer>; 4],
-    pub flags: u32,
-}
-
-impl<'a> PostFfnRow<'a> {
-    pub(crate) fn of(a: &PostFfnArgs<'a, WgpuBuffer>, pad: &'a WgpuBuffer) -> Self {
-        let (_, w_moe, w_sum) = a.moe.unwrap_or((a.dense, a.w_dense, a.w_dense));
-        let (w_next, normed) = a.next.unwrap_or((a.w_dense, pad));
-        PostFfnRow {
-            buffers: [
-                (one(a.r), true),
-                (one(a.w_dense), true),
-                (one(w_moe), true),
-                (one(w_sum), true),
-                (one(w_next), true),
-                (one(a.x), false),
-                (one(normed), false),
-            ],
-            weights: [
-                Some(a.w_dense),
-                a.moe.map(|m| m.1),
-                a.moe.map(|m| m.2),
-                a.next.map(|n| n.0),
-            ],
-            flags: a.moe.is_some() as u32 | (a.next.is_some() as u32) << 1,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use turbospark::{DType, Error, Result};
 use super::one;
 use crate::batch::{Launch, RouteCache};
 use crate::{WgpuBackend, WgpuBuffer};
-use turbospark::{DownArgs, GateUpArgs, PostFfnArgs};
+use turbospark::{DownArgs, GateUpArgs};
 
 /// Output rows per workgroup: phase 1 (8 teams of 32 lanes), phase 2 (4
 /// teams of 64 lanes).
@@ -645,79 +645,6 @@ fn down_pair_parts<'a>(
             (one(b.out), false),
         ],
     ))
-}
-
-/// Storage bindings of `moe_down_pair_post_ffn` (kernels/moe_decode_ffn.wgsl,
-/// 0-17).
-const PAIR_FFN_BINDINGS: u32 = 18;
-/// Threads of a moe_decode workgroup: post_ffn's row in the pair's tail is
-/// walked by these (its `WG`).
-const DECODE_THREADS: usize = 256;
-
-/// The down pair with post_ffn in its last workgroup
-/// (`moe_down_pair_post_ffn`, one launch), where the device has coherent
-/// storage, the pair is one decode launch ([`pair_fits`]), the row fits a
-/// 256-thread workgroup's registers and the device binds the kernel's 18
-/// buffers. `Ok(false)`: not taken, nothing recorded (the caller runs the
-/// two ops). The caller checked both ops and that `post` reads the pair's
-/// outputs.
-pub(crate) fn moe_down_pair_post_ffn(
-    be: &WgpuBackend,
-    a: &DownArgs<'_, WgpuBuffer>,
-    b: &DownArgs<'_, WgpuBuffer>,
-    post: &PostFfnArgs<'_, WgpuBuffer>,
-) -> Result<bool> {
-    let takes = be.info.features.coherent_storage
-        && a.p.m == 1
-        && post.p.rows == 1
-        && pair_fits(be, (&a.p, a.p.inter, a.down), (&b.p, b.p.inter, b.down))
-        && post.p.dim.div_ceil(DECODE_THREADS) <= super::fused::MAXPER
-        && be.limits.max_storage_buffers_per_shader_stage >= PAIR_FFN_BINDINGS;
-    if !takes {
-        return Ok(false);
-    }
-    let (groups_a, pair_constants, pair_buffers) = down_pair_parts(be, a, b)?;
-    let pad = super::fused::unused_out(be)?;
-    let row = super::fused::PostFfnRow::of(post, &pad);
-    let mut params = pair_params(&a.p, &b.p, (0, 0), groups_a);
-    params._pad = [post.p.eps.to_bits(), post.p.scale.to_bits(), row.flags];
-    let counters = super::tail_counters(be)?;
-    // (fixed arrays: no allocation per decode layer)
-    let [c0, c1, c2, c3, c4, c5, c6, c7] = pair_constants;
-    let [r0, r1, r2, r3, r4, r5] =
-        super::fused::row_constants(row.weights, DECODE_THREADS, post.p.dim);
-    let constants = [c0, c1, c2, c3, c4, c5, c6, c7, r0, r1, r2, r3, r4, r5];
-    let [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9] = pair_buffers;
-    let [f0, f1, f2, f3, f4, f5, f6] = row.buffers;
-    let buffers = [
-        b0,
-        b1,
-        b2,
-        b3,
-        b4,
-        b5,
-        b6,
-        b7,
-        b8,
-        b9,
-        f0,
-        f1,
-        f2,
-        f3,
-        f4,
-        f5,
-        f6,
-        (one(&counters), false),
-    ];
-    be.launch(Launch {
-        kernel: "moe_decode_ffn",
-        entry: "moe_down_pair_post_ffn",
-        constants: &constants,
-        params: bytemuck::bytes_of(&params),
-        buffers: &buffers,
-        groups: be.grid(2 * groups_a),
-    })?;
-    Ok(true)
 }
 
 pub(crate) fn moe_down(
