@@ -257,6 +257,68 @@ fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTenso
     Ok(0.0)
 }
 
+/// Whether `a` and `b` are one f16 step apart (adjacent f16 values, zero
+/// crossed as the integers order them).
+fn one_f16_step(a: f32, b: f32) -> bool {
+    let order = |x: f32| {
+        let h = half::f16::from_f32(x);
+        (h.to_f32() == x).then(|| {
+            let bits = h.to_bits() as i32;
+            if bits & 0x8000 != 0 {
+                -(bits & 0x7fff)
+            } else {
+                bits
+            }
+        })
+    };
+    matches!((order(a), order(b)), (Some(x), Some(y)) if (x - y).abs() == 1)
+}
+
+/// One-step differences an f16-stored output of `n` elements may have:
+/// [`judge_f16_stored`].
+pub fn f16_flips_allowed(n: usize) -> usize {
+    2 + n / 256
+}
+
+/// An output stored in f16 (an f16 KV cache), which both sides round from
+/// their own f32 values: those differ in their last bits (summation order,
+/// transcendentals), so a value at an f16 rounding boundary may round to
+/// either neighbour. An NMSE limit cannot hold that: one such step in a
+/// cache of a small case is an NMSE of a few 1e-9 (lavapipe failed a
+/// 120-element qkv_post case at 2.1e-9 against 1e-9, one seed in about a
+/// hundred), while a rounding error in the kernel moves most elements. So
+/// every element must equal the reference or sit one f16 step from it, and
+/// at most [`f16_flips_allowed`] may (values whose f32 computations agree
+/// to 2^-k relative straddle a boundary about once in 2^(k-11)). Adds 0 to
+/// the case's worst NMSE, which stays the NMSE-judged outputs'.
+fn judge_f16_stored(j: usize, reference: &[f32], device: &[f32]) -> Verdict {
+    let mut steps = 0usize;
+    for (i, (&a, &b)) in reference.iter().zip(device).enumerate() {
+        if a.to_bits() == b.to_bits() || (a == 0.0 && b == 0.0) {
+            continue;
+        }
+        if !one_f16_step(a, b) {
+            return Err((
+                f64::INFINITY,
+                format!("output {j} (f16): element {i} is {b}, reference {a} (not one f16 step)"),
+            ));
+        }
+        steps += 1;
+    }
+    let allowed = f16_flips_allowed(reference.len());
+    if steps > allowed {
+        return Err((
+            nmse(reference, device),
+            format!(
+                "output {j} (f16): {steps} of {} elements one f16 step off, over the {allowed} \
+                 that rounding boundaries explain",
+                reference.len()
+            ),
+        ));
+    }
+    Ok(0.0)
+}
+
 /// The verdict on one case against an NMSE `limit` (the op's on the device,
 /// [`Op::limit_on`]): the worst NMSE, or the failure.
 pub fn judge(
@@ -287,8 +349,12 @@ pub fn judge(
             OutSpec::F32(n) | OutSpec::InPlace(_, n) => *n,
             OutSpec::U32(_) => continue,
         };
-        let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
-        worst = worst.max(at_most(&format!("output {j}"), e, limit)?);
+        let (rv, dv) = (&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
+        if op.f16_stored(j) {
+            worst = worst.max(judge_f16_stored(j, rv, dv)?);
+            continue;
+        }
+        worst = worst.max(at_most(&format!("output {j}"), nmse(rv, dv), limit)?);
     }
     Ok(worst)
 }
@@ -296,6 +362,35 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// f16-stored outputs: equal or one f16 step, and few steps.
+    #[test]
+    fn f16_stored_outputs_allow_only_rare_one_step_roundings() {
+        let r: Vec<f32> = (0..300)
+            .map(|i| half::f16::from_f32(0.37 * i as f32 - 40.0).to_f32())
+            .collect();
+        let step = |x: f32, up: bool| {
+            let b = half::f16::from_f32(x).to_bits();
+            let b = if (x >= 0.0) == up { b + 1 } else { b - 1 };
+            half::f16::from_bits(b).to_f32()
+        };
+        assert_eq!(judge_f16_stored(1, &r, &r), Ok(0.0));
+        let mut d = r.clone();
+        for i in [3, 100, 250] {
+            d[i] = step(r[i], i % 2 == 0);
+        }
+        assert!(f16_flips_allowed(r.len()) >= 3);
+        assert_eq!(judge_f16_stored(1, &r, &d), Ok(0.0));
+        // two steps away
+        d[7] = step(step(r[7], true), true);
+        assert!(judge_f16_stored(1, &r, &d).is_err());
+        // a step on every element: a rounding error, not boundaries
+        let all: Vec<f32> = r.iter().map(|&x| step(x, true)).collect();
+        assert!(judge_f16_stored(1, &r, &all).is_err());
+        // across zero: the smallest subnormals either side are one step apart
+        assert!(one_f16_step(0.0, half::f16::from_bits(1).to_f32()));
+        assert!(one_f16_step(-half::f16::from_bits(1).to_f32(), 0.0));
+    }
     use crate::ops::{PostAttention, Router};
     use crate::DType;
 

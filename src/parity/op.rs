@@ -885,6 +885,18 @@ impl Op {
         }
     }
 
+    /// Whether output `j` is stored in f16 from values each side computes
+    /// (qkv_post's appends to f16 caches): judged by f16 steps, not NMSE
+    /// (`compare::judge_f16_stored`).
+    pub fn f16_stored(&self, j: usize) -> bool {
+        match self {
+            Op::QkvPost { kv, .. } | Op::QkvPostAttention { kv, .. } => {
+                *kv == DType::F16 && (j == 1 || j == 2)
+            }
+            _ => false,
+        }
+    }
+
     /// Record the op on `b` with uploaded inputs and fresh outputs.
     pub fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()> {
         match self {
