@@ -285,8 +285,9 @@ pub fn f16_flips_allowed(n: usize) -> usize {
 /// transcendentals), so a value at an f16 rounding boundary may round to
 /// either neighbour. An NMSE limit cannot hold that: one such step in a
 /// cache of a small case is an NMSE of a few 1e-9 (lavapipe failed a
-/// 120-element qkv_post case at 2.1e-9 against 1e-9, one seed in about a
-/// hundred), while a rounding error in the kernel moves most elements. So
+/// 120-element qkv_post case at 2.1e-9 against 1e-9, in one of seven runs
+/// of its family), while a rounding error in the kernel moves most
+/// elements. So
 /// every element must equal the reference or sit one f16 step from it, and
 /// at most [`f16_flips_allowed`] may (values whose f32 computations agree
 /// to 2^-k relative straddle a boundary about once in 2^(k-11)). Adds 0 to
