@@ -40,7 +40,7 @@ pub const F16_PROBABILITY_NMSE: f64 = 1.0 / (1u64 << 27) as f64;
 /// itself, an NMSE of up to 2^-22 over the case's rows. A case of 80 rows
 /// (m = 20, 4 heads, 32 keys) measured on the H200 over 25 seeds: no flip
 /// (NMSE near 1e-13) or about 4e-9 a flip, up to 1.16e-8 (the nineteenth
-/// session; two of the seeds over the 2^-27 average).
+/// session, run 05: three of the 25 over the 2^-27 average).
 pub const PROBABILITY_FLIPS: f64 = 8.0;
 
 /// The NMSE limit of a rounded attention over `rows` output rows (tokens x
