@@ -534,7 +534,7 @@ pub trait ComputeBackend {
     /// layer's work from both branches' activations to the next layer's
     /// input, as one call so that a GPU can run post_ffn inside the pair's
     /// launch and save a dependent dispatch. (wgpu runs the two: post_ffn in
-    /// the pair's last workgroup was 2.5x slower on the H200,
+    /// the pair's last workgroup took 40 us on the H200 against 23 for the two,
     /// docs/decisions.md, nineteenth session.)
     fn moe_down_pair_post_ffn(
         &self,
