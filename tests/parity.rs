@@ -382,21 +382,21 @@ fn tensor_core_gemm_keeps_each_rows_range() {
 
 /// On a device that rounds attention's inputs to f16 at prefill sizes (as
 /// the tensor cores do), the attention cases at those sizes, alone or after
-/// qkv_post, are held to the rounding's limit and every other case to its
-/// own: the fused op's attention is the same attention.
+/// qkv_post, are held to the rounding's limit for their rows and every
+/// other case to its own: the fused op's attention is the same attention.
 #[test]
 fn rounded_attention_sets_the_limit_of_both_attention_ops() {
     use std::sync::Arc;
     use turbospark::ops::OpKind;
-    use turbospark::parity::{all_cases, Op, F16_PROBABILITY_NMSE};
+    use turbospark::parity::{all_cases, rounded_attention_nmse, Op};
     let rounding = CpuBackend::new().rounding_gemm_inputs_as(Arc::new(|k: &OpKind, m, _| {
         matches!(k, OpKind::Attention { .. }) && m >= 17
     }));
     let (mut fused, mut alone) = (0, 0);
     for op in all_cases() {
-        let m = match &op {
-            Op::Attention { p, .. } => p.m,
-            Op::QkvPostAttention { p, .. } => p.m,
+        let (m, heads) = match &op {
+            Op::Attention { p, .. } => (p.m, p.heads),
+            Op::QkvPostAttention { p, .. } => (p.m, p.heads),
             _ => continue,
         };
         let want = if m >= 17 {
@@ -404,7 +404,7 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
                 Op::QkvPostAttention { .. } => fused += 1,
                 _ => alone += 1,
             }
-            op.limit().max(F16_PROBABILITY_NMSE)
+            op.limit().max(rounded_attention_nmse(m * heads))
         } else {
             op.limit()
         };
