@@ -590,49 +590,30 @@ pub(crate) fn moe_down_pair(
         moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
         return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
     }
-    let (groups_a, constants, buffers) = down_pair_parts(be, a, b)?;
+    // (tiled or not, a's rows a workgroup are b's: TILED_DOWN_ROWS' assert)
+    let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
     let params = pair_params(&a.p, &b.p, (0, 0), groups_a);
     be.launch(Launch {
         kernel: "moe_decode",
         entry: "moe_down_pair_decode",
-        constants: &constants,
+        constants: &{
+            let [w, bk, topk, lanes, ta] =
+                down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled());
+            let [_, (_, bk2), (_, topk2), _, (_, tb)] =
+                down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled());
+            [
+                w,
+                bk,
+                topk,
+                lanes,
+                ta,
+                ("BK2", bk2),
+                ("TOPK2", topk2),
+                ("TILED_B", tb),
+            ]
+        },
         params: bytemuck::bytes_of(&params),
-        buffers: &buffers,
-        groups: be.grid(2 * groups_a),
-    })
-}
-
-/// A down pair launch's parts: problem a's workgroups (b has as many), the
-/// pipeline constants and the ten bindings (kernels/moe_decode.wgsl).
-#[allow(clippy::type_complexity)]
-fn down_pair_parts<'a>(
-    be: &WgpuBackend,
-    a: &DownArgs<'a, WgpuBuffer>,
-    b: &DownArgs<'a, WgpuBuffer>,
-) -> Result<(
-    u32,
-    [(&'static str, i64); 8],
-    [(&'a wgpu::Buffer, bool); 10],
-)> {
-    // (tiled or not, a's rows a workgroup are b's: TILED_DOWN_ROWS' assert)
-    let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
-    let [w, bk, topk, lanes, ta] =
-        down_constants(a.down.dtype, a.p.inter, a.p.top_k, 1, a.down.tiled());
-    let [_, (_, bk2), (_, topk2), _, (_, tb)] =
-        down_constants(b.down.dtype, b.p.inter, b.p.top_k, 1, b.down.tiled());
-    Ok((
-        groups_a,
-        [
-            w,
-            bk,
-            topk,
-            lanes,
-            ta,
-            ("BK2", bk2),
-            ("TOPK2", topk2),
-            ("TILED_B", tb),
-        ],
-        [
+        buffers: &[
             (one(a.ids), true),
             (weight(be, a.down, "moe_down")?, true),
             (one(a.act), true),
@@ -644,7 +625,8 @@ fn down_pair_parts<'a>(
             (one(b.weights), true),
             (one(b.out), false),
         ],
-    ))
+        groups: be.grid(2 * groups_a),
+    })
 }
 
 pub(crate) fn moe_down(
