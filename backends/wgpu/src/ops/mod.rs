@@ -85,7 +85,7 @@ pub(crate) fn scratch_buffer(
 pub(crate) const TAIL_COUNTERS: usize = 1024;
 
 /// The counters of the launches that finish in their last workgroup (a
-/// "tail": attn_decode's combine, the down pair's post_ffn), zero between
+/// "tail": attn_decode's combine), zero between
 /// launches: each tail resets its count for the next. One buffer for all:
 /// every launch binds it writable, so the launches that use it run one
 /// after another.
