@@ -34,18 +34,21 @@ pub const F16_INPUT_NMSE: f64 = 1.0 / (1u64 << 22) as f64;
 /// 1e-9, the limit of the same kernel with no rounding.)
 pub const F16_PROBABILITY_NMSE: f64 = 1.0 / (1u64 << 27) as f64;
 
-/// Probability roundings a case may see land on the other f16 neighbour
-/// ([`F16_PROBABILITY_NMSE`]'s flips) before it fails, in a case too small
-/// for their average: one flip moves one output row by up to 2^-11 of
-/// itself, an NMSE of up to 2^-22 over the case's rows. A case of 80 rows
-/// (m = 20, 4 heads, 32 keys) measured on the H200 over 25 seeds: no flip
-/// (NMSE near 1e-13) or about 4e-9 a flip, up to 1.16e-8 (the nineteenth
-/// session, run 05: three of the 25 over the 2^-27 average).
+/// Probability roundings ([`F16_PROBABILITY_NMSE`]'s flips) a case too
+/// small for their average may show, in units of 2^-22 of NMSE over the
+/// case's rows: a flip moves one output row by one f16 step of one term,
+/// about 2^-11 of the row (2^-10 at most, more where the row's terms
+/// cancel). A case of 80 rows (m = 20, 4 heads, 32 keys) measured on the
+/// H200 over 25 seeds (the nineteenth session, run 05): no flip (NMSE near
+/// 1e-13) or about 4e-9 a flip (2^-22 / 80 is 3e-9), up to 1.16e-8, three
+/// flips; three of the 25 over the 2^-27 average. Eight units, 2.4e-8
+/// there, hold about six flips of that size.
 pub const PROBABILITY_FLIPS: f64 = 8.0;
 
 /// The NMSE limit of a rounded attention over `rows` output rows (tokens x
 /// query heads): the average [`F16_PROBABILITY_NMSE`], or
-/// [`PROBABILITY_FLIPS`] flips' worth where the rows are few.
+/// [`PROBABILITY_FLIPS`] units of 2^-22 / rows where the rows are few
+/// (fewer than 256).
 pub fn rounded_attention_nmse(rows: usize) -> f64 {
     let one_flip = 1.0 / (1u64 << 22) as f64 / rows.max(1) as f64;
     F16_PROBABILITY_NMSE.max(PROBABILITY_FLIPS * one_flip)
