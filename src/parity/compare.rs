@@ -286,38 +286,39 @@ pub fn f16_flips_allowed(n: usize) -> usize {
 /// either neighbour. An NMSE limit cannot hold that: one such step in a
 /// cache of a small case is an NMSE of a few 1e-9 (lavapipe failed a
 /// 120-element qkv_post case at 2.1e-9 against 1e-9, in one of seven runs
-/// of its family), while a rounding error in the kernel moves most
-/// elements. So
-/// every element must equal the reference or sit one f16 step from it, and
-/// at most [`f16_flips_allowed`] may (values whose f32 computations agree
-/// to 2^-k relative straddle a boundary about once in 2^(k-11)). Adds 0 to
-/// the case's worst NMSE, which stays the NMSE-judged outputs'.
-fn judge_f16_stored(j: usize, reference: &[f32], device: &[f32]) -> Verdict {
-    let mut steps = 0usize;
-    for (i, (&a, &b)) in reference.iter().zip(device).enumerate() {
+/// of its family). So an element one f16 step from the reference counts as
+/// such a flip, at most [`f16_flips_allowed`] of them (values whose f32
+/// computations agree to 2^-k relative straddle a boundary about once in
+/// 2^(k-11); a rounding error in the kernel moves most elements), and the
+/// rest are held to the NMSE `limit` as any output: a value that RoPE
+/// makes tiny by cancellation carries its operands' f32 error, several f16
+/// steps of its own size (lavapipe: 2 steps at 1e-4). Returns that NMSE.
+fn judge_f16_stored(j: usize, limit: f64, reference: &[f32], device: &[f32]) -> Verdict {
+    let (mut flips, mut num, mut den) = (0usize, 0f64, 0f64);
+    for (&a, &b) in reference.iter().zip(device) {
+        den += (a as f64).powi(2);
         if a.to_bits() == b.to_bits() || (a == 0.0 && b == 0.0) {
             continue;
         }
-        if !one_f16_step(a, b) {
-            return Err((
-                f64::INFINITY,
-                format!("output {j} (f16): element {i} is {b}, reference {a} (not one f16 step)"),
-            ));
+        if one_f16_step(a, b) {
+            flips += 1;
+        } else {
+            num += (a as f64 - b as f64).powi(2);
         }
-        steps += 1;
     }
     let allowed = f16_flips_allowed(reference.len());
-    if steps > allowed {
+    if flips > allowed {
         return Err((
             nmse(reference, device),
             format!(
-                "output {j} (f16): {steps} of {} elements one f16 step off, over the {allowed} \
+                "output {j} (f16): {flips} of {} elements one f16 step off, over the {allowed} \
                  that rounding boundaries explain",
                 reference.len()
             ),
         ));
     }
-    Ok(0.0)
+    let e = if den == 0.0 { num } else { num / den };
+    at_most(&format!("output {j} (f16, past {flips} flips)"), e, limit)
 }
 
 /// The verdict on one case against an NMSE `limit` (the op's on the device,
@@ -352,7 +353,7 @@ pub fn judge(
         };
         let (rv, dv) = (&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
         if op.f16_stored(j) {
-            worst = worst.max(judge_f16_stored(j, rv, dv)?);
+            worst = worst.max(judge_f16_stored(j, limit, rv, dv)?);
             continue;
         }
         worst = worst.max(at_most(&format!("output {j}"), nmse(rv, dv), limit)?);
@@ -364,7 +365,8 @@ pub fn judge(
 mod tests {
     use super::*;
 
-    /// f16-stored outputs: equal or one f16 step, and few steps.
+    /// f16-stored outputs: one-step flips, few of them, and the rest within
+    /// the NMSE limit.
     #[test]
     fn f16_stored_outputs_allow_only_rare_one_step_roundings() {
         let r: Vec<f32> = (0..300)
@@ -375,19 +377,26 @@ mod tests {
             let b = if (x >= 0.0) == up { b + 1 } else { b - 1 };
             half::f16::from_bits(b).to_f32()
         };
-        assert_eq!(judge_f16_stored(1, &r, &r), Ok(0.0));
+        let limit = 1e-9;
+        assert_eq!(judge_f16_stored(1, limit, &r, &r), Ok(0.0));
         let mut d = r.clone();
         for i in [3, 100, 250] {
             d[i] = step(r[i], i % 2 == 0);
         }
         assert!(f16_flips_allowed(r.len()) >= 3);
-        assert_eq!(judge_f16_stored(1, &r, &d), Ok(0.0));
-        // two steps away
+        assert_eq!(judge_f16_stored(1, limit, &r, &d), Ok(0.0));
+        // two steps of a value near 40: over the NMSE limit
         d[7] = step(step(r[7], true), true);
-        assert!(judge_f16_stored(1, &r, &d).is_err());
+        assert!(judge_f16_stored(1, limit, &r, &d).is_err());
+        // two steps of a tiny value (RoPE's cancellation): within it
+        let mut t = r.clone();
+        t[9] = half::f16::from_f32(9.8e-5).to_f32();
+        let mut dt = t.clone();
+        dt[9] = step(step(t[9], true), true);
+        assert!(judge_f16_stored(1, limit, &t, &dt).is_ok());
         // a step on every element: a rounding error, not boundaries
         let all: Vec<f32> = r.iter().map(|&x| step(x, true)).collect();
-        assert!(judge_f16_stored(1, &r, &all).is_err());
+        assert!(judge_f16_stored(1, limit, &r, &all).is_err());
         // across zero: the smallest subnormals either side are one step apart
         assert!(one_f16_step(0.0, half::f16::from_bits(1).to_f32()));
         assert!(one_f16_step(-half::f16::from_bits(1).to_f32(), 0.0));
