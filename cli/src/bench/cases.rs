@@ -223,6 +223,13 @@ pub fn cases(quick: bool, kv: DType) -> Vec<Case> {
             mm(m, skv * sd, h),
             m,
         );
+        // (decode's launch: the three in one GEMV, as the decoder runs them)
+        push(
+            format!("q|k|v sliding m={m}"),
+            "attn proj",
+            mm(m, (sh + 2 * skv) * sd, h),
+            m,
+        );
         push(
             format!("o_proj sliding m={m}"),
             "attn proj",
@@ -241,6 +248,12 @@ pub fn cases(quick: bool, kv: DType) -> Vec<Case> {
             format!("k_proj full (=v) m={m}"),
             "attn proj",
             mm(m, fkv * fd, h),
+            m,
+        );
+        push(
+            format!("q|k (=v) full m={m}"),
+            "attn proj",
+            mm(m, (fh + fkv) * fd, h),
             m,
         );
         push(
