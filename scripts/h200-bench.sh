@@ -24,12 +24,8 @@ set -uo pipefail
 
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
-BIN=${TURBOSPARK_BIN:-.bin/turbospark}
-if [ ! -x "$BIN" ]; then
-    echo "no turbospark binary at $BIN (build it here and carry .bin/)" >&2
-    exit 2
-fi
 . "$(dirname "$0")/h200-env.sh"
+require_bin
 
 {
     date -u +%Y-%m-%dT%H:%M:%SZ

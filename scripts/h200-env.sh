@@ -19,3 +19,13 @@ clock_log() {
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
         --format=csv -lms 200 >"$1" 2>/dev/null &
 }
+
+# The carried release CLI: $TURBOSPARK_BIN, else .bin/turbospark, into $BIN;
+# exits if it is not there.
+require_bin() {
+    BIN=${TURBOSPARK_BIN:-.bin/turbospark}
+    if [ ! -x "$BIN" ]; then
+        echo "no turbospark binary at $BIN (build it here and carry .bin/)" >&2
+        exit 2
+    fi
+}
