@@ -276,7 +276,7 @@ fn one_f16_step(a: f32, b: f32) -> bool {
 
 /// One-step differences an f16-stored output of `n` elements may have:
 /// [`judge_f16_stored`].
-pub fn f16_flips_allowed(n: usize) -> usize {
+fn f16_flips_allowed(n: usize) -> usize {
     2 + n / 256
 }
 

@@ -14,7 +14,7 @@ mod compare;
 mod op;
 
 pub use cases::{all_cases, ci_cases};
-pub use op::{rounded_attention_nmse, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE, PROBABILITY_FLIPS};
+pub use op::{rounded_attention_nmse, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE};
 
 use crate::backend::{ComputeBackend, ExpertStack, Support};
 use crate::rng::Rng;

@@ -575,12 +575,14 @@ impl Op {
         match self {
             // (against a reference that rounds alike:
             // `CpuBackend::parity_reference_for`)
-            Op::Attention { p, .. } if rounded => {
-                self.limit().max(rounded_attention_nmse(p.m * p.heads))
+            Op::Attention {
+                p: Attention { m, heads, .. },
+                ..
             }
-            Op::QkvPostAttention { p, .. } if rounded => {
-                self.limit().max(rounded_attention_nmse(p.m * p.heads))
-            }
+            | Op::QkvPostAttention {
+                p: QkvPost { m, heads, .. },
+                ..
+            } if rounded => self.limit().max(rounded_attention_nmse(m * heads)),
             Op::MoeGateUp { .. } if rounded => self.limit().max(2.0 * F16_INPUT_NMSE),
             _ if rounded => self.limit().max(F16_INPUT_NMSE),
             _ => self.limit(),
