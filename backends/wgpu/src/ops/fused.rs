@@ -25,7 +25,7 @@ struct Params {
 /// A one-element buffer bound where an optional output is absent (the
 /// kernel's flags keep it from being touched). An absent input binds one
 /// of the op's own read-only inputs instead, as rms_norm does.
-pub(crate) fn unused_out(be: &WgpuBackend) -> Result<WgpuBuffer> {
+fn unused_out(be: &WgpuBackend) -> Result<WgpuBuffer> {
     super::scratch_buffer(be, |s| &mut s.unused_out, DType::F32, 1, 1, "unused output")
 }
 
@@ -41,7 +41,7 @@ fn threads(be: &WgpuBackend) -> usize {
     }
 }
 
-pub(crate) const MAXPER: usize = 32;
+const MAXPER: usize = 32;
 
 /// Widest row the fused kernels take on this device.
 pub(crate) fn max_dim(be: &WgpuBackend) -> usize {
