@@ -10,10 +10,13 @@
 //! NaN-poisoned output before they are timed; `moe_tiled` checks the tiled
 //! bodies against the row-major ones, `w_pattern` that each layout reads
 //! every word once; `moe`'s and `dispatch`'s figures are timing only.
+//! `grid_sync` times dependent GEMV steps as a dispatch each against one
+//! dispatch of persistent workgroups with a grid-wide barrier between
+//! steps (kernel_lab_sync.wgsl), each result checked against the chain's.
 //!
 //! `cargo run --release -p turbospark-wgpu --example kernel_lab [FILTER]`
-//! (FILTER: a substring of `case/variant/checked`; `dispatch`, `w_pattern`
-//! and `moe_tiled` select those cases), or one of two special
+//! (FILTER: a substring of `case/variant/checked`; `dispatch`, `grid_sync`,
+//! `w_pattern` and `moe_tiled` select those cases), or one of two special
 //! modes: `backend` (the backend's own LM head matmul against the lab's
 //! pipeline on its buffers) and `slots` (a 23 MB GEMV: the backend's chain
 //! against the lab's, one parameter binding or an arena slot per dispatch;
@@ -51,6 +54,9 @@ struct Lab {
     /// ... in subgroups of exactly 32: the variants that sum a 32-lane row
     /// with one subgroupAdd need it (lavapipe's are 8 wide).
     lanes32: bool,
+    /// The device has coherent storage (`@coherent`): the grid barrier's
+    /// readers see other workgroups' writes past their own caches.
+    coherent: bool,
 }
 
 fn rng(state: &mut u64) -> f32 {
@@ -82,8 +88,10 @@ impl Lab {
             "adapter: {} ({:?}, {} {})",
             info.name, info.backend, info.driver, info.driver_info
         );
-        let feats =
-            adapter.features() & (wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY);
+        let feats = adapter.features()
+            & (wgpu::Features::SUBGROUP
+                | wgpu::Features::TIMESTAMP_QUERY
+                | wgpu::Features::MEMORY_DECORATION_COHERENT);
         assert!(
             feats.contains(wgpu::Features::TIMESTAMP_QUERY),
             "lab needs timestamps"
@@ -98,6 +106,7 @@ impl Lab {
         let subgroups = feats.contains(wgpu::Features::SUBGROUP);
         Lab {
             lanes32: subgroups && info.subgroup_min_size == 32 && info.subgroup_max_size == 32,
+            coherent: feats.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
             ..Lab::with_device(device, queue, subgroups)
         }
     }
@@ -124,6 +133,7 @@ impl Lab {
         Lab {
             subgroups,
             lanes32: false,
+            coherent: false,
             device,
             queue,
             qset,
@@ -150,12 +160,26 @@ impl Lab {
         }
     }
 
+    /// A pipeline of group 0's uniform and `storage` storage bindings in
+    /// group 1, all read-only but the last.
     fn pipeline(
         &self,
         module: &wgpu::ShaderModule,
         entry: &str,
         constants: &[(&str, f64)],
         storage: usize,
+    ) -> wgpu::ComputePipeline {
+        self.pipeline_rw(module, entry, constants, (storage - 1, storage))
+    }
+
+    /// [`Lab::pipeline`] with the first `read_only` of `storage` bindings
+    /// read-only and the rest read-write.
+    fn pipeline_rw(
+        &self,
+        module: &wgpu::ShaderModule,
+        entry: &str,
+        constants: &[(&str, f64)],
+        (read_only, storage): (usize, usize),
     ) -> wgpu::ComputePipeline {
         let entry_of = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
             binding,
@@ -178,7 +202,7 @@ impl Lab {
                 entry_of(
                     i as u32,
                     wgpu::BufferBindingType::Storage {
-                        read_only: i + 1 < storage,
+                        read_only: i < read_only,
                     },
                 )
             })
@@ -652,6 +676,123 @@ fn dispatch_case(lab: &Lab, filter: &str) {
     }
 }
 
+/// Dependent steps with a dispatch between them against one dispatch with
+/// a grid-wide barrier between them (kernel_lab_sync.wgsl): `steps` square
+/// GEMVs of `rows` (bf16), each reading the one before's output, as a
+/// chain of dispatches and as persistent grids of each size in `grids`
+/// (LAB_GRID, e.g. `132,264,352`: every workgroup must be resident at
+/// once, or the barrier never opens), each with the three orders of weight
+/// loads around the barrier (kernel_lab_sync.wgsl's `PRE`). Each persistent result is checked
+/// bit for bit against the chain's (same code, same order), and the chain's
+/// against an f64 host result; `rows = 0` times the barrier alone against
+/// an empty dispatch. The decode step's dependent dispatches are its largest
+/// fixed cost (docs/decisions.md): this measures what a barrier inside one
+/// dispatch would cost instead.
+fn grid_sync_case(lab: &Lab, rows: usize, steps: usize, grids: &[u32], filter: &str) {
+    if !"grid_sync".contains(filter) {
+        return;
+    }
+    let src = include_str!("kernel_lab_sync.wgsl");
+    let src = if lab.coherent {
+        src.replace(kernels::COHERENT_MARK, "@coherent")
+    } else {
+        src.to_string()
+    };
+    let module = lab.module(&src, true);
+    let step = lab.pipeline_rw(&module, "chain_step", &[], (1, 4));
+    let n = rows.max(8);
+    let mut s = 0x5eed_0003u64 + rows as u64;
+    let amp = (3.0 / n as f32).sqrt();
+    let wq: Vec<u16> = (0..steps * n * n)
+        .map(|_| bf16_bits(rng(&mut s) * amp))
+        .collect();
+    let x0: Vec<f32> = (0..n).map(|_| rng(&mut s)).collect();
+    let w = lab.storage(bytemuck::cast_slice(&wq));
+    let mut xb = x0.clone();
+    xb.resize((steps + 1) * n, 0.0);
+    let x = lab.storage(bytemuck::cast_slice(&xb));
+    let sync = lab.storage(&[0u8; 16]);
+    let uniform = |step: usize| lab.uniform(&[rows as u32, steps as u32, step as u32, 0]);
+    let chain_groups: Vec<_> = (0..steps)
+        .map(|i| vec![lab.bind(&step, &uniform(i), &[&w, &x, &sync, &x])])
+        .collect();
+    let persists = [0.0, 1.0, 2.0].map(|pre| {
+        let p = lab.pipeline_rw(&module, "chain_persist", &[("PRE", pre)], (1, 4));
+        let g = vec![lab.bind(&p, &uniform(0), &[&w, &x, &sync, &x])];
+        (p, g)
+    });
+    let blocks = (n as u32).div_ceil(8);
+    let chain: Vec<Stage<'_>> = chain_groups
+        .iter()
+        .map(|g| (&step, &g[..], blocks))
+        .collect();
+    let last = |lab: &Lab| {
+        let all = lab.read_f32(&x, (steps + 1) * n);
+        all[steps * n..].to_vec()
+    };
+    // (X[1..] poisoned before each checked run: a step that read an input
+    // not yet written reads NaN, or the previous run's values)
+    let poison = |lab: &Lab| {
+        lab.queue.write_buffer(
+            &x,
+            (n * 4) as u64,
+            bytemuck::cast_slice(&vec![f32::NAN; steps * n]),
+        )
+    };
+    poison(lab);
+    lab.time_stages(&chain, 1);
+    let want = last(lab);
+    let label = if rows == 0 {
+        "the barrier alone (no rows)".to_string()
+    } else {
+        let mut xr: Vec<f64> = x0.iter().map(|v| *v as f64).collect();
+        for m in wq.chunks(n * n) {
+            xr = gemv_f64(m, &xr);
+        }
+        let err = rel_err(&want, &xr);
+        assert!(
+            err < 1e-4,
+            "grid_sync: the chain's result is off by {err:e}"
+        );
+        format!(
+            "{steps} GEMVs of {rows} x {rows} bf16 ({:.1} MB each; chain max rel err {err:.1e})",
+            (n * n * 2) as f64 / 1e6
+        )
+    };
+    println!(
+        "\ndependent steps, {label}: us a step (coherent X: {})",
+        lab.coherent
+    );
+    let per_chain = lab.time_stages(&chain, CHAIN / steps as u32) / steps as f64;
+    println!("  a dispatch a step ({blocks} workgroups): {per_chain:7.2}");
+    for &g in grids {
+        for (pre, (persist, groups)) in persists.iter().enumerate() {
+            // (a fresh count for each run: grid_sync's arithmetic holds
+            // only while every dispatch on the counter has the same size)
+            lab.queue.write_buffer(&sync, 0, &[0u8; 16]);
+            poison(lab);
+            lab.time(persist, groups, g, 1);
+            let got = last(lab);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let per = lab.time(persist, groups, g, CHAIN / steps as u32) / steps as f64;
+            let check = match (rows, same) {
+                (0, _) => "",
+                (_, true) => "  (result bit-identical to the chain's)",
+                (_, false) => "  (result DIFFERS from the chain's)",
+            };
+            let how = [
+                "waits, then loads",
+                "loads, then waits",
+                "loads the next step, then waits",
+            ][pre];
+            println!("  one dispatch, {g:4} persistent workgroups, {how}: {per:7.2}{check}");
+        }
+    }
+}
+
 /// A row norm before a GEMV (`rows` x `k`, bf16): the norm as its own
 /// dispatch and then the backend's gemv, against `gemv_normed` doing both in
 /// one (kernel_lab.wgsl). Each is checked against an f64 host result.
@@ -1104,6 +1245,20 @@ fn tiled_moe_case(
 }
 
 /// `LAB_LANES` (32, 64 or 128; default 32, the kernels' own default).
+/// The persistent grids `grid_sync` runs: LAB_GRID (comma-separated
+/// workgroup counts), else `default`.
+fn lab_grids(default: &[u32]) -> Vec<u32> {
+    std::env::var("LAB_GRID").map_or(default.to_vec(), |v| {
+        v.split(',')
+            .map(|g| {
+                g.trim()
+                    .parse()
+                    .expect("LAB_GRID: workgroup counts, comma-separated")
+            })
+            .collect()
+    })
+}
+
 fn lab_lanes() -> u32 {
     let lanes = std::env::var("LAB_LANES").map_or(32, |v| v.parse().expect("LAB_LANES: a number"));
     assert!(
@@ -1122,6 +1277,7 @@ fn main() {
         normed_gemv_case(&lab, "tiny", 64, 512, &filter);
         pattern_case(&lab, (3, 128, 256), &filter);
         tiled_moe_case(&lab, (256, 64, 8, 8), &filter);
+        grid_sync_case(&lab, 64, 4, &lab_grids(&[1]), &filter);
         return;
     }
     if filter == "slots" {
@@ -1133,6 +1289,12 @@ fn main() {
         return;
     }
     dispatch_case(&lab, &filter);
+    // (352, one workgroup a block, is the fastest grid but hung the H200
+    // in one compile of two: residency is the driver's register choice;
+    // docs/decisions.md, twentieth session)
+    let grids = lab_grids(&[132, 264]);
+    grid_sync_case(&lab, 2816, 8, &grids, &filter);
+    grid_sync_case(&lab, 0, 8, &grids, &filter);
     // 64 of the 128 gate_up experts (1 GB; a 512-token batch touches nearly all)
     pattern_case(&lab, (64, 2816, 2816), &filter);
     moe_case(&lab, &filter);
