@@ -682,10 +682,10 @@ fn dispatch_case(lab: &Lab, filter: &str) {
 /// chain of dispatches and as persistent grids of each size in `grids`
 /// (LAB_GRID, e.g. `132,264,352`: every workgroup must be resident at
 /// once, or the barrier never opens), each with the three orders of weight
-/// loads around the barrier (kernel_lab_sync.wgsl's `PRE`). Each persistent result is checked
-/// bit for bit against the chain's (same code, same order), and the chain's
-/// against an f64 host result; `rows = 0` times the barrier alone against
-/// an empty dispatch. The decode step's dependent dispatches are its largest
+/// loads around the barrier (kernel_lab_sync.wgsl's `PRE`). Each persistent
+/// result is checked bit for bit against the chain's (same code, same
+/// order), and the chain's against an f64 host result; `rows = 0` times the
+/// barrier alone against an empty dispatch. The decode step's dependent dispatches are its largest
 /// fixed cost (docs/decisions.md): this measures what a barrier inside one
 /// dispatch would cost instead.
 fn grid_sync_case(lab: &Lab, rows: usize, steps: usize, grids: &[u32], filter: &str) {

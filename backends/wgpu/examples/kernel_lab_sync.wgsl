@@ -9,8 +9,10 @@
 // barrier that let a workgroup read a step's input early shows there.
 //
 // WGSL promises no forward progress between workgroups, so the persistent
-// form is only sound when every workgroup of its grid is resident at once;
-// the lab launches at most the device's multiprocessors times a few.
+// form is only sound when every workgroup of its grid is resident at once,
+// which the driver's register allocation decides: on the H200 352
+// workgroups ran in one compile and hung in the next (docs/decisions.md,
+// twentieth session). The lab's default grids stay at 132 and 264.
 
 struct Params {
     rows: u32,
