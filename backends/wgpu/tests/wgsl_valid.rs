@@ -151,8 +151,8 @@ fn every_kernel_file_is_registered() {
 }
 
 /// The kernel lab's variant files (examples/kernel_lab*.wgsl) still parse and
-/// validate against the kernels they build on, so the lab does not rot
-/// between GPU sessions.
+/// validate against the kernels they build on (kernel_lab_sync.wgsl on its
+/// own), so the lab does not rot between GPU sessions.
 #[test]
 fn kernel_lab_sources_validate() {
     for (name, src) in [
@@ -174,12 +174,20 @@ fn kernel_lab_sources_validate() {
                 include_str!("../examples/kernel_lab_moe.wgsl")
             ),
         ),
+        (
+            "kernel_lab_sync.wgsl",
+            // standalone, as the lab builds it where the device has
+            // coherent storage
+            include_str!("../examples/kernel_lab_sync.wgsl").replace(COHERENT_MARK, "@coherent"),
+        ),
     ] {
         let module = naga::front::wgsl::parse_str(&src)
             .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
         Validator::new(
             ValidationFlags::all(),
-            Capabilities::default() | Capabilities::SUBGROUP,
+            Capabilities::default()
+                | Capabilities::SUBGROUP
+                | Capabilities::MEMORY_DECORATION_COHERENT,
         )
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
