@@ -692,11 +692,15 @@ fn grid_sync_case(lab: &Lab, rows: usize, steps: usize, grids: &[u32], filter: &
     if !"grid_sync".contains(filter) {
         return;
     }
-    let src = include_str!("kernel_lab_sync.wgsl");
+    let src = format!(
+        "{}\n{}",
+        kernels::COMMON,
+        include_str!("kernel_lab_sync.wgsl")
+    );
     let src = if lab.coherent {
         src.replace(kernels::COHERENT_MARK, "@coherent")
     } else {
-        src.to_string()
+        src
     };
     let module = lab.module(&src, true);
     let step = lab.pipeline_rw(&module, "chain_step", &[], (1, 4));

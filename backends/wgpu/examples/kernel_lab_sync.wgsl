@@ -1,5 +1,7 @@
 // A chain of dependent GEMV steps two ways, for examples/kernel_lab.rs's
-// `grid_sync` case (not used by the backend): step s computes
+// `grid_sync` case (not used by the backend; compiled after
+// kernels/common.wgsl, whose decode_pair reads the bf16 weights at its
+// default WDTYPE): step s computes
 // X[s + 1] = W[s] X[s] (square, `rows` x `rows`, bf16 weights, f32 x),
 // either as one dispatch a step (`chain_step`, the way a decode step runs
 // today: a barrier between dispatches) or as one dispatch of persistent
@@ -43,12 +45,6 @@ var<workgroup> part: array<f32, 256>;
 const XV: u32 = 3u;
 var<workgroup> xs: array<vec4<f32>, 704>;
 
-fn bf_lo(w: u32) -> f32 {
-    return bitcast<f32>(w << 16u);
-}
-fn bf_hi(w: u32) -> f32 {
-    return bitcast<f32>(w & 0xffff0000u);
-}
 
 // A lane's weights of rows rb * ROWS .. of step s, as named registers (a
 // struct, statically indexed: an array indexed by a loop went to local
@@ -91,8 +87,8 @@ fn dotc(v: vec4<u32>, t: u32, c: u32) -> f32 {
     let bb = min(b, kq - 1u);
     let x0 = xs[2u * bb];
     let x1 = xs[2u * bb + 1u];
-    let d = bf_lo(v.x) * x0.x + bf_hi(v.x) * x0.y + bf_lo(v.y) * x0.z + bf_hi(v.y) * x0.w
-          + bf_lo(v.z) * x1.x + bf_hi(v.z) * x1.y + bf_lo(v.w) * x1.z + bf_hi(v.w) * x1.w;
+    let d = dot(vec4<f32>(decode_pair(v.x), decode_pair(v.y)), x0)
+          + dot(vec4<f32>(decode_pair(v.z), decode_pair(v.w)), x1);
     return select(0.0, d, b < kq);
 }
 

@@ -6,7 +6,7 @@
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use turbospark_wgpu::kernels::{
-    families, source, COHERENT_MARK, F16_CACHE_BUILDS, KERNELS, OPTIONAL,
+    families, source, COHERENT_MARK, COMMON, F16_CACHE_BUILDS, KERNELS, OPTIONAL,
 };
 
 /// Family `name` (its subgroup build or not, its coherent build or not)
@@ -151,8 +151,8 @@ fn every_kernel_file_is_registered() {
 }
 
 /// The kernel lab's variant files (examples/kernel_lab*.wgsl) still parse and
-/// validate against the kernels they build on (kernel_lab_sync.wgsl on its
-/// own), so the lab does not rot between GPU sessions.
+/// validate against the kernels they build on (kernel_lab_sync.wgsl on the
+/// common prelude alone), so the lab does not rot between GPU sessions.
 #[test]
 fn kernel_lab_sources_validate() {
     for (name, src) in [
@@ -176,9 +176,14 @@ fn kernel_lab_sources_validate() {
         ),
         (
             "kernel_lab_sync.wgsl",
-            // standalone, as the lab builds it where the device has
-            // coherent storage
-            include_str!("../examples/kernel_lab_sync.wgsl").replace(COHERENT_MARK, "@coherent"),
+            // as the lab composes it where the device has coherent storage:
+            // after the common prelude
+            format!(
+                "{}\n{}",
+                COMMON,
+                include_str!("../examples/kernel_lab_sync.wgsl")
+            )
+            .replace(COHERENT_MARK, "@coherent"),
         ),
     ] {
         let module = naga::front::wgsl::parse_str(&src)
