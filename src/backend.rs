@@ -97,15 +97,21 @@ pub struct PostFfnArgs<'a, B> {
 impl<B: DeviceBuffer> PostFfnArgs<'_, B> {
     /// This one call: `be.post_ffn(..)`.
     pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
-        be.post_ffn(
-            self.dense,
-            self.w_dense,
-            self.moe,
-            self.r,
-            self.x,
-            self.next,
-            self.p,
-        )
+        be.post_ffn(self.reborrow())
+    }
+
+    /// The same arguments, borrowed again (the struct holds only shared
+    /// references).
+    pub fn reborrow(&self) -> PostFfnArgs<'_, B> {
+        PostFfnArgs {
+            dense: self.dense,
+            w_dense: self.w_dense,
+            moe: self.moe,
+            r: self.r,
+            x: self.x,
+            next: self.next,
+            p: self.p,
+        }
     }
 
     /// The rule of [`ComputeBackend::moe_down_pair_post_ffn`]: this post_ffn
@@ -380,7 +386,7 @@ pub trait ComputeBackend {
     /// stack.experts` rows each; gate_up: each expert's gate rows then its
     /// up rows), read only by the MoE ops. A backend may store them in an
     /// order of its own that its MoE kernels read faster (the wgpu backend's
-    /// tile order, docs/decisions.md, fourteenth session); by default they
+    /// tile order, docs/decisions.md); by default they
     /// are a weight like any other.
     fn upload_experts(
         &self,
@@ -533,9 +539,7 @@ pub trait ComputeBackend {
     /// `dense.out` and `routed.out`: [`PostFfnArgs::check_reads`]): a decode
     /// layer's work from both branches' activations to the next layer's
     /// input, as one call so that a GPU can run post_ffn inside the pair's
-    /// launch and save a dependent dispatch. (wgpu runs the two: post_ffn in
-    /// the pair's last workgroup took 40 us on the H200 against 23 for the two,
-    /// docs/decisions.md, nineteenth session.)
+    /// launch and save a dependent dispatch.
     fn moe_down_pair_post_ffn(
         &self,
         dense: DownArgs<'_, Self::Buffer>,
@@ -614,7 +618,8 @@ pub trait ComputeBackend {
 
     /// [`PostAttention`]: `r = x + rmsnorm(o) * w_post`,
     /// `ff = rmsnorm(r) * w_ff` and, with `moe = Some((w_moe, out))`,
-    /// `out = rmsnorm(r) * w_moe`.
+    /// `out = rmsnorm(r) * w_moe`. By default, those
+    /// [`ComputeBackend::rms_norm`]s.
     #[allow(clippy::too_many_arguments)]
     fn post_attention(
         &self,
@@ -626,7 +631,16 @@ pub trait ComputeBackend {
         ff: &Self::Buffer,
         moe: Option<(&Self::Buffer, &Self::Buffer)>,
         p: PostAttention,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.check(o, x, w_post, w_ff, r, ff, moe)?;
+        let n = p.norm();
+        self.rms_norm(o, Some(w_post), Some(x), r, n)?;
+        self.rms_norm(r, Some(w_ff), None, ff, n)?;
+        if let Some((w_moe, out)) = moe {
+            self.rms_norm(r, Some(w_moe), None, out, n)?;
+        }
+        Ok(())
+    }
 
     /// [`ComputeBackend::post_attention`] on `pa`, then
     /// [`ComputeBackend::router`] on its residual `pa.r`: the two calls
@@ -687,21 +701,41 @@ pub trait ComputeBackend {
     /// `moe = Some((moe_out, w_moe, w_sum))`,
     /// `h = rmsnorm(h + rmsnorm(moe_out) * w_moe) * w_sum`; `x = (r + h) *
     /// scale`; with `next = Some((w_next, normed))`, `normed = rmsnorm(x) *
-    /// w_next`.
-    #[allow(clippy::too_many_arguments)]
-    fn post_ffn(
-        &self,
-        dense: &Self::Buffer,
-        w_dense: &Self::Buffer,
-        moe: Option<(&Self::Buffer, &Self::Buffer, &Self::Buffer)>,
-        r: &Self::Buffer,
-        x: &Self::Buffer,
-        next: Option<(&Self::Buffer, &Self::Buffer)>,
-        p: PostFfn,
-    ) -> Result<()>;
+    /// w_next`. By default, those [`ComputeBackend::rms_norm`]s (the residual
+    /// and the scale folded into the last norm of the branch, as the op's
+    /// own arithmetic does), through two scratch buffers when there are
+    /// experts.
+    fn post_ffn(&self, a: PostFfnArgs<'_, Self::Buffer>) -> Result<()> {
+        let p = a.p;
+        p.check(a.dense, a.w_dense, a.moe, a.r, a.x, a.next)?;
+        let n = p.norm();
+        let last = RmsNorm {
+            scale: p.scale,
+            ..n
+        };
+        match a.moe {
+            Some((moe_out, w_moe, w_sum)) => {
+                let len = p.rows * p.dim;
+                let h = self.alloc(DType::F32, len, "post_ffn.h")?;
+                let sum = self.alloc(DType::F32, len, "post_ffn.sum")?;
+                self.rms_norm(a.dense, Some(a.w_dense), None, &h, n)?;
+                self.rms_norm(moe_out, Some(w_moe), Some(&h), &sum, n)?;
+                self.rms_norm(&sum, Some(w_sum), Some(a.r), a.x, last)?;
+            }
+            None => self.rms_norm(a.dense, Some(a.w_dense), Some(a.r), a.x, last)?,
+        }
+        if let Some((w_next, normed)) = a.next {
+            self.rms_norm(a.x, Some(w_next), None, normed, n)?;
+        }
+        Ok(())
+    }
 
     /// [`QkvPost`]: per-head q/k/v norms, RoPE on q and k, and the cache
-    /// append of k and v, from the fused projection's raw rows.
+    /// append of k and v, from the fused projection's raw rows. By default:
+    /// each part's heads gathered out of the raw rows by
+    /// [`ComputeBackend::embed`] (the raw rows as a table of head_dim-wide
+    /// rows, scale 1: an exact copy), then [`ComputeBackend::rms_norm`],
+    /// [`ComputeBackend::rope`] and [`ComputeBackend::kv_append`].
     #[allow(clippy::too_many_arguments)]
     fn qkv_post(
         &self,
@@ -713,7 +747,70 @@ pub trait ComputeBackend {
         k_cache: &Self::Buffer,
         v_cache: &Self::Buffer,
         p: QkvPost,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        let d = p.head_dim;
+        let per_token = p.raw_row() / d;
+        // The whole buffer as the table (a scratch buffer may hold more
+        // rows than this call's); `check` saw it hold the call's rows.
+        let table = Embed {
+            m: 0,
+            hidden: d,
+            vocab: raw.len() / d,
+            scale: 1.0,
+        };
+        // The raw rows' heads `first..first + heads` of every token, as one
+        // [m * heads, d] buffer.
+        let gather = |first: usize, heads: usize, label: &str| -> Result<Self::Buffer> {
+            let ids: Vec<u32> = (0..p.m)
+                .flat_map(|t| (0..heads).map(move |h| (t * per_token + first + h) as u32))
+                .collect();
+            let id_buf = self.alloc(DType::U32, ids.len(), label)?;
+            self.write_u32(&id_buf, 0, &ids)?;
+            let out = self.alloc(DType::F32, ids.len() * d, label)?;
+            let e = Embed {
+                m: ids.len(),
+                ..table
+            };
+            self.embed(&id_buf, raw, &out, e)?;
+            Ok(out)
+        };
+        let norm = |rows: usize| RmsNorm {
+            rows,
+            dim: d,
+            eps: p.eps,
+            scale: 1.0,
+        };
+        let rope = |heads: usize| Rope {
+            m: p.m,
+            heads,
+            head_dim: d,
+            rot_pairs: p.rot_pairs,
+            theta: p.theta,
+        };
+        let q_raw = gather(0, p.heads, "qkv_post.q_raw")?;
+        self.rms_norm(&q_raw, Some(w_q), None, q, norm(p.m * p.heads))?;
+        self.rope(q, positions, rope(p.heads))?;
+        let k_raw = gather(p.heads, p.kv_heads, "qkv_post.k_raw")?;
+        let kv_len = p.m * p.kv_heads * d;
+        let k = self.alloc(DType::F32, kv_len, "qkv_post.k")?;
+        self.rms_norm(&k_raw, Some(w_k), None, &k, norm(p.m * p.kv_heads))?;
+        self.rope(&k, positions, rope(p.kv_heads))?;
+        let v_raw = if p.v_from_k {
+            k_raw
+        } else {
+            gather(p.heads + p.kv_heads, p.kv_heads, "qkv_post.v_raw")?
+        };
+        let v = self.alloc(DType::F32, kv_len, "qkv_post.v")?;
+        self.rms_norm(&v_raw, None, None, &v, norm(p.m * p.kv_heads))?;
+        let append = KvAppend {
+            m: p.m,
+            kv_heads: p.kv_heads,
+            head_dim: d,
+            capacity: p.capacity,
+        };
+        self.kv_append(&k, &v, k_cache, v_cache, positions, append)
+    }
 
     /// [`qkv_post`](Self::qkv_post), then [`attention`](Self::attention)
     /// of the queries it wrote to `q` over the caches it appended to, into

@@ -230,6 +230,16 @@ fn aliased(op: &'static str) -> Error {
 }
 
 impl PostAttention {
+    /// The op's norms: rows of `dim`, its eps, no scale.
+    pub fn norm(&self) -> RmsNorm {
+        RmsNorm {
+            rows: self.rows,
+            dim: self.dim,
+            eps: self.eps,
+            scale: 1.0,
+        }
+    }
+
     /// Shapes, dtypes and aliasing of a `post_attention` call (the trait
     /// method's arguments); returns every buffer argument, inputs first.
     #[allow(clippy::too_many_arguments)]
@@ -263,6 +273,16 @@ impl PostAttention {
 }
 
 impl PostFfn {
+    /// The op's norms but the last: rows of `dim`, its eps, no scale.
+    pub fn norm(&self) -> RmsNorm {
+        RmsNorm {
+            rows: self.rows,
+            dim: self.dim,
+            eps: self.eps,
+            scale: 1.0,
+        }
+    }
+
     /// Shapes, dtypes and aliasing of a `post_ffn` call (the trait method's
     /// arguments); returns every buffer argument, inputs first.
     #[allow(clippy::type_complexity)]

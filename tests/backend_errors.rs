@@ -4,7 +4,7 @@ mod common;
 
 use turbospark::ops::{Attention, KvAppend, Moe, PostAttention, PostFfn, QkvPost, Router};
 use turbospark::{
-    ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, RouterArgs,
+    ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, PostFfnArgs, RouterArgs,
 };
 use turbospark_cpu::CpuBackend;
 
@@ -58,7 +58,15 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         scale: 1.0,
     };
     shape_error(
-        b.post_ffn(&a, &w, None, &c, &c, None, p),
+        b.post_ffn(PostFfnArgs {
+            dense: &a,
+            w_dense: &w,
+            moe: None,
+            r: &c,
+            x: &c,
+            next: None,
+            p,
+        }),
         "post_ffn",
         "aliases",
     );

@@ -5,10 +5,13 @@
 //! Written once, generic over the backend; each backend is one `#[test]` line.
 
 mod common;
+#[path = "common/primitives_only.rs"]
+mod primitives_only;
 
 use std::path::{Path, PathBuf};
 
 use common::nmse;
+use primitives_only::PrimitivesOnly;
 use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions, Sampling};
 use turbospark::{ComputeBackend, DType};
 use turbospark_cpu::CpuBackend;
@@ -314,4 +317,40 @@ fn wgpu_tiny_text_f16_caches() {
     if let Some(b) = common::wgpu_backend() {
         oracle(b, "tiny-text", DType::F16);
     }
+}
+
+// A backend with only the primitive ops, every fused op by its default
+// body: the fixtures to transformers' logits, and to the CPU reference's
+// own, bit for bit (the defaults are the reference's fused arithmetic,
+// step for step).
+fn primitives_only(name: &str) {
+    oracle(PrimitivesOnly::new(), name, DType::F32);
+    let ck = Checkpoint::open(&fixture(name)).unwrap();
+    let tokens = expected(&fixture(name)).tokens;
+    let mut fused = load(CpuBackend::new(), &ck, DType::F32);
+    let mut prims = load(PrimitivesOnly::new(), &ck, DType::F32);
+    assert_eq!(
+        prims.logits(&tokens).unwrap(),
+        fused.logits(&tokens).unwrap(),
+        "{name}: primitives-only teacher-forced logits against the CPU reference's"
+    );
+    fused.reset();
+    prims.reset();
+    for (i, &t) in tokens.iter().enumerate() {
+        assert_eq!(
+            prims.logits(&[t]).unwrap(),
+            fused.logits(&[t]).unwrap(),
+            "{name}: primitives-only decode row {i} against the CPU reference's"
+        );
+    }
+}
+
+#[test]
+fn primitives_only_tiny_text() {
+    primitives_only("tiny-text");
+}
+
+#[test]
+fn primitives_only_tiny_multimodal() {
+    primitives_only("tiny-multimodal");
 }

@@ -1017,7 +1017,15 @@ impl Op {
                 let m = moe.then(|| (&i[3], &i[4], &i[5]));
                 let wn = if *moe { 6 } else { 3 };
                 let n = next.then(|| (&i[wn], &o[1]));
-                b.post_ffn(&i[0], &i[2], m, &i[1], &o[0], n, *p)
+                b.post_ffn(PostFfnArgs {
+                    dense: &i[0],
+                    w_dense: &i[2],
+                    moe: m,
+                    r: &i[1],
+                    x: &o[0],
+                    next: n,
+                    p: *p,
+                })
             }
             Op::QkvPost { p, .. } => {
                 b.qkv_post(&i[0], &i[1], &i[2], &i[3], &o[0], &i[4], &i[5], *p)

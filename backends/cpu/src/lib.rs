@@ -13,12 +13,12 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use turbospark::backend::{BackendInfo, Features, Limits};
 use turbospark::ops::{
-    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost,
-    RmsNorm, Rope, Router,
+    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost, RmsNorm,
+    Rope, Router,
 };
 use turbospark::{
-    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, GemmRounding, HostBytes, ReadTicket,
-    Result, Support,
+    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, GemmRounding, HostBytes, PostFfnArgs,
+    ReadTicket, Result, Support,
 };
 
 pub use ops::Weights;
@@ -606,16 +606,16 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn post_ffn(
-        &self,
-        dense: &CpuBuffer,
-        w_dense: &CpuBuffer,
-        moe: Option<(&CpuBuffer, &CpuBuffer, &CpuBuffer)>,
-        r: &CpuBuffer,
-        x: &CpuBuffer,
-        next: Option<(&CpuBuffer, &CpuBuffer)>,
-        p: PostFfn,
-    ) -> Result<()> {
+    fn post_ffn(&self, a: PostFfnArgs<'_, CpuBuffer>) -> Result<()> {
+        let PostFfnArgs {
+            dense,
+            w_dense,
+            moe,
+            r,
+            x,
+            next,
+            p,
+        } = a;
         const OP: &str = "post_ffn";
         p.check(dense, w_dense, moe, r, x, next)?;
         let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));

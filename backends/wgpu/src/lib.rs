@@ -18,8 +18,8 @@ mod readback;
 use std::sync::{Arc, Mutex};
 
 use turbospark::ops::{
-    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost,
-    RmsNorm, Rope, Router,
+    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost, RmsNorm,
+    Rope, Router,
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertStack, GateUpArgs, HostBytes,
@@ -1009,25 +1009,7 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::moe_gate_up_pair(self, &dense, &routed)
     }
 
-    fn post_ffn(
-        &self,
-        dense: &WgpuBuffer,
-        w_dense: &WgpuBuffer,
-        moe: Option<(&WgpuBuffer, &WgpuBuffer, &WgpuBuffer)>,
-        r: &WgpuBuffer,
-        x: &WgpuBuffer,
-        next: Option<(&WgpuBuffer, &WgpuBuffer)>,
-        p: PostFfn,
-    ) -> Result<()> {
-        let a = PostFfnArgs {
-            dense,
-            w_dense,
-            moe,
-            r,
-            x,
-            next,
-            p,
-        };
+    fn post_ffn(&self, a: PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
         self.check_post_ffn(&a)?;
         ops::fused::post_ffn(self, &a)
     }

@@ -1,0 +1,166 @@
+//! A backend that implements only the trait's primitive ops (buffers,
+//! rms_norm, matmul, router, the MoE phases, rope, kv_append, attention, the
+//! elementwise ops, embed, argmax), each forwarded to the CPU reference, and
+//! takes every fused op's default body. It is what a new backend starts as:
+//! if the model runs correctly on it, the fused ops are a backend's business.
+
+use turbospark::backend::BackendInfo;
+use turbospark::ops::{Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router};
+use turbospark::{ComputeBackend, DType, HostBytes, ReadTicket, Result, Support};
+use turbospark_cpu::{CpuBackend, CpuBuffer};
+
+pub struct PrimitivesOnly {
+    cpu: CpuBackend,
+    info: BackendInfo,
+}
+
+impl PrimitivesOnly {
+    pub fn new() -> Self {
+        let cpu = CpuBackend::new();
+        let mut info = cpu.info().clone();
+        info.backend = "primitives-only".into();
+        info.device_name = "CPU reference, primitive ops only".into();
+        Self { cpu, info }
+    }
+}
+
+impl ComputeBackend for PrimitivesOnly {
+    type Buffer = CpuBuffer;
+
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+    fn supports(&self, op: &OpKind) -> Support {
+        self.cpu.supports(op)
+    }
+    fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<CpuBuffer> {
+        self.cpu.alloc(dtype, len, label)
+    }
+    fn upload(&self, dtype: DType, bytes: HostBytes<'_>, label: &str) -> Result<CpuBuffer> {
+        self.cpu.upload(dtype, bytes, label)
+    }
+    fn upload_weight(
+        &self,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: HostBytes<'_>,
+        label: &str,
+    ) -> Result<CpuBuffer> {
+        self.cpu.upload_weight(dtype, rows, cols, bytes, label)
+    }
+    fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
+        self.cpu.write_f32(buf, offset, data)
+    }
+    fn write_u32(&self, buf: &CpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
+        self.cpu.write_u32(buf, offset, data)
+    }
+    fn flush(&self) -> Result<()> {
+        self.cpu.flush()
+    }
+    fn sync(&self) -> Result<()> {
+        self.cpu.sync()
+    }
+    fn download_f32(&self, buf: &CpuBuffer) -> Result<Vec<f32>> {
+        self.cpu.download_f32(buf)
+    }
+    fn download_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>> {
+        self.cpu.download_u32(buf)
+    }
+    fn begin_read_u32(&self, buf: &CpuBuffer) -> Result<ReadTicket> {
+        self.cpu.begin_read_u32(buf)
+    }
+    fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>> {
+        self.cpu.finish_read_u32(ticket)
+    }
+    fn rms_norm(
+        &self,
+        x: &CpuBuffer,
+        weight: Option<&CpuBuffer>,
+        residual: Option<&CpuBuffer>,
+        out: &CpuBuffer,
+        p: RmsNorm,
+    ) -> Result<()> {
+        self.cpu.rms_norm(x, weight, residual, out, p)
+    }
+    fn matmul(&self, w: &CpuBuffer, x: &CpuBuffer, out: &CpuBuffer, p: Matmul) -> Result<()> {
+        self.cpu.matmul(w, x, out, p)
+    }
+    fn router(
+        &self,
+        x: &CpuBuffer,
+        eff_scale: &CpuBuffer,
+        proj: &CpuBuffer,
+        per_expert_scale: &CpuBuffer,
+        ids: &CpuBuffer,
+        weights: &CpuBuffer,
+        p: Router,
+    ) -> Result<()> {
+        self.cpu
+            .router(x, eff_scale, proj, per_expert_scale, ids, weights, p)
+    }
+    fn moe_gate_up(
+        &self,
+        x: &CpuBuffer,
+        gate_up: &CpuBuffer,
+        ids: &CpuBuffer,
+        act: &CpuBuffer,
+        p: Moe,
+    ) -> Result<()> {
+        self.cpu.moe_gate_up(x, gate_up, ids, act, p)
+    }
+    fn moe_down(
+        &self,
+        act: &CpuBuffer,
+        down: &CpuBuffer,
+        ids: &CpuBuffer,
+        weights: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Moe,
+    ) -> Result<()> {
+        self.cpu.moe_down(act, down, ids, weights, out, p)
+    }
+    fn rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
+        self.cpu.rope(x, positions, p)
+    }
+    fn kv_append(
+        &self,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        k_cache: &CpuBuffer,
+        v_cache: &CpuBuffer,
+        positions: &CpuBuffer,
+        p: KvAppend,
+    ) -> Result<()> {
+        self.cpu.kv_append(k, v, k_cache, v_cache, positions, p)
+    }
+    fn attention(
+        &self,
+        q: &CpuBuffer,
+        k_cache: &CpuBuffer,
+        v_cache: &CpuBuffer,
+        positions: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Attention,
+    ) -> Result<()> {
+        self.cpu.attention(q, k_cache, v_cache, positions, out, p)
+    }
+    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
+        self.cpu.add(a, b, out, n)
+    }
+    fn scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
+        self.cpu.scale(x, out, n, s)
+    }
+    fn gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
+        self.cpu.gelu_mul(x, out, rows, n)
+    }
+    fn softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
+        self.cpu.softcap(x, out, n, cap)
+    }
+    fn embed(&self, ids: &CpuBuffer, table: &CpuBuffer, out: &CpuBuffer, p: Embed) -> Result<()> {
+        self.cpu.embed(ids, table, out, p)
+    }
+    fn argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
+        self.cpu.argmax(x, out, rows, n)
+    }
+}
