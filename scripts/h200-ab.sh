@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# A/B of release binaries on the lent H200: each binary's `bench` run with
+# A/B of release binaries on the H200: each binary's `bench` run with
 # the same arguments, interleaved over rounds (A B A B ...), so that clock
 # and thermal drift fall on both sides alike.
 #
 #   bash scripts/h200-ab.sh [--rounds N] BIN... -- BENCH_ARGS...
 #
-# BIN: names of binaries in .bin/ (built here from the commits compared,
-# stripped, carried with .gl/ as for h200-bench.sh). Every run's JSON and
-# log, and the clocks, go into one archive, $OUT/ab.tgz (the device tool
-# brings back only a few files); the summary printed at the end has each
+# BIN: names of binaries in .bin/ (built on the x86-64 build host from the
+# commits compared, stripped, carried with .gl/ as for h200-bench.sh). Every
+# run's JSON and log, and the clocks, go into one archive, $OUT/ab.tgz (the
+# runner the H200 runs went through returns only a few files); the summary printed at the end has each
 # case's median, the end-to-end line and the decode-step profile of every
 # run. With --synthetic, compare the decode-step profiles (GPU time per
 # kernel): the wall-clock tok/s of short runs has moved by tens of percent
-# between identical binaries (docs/decisions.md, twelfth session).
+# between identical binaries (docs/decisions.md; docs/bench/2026-12-01-ff0b6d1-h200 run 03).
 #
 # Example (two MoE kernels, per op and on a 6-layer cut):
 #   bash scripts/h200-ab.sh --rounds 2 tsA tsB -- --filter 'moe_down m=1$,pair m=1$' \
@@ -47,9 +47,9 @@ mkdir -p "$OUT" "$work/ab"
 clock_log "$work/ab/clocks.csv"
 smi=$!
 
-# The device tool stops a command at 10 minutes and then returns only what
-# is in $OUT: the archive is rewritten after every run, and no run starts
-# past AB_DEADLINE seconds (each also ends at AB_TIMEOUT).
+# Written for a 10-minute command limit that returns only what is in $OUT:
+# the archive is rewritten after every run, and no run starts past
+# AB_DEADLINE seconds (each also ends at AB_TIMEOUT).
 summary="$work/ab/summary.txt"
 deadline=$((SECONDS + ${AB_DEADLINE:-540}))
 for r in $(seq 1 "$rounds"); do

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# `turbospark bench` on the lent NVIDIA H200, through Vulkan.
+# `turbospark bench` on an NVIDIA H200, through Vulkan.
 #
-# The device machine has no cargo and no Vulkan loader, so both travel:
-#   here (x86-64), in the repository root:
+# The H200 machine has no cargo and no Vulkan loader, so both travel:
+#   on an x86-64 build host, in the repository root:
 #     cargo build --release -p turbospark-cli
 #     mkdir -p .bin && cp "${CARGO_TARGET_DIR:-target}/release/turbospark" .bin/ && strip .bin/turbospark
-#     # .gl/ holds the loader debs (libvulkan1 libegl1 libglvnd0 libopengl0
-#     # libgl1 libglx0 libgles2, amd64): see ../shared/reference/gpu-machines.md
-#   then the device tool's `run`, with carry [".gl", ".bin"] and the command
+#     # .gl/ holds the amd64 Vulkan loader .deb packages (libvulkan1 libegl1
+#     # libglvnd0 libopengl0 libgl1 libglx0 libgles2), e.g. from
+#     # `apt-get download` on Debian / Ubuntu
+#   then on the H200 machine, with .gl/ and .bin/ copied into the repository root:
 #     bash scripts/h200-bench.sh            (extra arguments go to `bench`)
 #
-# The device tool brings back at most 8 files from $OUT: this script writes
-# 5; leave room for the peer's peer.json (more logs in $OUT crowd it out).
+# The runs so far went through a runner that returns at most 8 files from
+# $OUT: this script writes 5; leave room for the peer's peer.json (more
+# logs in $OUT crowd it out).
 #
-# Writes into $OUT (what the device tool brings back; ./bench-out elsewhere):
+# Writes into $OUT (./bench-out when OUT is unset):
 #   bench.json  every figure and the machine's description (rewritten after
 #               each case, so a run cut short keeps what it measured)
 #   bench.svg   achieved GB/s per op against the measured ceiling
@@ -41,11 +43,11 @@ require_bin
 clock_log "$OUT/clocks.csv"
 smi=$!
 
-# (With --synthetic gemma-4-26b-a4b it took 220 s in the twelfth
-# session's run 05, before the ablation's three pairs a kernel and the
-# second stream kernel at op sizes were added: give BENCH_TIMEOUT room.)
-# The whole bench takes a few minutes at the real shapes (inputs of up to
-# 1.5 GB are generated on the host); stay inside the device tool's 10 minutes.
+# (With --synthetic gemma-4-26b-a4b it took 220 s on 2026-12-01 at ff0b6d1,
+# before the ablation's three pairs a kernel and the second stream kernel at
+# op sizes were added: give BENCH_TIMEOUT room.) The whole bench takes a few
+# minutes at the real shapes (inputs of up to 1.5 GB are generated on the
+# host); the default limit, 540 s, stays inside a 10-minute command limit.
 timeout "${BENCH_TIMEOUT:-540}" "$BIN" bench --backend wgpu \
     --json "$OUT/bench.json" --plot "$OUT/bench.svg" "$@" \
     2>&1 | tee "$OUT/bench.log"

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Correctness on the lent H200's tensor cores: the test binaries built here
-# run there with TURBOSPARK_TENSOR_CORES=1 (the paths lavapipe cannot run:
-# the cooperative-matrix GEMMs and attention). Run it first in a session
-# whose kernels changed since the last device run: a kernel validated by
-# naga alone has read NaN there (docs/decisions.md, thirteenth session).
+# Correctness on the H200's tensor cores: the test binaries built on the
+# x86-64 build host run there with TURBOSPARK_TENSOR_CORES=1 (the paths
+# lavapipe cannot run: the cooperative-matrix GEMMs and attention). Run it
+# first whenever kernels changed since the last H200 run: a kernel validated
+# by naga alone has read NaN there (2026-12-01, docs/bench/2026-12-01-f16691c-h200).
 #
-#   here (x86-64), in the repository root:
+#   on the build host, in the repository root:
 #     cargo build --release -p turbospark --example parity
 #     mkdir -p .bin && cp target/release/examples/parity .bin/parityx     # examples/parity.rs
 #     cargo test --release -p turbospark --no-run   # note the tests/ binaries' paths
 #     cp target/release/deps/decoder-HASH .bin/decoderx                   # tests/decoder.rs
 #     cp target/release/deps/oracle-HASH .bin/oraclex                     # tests/oracle.rs
 #     strip .bin/*x
-#   then the device tool's `run` with carry [".gl", ".bin"] and
+#   then on the H200 machine, with .gl/ and .bin/ copied into the repository root:
 #     bash scripts/h200-check.sh [PARITY_FILTER]
 #
 # Runs whichever of the three binaries .bin/ holds: the parity suite with
@@ -29,9 +29,9 @@ export TURBOSPARK_TENSOR_CORES=1
 
 status=0
 ran=0
-# The device tool stops a command at 10 minutes: each binary gets at most
+# Written for a 10-minute command limit: each binary gets at most
 # CHECK_TIMEOUT seconds and what is left of CHECK_DEADLINE, so a hang is
-# logged (below) before the tool would kill the script.
+# logged (below) before the limit would kill the script.
 deadline=$((SECONDS + ${CHECK_DEADLINE:-540}))
 for name in parityx decoderx oraclex; do
     bin=.bin/$name
@@ -44,7 +44,7 @@ for name in parityx decoderx oraclex; do
         args=(${1:+"$1"} --full)
     fi
     # (in the background and watched, so that a hang leaves each thread's
-    # kernel wait channel in the log: the fourteenth session's run 01
+    # kernel wait channel in the log: run 01 of 2026-12-01 at a94f43a
     # saw the oracle binary hang once and not again)
     "$bin" "${args[@]}" >"$OUT/check-$name.log" 2>&1 &
     pid=$!

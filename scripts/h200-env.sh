@@ -1,6 +1,7 @@
-# Sourced by the h200-*.sh scripts on the lent H200: the Vulkan loader from
-# the carried debs (.gl/) and the environment that makes wgpu take the
-# NVIDIA ICD through Vulkan. See ../shared/reference/gpu-machines.md.
+# Sourced by the h200-*.sh scripts on the H200 machine: the Vulkan loader
+# from the carried amd64 .deb packages in .gl/ (libvulkan1 and the GL / EGL
+# libraries beside it, unpacked into /) and the environment that makes wgpu
+# take the NVIDIA ICD (the driver's, under /usr/local/nvidia) through Vulkan.
 if ! ls .gl/*.deb >/dev/null 2>&1; then
     echo "no .gl/*.deb: carry the Vulkan loader debs (.gl) with the command" >&2
     exit 2
@@ -25,7 +26,7 @@ clock_log() {
 require_bin() {
     BIN=${TURBOSPARK_BIN:-.bin/turbospark}
     if [ ! -x "$BIN" ]; then
-        echo "no turbospark binary at $BIN (build it here and carry .bin/)" >&2
+        echo "no turbospark binary at $BIN (build it on the build host and carry .bin/)" >&2
         exit 2
     fi
 }

@@ -2,14 +2,14 @@
 # Does the weights' footprint slow decode's kernels in the step? One binary's
 # decode-step profile on cuts of the synthetic Gemma 4 26B-A4B of growing
 # size, side by side: each kernel's GPU time a launch at each cut. The
-# nineteenth session saw a two-layer cut (4.4 GiB) run its MoE launches
-# about 10% above their lone times and the full model (47 GiB) 26-29% above,
-# with different kernels in the two runs (docs/decisions.md); this runs the
-# same kernels at every size.
+# ea1d5e7 runs (2026-12-01) saw a two-layer cut (4.4 GiB) run its MoE
+# launches about 10% above their lone times and the full model (47 GiB)
+# 26-29% above, with different kernels in the two runs (docs/decisions.md);
+# this runs the same kernels at every size.
 #
-#   here: build and strip the release CLI into .bin/turbospark (as for
-#   scripts/h200-bench.sh); then the device tool's `run` with carry
-#   [".gl", ".bin"] and
+#   on the x86-64 build host: build and strip the release CLI into
+#   .bin/turbospark (as for scripts/h200-bench.sh); then on the H200
+#   machine, with .gl/ and .bin/ copied into the repository root:
 #     bash scripts/h200-footprint.sh [LAYERS...]      (default: 2 8 30)
 #
 # Writes $OUT/layers-N.json (the bench's JSON of each cut) and prints the
