@@ -295,6 +295,9 @@ pub struct ExpertStack {
 #[derive(Clone)]
 pub enum HostBytes<'a> {
     Slice(&'a [u8]),
+    /// Bytes made on the host (a quantized weight assembled from its
+    /// checkpoint tensors).
+    Owned(Arc<Vec<u8>>),
     Mapped {
         map: Arc<memmap2::Mmap>,
         offset: usize,
@@ -306,6 +309,7 @@ impl HostBytes<'_> {
     pub fn as_slice(&self) -> &[u8] {
         match self {
             HostBytes::Slice(s) => s,
+            HostBytes::Owned(v) => v,
             HostBytes::Mapped { map, offset, len } => &map[*offset..*offset + *len],
         }
     }

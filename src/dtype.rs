@@ -2,38 +2,78 @@
 
 use std::fmt;
 
+use crate::quant::Affine;
+
 /// Element type of a buffer. Activations are `F32`; weights may be stored as
-/// `BF16`, `F16` or `F32` and are decoded to f32 inside the kernels; `U32`
-/// holds token ids, positions and expert ids.
+/// `BF16`, `F16` or `F32` and are decoded to f32 inside the kernels, or
+/// quantized ([`DType::Affine`], dequantised the same way); `U32` holds
+/// token ids, positions and expert ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,
     BF16,
     U32,
+    /// A quantized weight ([`crate::quant`]): one buffer holding the packed
+    /// values, the scales and the biases; its `len` counts the matrix's
+    /// elements.
+    Affine(Affine),
 }
 
 impl DType {
-    /// Bytes per element.
+    /// Bytes per element of a plain dtype; a quantized one has no whole
+    /// number (see [`DType::bytes_for`]) and answers 0.
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::U32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Affine(_) => 0,
         }
     }
 
-    /// Whether this is one of the floating-point weight formats.
+    /// Bytes a buffer of `len` elements takes.
+    pub fn bytes_for(self, len: usize) -> usize {
+        match self {
+            DType::Affine(a) => a.layout(len).bytes,
+            d => len * d.size(),
+        }
+    }
+
+    /// Elements in `nbytes` of this dtype, when whole: the inverse of
+    /// [`DType::bytes_for`].
+    pub fn elements_in(self, nbytes: usize) -> Option<usize> {
+        match self {
+            DType::Affine(a) => {
+                let g = a.group as usize;
+                // Bytes a group takes, without the parts' padding (at most
+                // 6 bytes in all, less than any group's share).
+                let per = g * a.bits as usize / 8 + 2 * a.scales.size();
+                let len = nbytes / per * g;
+                (a.layout(len).bytes == nbytes).then_some(len)
+            }
+            d => nbytes.is_multiple_of(d.size()).then(|| nbytes / d.size()),
+        }
+    }
+
+    /// Whether this is one of the floating-point weight formats (plain or
+    /// quantized).
     pub fn is_float(self) -> bool {
         !matches!(self, DType::U32)
     }
 
-    /// Lower-case name, as used in parity case names (`w=bf16`).
-    pub fn name(self) -> &'static str {
+    /// Whether this is a quantized weight format.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, DType::Affine(_))
+    }
+
+    /// Lower-case name, as used in parity case names (`w=bf16`, `w=q4g64`).
+    pub fn name(self) -> String {
         match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::U32 => "u32",
+            DType::F32 => "f32".into(),
+            DType::F16 => "f16".into(),
+            DType::BF16 => "bf16".into(),
+            DType::U32 => "u32".into(),
+            DType::Affine(a) => a.name(),
         }
     }
 
@@ -51,15 +91,18 @@ impl DType {
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
-/// Decode element `i` of a little-endian float buffer of dtype `dtype` to f32.
-/// The one place the host decodes weights; kernels mirror it in WGSL.
+/// Decode element `i` of a little-endian buffer of plain dtype `dtype` to
+/// f32. The one place the host decodes plain weights; kernels mirror it in
+/// WGSL. A quantized buffer is decoded by [`Affine::get`], which needs the
+/// buffer's length; here it is an error of the caller's and decodes as NaN.
 #[inline]
 pub fn decode_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
     match dtype {
+        DType::Affine(_) => f32::NAN,
         DType::F32 => f32::from_le_bytes([
             bytes[4 * i],
             bytes[4 * i + 1],
@@ -82,9 +125,12 @@ pub fn decode_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
     }
 }
 
-/// Encode f32 values into `dtype` bytes (round to nearest even for bf16/f16).
+/// Encode f32 values into plain `dtype` bytes (round to nearest even for
+/// bf16/f16); a quantized dtype is written by [`crate::quant`] and gives
+/// nothing here.
 pub fn encode_f32(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
+        DType::Affine(_) => Vec::new(),
         DType::F32 => bytemuck::cast_slice(values).to_vec(),
         DType::BF16 => values
             .iter()

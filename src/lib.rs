@@ -11,6 +11,7 @@ pub mod error;
 pub mod model;
 pub mod ops;
 pub mod parity;
+pub mod quant;
 pub mod rng;
 
 pub use backend::{

@@ -433,14 +433,17 @@ pub fn check_buf<B: DeviceBuffer>(
     Ok(())
 }
 
-/// Checks a weight argument: a float dtype and exactly `need` elements.
+/// Checks a weight argument: a float dtype, plain or quantized, and
+/// exactly `need` elements.
 pub fn check_weight<B: DeviceBuffer>(
     op: &'static str,
     name: &str,
     b: &B,
     need: usize,
 ) -> Result<()> {
-    check_buf(op, name, b, &FLOATS, need)?;
+    if !b.dtype().is_quantized() {
+        check_buf(op, name, b, &FLOATS, need)?;
+    }
     if b.len() != need {
         return Err(Error::shape(
             op,

@@ -24,6 +24,8 @@ pub use super::tensors::expected_tensors;
 
 /// Prefix of the decoder tensors in multimodal (`Gemma4ForConditionalGeneration`) files.
 const MULTIMODAL_PREFIX: &str = "model.language_model.";
+/// The same in mlx-lm's conversions of the multimodal model.
+const MLX_MULTIMODAL_PREFIX: &str = "language_model.model.";
 /// Prefix of the decoder tensors in text-only (`Gemma4ForCausalLM`) files.
 const TEXT_PREFIX: &str = "model.";
 /// The untied LM head, stored outside the decoder prefix in both spellings.
@@ -76,6 +78,8 @@ pub struct Checkpoint {
     total_bytes: u64,
     /// Per-layer host values, decoded once at open.
     layer_state: Vec<LayerHostState>,
+    /// Stored in MLX's layout (`mlx_layout`).
+    mlx: bool,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -125,7 +129,9 @@ impl Checkpoint {
             prefix,
             total_bytes: 0,
             layer_state: Vec::new(),
+            mlx: false,
         };
+        ckpt.mlx = ckpt.is_mlx_layout();
         ckpt.total_bytes = ckpt.check_against_config(&index_path)?;
         ckpt.layer_state = layer_state::build(&ckpt)?;
         Ok(ckpt)
@@ -141,6 +147,17 @@ impl Checkpoint {
 
     /// `name` WITHOUT the prefix: e.g. "embed_tokens.weight", "norm.weight", "layers.3.self_attn.q_proj.weight", "layers.3.experts.gate_up_proj", "layers.3.router.scale", "layers.3.layer_scalar".
     pub fn tensor(&self, name: &str) -> Result<TensorRef> {
+        if self.mlx {
+            if let Some(t) = self.resolve_mlx(name, true)? {
+                return Ok(t);
+            }
+        }
+        self.raw_tensor(name)
+    }
+
+    /// The tensor stored as `name` (without prefix), of any dtype
+    /// safetensors and this runtime share (packed U32 included).
+    pub(crate) fn raw_tensor(&self, name: &str) -> Result<TensorRef> {
         let entry = self.tensors.get(name).ok_or_else(|| {
             ckpt_err(
                 &self.dir,
@@ -148,11 +165,11 @@ impl Checkpoint {
             )
         })?;
         let shard = &self.shards[entry.shard];
-        let dtype = weight_dtype(entry.raw.dtype).ok_or_else(|| {
+        let dtype = DType::from_safetensors(entry.raw.dtype).ok_or_else(|| {
             ckpt_err(
                 &shard.path,
                 format!(
-                    "tensor `{}`: dtype {:?}, expected bf16, f16 or f32",
+                    "tensor `{}`: dtype {:?}, expected bf16, f16 or f32 (or packed U32 beside `.scales`)",
                     entry.full_name, entry.raw.dtype
                 ),
             )
@@ -167,6 +184,27 @@ impl Checkpoint {
                 len: entry.raw.len,
             },
         })
+    }
+
+    /// Whether a tensor is stored as `name` (without prefix).
+    pub(crate) fn has_raw(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Whether any stored tensor's name (without prefix) satisfies `f`.
+    pub(crate) fn has_tensor_where(&self, f: impl Fn(&str) -> bool) -> bool {
+        self.tensors.keys().any(|n| f(n))
+    }
+
+    /// A checkpoint error naming the directory.
+    pub(crate) fn err(&self, detail: String) -> Error {
+        ckpt_err(&self.dir, detail)
+    }
+
+    /// A name as stored in the file, for messages and the quantization
+    /// block's keys.
+    pub(crate) fn full(&self, name: &str) -> String {
+        self.full_name(name)
     }
 
     /// Total bytes of the language-model tensors.
@@ -204,6 +242,19 @@ impl Checkpoint {
     fn check_against_config(&self, index_path: &Path) -> Result<u64> {
         let mut total = 0u64;
         for (name, want) in expected_tensors(&self.config) {
+            if self.mlx {
+                if let Some(t) = self.resolve_mlx(&name, false)? {
+                    if t.shape != want {
+                        return Err(self.err(format!(
+                            "`{}`: shape {:?}, expected {want:?} from config.json",
+                            self.full_name(&name),
+                            t.shape
+                        )));
+                    }
+                    total += t.dtype.bytes_for(t.numel()) as u64;
+                    continue;
+                }
+            }
             let Some(entry) = self.tensors.get(&name) else {
                 let file = if self.shards.len() == 1 && !index_path.is_file() {
                     self.shards[0].path.clone()
@@ -250,11 +301,16 @@ fn weight_dtype(d: safetensors::Dtype) -> Option<DType> {
 
 /// The decoder prefix of a checkpoint: multimodal if any tensor uses it.
 fn detect_prefix<'a>(names: impl IntoIterator<Item = &'a str>) -> &'static str {
-    if names.into_iter().any(|n| n.starts_with(MULTIMODAL_PREFIX)) {
-        MULTIMODAL_PREFIX
-    } else {
-        TEXT_PREFIX
+    let mut prefix = TEXT_PREFIX;
+    for n in names {
+        if n.starts_with(MULTIMODAL_PREFIX) {
+            return MULTIMODAL_PREFIX;
+        }
+        if n.starts_with(MLX_MULTIMODAL_PREFIX) {
+            prefix = MLX_MULTIMODAL_PREFIX;
+        }
     }
+    prefix
 }
 
 /// The name without prefix of a language-model tensor; `None` for

@@ -82,6 +82,8 @@ pub struct ModelConfig {
     /// which `Checkpoint::open` applies): the tokens generation stops at
     /// when asked to.
     pub eos_token_ids: Vec<u32>,
+    /// An MLX checkpoint's `quantization` block; None for float weights.
+    pub quantization: Option<super::quantization::Quantization>,
 }
 
 /// Upper bounds that keep every size product far from overflow and reject
@@ -179,6 +181,7 @@ impl ModelConfig {
             tie_embeddings: true,
             // Gemma 4: <eos> and <end_of_turn>.
             eos_token_ids: vec![1, 106],
+            quantization: None,
         }
     }
 
@@ -522,6 +525,7 @@ fn parse_text_config(f: &Fields<'_>, root: &Fields<'_>) -> Result<ModelConfig> {
         eps,
         tie_embeddings,
         eos_token_ids,
+        quantization: super::quantization::parse(root)?,
     })
 }
 

@@ -13,6 +13,8 @@ pub mod config;
 pub mod decoder;
 mod json;
 pub mod layer_state;
+mod mlx_layout;
+pub mod quantization;
 pub mod sampling;
 mod shard;
 pub mod synthetic;

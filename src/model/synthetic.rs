@@ -259,6 +259,7 @@ pub fn tiny_config() -> ModelConfig {
         eps: 1e-6,
         tie_embeddings: true,
         eos_token_ids: vec![1],
+        quantization: None,
     }
 }
 

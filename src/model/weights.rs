@@ -106,7 +106,7 @@ fn fetch(src: &dyn TensorSource, name: &str, shape: &[usize]) -> Result<TensorRe
             format!("dtype {}, expected a float type", t.dtype),
         ));
     }
-    let want = shape.iter().product::<usize>() * t.dtype.size();
+    let want = t.dtype.bytes_for(shape.iter().product::<usize>());
     if t.bytes.as_slice().len() != want {
         return Err(checkpoint_err(
             name,
@@ -119,9 +119,11 @@ fn fetch(src: &dyn TensorSource, name: &str, shape: &[usize]) -> Result<TensorRe
 /// Decode a (checked) tensor to f32 on the host.
 fn to_f32(t: &TensorRef) -> Vec<f32> {
     let b = t.bytes.as_slice();
-    (0..b.len() / t.dtype.size())
-        .map(|i| decode_f32(t.dtype, b, i))
-        .collect()
+    let n = t.numel();
+    match t.dtype {
+        DType::Affine(a) => (0..n).map(|i| a.get(b, n, i)).collect(),
+        d => (0..n).map(|i| decode_f32(d, b, i)).collect(),
+    }
 }
 
 /// Uploads with a progress bar on a terminal (hidden otherwise).
@@ -185,17 +187,25 @@ impl<B: ComputeBackend> Loader<'_, B> {
             .collect::<Result<Vec<_>>>()?;
         let rows: usize = parts.iter().map(|p| p.1).sum();
         let dtype = tensors[0].dtype;
-        // Mixed dtypes (never seen in practice) are widened to f32 rather than refused.
-        let (dtype, bytes) = if tensors.iter().all(|t| t.dtype == dtype) {
-            let mut b = Vec::with_capacity(rows * cols * dtype.size());
-            for t in &tensors {
-                b.extend_from_slice(t.bytes.as_slice());
-            }
-            (dtype, b)
-        } else {
-            let v: Vec<f32> = tensors.iter().flat_map(to_f32).collect();
-            (DType::F32, encode_f32(DType::F32, &v))
-        };
+        // Mixed dtypes (a mixed quantization, or float parts that differ)
+        // are widened to f32 rather than refused.
+        let (dtype, bytes) =
+            if let (DType::Affine(a), true) = (dtype, tensors.iter().all(|t| t.dtype == dtype)) {
+                let parts: Vec<(&[u8], usize)> = tensors
+                    .iter()
+                    .map(|t| (t.bytes.as_slice(), t.numel()))
+                    .collect();
+                (dtype, a.stack(&parts))
+            } else if tensors.iter().all(|t| t.dtype == dtype) {
+                let mut b = Vec::with_capacity(rows * cols * dtype.size());
+                for t in &tensors {
+                    b.extend_from_slice(t.bytes.as_slice());
+                }
+                (dtype, b)
+            } else {
+                let v: Vec<f32> = tensors.iter().flat_map(to_f32).collect();
+                (DType::F32, encode_f32(DType::F32, &v))
+            };
         let buf = self
             .backend
             .upload_weight(dtype, rows, cols, HostBytes::Slice(&bytes), label)?;

@@ -386,7 +386,7 @@ impl Op {
                 "{f}(rows={},dim={},w={},residual={},scale={})",
                 p.rows,
                 p.dim,
-                weight.map(|d| d.name()).unwrap_or("none"),
+                weight.map(|d| d.name()).unwrap_or_else(|| "none".into()),
                 residual,
                 p.scale
             ),

@@ -121,7 +121,7 @@ impl Write<'_> {
 
 impl CpuBuffer {
     fn nbytes(&self) -> usize {
-        self.len * self.dtype.size()
+        self.dtype.bytes_for(self.len)
     }
     fn read(&self) -> Read<'_> {
         Read(
@@ -222,7 +222,7 @@ impl CpuBackend {
     }
 
     fn new_owned(&self, dtype: DType, len: usize, bytes: Option<&[u8]>) -> CpuBuffer {
-        let nbytes = len * dtype.size();
+        let nbytes = dtype.bytes_for(len);
         let mut words = vec![0u32; nbytes.div_ceil(4)];
         if let Some(b) = bytes {
             bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..nbytes].copy_from_slice(b);
@@ -236,13 +236,12 @@ impl CpuBackend {
 }
 
 fn element_count(op: &'static str, dtype: DType, nbytes: usize) -> Result<usize> {
-    if !nbytes.is_multiple_of(dtype.size()) {
-        return Err(Error::shape(
+    dtype.elements_in(nbytes).ok_or_else(|| {
+        Error::shape(
             op,
             format!("{nbytes} bytes is not a whole number of {dtype} elements"),
-        ));
-    }
-    Ok(nbytes / dtype.size())
+        )
+    })
 }
 
 impl ComputeBackend for CpuBackend {
@@ -268,6 +267,7 @@ impl ComputeBackend for CpuBackend {
         let len = element_count("upload", dtype, bytes.as_slice().len())?;
         Ok(match bytes {
             HostBytes::Slice(s) => self.new_owned(dtype, len, Some(s)),
+            HostBytes::Owned(v) => self.new_owned(dtype, len, Some(&v)),
             HostBytes::Mapped {
                 map,
                 offset,
@@ -292,7 +292,11 @@ impl ComputeBackend for CpuBackend {
         bytes: HostBytes<'_>,
         label: &str,
     ) -> Result<CpuBuffer> {
-        if bytes.as_slice().len() != rows * cols * dtype.size() {
+        let whole_groups = match dtype {
+            DType::Affine(a) => a.fits_cols(cols),
+            _ => true,
+        };
+        if !whole_groups || bytes.as_slice().len() != dtype.bytes_for(rows * cols) {
             return Err(Error::shape(
                 "upload_weight",
                 format!(

@@ -165,7 +165,7 @@ pub(crate) fn fits_f16(dtype: DType, bytes: &[u8]) -> bool {
                 .any(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7fff > 0x477f);
             over & TOP == 0 && !tail
         }
-        DType::F32 | DType::U32 => false,
+        DType::F32 | DType::U32 | DType::Affine(_) => false,
     }
 }
 

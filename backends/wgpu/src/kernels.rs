@@ -243,6 +243,8 @@ pub fn wdtype_code(d: DType) -> f64 {
         DType::F16 => 1.0,
         DType::BF16 => 2.0,
         DType::U32 => 3.0,
+        // Refused at upload (`WgpuBackend::plain`) before any kernel sees one.
+        DType::Affine(_) => f64::NAN,
     }
 }
 

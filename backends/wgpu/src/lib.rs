@@ -249,7 +249,21 @@ impl WgpuBackend {
         Chunk::new(buffer, rows, self.binds.reaper(), self.memory.clone())
     }
 
+    /// Quantized weights have no kernels here yet: refused by name at
+    /// upload, before any buffer is made.
+    fn plain(&self, dtype: DType, label: &str) -> Result<()> {
+        if dtype.is_quantized() {
+            return Err(Error::Unsupported {
+                backend: "wgpu".into(),
+                op: format!("weight `{label}`"),
+                reason: format!("quantized weights ({dtype}) run on the CPU backend only so far"),
+            });
+        }
+        Ok(())
+    }
+
     fn single_buffer(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
+        self.plain(dtype, label)?;
         let bytes = (len * dtype.size()) as u64;
         let buffer = self.create_buffer(
             bytes,
@@ -638,6 +652,7 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn upload(&self, dtype: DType, bytes: HostBytes<'_>, label: &str) -> Result<WgpuBuffer> {
+        self.plain(dtype, label)?;
         let s = bytes.as_slice();
         if !s.len().is_multiple_of(dtype.size()) {
             return Err(Error::shape(
@@ -662,6 +677,7 @@ impl ComputeBackend for WgpuBackend {
         bytes: HostBytes<'_>,
         label: &str,
     ) -> Result<WgpuBuffer> {
+        self.plain(dtype, label)?;
         let s = bytes.as_slice();
         let row_bytes = cols * dtype.size();
         if s.len() != rows * row_bytes || rows == 0 || cols == 0 {

@@ -47,13 +47,30 @@ impl<'a> Weights<'a> {
     /// the check the GPU makes at upload before it lets a weight reach the
     /// tensor cores.
     pub fn fits_f16(&self) -> bool {
-        let n = self.bytes.len() / self.dtype.size();
-        (0..n).all(|i| decode_f32(self.dtype, self.bytes, i).abs() <= 65504.0)
+        (0..self.len()).all(|i| self.stored(i).abs() <= 65504.0)
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        self.dtype.elements_in(self.bytes.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as stored, decoded (a quantized one dequantised).
+    #[inline]
+    fn stored(&self, i: usize) -> f32 {
+        match self.dtype {
+            DType::Affine(a) => a.get(self.bytes, self.len(), i),
+            d => decode_f32(d, self.bytes, i),
+        }
     }
 
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
-        to_f16_if(decode_f32(self.dtype, self.bytes, i), self.f16)
+        to_f16_if(self.stored(i), self.f16)
     }
 
     /// Decode `out.len()` elements starting at element `start`.
@@ -67,6 +84,13 @@ impl<'a> Weights<'a> {
     }
 
     fn decode_stored(&self, start: usize, out: &mut [f32]) {
+        if let DType::Affine(a) = self.dtype {
+            let len = self.len();
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = a.get(self.bytes, len, start + k);
+            }
+            return;
+        }
         let s = self.dtype.size();
         let src = &self.bytes[start * s..(start + out.len()) * s];
         match self.dtype {
@@ -80,7 +104,7 @@ impl<'a> Weights<'a> {
                     *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
                 }
             }
-            DType::F32 | DType::U32 => {
+            DType::F32 | DType::U32 | DType::Affine(_) => {
                 for (i, o) in out.iter_mut().enumerate() {
                     *o = decode_f32(self.dtype, src, i);
                 }

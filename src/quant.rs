@@ -1,0 +1,302 @@
+//! MLX's affine quantisation (mlx `quantize` with `mode="affine"`), the
+//! format of mlx-community's quantized checkpoints (docs/mlx-quantization.md).
+//!
+//! A quantized `[rows, cols]` matrix keeps, per group of `group` consecutive
+//! elements of a row, a scale and a bias: `w = scale * q + bias` with `q`
+//! an unsigned `bits`-bit integer. The values are packed least significant
+//! bits first into a stream of little-endian u32 words (4-bit: eight a word,
+//! element 0 in bits 0-3; 3-, 5- and 6-bit values run across word edges as
+//! mlx packs them into 3- or 5-byte units, which is the same stream).
+//!
+//! On a device a quantized weight is ONE buffer of dtype
+//! [`DType::Affine`](crate::DType::Affine) whose `len` is the matrix's
+//! element count, laid out as [`Affine::layout`] says: the packed words,
+//! then the scales, then the biases, each part padded to a whole word, so
+//! every op that reads a weight takes a quantized one unchanged in shape.
+
+use crate::dtype::{decode_f32, DType};
+use crate::error::{Error, Result};
+
+/// The float type of a quantized weight's scales and biases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl ScaleType {
+    pub fn dtype(self) -> DType {
+        match self {
+            ScaleType::F32 => DType::F32,
+            ScaleType::F16 => DType::F16,
+            ScaleType::BF16 => DType::BF16,
+        }
+    }
+
+    pub fn from_dtype(d: DType) -> Option<ScaleType> {
+        match d {
+            DType::F32 => Some(ScaleType::F32),
+            DType::F16 => Some(ScaleType::F16),
+            DType::BF16 => Some(ScaleType::BF16),
+            _ => None,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::F16 | ScaleType::BF16 => 2,
+        }
+    }
+}
+
+/// One quantized weight's format: bits per value, values per group, and
+/// the type its scales and biases are stored in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Affine {
+    pub bits: u8,
+    pub group: u16,
+    pub scales: ScaleType,
+}
+
+/// The bit widths mlx quantizes to.
+pub const BITS: [u8; 6] = [2, 3, 4, 5, 6, 8];
+/// The group sizes mlx quantizes with.
+pub const GROUPS: [u16; 3] = [32, 64, 128];
+
+/// Byte offsets of a quantized buffer's parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Packed words: `len * bits / 32` of them from offset 0.
+    pub words: usize,
+    /// Byte offset of the scales (`len / group` of them).
+    pub scales: usize,
+    /// Byte offset of the biases.
+    pub biases: usize,
+    /// Total bytes.
+    pub bytes: usize,
+}
+
+fn word_pad(n: usize) -> usize {
+    n.div_ceil(4) * 4
+}
+
+impl Affine {
+    /// A format mlx can write: bits in [`BITS`], group in [`GROUPS`].
+    pub fn new(bits: u32, group: u32, scales: ScaleType) -> Result<Affine> {
+        let b = u8::try_from(bits).ok().filter(|b| BITS.contains(b));
+        let g = u16::try_from(group).ok().filter(|g| GROUPS.contains(g));
+        match (b, g) {
+            (Some(bits), Some(group)) => Ok(Affine {
+                bits,
+                group,
+                scales,
+            }),
+            (None, _) => Err(Error::Config {
+                path: "quantization".into(),
+                detail: format!("bits {bits}: mlx quantizes to 2, 3, 4, 5, 6 or 8 bits"),
+            }),
+            (_, None) => Err(Error::Config {
+                path: "quantization".into(),
+                detail: format!("group_size {group}: mlx groups 32, 64 or 128 values"),
+            }),
+        }
+    }
+
+    /// Short name, as in parity case names: `q4g64` (bf16 scales implied;
+    /// others suffixed, `q4g64s32`).
+    pub fn name(&self) -> String {
+        let s = match self.scales {
+            ScaleType::BF16 => "",
+            ScaleType::F16 => "s16",
+            ScaleType::F32 => "s32",
+        };
+        format!("q{}g{}{s}", self.bits, self.group)
+    }
+
+    /// Packed u32 words a row of `cols` takes: `cols * bits / 32`, when
+    /// whole (always, for a `cols` the group divides).
+    pub fn row_words(&self, cols: usize) -> Option<usize> {
+        let bits = cols * self.bits as usize;
+        (cols.is_multiple_of(self.group as usize) && bits.is_multiple_of(32)).then_some(bits / 32)
+    }
+
+    /// Whether rows of `cols` can be held: the group divides them (so the
+    /// packed words of a row are whole, groups being multiples of 32).
+    pub fn fits_cols(&self, cols: usize) -> bool {
+        cols > 0 && self.row_words(cols).is_some()
+    }
+
+    /// Where the parts of a buffer of `len` elements lie (`len` a multiple
+    /// of the group).
+    pub fn layout(&self, len: usize) -> Layout {
+        let words = len * self.bits as usize / 32;
+        let groups = len / self.group as usize;
+        let part = word_pad(groups * self.scales.size());
+        let scales = words * 4;
+        Layout {
+            words,
+            scales,
+            biases: scales + part,
+            bytes: scales + 2 * part,
+        }
+    }
+
+    /// The buffer of a matrix from its three checkpoint tensors, as
+    /// [`Affine::layout`] places them. Each part's byte length must be what
+    /// `len` elements take.
+    pub fn assemble(&self, len: usize, words: &[u8], scales: &[u8], biases: &[u8]) -> Vec<u8> {
+        let l = self.layout(len);
+        let mut out = vec![0u8; l.bytes];
+        out[..words.len()].copy_from_slice(words);
+        out[l.scales..l.scales + scales.len()].copy_from_slice(scales);
+        out[l.biases..l.biases + biases.len()].copy_from_slice(biases);
+        out
+    }
+
+    /// A buffer's three parts (words, scales, biases), without padding.
+    pub fn split<'a>(&self, bytes: &'a [u8], len: usize) -> (&'a [u8], &'a [u8], &'a [u8]) {
+        let l = self.layout(len);
+        let part = len / self.group as usize * self.scales.size();
+        (
+            &bytes[..l.words * 4],
+            &bytes[l.scales..l.scales + part],
+            &bytes[l.biases..l.biases + part],
+        )
+    }
+
+    /// Matrices of this format with the same columns, stacked by rows into
+    /// one buffer: `parts` are (buffer, elements) in row order.
+    pub fn stack(&self, parts: &[(&[u8], usize)]) -> Vec<u8> {
+        let len: usize = parts.iter().map(|p| p.1).sum();
+        let (mut w, mut s, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        for &(bytes, n) in parts {
+            let (pw, ps, pb) = self.split(bytes, n);
+            w.extend_from_slice(pw);
+            s.extend_from_slice(ps);
+            b.extend_from_slice(pb);
+        }
+        self.assemble(len, &w, &s, &b)
+    }
+
+    /// The unsigned value of element `i` of the packed stream.
+    #[inline]
+    pub fn q(&self, bytes: &[u8], i: usize) -> u32 {
+        let bits = self.bits as usize;
+        let bit = i * bits;
+        let (w, s) = (bit / 32, bit % 32);
+        let word = |k: usize| {
+            u32::from_le_bytes([
+                bytes[4 * k],
+                bytes[4 * k + 1],
+                bytes[4 * k + 2],
+                bytes[4 * k + 3],
+            ])
+        };
+        let mask = (1u64 << bits) - 1;
+        let lo = word(w) as u64 >> s;
+        let v = if s + bits > 32 {
+            lo | ((word(w + 1) as u64) << (32 - s))
+        } else {
+            lo
+        };
+        (v & mask) as u32
+    }
+
+    /// Element `i` of a buffer of `len` elements, dequantised to f32:
+    /// `scale * q + bias` (one rounding for the product, one for the sum,
+    /// as mlx's own kernels compute it in f32).
+    #[inline]
+    pub fn get(&self, bytes: &[u8], len: usize, i: usize) -> f32 {
+        let l = self.layout(len);
+        let g = i / self.group as usize;
+        let dt = self.scales.dtype();
+        let s = decode_f32(dt, &bytes[l.scales..], g);
+        let b = decode_f32(dt, &bytes[l.biases..], g);
+        s * self.q(bytes, i) as f32 + b
+    }
+}
+
+/// Pack unsigned `bits`-bit values into the stream [`Affine::q`] reads.
+pub fn pack(values: &[u32], bits: u8) -> Vec<u32> {
+    let bits = bits as usize;
+    let mut out = vec![0u32; (values.len() * bits).div_ceil(32)];
+    for (i, &v) in values.iter().enumerate() {
+        let bit = i * bits;
+        let (w, s) = (bit / 32, bit % 32);
+        let v = v as u64 & ((1u64 << bits) - 1);
+        out[w] |= (v << s) as u32;
+        if s + bits > 32 {
+            out[w + 1] |= (v >> (32 - s)) as u32;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::encode_f32;
+
+    #[test]
+    fn pack_and_read_back_every_width() {
+        let mut rng = crate::rng::Rng::new(11);
+        for bits in BITS {
+            let f = Affine::new(bits as u32, 32, ScaleType::F32).unwrap();
+            let vals: Vec<u32> = (0..96)
+                .map(|_| (rng.uniform() * (1u32 << bits) as f32) as u32 % (1 << bits))
+                .collect();
+            let words = pack(&vals, bits);
+            assert_eq!(words.len(), 96 * bits as usize / 32);
+            let bytes: Vec<u8> = bytemuck::cast_slice(&words).to_vec();
+            for (i, &v) in vals.iter().enumerate() {
+                assert_eq!(f.q(&bytes, i), v, "bits {bits} element {i}");
+            }
+        }
+        // 4-bit: element 0 in bits 0-3, element 7 in bits 28-31.
+        assert_eq!(pack(&[1, 0, 0, 0, 0, 0, 0, 15], 4), vec![0xf000_0001]);
+    }
+
+    #[test]
+    fn dequantises_through_the_layout() {
+        let f = Affine::new(4, 32, ScaleType::BF16).unwrap();
+        let q: Vec<u32> = (0..64).map(|i| i % 16).collect();
+        let words: Vec<u8> = bytemuck::cast_slice(&pack(&q, 4)).to_vec();
+        let scales = encode_f32(DType::BF16, &[0.5, -2.0]);
+        let biases = encode_f32(DType::BF16, &[1.0, 3.0]);
+        let buf = f.assemble(64, &words, &scales, &biases);
+        assert_eq!(buf.len(), f.layout(64).bytes);
+        assert_eq!(f.get(&buf, 64, 3), 0.5 * 3.0 + 1.0);
+        assert_eq!(f.get(&buf, 64, 32 + 5), -2.0 * 5.0 + 3.0);
+    }
+
+    #[test]
+    fn stacks_by_rows() {
+        let f = Affine::new(8, 32, ScaleType::BF16).unwrap();
+        let make = |q0: u32, s: f32| {
+            let q: Vec<u32> = (0..32).map(|i| (i + q0) % 256).collect();
+            let w: Vec<u8> = bytemuck::cast_slice(&pack(&q, 8)).to_vec();
+            f.assemble(
+                32,
+                &w,
+                &encode_f32(DType::BF16, &[s]),
+                &encode_f32(DType::BF16, &[-1.0]),
+            )
+        };
+        let (a, b) = (make(0, 0.25), make(100, 2.0));
+        let st = f.stack(&[(&a, 32), (&b, 32)]);
+        for i in 0..32 {
+            assert_eq!(f.get(&st, 64, i), f.get(&a, 32, i));
+            assert_eq!(f.get(&st, 64, 32 + i), f.get(&b, 32, i));
+        }
+    }
+
+    #[test]
+    fn refuses_formats_mlx_does_not_write() {
+        assert!(Affine::new(7, 64, ScaleType::BF16).is_err());
+        assert!(Affine::new(4, 48, ScaleType::BF16).is_err());
+        let f = Affine::new(3, 64, ScaleType::BF16).unwrap();
+        assert!(f.fits_cols(128) && !f.fits_cols(96) && !f.fits_cols(0));
+    }
+}
