@@ -51,7 +51,7 @@ impl DType {
                 let len = nbytes / per * g;
                 (a.layout(len).bytes == nbytes).then_some(len)
             }
-            d => nbytes.is_multiple_of(d.size()).then(|| nbytes / d.size()),
+            d => (nbytes % d.size() == 0).then(|| nbytes / d.size()),
         }
     }
 

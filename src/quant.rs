@@ -119,7 +119,7 @@ impl Affine {
     /// whole (always, for a `cols` the group divides).
     pub fn row_words(&self, cols: usize) -> Option<usize> {
         let bits = cols * self.bits as usize;
-        (cols.is_multiple_of(self.group as usize) && bits.is_multiple_of(32)).then_some(bits / 32)
+        (cols % self.group as usize == 0 && bits % 32 == 0).then_some(bits / 32)
     }
 
     /// Whether rows of `cols` can be held: the group divides them (so the
@@ -218,6 +218,55 @@ impl Affine {
     }
 }
 
+/// One matrix quantized by mlx's rule (`mx.quantize`, mode "affine"),
+/// before its scales and biases are cast to their stored type.
+pub struct Quantized {
+    pub words: Vec<u32>,
+    pub scales: Vec<f32>,
+    pub biases: Vec<f32>,
+}
+
+/// `values` (rows of a multiple of `group`) quantized exactly as mlx does,
+/// in f32: per group, the end of larger magnitude is the `edge` (it gets
+/// q = 0 or q = 2^bits - 1 exactly); `scale = (max - min) / (2^bits - 1)`
+/// (at least 1e-7), negative when the edge is the maximum; the scale is
+/// then nudged to `edge / round(edge / scale)` so that the edge is hit
+/// exactly; `bias = edge`; `q = clamp(round((w - bias) / scale))`, ties to
+/// even. The q values come from the f32 scale and bias, before their cast
+/// (checked bit for bit against mlx 0.32.4 for every bits and group: tests/mlx_quantize.rs).
+pub fn quantize(values: &[f32], bits: u8, group: usize) -> Quantized {
+    let n_bins = ((1u32 << bits) - 1) as f32;
+    let groups = values.len() / group;
+    let (mut scales, mut biases) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
+    let mut q = Vec::with_capacity(values.len());
+    for g in values.chunks_exact(group) {
+        let w_max = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let w_min = g.iter().copied().fold(f32::INFINITY, f32::min);
+        let min_is_edge = w_min.abs() > w_max.abs();
+        let mut scale = ((w_max - w_min) / n_bins).max(1e-7);
+        if !min_is_edge {
+            scale = -scale;
+        }
+        let edge = if min_is_edge { w_min } else { w_max };
+        let q0 = (edge / scale).round_ties_even();
+        if q0 != 0.0 {
+            scale = edge / q0;
+        }
+        let bias = edge;
+        q.extend(
+            g.iter()
+                .map(|&w| ((w - bias) / scale).round_ties_even().clamp(0.0, n_bins) as u32),
+        );
+        scales.push(scale);
+        biases.push(bias);
+    }
+    Quantized {
+        words: pack(&q, bits),
+        scales,
+        biases,
+    }
+}
+
 /// Pack unsigned `bits`-bit values into the stream [`Affine::q`] reads.
 pub fn pack(values: &[u32], bits: u8) -> Vec<u32> {
     let bits = bits as usize;
@@ -290,6 +339,43 @@ mod tests {
             assert_eq!(f.get(&st, 64, i), f.get(&a, 32, i));
             assert_eq!(f.get(&st, 64, 32 + i), f.get(&b, 32, i));
         }
+    }
+
+    /// The rule's own properties: the edge is hit exactly, a constant group
+    /// quantizes to its value, every value within a step.
+    #[test]
+    fn quantize_hits_the_edge_and_stays_in_range() {
+        let mut rng = crate::rng::Rng::new(5);
+        for bits in BITS {
+            let v = rng.vec_normal(128, 0.05);
+            let qz = quantize(&v, bits, 64);
+            let f = Affine::new(bits as u32, 64, ScaleType::F32).unwrap();
+            let words: Vec<u8> = bytemuck::cast_slice(&qz.words).to_vec();
+            let buf = f.assemble(
+                128,
+                &words,
+                &encode_f32(DType::F32, &qz.scales),
+                &encode_f32(DType::F32, &qz.biases),
+            );
+            for g in 0..2 {
+                let grp = &v[g * 64..(g + 1) * 64];
+                let (mx, mn) = grp
+                    .iter()
+                    .fold((f32::MIN, f32::MAX), |(a, b), &x| (a.max(x), b.min(x)));
+                let edge = if mn.abs() > mx.abs() { mn } else { mx };
+                let at = grp.iter().position(|&x| x == edge).unwrap();
+                assert_eq!(f.get(&buf, 128, g * 64 + at), edge, "bits {bits}");
+                let step = qz.scales[g].abs();
+                for (i, &x) in grp.iter().enumerate() {
+                    let d = (f.get(&buf, 128, g * 64 + i) - x).abs();
+                    // Half a step from rounding, up to half a step more at
+                    // the far end when the nudged scale no longer reaches it.
+                    assert!(d <= step + 1e-6, "bits {bits}: {d} > a step {step}");
+                }
+            }
+        }
+        let flat = quantize(&[0.25f32; 32], 4, 32);
+        assert_eq!(flat.biases[0] + flat.scales[0] * 0.0, 0.25);
     }
 
     #[test]
