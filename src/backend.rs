@@ -268,7 +268,7 @@ pub struct Features {
     /// workgroup's writes, published by a storage barrier, are visible to
     /// another that has seen them counted on an atomic. A launch's last
     /// workgroup can then finish work that took a dependent dispatch (a
-    /// "tail", docs/decisions.md eighteenth session).
+    /// "tail", docs/decisions.md).
     pub coherent_storage: bool,
 }
 

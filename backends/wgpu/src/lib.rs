@@ -43,8 +43,8 @@ const PARAM_SLOTS: u64 = 4096;
 /// The longest the host waits for the device to finish what it was given
 /// (a decode step, a layer of a prefill batch: milliseconds on a real GPU,
 /// seconds on lavapipe) before it reports the device hung, rather than
-/// waiting for ever (the fourteenth session saw a test binary wait 300 s
-/// once on the H200, with nothing to say where).
+/// waiting for ever (a test binary once waited 300 s on the H200, 2026-12-01,
+/// with nothing to say where).
 const GPU_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A failed wait on the device, saying how long it waited where it timed
