@@ -157,7 +157,7 @@ fn attn_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let c = lid % dp;
     let vs = lid / dp;
     // Slot q's value accumulator is a<q>: named registers, not an array
-    // indexed in loops over the slots (attn_decode's rule, eighth session:
+    // indexed in loops over the slots (attn_decode's rule, 2026-12-01:
     // the NVIDIA driver kept such arrays in local memory); those past QT
     // are computed on other slots' values and never stored (QT is a
     // constant).
@@ -368,13 +368,13 @@ override NS: u32 = GD * RPW;
 override D4: u32 = 64u;
 // Whether the launch has several query rows. Without, the row is 0 and a
 // workgroup's index is one row's (kv head, split): the rows' indexing cost
-// one row 1.5-2% at full layers' 8K and 32K keys on the H200 (sixteenth
-// session run 05).
+// one row 1.5-2% at full layers' 8K and 32K keys on the H200 (2026-12-01
+// at fa0b043, run 05).
 override MROWS: bool = false;
 // Whether a split's next chunk of keys is loaded during the current one
 // (the launcher sets it where splits take several chunks: on the H200 the
 // sliding layers' single-chunk splits were 20% slower with the loads laid
-// out so, 14.5 -> 17.4 us at 1K keys, sixteenth session runs 02-03).
+// out so, 14.5 -> 17.4 us at 1K keys, 2026-12-01 at fa0b043, runs 02-03).
 override PIPE: bool = false;
 // Keys per chunk and dim parts per key (KD * DP = 256 threads).
 const KD: u32 = 32u;

@@ -286,8 +286,8 @@ var<workgroup> crange: array<vec2<u32>, 16>;
 var<workgroup> ckey: array<f32, 32>;
 // The workgroup's keys [lo, hi) (lanes 2-3 unused). A vec4, not a vec2:
 // every workgroup variable here is a whole number of 16-byte units. With
-// cspan a vec2 the kernel read NaN on the H200 (thirteenth session, run
-// 02), most likely because the driver packs the variables in an order of
+// cspan a vec2 the kernel read NaN on the H200 (2026-12-01 at f16691c,
+// run 02), most likely because the driver packs the variables in an order of
 // its own and a cooperative load or store in csp / cpp, which needs 16-byte
 // alignment, then started 8 bytes off.
 var<workgroup> cspan: vec4<u32>;

@@ -84,7 +84,7 @@ fn gelu_tanh(x: f32) -> f32 {
 // gate_up matrix's block holds 16 gate rows, then the up rows of the same
 // 16 features, twice (the order the prefill GEMMs' tiles take them in).
 // The prefill GEMM's tiles then read whole runs of memory a step
-// (docs/decisions.md, fourteenth session).
+// (docs/decisions.md).
 
 // The vec4 index of the first 8 weights of row `r` of the expert matrix
 // that starts at vec4 `eb`, `kq` vec4 a row: row-major, or `tiled` (a

@@ -37,7 +37,7 @@ enable wgpu_cooperative_matrix;
 // the row's 1 / s, the down mode's routing weight and the bounds applied.
 // That staging area is one fragment a warp and the row maps are BM long, so
 // the tiles fit devices with little workgroup memory (on the H200 halving
-// them did not change the time: docs/decisions.md, ninth session).
+// them did not change the time: docs/decisions.md).
 
 // Params and P: kernels/gemm_tiles.wgsl.
 

@@ -11,7 +11,8 @@
 // loads before the first returns (as kernels/moe_decode.wgsl does). The
 // others keep k a parameter (GBK = 0), their loads coming back a pair per
 // round trip, which on the H200 was faster for them (q_proj sliding 9.3
-// against 10.6 us, full 14.7 against 17.2; BENCHMARKS.md, twelfth session).
+// against 10.6 us, full 14.7 against 17.2; BENCHMARKS.md, 2026-12-01 at
+// ff0b6d1).
 
 struct Params {
     n: u32,
@@ -101,7 +102,7 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // rule and its figures). The sums are named vec4 registers (x rows 0-3,
 // 4-7, ... of weight row 0 in c0..c3, row 1 in d*, 2 in e*, 3 in f*), not
 // arrays indexed by loops, which the NVIDIA driver has kept in local
-// memory elsewhere (docs/decisions.md, eighth session). The lane sums go
+// memory elsewhere (docs/decisions.md). The lane sums go
 // through workgroup memory for all of x's rows at once (one tree of
 // barriers per weight row, not per x row).
 

@@ -325,7 +325,7 @@ fn moe_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 // a lane (two lanes a row) and the 8 warps take every 8th chunk, so a
 // warp's loads are two whole runs (the row-major body above, re-indexed,
 // read 32-byte pieces 2 KB apart: 238 -> 329 us at 16 tokens on the H200,
-// fourteenth session run 09). The slot's tokens go through 4 at a time.
+// 2026-12-01 at a94f43a, run 09). The slot's tokens go through 4 at a time.
 var<workgroup> t_rows: array<vec4<f32>, 16>;
 
 fn gate_up_tiled(e: u32, cnt: u32, off: u32, i0: u32, lid: u32) {

@@ -128,7 +128,7 @@ var<workgroup> swt: array<f32, MAXK>;
 // slot's chunks (2 TROWS threads a (slot, chunk) piece, 256 / (2 TROWS)
 // pieces a round). Re-indexing the row-major bodies instead, so that two
 // lanes share a 32-byte piece and the next pair reads 2 KB further on, was
-// 18% / 15% slower on the H200 (fourteenth session, run 08); kernel_lab's
+// 18% / 15% slower on the H200 (2026-12-01 at a94f43a, run 08); kernel_lab's
 // moe_tiled (its first form, since replaced) measured this layout of the
 // work at the row-major kernels' speed (runs 05-07).
 

@@ -1,5 +1,5 @@
-// A launch's last workgroup to finish (a "tail": docs/decisions.md,
-// eighteenth session), appended to the families that finish in one
+// A launch's last workgroup to finish (a "tail": docs/decisions.md),
+// appended to the families that finish in one
 // (attention). The host declares the counters
 // `TCNT: array<atomic<u32>>` (zero between launches) and makes what the
 // last workgroup reads of the others' writes `@coherent`

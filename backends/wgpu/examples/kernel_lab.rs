@@ -1122,8 +1122,8 @@ fn tile_order(words: &[u32], (experts, rows, k): (usize, usize, usize), gate_up:
 /// runs (32 gate_up, 64 down): the same selected experts (16 rotating
 /// sets), each tiled result checked against the row-major one. The
 /// permutation here is the lab's own, so the check also holds the kernels
-/// to an independent statement of the layout. (Runs 05-07 of the
-/// fourteenth session timed the lab's first tiled kernels, whose 8 / 4
+/// to an independent statement of the layout. (H200 runs 05-07 of
+/// 2026-12-01 at a94f43a timed the lab's first tiled kernels, whose 8 / 4
 /// feature and 4 / 8 / 16 row geometries chose the backend's.)
 fn tiled_moe_case(
     lab: &Lab,
@@ -1295,7 +1295,7 @@ fn main() {
     dispatch_case(&lab, &filter);
     // (352, one workgroup a block, is the fastest grid but hung the H200
     // in one compile of two: residency is the driver's register choice;
-    // docs/decisions.md, twentieth session)
+    // docs/decisions.md)
     let grids = lab_grids(&[132, 264]);
     grid_sync_case(&lab, 2816, 8, &grids, &filter);
     grid_sync_case(&lab, 0, 8, &grids, &filter);

@@ -7,7 +7,7 @@
 // the backend's gemv now takes for short weights as its GBK). Variants
 // measured slower and dropped (X staged in workgroup memory, four rows per
 // lane group, 64-thread groups, a subgroup lane sum) are in the outputs of
-// docs/bench/h200-2026-11-29-s2/lab and s3/lab.
+// the H200 lab runs at 435a108 and 93ea97b (BENCHMARKS.md).
 
 // Compiled after kernels/gemv.wgsl (as the backend composes it), whose
 // Params (k = P.k, rows = P.rows), bindings W / X / OUT, `part` and dot8 it
@@ -48,7 +48,7 @@ fn empty_b(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     }
 }
 
-// kernels/gemv.wgsl's loop as of the second session (the backend's own
+// kernels/gemv.wgsl's loop as of 435a108, 2026-11-29 (the backend's own
 // kernel is timed beside the variants as `real gemv`).
 @compute @workgroup_size(256)
 fn base(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {

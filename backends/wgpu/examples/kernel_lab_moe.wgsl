@@ -6,7 +6,7 @@
 // group became the backend's kernel; the down variants timed the same as
 // it or slower and were dropped (their outputs: docs/bench/*/lab). The
 // tile-ordered decode kernels first written here (gu_tiled, dn_tiled; H200
-// runs 05-07 of docs/bench/h200-2026-12-01-s14) became moe_decode.wgsl's
+// runs 05-07 of 2026-12-01 at a94f43a) became moe_decode.wgsl's
 // tiled bodies, which the `moe_tiled` case now times.
 
 fn row_dot(base: u32, lane: u32) -> f32 {

@@ -14,7 +14,7 @@
 // form is only sound when every workgroup of its grid is resident at once,
 // which the driver's register allocation decides: on the H200 352
 // workgroups ran in one compile and hung in the next (docs/decisions.md,
-// twentieth session). The lab's default grids stay at 132 and 264.
+// 2026-12-01). The lab's default grids stay at 132 and 264.
 
 struct Params {
     rows: u32,
@@ -48,7 +48,7 @@ var<workgroup> xs: array<vec4<f32>, 704>;
 
 // A lane's weights of rows rb * ROWS .. of step s, as named registers (a
 // struct, statically indexed: an array indexed by a loop went to local
-// memory on the H200, the eighth session's rule), with no dependence on the
+// memory on the H200, a rule since 2026-12-01), with no dependence on the
 // step's input, so a persistent workgroup can issue them before it waits
 // for that input (chain_persist's PRE).
 struct Lw {

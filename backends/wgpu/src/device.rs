@@ -15,7 +15,7 @@ pub struct WgpuOptions {
     /// `TURBOSPARK_NO_SUBGROUPS=1`.
     pub no_subgroups: bool,
     /// Launches that finish in their last workgroup ("tails": attn_decode
-    /// combining its splits, docs/decisions.md eighteenth session), which
+    /// combining its splits, docs/decisions.md), which
     /// need coherent storage: `None` takes them on Vulkan where the adapter
     /// has it (measured and tested there: lavapipe, the H200) and not on
     /// Metal, DX12 or MoltenVK, where no device run has checked them yet;
@@ -43,7 +43,7 @@ pub struct WgpuOptions {
     /// or device cannot hold is an error when the backend opens.
     pub coop_tiles: Option<String>,
     /// Store MoE expert stacks in tile order (common.wgsl's `expert_row`,
-    /// docs/decisions.md, fourteenth session) where their shape allows:
+    /// docs/decisions.md) where their shape allows:
     /// `Some(true)` / `Some(false)`; `None` takes the
     /// `TURBOSPARK_EXPERT_TILES` environment variable (`0` or `1`), else
     /// on where the device has the tensor-core GEMM (measured there: the

@@ -1,5 +1,5 @@
 //! Expert stacks in tile order: the layout kernels/common.wgsl's
-//! `expert_row` reads (docs/decisions.md, fourteenth session).
+//! `expert_row` reads (docs/decisions.md).
 //!
 //! Each expert's matrix is cut into blocks of 64 rows and each block into
 //! chunks of 16 of k; a chunk holds its 64 rows' 32 bytes (16 weights) one

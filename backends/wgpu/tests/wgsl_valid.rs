@@ -152,7 +152,7 @@ fn every_kernel_file_is_registered() {
 
 /// The kernel lab's variant files (examples/kernel_lab*.wgsl) still parse and
 /// validate against the kernels they build on (kernel_lab_sync.wgsl on the
-/// common prelude alone), so the lab does not rot between GPU sessions.
+/// common prelude alone), so the lab does not rot between GPU runs.
 #[test]
 fn kernel_lab_sources_validate() {
     for (name, src) in [
@@ -203,8 +203,8 @@ fn kernel_lab_sources_validate() {
 /// whole number of 16-byte units (at the overrides' defaults). A
 /// cooperative load or store in workgroup memory needs 16-byte alignment,
 /// and the driver lays the variables out in an order of its own: a single
-/// 8-byte `vec2` made attention_coop read NaN on the H200 (thirteenth
-/// session), which no Linux machine without tensor cores could show.
+/// 8-byte `vec2` made attention_coop read NaN on the H200 (2026-12-01 at
+/// f16691c), which no Linux machine without tensor cores could show.
 #[test]
 fn cooperative_families_keep_workgroup_variables_16_byte_sized() {
     let mut failures = Vec::new();

@@ -17,7 +17,7 @@ pub struct Case {
     pub m: usize,
     /// Why the CPU reference skips it by default (`--cpu-all` runs it).
     pub cpu_skip: Option<&'static str>,
-    /// The target on the H200, in microseconds, where it sets one.
+    /// The target on the H200, in microseconds, where there is one.
     pub target_us: Option<f64>,
 }
 

@@ -103,8 +103,8 @@ fn greedy(n: usize) -> GenerateOptions {
 /// Pairs of runs (nothing left out, then the kernel left out) per kernel
 /// in the ablation, outside `--quick`: its cost is the median of the pairs'
 /// differences. One pair a kernel against one shared baseline read
-/// rms_norm's single dispatch at 96.6 us a step on the H200 (twelfth
-/// session run 05; its profile: 11 us), the runs' wall-clock jitter.
+/// rms_norm's single dispatch at 96.6 us a step on the H200 (2026-12-01
+/// at ff0b6d1, run 05; its profile: 11 us), the runs' wall-clock jitter.
 const ABLATION_PAIRS: usize = 3;
 
 /// What each kernel of a decode step costs the step, its launches and the
@@ -324,7 +324,7 @@ fn measure<B: ComputeBackend + Counters>(
     eprintln!("bench: end to end: loading synthetic {name} on {device}");
     // (what the backend held before, e.g. from the per-op cases, is not the
     // model's; their scratch is let go so that the model's own counts in
-    // its peak: the sessions before the eleventh left it out)
+    // its peak: the runs before 86f0e24 left it out)
     backend.release_scratch();
     backend.reset_peak_memory();
     let held_before = backend.memory().map_or(0, |m| m.0);

@@ -152,8 +152,9 @@ fn budgets(a: &Args) -> (Budget, Budget) {
         // GPUs idle at low clocks between cases (the H200 at 345 MHz): a
         // short case measured cold ran 4x slow. Keep the device busy first:
         // 0.3 s left the H200 at 1140 MHz (its ramp can rest there) for the
-        // MoE decode cases of session 11's runs 03 and 07, which read 2.6x
-        // slow after several seconds of host setup; 1 s of work first.
+        // MoE decode cases of runs 03 and 07 at 641cf64 (2026-12-01), which
+        // read 2.6x slow after several seconds of host setup; 1 s of work
+        // first.
         warmup_seconds: if a.quick { 0.0 } else { 1.0 },
     };
     let cpu = Budget {

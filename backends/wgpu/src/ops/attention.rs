@@ -255,13 +255,13 @@ const DECODE_GROUPS: usize = 512;
 /// that attn_combine reads again, next to 128 KB of K/V a chunk of keys, so
 /// fewer splits of several chunks each win (H200, 8 heads of 512 at 8K
 /// keys: 45.6 us at 512 workgroups, 35.8 at 128, 53.3 at 64; at 32K 111.4,
-/// 96.1, 171.2; sixteenth session run 03), where the narrow groups lost
+/// 96.1, 171.2; 2026-12-01 at fa0b043, run 03), where the narrow groups lost
 /// (2 heads of 256 at 1K keys: 14.5 us at 256 workgroups, 15.9 at 128).
 const DECODE_GROUPS_WIDE: usize = 128;
 /// Most split workgroups `attn_decode_qkv` runs in one launch: each builds
 /// its group's queries itself, which at 512 of them (full layers at 8K
 /// keys) cost more than the qkv_post dispatch it saves, and at 256
-/// (sliding layers at 1K) less (thirteenth session run 09, at
+/// (sliding layers at 1K) less (H200, 2026-12-01 at f16691c, run 09, at
 /// [`qkv_attention`]).
 const FUSED_MAX_GROUPS: usize = 256;
 /// Row blocks of `attn_decode` (a workgroup's rows: one, or
@@ -286,7 +286,7 @@ const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16 + 256 * 4 + 32 * 4;
 /// Apple: 32; lavapipe: 8), so that a query slot's keys are whole
 /// subgroups and the chunk's softmax runs by subgroup; else 0, the
 /// softmax through workgroup memory (devices without subgroups, or whose
-/// width varies). On the H200 (seventeenth session run 05, medians of two
+/// width varies). On the H200 (2026-12-01 at 3b6d936, run 05, medians of two
 /// rounds) the subgroup softmax took full layers at 8K keys 36.5 -> 32.8
 /// us, at 32K 97.6 -> 90.8, qkv_post + attention at 8K 40.8 -> 38.1,
 /// sliding layers at 1K 14.7 -> 14.0; 16 rows of the sliding layers (four
@@ -341,7 +341,7 @@ const QKV_SMEM: usize = 16 * 4;
 /// reads them all, where attn_combine spreads them over a workgroup per
 /// (slot, 32 vec4). Gemma 4's sliding layers (2 slots of 64 vec4, 16-32
 /// splits) take the tail; its full layers (8 slots of 128, at least 288 KB
-/// from 18 splits) keep attn_combine. docs/decisions.md, eighteenth session.
+/// from 18 splits) keep attn_combine. docs/decisions.md.
 const TAIL_MAX_BYTES: usize = 64 << 10;
 /// Most (slot, split) pairs a tail stages (`tail_combine`'s dred rows).
 const TAIL_MAX_PAIRS: usize = 256;
@@ -555,7 +555,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     // blocks (its tiles) share no K / V load, and take its target four to a
     // share: at 16 rows, 8 heads of 512 at 8K keys on the H200, 390 us with
     // the target per row (2048 workgroups), 345 with four rows to it (512);
-    // sixteenth session run 05.
+    // 2026-12-01 at fa0b043, run 05.
     let tiles_per_target = if decode {
         ntiles.div_ceil(DECODE_ROWS_PER_TARGET)
     } else {
@@ -620,7 +620,7 @@ fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention)
 /// among a tile's 8 query slots but walks 8 keys a step with a serial
 /// softmax. On the H200 at 16 rows against attn_split: 8 heads of 512 a
 /// row a workgroup, 8K keys 671 -> 345 us, 32K 2.36 -> 1.30 ms, 1K 82 ->
-/// 62 (sixteenth session run 05); 2 heads of 256 four rows a workgroup, 1K
+/// 62 (2026-12-01 at fa0b043, run 05); 2 heads of 256 four rows a workgroup, 1K
 /// keys 57.6 -> 39.7 us, 8K 59.7 -> 42.5 (run 07; a row a workgroup was
 /// slower than attn_split there, 86 us at 1K).
 fn decode_takes(p: &Attention, smem_limit: u32) -> bool {
@@ -676,10 +676,10 @@ fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
 /// costs more than the dispatch it saves once there are that many (on the
 /// H200, full layers at 8K keys, 512 workgroups: 62.0 us fused against
 /// 45.5 for the split phase and combine after a 3.8 us qkv_post; sliding
-/// layers at 1K, 256 workgroups, 15.8 fused against 14.5 + 3.8; thirteenth
-/// session run 09; at 128 workgroups, full layers at 8K: 40.5 fused
-/// against 35.8 + 3.8, sixteenth session run 03). The caller checked both
-/// ops' shapes.
+/// layers at 1K, 256 workgroups, 15.8 fused against 14.5 + 3.8; 2026-12-01
+/// at f16691c, run 09; at 128 workgroups, full layers at 8K: 40.5 fused
+/// against 35.8 + 3.8, 2026-12-01 at fa0b043, run 03). The caller checked
+/// both ops' shapes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_attention(
     be: &WgpuBackend,

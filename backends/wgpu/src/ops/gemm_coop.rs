@@ -33,7 +33,7 @@ const BK: u32 = 32;
 /// X16 rows per prep workgroup (a warp per row). A row per 256-thread
 /// workgroup (its max by workgroup_max, one pass of loads kept in
 /// registers) was slower on the H200: 15 -> 24 us a dispatch at 512 tokens
-/// (thirteenth session, run 07), the route search and the reduction's
+/// (2026-12-01 at f16691c, run 07), the route search and the reduction's
 /// barriers repeated per row.
 const PREP_ROWS: u32 = 8;
 
@@ -135,10 +135,10 @@ pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
 /// MoE phases (an expert sees 32 of a 512-token batch's pairs on average):
 /// 32 pairs x 64 weight rows, 1 warp, x read by the fragment loads, 16 of k
 /// a step ([`CoopTile::slices`]). On the H200 at 512 tokens (gate_up /
-/// down, docs/bench/h200-2026-12-01-s9/ run 05): 869 / 519 us, against
+/// down, 2026-12-01 at fbd7c5d, run 05): 869 / 519 us, against
 /// 1.01 ms / 523 us for 32 x 128 (2 warps) at 16 of k and 1.00 ms / 620 us
 /// for 32 x 128 at 32 of k, the tile before. Earlier sweeps at 32 and 64
-/// of k (fifth and ninth sessions): 32 x 256, 64 x 128, 64 x 256 and x
+/// of k (at 986ba22 and fbd7c5d): 32 x 256, 64 x 128, 64 x 256 and x
 /// staged were all slower than 32 x 128.
 pub(crate) const GROUPED: CoopTile = CoopTile {
     wm: 1,
@@ -371,10 +371,11 @@ fn launch(
 /// (each tile's k in `ks` whole-step parts, summed by gemm_ksum) into about
 /// COOP_SPLIT_GROUPS workgroups. At 512 tokens o_proj and the dense down
 /// have 176 tiles of 64 x 128, about one workgroup per compute unit of the
-/// H200, each a long chain of k steps. Measured there (BENCHMARKS.md, sixth
-/// session): 3 splits took the dense down 140 -> 117 us and o_proj full
-/// 537 -> 402 us; 2 or 6 splits were slower than 3, and splitting the 256
-/// or 264 tiles of q|k|v and gate|up slowed them (257 -> 288, 177 -> 199 us).
+/// H200, each a long chain of k steps. Measured there (BENCHMARKS.md,
+/// 2026-11-30 at 3038701): 3 splits took the dense down 140 -> 117 us and
+/// o_proj full 537 -> 402 us; 2 or 6 splits were slower than 3, and
+/// splitting the 256 or 264 tiles of q|k|v and gate|up slowed them (257 ->
+/// 288, 177 -> 199 us).
 const COOP_SPLIT_BELOW: u32 = 256;
 const COOP_SPLIT_GROUPS: u32 = 512;
 /// (The problems split take the narrow tile, whose x is read by the fragment

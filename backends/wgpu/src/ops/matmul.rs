@@ -112,7 +112,7 @@ const GEMV_ROWS_64_LANES_MAX: usize = 2048;
 /// `gemv_rows`' lanes per lane group (its `GL`) and weight rows per lane
 /// group (its `RPL`: each x load serves that many weight rows) for a
 /// weight of `rows` rows. On the H200 at 16 rows of x (BENCHMARKS.md,
-/// fifteenth session, runs 03-04; against one row a group of 32 lanes):
+/// 2026-12-01 at 77c77c3, runs 03-04; against one row a group of 32 lanes):
 /// four rows a group took q_proj sliding (4096 rows) 49.7 -> 31.8 us, the
 /// dense down and o_proj (2816) 35.0 -> 26.8 and 60.1 -> 40.6, the LM head
 /// 1.97 -> 1.55 ms; 64 lanes took k_proj sliding (2048) 30.7 -> 25.7 with
@@ -131,7 +131,7 @@ fn gemv_rows_shape(rows: usize) -> (u32, u32) {
 /// Weight rows up to which `gemv` gives a row 64 lanes (`gemv_lanes`).
 const GEMV_SHORT_ROWS: usize = 4096;
 /// Weight rows up to which `gemv` compiles in the blocks per row (its
-/// `GBK`: a constant trip count). On the H200 (twelfth session, run 03):
+/// `GBK`: a constant trip count). On the H200 (2026-12-01 at ff0b6d1, run 03):
 /// o_proj sliding / full (2816 rows) 9.9 / 15.8 -> 9.5 / 15.5 us and k_proj
 /// (2048) 7.2 -> 6.7 with it, q_proj sliding (4096, also 64 lanes) 9.3 ->
 /// 10.6 and q_proj full (8192, 32 lanes) 14.7 -> 17.2.
@@ -139,7 +139,7 @@ const GEMV_FIXED_ROWS: usize = 2816;
 
 /// Threads per weight row of `gemv` (its `RL`): 64 for short weights, whose
 /// few workgroups cannot hide a lane's chain of round trips, 32 for the
-/// rest. On the H200 (BENCHMARKS.md, seventh session): o_proj sliding and
+/// rest. On the H200 (BENCHMARKS.md, 2026-12-01 at 4968426): o_proj sliding and
 /// full (2816 rows) 11.9 / 19.9 -> 9.9 / 15.8 us with 64, k_proj 8.9 -> 7.2;
 /// q_proj full (8192 rows) 14.7 -> 15.8 with 64, 128 and 256 lanes slower
 /// still for all but the full o_proj (17.6 with 256).
@@ -228,7 +228,7 @@ mod tests {
     }
 
     /// `gemv_rows` at Gemma 4 26B-A4B's weights takes the shapes measured
-    /// for them (BENCHMARKS.md, fifteenth session): k_proj full 1024 rows,
+    /// for them (BENCHMARKS.md, 2026-12-01 at 77c77c3): k_proj full 1024 rows,
     /// k_proj sliding 2048, o_proj and the dense down 2816, q_proj 4096 and
     /// 8192, the LM head.
     #[test]

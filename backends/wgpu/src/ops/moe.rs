@@ -26,18 +26,19 @@ const TOKENS_PER_GROUP: usize = 16;
 /// Threads per weight row of the decode kernels (kernels/moe_decode.wgsl,
 /// their `LANES`): gate_up 32, down 64. Down: smaller workgroups of work
 /// finish closer together, and a decode step waits for the last (H200,
-/// seventh session run 9: the down pair 23.3 us a layer at 32 lanes, 23.0
-/// at 64). Gate_up took 128 for the same reason (the pair 34.9 -> 33.0 us
-/// a layer) until the routed pair ranked the router's logits in every
-/// workgroup: that work scales with the workgroups, and at 128 lanes
-/// (5632 routed workgroups) the routed pair took 58.7 us a layer, at 64
-/// 40.8, at 32 35.4; decode 210.2 / 236.9 / 245.2 tok/s against 239.7 for
-/// router_topk and the pair at 128 (eighth session run 2).
+/// 2026-12-01 at 4968426, run 9: the down pair 23.3 us a layer at 32
+/// lanes, 23.0 at 64). Gate_up took 128 for the same reason (the pair 34.9
+/// -> 33.0 us a layer) until the routed pair ranked the router's logits
+/// in every workgroup: that work scales with the workgroups, and at 128
+/// lanes (5632 routed workgroups) the routed pair took 58.7 us a layer, at
+/// 64 40.8, at 32 35.4; decode 210.2 / 236.9 / 245.2 tok/s against 239.7
+/// for router_topk and the pair at 128 (2026-12-01 at 58d557e, run 2).
 const DECODE_GATE_UP_LANES: usize = 32;
 /// Threads per weight row of `moe_down_decode` for one token (`down_lanes`).
-/// With the slots' blocks as one flat range (twelfth session run 01): 12.3
-/// us at 64 lanes against 15.9 at 32; gate_up at 16 lanes ran alone in
-/// 20.1 us against 20.8 but its pair in 31.1 against 27.9, so it keeps 32.
+/// With the slots' blocks as one flat range (H200, 2026-12-01 at ff0b6d1,
+/// run 01): 12.3 us at 64 lanes against 15.9 at 32; gate_up at 16 lanes
+/// ran alone in 20.1 us against 20.8 but its pair in 31.1 against 27.9, so
+/// it keeps 32.
 const DECODE_DOWN_LANES: usize = 64;
 // A gate_up workgroup is 256 threads over gate and up rows: more than 128
 // lanes a row would leave it no activation row (`decode_pairs` 0); down's
@@ -333,7 +334,8 @@ fn down_rows(m: usize, down: &WgpuBuffer) -> usize {
 
 /// Lanes per weight row of `moe_down_decode` for `m` tokens: a prefill
 /// micro-batch keeps 32 (on the H200 at 16 tokens: 118.6 us at 32 lanes,
-/// 132.2 at 64; sixth session run 8, seventh run 10).
+/// 132.2 at 64; 2026-11-30 at 3038701, run 8, and 2026-12-01 at 4968426,
+/// run 10).
 fn down_lanes(m: usize) -> usize {
     if m == 1 {
         DECODE_DOWN_LANES
