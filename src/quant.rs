@@ -231,7 +231,8 @@ pub struct Quantized {
 /// q = 0 or q = 2^bits - 1 exactly); `scale = (max - min) / (2^bits - 1)`
 /// (at least 1e-7), negative when the edge is the maximum; the scale is
 /// then nudged to `edge / round(edge / scale)` so that the edge is hit
-/// exactly; `bias = edge`; `q = clamp(round((w - bias) / scale))`, ties to
+/// exactly; `bias = edge` (0 when the edge itself rounds to q = 0);
+/// `q = clamp(round((w - bias) / scale))`, ties to
 /// even. The q values come from the f32 scale and bias, before their cast
 /// (checked bit for bit against mlx 0.32.4 for every bits and group: tests/mlx_quantize.rs).
 pub fn quantize(values: &[f32], bits: u8, group: usize) -> Quantized {
@@ -249,10 +250,14 @@ pub fn quantize(values: &[f32], bits: u8, group: usize) -> Quantized {
         }
         let edge = if min_is_edge { w_min } else { w_max };
         let q0 = (edge / scale).round_ties_even();
-        if q0 != 0.0 {
+        // A group whose edge rounds to q = 0 (a constant group within
+        // 5e-8 of zero) keeps its scale and a zero bias.
+        let bias = if q0 != 0.0 {
             scale = edge / q0;
-        }
-        let bias = edge;
+            edge
+        } else {
+            0.0
+        };
         q.extend(
             g.iter()
                 .map(|&w| ((w - bias) / scale).round_ties_even().clamp(0.0, n_bins) as u32),
