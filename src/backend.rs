@@ -779,12 +779,7 @@ pub trait ComputeBackend {
             self.embed(&id_buf, raw, &out, e)?;
             Ok(out)
         };
-        let norm = |rows: usize| RmsNorm {
-            rows,
-            dim: d,
-            eps: p.eps,
-            scale: 1.0,
-        };
+        let norm = |rows: usize| RmsNorm::unscaled(rows, d, p.eps);
         let rope = |heads: usize| Rope {
             m: p.m,
             heads,

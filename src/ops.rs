@@ -232,12 +232,7 @@ fn aliased(op: &'static str) -> Error {
 impl PostAttention {
     /// The op's norms: rows of `dim`, its eps, no scale.
     pub fn norm(&self) -> RmsNorm {
-        RmsNorm {
-            rows: self.rows,
-            dim: self.dim,
-            eps: self.eps,
-            scale: 1.0,
-        }
+        RmsNorm::unscaled(self.rows, self.dim, self.eps)
     }
 
     /// Shapes, dtypes and aliasing of a `post_attention` call (the trait
@@ -275,12 +270,7 @@ impl PostAttention {
 impl PostFfn {
     /// The op's norms but the last: rows of `dim`, its eps, no scale.
     pub fn norm(&self) -> RmsNorm {
-        RmsNorm {
-            rows: self.rows,
-            dim: self.dim,
-            eps: self.eps,
-            scale: 1.0,
-        }
+        RmsNorm::unscaled(self.rows, self.dim, self.eps)
     }
 
     /// Shapes, dtypes and aliasing of a `post_ffn` call (the trait method's
@@ -536,6 +526,17 @@ pub fn nonzero(op: &'static str, what: &[(&str, usize)]) -> Result<()> {
 }
 
 impl RmsNorm {
+    /// Rows of `dim` with `eps` and no scale: the norms the fused ops are
+    /// made of.
+    pub fn unscaled(rows: usize, dim: usize, eps: f32) -> RmsNorm {
+        RmsNorm {
+            rows,
+            dim,
+            eps,
+            scale: 1.0,
+        }
+    }
+
     pub fn validate<B: DeviceBuffer>(
         &self,
         x: &B,

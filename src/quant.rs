@@ -379,8 +379,19 @@ mod tests {
                 }
             }
         }
+        // A constant group: every q is 0 and reads back as the value.
         let flat = quantize(&[0.25f32; 32], 4, 32);
-        assert_eq!(flat.biases[0] + flat.scales[0] * 0.0, 0.25);
+        let f = Affine::new(4, 32, ScaleType::F32).unwrap();
+        let buf = f.assemble(
+            32,
+            bytemuck::cast_slice(&flat.words),
+            &encode_f32(DType::F32, &flat.scales),
+            &encode_f32(DType::F32, &flat.biases),
+        );
+        for i in 0..32 {
+            assert_eq!(f.q(&buf, i), 0);
+            assert_eq!(f.get(&buf, 32, i), 0.25);
+        }
     }
 
     #[test]

@@ -148,8 +148,8 @@ impl Checkpoint {
     /// `name` WITHOUT the prefix: e.g. "embed_tokens.weight", "norm.weight", "layers.3.self_attn.q_proj.weight", "layers.3.experts.gate_up_proj", "layers.3.router.scale", "layers.3.layer_scalar".
     pub fn tensor(&self, name: &str) -> Result<TensorRef> {
         if self.mlx {
-            if let Some(t) = self.resolve_mlx(name, true)? {
-                return Ok(t);
+            if let Some(t) = self.resolve_mlx(name)? {
+                return Ok(t.tensor(name));
             }
         }
         self.raw_tensor(name)
@@ -201,12 +201,6 @@ impl Checkpoint {
         ckpt_err(&self.dir, detail)
     }
 
-    /// A name as stored in the file, for messages and the quantization
-    /// block's keys.
-    pub(crate) fn full(&self, name: &str) -> String {
-        self.full_name(name)
-    }
-
     /// Total bytes of the language-model tensors.
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes
@@ -228,8 +222,9 @@ impl Checkpoint {
         self.shards.iter().map(|s| s.path.as_path()).collect()
     }
 
-    /// The name as stored in the file.
-    fn full_name(&self, name: &str) -> String {
+    /// The name as stored in the file (also the quantization block's key
+    /// for a module).
+    pub(crate) fn full_name(&self, name: &str) -> String {
         if name == LM_HEAD {
             name.to_string()
         } else {
@@ -243,15 +238,15 @@ impl Checkpoint {
         let mut total = 0u64;
         for (name, want) in expected_tensors(&self.config) {
             if self.mlx {
-                if let Some(t) = self.resolve_mlx(&name, false)? {
-                    if t.shape != want {
+                if let Some(t) = self.resolve_mlx(&name)? {
+                    let shape = t.shape();
+                    if shape != want {
                         return Err(self.err(format!(
-                            "`{}`: shape {:?}, expected {want:?} from config.json",
+                            "`{}`: shape {shape:?}, expected {want:?} from config.json",
                             self.full_name(&name),
-                            t.shape
                         )));
                     }
-                    total += t.dtype.bytes_for(t.numel()) as u64;
+                    total += t.dtype().bytes_for(shape.iter().product()) as u64;
                     continue;
                 }
             }

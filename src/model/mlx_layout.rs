@@ -89,8 +89,8 @@ impl Checkpoint {
             if weight.dtype == DType::U32 {
                 return Err(self.err(format!(
                     "tensor `{}.weight` is packed U32 but `{}` is missing",
-                    self.full(path),
-                    self.full(&scales_name)
+                    self.full_name(path),
+                    self.full_name(&scales_name)
                 )));
             }
             return Ok(Module {
@@ -101,7 +101,7 @@ impl Checkpoint {
         }
         let scales = self.raw_tensor(&scales_name)?;
         let biases = self.raw_tensor(&format!("{path}.biases"))?;
-        let full = self.full(path);
+        let full = self.full_name(path);
         let Some(q) = self.config().quantization.as_ref() else {
             return Err(self.err(format!(
                 "`{full}` is quantized (it has `.scales`) but config.json has no `quantization`"
@@ -156,54 +156,81 @@ impl Checkpoint {
     /// The runtime's tensor `name` in an MLX-layout file, when it is stored
     /// differently there: the fused expert `gate_up_proj`, the experts'
     /// `down_proj`, a quantized linear's `.weight`. None: stored as named.
-    /// With `assemble` false only the shape and dtype are filled in (the
-    /// bytes are left empty), for the check at open.
-    pub(crate) fn resolve_mlx(&self, name: &str, assemble: bool) -> Result<Option<TensorRef>> {
-        let out = |m: &Module, bytes: Option<HostBytes<'static>>| TensorRef {
-            name: name.to_string(),
-            dtype: m.dtype,
-            shape: m.shape.clone(),
-            bytes: bytes.unwrap_or(HostBytes::Owned(Vec::new().into())),
-        };
+    /// Only the headers are read; [`Stored::tensor`] assembles the bytes.
+    pub(crate) fn resolve_mlx(&self, name: &str) -> Result<Option<Stored>> {
         if let Some(layer) = name.strip_suffix(".experts.gate_up_proj") {
             let gate = self.module(&format!("{layer}.experts.switch_glu.gate_proj"))?;
             let up = self.module(&format!("{layer}.experts.switch_glu.up_proj"))?;
             if gate.shape != up.shape || gate.shape.len() != 3 {
                 return Err(self.err(format!(
                     "`{}`: gate_proj {:?} and up_proj {:?} differ",
-                    self.full(&format!("{layer}.experts.switch_glu")),
+                    self.full_name(&format!("{layer}.experts.switch_glu")),
                     gate.shape,
                     up.shape
                 )));
             }
-            let mut shape = gate.shape.clone();
-            shape[1] *= 2;
-            let (dtype, bytes) = if gate.dtype == up.dtype {
-                (gate.dtype, assemble.then(|| interleave(&gate, &up)))
-            } else {
-                // Formats that differ (a mixed conversion) widen to f32.
-                (DType::F32, assemble.then(|| interleave_f32(&gate, &up)))
-            };
-            return Ok(Some(TensorRef {
-                name: name.to_string(),
-                dtype,
-                shape,
-                bytes: bytes.unwrap_or(HostBytes::Owned(Vec::new().into())),
-            }));
+            return Ok(Some(Stored::GateUp(gate, up)));
         }
         if let Some(layer) = name.strip_suffix(".experts.down_proj") {
             let m = self.module(&format!("{layer}.experts.switch_glu.down_proj"))?;
-            let bytes = assemble.then(|| m.bytes());
-            return Ok(Some(out(&m, bytes)));
+            return Ok(Some(Stored::Module(m)));
         }
         if let Some(path) = name.strip_suffix(".weight") {
-            if self.has_raw(&format!("{path}.scales")) {
-                let m = self.module(path)?;
-                let bytes = assemble.then(|| m.bytes());
-                return Ok(Some(out(&m, bytes)));
+            // A packed weight without its scales goes through `module` too,
+            // which names what is missing.
+            let packed = self.raw_tensor(name).is_ok_and(|t| t.dtype == DType::U32);
+            if packed || self.has_raw(&format!("{path}.scales")) {
+                return Ok(Some(Stored::Module(self.module(path)?)));
             }
         }
         Ok(None)
+    }
+}
+
+/// A runtime tensor as an MLX-layout file stores it.
+pub(crate) enum Stored {
+    /// One module (a quantized triple or a float weight).
+    Module(Module),
+    /// The experts' gate and up stacks, fused by the runtime.
+    GateUp(Module, Module),
+}
+
+impl Stored {
+    /// The runtime's dtype: the module's, or f32 where gate and up differ
+    /// (a mixed conversion), which widens them.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Stored::Module(m) => m.dtype,
+            Stored::GateUp(g, u) if g.dtype == u.dtype => g.dtype,
+            Stored::GateUp(..) => DType::F32,
+        }
+    }
+
+    /// The runtime's shape.
+    pub fn shape(&self) -> Vec<usize> {
+        match self {
+            Stored::Module(m) => m.shape.clone(),
+            Stored::GateUp(g, _) => {
+                let mut s = g.shape.clone();
+                s[1] *= 2;
+                s
+            }
+        }
+    }
+
+    /// The tensor with its bytes in the runtime's layout.
+    pub fn tensor(&self, name: &str) -> TensorRef {
+        let bytes = match self {
+            Stored::Module(m) => m.bytes(),
+            Stored::GateUp(g, u) if g.dtype == u.dtype => interleave(g, u),
+            Stored::GateUp(g, u) => interleave_f32(g, u),
+        };
+        TensorRef {
+            name: name.to_string(),
+            dtype: self.dtype(),
+            shape: self.shape(),
+            bytes,
+        }
     }
 }
 

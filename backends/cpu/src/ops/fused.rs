@@ -6,15 +6,6 @@ use turbospark::ops::{KvAppend, PostAttention, PostFfn, QkvPost, RmsNorm, Rope};
 
 use super::{kv_append, rms_norm, rope, CacheElem, Weights};
 
-fn norm(rows: usize, dim: usize, eps: f32) -> RmsNorm {
-    RmsNorm {
-        rows,
-        dim,
-        eps,
-        scale: 1.0,
-    }
-}
-
 /// `r = x + rmsnorm(o) * w_post`, `ff = rmsnorm(r) * w_ff`, and
 /// `moe.1 = rmsnorm(r) * moe.0` when given.
 #[allow(clippy::too_many_arguments)]
@@ -28,7 +19,7 @@ pub fn post_attention(
     moe: Option<(&Weights<'_>, &mut [f32])>,
     p: PostAttention,
 ) {
-    let n = norm(p.rows, p.dim, p.eps);
+    let n = p.norm();
     rms_norm(o, Some(w_post), Some(x), r, n);
     rms_norm(r, Some(w_ff), None, ff, n);
     if let Some((w, out)) = moe {
@@ -48,7 +39,7 @@ pub fn post_ffn(
     p: PostFfn,
 ) {
     let len = p.rows * p.dim;
-    let n = norm(p.rows, p.dim, p.eps);
+    let n = p.norm();
     // The branch's last norm takes the residual and the layer scalar:
     // x = (r + rmsnorm(..) * w) * scale.
     let last = RmsNorm {
@@ -104,7 +95,13 @@ pub fn qkv_post<T: CacheElem>(
         rot_pairs: p.rot_pairs,
         theta: p.theta,
     };
-    rms_norm(&q_raw, Some(w_q), None, q, norm(p.m * p.heads, d, p.eps));
+    rms_norm(
+        &q_raw,
+        Some(w_q),
+        None,
+        q,
+        RmsNorm::unscaled(p.m * p.heads, d, p.eps),
+    );
     rope(q, positions, rope_p(p.heads));
     let mut k = vec![0.0f32; p.m * kd];
     let mut v = vec![0.0f32; p.m * kd];
@@ -113,10 +110,16 @@ pub fn qkv_post<T: CacheElem>(
         Some(w_k),
         None,
         &mut k,
-        norm(p.m * p.kv_heads, d, p.eps),
+        RmsNorm::unscaled(p.m * p.kv_heads, d, p.eps),
     );
     rope(&mut k, positions, rope_p(p.kv_heads));
-    rms_norm(&v_raw, None, None, &mut v, norm(p.m * p.kv_heads, d, p.eps));
+    rms_norm(
+        &v_raw,
+        None,
+        None,
+        &mut v,
+        RmsNorm::unscaled(p.m * p.kv_heads, d, p.eps),
+    );
     let kv = KvAppend {
         m: p.m,
         kv_heads: p.kv_heads,

@@ -27,6 +27,8 @@ pub struct Weights<'a> {
     /// Each value rounded to f16 as it is decoded (a tensor-core GEMM's
     /// view of the weight, `turbospark::GemmRounding`).
     pub f16: bool,
+    /// Elements held (a quantized weight's layout depends on it).
+    len: usize,
 }
 
 impl<'a> Weights<'a> {
@@ -35,6 +37,7 @@ impl<'a> Weights<'a> {
             dtype,
             bytes,
             f16: false,
+            len: dtype.elements_in(bytes.len()).unwrap_or(0),
         }
     }
 
@@ -52,7 +55,7 @@ impl<'a> Weights<'a> {
 
     /// Elements held.
     pub fn len(&self) -> usize {
-        self.dtype.elements_in(self.bytes.len()).unwrap_or(0)
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
@@ -63,7 +66,7 @@ impl<'a> Weights<'a> {
     #[inline]
     fn stored(&self, i: usize) -> f32 {
         match self.dtype {
-            DType::Affine(a) => a.get(self.bytes, self.len(), i),
+            DType::Affine(a) => a.get(self.bytes, self.len, i),
             d => decode_f32(d, self.bytes, i),
         }
     }
@@ -85,9 +88,8 @@ impl<'a> Weights<'a> {
 
     fn decode_stored(&self, start: usize, out: &mut [f32]) {
         if let DType::Affine(a) = self.dtype {
-            let len = self.len();
             for (k, o) in out.iter_mut().enumerate() {
-                *o = a.get(self.bytes, len, start + k);
+                *o = a.get(self.bytes, self.len, start + k);
             }
             return;
         }
