@@ -1050,3 +1050,105 @@ fn layer_state_of_the_fixtures_matches_the_tensors() {
 fn half_bf16_bits(v: f32) -> [u8; 2] {
     ((v.to_bits() >> 16) as u16).to_le_bytes()
 }
+
+// ---- MLX-quantized checkpoints --------------------------------------------
+
+/// The tiny-text-q4 fixture copied to a temp dir, its config.json passed
+/// through `edit_config` and its tensors through `edit_tensors`.
+fn q4_copy(
+    edit_config: impl FnOnce(&mut serde_json::Value),
+    edit_tensors: impl FnOnce(&mut Vec<Raw>),
+) -> TempDir {
+    let src = fixture("tiny-text-q4").expect("tiny-text-q4 fixture");
+    let dir = TempDir::new();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit_config(&mut cfg);
+    write(dir.path(), "config.json", cfg.to_string().as_bytes());
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut t: Vec<Raw> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| Raw {
+            name,
+            dtype: v.dtype(),
+            shape: v.shape().to_vec(),
+            data: v.data().to_vec(),
+        })
+        .collect();
+    edit_tensors(&mut t);
+    write(dir.path(), "model.safetensors", &serialize(&t));
+    dir
+}
+
+#[test]
+fn quantized_checkpoint_opens_with_its_formats() {
+    let dir = q4_copy(|_| {}, |_| {});
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    let q = ck.tensor("layers.0.self_attn.q_proj.weight").unwrap();
+    assert!(
+        matches!(q.dtype, DType::Affine(a) if a.bits == 4 && a.group == 64),
+        "{q:?}"
+    );
+    let r = ck.tensor("layers.0.router.proj.weight").unwrap();
+    assert!(matches!(r.dtype, DType::Affine(a) if a.bits == 8), "{r:?}");
+    let gu = ck.tensor("layers.0.experts.gate_up_proj").unwrap();
+    let cfg = ck.config();
+    assert_eq!(gu.shape, vec![cfg.experts, 2 * cfg.moe_inter, cfg.hidden]);
+}
+
+#[test]
+fn quantized_bits_the_shapes_do_not_allow_are_named() {
+    let dir = q4_copy(|c| c["quantization"]["bits"] = 8.into(), |_| {});
+    assert_ckpt_err(
+        Checkpoint::open(dir.path()),
+        "",
+        &["model.embed_tokens", "do not fit 8 bits in groups of 64"],
+    );
+}
+
+#[test]
+fn packed_weight_without_scales_is_named() {
+    let dir = q4_copy(
+        |_| {},
+        |t| t.retain(|r| r.name != "model.layers.1.self_attn.o_proj.scales"),
+    );
+    assert_ckpt_err(
+        Checkpoint::open(dir.path()),
+        "",
+        &[
+            "model.layers.1.self_attn.o_proj.weight",
+            "packed U32",
+            ".scales` is missing",
+        ],
+    );
+}
+
+#[test]
+fn biases_that_disagree_with_scales_are_named() {
+    let dir = q4_copy(
+        |_| {},
+        |t| {
+            let b = t
+                .iter_mut()
+                .find(|r| r.name == "model.layers.0.mlp.down_proj.biases")
+                .unwrap();
+            b.dtype = Dtype::F16;
+        },
+    );
+    assert_ckpt_err(
+        Checkpoint::open(dir.path()),
+        "",
+        &["model.layers.0.mlp.down_proj.biases", "does not match"],
+    );
+}
+
+#[test]
+fn unsupported_quantization_modes_are_refused_by_name() {
+    let dir = q4_copy(|c| c["quantization"]["mode"] = "mxfp4".into(), |_| {});
+    match Checkpoint::open(dir.path()) {
+        Err(e) => assert!(e.to_string().contains("\"mxfp4\""), "{e}"),
+        Ok(_) => panic!("an mxfp4 config opened"),
+    }
+}

@@ -241,7 +241,7 @@ fn oracle<B: ComputeBackend>(backend: B, name: &str, kv_cache: DType) {
     let against = if truth.reference.is_some() {
         "the CPU reference rounding alike"
     } else {
-        "transformers"
+        "the fixture's reference (transformers, or mlx-lm for a quantized one)"
     };
     eprintln!("{name} on {device}: worst logits NMSE vs {against} {worst:e}");
     if truth.reference.is_some() {
@@ -353,4 +353,41 @@ fn primitives_only_tiny_text() {
 #[test]
 fn primitives_only_tiny_multimodal() {
     primitives_only("tiny-multimodal");
+}
+
+// MLX-quantized checkpoints made by mlx-lm (scripts/make_quant_fixtures.py),
+// against mlx-lm's own float32 logits and greedy tokens.
+#[test]
+fn cpu_tiny_text_q4() {
+    oracle(CpuBackend::new(), "tiny-text-q4", DType::F32);
+}
+
+#[test]
+fn cpu_tiny_text_q8() {
+    oracle(CpuBackend::new(), "tiny-text-q8", DType::F32);
+}
+
+#[test]
+fn cpu_tiny_multimodal_mixed() {
+    oracle(CpuBackend::new(), "tiny-multimodal-mixed", DType::F32);
+}
+
+// The wgpu backend has no quantized kernels yet: loading says so by name
+// rather than failing later or running something else.
+#[test]
+fn wgpu_refuses_quantized_weights_by_name() {
+    if let Some(b) = common::wgpu_backend() {
+        let ck = Checkpoint::open(&fixture("tiny-text-q4")).unwrap();
+        let opts = ModelOptions {
+            max_context: 64,
+            ..Default::default()
+        };
+        match Model::load(b, &ck, opts) {
+            Ok(_) => panic!("a quantized checkpoint loaded on wgpu"),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("quantized weights (q4g64)"), "{msg}");
+            }
+        }
+    }
 }
