@@ -14,6 +14,11 @@ struct Params {
 @group(1) @binding(1) var<storage, read> TABLE: array<u32>;
 @group(1) @binding(2) var<storage, read_write> EMB: array<f32>;
 
+// Word i of the table (kernels/affine.wgsl).
+fn wword(i: u32) -> u32 {
+    return TABLE[i];
+}
+
 @compute @workgroup_size(256)
 fn embed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -24,7 +29,13 @@ fn embed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let id = min(IDS[t], P.vocab - 1u);
     for (var i = lid; i < P.n; i += 256u) {
         let e = id * P.n + i;
-        EMB[t * P.n + i] = decode_weight(TABLE[weight_word(e)], e) * P.s;
+        var v: f32;
+        if (QBITS != 0u) {
+            v = affine_elem(e);
+        } else {
+            v = decode_weight(TABLE[weight_word(e)], e);
+        }
+        EMB[t * P.n + i] = v * P.s;
     }
 }
 

@@ -48,9 +48,17 @@ const MAX_ACC: u32 = 64u;
 const SH: u32 = 2048u;
 var<workgroup> sh: array<vec2<f32>, SH>;
 
+// Word i of the weight (kernels/affine.wgsl).
+fn wword(i: u32) -> u32 {
+    return W[i];
+}
+
 // Elements c and c + 1 (c even) of the row starting at element `re`.
 fn weight_pair(re: u32, c: u32) -> vec2<f32> {
     let e = re + c;
+    if (QBITS != 0u) {
+        return affine_pair(e);
+    }
     if (ALIGNED == 1u) {
         if (WDTYPE == 0u) {
             return vec2<f32>(bitcast<f32>(W[e]), bitcast<f32>(W[e + 1u]));

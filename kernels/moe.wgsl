@@ -147,9 +147,18 @@ fn pair_at(off: u32, q: u32) -> u32 {
 
 // ---- weights -----------------------------------------------------------------
 
+// Word i of the weight (kernels/affine.wgsl; quantized experts are
+// row-major, never tiled).
+fn wword(i: u32) -> u32 {
+    return W[i];
+}
+
 // Element pair `u` (elements 2u, 2u+1) of weight row `row` of length `n` (n even).
 fn wpair(row: u32, n: u32, u: u32) -> vec2<f32> {
     let base = row * n;
+    if (QBITS != 0u) {
+        return affine_pair(base + 2u * u);
+    }
     if (WDTYPE == 0u) {
         return vec2<f32>(bitcast<f32>(W[base + 2u * u]), bitcast<f32>(W[base + 2u * u + 1u]));
     }
@@ -175,6 +184,9 @@ fn down_wpair(row0: u32, rr: u32, n: u32, u: u32) -> vec2<f32> {
 // mid-word).
 fn welem(row: u32, n: u32, i: u32) -> f32 {
     let gi = row * n + i;
+    if (QBITS != 0u) {
+        return affine_elem(gi);
+    }
     return decode_weight(W[weight_word(gi)], gi);
 }
 

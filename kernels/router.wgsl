@@ -47,10 +47,18 @@ const WG: u32 = 256u;
 override SCALED: bool = false;
 
 
+// Word i of the weight (kernels/affine.wgsl).
+fn wword(i: u32) -> u32 {
+    return PROJ[i];
+}
+
 // Weight element pair `u` of row `row` (hidden even): one word for 16-bit
 // weights, two for f32.
 fn proj_pair(row: u32, u: u32) -> vec2<f32> {
     let base = row * P.hidden;
+    if (QBITS != 0u) {
+        return affine_pair(base + 2u * u);
+    }
     if (WDTYPE == 0u) {
         return vec2<f32>(bitcast<f32>(PROJ[base + 2u * u]), bitcast<f32>(PROJ[base + 2u * u + 1u]));
     }

@@ -372,22 +372,23 @@ fn cpu_tiny_multimodal_mixed() {
     oracle(CpuBackend::new(), "tiny-multimodal-mixed", DType::F32);
 }
 
-// The wgpu backend has no quantized kernels yet: loading says so by name
-// rather than failing later or running something else.
 #[test]
-fn wgpu_refuses_quantized_weights_by_name() {
+fn wgpu_tiny_text_q4() {
     if let Some(b) = common::wgpu_backend() {
-        let ck = Checkpoint::open(&fixture("tiny-text-q4")).unwrap();
-        let opts = ModelOptions {
-            max_context: 64,
-            ..Default::default()
-        };
-        match Model::load(b, &ck, opts) {
-            Ok(_) => panic!("a quantized checkpoint loaded on wgpu"),
-            Err(e) => {
-                let msg = e.to_string();
-                assert!(msg.contains("quantized weights (q4g64)"), "{msg}");
-            }
-        }
+        oracle(b, "tiny-text-q4", DType::F32);
+    }
+}
+
+#[test]
+fn wgpu_tiny_text_q8() {
+    if let Some(b) = common::wgpu_backend() {
+        oracle(b, "tiny-text-q8", DType::F32);
+    }
+}
+
+#[test]
+fn wgpu_tiny_multimodal_mixed() {
+    if let Some(b) = common::wgpu_backend() {
+        oracle(b, "tiny-multimodal-mixed", DType::F32);
     }
 }

@@ -37,6 +37,15 @@ pub const TAIL: &str = include_str!("../../../kernels/tail.wgsl");
 /// families.
 pub const ATTENTION_KEYS: &str = include_str!("../../../kernels/attention_keys.wgsl");
 
+/// MLX affine-quantized weight reads (`affine_pair`, `affine_elem`),
+/// appended to the families whose weights may be quantized
+/// ([`AFFINE_FAMILIES`]).
+pub const AFFINE: &str = include_str!("../../../kernels/affine.wgsl");
+
+/// The families that read quantized weights (they define `wword`, and
+/// declare `QBITS` and `QGROUP` through [`AFFINE`]).
+pub const AFFINE_FAMILIES: &[&str] = &["matmul", "router", "moe", "embed"];
+
 /// The KV caches' element type and the conversion a write goes through,
 /// appended to the families that read or write the caches
 /// ([`CACHE_FAMILIES`]): f32 in their own builds, f16 in their `_f16`
@@ -200,6 +209,10 @@ fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
             "rope" => ROPE_ANGLE.to_string(),
             _ => String::new(),
         };
+        if AFFINE_FAMILIES.contains(&name) {
+            appendix.push('\n');
+            appendix.push_str(AFFINE);
+        }
         if CACHE_FAMILIES.contains(&name) {
             appendix.push('\n');
             appendix.push_str(if f16_caches { KV_F16 } else { KV_F32 });
@@ -243,8 +256,8 @@ pub fn wdtype_code(d: DType) -> f64 {
         DType::F16 => 1.0,
         DType::BF16 => 2.0,
         DType::U32 => 3.0,
-        // Refused at upload (`WgpuBackend::plain`) before any kernel sees one.
-        DType::Affine(_) => f64::NAN,
+        // A quantized weight's kernels decode its scales (kernels/affine.wgsl).
+        DType::Affine(a) => wdtype_code(a.scales.dtype()),
     }
 }
 

@@ -13,6 +13,7 @@ mod device;
 mod expert_tiles;
 pub mod kernels;
 mod ops;
+mod quant;
 mod readback;
 
 use std::sync::{Arc, Mutex};
@@ -249,17 +250,80 @@ impl WgpuBackend {
         Chunk::new(buffer, rows, self.binds.reaper(), self.memory.clone())
     }
 
-    /// Quantized weights have no kernels here yet: refused by name at
-    /// upload, before any buffer is made.
+    /// Quantized data is a weight's alone (`upload_weight`,
+    /// `upload_experts`): an activation, cache or plain upload of it is
+    /// refused by name.
     fn plain(&self, dtype: DType, label: &str) -> Result<()> {
         if dtype.is_quantized() {
             return Err(Error::Unsupported {
                 backend: "wgpu".into(),
-                op: format!("weight `{label}`"),
-                reason: format!("quantized weights ({dtype}) run on the CPU backend only so far"),
+                op: format!("buffer `{label}`"),
+                reason: format!("{dtype} is a weight format: upload it with upload_weight"),
             });
         }
         Ok(())
+    }
+
+    /// A quantized weight, split by rows where one binding cannot hold it,
+    /// each chunk its rows' own buffer (`quant::chunk`).
+    fn upload_affine(
+        &self,
+        a: turbospark::quant::Affine,
+        (rows, cols): (usize, usize),
+        s: &[u8],
+        label: &str,
+    ) -> Result<WgpuBuffer> {
+        let dtype = DType::Affine(a);
+        if rows == 0 || !a.fits_cols(cols) || s.len() != dtype.bytes_for(rows * cols) {
+            return Err(Error::shape(
+                "upload_weight",
+                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
+            ));
+        }
+        let max = self.max_binding() as usize;
+        let per = (1..=rows)
+            .rev()
+            .find(|&n| quant::device_bytes(a, n, cols) <= max)
+            .map(|n| {
+                if n < rows {
+                    rows.div_ceil(rows.div_ceil(n))
+                } else {
+                    n
+                }
+            });
+        let Some(per) = per else {
+            return Err(Error::DeviceLimit {
+                what: format!("one row of weight `{label}`"),
+                bytes: quant::device_bytes(a, 1, cols) as u64,
+                limit: self.max_binding(),
+                limit_name: "max_storage_buffer_binding_size",
+            });
+        };
+        let mut chunks = Vec::new();
+        for r in (0..rows).step_by(per) {
+            let n = per.min(rows - r);
+            let name = if n == rows {
+                label.to_string()
+            } else {
+                format!("{label}[rows {r}..{}]", r + n)
+            };
+            let bytes = quant::chunk(a, s, (rows, cols), r, n);
+            let buffer = self.create_buffer(
+                bytes.len() as u64,
+                &name,
+                self.max_binding(),
+                "max_storage_buffer_binding_size",
+            )?;
+            self.write_bytes(&buffer, 0, &bytes);
+            chunks.push(self.chunk(buffer, (r, n)));
+        }
+        Ok(WgpuBuffer {
+            chunks: Arc::new(chunks),
+            dtype,
+            len: rows * cols,
+            fits_f16: false,
+            tiles: None,
+        })
     }
 
     fn single_buffer(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
@@ -677,8 +741,10 @@ impl ComputeBackend for WgpuBackend {
         bytes: HostBytes<'_>,
         label: &str,
     ) -> Result<WgpuBuffer> {
-        self.plain(dtype, label)?;
         let s = bytes.as_slice();
+        if let DType::Affine(a) = dtype {
+            return self.upload_affine(a, (rows, cols), s, label);
+        }
         let row_bytes = cols * dtype.size();
         if s.len() != rows * row_bytes || rows == 0 || cols == 0 {
             return Err(Error::shape(
@@ -739,7 +805,8 @@ impl ComputeBackend for WgpuBackend {
         label: &str,
     ) -> Result<WgpuBuffer> {
         let s = bytes.as_slice();
-        if !self.info.features.expert_tiles
+        if dtype.is_quantized()
+            || !self.info.features.expert_tiles
             || !expert_tiles::fits(dtype, stack, rows, cols)
             || s.len() != rows * cols * dtype.size()
             || s.len() as u64 > self.max_binding()

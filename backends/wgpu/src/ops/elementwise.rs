@@ -146,7 +146,7 @@ pub(crate) fn embed(
     be.launch(Launch {
         kernel: "embed",
         entry: "embed",
-        constants: &super::wdtype(table.dtype),
+        constants: &super::weight_constants(table.dtype),
         params: bytemuck::bytes_of(&params),
         buffers: &[(one(ids), true), (t, true), (one(out), false)],
         groups: be.grid(p.m as u32),

@@ -61,8 +61,11 @@ pub(crate) fn matmul(
     // A 16-bit weight with odd k has rows that start mid-word (f32 has no
     // pairs to split, but the pair loop still needs k even).
     let aligned = p.k.is_multiple_of(2);
+    let [wd, qbits, qgroup] = super::weight_constants(w.dtype);
     let constants = [
-        super::wdtype(w.dtype)[0],
+        wd,
+        qbits,
+        qgroup,
         ("MB", mb as i64),
         ("RT", rt as i64),
         ("KL", kl as i64),

@@ -177,6 +177,17 @@ pub(crate) fn wdtype(d: DType) -> [(&'static str, i64); 1] {
     [("WDTYPE", crate::kernels::wdtype_code(d) as i64)]
 }
 
+/// The weight overrides of a family that may read quantized weights
+/// (`kernels::AFFINE_FAMILIES`): `WDTYPE` (a quantized weight's scale
+/// dtype), `QBITS` (0 for a plain weight) and `QGROUP`.
+pub(crate) fn weight_constants(d: DType) -> [(&'static str, i64); 3] {
+    let (bits, group) = match d {
+        DType::Affine(a) => (a.bits as i64, a.group as i64),
+        _ => (0, 64),
+    };
+    [wdtype(d)[0], ("QBITS", bits), ("QGROUP", group)]
+}
+
 #[cfg(test)]
 mod tests {
     /// `gemv_rows` takes up to `MAXT` rows of x (a WGSL constant: it sizes

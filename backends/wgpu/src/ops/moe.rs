@@ -81,6 +81,12 @@ pub(crate) struct MoeParams {
     nrb: u32,
 }
 
+/// kernels/moe.wgsl's weight overrides for `w`.
+fn with_tiled(w: &WgpuBuffer) -> [(&'static str, i64); 4] {
+    let [wd, qbits, qgroup] = super::weight_constants(w.dtype);
+    [wd, qbits, qgroup, ("TILED", w.tiled() as i64)]
+}
+
 /// The single binding of a weight; expert tensors split across bindings (a
 /// device whose binding limit is below one layer's experts) are unsupported.
 fn weight<'a>(be: &WgpuBackend, w: &'a WgpuBuffer, op: &str) -> Result<&'a wgpu::Buffer> {
@@ -109,7 +115,7 @@ pub(crate) fn router(
     let pb = weight(be, proj, "router")?;
     let logits = router_logits_buffer(be, &p)?;
     let params = RouterParams::from(&p);
-    let constants = super::wdtype(proj.dtype);
+    let constants = super::weight_constants(proj.dtype);
     // The first dispatch's bindings; its output is the logits, or for a
     // prefill batch the scaled input of the GEMM that writes them.
     let gemm = super::gemm::fits(p.m, p.hidden, proj.dtype);
@@ -410,7 +416,7 @@ pub(crate) fn moe_gate_up(
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_gate_up",
-        constants: &[super::wdtype(gu.dtype)[0], ("TILED", gu.tiled() as i64)],
+        constants: &with_tiled(gu),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(ids), true),
@@ -704,7 +710,7 @@ fn route_list_down(
     be.launch(Launch {
         kernel: "moe",
         entry: "moe_down",
-        constants: &[super::wdtype(d.dtype)[0], ("TILED", d.tiled() as i64)],
+        constants: &with_tiled(d),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(ids), true),
