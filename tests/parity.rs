@@ -265,6 +265,48 @@ fn moe_down_pair_post_ffn() {
     family("moe_down_pair_post_ffn");
 }
 
+// MLX affine-quantized weights (src/parity/quantized_cases.rs).
+#[test]
+fn matmul_quantized() {
+    family("matmul_quantized");
+}
+#[test]
+fn router_quantized() {
+    family("router_quantized");
+}
+#[test]
+fn moe_gate_up_quantized() {
+    family("moe_gate_up_quantized");
+}
+#[test]
+fn moe_down_quantized() {
+    family("moe_down_quantized");
+}
+#[test]
+fn moe_gate_up_pair_quantized() {
+    family("moe_gate_up_pair_quantized");
+}
+#[test]
+fn moe_down_pair_quantized() {
+    family("moe_down_pair_quantized");
+}
+#[test]
+fn moe_down_pair_post_ffn_quantized() {
+    family("moe_down_pair_post_ffn_quantized");
+}
+#[test]
+fn embed_quantized() {
+    family("embed_quantized");
+}
+#[test]
+fn post_attention_router_quantized() {
+    family("post_attention_router_quantized");
+}
+#[test]
+fn post_attention_gate_up_quantized() {
+    family("post_attention_gate_up_quantized");
+}
+
 #[test]
 fn rms_norm_without_subgroups() {
     family_without_subgroups("rms_norm");

@@ -663,6 +663,7 @@ fn cases(full: bool) -> Vec<Op> {
         qkv_post_attention(),
         post_attention_router(),
         post_attention_gate_up(full),
+        super::quantized_cases::cases(full),
     ]
     .concat()
 }

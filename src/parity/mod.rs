@@ -12,6 +12,7 @@
 mod cases;
 mod compare;
 mod op;
+mod quantized_cases;
 
 pub use cases::{all_cases, ci_cases};
 pub use op::{rounded_attention_nmse, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE};

@@ -229,13 +229,29 @@ fn norm_weight(rng: &mut Rng, dtype: DType, dim: usize) -> HostTensor {
     }
 }
 
+/// A random weight; a quantized one is random values quantized by mlx's
+/// rule (`quant::quantize`), so its scales take both signs as in real
+/// checkpoints.
 fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, std: f32) -> HostTensor {
     let v = rng.vec_normal(rows * cols, std);
+    let bytes = match dtype {
+        DType::Affine(a) => {
+            let q = crate::quant::quantize(&v, a.bits, a.group as usize);
+            let sd = a.scales.dtype();
+            a.assemble(
+                v.len(),
+                bytemuck::cast_slice(&q.words),
+                &encode_f32(sd, &q.scales),
+                &encode_f32(sd, &q.biases),
+            )
+        }
+        _ => encode_f32(dtype, &v),
+    };
     HostTensor::Weight {
         dtype,
         rows,
         cols,
-        bytes: encode_f32(dtype, &v),
+        bytes,
         experts: None,
     }
 }
@@ -308,8 +324,49 @@ impl Op {
         self
     }
 
-    /// The family the case belongs to (one WGSL kernel family).
+    /// The family the case belongs to (one WGSL kernel family); cases
+    /// whose weights are quantized form a family of their own per op
+    /// (`matmul_quantized`, ...).
     pub fn family(&self) -> &'static str {
+        let base = self.op_name();
+        if !self.quantized() {
+            return base;
+        }
+        match base {
+            "matmul" => "matmul_quantized",
+            "router" => "router_quantized",
+            "moe_gate_up" => "moe_gate_up_quantized",
+            "moe_down" => "moe_down_quantized",
+            "moe_gate_up_pair" => "moe_gate_up_pair_quantized",
+            "moe_down_pair" => "moe_down_pair_quantized",
+            "moe_down_pair_post_ffn" => "moe_down_pair_post_ffn_quantized",
+            "embed" => "embed_quantized",
+            "post_attention_router" => "post_attention_router_quantized",
+            "post_attention_gate_up" => "post_attention_gate_up_quantized",
+            other => other,
+        }
+    }
+
+    /// Whether a weight the op reads (a projection, experts, a table; not
+    /// a norm's) is quantized.
+    pub fn quantized(&self) -> bool {
+        match self {
+            Op::Matmul { w, .. }
+            | Op::Router { w, .. }
+            | Op::MoeGateUp { w, .. }
+            | Op::MoeDown { w, .. }
+            | Op::MoeGateUpPair { w, .. }
+            | Op::MoeDownPair { w, .. }
+            | Op::MoeDownPairPostFfn { w, .. }
+            | Op::Embed { w, .. }
+            | Op::PostAttentionRouter { pw: w, .. } => w.is_quantized(),
+            Op::PostAttentionGateUp { pw, gw, .. } => pw.is_quantized() || gw.is_quantized(),
+            _ => false,
+        }
+    }
+
+    /// The op's name (`ComputeBackend`'s method).
+    pub fn op_name(&self) -> &'static str {
         match self {
             Op::RmsNorm { .. } => "rms_norm",
             Op::Matmul { .. } => "matmul",
