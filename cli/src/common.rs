@@ -40,6 +40,36 @@ impl KvCache {
     }
 }
 
+/// A synthetic model's weight format (`bench --quant`): mlx-community's
+/// layouts, 4 or 8 bits with groups of 64 and bf16 scales, the router at 8
+/// bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Quant {
+    /// 4-bit, group 64 (mlx-community's `-4bit` checkpoints).
+    Q4,
+    /// 8-bit, group 64 (`-8bit`).
+    Q8,
+}
+
+impl Quant {
+    pub fn synthetic(self) -> turbospark::model::synthetic::SyntheticQuant {
+        let bits = match self {
+            Quant::Q4 => 4,
+            Quant::Q8 => 8,
+        };
+        turbospark::model::synthetic::SyntheticQuant { bits, group: 64 }
+    }
+
+    pub fn affine(self) -> turbospark::quant::Affine {
+        let q = self.synthetic();
+        turbospark::quant::Affine {
+            bits: q.bits,
+            group: q.group,
+            scales: turbospark::quant::ScaleType::BF16,
+        }
+    }
+}
+
 /// Print an error and every cause under it (never a panic, never a backtrace).
 pub fn print_error_chain(e: &(dyn StdError + 'static)) {
     eprintln!("error: {e}");

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::model::checkpoint::TensorRef;
 use crate::model::config::ModelConfig;
 use crate::model::weights::TensorSource;
+use crate::quant::{Affine, ScaleType};
 use crate::rng::Rng;
 
 /// How a tensor's values are drawn.
@@ -31,18 +32,105 @@ enum Init {
     Range(f32, f32),
 }
 
-/// A [`TensorSource`] of seeded random bf16 weights.
+/// A [`TensorSource`] of seeded random bf16 weights, or with
+/// [`SyntheticSource::quantized`] MLX affine ones.
 pub struct SyntheticSource {
     cfg: ModelConfig,
     seed: u64,
     tensors: HashMap<String, (Vec<usize>, Init)>,
+    quant: Option<SyntheticQuant>,
+}
+
+/// A synthetic model's quantization, in mlx-community's layout (what
+/// mlx-lm's `quantize_model` writes for Gemma 4): every projection, the
+/// experts and the embedding at `bits` and `group` with bf16 scales and
+/// biases, the router at 8 bits group 64, and a matrix whose rows the group
+/// does not divide left in bf16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyntheticQuant {
+    pub bits: u8,
+    pub group: u16,
+}
+
+impl SyntheticQuant {
+    /// The format of tensor `name` (`shape`, rows last), or None for bf16.
+    pub fn format_of(&self, name: &str, shape: &[usize]) -> Option<Affine> {
+        let quantized = name.ends_with("_proj.weight")
+            || name.ends_with("experts.gate_up_proj")
+            || name.ends_with("experts.down_proj")
+            || name == "embed_tokens.weight";
+        if !quantized {
+            return None;
+        }
+        let (bits, group) = if name.ends_with("router.proj.weight") {
+            (8, 64)
+        } else {
+            (self.bits as u32, self.group as u32)
+        };
+        let a = Affine::new(bits, group, ScaleType::BF16).ok()?;
+        a.fits_cols(*shape.last()?).then_some(a)
+    }
 }
 
 impl SyntheticSource {
     pub fn new(cfg: ModelConfig, seed: u64) -> Result<Self> {
         cfg.validate()?;
         let tensors = inventory(&cfg);
-        Ok(SyntheticSource { cfg, seed, tensors })
+        Ok(SyntheticSource {
+            cfg,
+            seed,
+            tensors,
+            quant: None,
+        })
+    }
+
+    /// The same model with its weights quantized as `q` says: random
+    /// packed values and scales and biases that keep each weight's spread
+    /// (no bf16 model is made and quantized, so a 26B one loads as fast).
+    pub fn quantized(cfg: ModelConfig, seed: u64, q: SyntheticQuant) -> Result<Self> {
+        Affine::new(q.bits as u32, q.group as u32, ScaleType::BF16)?;
+        let mut s = SyntheticSource::new(cfg, seed)?;
+        s.quant = Some(q);
+        Ok(s)
+    }
+
+    /// The stored dtype of tensor `name`.
+    fn dtype_of(&self, name: &str, shape: &[usize]) -> DType {
+        self.quant
+            .and_then(|q| q.format_of(name, shape))
+            .map_or(DType::BF16, DType::Affine)
+    }
+
+    /// Weight bytes a decoded token reads: every tensor, but of the expert
+    /// stacks only the top-k experts' share and of the embedding one row
+    /// besides the whole table the tied LM head reads.
+    pub fn bytes_per_token(&self) -> u64 {
+        let cfg = &self.cfg;
+        self.tensors
+            .iter()
+            .map(|(name, (shape, _))| {
+                let n: usize = shape.iter().product();
+                let bytes = self.dtype_of(name, shape).bytes_for(n) as u64;
+                if name.contains("experts.") {
+                    bytes / cfg.experts as u64 * cfg.top_k as u64
+                } else if name == "embed_tokens.weight" {
+                    bytes + bytes / cfg.vocab as u64
+                } else {
+                    bytes
+                }
+            })
+            .sum()
+    }
+
+    /// Weight bytes of the whole model as stored.
+    pub fn weight_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|(name, (shape, _))| {
+                let n: usize = shape.iter().product();
+                self.dtype_of(name, shape).bytes_for(n) as u64
+            })
+            .sum()
     }
 
     /// Names and shapes of every tensor this source produces.
@@ -162,6 +250,49 @@ fn fill_bf16_sliced(out: &mut [u8], init: Init, seed: u64, per: usize) {
     });
 }
 
+/// Uniform random bits over all cores, sliced as [`fill_bf16_parallel`].
+fn fill_bits_parallel(out: &mut [u8], seed: u64) {
+    const MIN_SLICE: usize = 8 << 20;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = (out.len().div_ceil(threads).div_ceil(8) * 8).max(MIN_SLICE);
+    std::thread::scope(|s| {
+        for (i, slice) in out.chunks_mut(per).enumerate() {
+            let draws = (i * per / 8) as u64;
+            s.spawn(move || {
+                let mut rng = Rng::new(seed.wrapping_add(draws.wrapping_mul(Rng::GAMMA)));
+                for chunk in slice.chunks_mut(8) {
+                    let r = rng.next_u64().to_le_bytes();
+                    chunk.copy_from_slice(&r[..chunk.len()]);
+                }
+            });
+        }
+    });
+}
+
+/// A quantized tensor's buffer (`out`, `a.layout(n)`): random packed values
+/// and per group a scale and bias drawn so that the values spread as
+/// `init` does (a centered weight: q uniform over its range, scale about
+/// 2a / (2^bits - 1) and bias about -a for a uniform [-a, a)).
+fn fill_affine(out: &mut [u8], a: Affine, n: usize, init: Init, seed: u64) {
+    let (lo, hi) = match init {
+        Init::Centered(std) => (-std * 3f32.sqrt(), std * 3f32.sqrt()),
+        Init::Range(lo, hi) => (lo, hi),
+    };
+    let levels = ((1u32 << a.bits) - 1) as f32;
+    let s0 = (hi - lo) / levels;
+    let l = a.layout(n);
+    let part = n / a.group as usize * a.scales.size();
+    fill_bits_parallel(&mut out[..l.words * 4], seed);
+    let (scales, biases) = out[l.scales..].split_at_mut(l.biases - l.scales);
+    fill_bf16_parallel(
+        &mut scales[..part],
+        Init::Range(0.9 * s0, 1.1 * s0),
+        seed ^ 1,
+    );
+    let (b_lo, b_hi) = (lo - 0.1 * lo.abs(), lo + 0.1 * lo.abs());
+    fill_bf16_parallel(&mut biases[..part], Init::Range(b_lo, b_hi), seed ^ 2);
+}
+
 /// Fill `out` (bf16 little-endian) with values drawn by `init`, four values
 /// per 64-bit draw (16 bits of uniform each).
 fn fill_bf16(out: &mut [u8], init: Init, rng: &mut Rng) {
@@ -190,18 +321,24 @@ impl TensorSource for SyntheticSource {
             path: "synthetic".into(),
             detail: format!("tensor `{name}` is not part of this config"),
         })?;
-        let len = shape.iter().product::<usize>() * DType::BF16.size();
+        let n = shape.iter().product::<usize>();
+        let dtype = self.dtype_of(name, shape);
+        let len = dtype.bytes_for(n);
         // An anonymous map, so the bytes can travel as `HostBytes::Mapped`
         // (owned, 'static) and be freed once the upload drops its reference.
         let mut map = memmap2::MmapMut::map_anon(len.max(1))
             .map_err(|e| Error::io(format!("synthetic tensor {name}"), e))?;
-        fill_bf16_parallel(&mut map[..len], *init, self.seed ^ name_hash(name));
+        let seed = self.seed ^ name_hash(name);
+        match dtype {
+            DType::Affine(a) => fill_affine(&mut map[..len], a, n, *init, seed),
+            _ => fill_bf16_parallel(&mut map[..len], *init, seed),
+        }
         let map = map
             .make_read_only()
             .map_err(|e| Error::io(format!("synthetic tensor {name}"), e))?;
         Ok(TensorRef {
             name: name.to_string(),
-            dtype: DType::BF16,
+            dtype,
             shape: shape.clone(),
             bytes: HostBytes::Mapped {
                 map: Arc::new(map),

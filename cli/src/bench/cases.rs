@@ -4,6 +4,7 @@
 
 use turbospark::ops::{Attention, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 use turbospark::parity::{HostTensor, Op};
+use turbospark::quant::Affine;
 use turbospark::DType::{self, BF16};
 
 /// One bench case.
@@ -83,8 +84,108 @@ fn ctx_name(c: usize) -> String {
 }
 
 /// Every case, in table order; the attention and qkv_post cases with KV
-/// caches of `kv` (f32 or f16).
-pub fn cases(quick: bool, kv: DType) -> Vec<Case> {
+/// caches of `kv` (f32 or f16). With `quant`, each case that reads a
+/// weight the format takes follows again with its weights quantized
+/// (labelled `... q4g64`; the router at 8 bits group 64, as mlx-lm
+/// writes it): the q4 target is 1/4 MoE phase 1 at 8 us.
+pub fn cases(quick: bool, kv: DType, quant: Option<Affine>) -> Vec<Case> {
+    let mut v = plain_cases(quick, kv);
+    let Some(q) = quant else {
+        return v;
+    };
+    let mut out = Vec::with_capacity(2 * v.len());
+    for c in v.drain(..) {
+        let qc = quantized(&c.op, q).map(|op| Case {
+            label: format!("{} {}", c.label, q.name()),
+            group: c.group,
+            op,
+            m: c.m,
+            cpu_skip: c.cpu_skip,
+            target_us: match (&c.op, c.m, quick, q.bits) {
+                (Op::MoeGateUp { .. }, 1, false, 4) => Some(8.0),
+                _ => None,
+            },
+        });
+        out.push(c);
+        out.extend(qc);
+    }
+    out
+}
+
+/// `op` with the weights it reads (not its norms') in format `q`, the
+/// router's at 8 bits group 64; None where it reads none, or the format's
+/// group does not divide its rows (mlx-lm leaves those unquantized).
+fn quantized(op: &Op, q: Affine) -> Option<Op> {
+    let router = Affine::new(8, 64, q.scales).ok()?;
+    let fmt = |f: Affine, cols: &[usize]| {
+        cols.iter()
+            .all(|&c| f.fits_cols(c))
+            .then_some(DType::Affine(f))
+    };
+    Some(match op.clone() {
+        Op::Matmul { p, .. } => Op::Matmul {
+            p,
+            w: fmt(q, &[p.k])?,
+        },
+        Op::Router { p, .. } => Op::Router {
+            p,
+            w: fmt(router, &[p.hidden])?,
+        },
+        Op::MoeGateUp { p, .. } => Op::MoeGateUp {
+            p,
+            w: fmt(q, &[p.hidden])?,
+        },
+        Op::MoeDown { p, .. } => Op::MoeDown {
+            p,
+            w: fmt(q, &[p.inter])?,
+        },
+        Op::MoeGateUpPair { a, b, .. } => Op::MoeGateUpPair {
+            a,
+            b,
+            w: fmt(q, &[a.hidden, b.hidden])?,
+        },
+        Op::MoeDownPair { a, b, .. } => Op::MoeDownPair {
+            a,
+            b,
+            w: fmt(q, &[a.inter, b.inter])?,
+        },
+        Op::MoeDownPairPostFfn {
+            a, b, p, next, nw, ..
+        } => Op::MoeDownPairPostFfn {
+            a,
+            b,
+            w: fmt(q, &[a.inter, b.inter])?,
+            p,
+            next,
+            nw,
+        },
+        Op::PostAttentionRouter { p, r, w, .. } => Op::PostAttentionRouter {
+            p,
+            r,
+            w,
+            pw: fmt(router, &[r.hidden])?,
+        },
+        Op::PostAttentionGateUp {
+            p,
+            r,
+            inter,
+            moe_inter,
+            w,
+            ..
+        } => Op::PostAttentionGateUp {
+            p,
+            r,
+            inter,
+            moe_inter,
+            w,
+            pw: fmt(router, &[r.hidden])?,
+            gw: fmt(q, &[r.hidden])?,
+        },
+        _ => return None,
+    })
+}
+
+fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
     let s = if quick { &QUICK } else { &GEMMA4_26B_A4B };
     let h = s.hidden;
     let mut v = Vec::new();
@@ -623,6 +724,9 @@ fn fused_attention(op: &Op) -> Option<Op> {
 pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
     let f = 4u64;
     let ws = |d: &DType| d.size() as u64;
+    // A weight's bytes as stored (a quantized one's packed values, scales
+    // and biases).
+    let wb = |d: &DType, elems: u64| d.bytes_for(elems as usize) as u64;
     let ids = || match inputs.get(2) {
         Some(HostTensor::U32(ids)) => distinct_experts(ids),
         _ => match op {
@@ -635,7 +739,7 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
     match op {
         Op::Matmul { p, w } => {
             let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
-            n * k * ws(w) + m * k * f + m * n * f
+            wb(w, n * k) + m * k * f + m * n * f
         }
         Op::Router { p, w } => {
             let (m, h, e, k) = (
@@ -644,15 +748,15 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
                 p.experts as u64,
                 p.top_k as u64,
             );
-            m * h * f + h * f + e * h * ws(w) + e * f + 2 * m * k * f
+            m * h * f + h * f + wb(w, e * h) + e * f + 2 * m * k * f
         }
         Op::MoeGateUp { p, w } => {
             let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
-            ids() * 2 * i * h * ws(w) + m * h * f + m * k * f + m * k * i * f
+            ids() * wb(w, 2 * i * h) + m * h * f + m * k * f + m * k * i * f
         }
         Op::MoeDown { p, w } => {
             let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
-            m * k * i * f + ids() * h * i * ws(w) + 2 * m * k * f + m * h * f
+            m * k * i * f + ids() * wb(w, h * i) + 2 * m * k * f + m * h * f
         }
         Op::Attention { p, pos0, kv, .. } => {
             let last = pos0 + p.m - 1;
@@ -742,9 +846,7 @@ pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
                 (tensor_bytes(last), rest.iter().map(tensor_bytes).sum())
             });
             let picked = (routed.m * routed.top_k).min(routed.experts) as u64
-                * 2
-                * (routed.inter * routed.hidden) as u64
-                * ws(gw);
+                * wb(gw, 2 * (routed.inter * routed.hidden) as u64);
             rest + stack.min(picked) + outs
         }
         // Everything else: the inputs once and each output once.

@@ -242,10 +242,11 @@ fn longest_prompt(args: &Args) -> usize {
 /// Decode at a long context: a random prompt of `context` tokens, then
 /// `decode` greedy tokens, timed as the main run is (its prefill tok/s is
 /// the long prompt's). The bound adds the KV caches a step reads halfway
-/// through the decode ([`ModelConfig::kv_bytes_per_token`]) to the weights.
+/// through the decode ([`ModelConfig::kv_bytes_per_token`]) to the weights'
+/// `weight_bytes` a token reads.
 fn at_context<B: ComputeBackend + Counters>(
     model: &mut Model<B>,
-    cfg: &ModelConfig,
+    (cfg, weight_bytes): (&ModelConfig, u64),
     context: usize,
     decode: usize,
     seed: u64,
@@ -259,7 +260,7 @@ fn at_context<B: ComputeBackend + Counters>(
     let g = model.generate(&prompt, &greedy(decode))?;
     model.reset();
     let kv = cfg.kv_bytes_per_token(context + decode / 2, kv_cache);
-    let bytes = cfg.bytes_per_token(DType::BF16) + kv;
+    let bytes = weight_bytes + kv;
     let bound = ceiling_gbps.map(|c| c * 1e9 / bytes as f64);
     eprintln!(
         "bench: decode at a {context}-token context: {:.1} tok/s ({} of KV caches read a step)",
@@ -319,9 +320,16 @@ fn measure<B: ComputeBackend + Counters>(
     let (prefill_batch, seed) = (args.prefill_batch, args.seed);
     let cfg = config(name, args.layers)?;
     let device = backend.info().device_name.clone();
-    let bytes_per_token = cfg.bytes_per_token(DType::BF16);
-    let source = SyntheticSource::new(cfg.clone(), seed)?;
-    eprintln!("bench: end to end: loading synthetic {name} on {device}");
+    let source = match args.quant {
+        Some(q) => SyntheticSource::quantized(cfg.clone(), seed, q.synthetic())?,
+        None => SyntheticSource::new(cfg.clone(), seed)?,
+    };
+    let bytes_per_token = source.bytes_per_token();
+    let weights = match args.quant {
+        Some(q) => q.affine().name(),
+        None => "bf16".to_string(),
+    };
+    eprintln!("bench: end to end: loading synthetic {name} ({weights} weights) on {device}");
     // (what the backend held before, e.g. from the per-op cases, is not the
     // model's; their scratch is let go so that the model's own counts in
     // its peak: the runs before 86f0e24 left it out)
@@ -420,7 +428,7 @@ fn measure<B: ComputeBackend + Counters>(
         .map(|&n| {
             at_context(
                 &mut model,
-                &cfg,
+                (&cfg, bytes_per_token),
                 n,
                 decode,
                 seed,
@@ -497,6 +505,8 @@ fn measure<B: ComputeBackend + Counters>(
         "decode_tokens": decode,
         "prefill_batch": prefill_batch,
         "kv_cache": args.kv_cache.dtype().name(),
+        "weights": weights,
+        "weight_bytes": source.weight_bytes(),
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
         "bytes_per_token": bytes_per_token,

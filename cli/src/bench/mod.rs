@@ -95,6 +95,11 @@ pub struct Args {
     /// the end-to-end model (their bytes moved and bounds count it).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_cache: crate::common::KvCache,
+    /// Quantized weights: each per-op case that reads a weight also runs
+    /// with it in this format, and the end-to-end model is loaded in it
+    /// (random packed values, scales and biases; the router at 8 bits).
+    #[arg(long, value_enum)]
+    pub quant: Option<crate::common::Quant>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -316,7 +321,11 @@ pub fn main(args: Args) -> ExitCode {
         runs.push(open_run(b, cpu_budget, extra));
     }
 
-    let all = cases::cases(args.quick, args.kv_cache.dtype());
+    let all = cases::cases(
+        args.quick,
+        args.kv_cache.dtype(),
+        args.quant.map(|q| q.affine()),
+    );
     // Each case's seed follows its place in the full list, so a filtered
     // run times the same inputs.
     let (seeds, selected): (Vec<u64>, Vec<cases::Case>) = all
