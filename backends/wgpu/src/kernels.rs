@@ -44,7 +44,7 @@ pub const AFFINE: &str = include_str!("../../../kernels/affine.wgsl");
 
 /// The families that read quantized weights (they define `wword`, and
 /// declare `QBITS` and `QGROUP` through [`AFFINE`]).
-pub const AFFINE_FAMILIES: &[&str] = &["matmul", "router", "moe", "embed"];
+pub const AFFINE_FAMILIES: &[&str] = &["matmul", "router", "moe", "embed", "affine_gemv"];
 
 /// The KV caches' element type and the conversion a write goes through,
 /// appended to the families that read or write the caches
@@ -95,6 +95,10 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("argmax", include_str!("../../../kernels/argmax.wgsl")),
     ("matmul", include_str!("../../../kernels/matmul.wgsl")),
     ("gemv", include_str!("../../../kernels/gemv.wgsl")),
+    (
+        "affine_gemv",
+        include_str!("../../../kernels/affine_gemv.wgsl"),
+    ),
     ("gemm", include_str!("../../../kernels/gemm.wgsl")),
     ("gemm_coop", include_str!("../../../kernels/gemm_coop.wgsl")),
     ("gemm_prep", include_str!("../../../kernels/gemm_prep.wgsl")),

@@ -1,6 +1,7 @@
 //! Launchers: one module per kernel family. Each binds buffers, fills the
 //! parameter block and dispatches; shape checks happened in the trait impl.
 
+pub(crate) mod affine;
 pub(crate) mod attention;
 pub(crate) mod attention_coop;
 pub(crate) mod elementwise;

@@ -379,6 +379,9 @@ pub(crate) fn moe_gate_up(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
+    if super::affine::takes(gu, p.m) {
+        return super::affine::gate_up(be, (x, wb, ids, act), gu.dtype, &p);
+    }
     if decode_path(&p, p.hidden, gu.dtype) {
         let params = decode_params(&p, p.inter.div_ceil(decode_pairs()));
         let xb = one(x);
@@ -647,6 +650,9 @@ pub(crate) fn moe_down(
     p: Moe,
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
+    if super::affine::takes(d, p.m) {
+        return super::affine::down(be, (act, wb, ids, w, out), d.dtype, &p);
+    }
     // Phase 2 takes the decode kernel for prefill micro-batches too (one
     // token per row of workgroups; see kernels/moe_decode.wgsl).
     // (past STREAM_MAX_M tokens the prefill GEMM, or the route-list kernel

@@ -1,0 +1,145 @@
+//! Launchers of kernels/affine_gemv.wgsl: decode and micro-batch products
+//! with MLX affine-quantized weights (up to [`super::STREAM_MAX_M`] rows of
+//! x or tokens). Larger batches take the matmul and route-list kernels,
+//! which read quantized weights through kernels/affine.wgsl too.
+
+use bytemuck::{Pod, Zeroable};
+use turbospark::ops::{Matmul, Moe};
+use turbospark::{DType, Result};
+
+use super::one;
+use crate::batch::Launch;
+use crate::{WgpuBackend, WgpuBuffer};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    rows: u32,
+    row0: u32,
+    top_k: u32,
+    experts: u32,
+    nrb: u32,
+}
+
+/// Weight rows (features) a workgroup computes (`TEAMS`).
+const ROWS: usize = 8;
+
+/// Whether these kernels take a product over `m` rows of x with weight `w`.
+pub(crate) fn takes(w: &WgpuBuffer, m: usize) -> bool {
+    matches!(w.dtype, DType::Affine(_)) && m <= super::STREAM_MAX_M
+}
+
+pub(crate) fn gemv(
+    be: &WgpuBackend,
+    w: &WgpuBuffer,
+    x: &WgpuBuffer,
+    out: &WgpuBuffer,
+    p: Matmul,
+) -> Result<()> {
+    let [wd, qbits, qgroup] = super::weight_constants(w.dtype);
+    let constants = [wd, qbits, qgroup, ("MT", p.m as i64)];
+    let (xb, ob) = (one(x), one(out));
+    for c in w.chunks.iter() {
+        let (row0, rows) = super::chunk_rows(w, c, p.n);
+        let params = Params {
+            m: p.m as u32,
+            n: p.n as u32,
+            k: p.k as u32,
+            rows: rows as u32,
+            row0: row0 as u32,
+            top_k: 0,
+            experts: 0,
+            nrb: 0,
+        };
+        be.launch(Launch {
+            kernel: "affine_gemv",
+            entry: "affine_gemv",
+            constants: &constants,
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (&c.buffer, true),
+                (xb, true),
+                (xb, true),
+                (xb, true),
+                (ob, false),
+            ],
+            groups: be.grid(rows.div_ceil(ROWS) as u32),
+        })?;
+    }
+    Ok(())
+}
+
+fn moe_params(p: &Moe, k: usize, nrb: usize) -> Params {
+    Params {
+        m: p.m as u32,
+        n: p.inter as u32,
+        k: k as u32,
+        rows: p.hidden as u32,
+        row0: 0,
+        top_k: p.top_k as u32,
+        experts: p.experts as u32,
+        nrb: nrb as u32,
+    }
+}
+
+/// MoE phase 1, every (token, slot) pair on its own.
+pub(crate) fn gate_up(
+    be: &WgpuBackend,
+    (x, gu, ids, act): (&WgpuBuffer, &wgpu::Buffer, &WgpuBuffer, &WgpuBuffer),
+    dtype: DType,
+    p: &Moe,
+) -> Result<()> {
+    let nrb = p.inter.div_ceil(ROWS);
+    let params = moe_params(p, p.hidden, nrb);
+    let xb = one(x);
+    be.launch(Launch {
+        kernel: "affine_gemv",
+        entry: "affine_gate_up",
+        constants: &super::weight_constants(dtype),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (gu, true),
+            (xb, true),
+            (one(ids), true),
+            // phase 1 has no routing weights: x stands in, never read
+            (xb, true),
+            (one(act), false),
+        ],
+        groups: be.grid((p.m * p.top_k * nrb) as u32),
+    })
+}
+
+/// MoE phase 2, a token's sum over its experts inside the workgroup that
+/// owns its output rows.
+pub(crate) fn down(
+    be: &WgpuBackend,
+    (act, d, ids, wts, out): (
+        &WgpuBuffer,
+        &wgpu::Buffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+    ),
+    dtype: DType,
+    p: &Moe,
+) -> Result<()> {
+    let nrb = p.hidden.div_ceil(ROWS);
+    let params = moe_params(p, p.inter, nrb);
+    be.launch(Launch {
+        kernel: "affine_gemv",
+        entry: "affine_down",
+        constants: &super::weight_constants(dtype),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (d, true),
+            (one(act), true),
+            (one(ids), true),
+            (one(wts), true),
+            (one(out), false),
+        ],
+        groups: be.grid((p.m * nrb) as u32),
+    })
+}
