@@ -9,6 +9,7 @@ mod default_job;
 mod generate;
 mod info;
 mod logits;
+mod quantize;
 mod stream;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,9 @@ enum Command {
     /// Per-op timings at Gemma 4 26B-A4B's shapes, per backend, against the
     /// bandwidth ceiling measured in the same run.
     Bench(bench::Args),
+    /// Quantize a Hugging Face checkpoint to MLX's affine format, tensor for
+    /// tensor as mlx-lm's convert writes it.
+    Quantize(quantize::Args),
 }
 
 fn main() {
@@ -46,6 +50,7 @@ fn main() {
         Some(Command::Generate(a)) => generate::run(a),
         Some(Command::Chat(a)) => chat::run(a),
         Some(Command::Logits(a)) => logits::run(a),
+        Some(Command::Quantize(a)) => quantize::run(a),
         Some(Command::Bench(a)) => {
             let code = bench::main(a);
             if code != std::process::ExitCode::SUCCESS {

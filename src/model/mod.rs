@@ -14,6 +14,7 @@ pub mod decoder;
 mod json;
 pub mod layer_state;
 mod mlx_layout;
+pub mod mlx_writer;
 pub mod quantization;
 pub mod sampling;
 mod shard;
