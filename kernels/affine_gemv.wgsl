@@ -59,29 +59,62 @@ fn wword(i: u32) -> u32 {
     return W[i >> 2u][i & 3u];
 }
 
-// The 32 dequantised values of unit u (elements 32u .. 32u + 31 of the
-// weight), as the CPU reference computes each: scale * q + bias in f32.
-fn affine_unit(u: u32) -> array<vec4<f32>, 8> {
-    let sb = affine_sb(u / (QGROUP / 32u));
-    let wb = QHEAD + u * QBITS;
+// One unit's packed words and its group's (scale, bias), loaded: for 4 and
+// 8 bits whole vec4s (w0, and w1 for 8 bits), so a lane can have several
+// units' loads in flight before it decodes any; other widths decode value
+// by value from the unit index `u` in `unit_values`.
+struct Unit {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+    sb: vec2<f32>,
+    u: u32,
+}
+
+// The header's word offsets of the scales and the biases (read once a thread).
+fn sb_offsets() -> vec2<u32> {
+    let h = W[0];
+    return h.xy;
+}
+
+// (scale, bias) of group g, the parts at word offsets `o`.
+fn unit_sb(g: u32, o: vec2<u32>) -> vec2<f32> {
+    let w = word_of(g, WDTYPE);
+    return vec2<f32>(decode_as(wword(o.x + w), g, WDTYPE), decode_as(wword(o.y + w), g, WDTYPE));
+}
+
+fn load_unit(u: u32, o: vec2<u32>) -> Unit {
+    var x: Unit;
+    x.u = u;
+    x.sb = unit_sb(u / (QGROUP / 32u), o);
+    let wb = (QHEAD + u * QBITS) >> 2u;
+    if (QBITS == 4u) {
+        x.w0 = W[wb];
+    } else if (QBITS == 8u) {
+        x.w0 = W[wb];
+        x.w1 = W[wb + 1u];
+    }
+    return x;
+}
+
+// The 32 dequantised values of a loaded unit (elements 32u .. 32u + 31 of
+// the weight), as the CPU reference computes each: scale * q + bias in f32.
+fn unit_values(x: Unit) -> array<vec4<f32>, 8> {
     var q: array<vec4<f32>, 8>;
     if (QBITS == 4u) {
-        let w = W[wb >> 2u];
         for (var i = 0u; i < 4u; i++) {
-            let v = w[i];
+            let v = x.w0[i];
             q[2u * i] = vec4<f32>(f32(v & 15u), f32((v >> 4u) & 15u), f32((v >> 8u) & 15u), f32((v >> 12u) & 15u));
             q[2u * i + 1u] = vec4<f32>(f32((v >> 16u) & 15u), f32((v >> 20u) & 15u), f32((v >> 24u) & 15u), f32(v >> 28u));
         }
     } else if (QBITS == 8u) {
-        let w0 = W[wb >> 2u];
-        let w1 = W[(wb >> 2u) + 1u];
         for (var i = 0u; i < 4u; i++) {
-            let a = w0[i];
-            let b = w1[i];
+            let a = x.w0[i];
+            let b = x.w1[i];
             q[i] = vec4<f32>(f32(a & 255u), f32((a >> 8u) & 255u), f32((a >> 16u) & 255u), f32(a >> 24u));
             q[4u + i] = vec4<f32>(f32(b & 255u), f32((b >> 8u) & 255u), f32((b >> 16u) & 255u), f32(b >> 24u));
         }
     } else {
+        let wb = QHEAD + x.u * QBITS;
         for (var j = 0u; j < 8u; j++) {
             var v = vec4<f32>(0.0);
             for (var c = 0u; c < 4u; c++) {
@@ -92,10 +125,13 @@ fn affine_unit(u: u32) -> array<vec4<f32>, 8> {
         }
     }
     for (var j = 0u; j < 8u; j++) {
-        q[j] = sb.x * q[j] + vec4<f32>(sb.y);
+        q[j] = x.sb.x * q[j] + vec4<f32>(x.sb.y);
     }
     return q;
 }
+
+// Units a lane has in flight (loaded before any is decoded).
+const UF: u32 = 4u;
 
 // Unit u's dot with the 32 values of x from vec4 `xb` on.
 fn unit_dot(w: array<vec4<f32>, 8>, xb: u32) -> f32 {
@@ -125,11 +161,21 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     // thread takes part in the barriers)
     let rc = min(r, P.rows - 1u);
     let nu = P.k / 32u;
+    let o = sb_offsets();
     var acc: array<f32, 16>;
-    for (var u = lane; u < nu; u += RL) {
-        let w = affine_unit(rc * nu + u);
-        for (var i = 0u; i < MT; i++) {
-            acc[i] += unit_dot(w, (i * P.k) / 4u + 8u * u);
+    for (var u0 = lane; u0 < nu; u0 += UF * RL) {
+        var units: array<Unit, UF>;
+        for (var f = 0u; f < UF; f++) {
+            units[f] = load_unit(rc * nu + min(u0 + f * RL, nu - 1u), o);
+        }
+        for (var f = 0u; f < UF; f++) {
+            let u = u0 + f * RL;
+            if (u < nu) {
+                let w = unit_values(units[f]);
+                for (var i = 0u; i < MT; i++) {
+                    acc[i] += unit_dot(w, (i * P.k) / 4u + 8u * u);
+                }
+            }
         }
     }
     for (var i0 = 0u; i0 < MT; i0 += 4u) {
@@ -171,13 +217,24 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let nu = P.k / 32u;
     let grow = e * 2u * n + fc;
     let xb = ((p / P.top_k) * P.k) / 4u;
+    let o = sb_offsets();
     var ag = 0.0;
     var au = 0.0;
-    for (var u = lane; u < nu; u += RL) {
-        let wgate = affine_unit(grow * nu + u);
-        let wup = affine_unit((grow + n) * nu + u);
-        ag += unit_dot(wgate, xb + 8u * u);
-        au += unit_dot(wup, xb + 8u * u);
+    // (UF / 2 units of each row in flight)
+    for (var u0 = lane; u0 < nu; u0 += (UF / 2u) * RL) {
+        var units: array<Unit, UF>;
+        for (var f = 0u; f < UF / 2u; f++) {
+            let uc = min(u0 + f * RL, nu - 1u);
+            units[2u * f] = load_unit(grow * nu + uc, o);
+            units[2u * f + 1u] = load_unit((grow + n) * nu + uc, o);
+        }
+        for (var f = 0u; f < UF / 2u; f++) {
+            let u = u0 + f * RL;
+            if (u < nu) {
+                ag += unit_dot(unit_values(units[2u * f]), xb + 8u * u);
+                au += unit_dot(unit_values(units[2u * f + 1u]), xb + 8u * u);
+            }
+        }
     }
     red[lid] = vec4<f32>(ag, au, 0.0, 0.0);
     reduce_team(lid, lane);
@@ -202,18 +259,30 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let hc = min(h, hidden - 1u);
     let inter = P.k;
     let nu = inter / 32u;
+    let o = sb_offsets();
+    // The lanes take the row's (expert slot, unit) tasks, UF in flight, so
+    // that rows of few units (inter 704: 22) still keep every lane busy.
+    let tasks = P.top_k * nu;
     var acc = 0.0;
-    for (var j = 0u; j < P.top_k; j++) {
-        let p = t * P.top_k + j;
-        let e = IDS[p];
-        if (e < P.experts) {
-            let row = e * hidden + hc;
-            let xb = (p * inter) / 4u;
-            var part = 0.0;
-            for (var u = lane; u < nu; u += RL) {
-                part += unit_dot(affine_unit(row * nu + u), xb + 8u * u);
+    for (var t0 = lane; t0 < tasks; t0 += UF * RL) {
+        var units: array<Unit, UF>;
+        var slot: array<u32, UF>;
+        for (var f = 0u; f < UF; f++) {
+            let task = min(t0 + f * RL, tasks - 1u);
+            let j = task / nu;
+            let p = t * P.top_k + j;
+            // (an expert id past E selects nothing: the CPU reports it)
+            let e = min(IDS[p], P.experts - 1u);
+            slot[f] = p;
+            units[f] = load_unit((e * hidden + hc) * nu + task % nu, o);
+        }
+        for (var f = 0u; f < UF; f++) {
+            let task = t0 + f * RL;
+            let p = slot[f];
+            if (task < tasks && IDS[p] < P.experts) {
+                let u = task % nu;
+                acc += WTS[p] * unit_dot(unit_values(units[f]), (p * inter) / 4u + 8u * u);
             }
-            acc += WTS[p] * part;
         }
     }
     red[lid] = vec4<f32>(acc, 0.0, 0.0, 0.0);

@@ -56,6 +56,7 @@ impl SyntheticQuant {
     /// The format of tensor `name` (`shape`, rows last), or None for bf16.
     pub fn format_of(&self, name: &str, shape: &[usize]) -> Option<Affine> {
         let quantized = name.ends_with("_proj.weight")
+            || name.ends_with("router.proj.weight")
             || name.ends_with("experts.gate_up_proj")
             || name.ends_with("experts.down_proj")
             || name == "embed_tokens.weight";

@@ -124,7 +124,7 @@ fn ablation<B: ComputeBackend + Counters>(
     kernels: &[String],
     pairs: usize,
 ) -> turbospark::Result<Value> {
-    if kernels.is_empty() || !model.backend().omit(&[])? {
+    if pairs == 0 || kernels.is_empty() || !model.backend().omit(&[])? {
         return Ok(Value::Null);
     }
     let step_s = |m: &mut Model<B>, omit: &[&str]| -> turbospark::Result<f64> {
@@ -408,7 +408,11 @@ fn measure<B: ComputeBackend + Counters>(
         .collect();
     // (each run prefills the prompt and takes ABLATION_STEPS steps, within
     // SPARE_POSITIONS)
-    let pairs = if args.quick { 1 } else { ABLATION_PAIRS };
+    let pairs = match args.ablation_pairs {
+        Some(n) => n,
+        None if args.quick => 1,
+        None => ABLATION_PAIRS,
+    };
     let ablation = ablation(&mut model, &prompt, &kernels, pairs)?;
     // Where the prefill's GPU time goes: the prompt's prefill again.
     let prefill_profile = if prompt_len > 1 {

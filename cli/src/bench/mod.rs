@@ -100,6 +100,11 @@ pub struct Args {
     /// (random packed values, scales and biases; the router at 8 bits).
     #[arg(long, value_enum)]
     pub quant: Option<crate::common::Quant>,
+    /// End to end: pairs of runs per kernel in the decode step's ablation
+    /// (default 3, quick 1; 0 leaves the ablation out: a model whose
+    /// prefill is slow spends minutes in it).
+    #[arg(long)]
+    pub ablation_pairs: Option<usize>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
