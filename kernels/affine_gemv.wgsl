@@ -5,18 +5,19 @@
 //   affine_gemv      matmul, m <= 16 (MT rows of x compiled in):
 //                    OUT[i, row0 + r] = W[r] . X[i]
 //   affine_gate_up   MoE phase 1 for m <= 16 tokens, one workgroup per
-//                    (token, slot) pair and 8 features:
+//                    (token, slot) pair and 16 features:
 //                    OUT[p, f] = gelu_tanh(gate_e . x_t) * (up_e . x_t)
-//   affine_down      MoE phase 2, one workgroup per token and 8 output rows:
-//                    OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
+//   affine_down      MoE phase 2, one workgroup per token and 32 output
+//                    rows: OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
 //
-// A team of RL lanes per weight row (8 teams a workgroup); its lanes stride
-// over the row's units, so one load instruction of a team reads 32
-// consecutive 16-byte runs of packed values (4-bit: one vec4 a unit, 8-bit:
-// two). A row's units start on a 16-byte boundary: the header is 16 bytes
-// and a row of k values (k a multiple of the group, so of 32) holds
-// k * QBITS / 32 words, a multiple of 4 for QBITS 4 and 8. Lanes are summed
-// in workgroup memory (no subgroup operations needed).
+// A team of RL lanes holds RPT weight rows (8 teams a workgroup); its lanes
+// stride over the rows' units. A lane reads a unit of x (32 f32, 128 bytes)
+// once for all RPT rows: x's reads, not the weights', bound a 4-bit GEMV
+// that reads x once a unit and row (8 bytes of x per byte of weights, all
+// from L1). 4-bit units are one 16-byte load, 8-bit two; a row's units
+// start on 16 bytes (the header is 16 bytes and a row of k values, k a
+// multiple of 32, holds k * QBITS / 32 words, a multiple of 4). Lanes are
+// summed in workgroup memory (no subgroup operations needed).
 //
 // Bindings (shared by the three entries; unused ones get a read-only
 // stand-in): 0 W, 1 X (x rows or activations), 2 IDS, 3 WTS, 4 OUT.
@@ -34,7 +35,7 @@ struct Params {
     row0: u32,
     top_k: u32,
     experts: u32,
-    // 8-feature (or 8-row) blocks per pair or token
+    // workgroups per pair (phase 1) or token (phase 2)
     nrb: u32,
 }
 
@@ -50,6 +51,9 @@ override MT: u32 = 1u;
 
 const RL: u32 = 32u;
 const TEAMS: u32 = 8u;
+// Weight rows a team holds (affine_gemv, affine_down; affine_gate_up holds
+// two features' gate and up rows).
+const RPT: u32 = 4u;
 
 var<workgroup> red: array<vec4<f32>, 256>;
 var<workgroup> sh_expert: u32;
@@ -59,10 +63,9 @@ fn wword(i: u32) -> u32 {
     return W[i >> 2u][i & 3u];
 }
 
-// One unit's packed words and its group's (scale, bias), loaded: for 4 and
-// 8 bits whole vec4s (w0, and w1 for 8 bits), so a lane can have several
-// units' loads in flight before it decodes any; other widths decode value
-// by value from the unit index `u` in `unit_values`.
+// One unit's packed words and its group's (scale, bias): for 4 and 8 bits
+// whole vec4s (w0, and w1 for 8 bits), loaded before any is decoded; other
+// widths decode value by value from the unit index `u` in `unit_q`.
 struct Unit {
     w0: vec4<u32>,
     w1: vec4<u32>,
@@ -72,20 +75,15 @@ struct Unit {
 
 // The header's word offsets of the scales and the biases (read once a thread).
 fn sb_offsets() -> vec2<u32> {
-    let h = W[0];
-    return h.xy;
-}
-
-// (scale, bias) of group g, the parts at word offsets `o`.
-fn unit_sb(g: u32, o: vec2<u32>) -> vec2<f32> {
-    let w = word_of(g, WDTYPE);
-    return vec2<f32>(decode_as(wword(o.x + w), g, WDTYPE), decode_as(wword(o.y + w), g, WDTYPE));
+    return W[0].xy;
 }
 
 fn load_unit(u: u32, o: vec2<u32>) -> Unit {
     var x: Unit;
     x.u = u;
-    x.sb = unit_sb(u / (QGROUP / 32u), o);
+    let g = u / (QGROUP / 32u);
+    let w = word_of(g, WDTYPE);
+    x.sb = vec2<f32>(decode_as(wword(o.x + w), g, WDTYPE), decode_as(wword(o.y + w), g, WDTYPE));
     let wb = (QHEAD + u * QBITS) >> 2u;
     if (QBITS == 4u) {
         x.w0 = W[wb];
@@ -96,9 +94,9 @@ fn load_unit(u: u32, o: vec2<u32>) -> Unit {
     return x;
 }
 
-// The 32 dequantised values of a loaded unit (elements 32u .. 32u + 31 of
-// the weight), as the CPU reference computes each: scale * q + bias in f32.
-fn unit_values(x: Unit) -> array<vec4<f32>, 8> {
+// The 32 unsigned values of a loaded unit (elements 32u .. 32u + 31 of
+// the weight), as f32; its weights are sb.x * q + sb.y.
+fn unit_q(x: Unit) -> array<vec4<f32>, 8> {
     var q: array<vec4<f32>, 8>;
     if (QBITS == 4u) {
         for (var i = 0u; i < 4u; i++) {
@@ -124,20 +122,34 @@ fn unit_values(x: Unit) -> array<vec4<f32>, 8> {
             q[j] = v;
         }
     }
-    for (var j = 0u; j < 8u; j++) {
-        q[j] = x.sb.x * q[j] + vec4<f32>(x.sb.y);
-    }
     return q;
 }
 
-// Units a lane has in flight (loaded before any is decoded).
-const UF: u32 = 4u;
+// 32 values of x from vec4 `xb` on, and their sum.
+struct XUnit {
+    v: array<vec4<f32>, 8>,
+    sum: f32,
+}
 
-// Unit u's dot with the 32 values of x from vec4 `xb` on.
-fn unit_dot(w: array<vec4<f32>, 8>, xb: u32) -> f32 {
-    let a = (dot(w[0], X[xb]) + dot(w[1], X[xb + 1u])) + (dot(w[2], X[xb + 2u]) + dot(w[3], X[xb + 3u]));
-    let b = (dot(w[4], X[xb + 4u]) + dot(w[5], X[xb + 5u])) + (dot(w[6], X[xb + 6u]) + dot(w[7], X[xb + 7u]));
-    return a + b;
+fn load_x(xb: u32) -> XUnit {
+    var x: XUnit;
+    var s = vec4<f32>(0.0);
+    for (var j = 0u; j < 8u; j++) {
+        x.v[j] = X[xb + j];
+        s += x.v[j];
+    }
+    x.sum = (s.x + s.y) + (s.z + s.w);
+    return x;
+}
+
+// A loaded unit's weights dotted with x: scale * (q . x) + bias * sum(x),
+// the dot of the dequantised weights (scale * q + bias) with its terms
+// grouped, so that x's sum serves every row.
+fn unit_dot(w: Unit, x: XUnit) -> f32 {
+    let q = unit_q(w);
+    let a = (dot(q[0], x.v[0]) + dot(q[1], x.v[1])) + (dot(q[2], x.v[2]) + dot(q[3], x.v[3]));
+    let b = (dot(q[4], x.v[4]) + dot(q[5], x.v[5])) + (dot(q[6], x.v[6]) + dot(q[7], x.v[7]));
+    return fma(w.sb.x, a + b, w.sb.y * x.sum);
 }
 
 // Sum `red` over each team's RL lanes (into lane 0); from uniform control flow.
@@ -156,42 +168,44 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                @builtin(local_invocation_index) lid: u32) {
     let team = lid / RL;
     let lane = lid % RL;
-    let r = linear_group(wg, nwg) * TEAMS + team;
-    // (rows past the chunk read its last row and write nothing: every
-    // thread takes part in the barriers)
-    let rc = min(r, P.rows - 1u);
+    let r0 = (linear_group(wg, nwg) * TEAMS + team) * RPT;
     let nu = P.k / 32u;
     let o = sb_offsets();
-    var acc: array<f32, 16>;
-    for (var u0 = lane; u0 < nu; u0 += UF * RL) {
-        var units: array<Unit, UF>;
-        for (var f = 0u; f < UF; f++) {
-            units[f] = load_unit(rc * nu + min(u0 + f * RL, nu - 1u), o);
+    // acc[r * MT + i]: row r0 + r, row i of x
+    var acc: array<f32, 64>;
+    for (var u = lane; u < nu; u += RL) {
+        var w: array<Unit, RPT>;
+        for (var r = 0u; r < RPT; r++) {
+            // (rows past the chunk read its last row and write nothing:
+            // every thread takes part in the barriers)
+            w[r] = load_unit(min(r0 + r, P.rows - 1u) * nu + u, o);
         }
-        for (var f = 0u; f < UF; f++) {
-            let u = u0 + f * RL;
-            if (u < nu) {
-                let w = unit_values(units[f]);
-                for (var i = 0u; i < MT; i++) {
-                    acc[i] += unit_dot(w, (i * P.k) / 4u + 8u * u);
-                }
+        for (var i = 0u; i < MT; i++) {
+            let x = load_x((i * P.k) / 4u + 8u * u);
+            for (var r = 0u; r < RPT; r++) {
+                acc[r * MT + i] += unit_dot(w[r], x);
             }
         }
     }
-    for (var i0 = 0u; i0 < MT; i0 += 4u) {
-        red[lid] = vec4<f32>(acc[i0], acc[i0 + 1u], acc[i0 + 2u], acc[i0 + 3u]);
+    for (var a0 = 0u; a0 < RPT * MT; a0 += 4u) {
+        red[lid] = vec4<f32>(acc[a0], acc[a0 + 1u], acc[a0 + 2u], acc[a0 + 3u]);
         reduce_team(lid, lane);
-        if (lane == 0u && r < P.rows) {
+        if (lane == 0u) {
             let v = red[lid];
             for (var q = 0u; q < 4u; q++) {
-                if (i0 + q < MT) {
-                    OUT[(i0 + q) * P.n + P.row0 + r] = v[q];
+                let a = a0 + q;
+                let row = r0 + a / MT;
+                if (a < RPT * MT && row < P.rows) {
+                    OUT[(a % MT) * P.n + P.row0 + row] = v[q];
                 }
             }
         }
         workgroupBarrier();
     }
 }
+
+// Features a team computes in affine_gate_up (a gate and an up row each).
+const FPT: u32 = 2u;
 
 @compute @workgroup_size(256)
 fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -212,35 +226,33 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let team = lid / RL;
     let lane = lid % RL;
     let n = P.n;
-    let f = (g % P.nrb) * TEAMS + team;
-    let fc = min(f, n - 1u);
+    let f0 = ((g % P.nrb) * TEAMS + team) * FPT;
     let nu = P.k / 32u;
-    let grow = e * 2u * n + fc;
     let xb = ((p / P.top_k) * P.k) / 4u;
     let o = sb_offsets();
-    var ag = 0.0;
-    var au = 0.0;
-    // (UF / 2 units of each row in flight)
-    for (var u0 = lane; u0 < nu; u0 += (UF / 2u) * RL) {
-        var units: array<Unit, UF>;
-        for (var f = 0u; f < UF / 2u; f++) {
-            let uc = min(u0 + f * RL, nu - 1u);
-            units[2u * f] = load_unit(grow * nu + uc, o);
-            units[2u * f + 1u] = load_unit((grow + n) * nu + uc, o);
+    // acc[2 * f]: feature f0 + f's gate, acc[2 * f + 1]: its up
+    var acc: array<f32, 4>;
+    for (var u = lane; u < nu; u += RL) {
+        var w: array<Unit, 4>;
+        for (var f = 0u; f < FPT; f++) {
+            let grow = e * 2u * n + min(f0 + f, n - 1u);
+            w[2u * f] = load_unit(grow * nu + u, o);
+            w[2u * f + 1u] = load_unit((grow + n) * nu + u, o);
         }
-        for (var f = 0u; f < UF / 2u; f++) {
-            let u = u0 + f * RL;
-            if (u < nu) {
-                ag += unit_dot(unit_values(units[2u * f]), xb + 8u * u);
-                au += unit_dot(unit_values(units[2u * f + 1u]), xb + 8u * u);
-            }
+        let x = load_x(xb + 8u * u);
+        for (var j = 0u; j < 2u * FPT; j++) {
+            acc[j] += unit_dot(w[j], x);
         }
     }
-    red[lid] = vec4<f32>(ag, au, 0.0, 0.0);
+    red[lid] = vec4<f32>(acc[0], acc[1], acc[2], acc[3]);
     reduce_team(lid, lane);
-    if (lane == 0u && f < n) {
+    if (lane == 0u) {
         let s = red[lid];
-        OUT[p * n + f] = gelu_tanh(s.x) * s.y;
+        for (var f = 0u; f < FPT; f++) {
+            if (f0 + f < n) {
+                OUT[p * n + f0 + f] = gelu_tanh(s[2u * f]) * s[2u * f + 1u];
+            }
+        }
     }
 }
 
@@ -255,39 +267,39 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let team = lid / RL;
     let lane = lid % RL;
     let hidden = P.rows;
-    let h = (g % P.nrb) * TEAMS + team;
-    let hc = min(h, hidden - 1u);
+    let h0 = ((g % P.nrb) * TEAMS + team) * RPT;
     let inter = P.k;
     let nu = inter / 32u;
     let o = sb_offsets();
-    // The lanes take the row's (expert slot, unit) tasks, UF in flight, so
-    // that rows of few units (inter 704: 22) still keep every lane busy.
+    // The lanes take the rows' (expert slot, unit) tasks, so that rows of
+    // few units (inter 704: 22) still keep every lane busy.
     let tasks = P.top_k * nu;
-    var acc = 0.0;
-    for (var t0 = lane; t0 < tasks; t0 += UF * RL) {
-        var units: array<Unit, UF>;
-        var slot: array<u32, UF>;
-        for (var f = 0u; f < UF; f++) {
-            let task = min(t0 + f * RL, tasks - 1u);
-            let j = task / nu;
-            let p = t * P.top_k + j;
-            // (an expert id past E selects nothing: the CPU reports it)
-            let e = min(IDS[p], P.experts - 1u);
-            slot[f] = p;
-            units[f] = load_unit((e * hidden + hc) * nu + task % nu, o);
-        }
-        for (var f = 0u; f < UF; f++) {
-            let task = t0 + f * RL;
-            let p = slot[f];
-            if (task < tasks && IDS[p] < P.experts) {
-                let u = task % nu;
-                acc += WTS[p] * unit_dot(unit_values(units[f]), (p * inter) / 4u + 8u * u);
+    var acc = vec4<f32>(0.0);
+    for (var task = lane; task < tasks; task += RL) {
+        let p = t * P.top_k + task / nu;
+        let u = task % nu;
+        let e = IDS[p];
+        // (an expert id past E selects nothing: the CPU reports it)
+        if (e < P.experts) {
+            var w: array<Unit, RPT>;
+            for (var r = 0u; r < RPT; r++) {
+                w[r] = load_unit((e * hidden + min(h0 + r, hidden - 1u)) * nu + u, o);
+            }
+            let x = load_x((p * inter) / 4u + 8u * u);
+            let s = WTS[p];
+            for (var r = 0u; r < RPT; r++) {
+                acc[r] += s * unit_dot(w[r], x);
             }
         }
     }
-    red[lid] = vec4<f32>(acc, 0.0, 0.0, 0.0);
+    red[lid] = acc;
     reduce_team(lid, lane);
-    if (lane == 0u && h < hidden) {
-        OUT[t * hidden + h] = red[lid].x;
+    if (lane == 0u) {
+        let v = red[lid];
+        for (var r = 0u; r < RPT; r++) {
+            if (h0 + r < hidden) {
+                OUT[t * hidden + h0 + r] = v[r];
+            }
+        }
     }
 }

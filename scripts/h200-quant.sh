@@ -2,6 +2,7 @@
 # Quantized against bf16 weights on an NVIDIA H200, through Vulkan (the
 # setup is scripts/h200-bench.sh's: .bin/ and .gl/ carried).
 #   bash scripts/h200-quant.sh ops        the decode and micro-batch per-op
+#                                         (or OPS_FILTER's)
 #                                         cases, each in bf16 then q4g64
 #                                         (ops.json, ops.log)
 #   bash scripts/h200-quant.sh q4 q8 bf16 end to end on the synthetic Gemma 4
@@ -22,7 +23,7 @@ read -r -a extra <<<"${BENCH_ARGS:-}"
 for job in "$@"; do
     case "$job" in
     ops)
-        timeout "${OPS_TIMEOUT:-240}" "$BIN" bench --backend wgpu --quant q4 --filter "m=1,m=16" \
+        timeout "${OPS_TIMEOUT:-240}" "$BIN" bench --backend wgpu --quant q4 --filter "${OPS_FILTER:-m=1,m=16}" \
             --json "$OUT/ops.json" "${extra[@]}" >"$OUT/ops.log" 2>&1
         echo "ops exit status $?" >>"$OUT/ops.log"
         ;;

@@ -24,8 +24,11 @@ struct Params {
     nrb: u32,
 }
 
-/// Weight rows (features) a workgroup computes (`TEAMS`).
-const ROWS: usize = 8;
+/// Weight rows a workgroup of `affine_gemv` and `affine_down` computes
+/// (`TEAMS * RPT`), and features one of `affine_gate_up` does (`TEAMS *
+/// FPT`).
+const ROWS: usize = 32;
+const FEATURES: usize = 16;
 
 /// Whether these kernels take a product over `m` rows of x with weight `w`.
 pub(crate) fn takes(w: &WgpuBuffer, m: usize) -> bool {
@@ -92,7 +95,7 @@ pub(crate) fn gate_up(
     dtype: DType,
     p: &Moe,
 ) -> Result<()> {
-    let nrb = p.inter.div_ceil(ROWS);
+    let nrb = p.inter.div_ceil(FEATURES);
     let params = moe_params(p, p.hidden, nrb);
     let xb = one(x);
     be.launch(Launch {
