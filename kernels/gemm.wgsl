@@ -90,6 +90,11 @@ fn bn() -> u32 {
 
 // find_tile, stage_tile: kernels/gemm_tiles.wgsl.
 
+// Word i of the weight (kernels/affine.wgsl).
+fn wword(i: u32) -> u32 {
+    return W[i >> 2u][i & 3u];
+}
+
 // The first vec4 of the weight row (within the binding) of tile row `jl`
 // of row block `nb` (common.wgsl's expert_row), and whether it exists.
 fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
@@ -137,7 +142,8 @@ fn load_x(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<f32> {
 // first vec4 is `row` (tiled: in tile order).
 fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32, tiled: bool) -> vec4<u32> {
     let kc = k0 + 8u * q;
-    if (!on || kc >= ke) {
+    // (quantized weights are read where the tile is stored: affine_pair)
+    if (!on || kc >= ke || QBITS != 0u) {
         return vec4<u32>(0u);
     }
     return W[row + expert_step(kc / 8u, tiled)];
@@ -228,10 +234,21 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
                 xs[o + 3u * b_m4][cc] = xv4[u].w;
             }
             if (lid + WG * u < wn) {
-                let a = decode_pair(wv4[u].x);
-                let b = decode_pair(wv4[u].y);
-                let c = decode_pair(wv4[u].z);
-                let d = decode_pair(wv4[u].w);
+                var a = decode_pair(wv4[u].x);
+                var b = decode_pair(wv4[u].y);
+                var c = decode_pair(wv4[u].z);
+                var d = decode_pair(wv4[u].w);
+                if (QBITS != 0u) {
+                    // Quantized (never tiled): the 8 values at k0 + 8q of the
+                    // row whose 16-bit-layout vec4 is w_row (element 8x).
+                    let kc = k0 + 8u * we[u].y;
+                    let on = w_row[u].y == 1u && kc < ke;
+                    let e = 8u * w_row[u].x + kc;
+                    a = select(vec2<f32>(0.0), affine_pair(e), on);
+                    b = select(vec2<f32>(0.0), affine_pair(e + 2u), on);
+                    c = select(vec2<f32>(0.0), affine_pair(e + 4u), on);
+                    d = select(vec2<f32>(0.0), affine_pair(e + 6u), on);
+                }
                 let o = 8u * we[u].y * b_n4 + we[u].x / 4u;
                 let cc = we[u].x % 4u;
                 ws[o][cc] = a.x;

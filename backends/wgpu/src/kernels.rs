@@ -44,7 +44,7 @@ pub const AFFINE: &str = include_str!("../../../kernels/affine.wgsl");
 
 /// The families that read quantized weights (they define `wword`, and
 /// declare `QBITS` and `QGROUP` through [`AFFINE`]).
-pub const AFFINE_FAMILIES: &[&str] = &["matmul", "router", "moe", "embed", "affine_gemv"];
+pub const AFFINE_FAMILIES: &[&str] = &["matmul", "router", "moe", "embed", "affine_gemv", "gemm"];
 
 /// The KV caches' element type and the conversion a write goes through,
 /// appended to the families that read or write the caches

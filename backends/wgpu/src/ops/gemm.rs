@@ -80,10 +80,13 @@ impl Tile {
     }
     /// `tiled`: the weights are an expert stack in tile order
     /// (expert_tiles.rs; the MoE modes only).
-    fn constants(self, dtype: DType, tiled: bool) -> [(&'static str, i64); 8] {
+    fn constants(self, dtype: DType, tiled: bool) -> [(&'static str, i64); 10] {
         let (x, w) = self.arrays();
+        let [wd, qbits, qgroup] = super::weight_constants(dtype);
         [
-            super::wdtype(dtype)[0],
+            wd,
+            qbits,
+            qgroup,
             ("TILED", tiled as i64),
             ("TM", self.tm as i64),
             ("TN4", self.tn4 as i64),
@@ -220,7 +223,9 @@ fn smem(be: &WgpuBackend) -> u32 {
 
 /// Whether an `m`-row problem reducing over `k` takes the GEMM.
 pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
-    m >= super::PREFILL_MIN_M && k.is_multiple_of(8) && matches!(dtype, DType::BF16 | DType::F16)
+    m >= super::PREFILL_MIN_M
+        && k.is_multiple_of(8)
+        && matches!(dtype, DType::BF16 | DType::F16 | DType::Affine(_))
 }
 
 /// `OUT = X W^T` per weight binding (a weight split across bindings is one

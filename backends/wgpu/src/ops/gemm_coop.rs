@@ -290,7 +290,9 @@ pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
         }
         _ => return false,
     };
-    super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)
+    // (quantized weights never take the tensor cores: `takes` wants
+    // weights exact in f16)
+    !w.is_quantized() && super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)
 }
 
 /// `gemm_prep`: `rows` source rows of x (`k` wide) to the tile-ordered f16
