@@ -26,10 +26,9 @@ fn family_without_subgroups(name: &str) {
 }
 
 /// The families whose decode launches finish in their last workgroup where
-/// the device has coherent storage (attn_decode's combine, the down pair's
-/// post_ffn; lavapipe has it) again with it off, so the dependent
-/// dispatches they replace (attn_combine, post_ffn) stay tested on the
-/// same cases.
+/// the device has coherent storage (attn_decode's combine; lavapipe has
+/// it) again with it off, so the dependent dispatch it replaces
+/// (attn_combine) stays tested on the same cases.
 fn family_without_tails(name: &str) {
     family_on(
         name,

@@ -6,8 +6,9 @@
 //! every output checked afterwards, a NaN/Inf check, then a per-op metric
 //! (NMSE against a limit as tight as the arithmetic allows; router outputs
 //! compared as expert sets plus sorted weights, with ties handled).
-//! Written generic over two backends, so `cargo test` and `turbospark parity`
-//! run the same code.
+//! Written generic over two backends, so `cargo test` (tests/parity.rs) and
+//! the side-by-side tool (`cargo run --release --example parity`) run the
+//! same code.
 
 mod cases;
 mod compare;

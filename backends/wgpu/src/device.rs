@@ -12,7 +12,7 @@ pub struct WgpuOptions {
     /// Leave subgroup operations off even where the adapter has them, so
     /// every reduction takes the workgroup-memory path (kernels/reduce.wgsl):
     /// for testing that path on devices that have subgroups. Also set by
-    /// `TURBOSPARK_NO_SUBGROUPS=1`.
+    /// `TURBOSPARK_NO_SUBGROUPS=1` (`0` or `1`).
     pub no_subgroups: bool,
     /// Launches that finish in their last workgroup ("tails": attn_decode
     /// combining its splits, docs/decisions.md), which
@@ -203,8 +203,9 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     let ainfo = adapter.get_info();
     let afeat = adapter.features();
     // Ask for what helps and the adapter has; kernels never require it.
+    // (0 or 1 like the other switches; anything else is an error)
     let no_subgroups =
-        opts.no_subgroups || std::env::var("TURBOSPARK_NO_SUBGROUPS").is_ok_and(|v| v == "1");
+        opts.no_subgroups || switch_or_env(None, "TURBOSPARK_NO_SUBGROUPS")? == Some(true);
     let mut wanted_features =
         wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
     // kernels/reduce_subgroup.wgsl keeps up to two partials per subgroup of
