@@ -50,7 +50,7 @@ the largest minimum router gap (k-th vs (k+1)-th router logit). The script asser
 .. N-2]) == the greedy continuation, that the sliding window changes the logits, that grouped_mm
 experts agree, that the saved checkpoints reload through transformers (Gemma4ForCausalLM /
 Gemma4ForConditionalGeneration.from_pretrained) to bit-identical logits, and that an independent
-float64 re-implementation of /work/shared/reference/gemma4.md (reference_from_doc) agrees to < 1e-3.
+float64 re-implementation of docs/gemma4.md (reference_from_doc) agrees to < 1e-3.
 
 Run (from the repository root; CPU only, about 70 s, deterministic):
 
@@ -61,7 +61,7 @@ transformers 5.24.0, safetensors 0.8.0, tokenizers 0.23.3, python 3.11.7.
 
 ------------------------------------------------------------------------------------------------
 Where transformers 5.24.0 (models/gemma4/modeling_gemma4.py, configuration_gemma4.py) stands
-relative to /work/shared/reference/gemma4.md: the math agrees (checked numerically by
+relative to docs/gemma4.md: the math agrees (checked numerically by
 reference_from_doc); the differences are in config spelling and defaults:
 
 * save_pretrained() of a Gemma4TextConfig writes the full-attention override as per_layer_config
@@ -265,7 +265,7 @@ def routing_stats(model, ids):
 
 
 # ------------------------------------------------------------------------------------------------
-# Independent re-implementation of /work/shared/reference/gemma4.md in float64, as a cross-check
+# Independent re-implementation of docs/gemma4.md in float64, as a cross-check
 # that the page (as the Rust code will read it) and transformers agree.
 
 
@@ -587,11 +587,11 @@ def build(fx):
     print(f"max |experts eager - experts grouped_mm| = {gd:.2e}")
     assert gd < 1e-4
 
-    # 5. independent float64 implementation of gemma4.md agrees with transformers
+    # 5. independent float64 implementation of docs/gemma4.md agrees with transformers
     doc_cfg = dict(COMMON, layer_types=fx["layer_types"], top_k_experts=fx["top_k"])
     ref = reference_from_doc(sd, doc_cfg, ids).float()
     dd = float((ref - logits).abs().max())
-    print(f"max |transformers f32 - gemma4.md re-implementation f64| = {dd:.2e}")
+    print(f"max |transformers f32 - docs/gemma4.md re-implementation f64| = {dd:.2e}")
     assert dd < 1e-3, dd
 
     # write

@@ -334,7 +334,7 @@ fn flagship_shape() {
         (24e9..27e9).contains(&(params as f64)),
         "{params} parameters"
     );
-    // gemma4.md: about 7.5 GB of weights read per token at bf16, 1.48 GB of it the LM head.
+    // docs/gemma4.md: about 7.65 GB of weights read per token at bf16, 1.48 GB of it the LM head.
     let bytes = c.bytes_per_token(DType::BF16);
     assert!(
         (7.0e9..8.0e9).contains(&(bytes as f64)),
