@@ -11,6 +11,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod decoder;
+pub mod expert_cache;
 mod json;
 pub mod layer_state;
 mod mlx_layout;

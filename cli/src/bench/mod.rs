@@ -11,6 +11,7 @@
 mod cases;
 mod e2e;
 mod measure;
+mod replay;
 mod report;
 
 use std::path::PathBuf;
@@ -105,6 +106,19 @@ pub struct Args {
     /// prefill is slow spends minutes in it).
     #[arg(long)]
     pub ablation_pairs: Option<usize>,
+    /// Replay this routing trace (a header `experts E`, then a line per
+    /// token: each MoE layer's expert ids, `,` within a layer, `;` between
+    /// layers) through the expert-slot counts and policies asked for,
+    /// beside offline-optimal replacement, and exit: no GPU needed.
+    #[arg(long)]
+    pub replay_trace: Option<std::path::PathBuf>,
+    /// Expert slots per layer to replay (`,`-separated; default 8, 16, 32,
+    /// 64 where the trace has that many experts).
+    #[arg(long, value_delimiter = ',')]
+    pub expert_slots: Vec<usize>,
+    /// Slot replacement policies to replay (`lfu`, `lru`; `,`-separated).
+    #[arg(long, value_delimiter = ',', default_value = "lfu,lru")]
+    pub policy: Vec<String>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -267,6 +281,24 @@ fn write_files(
 
 /// `turbospark bench`.
 pub fn main(args: Args) -> ExitCode {
+    if let Some(path) = &args.replay_trace {
+        return match replay::run(path, &args.expert_slots, &args.policy) {
+            Ok(v) => match &args.json {
+                Some(out) => match std::fs::write(out, v.to_string()) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("bench: writing {}: {e}", out.display());
+                        ExitCode::FAILURE
+                    }
+                },
+                None => ExitCode::SUCCESS,
+            },
+            Err(e) => {
+                eprintln!("bench: --replay-trace: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Err(e) = check_filter(&args.filter) {
         eprintln!("bench: {e}");
         return ExitCode::FAILURE;

@@ -1,0 +1,501 @@
+//! Which of a layer's routed experts sit in its device slots when the
+//! experts are streamed from the checkpoint instead of held resident: the
+//! replacement policy, its counters, offline-optimal replacement for
+//! comparison, and routing traces to replay them on.
+//!
+//! A token's experts are all needed at once, so they are pinned while its
+//! misses are placed: a victim is never one of them. With `slots >=
+//! top_k` every token fits; a prefill micro-batch whose union of experts
+//! exceeds the slots runs in waves that fit ([`waves`]).
+
+use std::io::{BufRead, Write};
+
+use crate::error::{Error, Result};
+
+/// Replacement policy of a layer's expert slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Least frequently used, counting every use since the run began (a
+    /// count survives its expert's eviction), ties to the least recently
+    /// used: the default. Measured elsewhere on a real Gemma 4 26B-A4B
+    /// decode trace at 16 slots: 71.0% hits against LRU's 69.7%.
+    Lfu,
+    /// Least recently used.
+    Lru,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Lfu => "lfu",
+            Policy::Lru => "lru",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Policy> {
+        match s {
+            "lfu" => Ok(Policy::Lfu),
+            "lru" => Ok(Policy::Lru),
+            other => Err(Error::InvalidInput(format!(
+                "expert cache policy {other:?}: lfu or lru"
+            ))),
+        }
+    }
+}
+
+/// Hits and misses of expert lookups (a miss is one expert's upload).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl Counts {
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    fn add(&mut self, o: Counts) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+    }
+}
+
+/// Where a lookup's experts are: the slot of each requested id (in the
+/// order asked), and the misses to upload, `(expert, slot)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub slots: Vec<u32>,
+    pub loads: Vec<(u32, u32)>,
+}
+
+/// One layer's slots: which expert each holds and the policy's state.
+#[derive(Clone, Debug)]
+pub struct SlotCache {
+    policy: Policy,
+    /// Expert held by each slot.
+    held: Vec<Option<u32>>,
+    /// Slot of each expert, when held.
+    slot_of: Vec<Option<u32>>,
+    /// Uses of each expert since the run began.
+    uses: Vec<u64>,
+    /// Lookup at which each slot's expert was last used.
+    last: Vec<u64>,
+    clock: u64,
+    counts: Counts,
+}
+
+impl SlotCache {
+    /// `slots` slots for a layer of `experts` experts.
+    pub fn new(experts: usize, slots: usize, policy: Policy) -> Result<SlotCache> {
+        if slots == 0 || slots > experts || experts > u32::MAX as usize {
+            return Err(Error::InvalidInput(format!(
+                "{slots} expert slots for {experts} experts: from 1 to the expert count"
+            )));
+        }
+        Ok(SlotCache {
+            policy,
+            held: vec![None; slots],
+            slot_of: vec![None; experts],
+            uses: vec![0; experts],
+            last: vec![0; slots],
+            clock: 0,
+            counts: Counts::default(),
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// The expert in `slot`, if any.
+    pub fn held(&self, slot: usize) -> Option<u32> {
+        self.held.get(slot).copied().flatten()
+    }
+
+    /// Place one lookup's experts (distinct ids: a token's top-k, or a
+    /// wave's union): hits stay, each miss takes a free slot or the
+    /// policy's victim among the slots this lookup does not use.
+    pub fn place(&mut self, ids: &[u32]) -> Result<Placement> {
+        let experts = self.slot_of.len();
+        if ids.len() > self.slots() {
+            return Err(Error::InvalidInput(format!(
+                "{} experts at once in {} slots (run the batch in waves)",
+                ids.len(),
+                self.slots()
+            )));
+        }
+        for (i, &e) in ids.iter().enumerate() {
+            if e as usize >= experts {
+                return Err(Error::InvalidInput(format!(
+                    "expert id {e} of {experts} experts"
+                )));
+            }
+            if ids[..i].contains(&e) {
+                return Err(Error::InvalidInput(format!(
+                    "expert {e} asked twice in one lookup"
+                )));
+            }
+        }
+        self.clock += 1;
+        let mut pinned = vec![false; self.slots()];
+        for &e in ids {
+            if let Some(s) = self.slot_of[e as usize] {
+                pinned[s as usize] = true;
+            }
+        }
+        let mut slots = Vec::with_capacity(ids.len());
+        let mut loads = Vec::new();
+        for &e in ids {
+            self.uses[e as usize] += 1;
+            let s = match self.slot_of[e as usize] {
+                Some(s) => {
+                    self.counts.hits += 1;
+                    s
+                }
+                None => {
+                    self.counts.misses += 1;
+                    let s = self.victim(&pinned);
+                    if let Some(old) = self.held[s] {
+                        self.slot_of[old as usize] = None;
+                    }
+                    self.held[s] = Some(e);
+                    self.slot_of[e as usize] = Some(s as u32);
+                    pinned[s] = true;
+                    loads.push((e, s as u32));
+                    s as u32
+                }
+            };
+            self.last[s as usize] = self.clock;
+            slots.push(s);
+        }
+        Ok(Placement { slots, loads })
+    }
+
+    /// A free slot, else the policy's choice among the unpinned ones (one
+    /// exists: the lookup fits the slots).
+    fn victim(&self, pinned: &[bool]) -> usize {
+        if let Some(s) = self.held.iter().position(Option::is_none) {
+            return s;
+        }
+        let key = |s: usize| {
+            let e = self.held[s].expect("no free slot") as usize;
+            match self.policy {
+                Policy::Lfu => (self.uses[e], self.last[s]),
+                Policy::Lru => (self.last[s], 0),
+            }
+        };
+        (0..self.slots())
+            .filter(|&s| !pinned[s])
+            .min_by_key(|&s| key(s))
+            .expect("a lookup that fits leaves an unpinned slot")
+    }
+}
+
+/// `ids` (a micro-batch's union of experts, in first-use order) in waves
+/// of at most `slots` experts.
+pub fn waves(ids: &[u32], slots: usize) -> Vec<&[u32]> {
+    ids.chunks(slots.max(1)).collect()
+}
+
+/// A routing trace: for each token, each MoE layer's expert ids.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    pub experts: usize,
+    pub tokens: Vec<Vec<Vec<u32>>>,
+}
+
+impl Trace {
+    /// Layers per token (0 for an empty trace).
+    pub fn layers(&self) -> usize {
+        self.tokens.first().map_or(0, Vec::len)
+    }
+
+    /// The trace as text: a header line `experts E`, then a line per token,
+    /// its layers' ids `,`-separated and the layers `;`-separated.
+    pub fn write(&self, w: &mut impl Write) -> std::io::Result<()> {
+        writeln!(w, "experts {}", self.experts)?;
+        for t in &self.tokens {
+            let layers: Vec<String> = t
+                .iter()
+                .map(|l| l.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+                .collect();
+            writeln!(w, "{}", layers.join(";"))?;
+        }
+        Ok(())
+    }
+
+    /// Read [`Trace::write`]'s text; `what` names the source in errors.
+    pub fn read(r: impl BufRead, what: &str) -> Result<Trace> {
+        let bad = |line: usize, detail: String| {
+            Error::InvalidInput(format!("routing trace {what}, line {line}: {detail}"))
+        };
+        let mut lines = r.lines().enumerate();
+        let experts = match lines.next() {
+            Some((_, Ok(h))) => h
+                .strip_prefix("experts ")
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad(1, format!("{h:?} is not `experts N`")))?,
+            Some((_, Err(e))) => return Err(Error::io(format!("routing trace {what}"), e)),
+            None => return Err(bad(1, "empty (no `experts N` header)".into())),
+        };
+        let mut tokens = Vec::new();
+        for (i, line) in lines {
+            let line = line.map_err(|e| Error::io(format!("routing trace {what}"), e))?;
+            let n = i + 1;
+            let mut layers = Vec::new();
+            for part in line.split(';') {
+                let ids = part
+                    .split(',')
+                    .map(|t| match t.trim().parse::<u32>() {
+                        Ok(id) if (id as usize) < experts => Ok(id),
+                        _ => Err(bad(n, format!("{t:?} is not an expert id below {experts}"))),
+                    })
+                    .collect::<Result<Vec<u32>>>()?;
+                layers.push(ids);
+            }
+            if let Some(first) = tokens.first().map(Vec::len) {
+                if layers.len() != first {
+                    return Err(bad(
+                        n,
+                        format!("{} layers, the first token has {first}", layers.len()),
+                    ));
+                }
+            }
+            tokens.push(layers);
+        }
+        Ok(Trace { experts, tokens })
+    }
+}
+
+/// Hits and misses of `policy` with `slots` slots a layer over the trace.
+pub fn replay(trace: &Trace, slots: usize, policy: Policy) -> Result<Counts> {
+    let mut total = Counts::default();
+    for layer in 0..trace.layers() {
+        let mut c = SlotCache::new(trace.experts, slots, policy)?;
+        for t in &trace.tokens {
+            c.place(&t[layer])?;
+        }
+        total.add(c.counts());
+    }
+    Ok(total)
+}
+
+/// Hits and misses of offline-optimal replacement (Belady: evict the
+/// expert whose next use is furthest away; never one the token uses) with
+/// `slots` slots a layer: the bound a policy could reach.
+pub fn optimal(trace: &Trace, slots: usize) -> Result<Counts> {
+    if slots == 0 || slots > trace.experts {
+        return Err(Error::InvalidInput(format!(
+            "{slots} expert slots for {} experts",
+            trace.experts
+        )));
+    }
+    let mut total = Counts::default();
+    for layer in 0..trace.layers() {
+        let seq: Vec<&[u32]> = trace.tokens.iter().map(|t| t[layer].as_slice()).collect();
+        // next[t][e]: the first token after t that uses e (usize::MAX: none).
+        let mut next_use = vec![usize::MAX; trace.experts];
+        let mut next: Vec<Vec<usize>> = vec![Vec::new(); seq.len()];
+        for t in (0..seq.len()).rev() {
+            next[t] = next_use.clone();
+            for &e in seq[t] {
+                next_use[e as usize] = t;
+            }
+        }
+        let mut held: Vec<u32> = Vec::with_capacity(slots);
+        for (t, ids) in seq.iter().enumerate() {
+            if ids.len() > slots {
+                return Err(Error::InvalidInput(format!(
+                    "token {t}: {} experts in {slots} slots",
+                    ids.len()
+                )));
+            }
+            for &e in ids.iter() {
+                if held.contains(&e) {
+                    total.hits += 1;
+                    continue;
+                }
+                total.misses += 1;
+                if held.len() < slots {
+                    held.push(e);
+                    continue;
+                }
+                let (victim, _) = held
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| !ids.contains(h))
+                    .max_by_key(|(_, h)| next[t][**h as usize])
+                    .expect("a token that fits leaves an unpinned slot");
+                held[victim] = e;
+            }
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(experts: usize, tokens: &[&[u32]]) -> Trace {
+        Trace {
+            experts,
+            tokens: tokens.iter().map(|t| vec![t.to_vec()]).collect(),
+        }
+    }
+
+    #[test]
+    fn hits_stay_and_misses_fill_free_slots_first() {
+        let mut c = SlotCache::new(8, 3, Policy::Lfu).unwrap();
+        let p = c.place(&[5, 2]).unwrap();
+        assert_eq!(p.loads, vec![(5, 0), (2, 1)]);
+        let p = c.place(&[2, 7]).unwrap();
+        assert_eq!(p.slots, vec![1, 2]);
+        assert_eq!(p.loads, vec![(7, 2)]);
+        assert_eq!(c.counts(), Counts { hits: 1, misses: 3 });
+    }
+
+    #[test]
+    fn lfu_evicts_the_least_used_and_breaks_ties_by_recency() {
+        let mut c = SlotCache::new(8, 3, Policy::Lfu).unwrap();
+        c.place(&[0, 1, 2]).unwrap();
+        c.place(&[0, 1]).unwrap();
+        c.place(&[1]).unwrap();
+        // uses: 0 twice, 1 three times, 2 once: 2 goes
+        let p = c.place(&[3]).unwrap();
+        assert_eq!(p.loads, vec![(3, 2)]);
+        // 0 (2 uses) against 3 (1 use): 3 goes, though more recent
+        let p = c.place(&[4]).unwrap();
+        assert_eq!(p.loads, vec![(4, 2)]);
+        assert_eq!(c.held(0), Some(0), "two uses keep their slot");
+        // A tie in uses goes to the less recent.
+        let mut c = SlotCache::new(8, 2, Policy::Lfu).unwrap();
+        c.place(&[0]).unwrap();
+        c.place(&[1]).unwrap();
+        assert_eq!(c.place(&[2]).unwrap().loads, vec![(2, 0)]);
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recent() {
+        let mut c = SlotCache::new(8, 2, Policy::Lru).unwrap();
+        c.place(&[0]).unwrap();
+        c.place(&[1]).unwrap();
+        c.place(&[0]).unwrap();
+        let p = c.place(&[2]).unwrap();
+        assert_eq!(p.loads, vec![(2, 1)], "1 was used least recently");
+    }
+
+    #[test]
+    fn a_lookups_experts_are_never_evicted_for_each_other() {
+        for policy in [Policy::Lfu, Policy::Lru] {
+            let mut c = SlotCache::new(16, 4, policy).unwrap();
+            c.place(&[0, 1, 2, 3]).unwrap();
+            for _ in 0..5 {
+                c.place(&[0, 1]).unwrap();
+            }
+            let p = c.place(&[2, 3, 8, 9]).unwrap();
+            assert_eq!(p.loads.len(), 2);
+            let mut s = p.slots.clone();
+            s.sort_unstable();
+            s.dedup();
+            assert_eq!(s.len(), 4, "{policy:?}: four experts, four slots: {p:?}");
+        }
+    }
+
+    #[test]
+    fn bad_lookups_are_named() {
+        let mut c = SlotCache::new(8, 2, Policy::Lfu).unwrap();
+        assert!(c
+            .place(&[1, 2, 3])
+            .unwrap_err()
+            .to_string()
+            .contains("waves"));
+        assert!(c
+            .place(&[9])
+            .unwrap_err()
+            .to_string()
+            .contains("expert id 9"));
+        assert!(c.place(&[1, 1]).unwrap_err().to_string().contains("twice"));
+        assert!(SlotCache::new(8, 0, Policy::Lfu).is_err());
+        assert!(SlotCache::new(8, 9, Policy::Lru).is_err());
+    }
+
+    #[test]
+    fn optimal_is_beladys_and_bounds_the_policies() {
+        // Two slots, one expert a token: a b c a b c ...; Belady keeps
+        // whichever is used soonest.
+        let t = trace(4, &[&[0], &[1], &[2], &[0], &[1], &[2], &[0], &[1], &[2]]);
+        let o = optimal(&t, 2).unwrap();
+        assert_eq!(o.hits + o.misses, 9);
+        // LRU misses every access of a cycle longer than its slots.
+        let lru = replay(&t, 2, Policy::Lru).unwrap();
+        assert_eq!(lru.hits, 0);
+        assert!(o.hits >= 3, "{o:?}");
+        let mut rng = crate::rng::Rng::new(3);
+        let tokens: Vec<Vec<Vec<u32>>> = (0..200)
+            .map(|_| {
+                let mut ids = Vec::new();
+                while ids.len() < 4 {
+                    // a skewed routing, as real routers are
+                    let e = (rng.below(16) * rng.below(16) / 15) as u32;
+                    if !ids.contains(&e) {
+                        ids.push(e);
+                    }
+                }
+                vec![ids]
+            })
+            .collect();
+        let t = Trace {
+            experts: 16,
+            tokens,
+        };
+        for slots in [4, 6, 8, 12, 16] {
+            let o = optimal(&t, slots).unwrap();
+            for p in [Policy::Lfu, Policy::Lru] {
+                let c = replay(&t, slots, p).unwrap();
+                assert_eq!(c.hits + c.misses, o.hits + o.misses);
+                assert!(c.hits <= o.hits, "{p:?} at {slots}: {c:?} over {o:?}");
+            }
+        }
+        // With a slot per expert only the first use of each misses.
+        let mut seen: Vec<u32> = t.tokens.iter().flatten().flatten().copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(optimal(&t, 16).unwrap().misses, seen.len() as u64);
+    }
+
+    #[test]
+    fn traces_round_trip_and_bad_lines_are_named() {
+        let t = Trace {
+            experts: 8,
+            tokens: vec![vec![vec![1, 2], vec![7, 0]], vec![vec![3, 4], vec![5, 6]]],
+        };
+        let mut buf = Vec::new();
+        t.write(&mut buf).unwrap();
+        assert_eq!(Trace::read(buf.as_slice(), "t").unwrap(), t);
+        let bad = |s: &str| Trace::read(s.as_bytes(), "t").unwrap_err().to_string();
+        assert!(bad("").contains("header"));
+        assert!(bad("experts x\n").contains("line 1"));
+        assert!(bad("experts 8\n1,9\n").contains("line 2"));
+        assert!(bad("experts 8\n1;2\n3\n").contains("the first token has 2"));
+        assert!(bad("experts 8\n1,,2\n").contains("line 2"));
+    }
+
+    #[test]
+    fn waves_split_a_union_by_the_slots() {
+        let ids = [4, 1, 7, 2, 9];
+        assert_eq!(waves(&ids, 2), vec![&[4, 1][..], &[7, 2], &[9]]);
+        assert_eq!(waves(&ids, 8), vec![&ids[..]]);
+    }
+}
