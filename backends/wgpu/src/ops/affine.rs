@@ -146,3 +146,20 @@ pub(crate) fn down(
         groups: be.grid((p.m * nrb) as u32),
     })
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("affine_gemv", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; m, n, k, rows, row0, top_k, experts, nrb),
+            &[],
+        );
+    }
+}

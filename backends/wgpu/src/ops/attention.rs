@@ -908,3 +908,38 @@ mod tests {
         assert_eq!(decode_target(4, 127), DECODE_GROUPS);
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("rope", "QkvParams"),
+            std::mem::size_of::<QkvParams>(),
+            fields!(QkvParams; m, heads, kv_heads, head_dim, rot_pairs, capacity, eps, v_from_k),
+            &[],
+        );
+        check(
+            ("rope", "Params"),
+            std::mem::size_of::<RopeParams>(),
+            fields!(RopeParams; m, heads, head_dim, rot_pairs),
+            &[],
+        );
+        check(
+            ("kv_cache", "Params"),
+            std::mem::size_of::<KvParams>(),
+            fields!(KvParams; m, kv_heads, head_dim, capacity),
+            &[],
+        );
+        check(
+            ("attention", "Params"),
+            std::mem::size_of::<AttnParams>(),
+            fields!(AttnParams; m, heads, kv_heads, group, d4, capacity, window, scale, nsplit, min_chunk, nslots, ntiles, rot_pairs, eps, v_from_k, _pad),
+            &[],
+        );
+    }
+}

@@ -197,3 +197,20 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("attention_coop", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; m, heads, kv_heads, group, d, capacity, window, scale, qrows, kvrows, nrb, nhb),
+            &[],
+        );
+    }
+}

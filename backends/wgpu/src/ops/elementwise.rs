@@ -199,3 +199,32 @@ pub(crate) fn argmax(
         groups: be.grid(rows as u32),
     })
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("elementwise", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; n, rows, s, count),
+            &[],
+        );
+        check(
+            ("embed", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; n, rows, s, count),
+            &[("count", "vocab")],
+        );
+        check(
+            ("argmax", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; n, rows, s, count),
+            &[("count", "chunks")],
+        );
+    }
+}

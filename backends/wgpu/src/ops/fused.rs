@@ -471,3 +471,20 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("fused", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; rows, dim, eps, scale, flags, experts, _pad),
+            &[],
+        );
+    }
+}

@@ -548,3 +548,20 @@ mod tests {
         assert_eq!(k_splits(&mm(40, 64, 64), 1, 16, 1), (1, 64), "too little k");
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("gemm", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; m, n, k, rows, row0, experts, top_k, mtiles, kc, nrb, ks, _pad),
+            &[],
+        );
+    }
+}

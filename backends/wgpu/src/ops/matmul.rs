@@ -257,3 +257,26 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("matmul", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; m, n, k, rows, row0, i0, _pad),
+            &[],
+        );
+        check(
+            ("gemv", "Params"),
+            std::mem::size_of::<GemvParams>(),
+            fields!(GemvParams; n, k, rows, row0),
+            &[],
+        );
+    }
+}

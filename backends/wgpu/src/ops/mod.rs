@@ -189,6 +189,69 @@ pub(crate) fn weight_constants(d: DType) -> [(&'static str, i64); 3] {
     [wdtype(d)[0], ("QBITS", bits), ("QGROUP", group)]
 }
 
+/// The check that a Rust parameter block and the WGSL struct a kernel
+/// family reads it as agree (each launcher module's `params_match_wgsl`
+/// test): the same members in the same order, each at the same offset, the
+/// WGSL struct no larger than the Rust one. Members named `_...` (either
+/// side) are padding; `renames` are `(rust, wgsl)` where one Rust block serves
+/// families that name a member their own way.
+#[cfg(test)]
+pub(crate) mod layout {
+    /// `(name, offset)` of each listed field of `$t`.
+    macro_rules! fields {
+        ($t:ty; $($f:ident),* $(,)?) => {
+            &[$((stringify!($f), std::mem::offset_of!($t, $f))),*]
+        };
+    }
+    pub(crate) use fields;
+
+    pub(crate) fn check(
+        (family, name): (&str, &str),
+        rust_size: usize,
+        fields: &[(&str, usize)],
+        renames: &[(&str, &str)],
+    ) {
+        let src = crate::kernels::source(family, false, false).expect("a kernel family");
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("kernels/{family}: {}", e.emit_to_string(&src)));
+        let (members, span) = module
+            .types
+            .iter()
+            .find_map(|(_, t)| match (&t.name, &t.inner) {
+                (Some(n), naga::TypeInner::Struct { members, span }) if n == name => {
+                    Some((members.clone(), *span))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("kernels/{family} has no struct {name}"));
+        let rust: Vec<(&str, usize)> = fields
+            .iter()
+            .copied()
+            .filter(|(n, _)| !n.starts_with('_'))
+            .collect();
+        let wgsl: Vec<(String, usize)> = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+            .filter(|(n, _)| !n.starts_with('_'))
+            .collect();
+        let want: Vec<(String, usize)> = rust
+            .iter()
+            .map(|&(n, o)| {
+                let w = renames.iter().find(|(r, _)| *r == n).map_or(n, |(_, w)| *w);
+                (w.to_string(), o)
+            })
+            .collect();
+        assert_eq!(
+            wgsl, want,
+            "kernels/{family}'s {name} against its Rust block"
+        );
+        assert!(
+            span as usize <= rust_size,
+            "kernels/{family}'s {name} is {span} bytes, the Rust block {rust_size}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// `gemv_rows` takes up to `MAXT` rows of x (a WGSL constant: it sizes

@@ -853,3 +853,44 @@ mod tests {
         be.sync().unwrap();
     }
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("router", "Params"),
+            std::mem::size_of::<RouterParams>(),
+            fields!(RouterParams; m, hidden, experts, top_k, eps),
+            &[],
+        );
+        check(
+            ("moe", "Params"),
+            std::mem::size_of::<MoeParams>(),
+            fields!(MoeParams; m, hidden, inter, experts, top_k, direct, nslots, nrb),
+            &[],
+        );
+        // kernels/moe_decode.wgsl reads the pair block (a single problem's
+        // launch binds a MoeParams, its prefix, and reads no more of it).
+        let a: &[(&str, usize)] =
+            fields!(MoeParams; m, hidden, inter, experts, top_k, direct, nslots, nrb);
+        let b: &[(&str, usize)] =
+            fields!(PairParams; inter2, experts2, top_k2, nrb2, groups_a, _pad);
+        let base = std::mem::offset_of!(PairParams, a);
+        let pair: Vec<(&str, usize)> = a
+            .iter()
+            .map(|&(n, o)| (n, base + o))
+            .chain(b.iter().copied())
+            .collect();
+        check(
+            ("moe_decode", "Params"),
+            std::mem::size_of::<PairParams>(),
+            &pair,
+            &[],
+        );
+    }
+}

@@ -48,3 +48,20 @@ pub(crate) fn rms_norm(
         groups: be.grid(p.rows as u32),
     })
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::ops::layout::{check, fields};
+
+    /// The parameter blocks as the kernels read them (ops::layout).
+    #[test]
+    fn params_match_wgsl() {
+        check(
+            ("rmsnorm", "Params"),
+            std::mem::size_of::<Params>(),
+            fields!(Params; rows, dim, eps, scale, has_weight, has_residual),
+            &[],
+        );
+    }
+}
