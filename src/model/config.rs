@@ -96,6 +96,9 @@ const MAX_LAYERS: usize = 1 << 10;
 const MAX_HEAD_DIM: usize = 512;
 const MAX_EXPERTS: usize = 256;
 const MAX_TOP_K: usize = 8;
+/// `max_position_embeddings` past this is garbage, not a model: 64 times
+/// Gemma 4's 262,144, and far inside the runtime's u32 positions.
+pub const MAX_POSITIONS: usize = 1 << 24;
 
 impl ModelConfig {
     /// Reads and validates `config.json` at `path`.
@@ -138,6 +141,24 @@ impl ModelConfig {
         let cfg = parse_text_config(&text_fields, &root_fields)?;
         cfg.validate_in(path)?;
         Ok(cfg)
+    }
+
+    /// `max_position_embeddings` of a `config.json` text (beside the other
+    /// decoder fields: the top level, or `text_config`), validated as
+    /// [`Self::from_json`] validates it; None when the config leaves it out.
+    /// (Not a field of `ModelConfig`: only the CLI's context cap uses it.)
+    pub fn max_position_embeddings(text: &str, path_for_errors: &str) -> Result<Option<usize>> {
+        let path = path_for_errors;
+        let root = json_object(text, path)?;
+        let root_fields = Fields::new(&root, path, "");
+        parse_max_positions(&select_text_config(&root_fields)?)
+    }
+
+    /// [`Self::max_position_embeddings`] of the `config.json` at `path`.
+    pub fn max_position_embeddings_in(path: &Path) -> Result<Option<usize>> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(&shown, e))?;
+        Self::max_position_embeddings(&text, &shown)
     }
 
     /// The flagship shape, for synthetic benchmarks (see gemma4.md table).
@@ -438,6 +459,8 @@ fn reject_unsupported(f: &Fields<'_>) -> Result<()> {
 
 fn parse_text_config(f: &Fields<'_>, root: &Fields<'_>) -> Result<ModelConfig> {
     reject_unsupported(f)?;
+    // (validated here so a checkpoint with a garbage value does not open)
+    parse_max_positions(f)?;
     let hidden = f.req_usize("hidden_size")?;
     let n_layers = f.req_usize("num_hidden_layers")?;
     let heads = f.req_usize("num_attention_heads")?;
@@ -527,6 +550,17 @@ fn parse_text_config(f: &Fields<'_>, root: &Fields<'_>) -> Result<ModelConfig> {
         eos_token_ids,
         quantization: super::quantization::parse(root)?,
     })
+}
+
+/// `max_position_embeddings`: a positive integer up to [`MAX_POSITIONS`].
+fn parse_max_positions(f: &Fields<'_>) -> Result<Option<usize>> {
+    let key = "max_position_embeddings";
+    match f.opt_usize(key)? {
+        Some(n) if n == 0 || n > MAX_POSITIONS => {
+            Err(f.err(key, format!("{n} is outside 1..={MAX_POSITIONS}")))
+        }
+        n => Ok(n),
+    }
 }
 
 /// A token id field that may be one id or a list of ids (absent or null: none).

@@ -323,6 +323,13 @@ impl<B: ComputeBackend> Model<B> {
         // A batch never holds more tokens than the context.
         let prefill_batch = opts.prefill_batch.min(opts.max_context);
         check_batch_fits(&cfg, prefill_batch, backend.info().limits.max_binding_bytes)?;
+        // Before any allocation: a context the backend cannot hold is an
+        // error with the figure and the limit, not an abort.
+        check_runtime_fits(
+            backend.info(),
+            &cfg,
+            (opts.max_context, prefill_batch, opts.kv_cache),
+        )?;
         let weights = Weights::load(&backend, source)?;
         let mut caches = Vec::with_capacity(cfg.layers.len());
         for (i, l) in cfg.layers.iter().enumerate() {
@@ -1037,6 +1044,85 @@ fn check_batch_fits(cfg: &ModelConfig, prefill_batch: usize, max_binding: u64) -
         )));
     }
     Ok(())
+}
+
+/// Refuses KV caches and scratch ([`runtime_bytes`]) the backend cannot
+/// hold: a cache buffer past its largest buffer or binding, caches past
+/// what one allocation can address, or, where buffers are host memory (the
+/// CPU reference, a software GPU), more than the machine has free.
+fn check_runtime_fits(
+    info: &crate::backend::BackendInfo,
+    cfg: &ModelConfig,
+    (max_context, prefill_batch, kv_cache): (usize, usize, DType),
+) -> Result<()> {
+    let what = |s: &str| {
+        format!(
+            "{s} at max_context {max_context} ({kv_cache} KV caches, \
+             prefill_batch {prefill_batch})"
+        )
+    };
+    let limit = |bytes: u128, limit: u64, what: String, limit_name: &'static str| {
+        if bytes > limit as u128 {
+            Err(Error::DeviceLimit {
+                what,
+                bytes: u64::try_from(bytes).unwrap_or(u64::MAX),
+                limit,
+                limit_name,
+            })
+        } else {
+            Ok(())
+        }
+    };
+    // (in u128: a huge context times a config at its bounds overflows u64)
+    let cache = |l: &crate::model::config::LayerSpec| {
+        let slots = cache_capacity(cfg, l.kind, max_context, prefill_batch);
+        l.kv_heads as u128 * l.head_dim as u128 * slots as u128 * kv_cache.size() as u128
+    };
+    let largest = cfg.layers.iter().map(cache).max().unwrap_or(0);
+    let l = &info.limits;
+    let (per_buffer, name) = if l.max_binding_bytes <= l.max_buffer_bytes {
+        (l.max_binding_bytes, "the backend's largest binding")
+    } else {
+        (l.max_buffer_bytes, "the backend's largest buffer")
+    };
+    limit(largest, per_buffer, what("a KV cache buffer"), name)?;
+    let caches: u128 = cfg.layers.iter().map(|l| 2 * cache(l)).sum();
+    limit(
+        caches,
+        isize::MAX as u64,
+        what("the KV caches"),
+        "isize::MAX, what one allocation can address",
+    )?;
+    // (caches within isize::MAX: runtime_bytes cannot overflow)
+    let total = runtime_bytes(cfg, max_context, prefill_batch, kv_cache);
+    if matches!(
+        info.device_type,
+        crate::backend::DeviceType::Cpu | crate::backend::DeviceType::SoftwareGpu
+    ) {
+        if let Some(free) = host_memory_free() {
+            limit(
+                total as u128,
+                free,
+                what("the KV caches and scratch"),
+                "MemAvailable + SwapFree of /proc/meminfo",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes the machine can still give (`MemAvailable` + `SwapFree`), where
+/// /proc/meminfo is readable.
+fn host_memory_free() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |name: &str| {
+        text.lines().find_map(|line| {
+            let v = line.strip_prefix(name)?.strip_prefix(':')?;
+            v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+        })
+    };
+    let free = kib("MemAvailable")?.saturating_add(kib("SwapFree").unwrap_or(0));
+    Some(free.saturating_mul(1024))
 }
 
 /// KV cache slots of a layer (see [`Model::load`] for why sliding layers
