@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long)]
     system: Option<String>,
     /// Most new tokens a reply may take.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true)]
     max_new_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,

@@ -91,33 +91,156 @@ pub fn open_checkpoint(dir: &Path) -> CliResult<Checkpoint> {
     Ok(Checkpoint::open(dir)?)
 }
 
-/// `"5,17, 42"` to ids; anything else is an error naming the bad item.
+/// `"5,17, 42"` to ids; anything else is an error naming the bad item: an
+/// empty entry (`1,,2`, a trailing comma) or one that is not plain decimal
+/// digits (`+5`, `-1`, `0x10`), which `u32::from_str` would partly accept.
 pub fn parse_tokens(s: &str) -> CliResult<Vec<u32>> {
-    let ids: Result<Vec<u32>, CliError> = s
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| {
-            t.parse::<u32>()
-                .map_err(|e| format!("bad token id {t:?} in --tokens: {e}").into())
-        })
-        .collect();
-    let ids = ids?;
-    if ids.is_empty() {
+    if s.trim().is_empty() {
         return Err("--tokens holds no token ids".into());
     }
-    Ok(ids)
+    s.split(',')
+        .enumerate()
+        .map(|(i, raw)| {
+            let t = raw.trim();
+            if t.is_empty() {
+                return Err(format!("--tokens {s:?}: entry {} is empty", i + 1).into());
+            }
+            if !t.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(format!(
+                    "bad token id {t:?} in --tokens (entry {}): not a decimal number",
+                    i + 1
+                )
+                .into());
+            }
+            t.parse::<u32>().map_err(|e| {
+                format!("bad token id {t:?} in --tokens (entry {}): {e}", i + 1).into()
+            })
+        })
+        .collect()
 }
 
-/// The checkpoint's `tokenizer.json`, when it has one.
+/// Largest `tokenizer.json` read: Gemma's are tens of MiB.
+pub const TOKENIZER_MAX_BYTES: u64 = 256 << 20;
+
+/// The checkpoint's `tokenizer.json`, when it has one; one that is not a
+/// regular file, or over [`TOKENIZER_MAX_BYTES`], is an error naming it.
 pub fn tokenizer(dir: &Path) -> CliResult<Option<tokenizers::Tokenizer>> {
     let path: PathBuf = dir.join("tokenizer.json");
-    if !path.exists() {
+    // (symlink_metadata: a dangling link is there, and an error below)
+    if std::fs::symlink_metadata(&path).is_err() {
         return Ok(None);
     }
-    tokenizers::Tokenizer::from_file(&path)
+    let text = read_text_file(
+        &path,
+        &path.display().to_string(),
+        (TOKENIZER_MAX_BYTES, "the most a tokenizer.json is read for"),
+    )?;
+    text.parse::<tokenizers::Tokenizer>()
         .map(Some)
         .map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+/// A size limit and why it is that, for messages.
+pub type Limit<'a> = (u64, &'a str);
+
+/// The text of the regular file at `path`, at most `limit` bytes; `what`
+/// names it in errors. A FIFO, a device or a directory is refused before
+/// it is opened (reading one blocks or never ends).
+pub fn read_text_file(path: &Path, what: &str, limit: Limit<'_>) -> CliResult<String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{what}: {e}"))?;
+    check_regular(&meta, what, limit)?;
+    let file = std::fs::File::open(path).map_err(|e| format!("{what}: {e}"))?;
+    // (again on the file opened: the path may have changed since)
+    let meta = file.metadata().map_err(|e| format!("{what}: {e}"))?;
+    check_regular(&meta, what, limit)?;
+    read_text_bounded(file, what, limit)
+}
+
+fn check_regular(meta: &std::fs::Metadata, what: &str, (limit, why): Limit<'_>) -> CliResult {
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(format!("{what}: {kind}").into());
+    }
+    if meta.len() > limit {
+        return Err(format!(
+            "{what}: {} bytes ({}), over the limit of {limit} bytes ({}: {why})",
+            meta.len(),
+            human_bytes(meta.len()),
+            human_bytes(limit)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// At most `limit` bytes of UTF-8 text from `r` (standard input, a file);
+/// more is an error naming `what` and the limit.
+pub fn read_text_bounded(
+    r: impl std::io::Read,
+    what: &str,
+    (limit, why): Limit<'_>,
+) -> CliResult<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    r.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{what}: {e}"))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "{what}: more than the limit of {limit} bytes ({}: {why})",
+            human_bytes(limit)
+        )
+        .into());
+    }
+    String::from_utf8(bytes).map_err(|e| format!("{what}: not UTF-8 text: {e}").into())
+}
+
+/// Longest context when none is asked for (capped by the model's
+/// `max_position_embeddings`).
+pub const DEFAULT_MAX_CONTEXT: usize = 4096;
+
+/// The context to size a run for: `asked` (the `--max-context` flag), with
+/// a warning when it is past the checkpoint's `max_position_embeddings`,
+/// or [`DEFAULT_MAX_CONTEXT`] capped by it.
+pub fn resolve_context(dir: &Path, asked: Option<usize>) -> CliResult<usize> {
+    let cap = max_positions(dir)?;
+    Ok(match (asked, cap) {
+        (None, Some(cap)) => DEFAULT_MAX_CONTEXT.min(cap),
+        (None, None) => DEFAULT_MAX_CONTEXT,
+        (Some(n), cap) => {
+            warn_past_positions(n, cap, "--max-context", dir);
+            n
+        }
+    })
+}
+
+/// The checkpoint's `max_position_embeddings` (None: no config.json there,
+/// which opening the checkpoint reports, or no such field).
+pub fn max_positions(dir: &Path) -> CliResult<Option<usize>> {
+    let path = dir.join("config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    Ok(turbospark::model::ModelConfig::max_position_embeddings_in(
+        &path,
+    )?)
+}
+
+/// A warning on stderr when `n` positions (`what`) are past `cap`, the
+/// model's `max_position_embeddings`: the model was not trained there.
+pub fn warn_past_positions(n: usize, cap: Option<usize>, what: &str, dir: &Path) {
+    if let Some(cap) = cap.filter(|&c| n > c) {
+        eprintln!(
+            "warning: {what} {n} is past the model's max_position_embeddings ({cap}, {}): \
+             positions past it were not trained",
+            dir.join("config.json").display()
+        );
+    }
 }
 
 pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> CliResult<Vec<u32>> {
@@ -165,5 +288,16 @@ mod tests {
         assert!(parse_tokens("5,x").is_err());
         assert!(parse_tokens("-1").is_err());
         assert!(parse_tokens(",").is_err());
+        for (bad, why) in [
+            ("1,,2", "entry 2 is empty"),
+            ("1,2,", "entry 3 is empty"),
+            (",1", "entry 1 is empty"),
+            ("+5", "\"+5\""),
+            ("1,+2", "\"+2\""),
+            ("", "no token ids"),
+        ] {
+            let e = parse_tokens(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 }

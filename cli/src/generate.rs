@@ -12,7 +12,8 @@ use turbospark_wgpu::WgpuBackend;
 
 use crate::chat;
 use crate::common::{
-    encode, open_checkpoint, open_wgpu, parse_tokens, tokenizer, BackendKind, CliResult, KvCache,
+    encode, open_checkpoint, open_wgpu, parse_tokens, read_text_bounded, read_text_file,
+    resolve_context, tokenizer, BackendKind, CliResult, KvCache,
 };
 use crate::stream::Stream;
 
@@ -34,9 +35,10 @@ pub struct Args {
     #[arg(long)]
     prompt_file: Option<PathBuf>,
     /// Prompt as comma-separated token ids.
-    #[arg(long)]
+    // (hyphen values: `-1` reaches parse_tokens, which names it)
+    #[arg(long, allow_hyphen_values = true)]
     tokens: Option<String>,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
     max_new_tokens: usize,
     /// Keep generating past the model's end-of-sequence tokens (the
     /// `eos_token_id` of config.json and generation_config.json); by
@@ -70,10 +72,11 @@ pub struct RunArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Longest context (prompt + new tokens); sizes the KV caches up front.
-    #[arg(long, default_value_t = 4096)]
-    max_context: usize,
+    /// Default: 4096, or the model's max_position_embeddings where smaller.
+    #[arg(long, allow_negative_numbers = true)]
+    max_context: Option<usize>,
     /// Most prompt tokens per prefill pass (more: fewer weight reads, more memory).
-    #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH)]
+    #[arg(long, default_value_t = turbospark::model::DEFAULT_PREFILL_BATCH, allow_negative_numbers = true)]
     prefill_batch: usize,
     /// The KV caches' element type: f16 halves their memory and the
     /// attention's reads at long contexts, rounding each key and value.
@@ -82,16 +85,32 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// The context to size the caches for ([`resolve_context`]: a warning
+    /// when --max-context is past the model's max_position_embeddings).
+    pub fn context(&self, dir: &std::path::Path) -> CliResult<usize> {
+        resolve_context(dir, self.max_context)
+    }
+
     /// `dir`'s checkpoint loaded on the backend asked for, and the
     /// device's name.
     pub fn load(&self, dir: &std::path::Path) -> CliResult<(AnyModel, String)> {
+        let max_context = self.context(dir)?;
+        self.load_with(dir, max_context)
+    }
+
+    /// [`Self::load`] with the context already resolved.
+    pub fn load_with(
+        &self,
+        dir: &std::path::Path,
+        max_context: usize,
+    ) -> CliResult<(AnyModel, String)> {
         Ok(match self.backend {
             BackendKind::Cpu => {
-                let (m, d) = self.load_on(CpuBackend::new(), dir)?;
+                let (m, d) = self.load_on(CpuBackend::new(), dir, max_context)?;
                 (AnyModel::Cpu(Box::new(m)), d)
             }
             BackendKind::Wgpu => {
-                let (m, d) = self.load_on(open_wgpu(self.adapter.clone())?, dir)?;
+                let (m, d) = self.load_on(open_wgpu(self.adapter.clone())?, dir, max_context)?;
                 (AnyModel::Wgpu(Box::new(m)), d)
             }
         })
@@ -101,6 +120,7 @@ impl RunArgs {
         &self,
         backend: B,
         dir: &std::path::Path,
+        max_context: usize,
     ) -> CliResult<(Model<B>, String)> {
         let device = format!(
             "{} ({})",
@@ -112,7 +132,7 @@ impl RunArgs {
             backend,
             &ck,
             ModelOptions {
-                max_context: self.max_context,
+                max_context,
                 prefill_batch: self.prefill_batch,
                 kv_cache: self.kv_cache.dtype(),
             },
@@ -164,23 +184,23 @@ impl AnyModel {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Softmax temperature; 0 is greedy (the default unless --top-k/--top-p are given).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     temperature: Option<f32>,
     /// Sample among the K most likely tokens.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_k: Option<usize>,
     /// Sample among the smallest set of tokens holding probability P.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
     /// Sample among the tokens at least P times as likely as the likeliest.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     min_p: Option<f32>,
     /// Divide the positive logits (multiply the negative ones) of tokens
     /// already seen, the prompt's included, by this (1.1 to 1.3 is usual).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     repetition_penalty: Option<f32>,
     /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
 }
 
@@ -202,24 +222,40 @@ impl SamplingArgs {
     }
 }
 
-/// The prompt's text: `--prompt`, or `--prompt-file`'s contents.
-fn prompt_text(a: &Args) -> CliResult<Option<String>> {
+/// Most prompt-file bytes a context position may take: far more than any
+/// token's text, so a prompt that could fit is never refused, while one
+/// that cannot is refused before tokenizing (~120 bytes of memory a byte).
+pub const PROMPT_BYTES_PER_TOKEN: u64 = 64;
+/// Bytes allowed over that, for short contexts.
+pub const PROMPT_SLACK_BYTES: u64 = 64 << 10;
+
+/// The prompt's text: `--prompt`, or `--prompt-file`'s contents (a regular
+/// file or standard input) of at most what `max_context` positions can
+/// hold at [`PROMPT_BYTES_PER_TOKEN`].
+fn prompt_text(a: &Args, max_context: usize) -> CliResult<Option<String>> {
     let Some(path) = &a.prompt_file else {
         return Ok(a.prompt.clone());
     };
-    let text = if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
+    let limit = (max_context as u64)
+        .saturating_mul(PROMPT_BYTES_PER_TOKEN)
+        .saturating_add(PROMPT_SLACK_BYTES);
+    let what = format!("--prompt-file {}", path.display());
+    let why = format!(
+        "{PROMPT_BYTES_PER_TOKEN} bytes a position of the {max_context}-token context, \
+         and {PROMPT_SLACK_BYTES} more"
+    );
+    let limit = (limit, why.as_str());
+    Ok(Some(if path.as_os_str() == "-" {
+        read_text_bounded(std::io::stdin().lock(), &what, limit)?
     } else {
-        std::fs::read_to_string(path)
-    };
-    Ok(Some(text.map_err(|e| {
-        format!("--prompt-file {}: {e}", path.display())
-    })?))
+        read_text_file(path, &what, limit)?
+    }))
 }
 
 pub fn run(a: Args) -> CliResult {
     let tok = tokenizer(&a.model)?;
-    let text = prompt_text(&a)?;
+    let max_context = a.run.context(&a.model)?;
+    let text = prompt_text(&a, max_context)?;
     // With --chat, where the model's turn ends (its id, from the tokenizer).
     let turn_end = match (&tok, a.chat) {
         (Some(t), true) => Some(chat::turn_end_id(t)?),
@@ -276,7 +312,7 @@ pub fn run(a: Args) -> CliResult {
         }
         ControlFlow::Continue(())
     };
-    let (mut model, device) = a.run.load(&a.model)?;
+    let (mut model, device) = a.run.load_with(&a.model, max_context)?;
     let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;
     out.finish()?;
     eprintln!(

@@ -8,7 +8,7 @@ use turbospark::model::decoder::{runtime_bytes, DEFAULT_PREFILL_BATCH};
 use turbospark::model::{LayerKind, ModelConfig};
 use turbospark::{BackendInfo, ComputeBackend, DType};
 
-use crate::common::{human_bytes, open_checkpoint, open_wgpu, CliResult, KvCache};
+use crate::common::{human_bytes, open_checkpoint, open_wgpu, resolve_context, CliResult, KvCache};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,11 +18,12 @@ pub struct Args {
     /// Case-insensitive substring of the adapter name to describe.
     #[arg(long)]
     adapter: Option<String>,
-    /// Context length to size the KV caches for.
-    #[arg(long, default_value_t = 4096)]
-    max_context: usize,
+    /// Context length to size the KV caches for (default: 4096, or the
+    /// model's max_position_embeddings where smaller).
+    #[arg(long, allow_negative_numbers = true)]
+    max_context: Option<usize>,
     /// Prompt tokens per prefill pass to size the batch activations for.
-    #[arg(long, default_value_t = DEFAULT_PREFILL_BATCH)]
+    #[arg(long, default_value_t = DEFAULT_PREFILL_BATCH, allow_negative_numbers = true)]
     prefill_batch: usize,
     /// The KV caches' element type to size them for.
     #[arg(long, value_enum, default_value = "f32")]
@@ -44,6 +45,7 @@ pub fn run(a: Args) -> CliResult {
     }
     if let Some(dir) = &a.model {
         let ck = open_checkpoint(dir)?;
+        let max_context = resolve_context(dir, a.max_context)?;
         let dtype = ck
             .tensor("embed_tokens.weight")
             .map(|t| t.dtype)
@@ -52,7 +54,7 @@ pub fn run(a: Args) -> CliResult {
             ck.config(),
             dtype,
             ck.total_bytes(),
-            (a.max_context, a.prefill_batch, a.kv_cache.dtype()),
+            (max_context, a.prefill_batch, a.kv_cache.dtype()),
         );
     }
     Ok(())

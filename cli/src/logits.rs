@@ -2,14 +2,18 @@
 //! per position, written as an F32 safetensors tensor `logits` [n, vocab] —
 //! what kernel authors and the oracle tests compare.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
-use turbospark::model::{Model, ModelOptions};
+use turbospark::model::{Checkpoint, Model, ModelOptions};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
-use crate::common::{open_checkpoint, open_wgpu, parse_tokens, BackendKind, CliResult};
+use crate::common::{
+    max_positions, open_checkpoint, open_wgpu, parse_tokens, warn_past_positions, BackendKind,
+    CliResult,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,31 +21,41 @@ pub struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Comma-separated token ids.
-    #[arg(long)]
+    // (hyphen values: `-1` reaches parse_tokens, which names it)
+    #[arg(long, allow_hyphen_values = true)]
     tokens: String,
     #[arg(long, value_enum, default_value = "wgpu")]
     backend: BackendKind,
     /// Case-insensitive substring of the adapter name (wgpu only).
     #[arg(long)]
     adapter: Option<String>,
-    /// Output file.
+    /// Output file (written whole beside itself, then renamed over it).
     #[arg(long)]
     out: PathBuf,
 }
 
 pub fn run(a: Args) -> CliResult {
     let tokens = parse_tokens(&a.tokens)?;
+    let ck = open_checkpoint(&a.model)?;
+    refuse_input_as_output(&a.out, &inputs_of(&ck))?;
+    warn_past_positions(
+        tokens.len(),
+        max_positions(&a.model)?,
+        "the sequence length (--tokens)",
+        &a.model,
+    );
     let rows = match a.backend {
-        BackendKind::Cpu => logits_on(CpuBackend::new(), &a, &tokens)?,
-        BackendKind::Wgpu => logits_on(open_wgpu(a.adapter.clone())?, &a, &tokens)?,
+        BackendKind::Cpu => logits_on(CpuBackend::new(), &ck, &tokens)?,
+        BackendKind::Wgpu => logits_on(open_wgpu(a.adapter.clone())?, &ck, &tokens)?,
     };
     let vocab = rows.first().map_or(0, Vec::len);
     let flat: Vec<f32> = rows.into_iter().flatten().collect();
     // Native f32 bytes: little-endian on every supported host, as safetensors wants.
     let bytes: &[u8] = bytemuck::cast_slice(&flat);
     let view = TensorView::new(safetensors::Dtype::F32, vec![tokens.len(), vocab], bytes)?;
-    safetensors::serialize_to_file([("logits", view)], None, &a.out)
+    let file = safetensors::serialize([("logits", view)], None)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    write_replacing(&a.out, &file)?;
     eprintln!(
         "wrote logits [{}, {vocab}] to {}",
         tokens.len(),
@@ -50,12 +64,122 @@ pub fn run(a: Args) -> CliResult {
     Ok(())
 }
 
-fn logits_on<B: ComputeBackend>(backend: B, a: &Args, tokens: &[u32]) -> CliResult<Vec<Vec<f32>>> {
-    let ck = open_checkpoint(&a.model)?;
+fn logits_on<B: ComputeBackend>(
+    backend: B,
+    ck: &Checkpoint,
+    tokens: &[u32],
+) -> CliResult<Vec<Vec<f32>>> {
     let opts = ModelOptions {
         max_context: tokens.len(),
         ..Default::default()
     };
-    let mut model = Model::load(backend, &ck, opts)?;
+    let mut model = Model::load(backend, ck, opts)?;
     Ok(model.logits(tokens)?)
+}
+
+/// Every file of the checkpoint a run reads: the mapped shards and the
+/// JSON beside them.
+fn inputs_of(ck: &Checkpoint) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ck.files().into_iter().map(Path::to_path_buf).collect();
+    for name in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ] {
+        files.push(ck.dir().join(name));
+    }
+    files
+}
+
+/// An error when `out` is one of `inputs` (compared as canonical paths, so
+/// through links and `..`; on Unix also by inode, so through hard links):
+/// writing it would destroy the checkpoint being read.
+fn refuse_input_as_output(out: &Path, inputs: &[PathBuf]) -> CliResult {
+    if out.is_dir() {
+        return Err(format!("--out {}: a directory", out.display()).into());
+    }
+    let Some(target) = canonical_target(out) else {
+        // (a parent that does not exist: the write says so)
+        return Ok(());
+    };
+    let out_meta = std::fs::metadata(out).ok();
+    for input in inputs {
+        let Ok(canon) = input.canonicalize() else {
+            continue;
+        };
+        let same_inode = match (&out_meta, std::fs::metadata(input)) {
+            (Some(o), Ok(i)) => same_file(o, &i),
+            _ => false,
+        };
+        if canon == target || same_inode {
+            return Err(format!(
+                "--out {} is the checkpoint's input {}: refusing to overwrite it",
+                out.display(),
+                canon.display()
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// `path` canonicalized, or its parent's canonical path and its name when
+/// the file does not exist yet.
+fn canonical_target(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = path.canonicalize() {
+        return Some(p);
+    }
+    let name = path.file_name()?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Some(parent.canonicalize().ok()?.join(name))
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+#[cfg(not(unix))]
+fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
+    false
+}
+
+/// `bytes` written to a temporary file beside `path`, flushed, then renamed
+/// over it: a failed write (a full disk) leaves the old file whole and no
+/// partial one under its name. A `path` that is not a regular file (a
+/// device such as /dev/null, a FIFO) is written in place: renaming over it
+/// would replace the node.
+fn write_replacing(out: &Path, bytes: &[u8]) -> CliResult {
+    let shown = || out.display();
+    if std::fs::metadata(out).is_ok_and(|m| !m.is_file()) {
+        return std::fs::write(out, bytes).map_err(|e| format!("--out {}: {e}", shown()).into());
+    }
+    // (through a link: the file it names is replaced, not the link)
+    let path = &canonical_target(out).unwrap_or_else(|| out.to_path_buf());
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("--out {}: not a file name", shown()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("--out {}: writing {}: {e}", shown(), tmp.display()).into());
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("--out {}: renaming {} over it: {e}", shown(), tmp.display()).into()
+    })
 }

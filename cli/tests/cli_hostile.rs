@@ -1,0 +1,394 @@
+//! Hostile input to the CLI: each gets a clear error naming the flag or
+//! file and the numbers, never an abort, a hang, a silent success or an
+//! overwritten input. Runs the CPU backend on the bundled tiny fixture.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
+}
+
+/// The binary run with `args`; killed (and the test failed) past 60 s, so
+/// a read that blocks shows as a failure, not a hung suite.
+fn turbospark(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the turbospark binary runs");
+    let start = Instant::now();
+    while child.try_wait().expect("waiting on turbospark").is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "turbospark {args:?} still ran after 60 s; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn generate_on(dir: &Path, args: &[&str]) -> Output {
+    let m = dir.display().to_string();
+    let mut all = vec!["generate", "--model", &m, "--backend", "cpu"];
+    all.extend(args);
+    turbospark(&all)
+}
+
+fn generate_on_cpu(args: &[&str]) -> Output {
+    generate_on(&fixture(), args)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn succeeds(out: &Output) -> String {
+    assert!(out.status.success(), "{}", stderr(out));
+    assert!(!stderr(out).contains("panicked"), "{}", stderr(out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A non-zero exit by `error:` (not a signal), stderr holding every needle.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let err = stderr(out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit {:?}, stderr: {err}",
+        out.status
+    );
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+    assert!(!err.contains("panicked"), "panicked: {err}");
+}
+
+/// A copy of the tiny fixture in a directory of its own (`name`), its
+/// config's fields overwritten by `config` (a JSON object).
+fn checkpoint_copy(name: &str, config: serde_json::Value) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.safetensors", "generation_config.json"] {
+        std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (k, v) in config.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn mkfifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let ok = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(ok.success(), "mkfifo {}", path.display());
+}
+
+/// KV caches past what the machine can give are refused before any
+/// allocation, with the figure and the limit (they aborted the process).
+#[test]
+fn huge_max_context_is_refused_with_the_figure_and_the_limit() {
+    for ctx in ["4294967295", "2147483648"] {
+        let out = generate_on_cpu(&["--tokens", "1,2", "--max-context", ctx]);
+        fails_with(
+            &out,
+            &[
+                &format!("max_context {ctx}"),
+                "bytes, over the device limit of",
+            ],
+        );
+    }
+}
+
+/// max_position_embeddings caps the default context, a --max-context past
+/// it is warned about, and a garbage value is a config error naming it.
+#[test]
+fn max_position_embeddings_caps_the_default_context() {
+    let dir = checkpoint_copy(
+        "positions-8",
+        serde_json::json!({"max_position_embeddings": 8}),
+    );
+    let ten = "1,2,3,4,5,6,7,8,9,10";
+    fails_with(
+        &generate_on(&dir, &["--tokens", ten, "--max-new-tokens", "1"]),
+        &["maximum context"],
+    );
+    let out = generate_on(
+        &dir,
+        &[
+            "--tokens",
+            ten,
+            "--max-new-tokens",
+            "1",
+            "--max-context",
+            "16",
+        ],
+    );
+    succeeds(&out);
+    let err = stderr(&out);
+    assert!(
+        err.contains("warning: --max-context 16 is past the model's max_position_embeddings (8"),
+        "{err}"
+    );
+    // Within it: no warning.
+    let out = generate_on(
+        &dir,
+        &[
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            "1",
+            "--max-context",
+            "8",
+        ],
+    );
+    succeeds(&out);
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+
+    for (name, v) in [
+        ("zero", serde_json::json!(0)),
+        ("negative", serde_json::json!(-1)),
+        ("string", serde_json::json!("abc")),
+        ("fraction", serde_json::json!(4096.5)),
+        ("huge", serde_json::json!(1u64 << 62)),
+    ] {
+        let dir = checkpoint_copy(
+            &format!("positions-{name}"),
+            serde_json::json!({ "max_position_embeddings": v }),
+        );
+        fails_with(
+            &generate_on(&dir, &["--tokens", "1,2"]),
+            &["config.json", "max_position_embeddings"],
+        );
+    }
+}
+
+/// An empty or malformed --tokens entry is an error naming it.
+#[test]
+fn malformed_token_lists_are_errors() {
+    for (tokens, needle) in [
+        ("1,,2", "entry 2 is empty"),
+        ("1,2,", "entry 3 is empty"),
+        ("+5", "\"+5\""),
+        ("1,+5", "\"+5\""),
+        ("0x10", "\"0x10\""),
+    ] {
+        fails_with(
+            &generate_on_cpu(&["--tokens", tokens]),
+            &["--tokens", needle],
+        );
+        let m = fixture().display().to_string();
+        let out = turbospark(&[
+            "logits",
+            "--model",
+            &m,
+            "--backend",
+            "cpu",
+            "--tokens",
+            tokens,
+            "--out",
+            "/dev/null",
+        ]);
+        fails_with(&out, &["--tokens", needle]);
+    }
+}
+
+/// A negative number after a space reaches the real check, not clap's
+/// "unexpected argument".
+#[test]
+fn negative_numbers_reach_the_real_checks() {
+    for (args, needle) in [
+        (
+            &["--tokens", "1", "--temperature", "-1"][..],
+            "temperature -1 must be finite and >= 0",
+        ),
+        (&["--tokens", "1", "--seed", "-1"], "'--seed <SEED>'"),
+        (&["--tokens", "-1"], "bad token id \"-1\""),
+        (
+            &["--tokens", "1", "--max-context", "-5"],
+            "'--max-context <MAX_CONTEXT>'",
+        ),
+        (
+            &["--tokens", "1", "--top-p", "-0.5"],
+            "top-p -0.5 must be in (0, 1]",
+        ),
+    ] {
+        let out = generate_on_cpu(args);
+        let err = stderr(&out);
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains(needle),
+            "{args:?}: stderr lacks {needle:?}: {err}"
+        );
+    }
+}
+
+/// --prompt-file: what is not a regular file is refused by name before it
+/// is read (a FIFO blocked, /dev/zero ran out of memory), and a file
+/// larger than the context could hold is refused with its size and the limit.
+#[test]
+fn prompt_file_must_be_a_regular_file_of_bounded_size() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let fifo = tmp.join("hostile-prompt.fifo");
+    mkfifo(&fifo);
+    let fifo = fifo.display().to_string();
+    let dir = tmp.display().to_string();
+    for (path, needle) in [
+        ("/dev/zero", "not a regular file"),
+        (fifo.as_str(), "not a regular file"),
+        (dir.as_str(), "a directory"),
+    ] {
+        fails_with(
+            &generate_on_cpu(&["--prompt-file", path]),
+            &[&format!("--prompt-file {path}"), needle],
+        );
+    }
+    // 16 positions: 16 x 64 bytes and 64 KiB of slack.
+    let big = tmp.join("hostile-prompt-big.txt");
+    std::fs::write(&big, "w5 ".repeat(30_000)).unwrap();
+    let out = generate_on_cpu(&[
+        "--prompt-file",
+        big.to_str().unwrap(),
+        "--max-context",
+        "16",
+    ]);
+    fails_with(
+        &out,
+        &["90000 bytes", "16-token context", "limit of 66560 bytes"],
+    );
+    // Standard input is bounded the same way.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args([
+            "generate",
+            "--model",
+            fixture().to_str().unwrap(),
+            "--backend",
+            "cpu",
+        ])
+        .args(["--prompt-file", "-", "--max-context", "16"])
+        .stdin(std::fs::File::open(&big).unwrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    fails_with(
+        &out,
+        &["--prompt-file -", "more than", "limit of 66560 bytes"],
+    );
+}
+
+/// A tokenizer.json that is not a regular file, or is absurdly large, is
+/// refused by name (a FIFO blocked forever, /dev/zero ran out of memory).
+#[test]
+fn tokenizer_json_must_be_a_regular_file_of_bounded_size() {
+    let check = |name: &str, make: &dyn Fn(&Path), needle: &str| {
+        let dir = checkpoint_copy(name, serde_json::json!({}));
+        let tok = dir.join("tokenizer.json");
+        make(&tok);
+        fails_with(
+            &generate_on(&dir, &["--prompt", "w5"]),
+            &[&tok.display().to_string(), needle],
+        );
+    };
+    check("tok-fifo", &|p| mkfifo(p), "not a regular file");
+    check(
+        "tok-dev-zero",
+        &|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(),
+        "not a regular file",
+    );
+    check(
+        "tok-dir",
+        &|p| std::fs::create_dir(p).unwrap(),
+        "a directory",
+    );
+    // (sparse: no disk written)
+    check(
+        "tok-huge",
+        &|p| {
+            let f = std::fs::File::create(p).unwrap();
+            f.set_len((256 << 20) + 1).unwrap();
+        },
+        "268435457 bytes",
+    );
+}
+
+fn logits(model: &Path, out: &Path) -> Output {
+    turbospark(&[
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--tokens",
+        "5,17,42",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+/// `logits --out` refuses the checkpoint's own files (by name, through a
+/// link), and replaces a file by renaming a whole new one over it, not by
+/// writing into it.
+#[test]
+fn logits_out_never_overwrites_an_input_nor_writes_in_place() {
+    let dir = checkpoint_copy("logits-out", serde_json::json!({}));
+    let weights = dir.join("model.safetensors");
+    let before = std::fs::read(&weights).unwrap();
+    fails_with(
+        &logits(&dir, &weights),
+        &["is the checkpoint's input", "model.safetensors"],
+    );
+    // Spelled another way, and through a symbolic link.
+    let other = dir.join("../hostile-logits-out/./model.safetensors");
+    fails_with(&logits(&dir, &other), &["is the checkpoint's input"]);
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(&weights, &link).unwrap();
+    fails_with(&logits(&dir, &link), &["is the checkpoint's input"]);
+    fails_with(&logits(&dir, &dir.join("config.json")), &["config.json"]);
+    assert_eq!(
+        std::fs::read(&weights).unwrap(),
+        before,
+        "the weights changed"
+    );
+
+    // A hard link to the old output keeps the old bytes: the new file was
+    // renamed over the name, not written into the old one.
+    let out = dir.join("logits.safetensors");
+    std::fs::write(&out, b"old").unwrap();
+    let keep = dir.join("old-logits");
+    std::fs::hard_link(&out, &keep).unwrap();
+    succeeds(&logits(&dir, &out));
+    assert_eq!(std::fs::read(&keep).unwrap(), b"old");
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("logits").unwrap().shape(), &[3, 512]);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+
+    // A device is written in place, not replaced.
+    succeeds(&logits(&dir, Path::new("/dev/null")));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    fails_with(&logits(&dir, &dir), &["a directory"]);
+}
