@@ -315,17 +315,7 @@ impl HostBytes<'_> {
     }
 }
 
-/// A device buffer handle: it knows its element type and length.
-pub trait DeviceBuffer {
-    fn dtype(&self) -> DType;
-    /// Number of elements.
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Whether both handles name the same device storage.
-    fn same_storage(&self, other: &Self) -> bool;
-}
+pub use crate::device_buffer::DeviceBuffer;
 
 /// A readback begun by [`ComputeBackend::begin_read_u32`].
 #[derive(Debug, PartialEq, Eq, Hash)]

@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use crate::quant::Affine;
-
 /// Element type of a buffer. Activations are `F32`; weights may be stored as
 /// `BF16`, `F16` or `F32` and are decoded to f32 inside the kernels, or
 /// quantized ([`DType::Affine`], dequantised the same way); `U32` holds
@@ -200,6 +198,49 @@ pub fn kv_half(x: f32) -> half::f16 {
         r
     };
     half::f16::from_f32(f32::from_bits(r))
+}
+
+/// The float type of a quantized weight's scales and biases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl ScaleType {
+    pub fn dtype(self) -> DType {
+        match self {
+            ScaleType::F32 => DType::F32,
+            ScaleType::F16 => DType::F16,
+            ScaleType::BF16 => DType::BF16,
+        }
+    }
+
+    pub fn from_dtype(d: DType) -> Option<ScaleType> {
+        match d {
+            DType::F32 => Some(ScaleType::F32),
+            DType::F16 => Some(ScaleType::F16),
+            DType::BF16 => Some(ScaleType::BF16),
+            _ => None,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::F16 | ScaleType::BF16 => 2,
+        }
+    }
+}
+
+/// One quantized weight's format: bits per value, values per group, and
+/// the type its scales and biases are stored in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Affine {
+    pub bits: u8,
+    pub group: u16,
+    pub scales: ScaleType,
 }
 
 #[cfg(test)]

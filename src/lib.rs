@@ -6,6 +6,7 @@
 //! ([`parity`]) and the model code, written once against the trait.
 
 pub mod backend;
+mod device_buffer;
 pub mod dtype;
 pub mod error;
 pub mod model;

@@ -3,7 +3,7 @@
 //! Each backend calls `validate_*` before recording anything, so a bad call
 //! fails identically everywhere with an error that names the argument.
 
-use crate::backend::DeviceBuffer;
+use crate::device_buffer::DeviceBuffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

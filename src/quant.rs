@@ -14,51 +14,9 @@
 //! then the scales, then the biases, each part padded to a whole word, so
 //! every op that reads a weight takes a quantized one unchanged in shape.
 
-use crate::dtype::{decode_f32, DType};
+use crate::dtype::decode_f32;
+pub use crate::dtype::{Affine, ScaleType};
 use crate::error::{Error, Result};
-
-/// The float type of a quantized weight's scales and biases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScaleType {
-    F32,
-    F16,
-    BF16,
-}
-
-impl ScaleType {
-    pub fn dtype(self) -> DType {
-        match self {
-            ScaleType::F32 => DType::F32,
-            ScaleType::F16 => DType::F16,
-            ScaleType::BF16 => DType::BF16,
-        }
-    }
-
-    pub fn from_dtype(d: DType) -> Option<ScaleType> {
-        match d {
-            DType::F32 => Some(ScaleType::F32),
-            DType::F16 => Some(ScaleType::F16),
-            DType::BF16 => Some(ScaleType::BF16),
-            _ => None,
-        }
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            ScaleType::F32 => 4,
-            ScaleType::F16 | ScaleType::BF16 => 2,
-        }
-    }
-}
-
-/// One quantized weight's format: bits per value, values per group, and
-/// the type its scales and biases are stored in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Affine {
-    pub bits: u8,
-    pub group: u16,
-    pub scales: ScaleType,
-}
 
 /// The bit widths mlx quantizes to.
 pub const BITS: [u8; 6] = [2, 3, 4, 5, 6, 8];
@@ -291,7 +249,7 @@ pub fn pack(values: &[u32], bits: u8) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::encode_f32;
+    use crate::dtype::{encode_f32, DType};
 
     #[test]
     fn pack_and_read_back_every_width() {

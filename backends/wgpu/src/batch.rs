@@ -2,8 +2,8 @@
 
 use turbospark::Result;
 
-use crate::bench::Timing;
 use crate::kernels::PipelineKey;
+use crate::timing::Timing;
 use crate::{WgpuBackend, PARAM_SLOT, PARAM_SLOTS};
 
 /// The batch being recorded: one encoder, one open compute pass, and the

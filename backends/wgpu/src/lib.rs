@@ -15,6 +15,7 @@ pub mod kernels;
 mod ops;
 mod quant;
 mod readback;
+mod timing;
 
 use std::sync::{Arc, Mutex};
 

@@ -178,7 +178,7 @@ fn warm_up<B: Bench>(
     let seconds = budget.warmup_seconds;
     let start = Instant::now();
     let done = |settled: bool| WarmUp {
-        timed_at: super::report::utc_now_ms(),
+        timed_at: super::clock::utc_now_ms(),
         seconds: start.elapsed().as_secs_f64(),
         settled,
     };

@@ -9,6 +9,7 @@
 //! buffer sets so a small op's data is not served from cache.
 
 mod cases;
+mod clock;
 mod e2e;
 mod measure;
 mod replay;
