@@ -1152,3 +1152,25 @@ fn unsupported_quantization_modes_are_refused_by_name() {
         Ok(_) => panic!("an mxfp4 config opened"),
     }
 }
+
+/// The weight bytes a decoded token reads, from what the checkpoint
+/// stores: the config's count for a bf16 one, and for a quantized one its
+/// packed values, scales and biases (a quarter and a bit of bf16's at 4
+/// bits, the 8-bit router and the routed experts' top-k share included).
+#[test]
+fn bytes_per_token_follows_the_stored_format() {
+    let dir = |n: &str| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(n)
+    };
+    let bf16 = Checkpoint::open(&dir("tiny-text-g64")).unwrap();
+    let want = bf16.config().bytes_per_token(turbospark::DType::BF16);
+    assert_eq!(bf16.bytes_per_token(), want);
+    let q4 = Checkpoint::open(&dir("tiny-text-q4")).unwrap();
+    let (got, bf) = (q4.bytes_per_token() as f64, want as f64);
+    assert!(
+        got > 0.25 * bf && got < 0.45 * bf,
+        "q4 reads {got} bytes a token against bf16's {bf}"
+    );
+}

@@ -53,7 +53,7 @@ pub fn run(a: Args) -> CliResult {
         print_model(
             ck.config(),
             dtype,
-            ck.total_bytes(),
+            (ck.total_bytes(), ck.bytes_per_token()),
             (max_context, a.prefill_batch, a.kv_cache.dtype()),
         );
     }
@@ -115,7 +115,7 @@ fn print_backend(i: &BackendInfo) {
 fn print_model(
     cfg: &ModelConfig,
     dtype: DType,
-    weight_bytes: u64,
+    (weight_bytes, per_token): (u64, u64),
     (max_context, prefill_batch, kv_cache): (usize, usize, DType),
 ) {
     let full = cfg
@@ -148,8 +148,8 @@ fn print_model(
     );
     println!("  parameters: {}", cfg.parameter_count());
     println!(
-        "  bytes read per decoded token ({dtype}): {}",
-        human_bytes(cfg.bytes_per_token(dtype))
+        "  bytes read per decoded token (weights as stored, {dtype} embedding): {}",
+        human_bytes(per_token)
     );
     let run = runtime_bytes(cfg, max_context, prefill_batch, kv_cache);
     println!(
@@ -159,4 +159,30 @@ fn print_model(
         human_bytes(run),
         human_bytes(weight_bytes + run)
     );
+    println!("  {}", mac_fit(weight_bytes + run));
+}
+
+/// Unified memory sizes of common Apple Silicon Macs, in GB.
+const MAC_GB: [u64; 5] = [16, 24, 36, 48, 64];
+
+/// Which common Mac sizes hold `bytes` on the GPU. macOS lets a process's
+/// Metal buffers take about three quarters of unified memory by default
+/// (the device's `recommendedMaxWorkingSetSize`, as llama.cpp and mlx
+/// users report it; `sysctl iogpu.wired_limit_mb` raises it): an estimate,
+/// not a measurement.
+fn mac_fit(bytes: u64) -> String {
+    let fits: Vec<String> = MAC_GB
+        .iter()
+        .filter(|&&gb| bytes <= gb * 1_000_000_000 / 4 * 3)
+        .map(|gb| format!("{gb} GB"))
+        .collect();
+    let held = if fits.is_empty() {
+        "none of 16, 24, 36, 48, 64 GB".to_string()
+    } else {
+        fits.join(", ")
+    };
+    format!(
+        "Macs whose GPU holds it (about 3/4 of unified memory, macOS's default \
+         working-set limit): {held}"
+    )
 }

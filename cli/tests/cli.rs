@@ -247,3 +247,23 @@ fn chat_converses_on_stdin() {
     let one = turbospark(&[&["generate"][..], &run, &["--chat", "--prompt", "w10 w11"]].concat());
     assert_eq!(succeeds(&one).trim(), lines[0]);
 }
+
+/// `info --model` on a quantized checkpoint: the bytes a token reads as
+/// stored (not zero for a format with no per-element size) and the Macs
+/// whose GPU holds the run.
+#[test]
+fn info_sizes_a_quantized_checkpoint_for_macs() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text-q4");
+    let out = turbospark(&["info", "--model", &dir.display().to_string()]);
+    let text = succeeds(&out);
+    let line = text
+        .lines()
+        .find(|l| l.contains("bytes read per decoded token"))
+        .expect("a bytes-per-token line");
+    assert!(line.contains("q4g64") && line.contains("KiB"), "{line}");
+    assert!(
+        text.contains("Macs whose GPU holds it")
+            && text.contains("16 GB, 24 GB, 36 GB, 48 GB, 64 GB"),
+        "{text}"
+    );
+}

@@ -76,6 +76,7 @@ pub struct Checkpoint {
     tensors: HashMap<String, Entry>,
     prefix: &'static str,
     total_bytes: u64,
+    footprint: Footprint,
     /// Per-layer host values, decoded once at open.
     layer_state: Vec<LayerHostState>,
     /// Stored in MLX's layout (`mlx_layout`).
@@ -128,11 +129,13 @@ impl Checkpoint {
             tensors,
             prefix,
             total_bytes: 0,
+            footprint: Footprint::default(),
             layer_state: Vec::new(),
             mlx: false,
         };
         ckpt.mlx = ckpt.is_mlx_layout();
-        ckpt.total_bytes = ckpt.check_against_config(&index_path)?;
+        ckpt.footprint = ckpt.check_against_config(&index_path)?;
+        ckpt.total_bytes = ckpt.footprint.total;
         ckpt.layer_state = layer_state::build(&ckpt)?;
         Ok(ckpt)
     }
@@ -206,6 +209,20 @@ impl Checkpoint {
         self.total_bytes
     }
 
+    /// Weight bytes a decoded token reads, as stored (plain or quantized):
+    /// every tensor but the routed experts, of which a token's top-k, plus
+    /// the embedding's row (the tied LM head reads the whole table).
+    pub fn bytes_per_token(&self) -> u64 {
+        let c = &self.config;
+        let f = &self.footprint;
+        let experts = if c.enable_moe && c.experts > 0 {
+            f.experts / c.experts as u64 * c.top_k as u64
+        } else {
+            f.experts
+        };
+        f.total - f.experts + experts + f.embed / c.vocab.max(1) as u64
+    }
+
     /// Per-layer host state (folded router scale, `per_expert_scale`,
     /// `layer_scalar`), decoded once at open; one entry per layer.
     pub fn layer_state(&self) -> &[LayerHostState] {
@@ -234,8 +251,8 @@ impl Checkpoint {
 
     /// Checks every expected tensor's presence, dtype and shape; returns their
     /// total size in bytes.
-    fn check_against_config(&self, index_path: &Path) -> Result<u64> {
-        let mut total = 0u64;
+    fn check_against_config(&self, index_path: &Path) -> Result<Footprint> {
+        let mut f = Footprint::default();
         for (name, want) in expected_tensors(&self.config) {
             if self.mlx {
                 if let Some(t) = self.resolve_mlx(&name)? {
@@ -246,7 +263,7 @@ impl Checkpoint {
                             self.full_name(&name),
                         )));
                     }
-                    total += t.dtype().bytes_for(shape.iter().product()) as u64;
+                    f.add(&name, t.dtype().bytes_for(shape.iter().product()) as u64);
                     continue;
                 }
             }
@@ -283,9 +300,29 @@ impl Checkpoint {
                     ),
                 ));
             }
-            total += entry.raw.len as u64;
+            f.add(&name, entry.raw.len as u64);
         }
-        Ok(total)
+        Ok(f)
+    }
+}
+
+/// Bytes of the language-model tensors as stored: all of them, the routed
+/// experts', the embedding's.
+#[derive(Clone, Copy, Debug, Default)]
+struct Footprint {
+    total: u64,
+    experts: u64,
+    embed: u64,
+}
+
+impl Footprint {
+    fn add(&mut self, name: &str, bytes: u64) {
+        self.total += bytes;
+        if name.contains(".experts.") {
+            self.experts += bytes;
+        } else if name == "embed_tokens.weight" {
+            self.embed += bytes;
+        }
     }
 }
 
