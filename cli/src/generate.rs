@@ -57,6 +57,11 @@ pub struct Args {
     /// may be given several times.
     #[arg(long = "stop", value_name = "STRING")]
     stops: Vec<String>,
+    /// Write every token's routed experts per MoE layer (prompt and
+    /// generated tokens) to FILE, for `turbospark bench --replay-trace`
+    /// (slower: each layer's choice is read back as it is made).
+    #[arg(long, value_name = "FILE")]
+    routing_trace: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -159,6 +164,22 @@ impl AnyModel {
         match self {
             AnyModel::Cpu(m) => m.generate_streaming(prompt, opts, on_token),
             AnyModel::Wgpu(m) => m.generate_streaming(prompt, opts, on_token),
+        }
+    }
+
+    /// [`Model::record_routing`].
+    pub fn record_routing(&mut self, on: bool) {
+        match self {
+            AnyModel::Cpu(m) => m.record_routing(on),
+            AnyModel::Wgpu(m) => m.record_routing(on),
+        }
+    }
+
+    /// [`Model::take_routing`].
+    pub fn take_routing(&mut self) -> Option<turbospark::model::expert_cache::Trace> {
+        match self {
+            AnyModel::Cpu(m) => m.take_routing(),
+            AnyModel::Wgpu(m) => m.take_routing(),
         }
     }
 
@@ -313,8 +334,22 @@ pub fn run(a: Args) -> CliResult {
         ControlFlow::Continue(())
     };
     let (mut model, device) = a.run.load_with(&a.model, max_context)?;
+    model.record_routing(a.routing_trace.is_some());
     let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;
     out.finish()?;
+    if let (Some(path), Some(trace)) = (&a.routing_trace, model.take_routing()) {
+        let mut text = Vec::new();
+        trace
+            .write(&mut text)
+            .and_then(|()| std::fs::write(path, &text))
+            .map_err(|e| format!("--routing-trace {}: {e}", path.display()))?;
+        eprintln!(
+            "routing trace: {} tokens x {} MoE layers into {}",
+            trace.tokens.len(),
+            trace.layers(),
+            path.display()
+        );
+    }
     eprintln!(
         "{device}: {} prompt tokens, {} new; prefill {:.1} tok/s, decode {:.1} tok/s",
         prompt.len(),

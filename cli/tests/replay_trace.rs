@@ -76,3 +76,62 @@ fn a_bad_trace_or_policy_is_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"fifo\""));
     let _ = std::fs::remove_file(&trace);
 }
+
+/// `generate --routing-trace` records each forwarded token's experts per
+/// MoE layer (the prompt's and each generated token's but the last, which
+/// is not forwarded), and the trace replays.
+#[test]
+fn generate_records_a_trace_that_replays() {
+    let trace = temp("generated.trace");
+    let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/tiny-text")
+        .display()
+        .to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args([
+            "generate",
+            "--model",
+            &model,
+            "--backend",
+            "cpu",
+            "--tokens",
+            "1,2,3,4,5",
+        ])
+        .args(["--max-new-tokens", "6", "--ignore-eos", "--routing-trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("experts 8"));
+    let tokens: Vec<&str> = lines.collect();
+    assert_eq!(tokens.len(), 5 + 6 - 1);
+    for t in &tokens {
+        let layers: Vec<&str> = t.split(';').collect();
+        assert_eq!(layers.len(), 4, "{t}");
+        for l in layers {
+            let mut ids: Vec<u32> = l.split(',').map(|i| i.parse().unwrap()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), 2, "top-2, distinct: {l}");
+            assert!(ids.iter().all(|&i| i < 8));
+        }
+    }
+    let out = bench(&[
+        "--replay-trace",
+        trace.to_str().unwrap(),
+        "--expert-slots",
+        "2,4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(&trace);
+}

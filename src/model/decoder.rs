@@ -31,6 +31,7 @@
 //! scratch buffer; the residual stream needs no ping-pong because post_ffn
 //! reads `r`, not `x`.
 
+use std::cell::RefCell;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -41,6 +42,7 @@ use crate::backend::{
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
+use crate::model::expert_cache::Trace;
 use crate::model::sampling::{Sampler, Sampling};
 use crate::model::weights::{LayerWeights, TensorSource, Weights};
 use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
@@ -271,6 +273,9 @@ pub struct Model<B: ComputeBackend> {
     pos: usize,
     max_context: usize,
     embed_scale: f32,
+    /// Each forward pass's tokens' expert ids per MoE layer, while a
+    /// routing trace is recorded ([`Model::record_routing`]).
+    routing: RefCell<Option<Vec<Vec<Vec<u32>>>>>,
 }
 
 impl<B: ComputeBackend> Model<B> {
@@ -354,6 +359,26 @@ impl<B: ComputeBackend> Model<B> {
             pos: 0,
             max_context: opts.max_context,
             embed_scale,
+            routing: RefCell::new(None),
+        })
+    }
+
+    /// Record, from now on, every token's routed experts per MoE layer
+    /// (`on`), or stop. Each layer's ids are read back as the layer is
+    /// recorded, a wait per layer: for traces (sizing expert slots with
+    /// `bench --replay-trace`), not for timing. A token decoded ahead and
+    /// dropped at a stop (the pipelined decode's last) is recorded too: the
+    /// device routed it.
+    pub fn record_routing(&mut self, on: bool) {
+        *self.routing.get_mut() = on.then(Vec::new);
+    }
+
+    /// The routing recorded since [`Model::record_routing`] (which goes on).
+    pub fn take_routing(&mut self) -> Option<Trace> {
+        let tokens = std::mem::take(self.routing.get_mut().as_mut()?);
+        Some(Trace {
+            experts: self.cfg.experts,
+            tokens,
         })
     }
 
@@ -739,8 +764,17 @@ impl<B: ComputeBackend> Model<B> {
             &s.normed,
             self.norm(m, h),
         )?;
+        let tracing = cfg.enable_moe && self.routing.borrow().is_some();
+        let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
         for li in 0..cfg.layers.len() {
             self.record_layer(li, s, m, tail != Tail::Layers)?;
+            if tracing {
+                // (the readback rides after the layer's recorded ops)
+                let ids = be.download_u32(&s.route_ids)?;
+                for (t, row) in pass.iter_mut().enumerate() {
+                    row.push(ids[t * cfg.top_k..(t + 1) * cfg.top_k].to_vec());
+                }
+            }
             // A prefill batch goes to the device a layer at a time, so the
             // GPU runs each layer while the host records the next (one
             // submit at the end left it idle for the whole recording);
@@ -748,6 +782,9 @@ impl<B: ComputeBackend> Model<B> {
             if m > 1 {
                 be.flush()?;
             }
+        }
+        if let (true, Some(trace)) = (tracing, self.routing.borrow_mut().as_mut()) {
+            trace.extend(pass);
         }
         if tail == Tail::Head {
             self.record_head(s, &s.normed, m)?;
