@@ -161,7 +161,7 @@ impl ModelConfig {
         Self::max_position_embeddings(&text, &shown)
     }
 
-    /// The flagship shape, for synthetic benchmarks (see gemma4.md table).
+    /// The flagship shape, for synthetic benchmarks (docs/gemma4.md).
     pub fn gemma4_26b_a4b() -> Self {
         let layers = (0..30)
             .map(|i| {
