@@ -1,8 +1,10 @@
 //! `turbospark` with no arguments: the main job on the bundled default
 //! checkpoint (`tests/fixtures/tiny-text`, a tiny Gemma 4 MoE with
-//! transformers' expected output). Generates on the best wgpu adapter (the
-//! CPU reference alone, said out loud, when there is none), checks the
-//! tokens against the CPU reference and the fixture, prints throughput.
+//! transformers' expected output, about 590 KB, inside the binary so that an
+//! installed or copied binary runs it too). Generates on the best wgpu
+//! adapter (the CPU reference alone, said out loud, when there is none),
+//! checks the tokens against the CPU reference and the fixture, prints
+//! throughput.
 
 use std::path::{Path, PathBuf};
 
@@ -12,9 +14,58 @@ use turbospark_cpu::CpuBackend;
 
 use crate::common::{open_checkpoint, open_wgpu, CliResult};
 
-/// Resolved at compile time so `cargo run --release` finds it from anywhere.
-pub fn default_model_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
+/// The bundled checkpoint's files, as built into the binary.
+const BUNDLED: &[(&str, &[u8])] = &[
+    (
+        "config.json",
+        include_bytes!("../../tests/fixtures/tiny-text/config.json"),
+    ),
+    (
+        "generation_config.json",
+        include_bytes!("../../tests/fixtures/tiny-text/generation_config.json"),
+    ),
+    (
+        "expected.json",
+        include_bytes!("../../tests/fixtures/tiny-text/expected.json"),
+    ),
+    (
+        "tokenizer.json",
+        include_bytes!("../../tests/fixtures/tiny-text/tokenizer.json"),
+    ),
+    (
+        "model.safetensors",
+        include_bytes!("../../tests/fixtures/tiny-text/model.safetensors"),
+    ),
+];
+
+/// The bundled checkpoint written out to a directory of its own (the
+/// loader memory-maps files), removed when dropped.
+struct Unpacked(PathBuf);
+
+impl Unpacked {
+    fn new() -> CliResult<Unpacked> {
+        let dir = std::env::temp_dir().join(format!(
+            "turbospark-default-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let write =
+            |e: std::io::Error| format!("unpacking the bundled model into {}: {e}", dir.display());
+        std::fs::create_dir(&dir).map_err(write)?;
+        let u = Unpacked(dir.clone());
+        for (name, bytes) in BUNDLED {
+            std::fs::write(dir.join(name), bytes).map_err(write)?;
+        }
+        Ok(u)
+    }
+}
+
+impl Drop for Unpacked {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The fixture's prompt and expected continuation (`expected.json`).
@@ -73,10 +124,11 @@ fn report(what: &str, g: &Generation) {
 }
 
 pub fn run() -> CliResult {
-    let dir = default_model_dir();
+    let unpacked = Unpacked::new()?;
+    let dir = unpacked.0.clone();
     println!(
-        "turbospark: bundled default {} (see `turbospark --help` for generate, logits, info)",
-        dir.display()
+        "turbospark: the bundled tiny Gemma 4 (tests/fixtures/tiny-text, built in) \
+         (see `turbospark --help` for generate, chat, logits, info, quantize, bench)"
     );
     let (prompt, want) = expected(&dir)?;
     let n = want.len();

@@ -267,3 +267,30 @@ fn info_sizes_a_quantized_checkpoint_for_macs() {
         "{text}"
     );
 }
+
+/// `turbospark` with no arguments runs the bundled model from inside the
+/// binary (an installed or copied binary has no source tree to read it
+/// from), from any directory, and leaves no unpacked copy behind.
+#[test]
+fn the_main_job_runs_the_built_in_model_from_anywhere() {
+    let cwd = std::env::temp_dir().join(format!("turbospark-cwd-{}", std::process::id()));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let tmp = cwd.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .current_dir(&cwd)
+        // (its unpacked copy goes to TMPDIR: here, a directory to look in)
+        .env("TMPDIR", &tmp)
+        .env("WGPU_BACKEND", "no-such-backend")
+        .output()
+        .expect("the turbospark binary runs");
+    let text = succeeds(&out);
+    assert!(text.contains("built in") && text.contains("ok:"), "{text}");
+    assert!(
+        !text.contains(env!("CARGO_MANIFEST_DIR")),
+        "no source-tree path: {text}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "the unpacked model is removed: {left:?}");
+    let _ = std::fs::remove_dir_all(&cwd);
+}
