@@ -1,5 +1,6 @@
 // Argmax: ARG[r] = first index of the largest X[r, :]; P.n = row length.
-// NaN never wins; a row with no value above -3.4e38 gives index 0.
+// NaN never wins; a row with no value at or above -3.402823e38 (every value
+// NaN or -inf) gives 0xffffffff (turbospark::ops::NO_ARGMAX).
 //
 // Two dispatches so a 262144-wide row is read by many workgroups, not one:
 //   argmax_partial  workgroup (r, c) reduces chunk c of row r (P.chunks
@@ -101,6 +102,6 @@ fn argmax_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     best_i[lid] = bi;
     reduce(lid);
     if (lid == 0u) {
-        ARG[r] = select(best_i[0], 0u, best_i[0] == NONE);
+        ARG[r] = best_i[0];
     }
 }

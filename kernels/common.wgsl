@@ -66,9 +66,12 @@ fn decode_pair(word: u32) -> vec2<f32> {
 }
 
 // tanh clamped to a range where it is exactly +-1 in f32: some drivers
-// (Metal fast math) return NaN for large arguments.
+// (Metal fast math) return NaN for large arguments. A NaN stays NaN (a
+// clamp would make it +-1, and a broken model's logits finite), tested on
+// its bits: a compiler may assume no NaN in float comparisons.
 fn safe_tanh(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
+    let nan = (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+    return select(tanh(clamp(x, -15.0, 15.0)), x, nan);
 }
 
 // gelu, tanh approximation (gelu_pytorch_tanh).

@@ -605,7 +605,9 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Embed,
     ) -> Result<()>;
-    /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`.
+    /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`;
+    /// NaN never wins, nor a value below [`crate::ops::ARGMAX_FLOOR`] (-inf),
+    /// and a row with no other value gives [`crate::ops::NO_ARGMAX`].
     fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()>;
 
     // ---- fused decoder steps (each one kernel on a GPU) -------------------

@@ -40,6 +40,10 @@ pub enum Error {
     /// A request that cannot be served (token past the vocabulary, prompt past the context).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The model computed NaN or infinite values where a result needs
+    /// finite ones (logits): a broken checkpoint, not a token to emit.
+    #[error("non-finite values: {0}")]
+    NonFinite(String),
     #[error("{path}: {source}")]
     Io {
         path: String,

@@ -4,6 +4,15 @@
 //! fails identically everywhere with an error that names the argument.
 
 use crate::device_buffer::DeviceBuffer;
+
+/// `ComputeBackend::argmax` of a row with no candidate (every value NaN or
+/// below [`ARGMAX_FLOOR`]): no token, which the decoder reports as
+/// non-finite logits rather than emitting id 0.
+pub const NO_ARGMAX: u32 = u32::MAX;
+
+/// The smallest value argmax takes (kernels/argmax.wgsl's start value;
+/// -inf and NaN are below it).
+pub const ARGMAX_FLOOR: f32 = -3.402823e38;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -1,5 +1,5 @@
-//! Argmax picks the first index of the largest value and never a NaN, on both
-//! backends, including when equal maxima fall in different chunks of the GPU
+//! Argmax picks the first index of the largest value and never a NaN (a row
+//! with nothing else gives `ops::NO_ARGMAX`), on both backends, including when equal maxima fall in different chunks of the GPU
 //! kernel's two-phase reduction (the random parity inputs never tie).
 
 mod common;
@@ -27,6 +27,23 @@ fn rows() -> (Vec<f32>, usize, Vec<u32>) {
     // Row 2: all equal: index 0.
     v.extend(std::iter::repeat_n(0.25f32, n));
     want.push(0);
+    // Rows 3 and 4: every value NaN, every value NaN or -inf: no index
+    // (the decoder reports non-finite logits instead of emitting id 0).
+    v.extend(std::iter::repeat_n(f32::NAN, n));
+    want.push(turbospark::ops::NO_ARGMAX);
+    v.extend((0..n).map(|i| {
+        if i % 2 == 0 {
+            f32::NEG_INFINITY
+        } else {
+            f32::NAN
+        }
+    }));
+    want.push(turbospark::ops::NO_ARGMAX);
+    // Row 5: -inf everywhere but one value at the floor, which counts.
+    let mut r = vec![f32::NEG_INFINITY; n];
+    r[4321] = turbospark::ops::ARGMAX_FLOOR;
+    want.push(4321);
+    v.extend(&r);
     (v, n, want)
 }
 

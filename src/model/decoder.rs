@@ -589,7 +589,13 @@ impl<B: ComputeBackend> Model<B> {
                     (&s.ids, &s.ids_next)
                 };
                 self.backend.write_u32(&s.pos, 0, &[self.pos as u32])?;
-                self.record_forward(s, cur, 1, Tail::Head)?;
+                if let Err(e) = self.record_forward(s, cur, 1, Tail::Head) {
+                    // A step embeds the token before the host reads it: a
+                    // backend that checks ids refuses NO_ARGMAX here first.
+                    return Err(self
+                        .no_token_in_flight(&mut in_flight, tokens.len())?
+                        .unwrap_or(e));
+                }
                 self.backend
                     .argmax(self.final_logits(s), next, 1, self.cfg.vocab)?;
                 in_flight.push_back(self.backend.begin_read_u32(next)?);
@@ -604,6 +610,17 @@ impl<B: ComputeBackend> Model<B> {
             let tok = *ids
                 .first()
                 .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?;
+            if tok == crate::ops::NO_ARGMAX {
+                // (the steps in flight behind it read the same broken model)
+                self.pos -= in_flight.len();
+                for t in in_flight.drain(..) {
+                    self.backend.finish_read_u32(t)?;
+                }
+                return Err(Error::NonFinite(format!(
+                    "every logit of generated token {} is NaN or -inf",
+                    tokens.len() + 1
+                )));
+            }
             tokens.push(tok);
             if tokens.len() == 1 {
                 prefill_tok_s = rate(prompt_len, t0);
@@ -681,6 +698,27 @@ impl<B: ComputeBackend> Model<B> {
         }
         self.pos += m;
         Ok(())
+    }
+
+    /// The steps in flight read back; the non-finite-logits error of the
+    /// first that found no token (`ops::NO_ARGMAX`), if one did. `done`
+    /// tokens were generated before them.
+    fn no_token_in_flight(
+        &self,
+        in_flight: &mut std::collections::VecDeque<crate::backend::ReadTicket>,
+        done: usize,
+    ) -> Result<Option<Error>> {
+        let mut found = None;
+        for (i, t) in in_flight.drain(..).enumerate() {
+            let ids = self.backend.finish_read_u32(t)?;
+            if found.is_none() && ids.first() == Some(&crate::ops::NO_ARGMAX) {
+                found = Some(Error::NonFinite(format!(
+                    "every logit of generated token {} is NaN or -inf",
+                    done + i + 1
+                )));
+            }
+        }
+        Ok(found)
     }
 
     /// One sampled (not greedy) decode step: the logits row comes back and

@@ -146,6 +146,13 @@ impl Sampler {
         if logits.is_empty() {
             return Err(Error::InvalidInput("empty logits row".into()));
         }
+        // A NaN would poison the softmax, and a row of -inf has no token.
+        if let Some(i) = logits.iter().position(|v| v.is_nan()) {
+            return Err(Error::NonFinite(format!("logit {i} of the row is NaN")));
+        }
+        if logits.iter().all(|v| *v == f32::NEG_INFINITY) {
+            return Err(Error::NonFinite("every logit of the row is -inf".into()));
+        }
         let mut penalized = std::mem::take(&mut self.penalized);
         let logits = match self.sampling {
             Sampling::Random {

@@ -53,14 +53,15 @@ pub fn embed(ids: &[u32], table: &Weights<'_>, out: &mut [f32], p: Embed) -> Res
 pub fn argmax(x: &[f32], out: &mut [u32], rows: usize, n: usize) {
     for r in 0..rows {
         let row = &x[r * n..(r + 1) * n];
-        // NaN never wins (a NaN at index 0 must not block every later value);
-        // ties keep the first index; a row of NaNs gives 0.
+        // NaN never wins (a NaN at index 0 must not block every later value),
+        // nor a value below the floor (-inf); ties keep the first index; a
+        // row with no candidate gives NO_ARGMAX.
         let mut best: Option<(usize, f32)> = None;
         for (i, &v) in row.iter().enumerate() {
-            if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+            if v >= turbospark::ops::ARGMAX_FLOOR && best.is_none_or(|(_, b)| v > b) {
                 best = Some((i, v));
             }
         }
-        out[r] = best.map_or(0, |(i, _)| i as u32);
+        out[r] = best.map_or(turbospark::ops::NO_ARGMAX, |(i, _)| i as u32);
     }
 }
