@@ -48,6 +48,17 @@ pub fn run(a: Args) -> CliResult {
         BackendKind::Cpu => logits_on(CpuBackend::new(), &ck, &tokens)?,
         BackendKind::Wgpu => logits_on(open_wgpu(a.adapter.clone())?, &ck, &tokens)?,
     };
+    // A NaN or infinite logit is a broken model, not a result to write.
+    for (p, row) in rows.iter().enumerate() {
+        if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+            return Err(turbospark::Error::NonFinite(format!(
+                "logit {i} of position {p} is {} (nothing written to {})",
+                row[i],
+                a.out.display()
+            ))
+            .into());
+        }
+    }
     let vocab = rows.first().map_or(0, Vec::len);
     let flat: Vec<f32> = rows.into_iter().flatten().collect();
     // Native f32 bytes: little-endian on every supported host, as safetensors wants.
