@@ -42,7 +42,34 @@ enum Command {
     Quantize(quantize::Args),
 }
 
+/// Mesa's drivers (lavapipe among them) print `XDG_RUNTIME_DIR is invalid`
+/// on every device they open when it is unset or not a directory: point it,
+/// for this process only, at a private directory of its own, before any
+/// thread or device exists.
+fn quiet_xdg_runtime_dir() {
+    let valid =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+    if valid {
+        return;
+    }
+    // (one per user, reused by every run)
+    let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+    let dir = std::env::temp_dir().join(format!("turbospark-xdg-{user}"));
+    #[cfg(unix)]
+    let made = {
+        use std::os::unix::fs::DirBuilderExt;
+        dir.is_dir() || std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok()
+    };
+    #[cfg(not(unix))]
+    let made = dir.is_dir() || std::fs::create_dir(&dir).is_ok();
+    if made {
+        // (single-threaded here: nothing else reads the environment yet)
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
 fn main() {
+    quiet_xdg_runtime_dir();
     let cli = Cli::parse();
     let result = match cli.command {
         None => default_job::run(),

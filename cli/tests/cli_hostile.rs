@@ -392,3 +392,17 @@ fn logits_out_never_overwrites_an_input_nor_writes_in_place() {
         .is_char_device());
     fails_with(&logits(&dir, &dir), &["a directory"]);
 }
+
+/// `info` without a valid XDG_RUNTIME_DIR does not pass on Mesa's
+/// `XDG_RUNTIME_DIR is invalid` complaints (one per device it opens).
+#[test]
+fn info_is_quiet_without_xdg_runtime_dir() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .arg("info")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .expect("the turbospark binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+    assert!(out.status.success(), "{err}");
+}
