@@ -349,7 +349,40 @@ fn extra_and_vision_tensors_are_ignored() {
             data: vec![0; 128],
         });
     });
-    Checkpoint::open(dir.path()).unwrap();
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    // (the vision tower is not the language model's; the extra v_proj is)
+    assert_eq!(
+        ck.unused_tensors(),
+        vec!["layers.1.self_attn.v_proj.weight"]
+    );
+}
+
+/// Every fixture, plain or MLX-quantized, uses all it stores; with the MoE
+/// block switched off in config.json the experts are named as unused.
+#[test]
+fn unused_tensors_are_named() {
+    for name in [
+        "tiny-text",
+        "tiny-multimodal",
+        "tiny-text-q4",
+        "tiny-multimodal-mixed",
+    ] {
+        let dir = fixture(name).expect("fixture");
+        let ck = Checkpoint::open(&dir).unwrap();
+        assert!(
+            ck.unused_tensors().is_empty(),
+            "{name}: {:?}",
+            ck.unused_tensors()
+        );
+    }
+    let dir = q4_copy(|c| c["enable_moe_block"] = false.into(), |_| {});
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    let unused = ck.unused_tensors();
+    assert!(
+        unused.iter().any(|n| n.contains("experts.switch_glu"))
+            && unused.iter().any(|n| n.contains("router")),
+        "{unused:?}"
+    );
 }
 
 #[test]

@@ -88,7 +88,23 @@ pub fn open_wgpu(adapter: Option<String>) -> CliResult<WgpuBackend> {
 }
 
 pub fn open_checkpoint(dir: &Path) -> CliResult<Checkpoint> {
-    Ok(Checkpoint::open(dir)?)
+    let ck = Checkpoint::open(dir)?;
+    let unused = ck.unused_tensors();
+    if !unused.is_empty() {
+        let shown: Vec<&str> = unused.iter().take(4).map(String::as_str).collect();
+        eprintln!(
+            "warning: {} of {}'s tensors are not used under its config.json ({}{})",
+            unused.len(),
+            dir.display(),
+            shown.join(", "),
+            if unused.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(ck)
 }
 
 /// `"5,17, 42"` to ids; anything else is an error naming the bad item: an

@@ -204,6 +204,50 @@ impl Checkpoint {
         ckpt_err(&self.dir, detail)
     }
 
+    /// Language-model tensors stored but not read under config.json (names
+    /// without prefix, sorted): expert stacks of a config with the MoE block
+    /// off, a v_proj on a layer whose values are its keys, leftovers of a
+    /// conversion. Not an error (the model runs without them), but worth a
+    /// warning: a config that does not match its weights runs a different
+    /// model than the one trained.
+    pub fn unused_tensors(&self) -> Vec<String> {
+        let expected = expected_tensors(&self.config);
+        // A module's parts (MLX's .scales and .biases beside .weight), and
+        // for an expert stack every tensor of the layer's experts
+        // (switch_glu's per-projection names in MLX's layout).
+        let owners: Vec<String> = expected
+            .iter()
+            .map(|(n, _)| {
+                if let Some(m) = n.strip_suffix(".weight") {
+                    format!("{m}.")
+                } else if let Some(i) = n.find(".experts.") {
+                    n[..i + ".experts.".len()].to_string()
+                } else {
+                    n.clone()
+                }
+            })
+            .collect();
+        let mut unused: Vec<String> = self
+            .tensors
+            .keys()
+            // (the decoder's own names: towers of other modalities beside
+            // it are ignored by design)
+            .filter(|name| {
+                ["layers.", "embed_tokens.", "norm.", "lm_head."]
+                    .iter()
+                    .any(|p| name.starts_with(p))
+            })
+            .filter(|name| {
+                !owners.iter().any(|o| {
+                    name.as_str() == o || (o.ends_with('.') && name.starts_with(o.as_str()))
+                })
+            })
+            .cloned()
+            .collect();
+        unused.sort();
+        unused
+    }
+
     /// Total bytes of the language-model tensors.
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes
