@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::config::ModelConfig;
 use super::layer_state::{self, LayerHostState};
 use super::shard::{ckpt_err, RawTensor, Shard};
+use super::tensors::WeightBytes;
 use crate::backend::HostBytes;
 use crate::dtype::DType;
 use crate::{Error, Result};
@@ -75,8 +76,7 @@ pub struct Checkpoint {
     /// Language-model tensors by name without prefix.
     tensors: HashMap<String, Entry>,
     prefix: &'static str,
-    total_bytes: u64,
-    footprint: Footprint,
+    footprint: WeightBytes,
     /// Per-layer host values, decoded once at open.
     layer_state: Vec<LayerHostState>,
     /// Stored in MLX's layout (`mlx_layout`).
@@ -90,7 +90,7 @@ impl std::fmt::Debug for Checkpoint {
             .field("shards", &self.shards.len())
             .field("tensors", &self.tensors.len())
             .field("prefix", &self.prefix)
-            .field("total_bytes", &self.total_bytes)
+            .field("total_bytes", &self.footprint.total)
             .finish()
     }
 }
@@ -128,14 +128,12 @@ impl Checkpoint {
             shards,
             tensors,
             prefix,
-            total_bytes: 0,
-            footprint: Footprint::default(),
+            footprint: WeightBytes::default(),
             layer_state: Vec::new(),
             mlx: false,
         };
         ckpt.mlx = ckpt.is_mlx_layout();
         ckpt.footprint = ckpt.check_against_config(&index_path)?;
-        ckpt.total_bytes = ckpt.footprint.total;
         ckpt.layer_state = layer_state::build(&ckpt)?;
         Ok(ckpt)
     }
@@ -250,21 +248,14 @@ impl Checkpoint {
 
     /// Total bytes of the language-model tensors.
     pub fn total_bytes(&self) -> u64 {
-        self.total_bytes
+        self.footprint.total
     }
 
     /// Weight bytes a decoded token reads, as stored (plain or quantized):
     /// every tensor but the routed experts, of which a token's top-k, plus
     /// the embedding's row (the tied LM head reads the whole table).
     pub fn bytes_per_token(&self) -> u64 {
-        let c = &self.config;
-        let f = &self.footprint;
-        let experts = if c.enable_moe && c.experts > 0 {
-            f.experts / c.experts as u64 * c.top_k as u64
-        } else {
-            f.experts
-        };
-        f.total - f.experts + experts + f.embed / c.vocab.max(1) as u64
+        self.footprint.per_token(&self.config)
     }
 
     /// Per-layer host state (folded router scale, `per_expert_scale`,
@@ -295,8 +286,8 @@ impl Checkpoint {
 
     /// Checks every expected tensor's presence, dtype and shape; returns their
     /// total size in bytes.
-    fn check_against_config(&self, index_path: &Path) -> Result<Footprint> {
-        let mut f = Footprint::default();
+    fn check_against_config(&self, index_path: &Path) -> Result<WeightBytes> {
+        let mut f = WeightBytes::default();
         for (name, want) in expected_tensors(&self.config) {
             if self.mlx {
                 if let Some(t) = self.resolve_mlx(&name)? {
@@ -347,26 +338,6 @@ impl Checkpoint {
             f.add(&name, entry.raw.len as u64);
         }
         Ok(f)
-    }
-}
-
-/// Bytes of the language-model tensors as stored: all of them, the routed
-/// experts', the embedding's.
-#[derive(Clone, Copy, Debug, Default)]
-struct Footprint {
-    total: u64,
-    experts: u64,
-    embed: u64,
-}
-
-impl Footprint {
-    fn add(&mut self, name: &str, bytes: u64) {
-        self.total += bytes;
-        if name.contains(".experts.") {
-            self.experts += bytes;
-        } else if name == "embed_tokens.weight" {
-            self.embed += bytes;
-        }
     }
 }
 

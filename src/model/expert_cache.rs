@@ -6,7 +6,7 @@
 //! A token's experts are all needed at once, so they are pinned while its
 //! misses are placed: a victim is never one of them. With `slots >=
 //! top_k` every token fits; a prefill micro-batch whose union of experts
-//! exceeds the slots runs in waves that fit ([`waves`]).
+//! exceeds the slots must run in waves that fit (`place` refuses more).
 
 use std::io::{BufRead, Write};
 
@@ -199,12 +199,6 @@ impl SlotCache {
             .min_by_key(|&s| key(s))
             .expect("a lookup that fits leaves an unpinned slot")
     }
-}
-
-/// `ids` (a micro-batch's union of experts, in first-use order) in waves
-/// of at most `slots` experts.
-pub fn waves(ids: &[u32], slots: usize) -> Vec<&[u32]> {
-    ids.chunks(slots.max(1)).collect()
 }
 
 /// A routing trace: for each token, each MoE layer's expert ids.
@@ -490,12 +484,5 @@ mod tests {
         assert!(bad("experts 8\n1,9\n").contains("line 2"));
         assert!(bad("experts 8\n1;2\n3\n").contains("the first token has 2"));
         assert!(bad("experts 8\n1,,2\n").contains("line 2"));
-    }
-
-    #[test]
-    fn waves_split_a_union_by_the_slots() {
-        let ids = [4, 1, 7, 2, 9];
-        assert_eq!(waves(&ids, 2), vec![&[4, 1][..], &[7, 2], &[9]]);
-        assert_eq!(waves(&ids, 8), vec![&ids[..]]);
     }
 }

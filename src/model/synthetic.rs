@@ -19,6 +19,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::model::checkpoint::TensorRef;
 use crate::model::config::ModelConfig;
+use crate::model::tensors::WeightBytes;
 use crate::model::weights::TensorSource;
 use crate::quant::{Affine, ScaleType};
 use crate::rng::Rng;
@@ -102,36 +103,25 @@ impl SyntheticSource {
             .map_or(DType::BF16, DType::Affine)
     }
 
-    /// Weight bytes a decoded token reads: every tensor, but of the expert
-    /// stacks only the top-k experts' share and of the embedding one row
-    /// besides the whole table the tied LM head reads.
+    /// Bytes of the tensors as stored, by the checkpoint's rule.
+    fn stored_bytes(&self) -> WeightBytes {
+        let mut b = WeightBytes::default();
+        for (name, (shape, _)) in &self.tensors {
+            let n: usize = shape.iter().product();
+            b.add(name, self.dtype_of(name, shape).bytes_for(n) as u64);
+        }
+        b
+    }
+
+    /// Weight bytes a decoded token reads (`Checkpoint::bytes_per_token`'s
+    /// rule).
     pub fn bytes_per_token(&self) -> u64 {
-        let cfg = &self.cfg;
-        self.tensors
-            .iter()
-            .map(|(name, (shape, _))| {
-                let n: usize = shape.iter().product();
-                let bytes = self.dtype_of(name, shape).bytes_for(n) as u64;
-                if name.contains("experts.") {
-                    bytes / cfg.experts as u64 * cfg.top_k as u64
-                } else if name == "embed_tokens.weight" {
-                    bytes + bytes / cfg.vocab as u64
-                } else {
-                    bytes
-                }
-            })
-            .sum()
+        self.stored_bytes().per_token(&self.cfg)
     }
 
     /// Weight bytes of the whole model as stored.
     pub fn weight_bytes(&self) -> u64 {
-        self.tensors
-            .iter()
-            .map(|(name, (shape, _))| {
-                let n: usize = shape.iter().product();
-                self.dtype_of(name, shape).bytes_for(n) as u64
-            })
-            .sum()
+        self.stored_bytes().total
     }
 
     /// Names and shapes of every tensor this source produces.
@@ -425,5 +415,19 @@ mod tests {
         let mut c = vec![0u8; len];
         fill_bf16_parallel(&mut c, init, 42);
         assert!(a == c, "parallel fill differs from the sequential stream");
+    }
+
+    /// The bytes a token reads follow the stored format by the checkpoint's
+    /// rule: the config's count in bf16, less at 4 bits (the tiny model's
+    /// rows the group does not divide stay bf16).
+    #[test]
+    fn bytes_per_token_follows_the_format() {
+        let cfg = super::tiny_config();
+        let bf16 = SyntheticSource::new(cfg.clone(), 1).unwrap();
+        assert_eq!(bf16.bytes_per_token(), cfg.bytes_per_token(DType::BF16));
+        let q = SyntheticQuant { bits: 4, group: 32 };
+        let q4 = SyntheticSource::quantized(cfg, 1, q).unwrap();
+        assert!(q4.bytes_per_token() < bf16.bytes_per_token());
+        assert!(q4.weight_bytes() < bf16.weight_bytes());
     }
 }

@@ -64,3 +64,37 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     }
     out
 }
+
+/// Bytes of a model's language-model tensors as stored: all of them, the
+/// routed experts', the embedding's. One rule for the bytes a decoded token
+/// reads, whatever the format (the checkpoint's and the synthetic model's).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WeightBytes {
+    pub total: u64,
+    pub experts: u64,
+    pub embed: u64,
+}
+
+impl WeightBytes {
+    /// Count tensor `name` (without prefix) of `bytes`.
+    pub fn add(&mut self, name: &str, bytes: u64) {
+        self.total += bytes;
+        if name.contains(".experts.") {
+            self.experts += bytes;
+        } else if name == "embed_tokens.weight" {
+            self.embed += bytes;
+        }
+    }
+
+    /// Weight bytes a decoded token reads: every tensor but the routed
+    /// experts, of which a token's top-k, plus the embedding's row (the
+    /// tied LM head reads the whole table).
+    pub fn per_token(&self, c: &ModelConfig) -> u64 {
+        let experts = if c.enable_moe && c.experts > 0 {
+            self.experts / c.experts as u64 * c.top_k as u64
+        } else {
+            self.experts
+        };
+        self.total - self.experts + experts + self.embed / c.vocab.max(1) as u64
+    }
+}
