@@ -39,11 +39,21 @@ fn affine_q(i: u32, w: u32) -> u32 {
     return v & ((1u << QBITS) - 1u);
 }
 
+// The header's word offsets of the scales and the biases: a loop over
+// many values reads them once (affine_sb_at, affine_pair_at).
+fn affine_offsets() -> vec2<u32> {
+    return vec2<u32>(wword(0u), wword(1u));
+}
+
+// (scale, bias) of group g, the parts at word offsets `o`.
+fn affine_sb_at(g: u32, o: vec2<u32>) -> vec2<f32> {
+    let w = word_of(g, WDTYPE);
+    return vec2<f32>(decode_as(wword(o.x + w), g, WDTYPE), decode_as(wword(o.y + w), g, WDTYPE));
+}
+
 // (scale, bias) of group g.
 fn affine_sb(g: u32) -> vec2<f32> {
-    let o = word_of(g, WDTYPE);
-    return vec2<f32>(decode_as(wword(wword(0u) + o), g, WDTYPE),
-                     decode_as(wword(wword(1u) + o), g, WDTYPE));
+    return affine_sb_at(g, affine_offsets());
 }
 
 // Element i of the weight.
@@ -52,9 +62,15 @@ fn affine_elem(i: u32) -> f32 {
     return sb.x * f32(affine_q(i, affine_word(i))) + sb.y;
 }
 
-// Elements i and i + 1 (i even: one group, one scale and bias).
-fn affine_pair(i: u32) -> vec2<f32> {
-    let sb = affine_sb(i / QGROUP);
+// Elements i and i + 1 (i even: one group, one scale and bias), the
+// parts at word offsets `o`.
+fn affine_pair_at(i: u32, o: vec2<u32>) -> vec2<f32> {
+    let sb = affine_sb_at(i / QGROUP, o);
     let q = vec2<f32>(f32(affine_q(i, affine_word(i))), f32(affine_q(i + 1u, affine_word(i + 1u))));
     return sb.x * q + vec2<f32>(sb.y);
+}
+
+// Elements i and i + 1.
+fn affine_pair(i: u32) -> vec2<f32> {
+    return affine_pair_at(i, affine_offsets());
 }

@@ -73,17 +73,10 @@ struct Unit {
     u: u32,
 }
 
-// The header's word offsets of the scales and the biases (read once a thread).
-fn sb_offsets() -> vec2<u32> {
-    return W[0].xy;
-}
-
 fn load_unit(u: u32, o: vec2<u32>) -> Unit {
     var x: Unit;
     x.u = u;
-    let g = u / (QGROUP / 32u);
-    let w = word_of(g, WDTYPE);
-    x.sb = vec2<f32>(decode_as(wword(o.x + w), g, WDTYPE), decode_as(wword(o.y + w), g, WDTYPE));
+    x.sb = affine_sb_at(u / (QGROUP / 32u), o);
     let wb = (QHEAD + u * QBITS) >> 2u;
     if (QBITS == 4u) {
         x.w0 = W[wb];
@@ -180,7 +173,7 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let lane = lid % RL;
     let r0 = (linear_group(wg, nwg) * TEAMS + team) * RPT;
     let nu = P.k / 32u;
-    let o = sb_offsets();
+    let o = affine_offsets();
     // acc[r * MT + i]: row r0 + r, row i of x
     var acc: array<f32, 64>;
     for (var u = lane; u < nu; u += RL) {
@@ -239,7 +232,7 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let f0 = ((g % P.nrb) * TEAMS + team) * FPT;
     let nu = P.k / 32u;
     let xb = ((p / P.top_k) * P.k) / 4u;
-    let o = sb_offsets();
+    let o = affine_offsets();
     // acc[2 * f]: feature f0 + f's gate, acc[2 * f + 1]: its up
     var acc: array<f32, 4>;
     for (var u = lane; u < nu; u += RL) {
@@ -280,7 +273,7 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let h0 = ((g % P.nrb) * TEAMS + team) * RPT;
     let inter = P.k;
     let nu = inter / 32u;
-    let o = sb_offsets();
+    let o = affine_offsets();
     // The lanes take the rows' (expert slot, unit) tasks, so that rows of
     // few units (inter 704: 22) still keep every lane busy.
     let tasks = P.top_k * nu;

@@ -221,6 +221,11 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     }
     var acc: array<vec4<f32>, MAX_TM * MAX_TN4>;
     let b_m4 = b_m / 4u;
+    // A quantized weight's header, read once a thread.
+    var qo = vec2<u32>(0u);
+    if (QBITS != 0u) {
+        qo = affine_offsets();
+    }
     for (var k0 = kb; k0 < ke; k0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < 2u; u++) {
@@ -244,10 +249,10 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
                     let kc = k0 + 8u * we[u].y;
                     let on = w_row[u].y == 1u && kc < ke;
                     let e = 8u * w_row[u].x + kc;
-                    a = select(vec2<f32>(0.0), affine_pair(e), on);
-                    b = select(vec2<f32>(0.0), affine_pair(e + 2u), on);
-                    c = select(vec2<f32>(0.0), affine_pair(e + 4u), on);
-                    d = select(vec2<f32>(0.0), affine_pair(e + 6u), on);
+                    a = select(vec2<f32>(0.0), affine_pair_at(e, qo), on);
+                    b = select(vec2<f32>(0.0), affine_pair_at(e + 2u, qo), on);
+                    c = select(vec2<f32>(0.0), affine_pair_at(e + 4u, qo), on);
+                    d = select(vec2<f32>(0.0), affine_pair_at(e + 6u, qo), on);
                 }
                 let o = 8u * we[u].y * b_n4 + we[u].x / 4u;
                 let cc = we[u].x % 4u;
