@@ -1201,6 +1201,18 @@ fn bytes_per_token_follows_the_stored_format() {
     let want = bf16.config().bytes_per_token(turbospark::DType::BF16);
     assert_eq!(bf16.bytes_per_token(), want);
     let q4 = Checkpoint::open(&dir("tiny-text-q4")).unwrap();
+    for name in [
+        "embed_tokens.weight",
+        "layers.0.experts.down_proj",
+        "norm.weight",
+    ] {
+        let t = q4.tensor(name).unwrap();
+        assert_eq!(
+            q4.dtype_of(name).unwrap(),
+            t.dtype,
+            "{name}: from the headers alone"
+        );
+    }
     let (got, bf) = (q4.bytes_per_token() as f64, want as f64);
     assert!(
         got > 0.25 * bf && got < 0.45 * bf,

@@ -46,10 +46,7 @@ pub fn run(a: Args) -> CliResult {
     if let Some(dir) = &a.model {
         let ck = open_checkpoint(dir)?;
         let max_context = resolve_context(dir, a.max_context)?;
-        let dtype = ck
-            .tensor("embed_tokens.weight")
-            .map(|t| t.dtype)
-            .unwrap_or(DType::BF16);
+        let dtype = ck.dtype_of("embed_tokens.weight").unwrap_or(DType::BF16);
         print_model(
             ck.config(),
             dtype,

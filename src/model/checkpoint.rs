@@ -156,6 +156,17 @@ impl Checkpoint {
         self.raw_tensor(name)
     }
 
+    /// Tensor `name`'s dtype as [`Checkpoint::tensor`] would give it, from
+    /// the headers alone (an MLX module is not assembled to tell it).
+    pub fn dtype_of(&self, name: &str) -> Result<DType> {
+        if self.mlx {
+            if let Some(t) = self.resolve_mlx(name)? {
+                return Ok(t.dtype());
+            }
+        }
+        Ok(self.raw_tensor(name)?.dtype)
+    }
+
     /// The tensor stored as `name` (without prefix), of any dtype
     /// safetensors and this runtime share (packed U32 included).
     pub(crate) fn raw_tensor(&self, name: &str) -> Result<TensorRef> {
