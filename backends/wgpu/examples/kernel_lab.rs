@@ -1,32 +1,30 @@
 //! Kernel design lab: times decode-GEMV variants (examples/kernel_lab.wgsl)
-//! and the backend's MoE decode kernels side by side at Gemma 4 26B-A4B
-//! shapes, with and without wgpu's injected runtime checks, and a row norm
-//! before a GEMV as two dependent dispatches against one fused kernel
-//! (`normed`: fusing post_ffn into the q|k|v GEMV, measured and not kept,
-//! docs/decisions.md). Each figure is a chain of dependent dispatches in one
-//! compute pass (as in a decode step), timed by GPU timestamps around the
-//! pass, weights rotated over enough copies that they cannot sit in cache.
-//! The GEMV variants are checked against an f64 host result on a
+//! and the backend's own GEMV and MoE decode kernels side by side at Gemma
+//! 4 26B-A4B shapes, with and without wgpu's injected runtime checks. Each
+//! figure is a chain of dependent dispatches in one compute pass (as in a
+//! decode step), timed by GPU timestamps around the pass, weights rotated
+//! over enough copies that they cannot sit in cache. What each case informs
+//! (docs/decisions.md): `dispatch`, an empty dependent dispatch's fixed
+//! cost (why decode fuses launches); the GEMVs checked and unchecked (why
+//! kernels run without runtime checks, and `kc`: constant trip counts);
+//! `w_pattern`, the MoE GEMM's weight reads row-major against tile by tile,
+//! and `moe_tiled`, the tiled decode bodies against the row-major ones (why
+//! experts are stored in tile order, and the measurement a device without
+//! tensor cores still needs); `moe`, the MoE decode kernels at each lane
+//! count. The GEMV variants are checked against an f64 host result on a
 //! NaN-poisoned output before they are timed; `moe_tiled` checks the tiled
 //! bodies against the row-major ones, `w_pattern` that each layout reads
 //! every word once; `moe`'s and `dispatch`'s figures are timing only.
-//! `grid_sync` times dependent GEMV steps as a dispatch each against one
-//! dispatch of persistent workgroups with a grid-wide barrier between
-//! steps (kernel_lab_sync.wgsl), each result checked against the chain's.
 //!
 //! `cargo run --release -p turbospark-wgpu --example kernel_lab [FILTER]`
-//! (FILTER: a substring of `case/variant/checked`; `dispatch`, `grid_sync`,
-//! `w_pattern` and `moe_tiled` select those cases), or one of two special
-//! modes: `backend` (the backend's own LM head matmul against the lab's
-//! pipeline on its buffers) and `slots` (a 23 MB GEMV: the backend's chain
-//! against the lab's, one parameter binding or an arena slot per dispatch;
-//! on the H200 all read 10.0-10.5 us once warm, which showed the bench's
-//! slower figures were its clock warm-up, BENCHMARKS.md). Every figure is
-//! taken after WARM seconds of back-to-back passes. `LAB_MOE_SRC=file.wgsl`
-//! times another version of kernels/moe_decode.wgsl. `LAB_LANES` (32, 64,
-//! 128) sets moe_decode's threads per weight row (its LANES; the backend
-//! picks per op, ops/moe.rs); the backend's gemv runs with the constants
-//! the backend gives the shape (`gemv_constants`).
+//! (FILTER: a substring of `case/variant/checked`; `dispatch`, `w_pattern`
+//! and `moe_tiled` select those cases). Every figure is taken after WARM
+//! seconds of back-to-back passes. `LAB_MOE_SRC=file.wgsl` times another
+//! version of kernels/moe_decode.wgsl. `LAB_LANES` (32, 64, 128) sets
+//! moe_decode's threads per weight row (its LANES; the backend picks per
+//! op, ops/moe.rs); the backend's gemv runs with the constants the backend
+//! gives the shape (`gemv_constants`). `LAB_SMALL=1` runs small shapes of
+//! the checked cases (lavapipe).
 
 use std::time::Instant;
 
@@ -34,7 +32,6 @@ use turbospark_wgpu::kernels;
 use wgpu::util::DeviceExt;
 
 const LAB: &str = include_str!("kernel_lab.wgsl");
-const MOE_LAB: &str = include_str!("kernel_lab_moe.wgsl");
 
 /// Dispatches per timed pass and timed passes per figure.
 const CHAIN: u32 = 100;
@@ -54,9 +51,6 @@ struct Lab {
     /// ... in subgroups of exactly 32: the variants that sum a 32-lane row
     /// with one subgroupAdd need it (lavapipe's are 8 wide).
     lanes32: bool,
-    /// The device has coherent storage (`@coherent`): the grid barrier's
-    /// readers see other workgroups' writes past their own caches.
-    coherent: bool,
 }
 
 fn rng(state: &mut u64) -> f32 {
@@ -106,7 +100,6 @@ impl Lab {
         let subgroups = feats.contains(wgpu::Features::SUBGROUP);
         Lab {
             lanes32: subgroups && info.subgroup_min_size == 32 && info.subgroup_max_size == 32,
-            coherent: feats.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
             ..Lab::with_device(device, queue, subgroups)
         }
     }
@@ -133,7 +126,6 @@ impl Lab {
         Lab {
             subgroups,
             lanes32: false,
-            coherent: false,
             device,
             queue,
             qset,
@@ -676,239 +668,6 @@ fn dispatch_case(lab: &Lab, filter: &str) {
     }
 }
 
-/// Dependent steps with a dispatch between them against one dispatch with
-/// a grid-wide barrier between them (kernel_lab_sync.wgsl): `steps` square
-/// GEMVs of `rows` (bf16), each reading the one before's output, as a
-/// chain of dispatches and as persistent grids of each size in `grids`
-/// (LAB_GRID, e.g. `132,264,352`: every workgroup must be resident at
-/// once, or the barrier never opens), each with the three orders of weight
-/// loads around the barrier (kernel_lab_sync.wgsl's `PRE`). Each persistent
-/// result is checked bit for bit against the chain's (same code, same
-/// order), and the chain's against an f64 host result; `rows = 0` times the
-/// barrier alone against an empty dispatch. The decode step's dependent dispatches are its largest
-/// fixed cost (docs/decisions.md): this measures what a barrier inside one
-/// dispatch would cost instead.
-fn grid_sync_case(lab: &Lab, rows: usize, steps: usize, grids: &[u32], filter: &str) {
-    if !"grid_sync".contains(filter) {
-        return;
-    }
-    let src = format!(
-        "{}\n{}",
-        kernels::COMMON,
-        include_str!("kernel_lab_sync.wgsl")
-    );
-    let src = if lab.coherent {
-        src.replace(kernels::COHERENT_MARK, "@coherent")
-    } else {
-        src
-    };
-    let module = lab.module(&src, true);
-    let step = lab.pipeline_rw(&module, "chain_step", &[], (1, 4));
-    let n = rows.max(8);
-    let mut s = 0x5eed_0003u64 + rows as u64;
-    let amp = (3.0 / n as f32).sqrt();
-    let wq: Vec<u16> = (0..steps * n * n)
-        .map(|_| bf16_bits(rng(&mut s) * amp))
-        .collect();
-    let x0: Vec<f32> = (0..n).map(|_| rng(&mut s)).collect();
-    let w = lab.storage(bytemuck::cast_slice(&wq));
-    let mut xb = x0.clone();
-    xb.resize((steps + 1) * n, 0.0);
-    let x = lab.storage(bytemuck::cast_slice(&xb));
-    let sync = lab.storage(&[0u8; 16]);
-    let uniform = |step: usize| lab.uniform(&[rows as u32, steps as u32, step as u32, 0]);
-    let chain_groups: Vec<_> = (0..steps)
-        .map(|i| vec![lab.bind(&step, &uniform(i), &[&w, &x, &sync, &x])])
-        .collect();
-    let persists = [0.0, 1.0, 2.0].map(|pre| {
-        let p = lab.pipeline_rw(&module, "chain_persist", &[("PRE", pre)], (1, 4));
-        let g = vec![lab.bind(&p, &uniform(0), &[&w, &x, &sync, &x])];
-        (p, g)
-    });
-    let blocks = (n as u32).div_ceil(8);
-    let chain: Vec<Stage<'_>> = chain_groups
-        .iter()
-        .map(|g| (&step, &g[..], blocks))
-        .collect();
-    let last = |lab: &Lab| {
-        let all = lab.read_f32(&x, (steps + 1) * n);
-        all[steps * n..].to_vec()
-    };
-    // (X[1..] poisoned before each checked run: a step that read an input
-    // not yet written reads NaN, or the previous run's values)
-    let poison = |lab: &Lab| {
-        lab.queue.write_buffer(
-            &x,
-            (n * 4) as u64,
-            bytemuck::cast_slice(&vec![f32::NAN; steps * n]),
-        )
-    };
-    poison(lab);
-    lab.time_stages(&chain, 1);
-    let want = last(lab);
-    let label = if rows == 0 {
-        "the barrier alone (no rows)".to_string()
-    } else {
-        let mut xr: Vec<f64> = x0.iter().map(|v| *v as f64).collect();
-        for m in wq.chunks(n * n) {
-            xr = gemv_f64(m, &xr);
-        }
-        let err = rel_err(&want, &xr);
-        assert!(
-            err < 1e-4,
-            "grid_sync: the chain's result is off by {err:e}"
-        );
-        format!(
-            "{steps} GEMVs of {rows} x {rows} bf16 ({:.1} MB each; chain max rel err {err:.1e})",
-            (n * n * 2) as f64 / 1e6
-        )
-    };
-    println!(
-        "\ndependent steps, {label}: us a step (coherent X: {})",
-        lab.coherent
-    );
-    let per_chain = lab.time_stages(&chain, CHAIN / steps as u32) / steps as f64;
-    println!("  a dispatch a step ({blocks} workgroups): {per_chain:7.2}");
-    for &g in grids {
-        for (pre, (persist, groups)) in persists.iter().enumerate() {
-            // (a fresh count for each run: grid_sync's arithmetic holds
-            // only while every dispatch on the counter has the same size)
-            lab.queue.write_buffer(&sync, 0, &[0u8; 16]);
-            poison(lab);
-            lab.time(persist, groups, g, 1);
-            let got = last(lab);
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            let per = lab.time(persist, groups, g, CHAIN / steps as u32) / steps as f64;
-            let check = match (rows, same) {
-                (0, _) => "",
-                (_, true) => "  (result bit-identical to the chain's)",
-                (_, false) => "  (result DIFFERS from the chain's)",
-            };
-            let how = [
-                "waits, then loads",
-                "loads, then waits",
-                "loads the next step, then waits",
-            ][pre];
-            println!("  one dispatch, {g:4} persistent workgroups, {how}: {per:7.2}{check}");
-        }
-    }
-}
-
-/// A row norm before a GEMV (`rows` x `k`, bf16): the norm as its own
-/// dispatch and then the backend's gemv, against `gemv_normed` doing both in
-/// one (kernel_lab.wgsl). Each is checked against an f64 host result.
-fn normed_gemv_case(lab: &Lab, name: &str, rows: usize, k: usize, filter: &str) {
-    let label = format!("{name}/normed");
-    if !label.contains(filter) || k > 4096 || !k.is_multiple_of(8) {
-        return;
-    }
-    let blocks = k / 8;
-    let lanes = 32usize;
-    assert!(
-        blocks.div_ceil(lanes) <= 16,
-        "gemv_normed holds 16 blocks a lane"
-    );
-    let mut s = 0x5851_f42d_4c95_7f2du64 ^ rows as u64;
-    let x: Vec<f32> = (0..k).map(|_| rng(&mut s) * 3.0).collect();
-    let nw: Vec<f32> = (0..k).map(|_| 1.0 + 0.5 * rng(&mut s)).collect();
-    let wq = bf16_weights(&mut s, rows * k);
-    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / k as f64;
-    let inv = 1.0 / (ms + 1e-6).sqrt();
-    let y: Vec<f64> = (0..k).map(|c| x[c] as f64 * inv * nw[c] as f64).collect();
-    let want = gemv_f64(&wq, &y);
-    let ws = weight_copies(lab, &wq);
-    let n = ws.len();
-    let xnw: Vec<f32> = x.iter().chain(&nw).copied().collect();
-    let xb = lab.storage(bytemuck::cast_slice(&xnw));
-    let yb = lab.storage(&vec![0u8; k * 4]);
-    let out = lab.storage(&vec![0u8; rows * 4 + 64]);
-    let params = lab.uniform(&[rows as u32, k as u32, rows as u32, 0]);
-    let gb = rows as f64 * k as f64 * 2.0 / 1e9;
-    println!(
-        "\n{name} with its input norm: {rows} x {k} bf16, {:.1} MB, {n} weight copies",
-        gb * 1e3
-    );
-    let wgs = rows.div_ceil(256 / lanes) as u32;
-    let lab_src = format!("{}\n{LAB}", gemv_source(lab));
-    for checked in [true, false] {
-        let tag = if checked { "checked" } else { "unchecked" };
-        let module = lab.module(&lab_src, checked);
-        let consts = [("WDTYPE", 2.0), ("BK", blocks as f64)];
-        // Two dispatches: lab_norm (x and its weight -> y), then gemv on y.
-        let norm = lab.pipeline(&module, "lab_norm", &consts, 3);
-        let norm_groups = [lab.bind(&norm, &params, &[&ws[0], &xb, &yb])];
-        let gm = lab.module(&gemv_source(lab), checked);
-        // (the backend's gemv with the constants the backend gives the shape)
-        let [rl, gbk] = turbospark_wgpu::gemv_constants(rows, k);
-        let gemv_consts = [("WDTYPE", 2.0), (rl.0, rl.1 as f64), (gbk.0, gbk.1 as f64)];
-        let gemv = lab.pipeline(&gm, "gemv", &gemv_consts, 3);
-        let gemv_wgs = rows.div_ceil(256 / rl.1 as usize) as u32;
-        let gemv_groups: Vec<_> = ws
-            .iter()
-            .map(|w| lab.bind(&gemv, &params, &[w, &yb, &out]))
-            .collect();
-        let two = [
-            (&norm, &norm_groups[..], 1),
-            (&gemv, &gemv_groups[..], gemv_wgs),
-        ];
-        lab.poison(&out, rows);
-        lab.time_stages(&two, 1);
-        let err_two = rel_err(&lab.read_f32(&out, rows), &want);
-        let us_two = lab.time_stages(&two, CHAIN);
-        // The gemv's share of that chain: its own chain.
-        let us_gemv = lab.time(&gemv, &gemv_groups, gemv_wgs, CHAIN);
-        // One dispatch (a bind group a weight copy, x and its norm weight
-        // read from xb).
-        let bind_copies = |p: &wgpu::ComputePipeline| -> Vec<_> {
-            ws.iter()
-                .map(|w| lab.bind(p, &params, &[w, &xb, &out]))
-                .collect()
-        };
-        let run = |p: &wgpu::ComputePipeline, groups: &[_], grid: u32| {
-            lab.checked(p, groups, grid, (&out, &want))
-        };
-        let fused = lab.pipeline(&module, "gemv_normed", &consts, 3);
-        let (err_one, us_one) = run(&fused, &bind_copies(&fused), wgs);
-        println!(
-            "  norm, then gemv {tag:9} chain {us_two:8.2} us  {:7.0} GB/s  err {err_two:.1e}",
-            gb / us_two * 1e6
-        );
-        println!(
-            "  gemv alone      {tag:9} chain {us_gemv:8.2} us  {:7.0} GB/s",
-            gb / us_gemv * 1e6
-        );
-        println!(
-            "  gemv_normed     {tag:9} chain {us_one:8.2} us  {:7.0} GB/s  err {err_one:.1e}",
-            gb / us_one * 1e6
-        );
-        assert!(
-            err_two < 1e-4 && err_one < 1e-4,
-            "{name}: {err_two:e} / {err_one:e}"
-        );
-        // Persistent: fewer workgroups, each norming once (the H200 has
-        // 132 SMs: one, two and four workgroups each; a third of the row
-        // blocks walks the loop on small shapes too).
-        let persist = lab.pipeline(&module, "gemv_normed_persist", &consts, 3);
-        let persist_groups = bind_copies(&persist);
-        let mut grids: Vec<u32> = [wgs.div_ceil(3), 132, 264, 528]
-            .iter()
-            .map(|g| (*g).min(wgs))
-            .collect();
-        grids.dedup();
-        for grid in grids {
-            let (err, us) = run(&persist, &persist_groups, grid);
-            println!(
-                "  persistent {grid:4} {tag:9} chain {us:8.2} us  {:7.0} GB/s  err {err:.1e}",
-                gb / us * 1e6
-            );
-            assert!(err < 1e-4, "{name}: persistent {grid}: {err:e}");
-        }
-    }
-}
-
 /// 16 sets of `top_k` distinct random expert ids of `experts` (seeds
 /// `seed`, `seed + 1`, ...), one buffer each.
 fn random_id_sets(lab: &Lab, seed: u64, top_k: usize, experts: usize) -> Vec<wgpu::Buffer> {
@@ -950,16 +709,6 @@ fn moe_case(lab: &Lab, filter: &str) {
     let ids = random_id_sets(lab, 77, top_k, experts);
     let act_out = lab.storage(&vec![0u8; top_k * inter * 4]);
     let out = lab.storage(&vec![0u8; hidden * 4]);
-    // Neighbouring experts (8 consecutive ids, rotating base): is the
-    // random spread over the 1 GB tensor what costs?
-    let near: Vec<wgpu::Buffer> = (0..16u32)
-        .map(|i| {
-            let v: Vec<u32> = (0..top_k as u32)
-                .map(|k| (i * 8 + k) % experts as u32)
-                .collect();
-            lab.storage(bytemuck::cast_slice(&v))
-        })
-        .collect();
     // Threads per weight row (moe_decode.wgsl's LANES): LAB_LANES, else the
     // kernel's default 32 (the backend runs decode at 32 for gate_up and
     // 64 for down: backends/wgpu/src/ops/moe.rs; LAB_LANES=64 times down's).
@@ -1029,18 +778,6 @@ fn moe_case(lab: &Lab, filter: &str) {
             .collect();
         let us = lab.time(&p, &groups, top_k as u32 * nrb, CHAIN);
         let mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
-        let ngroups: Vec<_> = near
-            .iter()
-            .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
-            .collect();
-        let nus = lab.time(&p, &ngroups, top_k as u32 * nrb, CHAIN);
-        println!("  gate_up {tag:9} neighbouring experts: chain {nus:8.2} us");
-        let one: Vec<_> = ids[..1]
-            .iter()
-            .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
-            .collect();
-        let ous = lab.time(&p, &one, top_k as u32 * nrb, CHAIN);
-        println!("  gate_up {tag:9} same 8 experts every call (in L2): chain {ous:8.2} us");
         println!(
             "  gate_up {tag:9} chain {us:8.2} us  {:7.0} GB/s",
             mb / us * 1e3
@@ -1056,32 +793,6 @@ fn moe_case(lab: &Lab, filter: &str) {
             "  down    {tag:9} chain {us:8.2} us  {:7.0} GB/s",
             mb / us * 1e3
         );
-        if !lab.lanes32 {
-            continue;
-        }
-        // The layout probes (kernel_lab_moe.wgsl): gate_up as a flat GEMV
-        // over the selected experts' rows, raw dots without the activation,
-        // so there is no backend result to check them against.
-        let lm = lab.module(&format!("{src}\n{MOE_LAB}"), checked);
-        let gu_mb = (top_k * 2 * inter * hidden * 2) as f64 / 1e6;
-        let wgs = (top_k * 2 * inter) as u32 / 8;
-        for entry in ["gu_flat", "gu_flat_noid"] {
-            let p = lab.pipeline(
-                &lm,
-                entry,
-                &[("WDTYPE", 2.0), ("BK", (hidden / 8) as f64)],
-                5,
-            );
-            let groups: Vec<_> = ids
-                .iter()
-                .map(|id| lab.bind(&p, &params, &[id, &gub, &xb, &wts, &act_out]))
-                .collect();
-            let us = lab.time(&p, &groups, wgs, CHAIN);
-            println!(
-                "  {entry:12} {tag:9} chain {us:8.2} us  {:7.0} GB/s  (raw dots, not checked)",
-                gu_mb / us * 1e3
-            );
-        }
     }
 }
 
@@ -1248,21 +959,6 @@ fn tiled_moe_case(
     );
 }
 
-/// `LAB_LANES` (32, 64 or 128; default 32, the kernels' own default).
-/// The persistent grids `grid_sync` runs: LAB_GRID (comma-separated
-/// workgroup counts), else `default`.
-fn lab_grids(default: &[u32]) -> Vec<u32> {
-    std::env::var("LAB_GRID").map_or(default.to_vec(), |v| {
-        v.split(',')
-            .map(|g| {
-                g.trim()
-                    .parse()
-                    .expect("LAB_GRID: workgroup counts, comma-separated")
-            })
-            .collect()
-    })
-}
-
 fn lab_lanes() -> u32 {
     let lanes = std::env::var("LAB_LANES").map_or(32, |v| v.parse().expect("LAB_LANES: a number"));
     assert!(
@@ -1275,295 +971,23 @@ fn lab_lanes() -> u32 {
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let lab = Lab::open();
-    let small = std::env::var("LAB_SMALL").is_ok();
-    if small {
+    if std::env::var("LAB_SMALL").is_ok() {
         gemv_case(&lab, "tiny", 64, 512, &filter);
-        normed_gemv_case(&lab, "tiny", 64, 512, &filter);
         pattern_case(&lab, (3, 128, 256), &filter);
         tiled_moe_case(&lab, (256, 64, 8, 8), &filter);
-        grid_sync_case(&lab, 64, 4, &lab_grids(&[1]), &filter);
-        return;
-    }
-    if filter == "slots" {
-        slots_case();
-        return;
-    }
-    if filter == "backend" {
-        backend_case(262144, 2816);
         return;
     }
     dispatch_case(&lab, &filter);
-    // (352, one workgroup a block, is the fastest grid but hung the H200
-    // in one compile of two: residency is the driver's register choice;
-    // docs/decisions.md)
-    let grids = lab_grids(&[132, 264]);
-    grid_sync_case(&lab, 2816, 8, &grids, &filter);
-    grid_sync_case(&lab, 0, 8, &grids, &filter);
     // 64 of the 128 gate_up experts (1 GB; a 512-token batch touches nearly all)
     pattern_case(&lab, (64, 2816, 2816), &filter);
     moe_case(&lab, &filter);
     tiled_moe_case(&lab, (2816, 704, 128, 8), &filter);
     gemv_case(&lab, "dense_gate_up", 4224, 2816, &filter);
     gemv_case(&lab, "q_proj", 4096, 2816, &filter);
-    // q|k|v of a sliding layer behind the layer's input norm (post_ffn's
-    // last step).
-    normed_gemv_case(&lab, "qkv_sliding", 8192, 2816, &filter);
     gemv_case(&lab, "o_proj", 2816, 4096, &filter);
-    // The MoE phases' byte counts as plain GEMVs: does the GEMV itself slow
-    // down past ~24 MB, or is it the expert layout?
+    // The MoE phases' byte counts as plain GEMVs: the GEMV's rate against
+    // its size.
     gemv_case(&lab, "rows_11264", 11264, 2816, &filter);
     gemv_case(&lab, "rows_5632", 5632, 2816, &filter);
     gemv_case(&lab, "lm_head", 262144, 2816, &filter);
-}
-
-/// The backend's own `matmul` at one shape: timed by its `time_ops`, by the
-/// wall clock, and the lab's copy of the kernel on the backend's device.
-fn backend_case(rows: usize, k: usize) {
-    use turbospark::ops::Matmul;
-    use turbospark::{ComputeBackend, DType, HostBytes};
-    let be = turbospark_wgpu::WgpuBackend::new(&Default::default()).unwrap();
-    let mut s = 7u64;
-    let wq = bf16_weights(&mut s, rows * k);
-    let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
-    let w = be
-        .upload_weight(
-            DType::BF16,
-            rows,
-            k,
-            HostBytes::Slice(bytemuck::cast_slice(&wq)),
-            "w",
-        )
-        .unwrap();
-    let xb = be
-        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
-        .unwrap();
-    let out = be.alloc(DType::F32, rows, "out").unwrap();
-    let p = Matmul { m: 1, n: rows, k };
-    be.matmul(&w, &xb, &out, p).unwrap();
-    be.sync().unwrap();
-    let mut v = be
-        .time_ops(100, |_| be.matmul(&w, &xb, &out, p))
-        .unwrap()
-        .unwrap();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let t = Instant::now();
-    for _ in 0..20 {
-        be.matmul(&w, &xb, &out, p).unwrap();
-    }
-    be.sync().unwrap();
-    let wall = t.elapsed().as_secs_f64() / 20.0;
-    println!(
-        "backend matmul {rows} x {k}: time_ops median {:.2} us, wall {:.2} us",
-        v[v.len() / 2] * 1e6,
-        wall * 1e6
-    );
-    let lab = Lab::with_device(
-        be.device().clone(),
-        be.queue().clone(),
-        be.info().features.subgroups,
-    );
-    // The lab's pipeline over the backend's own weight, x and out buffers.
-    let m = lab.module(&gemv_source(&lab), false);
-    let pl = lab.pipeline(&m, "gemv", &[("WDTYPE", 2.0)], 3);
-    let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
-    let wbuf = w.wgpu_buffers().next().unwrap();
-    let xbuf = xb.wgpu_buffers().next().unwrap();
-    let obuf = out.wgpu_buffers().next().unwrap();
-    let g = [lab.bind(&pl, &rp, &[wbuf, xbuf, obuf])];
-    let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
-    println!("lab pipeline on the backend's buffers: chain {us:.2} us");
-    // The backend's own compiled pipeline, timed and bound by the lab.
-    let bp = be
-        .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
-        .unwrap();
-    let g = [lab.bind(&bp, &rp, &[wbuf, xbuf, obuf])];
-    let us = lab.time(&bp, &g, rows.div_ceil(8) as u32, CHAIN);
-    println!("backend pipeline, lab binding and timing: chain {us:.2} us");
-    // Parameters in a 1 MB arena (UNIFORM | COPY_DST) at slot 3, written
-    // with queue.write_buffer, as the backend keeps them.
-    let arena = lab.device.create_buffer(&wgpu::BufferDescriptor {
-        label: None,
-        size: 1 << 20,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    lab.queue.write_buffer(
-        &arena,
-        768,
-        bytemuck::cast_slice(&[k as u32, k as u32, rows as u32, 0]),
-    );
-    let g0 = lab.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &bp.get_bind_group_layout(0),
-        entries: &[wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &arena,
-                offset: 768,
-                size: wgpu::BufferSize::new(256),
-            }),
-        }],
-    });
-    let (_, g1) = lab.bind(&bp, &rp, &[wbuf, xbuf, obuf]);
-    let us = lab.time(&bp, &[(g0, g1)], rows.div_ceil(8) as u32, CHAIN);
-    println!("backend pipeline, params in an arena slot: chain {us:.2} us");
-    // The backend itself, recording 100 calls in one batch, wall clock.
-    be.sync().unwrap();
-    let t = Instant::now();
-    for _ in 0..100 {
-        be.matmul(&w, &xb, &out, p).unwrap();
-    }
-    let rec = t.elapsed().as_secs_f64();
-    be.sync().unwrap();
-    println!(
-        "backend, 100 calls in one batch: {:.2} us per call wall ({:.2} us recording)",
-        t.elapsed().as_secs_f64() * 1e4,
-        rec * 1e4
-    );
-    // The same on a weight the lab uploads itself (create_buffer_init).
-    let own = lab.storage(bytemuck::cast_slice(&wq));
-    let g = [lab.bind(&pl, &rp, &[&own, xbuf, obuf])];
-    let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
-    println!("lab pipeline on a lab-made weight: chain {us:.2} us");
-    // A weight made like the backend's (create_buffer + write_buffer).
-    let made = lab.device.create_buffer(&wgpu::BufferDescriptor {
-        label: None,
-        size: (wq.len() * 2) as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    lab.queue.write_buffer(&made, 0, bytemuck::cast_slice(&wq));
-    let g = [lab.bind(&pl, &rp, &[&made, xbuf, obuf])];
-    let us = lab.time(&pl, &g, rows.div_ceil(8) as u32, CHAIN);
-    println!("lab pipeline on a write_buffer weight: chain {us:.2} us");
-    gemv_case(&lab, "on-backend-device", rows, k, "base/unchecked");
-}
-
-/// The bench's chain against the lab's for a 23 MB GEMV on one device:
-/// the backend's `time_ops` over rotated weights, and the backend's
-/// pipeline timed by the lab with one parameter binding for every dispatch
-/// or a different arena slot per dispatch (as the backend binds them).
-fn slots_case() {
-    use turbospark::ops::Matmul;
-    use turbospark::{ComputeBackend, DType, HostBytes};
-    let (rows, k) = (4224usize, 2816usize);
-    let be = turbospark_wgpu::WgpuBackend::new(&Default::default()).unwrap();
-    let mut s = 9u64;
-    let wq = bf16_weights(&mut s, rows * k);
-    let x: Vec<f32> = (0..k).map(|_| rng(&mut s)).collect();
-    let ws: Vec<_> = (0..23)
-        .map(|_| {
-            be.upload_weight(
-                DType::BF16,
-                rows,
-                k,
-                HostBytes::Slice(bytemuck::cast_slice(&wq)),
-                "w",
-            )
-            .unwrap()
-        })
-        .collect();
-    let xb = be
-        .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
-        .unwrap();
-    let out = be.alloc(DType::F32, rows, "out").unwrap();
-    let p = Matmul { m: 1, n: rows, k };
-    let lab = Lab::with_device(
-        be.device().clone(),
-        be.queue().clone(),
-        be.info().features.subgroups,
-    );
-    let bp = be
-        .pipeline("gemv", "gemv", &[("WDTYPE", 2)], &[true, true, false])
-        .unwrap();
-    let rp = lab.uniform(&[k as u32, k as u32, rows as u32, 0]);
-    let xbuf = xb.wgpu_buffers().next().unwrap();
-    let obuf = out.wgpu_buffers().next().unwrap();
-    let one: Vec<_> = ws
-        .iter()
-        .map(|w| lab.bind(&bp, &rp, &[w.wgpu_buffers().next().unwrap(), xbuf, obuf]))
-        .collect();
-    // Warm the clocks: ~0.5 s of chains.
-    for _ in 0..50 {
-        lab.time(&bp, &one, (rows / 8) as u32, CHAIN);
-    }
-    let us = lab.time(&bp, &one, (rows / 8) as u32, CHAIN);
-    println!("lab chain, one parameter binding: {us:.2} us");
-    let arena = lab.device.create_buffer(&wgpu::BufferDescriptor {
-        label: None,
-        size: 1 << 20,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut groups = Vec::new();
-    for i in 0..CHAIN as usize {
-        let off = (i * 256) as u64;
-        lab.queue.write_buffer(
-            &arena,
-            off,
-            bytemuck::cast_slice(&[k as u32, k as u32, rows as u32, 0]),
-        );
-        let g0 = lab.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &bp.get_bind_group_layout(0),
-            entries: &[wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &arena,
-                    offset: off,
-                    size: wgpu::BufferSize::new(256),
-                }),
-            }],
-        });
-        let w = ws[i % ws.len()].wgpu_buffers().next().unwrap();
-        let (_, g1) = lab.bind(&bp, &rp, &[w, xbuf, obuf]);
-        groups.push((g0, g1));
-    }
-    let us = lab.time(&bp, &groups, (rows / 8) as u32, CHAIN);
-    println!("lab chain, an arena slot per dispatch: {us:.2} us");
-    let mut v = be
-        .time_ops(200, |i| be.matmul(&ws[i % ws.len()], &xb, &out, p))
-        .unwrap()
-        .unwrap();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("backend time_ops chain: {:.2} us", v[v.len() / 2] * 1e6);
-    // What the bench does differently: many more calls per sample, and x
-    // rotating with the weights (its input sets).
-    let mut v = be
-        .time_ops(2000, |i| be.matmul(&ws[i % ws.len()], &xb, &out, p))
-        .unwrap()
-        .unwrap();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
-        "backend time_ops, 2000 calls: {:.2} us",
-        v[v.len() / 2] * 1e6
-    );
-    let xs: Vec<_> = (0..ws.len())
-        .map(|_| {
-            be.upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&x)), "x")
-                .unwrap()
-        })
-        .collect();
-    let mut v = be
-        .time_ops(200, |i| {
-            be.matmul(&ws[i % ws.len()], &xs[i % ws.len()], &out, p)
-        })
-        .unwrap()
-        .unwrap();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
-        "backend time_ops, x rotating too: {:.2} us",
-        v[v.len() / 2] * 1e6
-    );
-    let t = Instant::now();
-    for i in 0..2000 {
-        be.matmul(&ws[i % ws.len()], &xb, &out, p).unwrap();
-    }
-    be.sync().unwrap();
-    println!(
-        "backend, 2000 calls, wall: {:.2} us per call",
-        t.elapsed().as_secs_f64() * 1e6 / 2000.0
-    );
 }

@@ -1,13 +1,13 @@
 // Decode GEMV design variants for examples/kernel_lab.rs (not used by the
 // backend): OUT[r] = W[r, :] . X with bf16 weights (vec4<u32> = 8 weights)
 // and f32 X. Each variant is one entry point; the lab
-// times them side by side at real Gemma 4 shapes. Kept: the ones decisions
-// and BENCHMARKS.md cite (empty: the per-dispatch cost) and the directions
-// they tried (u4: more loads in flight; kc: a constant trip count, which
-// the backend's gemv now takes for short weights as its GBK). Variants
-// measured slower and dropped (X staged in workgroup memory, four rows per
-// lane group, 64-thread groups, a subgroup lane sum) are in the outputs of
-// the H200 lab runs at 435a108 and 93ea97b (BENCHMARKS.md).
+// times them side by side at real Gemma 4 shapes. Kept: the ones
+// docs/decisions.md cites (empty: the per-dispatch cost; kc: a constant
+// trip count, which the backend's gemv takes for short weights as its GBK)
+// and u4 (more loads in flight), their baseline. Variants measured slower
+// and dropped (X staged in workgroup memory, four rows per lane group,
+// 64-thread groups, a subgroup lane sum, a row norm inside the GEMV) are in
+// the H200 lab outputs in docs/bench/ (435a108, 93ea97b, f16691c).
 
 // Compiled after kernels/gemv.wgsl (as the backend composes it), whose
 // Params (k = P.k, rows = P.rows), bindings W / X / OUT, `part` and dot8 it
@@ -131,141 +131,6 @@ fn kc(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: 
     let s = subgroupAdd(a0 + a1);
     if (lane == 0u && r < P.rows) {
         OUT[r] = s;
-    }
-}
-
-// ---- a row norm inside the GEMV (the decode lead: post_ffn into the next
-// layer's q|k|v GEMV) ----
-//
-// X holds x (k values) then the norm's weight (k values). `lab_norm` is the
-// unfused first step (one workgroup: OUT = x * rms(x)^-1 * nw, which the
-// backend's gemv then reads); `gemv_normed` does both in one dispatch:
-// every workgroup issues its weight loads first (they do not depend on the
-// norm), then rebuilds the normed row in workgroup memory while they are
-// in flight, then takes the dot products from there. The question it
-// answers: is the norm's latency, repeated in every workgroup, cheaper than
-// a dependent dispatch? (k at most 4096: 1024 vec4 of workgroup memory.)
-
-const NORM_EPS: f32 = 1e-6;
-const MAXK4: u32 = 1024u;
-// Weight blocks a lane holds (BK / LANES rounded up, at most MAXW).
-const MAXW: u32 = 16u;
-var<workgroup> xs: array<vec4<f32>, MAXK4>;
-
-// x's inverse RMS, by the whole workgroup.
-fn inv_rms_x(t: u32) -> f32 {
-    let k4 = P.k / 4u;
-    var ss = 0.0;
-    for (var i = t; i < k4; i += 256u) {
-        let v = X[i];
-        ss += dot(v, v);
-    }
-    // (the backends' own row sum, kernels/reduce*.wgsl, as post_ffn's)
-    return inverseSqrt(workgroup_sum(ss, t, 256u) / f32(P.k) + NORM_EPS);
-}
-
-@compute @workgroup_size(256)
-fn lab_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let k4 = P.k / 4u;
-    let inv = inv_rms_x(t);
-    for (var i = t; i < k4; i += 256u) {
-        let y = X[i] * inv * X[k4 + i];
-        OUT[4u * i] = y.x;
-        OUT[4u * i + 1u] = y.y;
-        OUT[4u * i + 2u] = y.z;
-        OUT[4u * i + 3u] = y.w;
-    }
-}
-
-// The normed row x * rms(x)^-1 * w into xs, by the whole workgroup, then
-// a barrier.
-fn stage_normed_row(t: u32) {
-    let k4 = P.k / 4u;
-    let inv = inv_rms_x(t);
-    for (var i = t; i < k4; i += 256u) {
-        xs[i] = X[i] * inv * X[k4 + i];
-    }
-    workgroupBarrier();
-}
-
-// Weight block b (8 bf16: `v`) dotted with xs; 0 past the row (b >= BK).
-fn block_dot(v: vec4<u32>, b: u32) -> f32 {
-    let bb = min(b, BK - 1u);
-    let lo = vec4<f32>(decode_pair(v.x), decode_pair(v.y));
-    let hi = vec4<f32>(decode_pair(v.z), decode_pair(v.w));
-    return select(0.0, dot(lo, xs[2u * bb]) + dot(hi, xs[2u * bb + 1u]), b < BK);
-}
-
-// Row r's lane sums into OUT[r] (every thread calls it: reduce32's
-// barriers).
-fn finish_row(t: u32, lane: u32, r: u32, acc: f32) {
-    let s = reduce32(t, lane, acc);
-    if (lane == 0u && r < P.rows) {
-        OUT[r] = s;
-    }
-}
-
-@compute @workgroup_size(256)
-fn gemv_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let r = wg.x * 8u + t / LANES;
-    let rr = min(r, P.rows - 1u);
-    // 1. The lane's weight blocks, issued before anything waits.
-    var w: array<vec4<u32>, MAXW>;
-    for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-        w[c] = W[rr * BK + min(lane + c * LANES, BK - 1u)];
-    }
-    // 2. The normed row into workgroup memory while they load.
-    stage_normed_row(t);
-    // 3. The dot products from workgroup memory.
-    var acc = 0.0;
-    for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-        acc += block_dot(w[c], lane + c * LANES);
-    }
-    finish_row(t, lane, r, acc);
-}
-
-// `gemv_normed` with fewer, persistent workgroups: each rebuilds the
-// normed row once (while its first block's weights load) and then walks
-// row blocks wg.x, wg.x + nwg.x, ..., the next block's weights issued
-// before the current block's dot products. The question: does the norm's
-// repeated cost fall below a dependent dispatch once fewer workgroups
-// repeat it?
-@compute @workgroup_size(256)
-fn gemv_normed_persist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                       @builtin(local_invocation_index) t: u32) {
-    let lane = t % LANES;
-    let nb = (P.rows + 7u) / 8u;
-    var b = wg.x;
-    if (b >= nb) {
-        return;
-    }
-    var w: array<vec4<u32>, MAXW>;
-    let r0 = min(b * 8u + t / LANES, P.rows - 1u);
-    for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-        w[c] = W[r0 * BK + min(lane + c * LANES, BK - 1u)];
-    }
-    stage_normed_row(t);
-    loop {
-        let r = b * 8u + t / LANES;
-        let bn = b + nwg.x;
-        var wn: array<vec4<u32>, MAXW>;
-        if (bn < nb) {
-            let rn = min(bn * 8u + t / LANES, P.rows - 1u);
-            for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-                wn[c] = W[rn * BK + min(lane + c * LANES, BK - 1u)];
-            }
-        }
-        var acc = 0.0;
-        for (var c = 0u; c < (BK + LANES - 1u) / LANES; c++) {
-            acc += block_dot(w[c], lane + c * LANES);
-        }
-        finish_row(t, lane, r, acc);
-        if (bn >= nb) {
-            break;
-        }
-        w = wn;
-        b = bn;
     }
 }
 

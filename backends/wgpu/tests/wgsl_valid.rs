@@ -6,7 +6,7 @@
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use turbospark_wgpu::kernels::{
-    families, source, COHERENT_MARK, COMMON, F16_CACHE_BUILDS, KERNELS, OPTIONAL,
+    families, source, COHERENT_MARK, F16_CACHE_BUILDS, KERNELS, OPTIONAL,
 };
 
 /// Family `name` (its subgroup build or not, its coherent build or not)
@@ -151,53 +151,25 @@ fn every_kernel_file_is_registered() {
     }
 }
 
-/// The kernel lab's variant files (examples/kernel_lab*.wgsl) still parse and
-/// validate against the kernels they build on (kernel_lab_sync.wgsl on the
-/// common prelude alone), so the lab does not rot between GPU runs.
+/// The kernel lab's variant file (examples/kernel_lab.wgsl) still parses and
+/// validates against the kernel it builds on, so the lab does not rot
+/// between GPU runs.
 #[test]
 fn kernel_lab_sources_validate() {
-    for (name, src) in [
-        (
-            "kernel_lab.wgsl",
-            // as the lab composes it: after the backend's gemv source
-            format!(
-                "{}\n{}",
-                source("gemv", true, false).expect("gemv"),
-                include_str!("../examples/kernel_lab.wgsl")
-            ),
-        ),
-        (
-            "kernel_lab_moe.wgsl",
-            // as the lab composes it: after the backend's moe_decode source
-            format!(
-                "{}\n{}",
-                source("moe_decode", true, false).expect("moe_decode"),
-                include_str!("../examples/kernel_lab_moe.wgsl")
-            ),
-        ),
-        (
-            "kernel_lab_sync.wgsl",
-            // as the lab composes it where the device has coherent storage:
-            // after the common prelude
-            format!(
-                "{}\n{}",
-                COMMON,
-                include_str!("../examples/kernel_lab_sync.wgsl")
-            )
-            .replace(COHERENT_MARK, "@coherent"),
-        ),
-    ] {
-        let module = naga::front::wgsl::parse_str(&src)
-            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
-        Validator::new(
-            ValidationFlags::all(),
-            Capabilities::default()
-                | Capabilities::SUBGROUP
-                | Capabilities::MEMORY_DECORATION_COHERENT,
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
-    }
+    // as the lab composes it: after the backend's gemv source
+    let src = format!(
+        "{}\n{}",
+        source("gemv", true, false).expect("gemv"),
+        include_str!("../examples/kernel_lab.wgsl")
+    );
+    let module = naga::front::wgsl::parse_str(&src)
+        .unwrap_or_else(|e| panic!("kernel_lab.wgsl: {}", e.emit_to_string(&src)));
+    Validator::new(
+        ValidationFlags::all(),
+        Capabilities::default() | Capabilities::SUBGROUP,
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("kernel_lab.wgsl: {}", e.emit_to_string(&src)));
 }
 
 /// Every workgroup variable of a family that uses cooperative matrices is a
