@@ -32,6 +32,15 @@ fn reduce32(t: u32, lane: u32, v: f32) -> f32 {
     return part[t];
 }
 
+// Row r's lane sums into OUT[r] (every thread calls it: reduce32's
+// barriers).
+fn finish_row(t: u32, lane: u32, r: u32, acc: f32) {
+    let s = reduce32(t, lane, acc);
+    if (lane == 0u && r < P.rows) {
+        OUT[r] = s;
+    }
+}
+
 @compute @workgroup_size(256)
 fn empty(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     if (wg.x == 0u && t == 0u) {
