@@ -1,9 +1,14 @@
 //! Hostile input to the library: a context whose KV caches the backend
 //! cannot hold is refused at load with the figure and the limit (it
-//! aborted in the allocator), and `max_position_embeddings` is validated.
+//! aborted in the allocator), `max_position_embeddings` is validated, and
+//! a checkpoint changed under its memory maps is told, naming the file.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use turbospark::model::synthetic::tiny_config;
-use turbospark::model::{Model, ModelConfig, ModelOptions, SyntheticSource};
+use turbospark::model::TensorSource;
+use turbospark::model::{Checkpoint, Model, ModelConfig, ModelOptions, SyntheticSource};
 use turbospark::Error;
 use turbospark_cpu::CpuBackend;
 
@@ -111,4 +116,87 @@ fn max_position_embeddings_of_a_multimodal_config() {
             .contains("`text_config.max_position_embeddings`"),
         "{e}"
     );
+}
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-text")
+}
+
+/// A copy of the tiny fixture's config and weights in a directory `name`.
+fn fixture_copy(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-input-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+fn assert_changed(ck: &Checkpoint, weights: &Path, needle: &str) {
+    for e in [
+        ck.check_unchanged().unwrap_err(),
+        TensorSource::check_unchanged(ck).unwrap_err(),
+    ] {
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Checkpoint { .. }), "{msg}");
+        assert!(msg.contains(&weights.display().to_string()), "{msg}");
+        assert!(msg.contains(needle), "{msg}");
+    }
+}
+
+/// A mapped file truncated, or rewritten in place with the same size, is
+/// an error naming it (reading its map would fault or give other weights);
+/// untouched, or replaced by a rename (the map keeps the old file), it is
+/// not.
+#[test]
+fn a_checkpoint_changed_under_its_maps_is_told() {
+    let dir = fixture_copy("truncated");
+    let weights = dir.join("model.safetensors");
+    let ck = Checkpoint::open(&dir).unwrap();
+    ck.check_unchanged().unwrap();
+    let len = std::fs::metadata(&weights).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap();
+    f.set_len(len / 2).unwrap();
+    assert_changed(
+        &ck,
+        &weights,
+        &format!(
+            "truncated on disk while the run maps it ({len} bytes when opened, {} now",
+            len / 2
+        ),
+    );
+
+    // The same bytes written again: only the modification time tells
+    // (set a second later, past any file system's timestamp granularity).
+    let dir = fixture_copy("rewritten");
+    let weights = dir.join("model.safetensors");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let bytes = std::fs::read(&weights).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap();
+    std::io::Write::write_all(&mut &f, &bytes).unwrap();
+    f.set_modified(SystemTime::now() + Duration::from_secs(1))
+        .unwrap();
+    assert_changed(&ck, &weights, "modification time changed");
+
+    // Replaced by a rename: the map still reads the file it mapped.
+    let dir = fixture_copy("renamed");
+    let weights = dir.join("model.safetensors");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let other = dir.join("other.safetensors");
+    std::fs::write(&other, b"not the weights").unwrap();
+    std::fs::rename(&other, &weights).unwrap();
+    ck.check_unchanged().unwrap();
+    assert_eq!(ck.mapped_files().len(), 1);
+    assert_eq!(ck.mapped_files()[0].path(), weights);
+
+    // A source without files: nothing to change.
+    let src = SyntheticSource::new(tiny_config(), 7).unwrap();
+    src.check_unchanged().unwrap();
 }

@@ -89,6 +89,7 @@ pub fn open_wgpu(adapter: Option<String>) -> CliResult<WgpuBackend> {
 
 pub fn open_checkpoint(dir: &Path) -> CliResult<Checkpoint> {
     let ck = Checkpoint::open(dir)?;
+    crate::mapped::watch(&ck);
     let unused = ck.unused_tensors();
     if !unused.is_empty() {
         let shown: Vec<&str> = unused.iter().take(4).map(String::as_str).collect();
@@ -153,7 +154,30 @@ pub fn tokenizer(dir: &Path) -> CliResult<Option<tokenizers::Tokenizer>> {
     )?;
     text.parse::<tokenizers::Tokenizer>()
         .map(Some)
-        .map_err(|e| format!("{}: {e}", path.display()).into())
+        .map_err(|e| match unsupported_model_type(&text) {
+            Some(kind) => format!(
+                "{}: the tokenizer's model type {kind} is not supported \
+                 (supported: {})",
+                path.display(),
+                TOKENIZER_MODELS.join(", ")
+            )
+            .into(),
+            None => format!("{}: {e}", path.display()).into(),
+        })
+}
+
+/// The tokenizer models the `tokenizers` crate reads (`model.type`).
+const TOKENIZER_MODELS: [&str; 4] = ["BPE", "Unigram", "WordLevel", "WordPiece"];
+
+/// A tokenizer.json's `model.type` when it is not one the crate reads
+/// (shown as JSON), for a message better than its untagged-enum mismatch.
+fn unsupported_model_type(text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let kind = v.get("model")?.get("type")?;
+    match kind.as_str() {
+        Some(k) if TOKENIZER_MODELS.contains(&k) => None,
+        _ => Some(kind.to_string()),
+    }
 }
 
 /// A size limit and why it is that, for messages.

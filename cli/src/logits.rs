@@ -85,7 +85,13 @@ fn logits_on<B: ComputeBackend>(
         ..Default::default()
     };
     let mut model = Model::load(backend, ck, opts)?;
-    Ok(model.logits(tokens)?)
+    // Before the pass (the CPU backend reads the weights from the maps)
+    // and after it (a file rewritten in place during it gave other
+    // weights): either is an error naming the file, not logits to write.
+    crate::mapped::check_unchanged()?;
+    let rows = model.logits(tokens)?;
+    crate::mapped::check_unchanged()?;
+    Ok(rows)
 }
 
 /// Every file of the checkpoint a run reads: the mapped shards and the

@@ -9,6 +9,7 @@ mod default_job;
 mod generate;
 mod info;
 mod logits;
+mod mapped;
 mod quantize;
 mod stream;
 
@@ -70,6 +71,7 @@ fn quiet_xdg_runtime_dir() {
 
 fn main() {
     quiet_xdg_runtime_dir();
+    mapped::install_fault_handler();
     let cli = Cli::parse();
     let result = match cli.command {
         None => default_job::run(),

@@ -406,3 +406,111 @@ fn info_is_quiet_without_xdg_runtime_dir() {
     assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
     assert!(out.status.success(), "{err}");
 }
+
+/// What is wrong with --model's files is said as it is: a missing path, a
+/// file or a device is not "no config.json"; a directory or FIFO named
+/// model.safetensors is not "not found"; a directory shard is not "cannot
+/// memory-map: No such device"; an unknown tokenizer model is named; a
+/// head_dim of 0 is blamed on head_dim, not partial_rotary_factor.
+#[test]
+fn model_file_errors_say_what_is_wrong() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let file = tmp.join("hostile-model-a-file");
+    std::fs::write(&file, b"{}").unwrap();
+    for (path, needle) in [
+        (
+            tmp.join("hostile-no-such-model"),
+            "no such file or directory",
+        ),
+        (file, "a file, not a checkpoint directory"),
+        (
+            PathBuf::from("/dev/null"),
+            "not a directory (a FIFO, socket or device)",
+        ),
+    ] {
+        let out = generate_on(&path, &["--tokens", "1"]);
+        fails_with(&out, &[&path.display().to_string(), needle]);
+        assert!(!stderr(&out).contains("no config.json"), "{}", stderr(&out));
+    }
+
+    let weights_as = |name: &str, make: &dyn Fn(&Path), needle: &str| {
+        let dir = checkpoint_copy(name, serde_json::json!({}));
+        let weights = dir.join("model.safetensors");
+        std::fs::remove_file(&weights).unwrap();
+        make(&weights);
+        let out = generate_on(&dir, &["--tokens", "1"]);
+        fails_with(&out, &[&format!("{}: {needle}", weights.display())]);
+        assert!(!stderr(&out).contains("not found"), "{}", stderr(&out));
+    };
+    weights_as(
+        "weights-dir",
+        &|p| std::fs::create_dir(p).unwrap(),
+        "a directory, expected a regular file",
+    );
+    weights_as("weights-fifo", &|p| mkfifo(p), "not a regular file");
+
+    // An index whose shard is a directory.
+    let dir = checkpoint_copy("shard-dir", serde_json::json!({}));
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let names = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .names()
+        .len();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let map: serde_json::Map<String, serde_json::Value> = meta
+        .tensors()
+        .into_keys()
+        .map(|n| (n, serde_json::json!("shard.safetensors")))
+        .collect();
+    assert_eq!(map.len(), names);
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({ "weight_map": map }).to_string(),
+    )
+    .unwrap();
+    let shard = dir.join("shard.safetensors");
+    std::fs::create_dir(&shard).unwrap();
+    let out = generate_on(&dir, &["--tokens", "1"]);
+    fails_with(
+        &out,
+        &[&format!(
+            "{}: a directory, not a safetensors file",
+            shard.display()
+        )],
+    );
+    assert!(!stderr(&out).contains("No such device"), "{}", stderr(&out));
+
+    // A tokenizer model the tokenizers crate does not read.
+    let dir = checkpoint_copy("tok-model-type", serde_json::json!({}));
+    let text = std::fs::read_to_string(fixture().join("tokenizer.json")).unwrap();
+    let mut tok: serde_json::Value = serde_json::from_str(&text).unwrap();
+    tok["model"]["type"] = serde_json::json!("SentencePieceBPE");
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let out = generate_on(&dir, &["--prompt", "w5"]);
+    fails_with(
+        &out,
+        &[
+            "tokenizer.json",
+            "model type \"SentencePieceBPE\" is not supported",
+            "WordLevel",
+        ],
+    );
+    assert!(!stderr(&out).contains("untagged enum"), "{}", stderr(&out));
+
+    for (key, needle) in [
+        ("head_dim", "`head_dim`: 0 (layer 0) must be even"),
+        (
+            "global_head_dim",
+            "`global_head_dim`: 0 (layer 1) must be even",
+        ),
+    ] {
+        let dir = checkpoint_copy(&format!("{key}-0"), serde_json::json!({ key: 0 }));
+        let out = generate_on(&dir, &["--tokens", "1"]);
+        fails_with(&out, &["config.json", needle]);
+        assert!(
+            !stderr(&out).contains("partial_rotary_factor"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}

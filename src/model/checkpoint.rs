@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -21,6 +22,7 @@ use crate::backend::HostBytes;
 use crate::dtype::DType;
 use crate::{Error, Result};
 
+pub use super::shard::MappedFile;
 pub use super::tensors::expected_tensors;
 
 /// Prefix of the decoder tensors in multimodal (`Gemma4ForConditionalGeneration`) files.
@@ -98,9 +100,12 @@ impl std::fmt::Debug for Checkpoint {
 impl Checkpoint {
     /// Opens DIR: config.json + model.safetensors or model.safetensors.index.json shards; memory-maps, parses headers, checks every needed tensor's presence, dtype (bf16/f16/f32) and shape against the config before returning; ignores vision/audio tensors.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        check_directory(dir)?;
         let config_path = dir.join("config.json");
-        if !config_path.is_file() {
-            return Err(ckpt_err(dir, "no config.json in the checkpoint directory"));
+        match file_kind(&config_path)? {
+            Some(Kind::File) => {}
+            None => return Err(ckpt_err(dir, "no config.json in the checkpoint directory")),
+            Some(other) => return Err(ckpt_err(&config_path, other.describe())),
         }
         let mut config = ModelConfig::from_file(&config_path)?;
         let generation_path = dir.join("generation_config.json");
@@ -112,15 +117,19 @@ impl Checkpoint {
         }
         let index_path = dir.join("model.safetensors.index.json");
         let single_path = dir.join("model.safetensors");
-        let (shards, tensors, prefix) = if index_path.is_file() {
-            open_sharded(dir, &index_path)?
-        } else if single_path.is_file() {
-            open_single(&single_path)?
-        } else {
-            return Err(ckpt_err(
-                dir,
-                "neither model.safetensors nor model.safetensors.index.json found",
-            ));
+        // (a directory or FIFO under either name is named as such, not
+        // taken for a missing file)
+        let (shards, tensors, prefix) = match (file_kind(&index_path)?, file_kind(&single_path)?) {
+            (Some(Kind::File), _) => open_sharded(dir, &index_path)?,
+            (Some(other), _) => return Err(ckpt_err(&index_path, other.describe())),
+            (None, Some(Kind::File)) => open_single(&single_path)?,
+            (None, Some(other)) => return Err(ckpt_err(&single_path, other.describe())),
+            (None, None) => {
+                return Err(ckpt_err(
+                    dir,
+                    "neither model.safetensors nor model.safetensors.index.json found",
+                ))
+            }
         };
         let mut ckpt = Checkpoint {
             dir: dir.to_path_buf(),
@@ -283,6 +292,23 @@ impl Checkpoint {
     /// The files mapped (shards holding language-model tensors).
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+
+    /// The mapped files with what they were at open, for a caller that
+    /// outlives the checkpoint (the maps live on in a backend that keeps
+    /// weights mapped, as the CPU backend does) or that names the file a
+    /// fault came from.
+    pub fn mapped_files(&self) -> Vec<Arc<MappedFile>> {
+        self.shards.iter().map(|s| s.file.clone()).collect()
+    }
+
+    /// An error naming the first mapped file whose size or modification
+    /// time changed since open ([`MappedFile::check_unchanged`]): reading
+    /// its map could fault (truncated) or give other weights (rewritten).
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.shards
+            .iter()
+            .try_for_each(|s| s.file.check_unchanged())
     }
 
     /// The name as stored in the file (also the quantization block's key
@@ -476,4 +502,60 @@ fn open_sharded(dir: &Path, index_path: &Path) -> Result<Opened> {
 fn is_plain_file_name(f: &str) -> bool {
     let mut comps = Path::new(f).components();
     matches!(comps.next(), Some(Component::Normal(_))) && comps.next().is_none()
+}
+
+/// What a path in the checkpoint is, for messages that say what is wrong
+/// with it rather than that it is missing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    Other,
+}
+
+impl Kind {
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::File => "a regular file",
+            Kind::Dir => "a directory, expected a regular file",
+            Kind::Other => "not a regular file (a FIFO, socket or device)",
+        }
+    }
+}
+
+/// What `path` is (through links), `None` when nothing is there; an error
+/// naming it when it cannot be told (no permission to look).
+fn file_kind(path: &Path) -> Result<Option<Kind>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(Some(Kind::File)),
+        Ok(m) if m.is_dir() => Ok(Some(Kind::Dir)),
+        Ok(_) => Ok(Some(Kind::Other)),
+        // (a dangling link: there, but naming nothing)
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                Err(ckpt_err(path, "a symbolic link to nothing"))
+            } else {
+                Ok(None)
+            }
+        }
+        Err(e) => Err(ckpt_err(path, format!("cannot stat: {e}"))),
+    }
+}
+
+/// An error saying what `dir` is when it is not a checkpoint directory:
+/// missing, a file, a device.
+fn check_directory(dir: &Path) -> Result<()> {
+    match file_kind(dir)? {
+        Some(Kind::Dir) => Ok(()),
+        None => Err(ckpt_err(dir, "no such file or directory")),
+        Some(Kind::File) => Err(ckpt_err(
+            dir,
+            "a file, not a checkpoint directory (the directory holding config.json and \
+             the safetensors files)",
+        )),
+        Some(Kind::Other) => Err(ckpt_err(
+            dir,
+            "not a directory (a FIFO, socket or device), expected a checkpoint directory",
+        )),
+    }
 }

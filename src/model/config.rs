@@ -492,7 +492,15 @@ fn parse_text_config(f: &Fields<'_>, root: &Fields<'_>) -> Result<ModelConfig> {
     let rope = parse_rope(f)?;
 
     let mut layers = Vec::with_capacity(n_layers);
-    for (i, (&kind, &(head_dim, kv_heads))) in kinds.iter().zip(&dims).enumerate() {
+    for (i, (&kind, (head_dim, kv_heads, head_dim_key))) in kinds.iter().zip(dims).enumerate() {
+        // (before the rotary pairs are derived from it: a bad head_dim is
+        // blamed on the field that set it, not on partial_rotary_factor)
+        if head_dim == 0 || head_dim % 2 != 0 || head_dim > MAX_HEAD_DIM {
+            return Err(f.err(
+                &head_dim_key,
+                format!("{head_dim} (layer {i}) must be even and in 2..={MAX_HEAD_DIM}"),
+            ));
+        }
         let r = match kind {
             LayerKind::Sliding => &rope[0],
             LayerKind::Full => &rope[1],
@@ -631,7 +639,8 @@ fn parse_layer_types(f: &Fields<'_>, n_layers: usize) -> Result<Vec<LayerKind>> 
     Ok(kinds)
 }
 
-/// Per-layer `(head_dim, kv_heads)`: the global values, overridden either by
+/// Per-layer `(head_dim, kv_heads, the field head_dim came from)`: the
+/// global values, overridden either by
 /// `per_layer_config` (sparse, keyed by layer index) or, when that is absent,
 /// on every full layer by `global_head_dim` (default 512) and, with
 /// `attention_k_eq_v`, `num_global_key_value_heads` (transformers' rule).
@@ -641,8 +650,8 @@ fn resolve_attention_dims(
     head_dim: usize,
     kv_heads: usize,
     k_eq_v: bool,
-) -> Result<Vec<(usize, usize)>> {
-    let mut dims = vec![(head_dim, kv_heads); kinds.len()];
+) -> Result<Vec<(usize, usize, String)>> {
+    let mut dims = vec![(head_dim, kv_heads, "head_dim".to_string()); kinds.len()];
     if let Some(per_layer) = f.opt_object("per_layer_config")? {
         let plc = f.nested("per_layer_config", per_layer);
         for (key, value) in per_layer {
@@ -673,6 +682,7 @@ fn resolve_attention_dims(
             }
             if let Some(d) = o.opt_usize("head_dim")? {
                 dims[idx].0 = d;
+                dims[idx].2 = format!("per_layer_config.{key}.head_dim");
             }
             if let Some(k) = o.opt_usize("num_key_value_heads")? {
                 dims[idx].1 = k;
@@ -684,6 +694,7 @@ fn resolve_attention_dims(
         for (d, &kind) in dims.iter_mut().zip(kinds) {
             if kind == LayerKind::Full {
                 d.0 = global_head_dim;
+                d.2 = "global_head_dim".into();
                 if k_eq_v {
                     if let Some(k) = global_kv {
                         d.1 = k;

@@ -6,11 +6,19 @@
 //! copy of the data). When it rejects the header, [`diagnose`] re-reads the
 //! header JSON to name the tensor at fault, since the crate's errors mostly do
 //! not.
+//!
+//! A map is only sound while its file stays as it was: a file truncated
+//! under it faults (SIGBUS) on the next read past the new end, and one
+//! rewritten in place changes the weights under a running model.
+//! [`MappedFile`] records the size and modification time at open, and
+//! [`MappedFile::check_unchanged`] compares them, cheaply (one `fstat`),
+//! before the mapping is read again.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use memmap2::Mmap;
 use safetensors::{SafeTensorError, SafeTensors};
@@ -37,6 +45,82 @@ pub(crate) struct Shard {
     pub path: PathBuf,
     pub map: Arc<Mmap>,
     pub tensors: HashMap<String, RawTensor>,
+    /// The file as it was when mapped, for [`MappedFile::check_unchanged`].
+    pub file: Arc<MappedFile>,
+}
+
+/// A memory-mapped checkpoint file and what it was when mapped (size,
+/// modification time), to tell when it has changed under the map.
+///
+/// The open file is kept, so the check looks at the very file mapped (one
+/// `fstat`), not at whatever the path names now: a file replaced by a
+/// rename leaves the old one, and the map, intact, and is not a change.
+pub struct MappedFile {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    modified: Option<SystemTime>,
+    map: Arc<Mmap>,
+}
+
+impl MappedFile {
+    /// The file's path as it was opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The addresses the map occupies (while this value lives, the map does
+    /// too): what a fault handler compares a faulting address with.
+    pub fn address_range(&self) -> std::ops::Range<usize> {
+        let start = self.map.as_ptr() as usize;
+        start..start + self.map.len()
+    }
+
+    /// An error naming the file when its size or modification time is no
+    /// longer what it was when mapped: it was truncated (reading the map
+    /// past its new end would kill the process with SIGBUS) or rewritten
+    /// in place (the map now holds other bytes than those checked at open).
+    /// One `fstat`: cheap enough to call before every read of the map.
+    pub fn check_unchanged(&self) -> Result<()> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| ckpt_err(&self.path, format!("cannot stat while mapped: {e}")))?;
+        let modified = meta.modified().ok();
+        if meta.len() == self.len && modified == self.modified {
+            return Ok(());
+        }
+        let what = if meta.len() < self.len {
+            "truncated"
+        } else {
+            "changed"
+        };
+        Err(ckpt_err(
+            &self.path,
+            format!(
+                "{what} on disk while the run maps it ({} bytes when opened, {} now{}): \
+                 its weights can no longer be read; a checkpoint must not change while \
+                 it is in use",
+                self.len,
+                meta.len(),
+                if modified == self.modified {
+                    ""
+                } else {
+                    ", modification time changed"
+                }
+            ),
+        ))
+    }
+}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .field("modified", &self.modified)
+            .finish()
+    }
 }
 
 pub(crate) fn ckpt_err(path: &Path, detail: impl Into<String>) -> Error {
@@ -50,11 +134,18 @@ impl Shard {
     /// Maps `path` and parses its header; every offset handed out afterwards
     /// lies inside the map.
     pub fn open(path: &Path) -> Result<Shard> {
+        // (before opening: opening a FIFO blocks until something writes it)
+        check_regular(
+            path,
+            &std::fs::metadata(path).map_err(|e| ckpt_err(path, format!("cannot open: {e}")))?,
+        )?;
         let file = File::open(path).map_err(|e| ckpt_err(path, format!("cannot open: {e}")))?;
-        let file_len = file
+        let meta = file
             .metadata()
-            .map_err(|e| ckpt_err(path, format!("cannot stat: {e}")))?
-            .len();
+            .map_err(|e| ckpt_err(path, format!("cannot stat: {e}")))?;
+        // (again on the file opened: the path may have changed since)
+        check_regular(path, &meta)?;
+        let file_len = meta.len();
         if file_len < N_LEN as u64 {
             return Err(ckpt_err(
                 path,
@@ -63,7 +154,9 @@ impl Shard {
         }
         // SAFETY: the map is read-only; the file must not be truncated or
         // rewritten while the checkpoint is open (as with every mmap-based
-        // loader). Every access is bounds-checked against the header below.
+        // loader): MappedFile::check_unchanged tells when it was, before a
+        // read, and the CLI names the file if a read faults all the same.
+        // Every access is bounds-checked against the header below.
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| ckpt_err(path, format!("cannot memory-map: {e}")))?;
         let buf: &[u8] = &map;
@@ -127,12 +220,36 @@ impl Shard {
                 },
             );
         }
+        let map = Arc::new(map);
         Ok(Shard {
             path: path.to_path_buf(),
-            map: Arc::new(map),
+            map: map.clone(),
             tensors,
+            file: Arc::new(MappedFile {
+                path: path.to_path_buf(),
+                file,
+                // (the map's length: the file's when it was mapped)
+                len: map.len() as u64,
+                modified: meta.modified().ok(),
+                map,
+            }),
         })
     }
+}
+
+/// An error naming `path` unless `meta` is a regular file's: a directory
+/// cannot be mapped (`No such device`), a FIFO or device must not be.
+pub(crate) fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return Ok(());
+    }
+    let kind = if ft.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file (a FIFO, socket or device)"
+    };
+    Err(ckpt_err(path, format!("{kind}, not a safetensors file")))
 }
 
 /// The safetensors error in words, for the cases [`diagnose`] cannot pin on

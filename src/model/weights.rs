@@ -27,6 +27,17 @@ use crate::model::config::ModelConfig;
 pub trait TensorSource {
     fn config(&self) -> &ModelConfig;
     fn tensor(&self, name: &str) -> Result<TensorRef>;
+    /// An error naming the file when bytes this source handed out (memory
+    /// maps of its files) may no longer be what they were: a file
+    /// truncated or rewritten since open. Cheap (a `fstat` a file); call
+    /// it before reading a tensor's bytes again after load (streamed
+    /// experts before each read, the CPU backend's mapped weights before a
+    /// forward pass): a read past a truncated file's end kills the process
+    /// with SIGBUS. Sources whose bytes cannot change (owned or anonymous
+    /// memory) keep the default, `Ok(())`.
+    fn check_unchanged(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl TensorSource for Checkpoint {
@@ -35,6 +46,9 @@ impl TensorSource for Checkpoint {
     }
     fn tensor(&self, name: &str) -> Result<TensorRef> {
         Checkpoint::tensor(self, name)
+    }
+    fn check_unchanged(&self) -> Result<()> {
+        Checkpoint::check_unchanged(self)
     }
 }
 
