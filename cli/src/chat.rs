@@ -6,7 +6,7 @@
 //! the roles `system`, `user` and `model`); the model's reply follows an
 //! open `<|turn>model\n` and ends with its own `<turn|>`.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 
@@ -68,6 +68,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: a.sampling.sampling(),
+        stop_at_eos: true,
+    };
+    // (at startup: a bad flag is not found only at the first message)
+    opts.sampling.validate()?;
     let tok = tokenizer(&a.model)?.ok_or_else(|| {
         format!(
             "{} has no tokenizer.json, which chat needs",
@@ -78,11 +85,6 @@ pub fn run(a: Args) -> CliResult {
     turn_end_id(&tok)?;
     let (mut model, device) = a.run.load(&a.model)?;
     eprintln!("{device}: type a message; /reset starts over; an empty line or end of input quits");
-    let opts = GenerateOptions {
-        max_new_tokens: a.max_new_tokens,
-        sampling: a.sampling.sampling(),
-        stop_at_eos: true,
-    };
     let stdin = std::io::stdin();
     converse(
         &mut model,
@@ -118,6 +120,9 @@ impl Generator for AnyModel {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> turbospark::Result<Generation> {
+        // The CPU backend reads its weights from the checkpoint's maps: a
+        // file changed since the last turn is an error, not a fault.
+        crate::mapped::check_unchanged()?;
         AnyModel::generate_streaming(self, prompt, opts, on_token)
     }
     fn reset(&mut self) {
@@ -131,12 +136,20 @@ impl Generator for AnyModel {
 /// A line that starts the conversation over (an empty context).
 pub const RESET: &str = "/reset";
 
+/// Most bytes of one input line: far more than a message a person types;
+/// a stream without line breaks (`/dev/zero`) is not read until memory
+/// runs out.
+pub const LINE_MAX_BYTES: u64 = 16 << 20;
+
 /// One conversation: a user message a line of `input`, each reply streamed
 /// to `out`, the prompt marker and notices to `prompt`. Ends at an empty
 /// line or the end of input; returns the replies' tokens. A reply cut at
 /// `opts.max_new_tokens` is closed with `<turn|>` before the next user
 /// turn; a reply is cut short where the context ends, and a turn that does
-/// not fit is refused with a notice ([`RESET`] starts over).
+/// not fit is refused with a notice ([`RESET`] starts over). A line that
+/// is not UTF-8 is skipped with a notice. An error when every turn was
+/// refused (no reply at all: a `system` turn that fills the context), or
+/// a line is longer than [`LINE_MAX_BYTES`].
 pub fn converse(
     model: &mut impl Generator,
     tok: &tokenizers::Tokenizer,
@@ -151,13 +164,37 @@ pub fn converse(
     // The last reply's last token, which the context does not hold yet
     // (None: a new conversation).
     let mut last: Option<u32> = None;
-    let mut lines = input.lines();
+    let mut input = input;
+    let (mut line_no, mut refused) = (0usize, 0usize);
+    let mut bytes = Vec::new();
     loop {
         write!(prompt, "> ")?;
         prompt.flush()?;
-        let line = match lines.next() {
-            Some(l) => l?,
-            None => break,
+        bytes.clear();
+        let n = (&mut input)
+            .take(LINE_MAX_BYTES + 1)
+            .read_until(b'\n', &mut bytes)
+            .map_err(|e| format!("reading the conversation's input: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        if bytes.len() as u64 > LINE_MAX_BYTES {
+            return Err(format!(
+                "input line {line_no}: more than the limit of {LINE_MAX_BYTES} bytes \
+                 without a line break"
+            )
+            .into());
+        }
+        let line = match std::str::from_utf8(&bytes) {
+            Ok(l) => l,
+            Err(e) => {
+                writeln!(
+                    prompt,
+                    "(line {line_no} is not UTF-8 text ({e}): skipped; the conversation goes on)"
+                )?;
+                continue;
+            }
         };
         let user = line.trim_end();
         if user.is_empty() {
@@ -193,6 +230,7 @@ pub fn converse(
                  {RESET} starts a new conversation)",
                 tokens.len()
             )?;
+            refused += 1;
             continue;
         }
         let opts = GenerateOptions {
@@ -209,6 +247,13 @@ pub fn converse(
         stream.finish()?;
         last = g.tokens.last().copied();
         replies.push(g.tokens);
+    }
+    if replies.is_empty() && refused > 0 {
+        return Err(format!(
+            "no turn of the conversation fit the context ({refused} refused): a \
+             --system prompt that fills it, or a --max-context too small"
+        )
+        .into());
     }
     Ok(replies)
 }

@@ -407,6 +407,117 @@ fn info_is_quiet_without_xdg_runtime_dir() {
     assert!(out.status.success(), "{err}");
 }
 
+/// The tiny fixture's copy with the chat tokenizer (`<|turn>`, `<turn|>`).
+fn chat_checkpoint(name: &str) -> PathBuf {
+    let dir = checkpoint_copy(name, serde_json::json!({}));
+    std::fs::copy(
+        fixture().join("../tiny-text-chat/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    dir
+}
+
+/// `chat` on the CPU backend with `args`, `input` on its stdin.
+fn chat(dir: &Path, args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(["chat", "--model", dir.to_str().unwrap(), "--backend", "cpu"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // (a chat that fails at startup may not read it)
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// The checkpoint truncated between two turns of a conversation (the CPU
+/// backend reads its weights from the maps): the next turn is an error
+/// naming the file, not a SIGBUS that kills the process without a word.
+#[test]
+fn a_checkpoint_truncated_during_a_chat_is_named() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = chat_checkpoint("chat-truncated");
+    let weights = dir.join("model.safetensors");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(["chat", "--model", dir.to_str().unwrap(), "--backend", "cpu"])
+        .args(["--max-new-tokens", "3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdin.write_all(b"w10 w11\n").unwrap();
+    stdin.flush().unwrap();
+    // The first reply: the weights are loaded and were read.
+    let mut reply = String::new();
+    stdout.read_line(&mut reply).unwrap();
+    assert!(reply.ends_with('\n'), "no first reply: {reply:?}");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    stdin.write_all(b"w12 w13\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    fails_with(
+        &out,
+        &[
+            &weights.display().to_string(),
+            "truncated on disk while the run maps it",
+        ],
+    );
+}
+
+/// chat: a line that is not UTF-8 is skipped with a notice (it ended the
+/// conversation), a bad sampling flag is refused at startup (it was found
+/// only at the first message), and a conversation whose every turn is
+/// refused (a --system that fills the context) exits non-zero (it exited 0).
+#[test]
+fn chat_skips_bad_lines_checks_flags_first_and_fails_when_nothing_fits() {
+    let dir = chat_checkpoint("chat-hostile");
+    let out = chat(
+        &dir,
+        &["--max-new-tokens", "2"],
+        b"w10 \xff\xfe w11\nw12 w13\n",
+    );
+    let text = succeeds(&out);
+    let err = stderr(&out);
+    assert!(err.contains("line 1 is not UTF-8 text"), "{err}");
+    assert!(err.contains("skipped"), "{err}");
+    assert_eq!(text.lines().count(), 1, "one reply, to line 2: {text:?}");
+
+    // With no input at all: refused before the model loads.
+    for (flag, value, needle) in [
+        ("--temperature", "NaN", "temperature NaN must be finite"),
+        ("--top-p", "2", "top-p 2 must be in (0, 1]"),
+    ] {
+        fails_with(&chat(&dir, &[flag, value], b""), &[needle]);
+    }
+
+    let system = "w5 ".repeat(40);
+    let out = chat(
+        &dir,
+        &["--system", &system, "--max-context", "16"],
+        b"w10\nw11\n",
+    );
+    fails_with(
+        &out,
+        &["no turn of the conversation fit the context (2 refused)"],
+    );
+    assert!(stderr(&out).contains("do not fit"), "{}", stderr(&out));
+}
+
 /// What is wrong with --model's files is said as it is: a missing path, a
 /// file or a device is not "no config.json"; a directory or FIFO named
 /// model.safetensors is not "not found"; a directory shard is not "cannot
@@ -513,4 +624,35 @@ fn model_file_errors_say_what_is_wrong() {
             stderr(&out)
         );
     }
+}
+
+/// `logits` on a checkpoint whose final norm is all NaN: an error naming
+/// the position and the value and a non-zero exit (it wrote the NaN rows
+/// and exited 0), and nothing written.
+#[test]
+fn logits_refuses_non_finite_logits() {
+    let dir = checkpoint_copy("logits-nan", serde_json::json!({}));
+    let weights = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let norm = meta.info("model.norm.weight").unwrap();
+    assert_eq!(norm.dtype, safetensors::Dtype::BF16);
+    let (begin, end) = norm.data_offsets;
+    let start = 8 + header_len;
+    for pair in bytes[start + begin..start + end].chunks_exact_mut(2) {
+        // bf16 quiet NaN
+        pair.copy_from_slice(&0x7fc0u16.to_le_bytes());
+    }
+    std::fs::write(&weights, &bytes).unwrap();
+    let out_path = dir.join("logits.safetensors");
+    let out = logits(&dir, &out_path);
+    fails_with(
+        &out,
+        &[
+            "non-finite values",
+            "of position 0 is NaN",
+            "nothing written",
+        ],
+    );
+    assert!(!out_path.exists(), "logits written");
 }
