@@ -4,8 +4,9 @@
 //! tensor), and property tests that throw random and mutated safetensors
 //! headers at `Checkpoint::open`, which must return Ok or Err and never panic.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use safetensors::{Dtype, SafeTensors};
@@ -13,33 +14,9 @@ use turbospark::model::checkpoint::expected_tensors;
 use turbospark::model::{Checkpoint, ModelConfig};
 use turbospark::{DType, Error};
 
+use common::temp_dir::TempDir;
+
 // ---- helpers ---------------------------------------------------------------
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "turbospark-ckpt-test-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A tiny config with every feature on: MoE, a sliding and a k_eq_v full layer.
 fn tiny_config_json(tie: bool) -> String {
@@ -132,7 +109,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
 
 /// A synthetic single-file checkpoint after `edit` has had its way with the tensors.
 fn single_file_ckpt(tie: bool, edit: impl FnOnce(&mut Vec<Raw>)) -> TempDir {
-    let dir = TempDir::new();
+    let dir = TempDir::new("ckpt-test");
     let json = tiny_config_json(tie);
     let cfg = ModelConfig::from_json(&json, "tiny").unwrap();
     let mut t = tensors_for(&cfg, "model.", Dtype::BF16);
@@ -406,7 +383,7 @@ fn sharded_ckpt(
     prefix: &str,
     edit_index: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
 ) -> TempDir {
-    let dir = TempDir::new();
+    let dir = TempDir::new("ckpt-test");
     let json = tiny_config_json(true);
     let cfg = ModelConfig::from_json(&json, "tiny").unwrap();
     let mut t = tensors_for(&cfg, prefix, Dtype::BF16);
@@ -680,7 +657,7 @@ fn header_length_lies() {
 
 /// A file with one tensor `x` under a hand-written header.
 fn lying_file(entries: &str, data_len: usize) -> TempDir {
-    let dir = TempDir::new();
+    let dir = TempDir::new("ckpt-test");
     write(dir.path(), "config.json", tiny_config_json(true).as_bytes());
     write(
         dir.path(),
@@ -773,7 +750,7 @@ fn header_not_json() {
 
 #[test]
 fn header_not_utf8() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("ckpt-test");
     write(dir.path(), "config.json", tiny_config_json(true).as_bytes());
     let mut bytes = 4u64.to_le_bytes().to_vec();
     bytes.extend_from_slice(&[0xff, 0xfe, 0xfd, 0xfc]);
@@ -895,7 +872,7 @@ fn tensor_lookup_of_an_unknown_name() {
 /// opens it. Whatever happens must be a value: Ok with every tensor in bounds,
 /// or an Err that is not a caught parser panic.
 fn open_bytes(bytes: &[u8]) -> Result<(), TestCaseError> {
-    let dir = TempDir::new();
+    let dir = TempDir::new("ckpt-test");
     write(dir.path(), "config.json", tiny_config_json(true).as_bytes());
     write(dir.path(), "model.safetensors", bytes);
     match Checkpoint::open(dir.path()) {
@@ -1093,7 +1070,7 @@ fn q4_copy(
     edit_tensors: impl FnOnce(&mut Vec<Raw>),
 ) -> TempDir {
     let src = fixture("tiny-text-q4").expect("tiny-text-q4 fixture");
-    let dir = TempDir::new();
+    let dir = TempDir::new("ckpt-test");
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit_config(&mut cfg);

@@ -4,44 +4,22 @@
 //! shapes, bytes), the same config.json and index bytes, and the same
 //! copied files; plus the shard split, mlx-lm's skip rule, and the errors.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use safetensors::SafeTensors;
 use turbospark::model::mlx_writer::{quantize_checkpoint, Override, QuantizeOptions};
 use turbospark::model::Checkpoint;
 use turbospark::{DType, Error};
 
+use common::temp_dir::TempDir;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
-}
-
-/// A fresh path under the system temp dir (not created), removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "turbospark-quantize-test-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn opts(bits: u32, group_size: u32, overrides: &[&str]) -> QuantizeOptions {
@@ -124,7 +102,7 @@ fn assert_matches_fixture(ours: &Path, mlx: &Path) {
 
 #[test]
 fn text_q4_is_mlx_lms_conversion() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let r = quantize_checkpoint(&fixture("tiny-text-g64"), out.path(), &opts(4, 64, &[])).unwrap();
     assert_matches_fixture(out.path(), &fixture("tiny-text-q4"));
     assert_eq!(
@@ -143,7 +121,7 @@ fn text_q4_is_mlx_lms_conversion() {
 
 #[test]
 fn text_q8_is_mlx_lms_conversion() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     quantize_checkpoint(&fixture("tiny-text-g64"), out.path(), &opts(8, 32, &[])).unwrap();
     assert_matches_fixture(out.path(), &fixture("tiny-text-q8"));
 }
@@ -154,7 +132,7 @@ fn text_q8_is_mlx_lms_conversion() {
 /// by its text_config.dtype; vision tensors dropped).
 #[test]
 fn multimodal_mixed_is_mlx_lms_conversion() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let o = opts(
         4,
         32,
@@ -178,7 +156,7 @@ fn multimodal_mixed_is_mlx_lms_conversion() {
 /// shards hold the same tensors and open through the index.
 #[test]
 fn shards_split_in_parameter_order() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let mut o = opts(4, 64, &[]);
     o.max_shard_bytes = 40_000;
     let r = quantize_checkpoint(&fixture("tiny-text-g64"), out.path(), &o).unwrap();
@@ -222,7 +200,7 @@ fn shards_split_in_parameter_order() {
 /// no config entry.
 #[test]
 fn modules_the_group_does_not_divide_stay_float() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let r = quantize_checkpoint(&fixture("tiny-text-g64"), out.path(), &opts(4, 128, &[])).unwrap();
     let q: Vec<&str> = r.quantized.iter().map(|q| q.0.as_str()).collect();
     assert_eq!(
@@ -261,7 +239,7 @@ fn modules_the_group_does_not_divide_stay_float() {
 /// the default.
 #[test]
 fn overrides_keep_float_or_list_the_module() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let o = opts(4, 64, &["embed_tokens=float", "layers.1.mlp.up_proj=4"]);
     let r = quantize_checkpoint(&fixture("tiny-text-g64"), out.path(), &o).unwrap();
     assert_eq!(r.kept_float, ["model.embed_tokens"]);
@@ -290,7 +268,7 @@ fn invalid(e: Error, words: &str) {
 
 #[test]
 fn a_non_empty_output_needs_force() {
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     std::fs::create_dir_all(out.path()).unwrap();
     std::fs::write(
         out.path().join("model-00001-of-00009.safetensors"),
@@ -313,7 +291,7 @@ fn a_non_empty_output_needs_force() {
 #[test]
 fn bad_requests_are_named_errors() {
     let src = fixture("tiny-text-g64");
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let run = |o: QuantizeOptions| quantize_checkpoint(&src, out.path(), &o).unwrap_err();
     invalid(run(opts(7, 64, &[])), "bits 7");
     invalid(run(opts(4, 48, &[])), "group_size 48");
@@ -349,7 +327,7 @@ fn bad_requests_are_named_errors() {
 /// the k/v projections of the last 20 layers) is refused by name.
 #[test]
 fn a_config_mlx_lm_reads_differently_is_refused() {
-    let dir = TempDir::new();
+    let dir = TempDir::unmade("quantize-test");
     std::fs::create_dir_all(dir.path()).unwrap();
     let src = fixture("tiny-text-g64");
     for f in ["model.safetensors", "tokenizer.json"] {
@@ -359,7 +337,7 @@ fn a_config_mlx_lm_reads_differently_is_refused() {
     let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
     cfg.as_object_mut().unwrap().remove("num_kv_shared_layers");
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
-    let out = TempDir::new();
+    let out = TempDir::unmade("quantize-test");
     let e = quantize_checkpoint(dir.path(), out.path(), &opts(4, 64, &[])).unwrap_err();
     invalid(e, "num_kv_shared_layers 20");
     assert!(!out.path().exists());

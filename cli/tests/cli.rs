@@ -1,30 +1,15 @@
 //! The CLI's contract on bad input: a clear message and a non-zero exit,
 //! never a panic. Runs the CPU backend on the bundled tiny fixture.
 
-use std::path::PathBuf;
+mod common;
+
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
-}
-
-fn turbospark(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args(args)
-        .output()
-        .expect("the turbospark binary runs")
-}
+use common::{fixture, generate_on_cpu, logits, logits_with, turbospark};
 
 fn model() -> String {
     fixture().display().to_string()
-}
-
-/// `turbospark generate` on the CPU backend and the fixture, with `args`.
-fn generate_on_cpu(args: &[&str]) -> Output {
-    let m = model();
-    let mut all = vec!["generate", "--model", &m, "--backend", "cpu"];
-    all.extend(args);
-    turbospark(&all)
 }
 
 /// Asserts a zero exit (showing stderr otherwise); returns stdout.
@@ -72,19 +57,8 @@ fn prompt_past_context_is_an_error() {
 
 #[test]
 fn bad_token_list_and_missing_model_are_errors() {
-    let m = model();
     fails_with(
-        &turbospark(&[
-            "logits",
-            "--model",
-            &m,
-            "--backend",
-            "cpu",
-            "--tokens",
-            "1,x",
-            "--out",
-            "/dev/null",
-        ]),
+        &logits_with(&fixture(), "1,x", Path::new("/dev/null")),
         "bad token id",
     );
     fails_with(
@@ -103,22 +77,10 @@ fn bad_token_list_and_missing_model_are_errors() {
 
 #[test]
 fn logits_writes_one_row_per_token() {
-    let m = model();
     let dir = std::env::temp_dir().join(format!("turbospark-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("logits.safetensors");
-    let p = path.display().to_string();
-    let out = turbospark(&[
-        "logits",
-        "--model",
-        &m,
-        "--backend",
-        "cpu",
-        "--tokens",
-        "5,17,42",
-        "--out",
-        &p,
-    ]);
+    let out = logits(&fixture(), &path);
     succeeds(&out);
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();

@@ -2,53 +2,12 @@
 //! file and the numbers, never an abort, a hang, a silent success or an
 //! overwritten input. Runs the CPU backend on the bundled tiny fixture.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
-}
-
-/// The binary run with `args`; killed (and the test failed) past 60 s, so
-/// a read that blocks shows as a failure, not a hung suite.
-fn turbospark(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the turbospark binary runs");
-    let start = Instant::now();
-    while child.try_wait().expect("waiting on turbospark").is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "turbospark {args:?} still ran after 60 s; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn generate_on(dir: &Path, args: &[&str]) -> Output {
-    let m = dir.display().to_string();
-    let mut all = vec!["generate", "--model", &m, "--backend", "cpu"];
-    all.extend(args);
-    turbospark(&all)
-}
-
-fn generate_on_cpu(args: &[&str]) -> Output {
-    generate_on(&fixture(), args)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{fixture, generate_on, generate_on_cpu, logits, logits_with, stderr};
 
 fn succeeds(out: &Output) -> String {
     assert!(out.status.success(), "{}", stderr(out));
@@ -188,18 +147,7 @@ fn malformed_token_lists_are_errors() {
             &generate_on_cpu(&["--tokens", tokens]),
             &["--tokens", needle],
         );
-        let m = fixture().display().to_string();
-        let out = turbospark(&[
-            "logits",
-            "--model",
-            &m,
-            "--backend",
-            "cpu",
-            "--tokens",
-            tokens,
-            "--out",
-            "/dev/null",
-        ]);
+        let out = logits_with(&fixture(), tokens, Path::new("/dev/null"));
         fails_with(&out, &["--tokens", needle]);
     }
 }
@@ -326,20 +274,6 @@ fn tokenizer_json_must_be_a_regular_file_of_bounded_size() {
     );
 }
 
-fn logits(model: &Path, out: &Path) -> Output {
-    turbospark(&[
-        "logits",
-        "--model",
-        model.to_str().unwrap(),
-        "--backend",
-        "cpu",
-        "--tokens",
-        "5,17,42",
-        "--out",
-        out.to_str().unwrap(),
-    ])
-}
-
 /// `logits --out` refuses the checkpoint's own files (by name, through a
 /// link), and replaces a file by renaming a whole new one over it, not by
 /// writing into it.
@@ -418,17 +352,22 @@ fn chat_checkpoint(name: &str) -> PathBuf {
     dir
 }
 
-/// `chat` on the CPU backend with `args`, `input` on its stdin.
-fn chat(dir: &Path, args: &[&str], input: &[u8]) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+/// `chat` started on the CPU backend with `args`, its stdio piped.
+fn chat_child(dir: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_turbospark"))
         .args(["chat", "--model", dir.to_str().unwrap(), "--backend", "cpu"])
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// `chat` on the CPU backend with `args`, `input` on its stdin.
+fn chat(dir: &Path, args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = chat_child(dir, args);
     let mut stdin = child.stdin.take().unwrap();
     // (a chat that fails at startup may not read it)
     let _ = stdin.write_all(input);
@@ -444,14 +383,7 @@ fn a_checkpoint_truncated_during_a_chat_is_named() {
     use std::io::{BufRead, BufReader, Write};
     let dir = chat_checkpoint("chat-truncated");
     let weights = dir.join("model.safetensors");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args(["chat", "--model", dir.to_str().unwrap(), "--backend", "cpu"])
-        .args(["--max-new-tokens", "3"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = chat_child(&dir, &["--max-new-tokens", "3"]);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     stdin.write_all(b"w10 w11\n").unwrap();

@@ -1,6 +1,8 @@
 //! Helpers shared by the model-level tests.
 #![allow(dead_code)]
 
+pub mod temp_dir;
+
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::{WgpuBackend, WgpuOptions};
