@@ -290,6 +290,82 @@ pub struct ExpertStack {
     pub gate_up: bool,
 }
 
+/// One expert of a stack, as [`ComputeBackend::write_expert`] takes it:
+/// the bytes [`ComputeBackend::upload_experts`] takes for a stack of this
+/// expert alone, in up to three parts. A float expert is one part, its rows;
+/// an affine one three (packed words, scales, biases: the regions
+/// [`crate::quant::Affine::split`] names), each part given as slices laid
+/// end to end (a gate_up expert stored as separate gate and up tensors is its
+/// gate slice, then its up slice).
+#[derive(Clone, Debug, Default)]
+pub struct ExpertBytes<'a> {
+    pub parts: [Vec<&'a [u8]>; 3],
+}
+
+impl ExpertBytes<'_> {
+    /// Bytes of part `i`.
+    pub fn part_len(&self, i: usize) -> usize {
+        self.parts[i].iter().map(|s| s.len()).sum()
+    }
+
+    /// Bytes of every part.
+    pub fn len(&self) -> usize {
+        (0..3).map(|i| self.part_len(i)).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Part `i` gathered into `out` (cleared first).
+    pub fn gather(&self, i: usize, out: &mut Vec<u8>) {
+        out.clear();
+        for s in &self.parts[i] {
+            out.extend_from_slice(s);
+        }
+    }
+}
+
+impl ExpertStack {
+    /// Byte ranges of expert `slot`'s parts (see [`ExpertBytes`]) in a
+    /// stack of this many experts laid out as `upload_experts` takes it:
+    /// `dtype` elements, `rows` rows of `cols` for the whole stack. Empty
+    /// ranges for the parts a float expert lacks.
+    pub fn part_ranges(
+        &self,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        slot: usize,
+    ) -> Result<[std::ops::Range<usize>; 3]> {
+        if self.experts == 0 || rows % self.experts != 0 || slot >= self.experts {
+            return Err(crate::Error::shape(
+                "write_expert",
+                format!(
+                    "slot {slot} of a {}-expert stack of {rows} rows",
+                    self.experts
+                ),
+            ));
+        }
+        let per = rows / self.experts * cols;
+        Ok(match dtype {
+            DType::Affine(a) => {
+                let (one, all) = (a.layout(per), a.layout(per * self.experts));
+                let part = |at: usize, n: usize| at + slot * n..at + (slot + 1) * n;
+                let sb = per / a.group as usize * a.scales.size();
+                [
+                    part(0, one.words * 4),
+                    part(all.scales, sb),
+                    part(all.biases, sb),
+                ]
+            }
+            d => {
+                let n = d.bytes_for(per);
+                [slot * n..(slot + 1) * n, 0..0, 0..0]
+            }
+        })
+    }
+}
+
 /// Host bytes to upload: a borrowed slice, or a range of a memory map that a
 /// backend may keep without copying (the CPU backend does).
 #[derive(Clone)]
@@ -392,6 +468,44 @@ pub trait ComputeBackend {
     ) -> Result<Self::Buffer> {
         let _ = stack;
         self.upload_weight(dtype, rows, cols, bytes, label)
+    }
+
+    /// A stack of `stack.experts` expert slots, each to be filled by
+    /// [`ComputeBackend::write_expert`] (the streamed experts' device
+    /// slots); `rows` counts every slot's rows. Contents until written are
+    /// finite but unspecified. By default: [`ComputeBackend::upload_experts`]
+    /// of zeros.
+    fn alloc_experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        label: &str,
+    ) -> Result<Self::Buffer> {
+        let zeros = vec![0u8; dtype.bytes_for(rows * cols)];
+        self.upload_experts(dtype, stack, (rows, cols), HostBytes::Slice(&zeros), label)
+    }
+
+    /// Overwrite expert `slot` of a stack made by
+    /// [`ComputeBackend::alloc_experts`] (or `upload_experts`) with the same
+    /// `dtype`, `stack` and whole-stack shape `(rows, cols)`, from one
+    /// expert's bytes. Ordered like [`ComputeBackend::write_f32`]. A backend
+    /// that cannot says so for [`OpKind::ExpertSlots`] and here.
+    fn write_expert(
+        &self,
+        buf: &Self::Buffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        slot: usize,
+        bytes: &ExpertBytes<'_>,
+    ) -> Result<()> {
+        let _ = (buf, stack, shape, slot, bytes);
+        Err(crate::Error::Unsupported {
+            backend: self.info().backend.clone(),
+            op: format!("write_expert ({dtype})"),
+            reason: "the backend does not stream experts into slots".into(),
+        })
     }
 
     /// Overwrite `data.len()` f32 elements from element `offset`. Ordered after

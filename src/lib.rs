@@ -16,8 +16,9 @@ pub mod quant;
 pub mod rng;
 
 pub use backend::{
-    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, ExpertStack, GateUpArgs,
-    GemmRounding, HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, RouterArgs, Support,
+    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, ExpertBytes, ExpertStack,
+    GateUpArgs, GemmRounding, HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, RouterArgs,
+    Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -54,6 +54,11 @@ pub enum OpKind {
     QkvPost {
         head_dim: u32,
     },
+    /// Expert slots of this weight format: [`crate::ComputeBackend::write_expert`]
+    /// into a stack from [`crate::ComputeBackend::alloc_experts`].
+    ExpertSlots {
+        w: DType,
+    },
     /// KV caches of this element type (one of [`CACHES`]), which every op
     /// that reads or writes the caches takes.
     KvCache {

@@ -5,6 +5,8 @@
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 
+use turbospark::model::expert_cache::Policy;
+use turbospark::model::expert_stream::StreamStats;
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
@@ -62,6 +64,10 @@ pub struct Args {
     /// (slower: each layer's choice is read back as it is made).
     #[arg(long, value_name = "FILE")]
     routing_trace: Option<PathBuf>,
+    /// Print the streamed experts' counters (with --expert-slots): hits,
+    /// misses, bytes streamed and host wait, per token.
+    #[arg(long)]
+    stats: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -87,6 +93,38 @@ pub struct RunArgs {
     /// attention's reads at long contexts, rounding each key and value.
     #[arg(long, value_enum, default_value = "f32")]
     kv_cache: KvCache,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
+}
+
+/// Streamed experts (`ModelOptions::expert_slots`): what the commands that
+/// load a model share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ExpertArgs {
+    /// Keep each MoE layer's routed experts in the checkpoint and stream
+    /// them through N device slots a layer (top_k to the expert count),
+    /// instead of all resident: less device memory, an upload per miss.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub expert_slots: Option<usize>,
+    /// Which streamed expert a miss evicts: lfu (least used, then least
+    /// recent) or lru.
+    #[arg(long, default_value = "lfu", value_parser = parse_policy)]
+    pub expert_policy: Policy,
+}
+
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    Policy::parse(s).map_err(|e| e.to_string())
+}
+
+impl ExpertArgs {
+    /// `opts` with these slots and policy.
+    pub fn apply(&self, opts: ModelOptions) -> ModelOptions {
+        ModelOptions {
+            expert_slots: self.expert_slots,
+            expert_policy: self.expert_policy,
+            ..opts
+        }
+    }
 }
 
 impl RunArgs {
@@ -136,11 +174,12 @@ impl RunArgs {
         let model = Model::load(
             backend,
             &ck,
-            ModelOptions {
+            self.experts.apply(ModelOptions {
                 max_context,
                 prefill_batch: self.prefill_batch,
                 kv_cache: self.kv_cache.dtype(),
-            },
+                ..Default::default()
+            }),
         )?;
         Ok((model, device))
     }
@@ -180,6 +219,14 @@ impl AnyModel {
         match self {
             AnyModel::Cpu(m) => m.take_routing(),
             AnyModel::Wgpu(m) => m.take_routing(),
+        }
+    }
+
+    /// [`Model::take_stream_stats`].
+    pub fn take_stream_stats(&mut self) -> Option<StreamStats> {
+        match self {
+            AnyModel::Cpu(m) => m.take_stream_stats(),
+            AnyModel::Wgpu(m) => m.take_stream_stats(),
         }
     }
 
@@ -357,5 +404,35 @@ pub fn run(a: Args) -> CliResult {
         g.prefill_tok_s,
         g.decode_tok_s
     );
+    if a.stats {
+        match model.take_stream_stats() {
+            Some(st) => eprintln!(
+                "{}",
+                stats_line(
+                    &st,
+                    prompt.len() + g.tokens.len(),
+                    a.run.experts.expert_slots
+                )
+            ),
+            None => eprintln!("experts: resident (no --expert-slots), nothing streamed"),
+        }
+    }
     Ok(())
+}
+
+/// The streamed experts' counters over `tokens` tokens, in one line.
+pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> String {
+    let per = |v: f64| v / tokens.max(1) as f64;
+    format!(
+        "experts: {} slots a layer; {} hits, {} misses ({:.1}% hit); {} streamed \
+         ({} a token); host wait {:.2} ms a token; {} prefill layer passes in waves",
+        slots.map_or("?".into(), |n| n.to_string()),
+        st.counts.hits,
+        st.counts.misses,
+        100.0 * st.counts.hit_rate(),
+        crate::common::human_bytes(st.bytes),
+        crate::common::human_bytes(per(st.bytes as f64) as u64),
+        per(st.host_wait.as_secs_f64() * 1e3),
+        st.extra_waves
+    )
 }

@@ -32,6 +32,8 @@ pub struct Args {
     /// Output file (written whole beside itself, then renamed over it).
     #[arg(long)]
     out: PathBuf,
+    #[command(flatten)]
+    experts: crate::generate::ExpertArgs,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -45,8 +47,8 @@ pub fn run(a: Args) -> CliResult {
         &a.model,
     );
     let rows = match a.backend {
-        BackendKind::Cpu => logits_on(CpuBackend::new(), &ck, &tokens)?,
-        BackendKind::Wgpu => logits_on(open_wgpu(a.adapter.clone())?, &ck, &tokens)?,
+        BackendKind::Cpu => logits_on(CpuBackend::new(), &ck, &tokens, &a.experts)?,
+        BackendKind::Wgpu => logits_on(open_wgpu(a.adapter.clone())?, &ck, &tokens, &a.experts)?,
     };
     // A NaN or infinite logit is a broken model, not a result to write.
     for (p, row) in rows.iter().enumerate() {
@@ -79,11 +81,12 @@ fn logits_on<B: ComputeBackend>(
     backend: B,
     ck: &Checkpoint,
     tokens: &[u32],
+    experts: &crate::generate::ExpertArgs,
 ) -> CliResult<Vec<Vec<f32>>> {
-    let opts = ModelOptions {
+    let opts = experts.apply(ModelOptions {
         max_context: tokens.len(),
         ..Default::default()
-    };
+    });
     let mut model = Model::load(backend, ck, opts)?;
     // Before the pass (the CPU backend reads the weights from the maps)
     // and after it (a file rewritten in place during it gave other

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::config::ModelConfig;
+use super::expert_stream::StoredExperts;
 use super::layer_state::{self, LayerHostState};
 use super::shard::{ckpt_err, RawTensor, Shard};
 use super::tensors::WeightBytes;
@@ -163,6 +164,18 @@ impl Checkpoint {
             }
         }
         self.raw_tensor(name)
+    }
+
+    /// Expert stack `name` (`layers.N.experts.gate_up_proj` or
+    /// `.down_proj`) left in the mapping, read one expert at a time by
+    /// streamed experts; nothing is assembled or copied.
+    pub fn stored_experts(&self, name: &str) -> Result<StoredExperts> {
+        if self.mlx {
+            if let Some(t) = self.resolve_mlx(name)? {
+                return t.stored_experts(name);
+            }
+        }
+        StoredExperts::whole(&self.raw_tensor(name)?)
     }
 
     /// Tensor `name`'s dtype as [`Checkpoint::tensor`] would give it, from

@@ -42,7 +42,8 @@ use crate::backend::{
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
-use crate::model::expert_cache::Trace;
+use crate::model::expert_cache::{Policy, SlotCache, Trace};
+use crate::model::expert_stream::{self, SlotStacks, StreamStats, StreamedLayer, Streaming};
 use crate::model::sampling::{Sampler, Sampling};
 use crate::model::weights::{LayerWeights, TensorSource, Weights};
 use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
@@ -80,6 +81,13 @@ pub struct ModelOptions {
     /// 11 significant bits on append (`dtype::kv_half`); the wgpu backend
     /// needs the device's shader-f16 feature for it.
     pub kv_cache: DType,
+    /// Routed experts streamed from the source through this many device
+    /// slots per layer (`top_k..=experts`), instead of all of them resident
+    /// (None, the default). Logits are bit-identical either way
+    /// (`model::expert_stream`).
+    pub expert_slots: Option<usize>,
+    /// Which slot a streamed expert evicts.
+    pub expert_policy: Policy,
 }
 
 impl Default for ModelOptions {
@@ -88,6 +96,8 @@ impl Default for ModelOptions {
             max_context: 4096,
             prefill_batch: DEFAULT_PREFILL_BATCH,
             kv_cache: DType::F32,
+            expert_slots: None,
+            expert_policy: Policy::Lfu,
         }
     }
 }
@@ -201,10 +211,25 @@ struct Scratch<B: ComputeBackend> {
     /// slices, and generate's last prompt row (into `single`'s).
     head_ids: B::Buffer,
     head_x: B::Buffer,
+    /// With streamed experts: the routes' slot ids, and a wave's routing
+    /// weights, output and running sum (`model::expert_stream`).
+    waves: Option<WaveScratch<B>>,
+}
+
+struct WaveScratch<B: ComputeBackend> {
+    slot_ids: B::Buffer,
+    weights: B::Buffer,
+    out: B::Buffer,
+    sum: B::Buffer,
 }
 
 impl<B: ComputeBackend> Scratch<B> {
-    fn new(be: &B, cfg: &ModelConfig, rows: usize, head_rows: usize) -> Result<Self> {
+    fn new(
+        be: &B,
+        cfg: &ModelConfig,
+        (rows, head_rows): (usize, usize),
+        streamed: bool,
+    ) -> Result<Self> {
         let h = cfg.hidden;
         let (max_hd, max_qkv) = widest_layer(cfg);
         let qd = cfg.heads * max_hd;
@@ -253,6 +278,16 @@ impl<B: ComputeBackend> Scratch<B> {
             capped: logits("logits_capped")?,
             head_ids: be.alloc(DType::U32, head_rows, "head_ids")?,
             head_x: be.alloc(DType::F32, head_rows * h, "head_x")?,
+            waves: if streamed {
+                Some(WaveScratch {
+                    slot_ids: u(k_, "slot_ids")?,
+                    weights: f(k_, "wave_weights")?,
+                    out: f(h, "wave_out")?,
+                    sum: f(h, "wave_sum")?,
+                })
+            } else {
+                None
+            },
         })
     }
 }
@@ -276,6 +311,9 @@ pub struct Model<B: ComputeBackend> {
     /// Each forward pass's tokens' expert ids per MoE layer, while a
     /// routing trace is recorded ([`Model::record_routing`]).
     routing: RefCell<Option<Vec<Vec<Vec<u32>>>>>,
+    /// Streamed experts' slot caches and counters, when
+    /// `ModelOptions::expert_slots` is set.
+    stream: Option<RefCell<Streaming>>,
 }
 
 impl<B: ComputeBackend> Model<B> {
@@ -335,7 +373,18 @@ impl<B: ComputeBackend> Model<B> {
             &cfg,
             (opts.max_context, prefill_batch, opts.kv_cache),
         )?;
-        let weights = Weights::load(&backend, source)?;
+        let slots = check_expert_slots(&cfg, opts.expert_slots)?;
+        let weights = Weights::load(&backend, source, slots)?;
+        let stream = match slots {
+            Some(n) => Some(RefCell::new(streaming(
+                &backend,
+                &cfg,
+                &weights,
+                n,
+                opts.expert_policy,
+            )?)),
+            None => None,
+        };
         let mut caches = Vec::with_capacity(cfg.layers.len());
         for (i, l) in cfg.layers.iter().enumerate() {
             let capacity = cache_capacity(&cfg, l.kind, opts.max_context, prefill_batch);
@@ -346,7 +395,7 @@ impl<B: ComputeBackend> Model<B> {
                 capacity,
             });
         }
-        let single = Scratch::new(&backend, &cfg, 1, 1)?;
+        let single = Scratch::new(&backend, &cfg, (1, 1), stream.is_some())?;
         let embed_scale = round_to(weights.embed_dtype, (cfg.hidden as f32).sqrt());
         Ok(Model {
             backend,
@@ -360,6 +409,7 @@ impl<B: ComputeBackend> Model<B> {
             max_context: opts.max_context,
             embed_scale,
             routing: RefCell::new(None),
+            stream,
         })
     }
 
@@ -382,12 +432,30 @@ impl<B: ComputeBackend> Model<B> {
         })
     }
 
+    /// The streamed experts' counters since the last call (None when the
+    /// experts are resident), which start again from zero.
+    pub fn take_stream_stats(&mut self) -> Option<StreamStats> {
+        let st = self.stream.as_mut()?.get_mut();
+        Some(std::mem::take(&mut st.stats))
+    }
+
+    /// Expert slots per layer, when the experts are streamed.
+    pub fn expert_slots(&self) -> Option<usize> {
+        self.stream.as_ref().map(|s| s.borrow().slots)
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// The backend back, the model's buffers released (to open another
+    /// model on the same device without creating it again).
+    pub fn into_backend(self) -> B {
+        self.backend
     }
 
     /// Tokens currently in the context.
@@ -755,8 +823,8 @@ impl<B: ComputeBackend> Model<B> {
             self.batch = Some(Scratch::new(
                 &self.backend,
                 &self.cfg,
-                self.prefill_batch,
-                head_batch(self.prefill_batch),
+                (self.prefill_batch, head_batch(self.prefill_batch)),
+                self.stream.is_some(),
             )?);
         }
         let s = self.scratch(m)?;
@@ -857,6 +925,104 @@ impl<B: ComputeBackend> Model<B> {
             eps: self.cfg.eps,
             scale: 1.0,
         }
+    }
+
+    /// A streamed layer's routed experts for the `m` tokens of `s`, after
+    /// its router ran: the ids read back, placed in the layer's slots (the
+    /// misses written), the slot ids written. With one wave (always in
+    /// decode) the gate_up phase runs and None is returned: the caller runs
+    /// `slot_down`, as the resident layer runs its down phase. A batch
+    /// whose experts exceed the slots runs both phases per wave, weights
+    /// masked to the wave's tokens, and returns the buffer holding the
+    /// waves' sum.
+    fn streamed_moe<'s>(
+        &self,
+        st: &mut Streaming,
+        li: usize,
+        s: &'s Scratch<B>,
+        ws: &'s WaveScratch<B>,
+        gate_up: &GateUpArgs<'_, B::Buffer>,
+        slot_down: &DownArgs<'_, B::Buffer>,
+    ) -> Result<Option<&'s B::Buffer>> {
+        let be = &self.backend;
+        let (m, k) = (gate_up.p.m, gate_up.p.top_k);
+        let t0 = Instant::now();
+        let ids = be.download_u32(&s.route_ids)?;
+        let ids = &ids[..m * k];
+        let Streaming {
+            slots,
+            layers,
+            stats,
+            ..
+        } = st;
+        let layer = layers[li]
+            .as_mut()
+            .ok_or_else(|| Error::InvalidInput(format!("layer {li} has no streamed experts")))?;
+        let w = &self.weights.layers[li];
+        let moe = w.moe.as_ref().expect("a streamed layer has experts");
+        let stacks = SlotStacks::<B> {
+            gate_up: &moe.gate_up,
+            down: &moe.down,
+        };
+        let slot_gate_up = GateUpArgs {
+            gate_up: &moe.gate_up,
+            ids: &ws.slot_ids,
+            p: slot_down.p,
+            ..*gate_up
+        };
+        let waves = expert_stream::waves(ids, k, *slots);
+        if waves.len() == 1 {
+            let union = expert_stream::union(ids);
+            let at = layer.place(be, &stacks, &union, stats)?;
+            let slot_ids: Vec<u32> = ids
+                .iter()
+                .map(|e| at[union.iter().position(|u| u == e).expect("in the union")])
+                .collect();
+            be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
+            expert_stream::waited(stats, t0);
+            slot_gate_up.run(be)?;
+            return Ok(None);
+        }
+        stats.extra_waves += 1;
+        let weights = be.download_f32(&s.route_w)?;
+        let (mut sum, mut other): (&B::Buffer, &B::Buffer) = (&s.moe_out, &ws.sum);
+        for (i, tokens) in waves.iter().enumerate() {
+            let t0 = Instant::now();
+            let mine: Vec<u32> = tokens
+                .iter()
+                .flat_map(|&t| ids[t * k..(t + 1) * k].iter().copied())
+                .collect();
+            let union = expert_stream::union(&mine);
+            let at = layer.place(be, &stacks, &union, stats)?;
+            // Tokens outside the wave read slot at[0] with weight 0: their
+            // rows come out +0 and add nothing to the sum.
+            let (mut slot_ids, mut wave_w) = (vec![at[0]; m * k], vec![0f32; m * k]);
+            for &t in tokens {
+                for j in t * k..(t + 1) * k {
+                    slot_ids[j] = at[union
+                        .iter()
+                        .position(|u| *u == ids[j])
+                        .expect("in the union")];
+                    wave_w[j] = weights[j];
+                }
+            }
+            be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
+            be.write_f32(&ws.weights, 0, &wave_w)?;
+            expert_stream::waited(stats, t0);
+            slot_gate_up.run(be)?;
+            let out = if i == 0 { sum } else { &ws.out };
+            DownArgs {
+                weights: &ws.weights,
+                out,
+                ..*slot_down
+            }
+            .run(be)?;
+            if i > 0 {
+                be.add(sum, &ws.out, other, m * self.cfg.hidden)?;
+                std::mem::swap(&mut sum, &mut other);
+            }
+        }
+        Ok(Some(sum))
     }
 
     /// The dense MLP of `m > 1` rows (prefill): gate|up GEMM, activation,
@@ -1032,7 +1198,41 @@ impl<B: ComputeBackend> Model<B> {
                     post_ff1,
                     Some((&s.moe_out, &moe.post_norm, &w.post_ff_norm)),
                 );
-                if m == 1 {
+                if let Some(stream) = &self.stream {
+                    be.post_attention_router(pa_args, router)?;
+                    if m == 1 {
+                        dense_gate_up.run(be)?;
+                    } else {
+                        self.dense_mlp(s, w, m)?;
+                    }
+                    let mut st = stream.borrow_mut();
+                    let ws = s.waves.as_ref().ok_or_else(|| {
+                        Error::InvalidInput("streamed experts without wave scratch".into())
+                    })?;
+                    let sp = Moe {
+                        experts: st.slots,
+                        ..mp
+                    };
+                    let slot_down = DownArgs {
+                        ids: &ws.slot_ids,
+                        p: sp,
+                        ..routed_down
+                    };
+                    match self.streamed_moe(&mut st, li, s, ws, &routed_gate_up, &slot_down)? {
+                        // one wave: its gate_up ran, its down runs as resident
+                        None if m == 1 => be.moe_down_pair_post_ffn(dense_down, slot_down, post),
+                        None => {
+                            slot_down.run(be)?;
+                            post.run(be)
+                        }
+                        Some(sum) => {
+                            if m == 1 {
+                                dense_down.run(be)?;
+                            }
+                            post_ffn(post_ff1, Some((sum, &moe.post_norm, &w.post_ff_norm))).run(be)
+                        }
+                    }
+                } else if m == 1 {
                     be.post_attention_gate_up((pa_args, router), dense_gate_up, routed_gate_up)?;
                     be.moe_down_pair_post_ffn(dense_down, routed_down, post)
                 } else {
@@ -1064,6 +1264,64 @@ impl<B: ComputeBackend> Model<B> {
             }
         }
     }
+}
+
+/// The expert slots `requested`, checked against the config: from top_k
+/// to the expert count, on a model with routed experts.
+fn check_expert_slots(cfg: &ModelConfig, requested: Option<usize>) -> Result<Option<usize>> {
+    let Some(n) = requested else {
+        return Ok(None);
+    };
+    if !cfg.enable_moe {
+        return Err(Error::InvalidInput(format!(
+            "{n} expert slots: the model has no routed experts to stream"
+        )));
+    }
+    if !(cfg.top_k..=cfg.experts).contains(&n) {
+        return Err(Error::InvalidInput(format!(
+            "{n} expert slots: a token needs its top_k = {} experts at once and a layer has {}, \
+             so from {} to {}",
+            cfg.top_k, cfg.experts, cfg.top_k, cfg.experts
+        )));
+    }
+    Ok(Some(n))
+}
+
+/// The slot caches of `weights`' streamed layers, after the backend said
+/// it can write their format into slots.
+fn streaming<B: ComputeBackend>(
+    be: &B,
+    cfg: &ModelConfig,
+    weights: &Weights<B>,
+    slots: usize,
+    policy: Policy,
+) -> Result<Streaming> {
+    let mut layers = Vec::with_capacity(weights.layers.len());
+    for l in &weights.layers {
+        let Some((gate_up, down)) = l.moe.as_ref().and_then(|m| m.stored.clone()) else {
+            layers.push(None);
+            continue;
+        };
+        for d in [gate_up.dtype, down.dtype] {
+            if let Support::No(reason) = be.supports(&OpKind::ExpertSlots { w: d }) {
+                return Err(Error::Unsupported {
+                    backend: be.info().backend.clone(),
+                    op: format!("streamed {d} experts"),
+                    reason,
+                });
+            }
+        }
+        layers.push(Some(StreamedLayer {
+            gate_up,
+            down,
+            cache: SlotCache::new(cfg.experts, slots, policy)?,
+        }));
+    }
+    Ok(Streaming {
+        slots,
+        layers,
+        stats: StreamStats::default(),
+    })
 }
 
 /// Tokens per pass of [`Model::logits`] (rows of the batch scratch's logits):

@@ -13,6 +13,7 @@
 use super::checkpoint::{Checkpoint, TensorRef};
 use crate::backend::HostBytes;
 use crate::dtype::{decode_f32, encode_f32, DType};
+use crate::model::expert_stream::StoredExperts;
 use crate::quant::{Affine, ScaleType};
 use crate::Result;
 
@@ -230,6 +231,49 @@ impl Stored {
             dtype: self.dtype(),
             shape: self.shape(),
             bytes,
+        }
+    }
+}
+
+impl Stored {
+    /// An expert stack left in the mapping, one expert at a time
+    /// (streamed experts): nothing assembled.
+    pub fn stored_experts(&self, name: &str) -> Result<StoredExperts> {
+        let parts = |ms: &[&Module]| -> [Vec<HostBytes<'static>>; 3] {
+            let n = if matches!(ms[0].dtype, DType::Affine(_)) {
+                3
+            } else {
+                1
+            };
+            std::array::from_fn(|i| {
+                if i < n {
+                    ms.iter().map(|m| m.parts[i].bytes.clone()).collect()
+                } else {
+                    Vec::new()
+                }
+            })
+        };
+        let shape = <[usize; 3]>::try_from(self.shape().as_slice()).map_err(|_| {
+            crate::Error::Checkpoint {
+                path: name.to_string(),
+                detail: format!(
+                    "shape {:?}: an expert stack is [experts, rows, cols]",
+                    self.shape()
+                ),
+            }
+        })?;
+        match self {
+            Stored::Module(m) => StoredExperts::from_parts(m.dtype, shape, parts(&[m])),
+            Stored::GateUp(g, u) if g.dtype == u.dtype => {
+                StoredExperts::from_parts(g.dtype, shape, parts(&[g, u]))
+            }
+            Stored::GateUp(g, u) => Err(crate::Error::Checkpoint {
+                path: name.to_string(),
+                detail: format!(
+                    "gate_proj is {} and up_proj {}: streamed experts need one format",
+                    g.dtype, u.dtype
+                ),
+            }),
         }
     }
 }

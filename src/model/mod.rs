@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decoder;
 pub mod expert_cache;
+pub mod expert_stream;
 mod json;
 pub mod layer_state;
 mod mlx_layout;

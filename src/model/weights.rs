@@ -18,6 +18,7 @@ use crate::dtype::{decode_f32, encode_f32, DType};
 use crate::error::{Error, Result};
 use crate::model::checkpoint::{Checkpoint, TensorRef};
 use crate::model::config::ModelConfig;
+use crate::model::expert_stream::StoredExperts;
 
 /// Where weights come from: a checkpoint on disk or a synthetic generator.
 ///
@@ -38,6 +39,12 @@ pub trait TensorSource {
     fn check_unchanged(&self) -> Result<()> {
         Ok(())
     }
+    /// A layer's expert stack (`layers.N.experts.gate_up_proj` or
+    /// `.down_proj`) kept where the source holds it, for streamed experts.
+    /// By default the whole tensor; a checkpoint maps it without copying.
+    fn stored_experts(&self, name: &str) -> Result<StoredExperts> {
+        StoredExperts::whole(&self.tensor(name)?)
+    }
 }
 
 impl TensorSource for Checkpoint {
@@ -49,6 +56,9 @@ impl TensorSource for Checkpoint {
     }
     fn check_unchanged(&self) -> Result<()> {
         Checkpoint::check_unchanged(self)
+    }
+    fn stored_experts(&self, name: &str) -> Result<StoredExperts> {
+        Checkpoint::stored_experts(self, name)
     }
 }
 
@@ -63,6 +73,9 @@ pub struct MoeWeights<B: ComputeBackend> {
     pub gate_up: B::Buffer,
     /// `[E * hidden, moe_inter]`.
     pub down: B::Buffer,
+    /// With streamed experts, `gate_up` and `down` are stacks of slots and
+    /// these the stacks (gate_up, down) in the source.
+    pub stored: Option<(StoredExperts, StoredExperts)>,
     pub pre_norm: B::Buffer,
     pub post_norm: B::Buffer,
 }
@@ -157,18 +170,51 @@ impl<B: ComputeBackend> Loader<'_, B> {
         Ok(buf)
     }
 
-    /// A layer's `[experts, rows, cols]` expert stack (`upload_experts`).
-    fn experts(&self, name: &str, [e, rows, cols]: [usize; 3], gate_up: bool) -> Result<B::Buffer> {
-        let t = fetch(self.src, name, &[e, rows, cols])?;
+    /// A layer's `[experts, rows, cols]` expert stack: uploaded whole
+    /// (`upload_experts`), or with `slots` a device stack of that many
+    /// slots (`alloc_experts`) and the stack left in the source.
+    fn experts(
+        &self,
+        name: &str,
+        [e, rows, cols]: [usize; 3],
+        gate_up: bool,
+        slots: Option<usize>,
+    ) -> Result<(B::Buffer, Option<StoredExperts>)> {
+        let Some(n) = slots else {
+            let t = fetch(self.src, name, &[e, rows, cols])?;
+            let stack = ExpertStack {
+                experts: e,
+                gate_up,
+            };
+            let buf = self.backend.upload_experts(
+                t.dtype,
+                stack,
+                (e * rows, cols),
+                t.bytes.clone(),
+                name,
+            )?;
+            self.bar.inc(t.bytes.as_slice().len() as u64);
+            return Ok((buf, None));
+        };
+        let st = self.src.stored_experts(name)?;
+        if [st.experts, st.rows, st.cols] != [e, rows, cols] || !st.dtype.is_float() {
+            return Err(checkpoint_err(
+                name,
+                format!(
+                    "{} experts of {} x {} {}, expected {e} of {rows} x {cols}",
+                    st.experts, st.rows, st.cols, st.dtype
+                ),
+            ));
+        }
         let stack = ExpertStack {
-            experts: e,
+            experts: n,
             gate_up,
         };
-        let buf =
-            self.backend
-                .upload_experts(t.dtype, stack, (e * rows, cols), t.bytes.clone(), name)?;
-        self.bar.inc(t.bytes.as_slice().len() as u64);
-        Ok(buf)
+        let label = format!("{name} ({n} slots)");
+        let buf = self
+            .backend
+            .alloc_experts(st.dtype, stack, (n * rows, cols), &label)?;
+        Ok((buf, Some(st)))
     }
 
     fn norm(&self, name: &str, dim: usize) -> Result<B::Buffer> {
@@ -256,7 +302,9 @@ fn weight_bytes_estimate(cfg: &ModelConfig) -> u64 {
 
 impl<B: ComputeBackend> Weights<B> {
     /// Upload every weight of `src`, checking each tensor's shape against the config.
-    pub fn load(backend: &B, src: &dyn TensorSource) -> Result<Self> {
+    /// With `expert_slots`, each MoE layer's experts get that many device
+    /// slots and stay in `src` ([`MoeWeights::stored`]).
+    pub fn load(backend: &B, src: &dyn TensorSource, expert_slots: Option<usize>) -> Result<Self> {
         let cfg = src.config().clone();
         cfg.validate()?;
         if !cfg.tie_embeddings {
@@ -303,17 +351,26 @@ impl<B: ComputeBackend> Weights<B> {
                 let scale = ld.host_f32(&format!("{p}router.scale"), &[h])?;
                 let eff: Vec<f32> = scale.iter().map(|s| s * inv_sqrt_h).collect();
                 let pes = ld.host_f32(&format!("{p}router.per_expert_scale"), &[e])?;
+                let (gate_up, stored_gu) = ld.experts(
+                    &format!("{p}experts.gate_up_proj"),
+                    [e, 2 * mi, h],
+                    true,
+                    expert_slots,
+                )?;
+                let (down, stored_down) = ld.experts(
+                    &format!("{p}experts.down_proj"),
+                    [e, h, mi],
+                    false,
+                    expert_slots,
+                )?;
                 Some(MoeWeights {
                     router_proj: ld.weight(&format!("{p}router.proj.weight"), e, h)?,
                     eff_scale: ld.upload_f32(&eff, &format!("{p}router.eff_scale"))?,
                     per_expert_scale: ld
                         .upload_f32(&pes, &format!("{p}router.per_expert_scale"))?,
-                    gate_up: ld.experts(
-                        &format!("{p}experts.gate_up_proj"),
-                        [e, 2 * mi, h],
-                        true,
-                    )?,
-                    down: ld.experts(&format!("{p}experts.down_proj"), [e, h, mi], false)?,
+                    gate_up,
+                    down,
+                    stored: stored_gu.zip(stored_down),
                     pre_norm: ld.norm(&format!("{p}pre_feedforward_layernorm_2.weight"), h)?,
                     post_norm: ld.norm(&format!("{p}post_feedforward_layernorm_2.weight"), h)?,
                 })

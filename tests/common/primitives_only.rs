@@ -6,7 +6,9 @@
 
 use turbospark::backend::BackendInfo;
 use turbospark::ops::{Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router};
-use turbospark::{ComputeBackend, DType, HostBytes, ReadTicket, Result, Support};
+use turbospark::{
+    ComputeBackend, DType, ExpertBytes, ExpertStack, HostBytes, ReadTicket, Result, Support,
+};
 use turbospark_cpu::{CpuBackend, CpuBuffer};
 
 pub struct PrimitivesOnly {
@@ -48,6 +50,17 @@ impl ComputeBackend for PrimitivesOnly {
         label: &str,
     ) -> Result<CpuBuffer> {
         self.cpu.upload_weight(dtype, rows, cols, bytes, label)
+    }
+    fn write_expert(
+        &self,
+        buf: &CpuBuffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        slot: usize,
+        bytes: &ExpertBytes<'_>,
+    ) -> Result<()> {
+        self.cpu.write_expert(buf, dtype, stack, shape, slot, bytes)
     }
     fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
         self.cpu.write_f32(buf, offset, data)

@@ -17,8 +17,8 @@ use turbospark::ops::{
     Rope, Router,
 };
 use turbospark::{
-    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, GemmRounding, HostBytes, PostFfnArgs,
-    ReadTicket, Result, Support,
+    ComputeBackend, DType, DeviceBuffer, DeviceType, Error, ExpertBytes, ExpertStack, GemmRounding,
+    HostBytes, PostFfnArgs, ReadTicket, Result, Support,
 };
 
 pub use ops::Weights;
@@ -99,6 +99,12 @@ impl Read<'_> {
 }
 
 impl Write<'_> {
+    fn bytes(&mut self) -> &mut [u8] {
+        match &mut *self.0 {
+            Storage::Owned(v) => &mut bytemuck::cast_slice_mut(v)[..self.1],
+            Storage::Mapped { .. } => unreachable!("outputs are never mapped"),
+        }
+    }
     fn f32(&mut self) -> &mut [f32] {
         match &mut *self.0 {
             Storage::Owned(v) => &mut bytemuck::cast_slice_mut(v)[..self.1 / 4],
@@ -306,6 +312,49 @@ impl ComputeBackend for CpuBackend {
             ));
         }
         self.upload(dtype, bytes, label)
+    }
+
+    fn write_expert(
+        &self,
+        buf: &CpuBuffer,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        slot: usize,
+        bytes: &ExpertBytes<'_>,
+    ) -> Result<()> {
+        if buf.dtype != dtype || buf.len != rows * cols {
+            return Err(Error::shape(
+                "write_expert",
+                format!(
+                    "a {} buffer of {} elements is not a {dtype} stack of {rows} x {cols}",
+                    buf.dtype, buf.len
+                ),
+            ));
+        }
+        let ranges = stack.part_ranges(dtype, (rows, cols), slot)?;
+        for (i, r) in ranges.iter().enumerate() {
+            if bytes.part_len(i) != r.len() {
+                return Err(Error::shape(
+                    "write_expert",
+                    format!(
+                        "part {i} of slot {slot}: {} bytes for {}",
+                        bytes.part_len(i),
+                        r.len()
+                    ),
+                ));
+            }
+        }
+        let mut w = buf.write("write_expert")?;
+        let out = w.bytes();
+        for (r, part) in ranges.into_iter().zip(&bytes.parts) {
+            let mut at = r.start;
+            for s in part {
+                out[at..at + s.len()].copy_from_slice(s);
+                at += s.len();
+            }
+        }
+        Ok(())
     }
 
     fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {

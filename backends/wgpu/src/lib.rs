@@ -10,6 +10,7 @@ mod batch;
 mod bench;
 mod buffer;
 mod device;
+mod expert_slots;
 mod expert_tiles;
 pub mod kernels;
 mod ops;
@@ -24,8 +25,8 @@ use turbospark::ops::{
     Rope, Router,
 };
 use turbospark::{
-    BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertStack, GateUpArgs, HostBytes,
-    PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, Support,
+    BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertBytes, ExpertStack, GateUpArgs,
+    HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -343,6 +344,24 @@ impl WgpuBackend {
             fits_f16: false,
             tiles: None,
         })
+    }
+
+    /// Bytes `lo..lo + len` of `parts` laid end to end, written at
+    /// `offset` through wgpu's staging memory (one host copy); `offset`
+    /// and `len` whole words.
+    fn write_parts(&self, buf: &wgpu::Buffer, offset: u64, parts: &[&[u8]], lo: usize, len: usize) {
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wrote(buf);
+        let Some(size) = std::num::NonZeroU64::new(len as u64) else {
+            return;
+        };
+        if let Some(mut view) = self.queue.write_buffer_with(buf, offset, size) {
+            for (at, piece) in expert_slots::pieces(parts, lo, len) {
+                view.slice(at..at + piece.len()).copy_from_slice(piece);
+            }
+        }
     }
 
     fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
@@ -818,6 +837,35 @@ impl ComputeBackend for WgpuBackend {
         let mut b = self.upload_weight(dtype, rows, cols, HostBytes::Slice(&tiled), label)?;
         b.tiles = Some(stack);
         Ok(b)
+    }
+
+    /// A row-major stack of zeros (never tile order: a slot's expert is
+    /// tiled as it is written), taken by no tensor-core GEMM: the experts it
+    /// will hold are not scanned for f16 range.
+    fn alloc_experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        label: &str,
+    ) -> Result<WgpuBuffer> {
+        let zeros = vec![0u8; dtype.bytes_for(rows * cols)];
+        let mut b =
+            self.upload_experts(dtype, stack, (rows, cols), HostBytes::Slice(&zeros), label)?;
+        b.fits_f16 = false;
+        Ok(b)
+    }
+
+    fn write_expert(
+        &self,
+        buf: &WgpuBuffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        slot: usize,
+        bytes: &ExpertBytes<'_>,
+    ) -> Result<()> {
+        expert_slots::write_expert(self, buf, dtype, stack, shape, slot, bytes)
     }
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {

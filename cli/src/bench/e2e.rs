@@ -344,6 +344,7 @@ fn measure<B: ComputeBackend + Counters>(
             max_context: longest_prompt(args) + decode + SPARE_POSITIONS,
             prefill_batch,
             kv_cache: args.kv_cache.dtype(),
+            ..Default::default()
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();

@@ -1,0 +1,62 @@
+//! `--expert-slots` on the commands that load a model: the same output as
+//! the resident run, and `generate --stats` prints the streaming counters.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-text")
+}
+
+fn turbospark(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(args)
+        .output()
+        .expect("run turbospark")
+}
+
+fn generate(extra: &[&str]) -> Output {
+    let model = fixture();
+    let mut args = vec![
+        "generate",
+        "--backend",
+        "cpu",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokens",
+        "5,9,17,33,65,129,257,300,400,450",
+        "--max-new-tokens",
+        "8",
+        "--ignore-eos",
+    ];
+    args.extend_from_slice(extra);
+    turbospark(&args)
+}
+
+#[test]
+fn generate_streams_experts_and_prints_the_counters() {
+    let resident = generate(&[]);
+    assert!(resident.status.success(), "{resident:?}");
+    let streamed = generate(&["--expert-slots", "2", "--expert-policy", "lru", "--stats"]);
+    let err = String::from_utf8_lossy(&streamed.stderr);
+    assert!(streamed.status.success(), "{err}");
+    assert_eq!(streamed.stdout, resident.stdout, "streamed tokens differ");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("experts: 2 slots a layer"))
+        .unwrap_or_else(|| panic!("no counters in: {err}"));
+    for word in ["hits", "misses", "streamed", "host wait", "waves"] {
+        assert!(line.contains(word), "{line}");
+    }
+}
+
+#[test]
+fn a_slot_count_past_the_experts_is_refused_by_name() {
+    let out = generate(&["--expert-slots", "9"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("9 expert slots"), "{err}");
+    let out = generate(&["--expert-policy", "fifo"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fifo"));
+}

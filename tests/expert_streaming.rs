@@ -1,0 +1,205 @@
+//! Streamed experts (`ModelOptions::expert_slots`) against the resident
+//! layout: the same logits bit for bit and the same greedy tokens, on every
+//! backend, for every slot count from top_k to the expert count, on the
+//! float and quantized fixtures (on wgpu, where its route-list kernel takes
+//! the float fixtures' odd expert width, to the f32 floor instead:
+//! [`REORDERED_SUM_NMSE`]). The fixtures' 8 experts and 10-token
+//! prompts make small slot counts miss and evict on nearly every token,
+//! and run the prefill batch in waves.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use turbospark::model::expert_cache::Policy;
+use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions};
+use turbospark::ComputeBackend;
+use turbospark_cpu::CpuBackend;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn tokens(dir: &Path) -> (Vec<u32>, usize) {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let t = j["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    (t, j["prompt_len"].as_u64().unwrap() as usize)
+}
+
+fn options(slots: Option<usize>, policy: Policy, prefill_batch: usize) -> ModelOptions {
+    ModelOptions {
+        max_context: 64,
+        prefill_batch,
+        expert_slots: slots,
+        expert_policy: policy,
+        ..Default::default()
+    }
+}
+
+/// What a run produces: teacher-forced logits (as bits) over the tokens in
+/// two calls (the second continues the first's caches, as chat does), and
+/// the greedy continuation of the prompt after a reset.
+struct Run {
+    logits: Vec<Vec<u32>>,
+    greedy: Vec<u32>,
+}
+
+fn run<B: ComputeBackend>(model: &mut Model<B>, toks: &[u32], prompt: usize) -> Run {
+    let bits = |rows: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+        rows.into_iter()
+            .map(|r| r.into_iter().map(f32::to_bits).collect())
+            .collect()
+    };
+    let mut logits = bits(model.logits(&toks[..prompt]).unwrap());
+    logits.extend(bits(model.logits(&toks[prompt..]).unwrap()));
+    model.reset();
+    let g = model
+        .generate(
+            &toks[..prompt],
+            &GenerateOptions {
+                max_new_tokens: toks.len() - prompt,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    Run {
+        logits,
+        greedy: g.tokens,
+    }
+}
+
+/// Every slot count of `name` on `backend` against its resident run, with
+/// prefill batches of `batch` tokens; the backend comes back.
+fn streams_bit_identically<B: ComputeBackend>(backend: B, name: &str, batch: usize) -> B {
+    streams_like_resident(backend, name, batch, None)
+}
+
+/// Where a backend's MoE down phase sums a token's experts in an order that
+/// follows their numbering (the wgpu route-list kernel, which takes
+/// `moe_inter` not a multiple of 8: the float fixtures' 12, no Gemma 4
+/// shape), slot numbering reorders that k-term f32 sum: a few ulp per MoE
+/// layer, compounded over the fixtures' 4 layers and the softcap (measured
+/// 2026-12-02 on lavapipe: at most 1.8e-12). A wrong expert or a flipped
+/// route gives over 1e-3.
+const REORDERED_SUM_NMSE: f64 = 1e-10;
+
+/// As [`streams_bit_identically`], or with `nmse` Some(limit) each logits
+/// row within that NMSE of the resident one (and the same greedy tokens).
+fn streams_like_resident<B: ComputeBackend>(
+    mut backend: B,
+    name: &str,
+    batch: usize,
+    nmse: Option<f64>,
+) -> B {
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, prompt) = tokens(&dir);
+    let (k, e) = (ck.config().top_k, ck.config().experts);
+    let mut model = Model::load(backend, &ck, options(None, Policy::Lfu, batch)).unwrap();
+    let resident = run(&mut model, &toks, prompt);
+    backend = model.into_backend();
+    for slots in k..=e {
+        for policy in [Policy::Lfu, Policy::Lru] {
+            let what = format!("{name}, {slots} slots, {}, batch {batch}", policy.name());
+            let mut model = Model::load(backend, &ck, options(Some(slots), policy, batch)).unwrap();
+            let got = run(&mut model, &toks, prompt);
+            for (i, (a, b)) in got.logits.iter().zip(&resident.logits).enumerate() {
+                match nmse {
+                    None => assert!(
+                        a == b,
+                        "{what}: logits row {i} differ from the resident run"
+                    ),
+                    Some(limit) => {
+                        let f =
+                            |r: &[u32]| r.iter().map(|&u| f32::from_bits(u)).collect::<Vec<_>>();
+                        let e = common::nmse(&f(a), &f(b));
+                        assert!(
+                            e <= limit,
+                            "{what}: logits row {i} at NMSE {e:e} > {limit:e}"
+                        );
+                    }
+                }
+            }
+            assert_eq!(got.logits.len(), resident.logits.len(), "{what}");
+            assert_eq!(got.greedy, resident.greedy, "{what}: greedy tokens");
+            let st = model.take_stream_stats().expect("streamed");
+            assert!(st.counts.misses >= e.min(slots) as u64, "{what}: {st:?}");
+            if slots < e {
+                assert!(st.counts.hits > 0 && st.bytes > 0, "{what}: {st:?}");
+            }
+            if slots < 2 * k && batch > 1 {
+                assert!(
+                    st.extra_waves > 0,
+                    "{what}: no prefill ran in waves: {st:?}"
+                );
+            }
+            backend = model.into_backend();
+        }
+    }
+    backend
+}
+
+const FIXTURES: [&str; 4] = [
+    "tiny-text",
+    "tiny-multimodal",
+    "tiny-text-q4",
+    "tiny-multimodal-g32",
+];
+
+#[test]
+fn cpu_streams_bit_identically() {
+    let mut be = CpuBackend::new();
+    for name in FIXTURES {
+        be = streams_bit_identically(be, name, 512);
+    }
+    // Prefill in batches of 3: waves within each, and decode after.
+    streams_bit_identically(be, "tiny-text", 3);
+}
+
+#[test]
+fn wgpu_streams_bit_identically() {
+    let Some(mut be) = common::wgpu_backend() else {
+        return;
+    };
+    // (moe_inter 64 and 32: the decode kernels and the GEMM with its
+    // moe_sum, which add a token's experts in route order)
+    for name in ["tiny-text-q4", "tiny-multimodal-g32"] {
+        be = streams_bit_identically(be, name, 512);
+    }
+    be = streams_like_resident(be, "tiny-text", 3, Some(REORDERED_SUM_NMSE));
+    streams_like_resident(be, "tiny-multimodal", 512, Some(REORDERED_SUM_NMSE));
+}
+
+#[test]
+fn slot_counts_outside_top_k_to_experts_are_refused() {
+    let ck = Checkpoint::open(&fixture("tiny-text")).unwrap();
+    let (k, e) = (ck.config().top_k, ck.config().experts);
+    for bad in [0, k - 1, e + 1] {
+        let err = Model::load(CpuBackend::new(), &ck, options(Some(bad), Policy::Lfu, 512))
+            .err()
+            .unwrap_or_else(|| panic!("{bad} slots accepted"))
+            .to_string();
+        assert!(err.contains(&format!("{bad} expert slots")), "{err}");
+    }
+}
+
+#[test]
+fn gate_and_up_of_two_formats_are_refused_by_name() {
+    let ck = Checkpoint::open(&fixture("tiny-multimodal-mixed")).unwrap();
+    let err = Model::load(CpuBackend::new(), &ck, options(Some(4), Policy::Lfu, 512))
+        .err()
+        .expect("a mixed gate/up checkpoint streamed")
+        .to_string();
+    assert!(
+        err.contains("gate_up_proj") && err.contains("one format"),
+        "{err}"
+    );
+}
