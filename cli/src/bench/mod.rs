@@ -14,6 +14,7 @@ mod e2e;
 mod measure;
 mod replay;
 mod report;
+mod streaming;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,6 +121,13 @@ pub struct Args {
     /// Slot replacement policies to replay (`lfu`, `lru`; `,`-separated).
     #[arg(long, value_delimiter = ',', default_value = "lfu,lru")]
     pub policy: Vec<String>,
+    /// End to end with streamed experts: load the `--synthetic` model
+    /// resident and with each of these expert slot counts a layer
+    /// (`,`-separated), report decode, hit rates, traffic, device memory and
+    /// the miss cost model (on the wgpu backend, or the CPU with `--backend
+    /// cpu`), and exit.
+    #[arg(long, value_delimiter = ',')]
+    pub stream_slots: Vec<usize>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -304,6 +312,9 @@ pub fn main(args: Args) -> ExitCode {
         eprintln!("bench: {e}");
         return ExitCode::FAILURE;
     }
+    if !args.stream_slots.is_empty() {
+        return stream_main(&args);
+    }
     // A bad --synthetic / --layers fails before minutes of per-op cases.
     if let Some(name) = &args.synthetic {
         if let Err(e) = e2e::config(name, args.layers) {
@@ -467,6 +478,40 @@ pub fn main(args: Args) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// `bench --stream-slots`: [`streaming::run`] on one backend, the report
+/// printed (and written with `--json`).
+fn stream_main(args: &Args) -> ExitCode {
+    let Some(name) = &args.synthetic else {
+        eprintln!("bench: --stream-slots needs a synthetic model: pass --synthetic too");
+        return ExitCode::FAILURE;
+    };
+    let result = if args.backend == Which::Cpu {
+        streaming::run(turbospark_cpu::CpuBackend::new(), name, args)
+    } else {
+        WgpuBackend::new(&WgpuOptions {
+            adapter: args.adapter.clone(),
+            ..Default::default()
+        })
+        .and_then(|b| streaming::run(b, name, args))
+    };
+    match result {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            if let Some(out) = &args.json {
+                if let Err(e) = std::fs::write(out, v.to_string()) {
+                    eprintln!("bench: writing {}: {e}", out.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: --stream-slots: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -1,0 +1,206 @@
+//! `bench --synthetic NAME --stream-slots N,..`: end to end with the
+//! routed experts streamed through N slots a layer, beside the resident
+//! run, on one backend: decode and prefill rates, the slot caches' hit rate
+//! and traffic, device memory, the host-to-device bandwidth of the same
+//! run, and the cost model built from them (the time of one miss, and the
+//! decode a given hit rate would reach).
+//!
+//! Synthetic weights route close to uniformly, the worst case for a cache;
+//! the cost model carries the figures over to a real trace's hit rate
+//! (`bench --replay-trace`).
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use turbospark::model::expert_stream::StreamStats;
+use turbospark::model::{Model, ModelOptions, SyntheticSource};
+use turbospark::rng::Rng;
+use turbospark::{ComputeBackend, DType};
+
+use super::e2e::{self, Counters};
+use super::Args;
+
+/// Hit rate the report carries the cost model to: LFU's at 16 slots a
+/// layer replayed from a real Gemma 4 26B-A4B decode trace (71.0%, as
+/// measured elsewhere and cited in docs/decisions.md).
+pub const TRACE_HIT_RATE: f64 = 0.71;
+
+/// Bytes of the buffer the host-to-device bandwidth is timed on (within
+/// WebGPU's smallest largest binding, 128 MiB).
+const BANDWIDTH_BYTES: usize = 64 << 20;
+
+/// One load of the model: resident (`slots` None) or streamed.
+struct Point {
+    slots: Option<usize>,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    decode: StreamStats,
+    loaded_bytes: Option<u64>,
+    peak_bytes: Option<u64>,
+}
+
+pub fn run<B: ComputeBackend + Counters>(
+    mut backend: B,
+    name: &str,
+    args: &Args,
+) -> turbospark::Result<Value> {
+    let cfg = e2e::config(name, args.layers)?;
+    let source = match args.quant {
+        Some(q) => SyntheticSource::quantized(cfg.clone(), args.seed, q.synthetic())?,
+        None => SyntheticSource::new(cfg.clone(), args.seed)?,
+    };
+    let device = backend.info().device_name.clone();
+    let h2d_gbps = bandwidth(&backend)?;
+    eprintln!("bench: streaming: host to device {h2d_gbps:.1} GB/s on {device}");
+    let mut rng = Rng::new(args.seed);
+    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
+        .map(|_| rng.below(cfg.vocab as u64) as u32)
+        .collect();
+    let mut points = Vec::new();
+    let slots: Vec<Option<usize>> = std::iter::once(None)
+        .chain(args.stream_slots.iter().map(|&n| Some(n)))
+        .collect();
+    for n in slots {
+        let (p, b) = point(backend, &source, &prompt, args, n)?;
+        backend = b;
+        eprintln!(
+            "bench: streaming: {} slots: decode {:.1} tok/s, prefill {:.1} tok/s, hit {:.1}%",
+            n.map_or("resident".into(), |n| n.to_string()),
+            p.decode_tok_s,
+            p.prefill_tok_s,
+            100.0 * p.decode.counts.hit_rate()
+        );
+        points.push(p);
+    }
+    let moe_layers = if cfg.enable_moe { cfg.layers.len() } else { 0 };
+    let expert_bytes = expert_bytes(&source, &cfg)?;
+    // The slot path's own cost: every slot count's step less the misses.
+    let all = points.iter().find(|p| p.slots == Some(cfg.experts));
+    // (the decode run's forward passes: its first token's and each step's)
+    let tokens = args.decode_tokens.max(2) as f64;
+    let rows: Vec<Value> = points
+        .iter()
+        .map(|p| {
+            let misses = p.decode.counts.misses as f64 / tokens;
+            let miss_s = all
+                .filter(|_| misses > 0.0)
+                .map(|a| (1.0 / p.decode_tok_s - 1.0 / a.decode_tok_s).max(0.0) / misses);
+            json!({
+                "expert_slots": p.slots,
+                "decode_tok_s": p.decode_tok_s,
+                "prefill_tok_s": p.prefill_tok_s,
+                "decode_hit_rate": p.decode.counts.hit_rate(),
+                "decode_misses_per_token": misses,
+                "decode_bytes_streamed_per_token": p.decode.bytes as f64 / tokens,
+                "decode_host_wait_ms_per_token": p.decode.host_wait.as_secs_f64() * 1e3 / tokens,
+                "device_bytes_loaded": p.loaded_bytes,
+                "device_bytes_peak": p.peak_bytes,
+                "miss_us": miss_s.map(|s| s * 1e6),
+                "miss_over_bandwidth": miss_s.map(|s| s / (expert_bytes as f64 / (h2d_gbps * 1e9))),
+            })
+        })
+        .collect();
+    let resident = points.iter().find(|p| p.slots.is_none());
+    let slot_path_cost = resident
+        .zip(all)
+        .map(|(r, a)| r.decode_tok_s / a.decode_tok_s - 1.0);
+    // Decode at the trace's hit rate with 16 slots: the all-hit step plus
+    // that share of misses at the miss time measured at 16 slots.
+    let predicted = all
+        .zip(rows.iter().find(|r| r["expert_slots"] == json!(16)))
+        .and_then(|(a, r)| {
+            let miss = r["miss_us"].as_f64()? * 1e-6;
+            let misses = (1.0 - TRACE_HIT_RATE) * (cfg.top_k * moe_layers) as f64;
+            Some(1.0 / (1.0 / a.decode_tok_s + misses * miss))
+        });
+    Ok(json!({
+        "model": name,
+        "device": device,
+        "weights": args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
+        "prompt_tokens": prompt.len(),
+        "decode_tokens": args.decode_tokens,
+        "host_to_device_gbps": h2d_gbps,
+        "expert_bytes": expert_bytes,
+        "points": rows,
+        "slot_path_cost_at_all_hits": slot_path_cost,
+        "trace_hit_rate": TRACE_HIT_RATE,
+        "decode_tok_s_at_trace_hit_rate_16_slots": predicted,
+    }))
+}
+
+/// Host-to-device bandwidth: one write of [`BANDWIDTH_BYTES`], timed to the
+/// device's idle (after one untimed write).
+fn bandwidth<B: ComputeBackend>(be: &B) -> turbospark::Result<f64> {
+    let n = BANDWIDTH_BYTES / 4;
+    let buf = be.alloc(DType::F32, n, "bandwidth probe")?;
+    let data = vec![1.0f32; n];
+    be.write_f32(&buf, 0, &data)?;
+    be.sync()?;
+    let t = Instant::now();
+    be.write_f32(&buf, 0, &data)?;
+    be.sync()?;
+    Ok(BANDWIDTH_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Bytes of one expert (gate_up and down) as the source stores it.
+fn expert_bytes(
+    source: &SyntheticSource,
+    cfg: &turbospark::model::ModelConfig,
+) -> turbospark::Result<usize> {
+    if !cfg.enable_moe {
+        return Ok(0);
+    }
+    use turbospark::model::TensorSource;
+    let gu = source.stored_experts("layers.0.experts.gate_up_proj")?;
+    let down = source.stored_experts("layers.0.experts.down_proj")?;
+    Ok(gu.expert_bytes() + down.expert_bytes())
+}
+
+fn point<B: ComputeBackend + Counters>(
+    backend: B,
+    source: &SyntheticSource,
+    prompt: &[u32],
+    args: &Args,
+    slots: Option<usize>,
+) -> turbospark::Result<(Point, B)> {
+    backend.release_scratch();
+    backend.reset_peak_memory();
+    let held = backend.memory().map_or(0, |m| m.0);
+    let mut model = Model::load(
+        backend,
+        source,
+        ModelOptions {
+            max_context: prompt.len() + args.decode_tokens + 64,
+            prefill_batch: args.prefill_batch,
+            kv_cache: args.kv_cache.dtype(),
+            expert_slots: slots,
+            ..Default::default()
+        },
+    )?;
+    let loaded_bytes = model.backend().memory().map(|m| m.0 - held);
+    let greedy = |n| turbospark::model::GenerateOptions {
+        max_new_tokens: n,
+        sampling: turbospark::model::Sampling::Greedy,
+        stop_at_eos: false,
+    };
+    // Warm-up: every pipeline compiled, the slots filled.
+    model.generate(&prompt[..prompt.len().min(20)], &greedy(8))?;
+    model.reset();
+    let g = model.generate(prompt, &greedy(1))?;
+    let first = *g.tokens.last().unwrap_or(&0);
+    model.take_stream_stats();
+    let d = model.generate(&[first], &greedy(args.decode_tokens.max(2)))?;
+    let decode = model.take_stream_stats().unwrap_or_default();
+    let peak_bytes = model.backend().memory().map(|m| m.1 - held);
+    Ok((
+        Point {
+            slots,
+            prefill_tok_s: g.prefill_tok_s,
+            decode_tok_s: d.decode_tok_s,
+            decode,
+            loaded_bytes,
+            peak_bytes,
+        },
+        model.into_backend(),
+    ))
+}
