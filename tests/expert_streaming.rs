@@ -203,3 +203,37 @@ fn gate_and_up_of_two_formats_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// A checkpoint truncated while a streamed run maps it: the next miss is
+/// an error naming the file, not a fault. (wgpu: the CPU backend reads its
+/// resident weights from the same maps.)
+#[test]
+fn a_checkpoint_truncated_under_a_streamed_run_is_named() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("turbospark-stream-trunc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(fixture("tiny-text")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, prompt) = tokens(&dir);
+    let mut model = Model::load(be, &ck, options(Some(2), Policy::Lfu, 512)).unwrap();
+    model.logits(&toks[..prompt]).unwrap();
+    let file = dir.join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = model.logits(&toks[prompt..]).unwrap_err().to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        err.contains("model.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
+}

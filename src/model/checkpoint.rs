@@ -170,12 +170,14 @@ impl Checkpoint {
     /// `.down_proj`) left in the mapping, read one expert at a time by
     /// streamed experts; nothing is assembled or copied.
     pub fn stored_experts(&self, name: &str) -> Result<StoredExperts> {
-        if self.mlx {
-            if let Some(t) = self.resolve_mlx(name)? {
-                return t.stored_experts(name);
-            }
-        }
-        StoredExperts::whole(&self.raw_tensor(name)?)
+        let stored = match self.mlx {
+            true => match self.resolve_mlx(name)? {
+                Some(t) => t.stored_experts(name)?,
+                None => StoredExperts::whole(&self.raw_tensor(name)?)?,
+            },
+            false => StoredExperts::whole(&self.raw_tensor(name)?)?,
+        };
+        Ok(stored.mapping(self.mapped_files()))
     }
 
     /// Tensor `name`'s dtype as [`Checkpoint::tensor`] would give it, from

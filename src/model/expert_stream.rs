@@ -18,6 +18,7 @@
 //! summed, so each token's row is the one the resident run computes (x + 0 =
 //! x), bit for bit.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{ComputeBackend, ExpertBytes, ExpertStack, HostBytes};
@@ -25,6 +26,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::model::checkpoint::TensorRef;
 use crate::model::expert_cache::{Counts, SlotCache};
+use crate::model::shard::MappedFile;
 
 /// One piece of a stored expert stack: `len` bytes of `bytes` from
 /// `start`, whose `e`-th of `experts` equal parts belongs to expert `e`.
@@ -46,6 +48,8 @@ pub struct StoredExperts {
     pub cols: usize,
     /// The parts of [`ExpertBytes`], each as its segments in order.
     parts: [Vec<Segment>; 3],
+    /// The files the segments map, checked before each read.
+    files: Vec<Arc<MappedFile>>,
 }
 
 impl StoredExperts {
@@ -108,6 +112,7 @@ impl StoredExperts {
             rows,
             cols,
             parts,
+            files: Vec::new(),
         };
         let stack = ExpertStack {
             experts,
@@ -132,6 +137,19 @@ impl StoredExperts {
             }
         }
         Ok(s)
+    }
+
+    /// The same, its reads checked against `files` changing on disk.
+    pub(crate) fn mapping(mut self, files: Vec<Arc<MappedFile>>) -> StoredExperts {
+        self.files = files;
+        self
+    }
+
+    /// An error naming the file when a file this stack maps changed since
+    /// it was opened (a read of a truncated file's map would kill the
+    /// process): checked before the misses of each placement are read.
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.files.iter().try_for_each(|f| f.check_unchanged())
     }
 
     /// Expert `e`'s bytes, borrowed from the mapping.
@@ -233,6 +251,10 @@ impl StreamedLayer {
     ) -> Result<Vec<u32>> {
         let before = self.cache.counts();
         let placed = self.cache.place(experts)?;
+        if !placed.loads.is_empty() {
+            self.gate_up.check_unchanged()?;
+            self.down.check_unchanged()?;
+        }
         let n = self.cache.slots();
         for &(e, slot) in &placed.loads {
             for (stored, buf, gate_up) in [
