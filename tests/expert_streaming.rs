@@ -237,3 +237,35 @@ fn a_checkpoint_truncated_under_a_streamed_run_is_named() {
         "{err}"
     );
 }
+
+/// The device bytes the wgpu backend counts for a streamed model against
+/// the resident one: the experts' stacks shrink to `slots` of each layer's
+/// (`Checkpoint::device_weight_bytes`, which `info --expert-slots` prints)
+/// and the one-row scratch gains the waves' (`stream_scratch_bytes`).
+#[test]
+fn the_backend_holds_the_bytes_info_counts() {
+    let Some(mut be) = common::wgpu_backend() else {
+        return;
+    };
+    let ck = Checkpoint::open(&fixture("tiny-text")).unwrap();
+    let cfg = ck.config().clone();
+    let mut loaded = |be: turbospark_wgpu::WgpuBackend, slots| {
+        let before = be.memory().0;
+        let model = Model::load(be, &ck, options(slots, Policy::Lfu, 512)).unwrap();
+        let held = model.backend().memory().0 - before;
+        (held, model.into_backend())
+    };
+    let (resident, b) = loaded(be, None);
+    be = b;
+    for slots in [cfg.top_k, 5, cfg.experts] {
+        let (streamed, b) = loaded(be, Some(slots));
+        be = b;
+        let want = ck.device_weight_bytes(None) - ck.device_weight_bytes(Some(slots));
+        let extra = turbospark::model::decoder::stream_scratch_bytes(&cfg, 1);
+        assert_eq!(
+            resident as i64 - streamed as i64,
+            want as i64 - extra as i64,
+            "{slots} slots: the backend holds {streamed} bytes, resident {resident}"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use turbospark::model::decoder::{runtime_bytes, DEFAULT_PREFILL_BATCH};
+use turbospark::model::decoder::{runtime_bytes, stream_scratch_bytes, DEFAULT_PREFILL_BATCH};
 use turbospark::model::{LayerKind, ModelConfig};
 use turbospark::{BackendInfo, ComputeBackend, DType};
 
@@ -28,6 +28,10 @@ pub struct Args {
     /// The KV caches' element type to size them for.
     #[arg(long, value_enum, default_value = "f32")]
     kv_cache: KvCache,
+    /// Also size a run whose routed experts are streamed through N device
+    /// slots a layer (`generate --expert-slots N`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    expert_slots: Option<usize>,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -53,6 +57,35 @@ pub fn run(a: Args) -> CliResult {
             (ck.total_bytes(), ck.bytes_per_token()),
             (max_context, a.prefill_batch, a.kv_cache.dtype()),
         );
+        if let Some(n) = a.expert_slots {
+            let cfg = ck.config();
+            if !cfg.enable_moe || !(cfg.top_k..=cfg.experts).contains(&n) {
+                return Err(format!(
+                    "--expert-slots {n}: from top_k = {} to the {} experts of a layer{}",
+                    cfg.top_k,
+                    cfg.experts,
+                    if cfg.enable_moe {
+                        ""
+                    } else {
+                        " (the model has none)"
+                    }
+                )
+                .into());
+            }
+            let batch = a.prefill_batch.min(max_context);
+            let weights = ck.device_weight_bytes(Some(n));
+            let run = runtime_bytes(cfg, max_context, batch, a.kv_cache.dtype())
+                + stream_scratch_bytes(cfg, 1 + batch);
+            println!(
+                "  with --expert-slots {n} ({n} of {} experts a layer on the device, the rest \
+                 streamed from the checkpoint): {} weights + {} KV caches and scratch = {}",
+                cfg.experts,
+                human_bytes(weights),
+                human_bytes(run),
+                human_bytes(weights + run)
+            );
+            println!("  {}", mac_fit(weights + run));
+        }
     }
     Ok(())
 }

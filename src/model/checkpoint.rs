@@ -286,6 +286,12 @@ impl Checkpoint {
         self.footprint.total
     }
 
+    /// Weight bytes the device holds, as stored, with the routed experts
+    /// streamed through `slots` slots a layer (None: all resident).
+    pub fn device_weight_bytes(&self, slots: Option<usize>) -> u64 {
+        self.footprint.with_slots(&self.config, slots)
+    }
+
     /// Weight bytes a decoded token reads, as stored (plain or quantized):
     /// every tensor but the routed experts, of which a token's top-k, plus
     /// the embedding's row (the tied LM head reads the whole table).

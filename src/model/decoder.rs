@@ -1472,6 +1472,14 @@ pub fn cache_capacity(
     }
 }
 
+/// Device bytes of the scratch streamed experts add to a scratch of `rows`
+/// rows ([`WaveScratch`]: slot ids and a wave's weights per route, a wave's
+/// output and the waves' sum per row).
+pub fn stream_scratch_bytes(cfg: &ModelConfig, rows: usize) -> u64 {
+    let k = if cfg.enable_moe { cfg.top_k } else { 1 };
+    (rows * (2 * k.max(1) + 2 * cfg.hidden.max(1)) * 4) as u64
+}
+
 /// Device bytes a run needs beyond the weights: KV caches (of `kv_cache`)
 /// and both scratches.
 pub fn runtime_bytes(

@@ -86,6 +86,18 @@ impl WeightBytes {
         }
     }
 
+    /// Weight bytes on the device with the routed experts streamed through
+    /// `slots` slots a layer (None: all resident): every tensor but the
+    /// experts, and `slots` of each layer's experts.
+    pub fn with_slots(&self, c: &ModelConfig, slots: Option<usize>) -> u64 {
+        match slots {
+            Some(n) if c.enable_moe && c.experts > 0 => {
+                self.total - self.experts + self.experts / c.experts as u64 * n as u64
+            }
+            _ => self.total,
+        }
+    }
+
     /// Weight bytes a decoded token reads: every tensor but the routed
     /// experts, of which a token's top-k, plus the embedding's row (the
     /// tied LM head reads the whole table).
