@@ -249,7 +249,7 @@ fn the_backend_holds_the_bytes_info_counts() {
     };
     let ck = Checkpoint::open(&fixture("tiny-text")).unwrap();
     let cfg = ck.config().clone();
-    let mut loaded = |be: turbospark_wgpu::WgpuBackend, slots| {
+    let loaded = |be: turbospark_wgpu::WgpuBackend, slots| {
         let before = be.memory().0;
         let model = Model::load(be, &ck, options(slots, Policy::Lfu, 512)).unwrap();
         let held = model.backend().memory().0 - before;
