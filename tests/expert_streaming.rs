@@ -179,10 +179,17 @@ fn wgpu_streams_bit_identically() {
 }
 
 #[test]
-fn slot_counts_outside_top_k_to_experts_are_refused() {
+fn slot_counts_below_top_k_are_refused_and_past_the_experts_clamped() {
     let ck = Checkpoint::open(&fixture("tiny-text")).unwrap();
     let (k, e) = (ck.config().top_k, ck.config().experts);
-    for bad in [0, k - 1, e + 1] {
+    let m = Model::load(
+        CpuBackend::new(),
+        &ck,
+        options(Some(e + 9), Policy::Lfu, 512),
+    )
+    .unwrap();
+    assert_eq!(m.expert_slots(), Some(e));
+    for bad in [0, k - 1] {
         let err = Model::load(CpuBackend::new(), &ck, options(Some(bad), Policy::Lfu, 512))
             .err()
             .unwrap_or_else(|| panic!("{bad} slots accepted"))

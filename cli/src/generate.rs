@@ -102,7 +102,8 @@ pub struct RunArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ExpertArgs {
     /// Keep each MoE layer's routed experts in the checkpoint and stream
-    /// them through N device slots a layer (top_k to the expert count),
+    /// them through N device slots a layer (at least top_k; past the expert
+    /// count, a slot each),
     /// instead of all resident: less device memory, an upload per miss.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub expert_slots: Option<usize>,
@@ -227,6 +228,14 @@ impl AnyModel {
         match self {
             AnyModel::Cpu(m) => m.take_stream_stats(),
             AnyModel::Wgpu(m) => m.take_stream_stats(),
+        }
+    }
+
+    /// [`Model::expert_slots`].
+    pub fn expert_slots(&self) -> Option<usize> {
+        match self {
+            AnyModel::Cpu(m) => m.expert_slots(),
+            AnyModel::Wgpu(m) => m.expert_slots(),
         }
     }
 
@@ -408,11 +417,7 @@ pub fn run(a: Args) -> CliResult {
         match model.take_stream_stats() {
             Some(st) => eprintln!(
                 "{}",
-                stats_line(
-                    &st,
-                    prompt.len() + g.tokens.len(),
-                    a.run.experts.expert_slots
-                )
+                stats_line(&st, prompt.len() + g.tokens.len(), model.expert_slots())
             ),
             None => eprintln!("experts: resident (no --expert-slots), nothing streamed"),
         }

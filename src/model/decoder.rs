@@ -82,7 +82,8 @@ pub struct ModelOptions {
     /// needs the device's shader-f16 feature for it.
     pub kv_cache: DType,
     /// Routed experts streamed from the source through this many device
-    /// slots per layer (`top_k..=experts`), instead of all of them resident
+    /// slots per layer (at least top_k; past the expert count, the expert
+    /// count), instead of all of them resident
     /// (None, the default). Logits are bit-identical either way
     /// (`model::expert_stream`).
     pub expert_slots: Option<usize>,
@@ -1266,8 +1267,9 @@ impl<B: ComputeBackend> Model<B> {
     }
 }
 
-/// The expert slots `requested`, checked against the config: from top_k
-/// to the expert count, on a model with routed experts.
+/// The expert slots `requested`, checked against the config: at least
+/// top_k, on a model with routed experts; past the expert count, the expert
+/// count (every expert gets a slot, filled as it is first used).
 fn check_expert_slots(cfg: &ModelConfig, requested: Option<usize>) -> Result<Option<usize>> {
     let Some(n) = requested else {
         return Ok(None);
@@ -1277,14 +1279,13 @@ fn check_expert_slots(cfg: &ModelConfig, requested: Option<usize>) -> Result<Opt
             "{n} expert slots: the model has no routed experts to stream"
         )));
     }
-    if !(cfg.top_k..=cfg.experts).contains(&n) {
+    if n < cfg.top_k {
         return Err(Error::InvalidInput(format!(
-            "{n} expert slots: a token needs its top_k = {} experts at once and a layer has {}, \
-             so from {} to {}",
-            cfg.top_k, cfg.experts, cfg.top_k, cfg.experts
+            "{n} expert slots: a token needs its top_k = {} experts at once, so at least {}",
+            cfg.top_k, cfg.top_k
         )));
     }
-    Ok(Some(n))
+    Ok(Some(n.min(cfg.experts)))
 }
 
 /// The slot caches of `weights`' streamed layers, after the backend said
