@@ -8,6 +8,14 @@
 
 override WDTYPE: u32 = 0u;
 
+// -inf. Made from a `let`, at run time: WGSL makes a constant expression
+// that evaluates to an infinity a shader-creation error, so Tint rejects
+// `bitcast<f32>(0xff800000u)` written inline (naga folds it to -inf).
+fn neg_inf() -> f32 {
+    let bits = 0xff800000u;
+    return bitcast<f32>(bits);
+}
+
 // Linear workgroup id of a grid spread over x and y (see WgpuBackend::grid).
 fn linear_group(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wg.x + wg.y * nwg.x;

@@ -84,7 +84,7 @@ fn workgroup_max(v: f32, lid: u32, n: u32) -> f32 {
         red_buf[q.x + lid / q.z] = s;
     }
     workgroupBarrier();
-    var m = bitcast<f32>(0xff800000u);
+    var m = neg_inf();
     for (var k = 0u; k < q.y; k += q.z) {
         if (k + q.w < q.y) {
             m = max(m, red_buf[q.x + k + q.w]);

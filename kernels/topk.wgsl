@@ -20,7 +20,7 @@ var<workgroup> tk_v: array<f32, TOPK_MAXK>;
 // behind (an equal one has the lower id).
 fn topk_pad(l: vec4<f32>, t: u32, ne: u32) -> vec4<f32> {
     let idx = vec4<u32>(4u * t) + vec4<u32>(0u, 1u, 2u, 3u);
-    let ninf = bitcast<f32>(0xff800000u);
+    let ninf = neg_inf();
     return select(vec4<f32>(ninf), l, idx < vec4<u32>(ne));
 }
 

@@ -8,6 +8,7 @@ mod common;
 mod default_job;
 mod generate;
 mod info;
+mod kernels;
 mod logits;
 mod mapped;
 mod quantize;
@@ -41,6 +42,9 @@ enum Command {
     /// Quantize a Hugging Face checkpoint to MLX's affine format, tensor for
     /// tensor as mlx-lm's convert writes it.
     Quantize(quantize::Args),
+    /// Write each WGSL module as the wgpu backend composes it, with a
+    /// manifest of entry points, features and override sets.
+    Kernels(kernels::Args),
 }
 
 /// Mesa's drivers (lavapipe among them) print `XDG_RUNTIME_DIR is invalid`
@@ -80,6 +84,7 @@ fn main() {
         Some(Command::Chat(a)) => chat::run(a),
         Some(Command::Logits(a)) => logits::run(a),
         Some(Command::Quantize(a)) => quantize::run(a),
+        Some(Command::Kernels(a)) => kernels::run(a),
         Some(Command::Bench(a)) => {
             let code = bench::main(a);
             if code != std::process::ExitCode::SUCCESS {

@@ -177,6 +177,132 @@ pub fn source(name: &str, subgroups: bool, coherent: bool) -> Option<String> {
     })
 }
 
+/// One module the backend may compile: a family ([`families`]) with or
+/// without the subgroup reduction helpers, with or without its
+/// [`COHERENT_MARK`]s turned on. [`builds`] lists every one; the pipeline
+/// cache compiles exactly [`Build::source`], and `turbospark kernels --emit`
+/// writes the same text, so what a kernel author reads is what runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Build {
+    pub family: &'static str,
+    pub subgroups: bool,
+    pub coherent: bool,
+}
+
+impl Build {
+    /// The module's WGSL text, as the backend hands it to wgpu.
+    pub fn source(&self) -> String {
+        source(self.family, self.subgroups, self.coherent)
+            .expect("a Build names a registered family")
+    }
+
+    /// A file name that says the build: `FAMILY[.subgroups][.coherent].wgsl`.
+    pub fn file_name(&self) -> String {
+        let mut n = self.family.to_string();
+        if self.subgroups {
+            n.push_str(".subgroups");
+        }
+        if self.coherent {
+            n.push_str(".coherent");
+        }
+        n + ".wgsl"
+    }
+
+    /// The WebGPU features (their WebGPU names) a device needs to compile
+    /// the module: `shader-f16` where it enables f16, `subgroups` for the
+    /// subgroup build.
+    pub fn features(&self) -> Vec<&'static str> {
+        let mut f = Vec::new();
+        if self.source().lines().any(|l| l.trim() == "enable f16;") {
+            f.push("shader-f16");
+        }
+        if self.subgroups {
+            f.push("subgroups");
+        }
+        f
+    }
+
+    /// What the module uses that only wgpu offers, with no WebGPU
+    /// equivalent yet (None: it is WebGPU throughout): cooperative matrices
+    /// (`enable wgpu_cooperative_matrix;`) and coherent storage
+    /// (`@coherent`).
+    pub fn wgpu_only(&self) -> Option<&'static str> {
+        let src = self.source();
+        if src.contains("enable wgpu_cooperative_matrix;") {
+            Some("cooperative matrices (wgpu_cooperative_matrix)")
+        } else if self.coherent {
+            Some("coherent storage (@coherent, wgpu's MEMORY_DECORATION_COHERENT)")
+        } else {
+            None
+        }
+    }
+}
+
+/// Every module the backend may compile: each family ([`families`]) without
+/// and with subgroups, and, for the families that mark a declaration
+/// coherent, each of those again with coherent storage.
+pub fn builds() -> Vec<Build> {
+    let mut all = Vec::new();
+    for family in families() {
+        let marked = source(family, false, false).is_some_and(|s| s.contains(COHERENT_MARK));
+        for subgroups in [false, true] {
+            for coherent in [false, true] {
+                if coherent && !marked {
+                    continue;
+                }
+                all.push(Build {
+                    family,
+                    subgroups,
+                    coherent,
+                });
+            }
+        }
+    }
+    all
+}
+
+/// Where the pipeline cache appends a line for each pipeline it creates
+/// (`TURBOSPARK_PIPELINE_LOG`): a JSON object with the module's file name
+/// ([`Build::file_name`]) and family, the entry point and the override
+/// constants set.
+/// For `turbospark kernels --emit --pipelines`, which lists these override
+/// sets in its manifest so a second compiler sees the pipelines a run made.
+pub const PIPELINE_LOG: &str = "TURBOSPARK_PIPELINE_LOG";
+
+/// One line of the [`PIPELINE_LOG`].
+fn log_line(build: &Build, key: &PipelineKey) -> String {
+    let constants: Vec<String> = key
+        .constants
+        .iter()
+        .map(|(n, v)| format!("\"{n}\":{v}"))
+        .collect();
+    format!(
+        "{{\"family\":\"{}\",\"module\":\"{}\",\"entry\":\"{}\",\"constants\":{{{}}}}}\n",
+        build.family,
+        build.file_name(),
+        key.entry,
+        constants.join(",")
+    )
+}
+
+/// Append `line` to the [`PIPELINE_LOG`] file, when one is named. One
+/// `write` of a short line on a file opened for appending: lines from
+/// processes that log at once do not interleave.
+fn log_pipeline(line: &str) {
+    let Some(path) = std::env::var_os(PIPELINE_LOG) else {
+        return;
+    };
+    use std::io::Write;
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = appended {
+        eprintln!("turbospark: cannot append to {PIPELINE_LOG} file {path:?}: {e}");
+    }
+}
+
 /// Written before a storage declaration that a launch's last workgroup reads
 /// after the others wrote it (a tail: `Features::coherent_storage`).
 pub const COHERENT_MARK: &str = "/* @coherent */";
@@ -320,6 +446,16 @@ impl Cache {
         }
     }
 
+    /// The [`Build`] of `family` this device compiles.
+    fn build(&self, family: &'static str) -> Build {
+        let marked = source(family, false, false).is_some_and(|s| s.contains(COHERENT_MARK));
+        Build {
+            family,
+            subgroups: self.subgroups,
+            coherent: self.coherent && marked,
+        }
+    }
+
     pub fn get(
         &self,
         device: &wgpu::Device,
@@ -377,6 +513,7 @@ impl Cache {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu(format!("pipeline {label}: {e}")));
         }
+        log_pipeline(&log_line(&self.build(key.kernel), key));
         let p = Arc::new(Pipeline {
             pipeline,
             storage_layout,
