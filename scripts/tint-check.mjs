@@ -86,6 +86,11 @@ for (const m of manifest.modules) {
     if (msg.type === 'error') {
       console.error(`error: ${where}: ${msg.message}`);
       moduleErrors++;
+    } else if (msg.type === 'warning') {
+      warnings.push(`warning: ${where}: ${msg.message}`);
+    } else if (moduleErrors) {
+      // (notes explaining the error above)
+      console.error(`  ${msg.type}: ${where}: ${msg.message}`);
     } else {
       warnings.push(`${msg.type}: ${where}: ${msg.message}`);
     }
@@ -125,7 +130,7 @@ for (const s of skipped) console.log(`skipped (no WebGPU equivalent): ${s}`);
 for (const o of overLimit) console.log(`over WebGPU's default limits at declared defaults (not recorded under them): ${o}`);
 console.log(
   `tint-check: ${checked} modules, ${pipelines} pipelines, ${errors} errors, ` +
-    `${warnings.length} warnings, ${skipped.length} skipped, ${overLimit.length} over default limits`,
+    `${warnings.length} warnings and notes, ${skipped.length} skipped, ${overLimit.length} over default limits`,
 );
 for (const d of devices.values()) d.destroy();
 process.exit(errors ? 1 : 0);

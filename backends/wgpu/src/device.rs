@@ -3,6 +3,8 @@
 use turbospark::backend::{BackendInfo, Features, Limits};
 use turbospark::{DeviceType, Error, Result};
 
+use crate::limits::LimitsProfile;
+
 /// How to pick the adapter.
 #[derive(Clone, Debug, Default)]
 pub struct WgpuOptions {
@@ -49,6 +51,12 @@ pub struct WgpuOptions {
     /// on where the device has the tensor-core GEMM (measured there: the
     /// H200) and off elsewhere (not yet measured).
     pub expert_tiles: Option<bool>,
+    /// The limits to ask the device for: the adapter's (`None` and
+    /// [`LimitsProfile::Adapter`]), or the smaller of the adapter's and a
+    /// smaller target's (`Apple7`, `WebGpu`), so the kernels are held to
+    /// what that target allows. Defaults to the `TURBOSPARK_LIMITS`
+    /// environment variable (`apple7`, `webgpu` or `adapter`).
+    pub limits: Option<LimitsProfile>,
 }
 
 /// An on/off option, else its environment variable (`0` or `1`; unset or
@@ -251,7 +259,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         wanted_features |= wgpu::Features::MEMORY_DECORATION_COHERENT;
     }
     let required_features = afeat & wanted_features;
-    let limits = adapter.limits();
+    let limits = LimitsProfile::or_env(opts.limits)?.request(&adapter.limits());
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("turbospark"),
         required_features,

@@ -13,6 +13,7 @@ mod device;
 mod expert_slots;
 mod expert_tiles;
 pub mod kernels;
+mod limits;
 mod ops;
 mod quant;
 mod readback;
@@ -31,6 +32,7 @@ use turbospark::{
 
 pub use buffer::WgpuBuffer;
 pub use device::{list_adapters, AdapterSummary, WgpuOptions};
+pub use limits::LimitsProfile;
 pub use ops::matmul::gemv_constants;
 pub use ops::PREFILL_MIN_M;
 
