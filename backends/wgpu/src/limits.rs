@@ -41,9 +41,11 @@ impl LimitsProfile {
         }
         match std::env::var("TURBOSPARK_LIMITS").as_deref() {
             Err(_) | Ok("") => Ok(LimitsProfile::Adapter),
-            Ok(v) => {
-                Self::parse(v).map_err(|e| Error::InvalidInput(format!("TURBOSPARK_LIMITS: {e}")))
-            }
+            Ok(v) => Self::parse(v).map_err(|_| {
+                Error::InvalidInput(format!(
+                    "TURBOSPARK_LIMITS={v:?}: expected apple7, webgpu or adapter"
+                ))
+            }),
         }
     }
 
