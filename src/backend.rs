@@ -508,6 +508,23 @@ pub trait ComputeBackend {
         })
     }
 
+    /// [`ComputeBackend::write_expert`] for each `(slot, expert)` of
+    /// `writes` into one stack (a layer's misses), which a backend may copy
+    /// at once, on several threads.
+    fn write_experts(
+        &self,
+        buf: &Self::Buffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        writes: &[(usize, ExpertBytes<'_>)],
+    ) -> Result<()> {
+        for (slot, bytes) in writes {
+            self.write_expert(buf, dtype, stack, shape, *slot, bytes)?;
+        }
+        Ok(())
+    }
+
     /// Overwrite `data.len()` f32 elements from element `offset`. Ordered after
     /// every op recorded before it and before every op recorded after it.
     fn write_f32(&self, buf: &Self::Buffer, offset: usize, data: &[f32]) -> Result<()>;

@@ -256,25 +256,29 @@ impl StreamedLayer {
             self.down.check_unchanged()?;
         }
         let n = self.cache.slots();
-        for &(e, slot) in &placed.loads {
-            for (stored, buf, gate_up) in [
-                (&self.gate_up, stacks.gate_up, true),
-                (&self.down, stacks.down, false),
-            ] {
-                let bytes = stored.expert(e as usize);
-                be.write_expert(
-                    buf,
-                    stored.dtype,
-                    ExpertStack {
-                        experts: n,
-                        gate_up,
-                    },
-                    (n * stored.rows, stored.cols),
-                    slot as usize,
-                    &bytes,
-                )?;
-                stats.bytes += bytes.len() as u64;
+        for (stored, buf, gate_up) in [
+            (&self.gate_up, stacks.gate_up, true),
+            (&self.down, stacks.down, false),
+        ] {
+            let writes: Vec<(usize, ExpertBytes<'_>)> = placed
+                .loads
+                .iter()
+                .map(|&(e, slot)| (slot as usize, stored.expert(e as usize)))
+                .collect();
+            if writes.is_empty() {
+                continue;
             }
+            be.write_experts(
+                buf,
+                stored.dtype,
+                ExpertStack {
+                    experts: n,
+                    gate_up,
+                },
+                (n * stored.rows, stored.cols),
+                &writes,
+            )?;
+            stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
         }
         let after = self.cache.counts();
         stats.counts.hits += after.hits - before.hits;

@@ -54,14 +54,28 @@ pub(crate) fn pieces<'a>(parts: &[&'a [u8]], mut lo: usize, len: usize) -> Vec<(
     out
 }
 
-pub(crate) fn write_expert(
+/// One copy of a write: `len` bytes of part `part` of write `w`'s expert,
+/// from byte `lo` of the part, to `at` in `buffer`.
+struct Copy<'a> {
+    buffer: &'a wgpu::Buffer,
+    at: u64,
+    w: usize,
+    part: usize,
+    lo: usize,
+    len: usize,
+}
+
+/// Experts into their slots of one stack (`ComputeBackend::write_experts`):
+/// checked, then every copy's staging view taken and filled, the views
+/// filled on several threads (a miss's bytes are a host copy each, and a
+/// layer's misses are many).
+pub(crate) fn write_experts(
     be: &WgpuBackend,
     buf: &WgpuBuffer,
     dtype: DType,
     stack: ExpertStack,
     (rows, cols): (usize, usize),
-    slot: usize,
-    bytes: &ExpertBytes<'_>,
+    writes: &[(usize, ExpertBytes<'_>)],
 ) -> Result<()> {
     const OP: &str = "write_expert";
     if buf.dtype != dtype || buf.len != rows * cols || buf.tiles.is_some_and(|t| t != stack) {
@@ -73,74 +87,141 @@ pub(crate) fn write_expert(
             ),
         ));
     }
-    let ranges = stack.part_ranges(dtype, (rows, cols), slot)?;
-    for (i, r) in ranges.iter().enumerate() {
-        if bytes.part_len(i) != r.len() {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "part {i} of slot {slot}: {} bytes for {}",
-                    bytes.part_len(i),
-                    r.len()
-                ),
-            ));
-        }
-    }
-    // Ops recorded earlier read the slot's old expert: submit them first.
-    turbospark::ComputeBackend::flush(be)?;
     let per = rows / stack.experts;
-    let r0 = slot * per;
-    if buf.tiled() {
-        let mut src = Vec::new();
-        bytes.gather(0, &mut src);
-        let tiled = expert_tiles::tile_order(
-            &src,
-            ExpertStack {
-                experts: 1,
-                gate_up: stack.gate_up,
-            },
-            per,
-            cols,
-        );
-        let c = buf
-            .single()
-            .ok_or_else(|| Error::shape(OP, "a tile-ordered stack is one binding".to_string()))?;
-        be.write_bytes(c, ranges[0].start as u64, &tiled);
-        return Ok(());
-    }
     let rb = row_bytes(dtype, cols);
-    for c in buf.chunks.iter() {
-        let (a0, a1) = (r0.max(c.row_start), (r0 + per).min(c.row_start + c.rows));
-        if a0 >= a1 {
+    let mut copies = Vec::new();
+    // Tile-ordered experts are tiled on the host first (in parallel below).
+    let mut tiled: Vec<Vec<u8>> = Vec::new();
+    for (w, (slot, bytes)) in writes.iter().enumerate() {
+        let ranges = stack.part_ranges(dtype, (rows, cols), *slot)?;
+        for (i, r) in ranges.iter().enumerate() {
+            if bytes.part_len(i) != r.len() {
+                return Err(Error::shape(
+                    OP,
+                    format!(
+                        "part {i} of slot {slot}: {} bytes for {}",
+                        bytes.part_len(i),
+                        r.len()
+                    ),
+                ));
+            }
+        }
+        if buf.tiled() {
+            let c = buf.single().ok_or_else(|| {
+                Error::shape(OP, "a tile-ordered stack is one binding".to_string())
+            })?;
+            copies.push(Copy {
+                buffer: c,
+                at: ranges[0].start as u64,
+                w,
+                part: 0,
+                lo: 0,
+                len: ranges[0].len(),
+            });
             continue;
         }
-        let bases = part_bases(dtype, c.rows, cols);
-        for i in 0..3 {
-            if rb[i] == 0 {
+        let r0 = slot * per;
+        for c in buf.chunks.iter() {
+            let (a0, a1) = (r0.max(c.row_start), (r0 + per).min(c.row_start + c.rows));
+            if a0 >= a1 {
                 continue;
             }
-            let at = bases[i] + (a0 - c.row_start) * rb[i];
-            let len = (a1 - a0) * rb[i];
-            if !at.is_multiple_of(4) || !len.is_multiple_of(4) {
-                return Err(Error::Unsupported {
-                    backend: "wgpu".into(),
-                    op: format!("{OP} ({dtype})"),
-                    reason: format!(
-                        "part {i} of slot {slot} is {len} bytes at byte {at}: device writes \
-                         take whole 4-byte words"
-                    ),
+            let bases = part_bases(dtype, c.rows, cols);
+            for part in 0..3 {
+                if rb[part] == 0 {
+                    continue;
+                }
+                let at = bases[part] + (a0 - c.row_start) * rb[part];
+                let len = (a1 - a0) * rb[part];
+                if !at.is_multiple_of(4) || !len.is_multiple_of(4) {
+                    return Err(Error::Unsupported {
+                        backend: "wgpu".into(),
+                        op: format!("{OP} ({dtype})"),
+                        reason: format!(
+                            "part {part} of slot {slot} is {len} bytes at byte {at}: device \
+                             writes take whole 4-byte words"
+                        ),
+                    });
+                }
+                copies.push(Copy {
+                    buffer: &c.buffer,
+                    at: at as u64,
+                    w,
+                    part,
+                    lo: (a0 - r0) * rb[part],
+                    len,
                 });
             }
-            be.write_parts(
-                &c.buffer,
-                at as u64,
-                &bytes.parts[i],
-                (a0 - r0) * rb[i],
-                len,
-            );
         }
     }
+    if buf.tiled() {
+        tiled = parallel(writes.len(), |w| {
+            let mut src = Vec::new();
+            writes[w].1.gather(0, &mut src);
+            expert_tiles::tile_order(
+                &src,
+                ExpertStack {
+                    experts: 1,
+                    gate_up: stack.gate_up,
+                },
+                per,
+                cols,
+            )
+        });
+    }
+    // Ops recorded earlier read the slots' old experts: submit them first.
+    turbospark::ComputeBackend::flush(be)?;
+    let mut views = Vec::with_capacity(copies.len());
+    for c in &copies {
+        be.note_write(c.buffer);
+        let size = std::num::NonZeroU64::new(c.len as u64)
+            .ok_or_else(|| Error::shape(OP, "an empty copy".to_string()))?;
+        let view = be
+            .queue
+            .write_buffer_with(c.buffer, c.at, size)
+            .ok_or_else(|| Error::Gpu(format!("{OP}: no staging memory for {} bytes", c.len)))?;
+        views.push(view);
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    let each = views.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (vs, cs) in views.chunks_mut(each).zip(copies.chunks(each)) {
+            let (tiled, writes) = (&tiled, writes);
+            s.spawn(move || {
+                for (view, c) in vs.iter_mut().zip(cs) {
+                    if !tiled.is_empty() {
+                        view.slice(..).copy_from_slice(&tiled[c.w]);
+                        continue;
+                    }
+                    for (at, piece) in pieces(&writes[c.w].1.parts[c.part], c.lo, c.len) {
+                        view.slice(at..at + piece.len()).copy_from_slice(piece);
+                    }
+                }
+            });
+        }
+    });
     Ok(())
+}
+
+/// `f(0..n)` on several threads, in order.
+fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(8);
+    let each = n.div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|s| {
+        let parts: Vec<_> = (0..n)
+            .step_by(each)
+            .map(|a| s.spawn(move || (a..(a + each).min(n)).map(f).collect::<Vec<T>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().expect("a tiling thread panicked"))
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -348,22 +348,13 @@ impl WgpuBackend {
         })
     }
 
-    /// Bytes `lo..lo + len` of `parts` laid end to end, written at
-    /// `offset` through wgpu's staging memory (one host copy); `offset`
-    /// and `len` whole words.
-    fn write_parts(&self, buf: &wgpu::Buffer, offset: u64, parts: &[&[u8]], lo: usize, len: usize) {
+    /// A host write into `buf` is coming: the route list built from it (if
+    /// any) no longer holds.
+    fn note_write(&self, buf: &wgpu::Buffer) {
         self.batch
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .wrote(buf);
-        let Some(size) = std::num::NonZeroU64::new(len as u64) else {
-            return;
-        };
-        if let Some(mut view) = self.queue.write_buffer_with(buf, offset, size) {
-            for (at, piece) in expert_slots::pieces(parts, lo, len) {
-                view.slice(at..at + piece.len()).copy_from_slice(piece);
-            }
-        }
     }
 
     fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
@@ -867,7 +858,18 @@ impl ComputeBackend for WgpuBackend {
         slot: usize,
         bytes: &ExpertBytes<'_>,
     ) -> Result<()> {
-        expert_slots::write_expert(self, buf, dtype, stack, shape, slot, bytes)
+        expert_slots::write_experts(self, buf, dtype, stack, shape, &[(slot, bytes.clone())])
+    }
+
+    fn write_experts(
+        &self,
+        buf: &WgpuBuffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        writes: &[(usize, ExpertBytes<'_>)],
+    ) -> Result<()> {
+        expert_slots::write_experts(self, buf, dtype, stack, shape, writes)
     }
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
