@@ -27,6 +27,14 @@ enable wgpu_cooperative_matrix;
 //                      accumulator cannot be rescaled per row in WGSL; S
 //                      costs twice, O never leaves the matrix units.
 //
+// SPLIT (turbospark::Precision::Exact): the prep writes each of those
+// values as two f16 parts, hi = f16(v) and lo = f16(v - hi) (f16's
+// subnormals kept: half_grid), lo after every hi row of its scratch; the
+// probabilities are split the same way as they are staged; and each
+// product takes three matrix multiplies, hi hi' + hi lo' + lo hi' (lo lo',
+// under 2^-22 of the product, left out), all into the same f32
+// accumulators. Its extra fragments need DW = 64.
+//
 // Warps: head_dim is cut into ND chunks of DW dims (64 or 128: 8 or 4
 // warps, the launcher's choice per head size), one warp per (query head
 // slot sg < NSG, chunk dc): it holds its 16 rows' queries over its DW dims
@@ -92,6 +100,18 @@ fn k_scale_at(g: u32, i: u32) -> u32 {
 
 fn v_factor_at(g: u32, i: u32) -> u32 {
     return P.qrows + (P.kv_heads + g) * P.kvrows + i;
+}
+
+// 1: split products (above); the lo parts start at these elements of Q16
+// and of K16 / V16.
+override SPLIT: u32 = 0u;
+
+fn q_lo() -> u32 {
+    return P.qrows * P.d;
+}
+
+fn kv_lo() -> u32 {
+    return P.kv_heads * P.kvrows * P.d;
 }
 
 // ---- attn_coop_prep ----
@@ -224,23 +244,50 @@ fn attn_coop_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         for (var u = 0u; u < 4u; u++) {
             let c = lane + 32u * u;
             if (c < d4) {
-                let h = vec4<f16>(nearest_half4(a[u] * sc));
+                let v = a[u] * sc;
+                var hf = nearest_half4(v);
+                if (SPLIT == 1u) {
+                    hf = half_grid4(v);
+                }
+                let h = vec4<f16>(hf);
+                let l = vec4<f16>(split_lo4(v, hf));
                 let i = o + 4u * c;
                 if (kind == 0u) {
                     Q16[i] = h.x;
                     Q16[i + 1u] = h.y;
                     Q16[i + 2u] = h.z;
                     Q16[i + 3u] = h.w;
+                    if (SPLIT == 1u) {
+                        let j = q_lo() + i;
+                        Q16[j] = l.x;
+                        Q16[j + 1u] = l.y;
+                        Q16[j + 2u] = l.z;
+                        Q16[j + 3u] = l.w;
+                    }
                 } else if (kind == 1u) {
                     K16[i] = h.x;
                     K16[i + 1u] = h.y;
                     K16[i + 2u] = h.z;
                     K16[i + 3u] = h.w;
+                    if (SPLIT == 1u) {
+                        let j = kv_lo() + i;
+                        K16[j] = l.x;
+                        K16[j + 1u] = l.y;
+                        K16[j + 2u] = l.z;
+                        K16[j + 3u] = l.w;
+                    }
                 } else {
                     V16[i] = h.x;
                     V16[i + 1u] = h.y;
                     V16[i + 2u] = h.z;
                     V16[i + 3u] = h.w;
+                    if (SPLIT == 1u) {
+                        let j = kv_lo() + i;
+                        V16[j] = l.x;
+                        V16[j + 1u] = l.y;
+                        V16[j + 2u] = l.z;
+                        V16[j + 3u] = l.w;
+                    }
                 }
             }
         }
@@ -273,8 +320,10 @@ const PPS: u32 = 24u;
 // A step's S partials [warp][16][16] (8 warps at most), then the output's
 // staging.
 var<workgroup> csp: array<f32, 2048>;
-// A step's probabilities [query head slot][16][PPS].
-var<workgroup> cpp: array<f16, 1536>;
+// A step's probabilities [query head slot][16][PPS] (4 slots at most),
+// then with SPLIT their lo parts, CPL on.
+const CPL: u32 = 1536u;
+var<workgroup> cpp: array<f16, 3072>;
 // Per (query head slot, row): the softmax's max and 1 / sum, and the
 // query's inverse scale times the attention scale.
 var<workgroup> cmax: array<f32, 64>;
@@ -409,6 +458,23 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     if (DW > 64u) {
         q7 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qi7], qs);
     }
+    // SPLIT: the queries' lo parts (DW = 64: four fragments).
+    var ql0: coop_mat16x16<f16, A>;
+    var ql1: coop_mat16x16<f16, A>;
+    var ql2: coop_mat16x16<f16, A>;
+    var ql3: coop_mat16x16<f16, A>;
+    let qlo = q_lo();
+    let kvl = kv_lo();
+    if (SPLIT == 1u) {
+        let qj0 = qlo + qi0;
+        let qj1 = qlo + qi1;
+        let qj2 = qlo + qi2;
+        let qj3 = qlo + qi3;
+        ql0 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qj0], qs);
+        ql1 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qj1], qs);
+        ql2 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qj2], qs);
+        ql3 = coopLoadT<coop_mat16x16<f16, A>>(&Q16[qj3], qs);
+    }
     let cb = warp * 256u;
     // Key step kb's first scratch element for this warp's dims is
     // (g * kvrows + kb % capacity) * d + dc * DW: its slot's row, the
@@ -445,6 +511,10 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     var k5: coop_mat16x16<f16, B>;
     var k6: coop_mat16x16<f16, B>;
     var k7: coop_mat16x16<f16, B>;
+    var kl0: coop_mat16x16<f16, B>;
+    var kl1: coop_mat16x16<f16, B>;
+    var kl2: coop_mat16x16<f16, B>;
+    var kl3: coop_mat16x16<f16, B>;
     k0 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka0], d);
     k1 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka1], d);
     k2 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka2], d);
@@ -460,6 +530,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     }
     if (DW > 64u) {
         k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
+    }
+    if (SPLIT == 1u) {
+        let kj0 = kvl + ka0;
+        let kj1 = kvl + ka1;
+        let kj2 = kvl + ka2;
+        let kj3 = kvl + ka3;
+        kl0 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj0], d);
+        kl1 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj1], d);
+        kl2 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj2], d);
+        kl3 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj3], d);
     }
     var kscale = key_scale(g, klo % P.capacity, lid);
     for (var kb = klo; kb < khi; kb += 16u) {
@@ -479,6 +559,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         }
         if (DW > 64u) {
             s = coopMultiplyAdd(q7, k7, s);
+        }
+        if (SPLIT == 1u) {
+            s = coopMultiplyAdd(q0, kl0, s);
+            s = coopMultiplyAdd(q1, kl1, s);
+            s = coopMultiplyAdd(q2, kl2, s);
+            s = coopMultiplyAdd(q3, kl3, s);
+            s = coopMultiplyAdd(ql0, k0, s);
+            s = coopMultiplyAdd(ql1, k1, s);
+            s = coopMultiplyAdd(ql2, k2, s);
+            s = coopMultiplyAdd(ql3, k3, s);
         }
         // The next step's (past the last key: rows never used).
         let kn = (kg + (kb + 16u) % P.capacity) * d + dc * DW;
@@ -505,6 +595,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         }
         if (DW > 64u) {
             k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn7], d);
+        }
+        if (SPLIT == 1u) {
+            let kj0 = kvl + kn0;
+            let kj1 = kvl + kn1;
+            let kj2 = kvl + kn2;
+            let kj3 = kvl + kn3;
+            kl0 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj0], d);
+            kl1 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj1], d);
+            kl2 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj2], d);
+            kl3 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj3], d);
         }
         if (lid < 32u) {
             ckey[lid] = kscale;
@@ -575,6 +675,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     if (DW > 64u) {
         k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[ka7], d);
     }
+    if (SPLIT == 1u) {
+        let kj0 = kvl + ka0;
+        let kj1 = kvl + ka1;
+        let kj2 = kvl + ka2;
+        let kj3 = kvl + ka3;
+        kl0 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj0], d);
+        kl1 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj1], d);
+        kl2 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj2], d);
+        kl3 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj3], d);
+    }
     var v0: coop_mat16x16<f16, B>;
     var v1: coop_mat16x16<f16, B>;
     var v2: coop_mat16x16<f16, B>;
@@ -583,6 +693,10 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     var v5: coop_mat16x16<f16, B>;
     var v6: coop_mat16x16<f16, B>;
     var v7: coop_mat16x16<f16, B>;
+    var vl0: coop_mat16x16<f16, B>;
+    var vl1: coop_mat16x16<f16, B>;
+    var vl2: coop_mat16x16<f16, B>;
+    var vl3: coop_mat16x16<f16, B>;
     kscale = key_scale(g, klo % P.capacity, lid);
     for (var kb = klo; kb < khi; kb += 16u) {
         // This step's V (row-major), issued before S so that its loads
@@ -612,6 +726,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         if (DW > 64u) {
             v7 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vi7], d);
         }
+        if (SPLIT == 1u) {
+            let vj0 = kvl + vi0;
+            let vj1 = kvl + vi1;
+            let vj2 = kvl + vi2;
+            let vj3 = kvl + vi3;
+            vl0 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vj0], d);
+            vl1 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vj1], d);
+            vl2 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vj2], d);
+            vl3 = coopLoadT<coop_mat16x16<f16, B>>(&V16[vj3], d);
+        }
         var s = coop_mat16x16<f32, C>();
         s = coopMultiplyAdd(q0, k0, s);
         s = coopMultiplyAdd(q1, k1, s);
@@ -628,6 +752,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         }
         if (DW > 64u) {
             s = coopMultiplyAdd(q7, k7, s);
+        }
+        if (SPLIT == 1u) {
+            s = coopMultiplyAdd(q0, kl0, s);
+            s = coopMultiplyAdd(q1, kl1, s);
+            s = coopMultiplyAdd(q2, kl2, s);
+            s = coopMultiplyAdd(q3, kl3, s);
+            s = coopMultiplyAdd(ql0, k0, s);
+            s = coopMultiplyAdd(ql1, k1, s);
+            s = coopMultiplyAdd(ql2, k2, s);
+            s = coopMultiplyAdd(ql3, k3, s);
         }
         let kn = (kg + (kb + 16u) % P.capacity) * d + dc * DW;
         let kn0 = kn;
@@ -654,6 +788,16 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         if (DW > 64u) {
             k7 = coopLoad<coop_mat16x16<f16, B>>(&K16[kn7], d);
         }
+        if (SPLIT == 1u) {
+            let kj0 = kvl + kn0;
+            let kj1 = kvl + kn1;
+            let kj2 = kvl + kn2;
+            let kj3 = kvl + kn3;
+            kl0 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj0], d);
+            kl1 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj1], d);
+            kl2 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj2], d);
+            kl3 = coopLoad<coop_mat16x16<f16, B>>(&K16[kj3], d);
+        }
         if (lid < 32u) {
             ckey[lid] = kscale;
         }
@@ -670,10 +814,29 @@ fn attn_prefill_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
                 let i = s2 * 16u + r;
                 p = exp(sv - cmax[i]) * cinv[i] * ckey[16u + c];
             }
-            cpp[s2 * 16u * PPS + r * PPS + c] = f16(nearest_half(p));
+            let pi = s2 * 16u * PPS + r * PPS + c;
+            if (SPLIT == 1u) {
+                let ph = half_grid(p);
+                cpp[pi] = f16(ph);
+                cpp[CPL + pi] = f16(split_lo(p, ph));
+            } else {
+                cpp[pi] = f16(nearest_half(p));
+            }
         }
         workgroupBarrier();
         let pf = coopLoadT<coop_mat16x16<f16, A>>(&cpp[pb], PPS);
+        if (SPLIT == 1u) {
+            let pbl = CPL + pb;
+            let pl = coopLoadT<coop_mat16x16<f16, A>>(&cpp[pbl], PPS);
+            o0 = coopMultiplyAdd(pf, vl0, o0);
+            o1 = coopMultiplyAdd(pf, vl1, o1);
+            o2 = coopMultiplyAdd(pf, vl2, o2);
+            o3 = coopMultiplyAdd(pf, vl3, o3);
+            o0 = coopMultiplyAdd(pl, v0, o0);
+            o1 = coopMultiplyAdd(pl, v1, o1);
+            o2 = coopMultiplyAdd(pl, v2, o2);
+            o3 = coopMultiplyAdd(pl, v3, o3);
+        }
         o0 = coopMultiplyAdd(pf, v0, o0);
         o1 = coopMultiplyAdd(pf, v1, o1);
         o2 = coopMultiplyAdd(pf, v2, o2);

@@ -20,6 +20,37 @@ fn nearest_half(v: f32) -> f32 {
     return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
 }
 
+// `v` on f16's grid to nearest even, its subnormals (below 2^-14, steps of
+// 2^-24) included, as an f32 the conversion to f16 keeps exactly wherever
+// the device keeps f16 subnormals (NVIDIA's and Mesa's do): the split
+// products' rounding (turbospark::Precision::Exact), where a low part or
+// an unscaled probability is often that small. (v * 2^24 is exact, and
+// WGSL's round() takes ties to even.)
+fn half_grid(v: f32) -> f32 {
+    if (abs(v) < 6.103515625e-5) {
+        return round(v * 16777216.0) * 5.9604644775390625e-8;
+    }
+    return nearest_half(v);
+}
+
+// The low part of a split: v - hi (exact in f32) on f16's grid; zero where
+// hi is inf or NaN, so that v's own inf or NaN is what the products see.
+fn split_lo(v: f32, hi: f32) -> f32 {
+    let r = v - hi;
+    if ((bitcast<u32>(hi) & 0x7f800000u) == 0x7f800000u) {
+        return 0.0;
+    }
+    return half_grid(r);
+}
+
+fn half_grid4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(half_grid(v.x), half_grid(v.y), half_grid(v.z), half_grid(v.w));
+}
+
+fn split_lo4(v: vec4<f32>, hi: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(split_lo(v.x, hi.x), split_lo(v.y, hi.y), split_lo(v.z, hi.z), split_lo(v.w, hi.w));
+}
+
 // nearest_half on each component.
 fn nearest_half4(v: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(nearest_half(v.x), nearest_half(v.y), nearest_half(v.z), nearest_half(v.w));

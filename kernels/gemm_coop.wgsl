@@ -18,11 +18,18 @@ enable wgpu_cooperative_matrix;
 //                 11 significant bits (unless it is 2^28 below the row's
 //                 largest), and the scale comes back off exactly. Rows of a
 //                 tile past its count are zero.
+//                 With SPLIT (turbospark::Precision::Exact) each element is
+//                 two f16 parts, hi = f16(x_r s_r) and lo = f16(x_r s_r -
+//                 hi), lo's rows after all of hi's: 22 significant bits.
 //   gemm_coop     OUT = (X16 W16^T) * XS per row, W decoded to f16 as it is
 //                 staged (exact for bf16 weights within f16's normal range;
 //                 the launcher only takes weights it checked at upload not
 //                 to pass 65504, and those below 2^-14 keep an absolute
-//                 error under 2^-25).
+//                 error under 2^-25). With SPLIT, OUT = (HI W16^T + LO
+//                 W16^T) * XS, both products into the same f32
+//                 accumulators: each partial product is exact in f32 (11
+//                 by at most 11 bits), so the sum is x's 22 bits times W
+//                 to f32 accumulation (src/parity/op.rs, SPLIT_INPUT_NMSE).
 //
 // X16 is laid out by tile (tile tm's rows are tm * BM ..), so a tile's
 // rows are contiguous. A step takes BK of k (SL slices of 16): the W tile
@@ -59,12 +66,16 @@ const DOWN: u32 = 2u;
 override MODE: u32 = 0u;
 // 1: the MoE modes' weights are in tile order (common.wgsl's expert_row).
 override TILED: u32 = 0u;
+// 1: X16 holds the split's hi rows then its lo rows (gemm_prep's SPLIT):
+// every A fragment is multiplied twice, hi then lo, into one accumulator.
+override SPLIT: u32 = 0u;
 
 // The tile (backends/wgpu/src/ops/gemm_coop.rs sets every one): warps
 // along the tile rows and along the weight rows, whether X16 is staged in
 // workgroup memory (1) or read by the fragment loads straight from memory,
 // one step ahead (0); WG = 32 * WM * WN, WSN = BN * BKP, XSN = BM * BKP (8
-// when not staged), CSN = 256 * WM * WN.
+// when not staged; twice that with SPLIT, lo's tile after hi's), CSN =
+// 256 * WM * WN.
 override WM: u32 = 2u;
 override WN: u32 = 4u;
 override STAGE_X: u32 = 1u;
@@ -159,8 +170,8 @@ fn stage_w(e: u32, v: vec4<u32>) {
 
 // X16's 8 halves `e` of the step (tile row e / QW, eighth e % QW), as
 // loaded: no decode.
-fn stage_x(e: u32, lo: vec4<f16>, hi: vec4<f16>) {
-    let o = (e / QW) * BKP + 8u * (e % QW);
+fn stage_x(e: u32, base: u32, lo: vec4<f16>, hi: vec4<f16>) {
+    let o = base + (e / QW) * BKP + 8u * (e % QW);
     xa[o] = lo.x;
     xa[o + 1u] = lo.y;
     xa[o + 2u] = lo.z;
@@ -279,13 +290,24 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     // The X16 tile: tile rows tm * BM .. (staged: QW vec4 of a row a step).
     let nla = select(0u, QW / WN, STAGE_X == 1u);
     let xrow0 = tm * b_m;
+    // (with SPLIT: the lo part's rows start lo_rows on, its tile's halves
+    // in ylo / yhi, staged lo_st after hi's)
+    let lo_rows = P.mtiles * b_m;
+    let lo_v = 2u * lo_rows * (k / 8u);
+    let lo_st = b_m * BKP;
     var xlo: array<vec4<f16>, MAX_LDA>;
     var xhi: array<vec4<f16>, MAX_LDA>;
+    var ylo: array<vec4<f16>, MAX_LDA>;
+    var yhi: array<vec4<f16>, MAX_LDA>;
     for (var u = 0u; u < nla; u++) {
         let e = lid + WG * u;
         let i = 2u * ((xrow0 + e / QW) * (k / 8u) + k_lo / 8u + e % QW);
         xlo[u] = X16V[i];
         xhi[u] = X16V[i + 1u];
+        if (SPLIT == 1u) {
+            ylo[u] = X16V[lo_v + i];
+            yhi[u] = X16V[lo_v + i + 1u];
+        }
     }
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
@@ -306,6 +328,12 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     var a01: coop_mat16x16<f16, A>;
     var a10: coop_mat16x16<f16, A>;
     var a11: coop_mat16x16<f16, A>;
+    // (SPLIT: the lo part's fragments, the same places lo_x on)
+    var l00: coop_mat16x16<f16, A>;
+    var l01: coop_mat16x16<f16, A>;
+    var l10: coop_mat16x16<f16, A>;
+    var l11: coop_mat16x16<f16, A>;
+    let lo_x = lo_rows * k;
     if (STAGE_X == 0u) {
         let i00 = xg + k_lo;
         let i01 = i00 + s16 * k;
@@ -317,6 +345,18 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
             a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
         }
+        if (SPLIT == 1u) {
+            let j00 = lo_x + i00;
+            let j01 = lo_x + i01;
+            l00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j00], k);
+            l01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j01], k);
+            if (SL == 2u) {
+                let j10 = lo_x + i10;
+                let j11 = lo_x + i11;
+                l10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j10], k);
+                l11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j11], k);
+            }
+        }
     }
     for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         workgroupBarrier();
@@ -324,7 +364,10 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             stage_w(lid + WG * u, wv[u]);
         }
         for (var u = 0u; u < nla; u++) {
-            stage_x(lid + WG * u, xlo[u], xhi[u]);
+            stage_x(lid + WG * u, 0u, xlo[u], xhi[u]);
+            if (SPLIT == 1u) {
+                stage_x(lid + WG * u, lo_st, ylo[u], yhi[u]);
+            }
         }
         workgroupBarrier();
         // The next step's tiles, loaded while this one multiplies.
@@ -338,12 +381,20 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
                 let i = 2u * ((xrow0 + e / QW) * (k / 8u) + (k1 / 8u) + e % QW);
                 xlo[u] = X16V[i];
                 xhi[u] = X16V[i + 1u];
+                if (SPLIT == 1u) {
+                    ylo[u] = X16V[lo_v + i];
+                    yhi[u] = X16V[lo_v + i + 1u];
+                }
             }
         }
         var x00 = a00;
         var x01 = a01;
         var x10 = a10;
         var x11 = a11;
+        var y00 = l00;
+        var y01 = l01;
+        var y10 = l10;
+        var y11 = l11;
         if (STAGE_X == 1u) {
             let j00 = xb;
             let j01 = xb + s16 * BKP;
@@ -353,6 +404,16 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             x01 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j01], BKP);
             x10 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j10], BKP);
             x11 = coopLoadT<coop_mat16x16<f16, A>>(&xa[j11], BKP);
+            if (SPLIT == 1u) {
+                let m00 = lo_st + j00;
+                let m01 = lo_st + j01;
+                let m10 = lo_st + j10;
+                let m11 = lo_st + j11;
+                y00 = coopLoadT<coop_mat16x16<f16, A>>(&xa[m00], BKP);
+                y01 = coopLoadT<coop_mat16x16<f16, A>>(&xa[m01], BKP);
+                y10 = coopLoadT<coop_mat16x16<f16, A>>(&xa[m10], BKP);
+                y11 = coopLoadT<coop_mat16x16<f16, A>>(&xa[m11], BKP);
+            }
         } else {
             // (the last step reloads its own fragments: k1 is past k_hi)
             let kn = min(k1, k_hi - BK);
@@ -365,6 +426,18 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             if (SL == 2u) {
                 a10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i10], k);
                 a11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[i11], k);
+            }
+            if (SPLIT == 1u) {
+                let j00 = lo_x + i00;
+                let j01 = lo_x + i01;
+                l00 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j00], k);
+                l01 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j01], k);
+                if (SL == 2u) {
+                    let j10 = lo_x + i10;
+                    let j11 = lo_x + i11;
+                    l10 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j10], k);
+                    l11 = coopLoadT<coop_mat16x16<f16, A>>(&X16[j11], k);
+                }
             }
         }
         // Slice 0, then (SL = 2) slice 1, 16 of k each.
@@ -384,6 +457,16 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         c11 = coopMultiplyAdd(x01, b1, c11);
         c12 = coopMultiplyAdd(x01, b2, c12);
         c13 = coopMultiplyAdd(x01, b3, c13);
+        if (SPLIT == 1u) {
+            c00 = coopMultiplyAdd(y00, b0, c00);
+            c01 = coopMultiplyAdd(y00, b1, c01);
+            c02 = coopMultiplyAdd(y00, b2, c02);
+            c03 = coopMultiplyAdd(y00, b3, c03);
+            c10 = coopMultiplyAdd(y01, b0, c10);
+            c11 = coopMultiplyAdd(y01, b1, c11);
+            c12 = coopMultiplyAdd(y01, b2, c12);
+            c13 = coopMultiplyAdd(y01, b3, c13);
+        }
         if (SL == 2u) {
             let id0 = wb + s16;
             let id1 = id0 + s16 * BKP;
@@ -401,6 +484,16 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             c11 = coopMultiplyAdd(x11, d1, c11);
             c12 = coopMultiplyAdd(x11, d2, c12);
             c13 = coopMultiplyAdd(x11, d3, c13);
+            if (SPLIT == 1u) {
+                c00 = coopMultiplyAdd(y10, d0, c00);
+                c01 = coopMultiplyAdd(y10, d1, c01);
+                c02 = coopMultiplyAdd(y10, d2, c02);
+                c03 = coopMultiplyAdd(y10, d3, c03);
+                c10 = coopMultiplyAdd(y11, d0, c10);
+                c11 = coopMultiplyAdd(y11, d1, c11);
+                c12 = coopMultiplyAdd(y11, d2, c12);
+                c13 = coopMultiplyAdd(y11, d3, c13);
+            }
         }
     }
 

@@ -18,6 +18,11 @@ const DOWN: u32 = 2u;
 // The GEMM's mode and its tile's warps along the rows (BM = 32 * WM).
 override MODE: u32 = 0u;
 override WM: u32 = 2u;
+// 1: x split in two f16 parts (turbospark::Precision::Exact): hi =
+// f16(x s) in X16's first half, lo = f16(x s - hi) in its second (rows
+// mtiles * BM on), both on f16's grid with its subnormals (half_grid);
+// 0: hi alone, rounded once (nearest_half, as before the split).
+override SPLIT: u32 = 0u;
 const PREP_WG: u32 = 256u;
 
 var<workgroup> tile: vec4<u32>;
@@ -107,7 +112,14 @@ fn gemm_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         for (var u = 0u; u < XV; u++) {
             let c = c0 + 32u * u;
             if (c < k4) {
-                PX16[r * k4 + c] = vec4<f16>(nearest_half4(a[u] * sc));
+                let v = a[u] * sc;
+                if (SPLIT == 1u) {
+                    let hi = half_grid4(v);
+                    PX16[r * k4 + c] = vec4<f16>(hi);
+                    PX16[(P.mtiles * b_m + r) * k4 + c] = vec4<f16>(split_lo4(v, hi));
+                } else {
+                    PX16[r * k4 + c] = vec4<f16>(nearest_half4(v));
+                }
             }
         }
     }

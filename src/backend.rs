@@ -22,6 +22,7 @@ use std::sync::Arc;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::*;
+use crate::precision::Precision;
 
 /// Which GEMMs run from inputs rounded to f16: true for an op (`Matmul`,
 /// `MoeGateUp`, `MoeDown`) of `m` rows reducing over `k` that does. The
@@ -38,6 +39,11 @@ use crate::ops::*;
 /// it in [2^14, 2^15), the probabilities that multiply it scaled up by the
 /// same), and each probability (softmax in f32, times that factor) is
 /// rounded to f16 before it multiplies; sums stay f32.
+///
+/// "Rounded to f16" is one rounding under [`Precision::Fast`]; under
+/// [`Precision::Exact`] ([`ComputeBackend::precision`]) each such value is
+/// split after the same scale into `hi = f16(v)` and `lo = f16(v - hi)`
+/// (`lo` zero below f16's smallest normal, 2^-14) and computed as `hi + lo`.
 pub type GemmRounding = Arc<dyn Fn(&OpKind, usize, usize) -> bool + Send + Sync>;
 
 /// The arguments of one [`ComputeBackend::moe_gate_up`], for the pair op.
@@ -424,6 +430,26 @@ pub trait ComputeBackend {
     /// (`CpuBackend::rounding_gemm_inputs_as`) rather than allow for it.
     fn gemm_rounding(&self) -> Option<GemmRounding> {
         None
+    }
+
+    /// How the products [`ComputeBackend::gemm_rounding`] names are computed
+    /// from here on: [`Precision::Exact`] (the default) splits their
+    /// activations into two f16 parts, [`Precision::Fast`] rounds them once.
+    /// A backend computing in f32 throughout ignores it. `Model::load` sets
+    /// the model's `ModelOptions::precision`, so models sharing a backend
+    /// share the last one set.
+    fn set_precision(&self, _precision: Precision) {}
+
+    /// The precision set last ([`ComputeBackend::set_precision`]).
+    fn precision(&self) -> Precision {
+        Precision::Exact
+    }
+
+    /// Whether `precision` computes at the f32 floor here: exact always;
+    /// fast too where no product runs on f16 matrix units
+    /// ([`ComputeBackend::gemm_rounding`] is None).
+    fn is_exact(&self, precision: Precision) -> bool {
+        precision == Precision::Exact || self.gemm_rounding().is_none()
     }
 
     /// Whether the backend runs `op` (an `m`-row problem reducing over `k`)

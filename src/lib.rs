@@ -12,6 +12,7 @@ pub mod error;
 pub mod model;
 pub mod ops;
 pub mod parity;
+pub mod precision;
 pub mod quant;
 pub mod rng;
 
@@ -22,3 +23,4 @@ pub use backend::{
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use precision::Precision;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use common::nmse;
 use primitives_only::PrimitivesOnly;
 use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions, Sampling};
-use turbospark::{ComputeBackend, DType};
+use turbospark::{ComputeBackend, DType, Precision};
 use turbospark_cpu::CpuBackend;
 
 /// Limit on the NMSE of each logits row against transformers (float32,
@@ -26,9 +26,7 @@ use turbospark_cpu::CpuBackend;
 const ORACLE_NMSE: f64 = 1e-8;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    common::repo_root().join("tests/fixtures").join(name)
 }
 
 struct Expected {
@@ -67,13 +65,19 @@ fn expected(dir: &Path) -> Expected {
     }
 }
 
-fn load<B: ComputeBackend>(backend: B, ck: &Checkpoint, kv_cache: DType) -> Model<B> {
+fn load<B: ComputeBackend>(
+    backend: B,
+    ck: &Checkpoint,
+    kv_cache: DType,
+    precision: Precision,
+) -> Model<B> {
     Model::load(
         backend,
         ck,
         ModelOptions {
-            max_context: 64,
+            max_context: 128,
             kv_cache,
+            precision,
             ..Default::default()
         },
     )
@@ -81,9 +85,10 @@ fn load<B: ComputeBackend>(backend: B, ck: &Checkpoint, kv_cache: DType) -> Mode
 }
 
 /// What the backend under test must reproduce: the fixture's own figures
-/// (transformers) at [`ORACLE_NMSE`], or, on a backend that runs some GEMMs
-/// from f16-rounded inputs, the CPU reference rounding the same ones
-/// (`common::reference_for`). Two computations that round alike still
+/// (transformers) at [`ORACLE_NMSE`] (at `Precision::Exact` on every
+/// backend: its split products sit at the f32 floor), or, on a backend
+/// that runs some GEMMs from f16-rounded inputs at `Precision::Fast`, the
+/// CPU reference rounding the same ones (`common::reference_for`). Two computations that round alike still
 /// differ by more than f32 reduction order: a rounding flips wherever their
 /// inputs straddle a rounding boundary, and the flips compound over the
 /// layers (on the H200, 1e-7 to 1.5e-6 for these fixtures): each such row
@@ -216,18 +221,34 @@ fn check_rows(name: &str, what: &str, got: &[Vec<f32>], truth: &[Row]) -> f64 {
 /// transformers); on the CPU reference that is itself, so its f16 test
 /// checks that bound.
 fn oracle<B: ComputeBackend>(backend: B, name: &str, kv_cache: DType) {
+    oracle_at(backend, name, kv_cache, Precision::Exact)
+}
+
+/// [`oracle`] at `precision`: held to transformers where the backend calls
+/// it exact ([`ComputeBackend::is_exact`]), else to the CPU reference
+/// rounding alike.
+fn oracle_at<B: ComputeBackend>(backend: B, name: &str, kv_cache: DType, precision: Precision) {
     let dir = fixture(name);
     let ck = Checkpoint::open(&dir).unwrap();
-    let reference = match common::reference_for(&backend) {
+    let rounding = if backend.is_exact(precision) {
+        None
+    } else {
+        common::reference_for(&backend)
+    };
+    let reference = match rounding {
         Some(cpu) => Some(cpu),
-        None => (kv_cache != DType::F32).then(CpuBackend::new),
+        None => (kv_cache != DType::F32).then(|| {
+            // (f16 caches: the reference with f16 caches, rounding its
+            // GEMM inputs as the backend does at this precision)
+            common::reference_for(&backend).unwrap_or_default()
+        }),
     }
-    .map(|cpu| load(cpu, &ck, kv_cache));
+    .map(|cpu| load(cpu, &ck, kv_cache, precision));
     let mut truth = Truth {
         want: expected(&dir),
         reference,
     };
-    let mut model = load(backend, &ck, kv_cache);
+    let mut model = load(backend, &ck, kv_cache, precision);
     assert_eq!(model.config().vocab, truth.want.vocab);
     let tokens = truth.want.tokens.clone();
     let n = tokens.len();
@@ -305,6 +326,33 @@ fn wgpu_tiny_multimodal() {
     }
 }
 
+// The wide fixture (scripts/make_wide_fixture.py: hidden 256, top-4 of 16
+// experts, head_dim 256 sliding / 512 full, window 32, 100 tokens), whose
+// router has near-ties that a single f16 rounding of the activations
+// flips: at the default precision every backend reproduces transformers
+// to the f32 floor and its greedy tokens.
+#[test]
+fn cpu_wide_text() {
+    oracle(CpuBackend::new(), "wide-text", DType::F32);
+}
+
+#[test]
+fn wgpu_wide_text() {
+    if let Some(b) = common::wgpu_backend() {
+        oracle(b, "wide-text", DType::F32);
+    }
+}
+
+// `Precision::Fast`: on tensor cores held to the CPU reference rounding
+// alike (on devices without them it computes in f32 and is held to
+// transformers, as exact is).
+#[test]
+fn wgpu_tiny_text_fast() {
+    if let Some(b) = common::wgpu_backend() {
+        oracle_at(b, "tiny-text", DType::F32, Precision::Fast);
+    }
+}
+
 // f16 KV caches (`ModelOptions::kv_cache`), on one fixture: both layer
 // kinds and every cache op run in it.
 #[test]
@@ -327,8 +375,8 @@ fn primitives_only(name: &str) {
     oracle(PrimitivesOnly::new(), name, DType::F32);
     let ck = Checkpoint::open(&fixture(name)).unwrap();
     let tokens = expected(&fixture(name)).tokens;
-    let mut fused = load(CpuBackend::new(), &ck, DType::F32);
-    let mut prims = load(PrimitivesOnly::new(), &ck, DType::F32);
+    let mut fused = load(CpuBackend::new(), &ck, DType::F32, Precision::Exact);
+    let mut prims = load(PrimitivesOnly::new(), &ck, DType::F32, Precision::Exact);
     assert_eq!(
         prims.logits(&tokens).unwrap(),
         fused.logits(&tokens).unwrap(),

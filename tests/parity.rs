@@ -95,6 +95,36 @@ fn tensor_core_gemm_families_with_other_tiles() {
     }
 }
 
+/// The families with tensor-core products at `Precision::Fast` (one f16
+/// rounding of the activations, held to its own limits): the default runs
+/// them split. Runs where the adapter has the tensor-core GEMM; elsewhere
+/// fast computes in f32 as exact does, and it says so and passes.
+#[test]
+fn tensor_core_families_fast() {
+    use turbospark::ComputeBackend;
+    let Some(gpu) = common::wgpu_backend() else {
+        return;
+    };
+    if !gpu.info().features.tensor_core_gemm {
+        eprintln!(
+            "not run: {} has no tensor-core GEMM (fast is exact there)",
+            gpu.info().device_name
+        );
+        return;
+    }
+    drop(gpu);
+    for name in [
+        "matmul",
+        "moe_gate_up",
+        "moe_down",
+        "attention",
+        "qkv_post_attention",
+    ] {
+        eprintln!("fast: {name}");
+        family_at(name, &WgpuOptions::default(), turbospark::Precision::Fast);
+    }
+}
+
 /// The MoE families with expert stacks stored in tile order where their
 /// shape allows (backends/wgpu/src/expert_tiles.rs): every kernel that
 /// reads expert weights (decode, pairs, the route-list kernels, the GEMMs
@@ -133,9 +163,17 @@ fn moe_families_with_tiled_experts() {
 }
 
 fn family_on(name: &str, opts: &WgpuOptions) {
+    family_at(name, opts, turbospark::Precision::Exact);
+}
+
+/// [`family_on`] with the device's tensor-core products at `precision`
+/// (the reference follows it: `CpuBackend::parity_reference_for`).
+fn family_at(name: &str, opts: &WgpuOptions, precision: turbospark::Precision) {
+    use turbospark::ComputeBackend;
     let Some(device) = common::wgpu_backend_with(opts) else {
         return;
     };
+    device.set_precision(precision);
     let cases: Vec<_> = ci_cases()
         .into_iter()
         .filter(|c| c.family() == name)
@@ -387,6 +425,22 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         gpu.rounds_gemm_inputs(&op.kind(), m, k),
         "the case must take the tensor cores"
     );
+    for precision in turbospark::Precision::ALL {
+        gpu.set_precision(precision);
+        // (fast: F16_INPUT_NMSE; exact: the f32 GEMM's own limit)
+        let limit = op.limit_on(&gpu);
+        assert!(limit >= F16_INPUT_NMSE || precision == turbospark::Precision::Exact);
+        rows_keep_their_range(&gpu, &op, (m, n, k), limit);
+    }
+}
+
+fn rows_keep_their_range(
+    gpu: &turbospark_wgpu::WgpuBackend,
+    op: &turbospark::parity::Op,
+    (m, n, k): (usize, usize, usize),
+    limit: f64,
+) {
+    use turbospark::parity::{run_on, HostTensor};
     let seed = seed_from_env();
     // The case's own inputs (bf16 weights, x), then rows of x from 1e-6 to 1e6.
     let mut inputs = op.inputs(&mut turbospark::rng::Rng::new(seed));
@@ -404,8 +458,8 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         },
         Err(e) => panic!("matmul: {e}"),
     };
-    let want = out(&|| run_on(&CpuBackend::new(), &op, &inputs));
-    let got = out(&|| run_on(&gpu, &op, &inputs));
+    let want = out(&|| run_on(&CpuBackend::new(), op, &inputs));
+    let got = out(&|| run_on(gpu, op, &inputs));
     for i in 0..m {
         let (g, r) = (&got[i * n..(i + 1) * n], &want[i * n..(i + 1) * n]);
         assert!(
@@ -414,9 +468,10 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         );
         let e = common::nmse(g, r);
         assert!(
-            e <= F16_INPUT_NMSE,
-            "row {i} (x scaled by 1e{}): NMSE {e:.3e} over {F16_INPUT_NMSE:.3e} (seed {seed})",
-            i as i32 % 13 - 6
+            e <= limit,
+            "row {i} (x scaled by 1e{}): NMSE {e:.3e} over {limit:.3e} at {} precision (seed {seed})",
+            i as i32 % 13 - 6,
+            turbospark::ComputeBackend::precision(gpu)
         );
     }
 }
@@ -430,9 +485,12 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
     use std::sync::Arc;
     use turbospark::ops::OpKind;
     use turbospark::parity::{all_cases, rounded_attention_nmse, Op};
+    use turbospark::ComputeBackend;
     let rounding = CpuBackend::new().rounding_gemm_inputs_as(Arc::new(|k: &OpKind, m, _| {
         matches!(k, OpKind::Attention { .. }) && m >= 17
     }));
+    // (fast: one rounding; exact keeps every op's own limit, below)
+    rounding.set_precision(turbospark::Precision::Fast);
     let (mut fused, mut alone) = (0, 0);
     for op in all_cases() {
         let (m, heads) = match &op {
@@ -450,6 +508,9 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
             op.limit()
         };
         assert_eq!(op.limit_on(&rounding), want, "{}", op.name());
+        rounding.set_precision(turbospark::Precision::Exact);
+        assert_eq!(op.limit_on(&rounding), op.limit(), "{} split", op.name());
+        rounding.set_precision(turbospark::Precision::Fast);
     }
     assert!(
         fused > 0 && alone > 0,

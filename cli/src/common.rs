@@ -40,6 +40,27 @@ impl KvCache {
     }
 }
 
+/// The tensor-core products' arithmetic (`--precision`;
+/// `ModelOptions::precision`, `turbospark::Precision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    /// Activations split into two f16 parts: the f32 floor, the same
+    /// tokens and experts as token-by-token decode (the default).
+    Exact,
+    /// Activations rounded once to f16: fewer tensor-core products, and a
+    /// token whose router logits are that close may get other experts.
+    Fast,
+}
+
+impl PrecisionArg {
+    pub fn get(self) -> turbospark::Precision {
+        match self {
+            PrecisionArg::Exact => turbospark::Precision::Exact,
+            PrecisionArg::Fast => turbospark::Precision::Fast,
+        }
+    }
+}
+
 /// A synthetic model's weight format (`bench --quant`): mlx-community's
 /// layouts, 4 or 8 bits with groups of 64 and bf16 scales, the router at 8
 /// bits.

@@ -15,7 +15,7 @@ use turbospark_wgpu::WgpuBackend;
 use crate::chat;
 use crate::common::{
     encode, open_checkpoint, open_wgpu, parse_tokens, read_text_bounded, read_text_file,
-    resolve_context, tokenizer, BackendKind, CliResult, KvCache,
+    resolve_context, tokenizer, BackendKind, CliResult, KvCache, PrecisionArg,
 };
 use crate::stream::Stream;
 
@@ -93,6 +93,11 @@ pub struct RunArgs {
     /// attention's reads at long contexts, rounding each key and value.
     #[arg(long, value_enum, default_value = "f32")]
     kv_cache: KvCache,
+    /// The tensor-core products (prefill GEMMs and attention): exact splits
+    /// each activation in two f16 parts (the f32 floor), fast rounds it
+    /// once (fewer products; close router logits may pick other experts).
+    #[arg(long, value_enum, default_value = "exact")]
+    precision: PrecisionArg,
     #[command(flatten)]
     pub experts: ExpertArgs,
 }
@@ -179,6 +184,7 @@ impl RunArgs {
                 max_context,
                 prefill_batch: self.prefill_batch,
                 kv_cache: self.kv_cache.dtype(),
+                precision: self.precision.get(),
                 ..Default::default()
             }),
         )?;

@@ -118,6 +118,16 @@ fn print_backend(i: &BackendInfo) {
         }
     );
     println!(
+        "  precision: {} (default; --precision on generate, chat, logits and bench): {}",
+        turbospark::Precision::default(),
+        if f.tensor_core_gemm {
+            "exact splits each tensor-core activation in two f16 parts (the f32 floor), \
+             fast rounds it once"
+        } else {
+            "no tensor cores here: both compute in f32"
+        }
+    );
+    println!(
         "  MoE expert weights: {}",
         if f.expert_tiles {
             "tile order where the shape allows (TURBOSPARK_EXPERT_TILES=0 turns it off)"

@@ -12,7 +12,7 @@ use turbospark_cpu::CpuBackend;
 
 use crate::common::{
     max_positions, open_checkpoint, open_wgpu, parse_tokens, warn_past_positions, BackendKind,
-    CliResult,
+    CliResult, PrecisionArg,
 };
 
 #[derive(clap::Args)]
@@ -34,6 +34,10 @@ pub struct Args {
     out: PathBuf,
     #[command(flatten)]
     experts: crate::generate::ExpertArgs,
+    /// The tensor-core products: exact (split activations, the f32 floor)
+    /// or fast (rounded once to f16).
+    #[arg(long, value_enum, default_value = "exact")]
+    precision: PrecisionArg,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -47,8 +51,13 @@ pub fn run(a: Args) -> CliResult {
         &a.model,
     );
     let rows = match a.backend {
-        BackendKind::Cpu => logits_on(CpuBackend::new(), &ck, &tokens, &a.experts)?,
-        BackendKind::Wgpu => logits_on(open_wgpu(a.adapter.clone())?, &ck, &tokens, &a.experts)?,
+        BackendKind::Cpu => logits_on(CpuBackend::new(), &ck, &tokens, (&a.experts, a.precision))?,
+        BackendKind::Wgpu => logits_on(
+            open_wgpu(a.adapter.clone())?,
+            &ck,
+            &tokens,
+            (&a.experts, a.precision),
+        )?,
     };
     // A NaN or infinite logit is a broken model, not a result to write.
     for (p, row) in rows.iter().enumerate() {
@@ -81,10 +90,11 @@ fn logits_on<B: ComputeBackend>(
     backend: B,
     ck: &Checkpoint,
     tokens: &[u32],
-    experts: &crate::generate::ExpertArgs,
+    (experts, precision): (&crate::generate::ExpertArgs, PrecisionArg),
 ) -> CliResult<Vec<Vec<f32>>> {
     let opts = experts.apply(ModelOptions {
         max_context: tokens.len(),
+        precision: precision.get(),
         ..Default::default()
     });
     let mut model = Model::load(backend, ck, opts)?;

@@ -89,6 +89,10 @@ pub struct ModelOptions {
     pub expert_slots: Option<usize>,
     /// Which slot a streamed expert evicts.
     pub expert_policy: Policy,
+    /// The arithmetic of the tensor-core products (prefill GEMMs and
+    /// attention; [`crate::Precision`]): exact (the default, the f32 floor)
+    /// or fast (activations rounded once to f16). Set on the backend at load.
+    pub precision: crate::Precision,
 }
 
 impl Default for ModelOptions {
@@ -99,6 +103,7 @@ impl Default for ModelOptions {
             kv_cache: DType::F32,
             expert_slots: None,
             expert_policy: Policy::Lfu,
+            precision: crate::Precision::Exact,
         }
     }
 }
@@ -374,6 +379,7 @@ impl<B: ComputeBackend> Model<B> {
             &cfg,
             (opts.max_context, prefill_batch, opts.kv_cache),
         )?;
+        backend.set_precision(opts.precision);
         let slots = check_expert_slots(&cfg, opts.expert_slots)?;
         let weights = Weights::load(&backend, source, slots)?;
         let stream = match slots {

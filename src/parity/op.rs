@@ -23,6 +23,17 @@ use crate::{DType, Result};
 /// below this.
 pub const F16_INPUT_NMSE: f64 = 1.0 / (1u64 << 22) as f64;
 
+/// NMSE of a dot product whose x was split into two f16 parts after the
+/// same scale (`Precision::Exact`): `hi = f16(x)` leaves a rest of at most
+/// 2^-11 |x|, exact in f32, and `lo = f16(rest)` is within 2^-11 of it, so
+/// `hi + lo` carries a relative error |d_i| <= 2^-22 (a subnormal `lo`, at
+/// the row's scale 2^-39 of its largest, adds less); the weights are the
+/// single f16 values above, and each partial product (`hi w`, `lo w`) is
+/// exact in f32. By [`F16_INPUT_NMSE`]'s argument the NMSE is at most
+/// 2^-44, far under an f32 GEMM's own limit ([`Op::limit`], 1e-9): a split
+/// GEMM is held to that limit, as if it were f32.
+pub const SPLIT_INPUT_NMSE: f64 = 1.0 / (1u64 << 44) as f64;
+
 /// NMSE between two computations of an attention that each round its
 /// probabilities to f16 (tensor cores, `turbospark::GemmRounding`) from f32
 /// values that differ only by reduction order: a probability whose two f32
@@ -607,28 +618,34 @@ impl Op {
 
     /// NMSE limit on a device: [`Op::limit`], except where the device runs
     /// the op from f16-rounded x ([`ComputeBackend::rounds_gemm_inputs`]:
-    /// matmul and the MoE phases at prefill sizes on tensor cores), where
-    /// the rounding's own error sets it: [`F16_INPUT_NMSE`] per product,
-    /// twice that through gate_up's two products; and prefill attention on
-    /// tensor cores (alone, or after qkv_post), held to a reference that
-    /// rounds alike, where its probabilities' rounding sets it
-    /// ([`rounded_attention_nmse`]).
+    /// matmul and the MoE phases at prefill sizes on tensor cores) at
+    /// `Precision::Fast`, where the rounding's own error sets it:
+    /// [`F16_INPUT_NMSE`] per product, twice that through gate_up's two
+    /// products; and prefill attention on tensor cores (alone, or after
+    /// qkv_post), held to a reference that rounds alike, where its
+    /// probabilities' rounding sets it ([`rounded_attention_nmse`]). At
+    /// `Precision::Exact` (split inputs) every op keeps [`Op::limit`]: a
+    /// split product's error ([`SPLIT_INPUT_NMSE`]) is far under it, and a
+    /// split probability that lands on the other side of a rounding
+    /// boundary moves its term by 2^-22 of it, not 2^-11.
     pub fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
         let kind = self.kind();
-        let rounded = match self {
-            Op::Matmul { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.k),
-            Op::MoeGateUp { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.hidden),
-            Op::MoeDown { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.inter),
-            Op::Attention { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.head_dim),
-            // (its attention, the half that may round)
-            Op::QkvPostAttention { p, .. } => {
-                let attention = OpKind::Attention {
-                    head_dim: p.head_dim as u32,
-                };
-                device.rounds_gemm_inputs(&attention, p.m, p.head_dim)
-            }
-            _ => false,
-        };
+        let fast = device.precision() == crate::Precision::Fast;
+        let rounded = fast
+            && match self {
+                Op::Matmul { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.k),
+                Op::MoeGateUp { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.hidden),
+                Op::MoeDown { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.inter),
+                Op::Attention { p, .. } => device.rounds_gemm_inputs(&kind, p.m, p.head_dim),
+                // (its attention, the half that may round)
+                Op::QkvPostAttention { p, .. } => {
+                    let attention = OpKind::Attention {
+                        head_dim: p.head_dim as u32,
+                    };
+                    device.rounds_gemm_inputs(&attention, p.m, p.head_dim)
+                }
+                _ => false,
+            };
         match self {
             // (against a reference that rounds alike:
             // `CpuBackend::parity_reference_for`)

@@ -7,6 +7,15 @@ use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::{WgpuBackend, WgpuOptions};
 
+/// The repository the fixtures are read from: `TURBOSPARK_ROOT` where set
+/// (a test binary run on another machine, from that machine's checkout:
+/// scripts/h200-precision.sh), else the one it was built in.
+pub fn repo_root() -> std::path::PathBuf {
+    std::env::var_os("TURBOSPARK_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// Normalised mean squared error `sum (a-b)^2 / sum b^2` (b the reference).
 pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len(), "length mismatch");

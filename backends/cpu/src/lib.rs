@@ -9,6 +9,7 @@
 pub mod ops;
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use turbospark::backend::{BackendInfo, Features, Limits};
@@ -18,7 +19,7 @@ use turbospark::ops::{
 };
 use turbospark::{
     ComputeBackend, DType, DeviceBuffer, DeviceType, Error, ExpertBytes, ExpertStack, GemmRounding,
-    HostBytes, PostFfnArgs, ReadTicket, Result, Support,
+    HostBytes, PostFfnArgs, Precision, ReadTicket, Result, Support,
 };
 
 pub use ops::Weights;
@@ -160,6 +161,9 @@ pub struct CpuBackend {
     /// The GEMMs run from f16-rounded inputs, as a tensor-core backend runs
     /// them (`rounding_gemm_inputs_as`); None: all in f32.
     gemm_rounding: Option<GemmRounding>,
+    /// How those GEMMs round (`ComputeBackend::set_precision`): split in
+    /// two f16 parts (exact, false) or once (fast, true).
+    fast: AtomicBool,
 }
 
 impl Default for CpuBackend {
@@ -186,6 +190,7 @@ impl CpuBackend {
             },
             reads: Default::default(),
             gemm_rounding: None,
+            fast: AtomicBool::new(false),
         }
     }
 
@@ -210,21 +215,40 @@ impl CpuBackend {
     /// `turbospark::parity::F16_INPUT_NMSE`: its error is bounded per
     /// product, while attention's depends on its scores' size.)
     pub fn parity_reference_for<B: ComputeBackend + ?Sized>(device: &B) -> Self {
-        match device.gemm_rounding() {
+        let r = match device.gemm_rounding() {
             Some(rule) => Self::new().rounding_gemm_inputs_as(Arc::new(move |op, m, k| {
                 matches!(op, OpKind::Attention { .. }) && rule(op, m, k)
             })),
             None => Self::new(),
+        };
+        r.set_precision(device.precision());
+        r
+    }
+
+    /// How the activations of `op` (`m` rows over `k`) reach the products
+    /// here: as they are, or rounded as the rule and the precision say.
+    fn rounding(&self, op: &OpKind, m: usize, k: usize) -> ops::Rounding {
+        if !self
+            .gemm_rounding
+            .as_ref()
+            .is_some_and(|rule| rule(op, m, k))
+        {
+            return ops::Rounding::F32;
+        }
+        if self.fast.load(Ordering::Relaxed) {
+            ops::Rounding::Half
+        } else {
+            ops::Rounding::Split
         }
     }
 
-    /// Whether `op` (`m` rows over `k`, weight `w`) runs from f16-rounded
-    /// inputs here.
-    fn rounds(&self, op: OpKind, m: usize, k: usize, w: &Weights<'_>) -> bool {
-        self.gemm_rounding
-            .as_ref()
-            .is_some_and(|rule| rule(&op, m, k))
-            && w.fits_f16()
+    /// [`Self::rounding`] for a GEMM over weight `w`, which must fit f16
+    /// (else its product stays f32, as on the GPU).
+    fn rounds(&self, op: OpKind, m: usize, k: usize, w: &Weights<'_>) -> ops::Rounding {
+        match self.rounding(&op, m, k) {
+            r if r.rounds() && w.fits_f16() => r,
+            _ => ops::Rounding::F32,
+        }
     }
 
     fn new_owned(&self, dtype: DType, len: usize, bytes: Option<&[u8]>) -> CpuBuffer {
@@ -263,6 +287,19 @@ impl ComputeBackend for CpuBackend {
 
     fn gemm_rounding(&self) -> Option<GemmRounding> {
         self.gemm_rounding.clone()
+    }
+
+    fn set_precision(&self, precision: Precision) {
+        self.fast
+            .store(precision == Precision::Fast, Ordering::Relaxed);
+    }
+
+    fn precision(&self) -> Precision {
+        if self.fast.load(Ordering::Relaxed) {
+            Precision::Fast
+        } else {
+            Precision::Exact
+        }
     }
 
     fn alloc(&self, dtype: DType, len: usize, _label: &str) -> Result<CpuBuffer> {
@@ -432,10 +469,10 @@ impl ComputeBackend for CpuBackend {
         v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         let (wr, xr) = (w.read(), x.read());
         let wt = weights(&wr, w.dtype());
-        let f16 = self.rounds(OpKind::Matmul { w: w.dtype() }, p.m, p.k, &wt);
+        let r = self.rounds(OpKind::Matmul { w: w.dtype() }, p.m, p.k, &wt);
         ops::matmul(
-            &wt.rounded_to_f16(f16),
-            &ops::f16_rows(xr.f32(), p.k, f16),
+            &wt.rounded_to_f16(r.rounds()),
+            &ops::f16_rows(xr.f32(), p.k, r),
             out.write("matmul")?.f32(),
             p,
         );
@@ -478,10 +515,10 @@ impl ComputeBackend for CpuBackend {
         let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
         let wt = weights(&gr, gate_up.dtype());
         let kind = OpKind::MoeGateUp { w: gate_up.dtype() };
-        let f16 = self.rounds(kind, p.m, p.hidden, &wt);
+        let r = self.rounds(kind, p.m, p.hidden, &wt);
         ops::moe_gate_up(
-            &ops::f16_rows(xr.f32(), p.hidden, f16),
-            &wt.rounded_to_f16(f16),
+            &ops::f16_rows(xr.f32(), p.hidden, r),
+            &wt.rounded_to_f16(r.rounds()),
             ir.u32(),
             act.write("moe_gate_up")?.f32(),
             p,
@@ -500,10 +537,10 @@ impl ComputeBackend for CpuBackend {
         p.validate_down(act, down, ids, wts, out)?;
         let (ar, dr, ir, wr) = (act.read(), down.read(), ids.read(), wts.read());
         let wt = weights(&dr, down.dtype());
-        let f16 = self.rounds(OpKind::MoeDown { w: down.dtype() }, p.m, p.inter, &wt);
+        let r = self.rounds(OpKind::MoeDown { w: down.dtype() }, p.m, p.inter, &wt);
         ops::moe_down(
-            &ops::f16_rows(ar.f32(), p.inter, f16),
-            &wt.rounded_to_f16(f16),
+            &ops::f16_rows(ar.f32(), p.inter, r),
+            &wt.rounded_to_f16(r.rounds()),
             ir.u32(),
             wr.f32(),
             out.write("moe_down")?.f32(),
@@ -557,7 +594,7 @@ impl ComputeBackend for CpuBackend {
         let kind = OpKind::Attention {
             head_dim: p.head_dim as u32,
         };
-        let f16 = self.rounds_gemm_inputs(&kind, p.m, p.head_dim);
+        let r = self.rounding(&kind, p.m, p.head_dim);
         // (an f16 cache widens whole: plain, and the attention reads most of
         // it anyway)
         ops::attention(
@@ -567,7 +604,7 @@ impl ComputeBackend for CpuBackend {
             pr.u32(),
             out.write("attention")?.f32(),
             p,
-            f16,
+            r,
         )
     }
 

@@ -19,6 +19,7 @@ mod quant;
 mod readback;
 mod timing;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use turbospark::ops::{
@@ -90,6 +91,9 @@ pub struct WgpuBackend {
     gemm_tiles: ops::gemm::Overrides,
     /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
     coop_tiles: ops::gemm_coop::CoopTiles,
+    /// The tensor-core products round their activations once
+    /// (`Precision::Fast`) rather than split them (`ComputeBackend::set_precision`).
+    fast: AtomicBool,
 }
 
 impl WgpuBackend {
@@ -174,6 +178,7 @@ impl WgpuBackend {
             reads: Mutex::default(),
             gemm_tiles,
             coop_tiles,
+            fast: AtomicBool::new(false),
         })
     }
 
@@ -722,6 +727,19 @@ impl ComputeBackend for WgpuBackend {
     fn gemm_rounding(&self) -> Option<turbospark::GemmRounding> {
         let rule: turbospark::GemmRounding = Arc::new(ops::gemm_coop::rounds_inputs);
         ops::gemm_coop::usable(self).then_some(rule)
+    }
+
+    fn set_precision(&self, precision: turbospark::Precision) {
+        self.fast
+            .store(precision == turbospark::Precision::Fast, Ordering::Relaxed);
+    }
+
+    fn precision(&self) -> turbospark::Precision {
+        if self.fast.load(Ordering::Relaxed) {
+            turbospark::Precision::Fast
+        } else {
+            turbospark::Precision::Exact
+        }
     }
 
     fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {

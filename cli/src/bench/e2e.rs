@@ -9,7 +9,7 @@ use turbospark::model::{
     GenerateOptions, Model, ModelConfig, ModelOptions, Sampling, SyntheticSource,
 };
 use turbospark::rng::Rng;
-use turbospark::{ComputeBackend, DType};
+use turbospark::{ComputeBackend, DType, Precision};
 use turbospark_wgpu::WgpuBackend;
 
 use super::measure::Stats;
@@ -270,8 +270,12 @@ fn at_context<B: ComputeBackend + Counters>(
     Ok(json!({
         "context": context,
         "decode_tokens": decode,
+        "precision": main.as_str(),
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
+        // The prefill at the other precision, and fast against exact on
+        // the prompt (bench::fidelity).
+        "other_precision": other_run,
         "kv_bytes_per_token": kv,
         "bandwidth_bound_tok_s": bound,
         "decode_share_of_bound": bound.map(|b| g.decode_tok_s / b),
@@ -344,6 +348,7 @@ fn measure<B: ComputeBackend + Counters>(
             max_context: longest_prompt(args) + decode + SPARE_POSITIONS,
             prefill_batch,
             kv_cache: args.kv_cache.dtype(),
+            precision: args.precision.get(),
             ..Default::default()
         },
     )?;
@@ -442,6 +447,51 @@ fn measure<B: ComputeBackend + Counters>(
             )
         })
         .collect::<turbospark::Result<Vec<Value>>>()?;
+    // The other precision's prefill, timed as the main run's (warmed up to
+    // settled clocks), and its profile; then both over the prompt,
+    // teacher-forced, for the fast path's fidelity (last: the model's
+    // precision is changed).
+    let main = args.precision.get();
+    let other = match main {
+        Precision::Exact => Precision::Fast,
+        Precision::Fast => Precision::Exact,
+    };
+    let other_run = if prompt_len > 1 {
+        model.backend().set_precision(other);
+        let mut best = 0f64;
+        let mut last = 0.0;
+        for _ in 0..warmups.max(1) {
+            model.reset();
+            let g = model.generate(&prompt, &greedy(2))?;
+            let settled = (g.prefill_tok_s - last).abs() <= 0.03 * g.prefill_tok_s;
+            last = g.prefill_tok_s;
+            best = best.max(g.prefill_tok_s);
+            if settled {
+                break;
+            }
+        }
+        model.reset();
+        let timed = model.generate(&prompt, &greedy(2))?.prefill_tok_s;
+        let profile = profiled(&mut model, "prefill", 1, |m| {
+            m.reset();
+            m.generate(&prompt, &greedy(0)).map(drop)
+        })?;
+        let exact = super::fidelity::pass(&mut model, &prompt, Precision::Exact)?;
+        let fast = super::fidelity::pass(&mut model, &prompt, Precision::Fast)?;
+        let fid = super::fidelity::compare(&exact, &fast);
+        eprintln!(
+            "bench: end to end: prefill {timed:.1} tok/s at {other} precision; {}",
+            super::fidelity::brief(&fid)
+        );
+        json!({
+            "precision": other.as_str(),
+            "prefill_tok_s": timed,
+            "prefill_profile": profile,
+            "fidelity": fid,
+        })
+    } else {
+        Value::Null
+    };
     let per_token = before.zip(after).map(|((d0, s0), (d1, s1))| {
         // The counters cover every forward pass of the run: the prompt's
         // prefill chunks (the last one also yields the first new token)
@@ -469,8 +519,15 @@ fn measure<B: ComputeBackend + Counters>(
             )
         })
         .collect();
+    let other_note = match other_run["prefill_tok_s"].as_f64() {
+        Some(t) => format!(
+            "; prefill at {other} precision {t:.1} tok/s; {}",
+            super::fidelity::brief(&other_run["fidelity"])
+        ),
+        None => String::new(),
+    };
     let note = format!(
-        "{name}{cut} on {device}{}: prefill {:.1} tok/s ({prompt_len}-token prompt), decode {:.1} tok/s{}{}{}{long_note}",
+        "{name}{cut} on {device}{}: prefill {:.1} tok/s ({prompt_len}-token prompt, {main} precision), decode {:.1} tok/s{}{}{}{long_note}{other_note}",
         if args.kv_cache.dtype() == DType::F32 {
             String::new()
         } else {

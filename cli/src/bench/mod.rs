@@ -11,6 +11,7 @@
 mod cases;
 mod clock;
 mod e2e;
+mod fidelity;
 mod measure;
 mod replay;
 mod report;
@@ -131,6 +132,17 @@ pub struct Args {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The tensor-core products of the per-op cases and the end-to-end
+    /// model: exact (split activations) or fast (rounded once). The
+    /// end-to-end run also times the prefill at the other and compares the
+    /// two on its prompt (logits, argmax, expert choices).
+    #[arg(long, value_enum, default_value = "exact")]
+    pub precision: crate::common::PrecisionArg,
+    /// Checkpoints with an `expected.json` (the transformers fixtures,
+    /// e.g. tests/fixtures/wide-text): fast against exact on each, and each
+    /// against transformers' logits and greedy tokens (`,`-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub fidelity: Vec<std::path::PathBuf>,
 }
 
 /// Whether `--filter` selects the case `label`: empty selects all, else any
@@ -356,6 +368,12 @@ pub fn main(args: Args) -> ExitCode {
         None
     };
     let mut cpu = want_cpu.then(CpuBackend::new);
+    for b in wgpu.iter() {
+        b.set_precision(args.precision.get());
+    }
+    for b in cpu.iter() {
+        b.set_precision(args.precision.get());
+    }
 
     let mut runs: Vec<Run> = Vec::new();
     if let Some(b) = &wgpu {
@@ -421,9 +439,27 @@ pub fn main(args: Args) -> ExitCode {
         }
     }
 
+    // Fast against exact on the fixtures asked for, each on a backend of
+    // its own (a model takes its backend over).
+    let mut fidelity = Vec::new();
+    for dir in &args.fidelity {
+        if want_wgpu && wgpu.is_some() {
+            match WgpuBackend::new(&WgpuOptions {
+                adapter: args.adapter.clone(),
+                ..Default::default()
+            }) {
+                Ok(b) => fidelity.push(fidelity::fixture(b, dir)),
+                Err(e) => notes.push(format!("fidelity: wgpu unavailable: {e}")),
+            }
+        }
+        if want_cpu {
+            fidelity.push(fidelity::fixture(CpuBackend::new(), dir));
+        }
+    }
+
     // End to end last: the model takes the backend over, after the per-op
     // cases have released their buffers.
-    let end_to_end = match &args.synthetic {
+    let mut end_to_end = match &args.synthetic {
         None => e2e::not_run(),
         Some(name) => {
             let ceiling = |k: usize| {
@@ -448,6 +484,7 @@ pub fn main(args: Args) -> ExitCode {
             serde_json::json!({ "runs": all, "note": note })
         }
     };
+    end_to_end["fidelity"] = fidelity.into();
     let rep = report::Report {
         args: &args,
         cases: &selected,

@@ -263,6 +263,10 @@ impl Report<'_> {
             self.args.kv_cache.dtype(),
             self.end_to_end["note"].as_str().unwrap_or("-")
         );
+        let _ = writeln!(s, "precision: {}", self.args.precision.get());
+        for f in self.end_to_end["fidelity"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "fidelity: {}", f["note"].as_str().unwrap_or("-"));
+        }
         s
     }
 
@@ -390,6 +394,9 @@ impl Report<'_> {
             "mode": if self.args.quick { "quick" } else { "full" },
             "seed": self.args.seed,
             "kv_cache": self.args.kv_cache.dtype().name(),
+            // the tensor-core products' arithmetic of the cases and the
+            // end-to-end model (turbospark::Precision)
+            "precision": self.args.precision.get().as_str(),
             "machine": machine(),
             "backends": backends,
             "cases": cases,

@@ -3,7 +3,7 @@ use turbospark::{Error, Result};
 
 use std::borrow::Cow;
 
-use super::{dot, f16_rows, to_f16_if};
+use super::{dot, f16_rows, to_f16_if, Rounding};
 
 /// NeoX RoPE in place: dim d pairs with d + D/2 and turns by
 /// `pos * inv_freq[d]` (see `rope_inv_freq`) for d < rot_pairs (the exponent divides by the full
@@ -62,11 +62,15 @@ pub fn kv_append<T: CacheElem>(src: &[f32], cache: &mut [T], positions: &[u32], 
 /// `ComputeBackend::attention`). Errors when the window needs more keys than
 /// the cache holds, rather than reading overwritten slots.
 ///
-/// `f16`: as a tensor-core backend computes it (`turbospark::GemmRounding`,
-/// kernels/attention_coop.wgsl): queries and keys rounded to f16 by row
-/// with the GEMM's power-of-two scale ([`f16_rows`]), values by
-/// `f16_value_rows` (below), and each probability (times its value row's factor)
-/// rounded to f16 before it multiplies; the sums stay f32.
+/// `r`: as a tensor-core backend computes it (`turbospark::GemmRounding`,
+/// kernels/attention_coop.wgsl). [`Rounding::Half`]: queries and keys
+/// rounded to f16 by row with the GEMM's power-of-two scale ([`f16_rows`]),
+/// values by [`f16_value_rows`] (below), and each probability (times its
+/// value row's factor) rounded to f16 before it multiplies; the sums stay
+/// f32. [`Rounding::Split`]: each of those values split instead into
+/// `hi = f16(v)` and `lo = f16(v - hi)` (subnormals kept) and each product
+/// taken as three, `hi hi' + hi lo' + lo hi'` (the matrix units' `lo lo'`,
+/// at most 2^-22 of the product, is left out, as the kernel leaves it).
 pub fn attention(
     q: &[f32],
     kc: &[f32],
@@ -74,17 +78,19 @@ pub fn attention(
     positions: &[u32],
     out: &mut [f32],
     p: Attention,
-    f16: bool,
+    r: Rounding,
 ) -> Result<()> {
     let d = p.head_dim;
     let group = p.heads / p.kv_heads;
-    let q = f16_rows(q, d, f16);
-    let kc = f16_rows(kc, d, f16);
-    let (vc, vfac) = if f16 {
-        let (v, f) = f16_value_rows(vc, d);
-        (Cow::Owned(v), Some(f))
+    let split = r == Rounding::Split;
+    let (q, ql) = split_rows(q, d, r);
+    let (kc, kl) = split_rows(kc, d, r);
+    let (vc, vl, vfac) = if r.rounds() {
+        let (v, f) = f16_value_rows(vc, d, r);
+        let (vh, vl) = v.iter().map(|&x| parts(x, r)).unzip();
+        (Cow::Owned(vh), vl, Some(f))
     } else {
-        (Cow::Borrowed(vc), None)
+        (Cow::Borrowed(vc), Vec::new(), None)
     };
     let mut scores = Vec::new();
     for t in 0..p.m {
@@ -106,23 +112,37 @@ pub fn attention(
         }
         for h in 0..p.heads {
             let g = h / group;
-            let qv = &q[(t * p.heads + h) * d..(t * p.heads + h + 1) * d];
+            let qi = (t * p.heads + h) * d..(t * p.heads + h + 1) * d;
             let row = |j: usize| g * p.capacity + j % p.capacity;
+            let ki = |j: usize| row(j) * d..(row(j) + 1) * d;
             scores.clear();
-            scores.extend((lo..=pos).map(|j| p.scale * dot(qv, &kc[row(j) * d..(row(j) + 1) * d])));
+            if split {
+                scores.extend((lo..=pos).map(|j| {
+                    p.scale * dot3(&q[qi.clone()], &ql[qi.clone()], &kc[ki(j)], &kl[ki(j)])
+                }));
+            } else {
+                scores.extend((lo..=pos).map(|j| p.scale * dot(&q[qi.clone()], &kc[ki(j)])));
+            }
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
             for s in scores.iter_mut() {
                 *s = (*s - max).exp();
                 sum += *s;
             }
-            let o = &mut out[(t * p.heads + h) * d..(t * p.heads + h + 1) * d];
+            let o = &mut out[qi.clone()];
             o.fill(0.0);
             for (s, j) in scores.iter().zip(lo..=pos) {
-                let w = to_f16_if(s / sum * vfac.as_ref().map_or(1.0, |f| f[row(j)]), f16);
-                let vv = &vc[row(j) * d..(row(j) + 1) * d];
-                for i in 0..d {
-                    o[i] += w * vv[i];
+                let (w, wl) = parts(s / sum * vfac.as_ref().map_or(1.0, |f| f[row(j)]), r);
+                let vv = &vc[ki(j)];
+                if split {
+                    let vlo = &vl[ki(j)];
+                    for i in 0..d {
+                        o[i] += w * vv[i] + w * vlo[i] + wl * vv[i];
+                    }
+                } else {
+                    for i in 0..d {
+                        o[i] += w * vv[i];
+                    }
                 }
             }
         }
@@ -130,19 +150,72 @@ pub fn attention(
     Ok(())
 }
 
-/// Value rows of `d` rounded to f16 as the tensor-core attention takes them:
-/// a row whose largest |v| is below 2^15 as it is; a larger one first scaled
-/// down by the power of two that puts its largest in [2^14, 2^15) (kept
-/// scaled). Returns the rows and each row's factor (1, or the inverse of its
-/// scale), which multiplies the probabilities of that row instead.
-pub fn f16_value_rows(v: &[f32], d: usize) -> (Vec<f32>, Vec<f32>) {
+/// `v` as the two f16 parts a product under `r` takes it: `(hi, lo)` for
+/// [`Rounding::Split`] (`hi = f16(v)`, `lo = f16(v - hi)`, subnormals kept,
+/// as kernels/f16_round.wgsl's half_grid rounds), `(f16(v), 0)` for
+/// [`Rounding::Half`], `(v, 0)` for f32.
+fn parts(v: f32, r: Rounding) -> (f32, f32) {
+    match r {
+        Rounding::Split => {
+            let hi = to_f16_if(v, true);
+            if !hi.is_finite() {
+                return (hi, 0.0);
+            }
+            (hi, to_f16_if(v - hi, true))
+        }
+        _ => (r.apply(v), 0.0),
+    }
+}
+
+/// Rows of `d` rounded as [`f16_rows`] rounds them, as the parts
+/// ([`parts`]) with the row's scale taken off: `(hi, lo)`, `lo` empty but
+/// for [`Rounding::Split`].
+fn split_rows(x: &[f32], d: usize, r: Rounding) -> (Cow<'_, [f32]>, Vec<f32>) {
+    if r != Rounding::Split {
+        return (f16_rows(x, d, r), Vec::new());
+    }
+    let (mut hi, mut lo) = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
+    for row in x.chunks(d) {
+        let (s, inv) = turbospark::dtype::f16_row_scale(row);
+        for v in row {
+            let (h, l) = parts(v * s, r);
+            hi.push(h * inv);
+            lo.push(l * inv);
+        }
+    }
+    (Cow::Owned(hi), lo)
+}
+
+/// `sum(ah bh + ah bl + al bh)` in f32: a split product's three terms.
+#[inline]
+fn dot3(ah: &[f32], al: &[f32], bh: &[f32], bl: &[f32]) -> f32 {
+    let mut s = 0.0;
+    for i in 0..ah.len() {
+        s += ah[i] * bh[i] + ah[i] * bl[i] + al[i] * bh[i];
+    }
+    s
+}
+
+/// Value rows of `d` as the tensor-core attention takes them under `r`
+/// (before they are rounded or split, [`parts`]): a row whose largest |v|
+/// is below 2^15 as it is; a larger one first scaled down by the power of
+/// two that puts its largest in [2^14, 2^15) (kept scaled). Returns the
+/// rows, rounded once for [`Rounding::Half`], and each row's factor (1, or
+/// the inverse of its scale), which multiplies the probabilities of that
+/// row instead.
+pub fn f16_value_rows(v: &[f32], d: usize, r: Rounding) -> (Vec<f32>, Vec<f32>) {
     let mut out = Vec::with_capacity(v.len());
     let mut fac = Vec::with_capacity(v.len() / d);
+    let once = if r == Rounding::Half {
+        r
+    } else {
+        Rounding::F32
+    };
     for row in v.chunks(d) {
         let (s, inv) = turbospark::dtype::f16_row_scale(row);
         // (s < 1 exactly when the largest |v| is 2^15 or more)
         let (s, inv) = if s < 1.0 { (s, inv) } else { (1.0, 1.0) };
-        out.extend(row.iter().map(|x| to_f16_if(x * s, true)));
+        out.extend(row.iter().map(|x| once.apply(x * s)));
         fac.push(inv);
     }
     (out, fac)
@@ -157,7 +230,7 @@ mod tests {
     #[test]
     fn value_rows_scale_down_only_past_f16s_range() {
         let v = [1.0f32, -0.3, 2.5e-3, 7.0, 40000.0, -1.5, 3.0e5, 0.25];
-        let (r, f) = f16_value_rows(&v, 4);
+        let (r, f) = f16_value_rows(&v, 4, Rounding::Half);
         assert_eq!(f, vec![1.0, 16.0]);
         for (a, b) in r[..4].iter().zip(&v[..4]) {
             assert_eq!(*a, half::f16::from_f32(*b).to_f32());
@@ -200,11 +273,11 @@ mod tests {
         // Each head's dims reversed in q and k (v and the output keep theirs).
         let rev =
             |x: &[f32]| -> Vec<f32> { x.chunks(d).flat_map(|r| r.iter().rev().copied()).collect() };
-        let nmse = |f16: bool| {
+        let nmse = |r: Rounding| {
             let mut a = vec![0.0; q.len()];
             let mut b = vec![0.0; q.len()];
-            attention(&q, &k, &v, &pos, &mut a, p, f16).unwrap();
-            attention(&rev(&q), &rev(&k), &v, &pos, &mut b, p, f16).unwrap();
+            attention(&q, &k, &v, &pos, &mut a, p, r).unwrap();
+            attention(&rev(&q), &rev(&k), &v, &pos, &mut b, p, r).unwrap();
             let err: f64 = a
                 .iter()
                 .zip(&b)
@@ -212,10 +285,14 @@ mod tests {
                 .sum();
             err / a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>()
         };
-        let (plain, rounded) = (nmse(false), nmse(true));
+        let (plain, rounded) = (nmse(Rounding::F32), nmse(Rounding::Half));
         let limit = turbospark::parity::F16_PROBABILITY_NMSE;
         assert!(rounded < limit, "rounded: NMSE {rounded:e} over {limit:e}");
         assert!(plain < rounded / 10.0, "f32 {plain:e}, rounded {rounded:e}");
+        // Split, the order moves it as little as f32's own (1e-9, the
+        // limit of the unrounded kernel): no probability flips an f16 step.
+        let split = nmse(Rounding::Split);
+        assert!(split < 1e-9, "split: NMSE {split:e}");
     }
 
     /// The tensor-core rounding moves attention by about f16's precision and
@@ -251,8 +328,8 @@ mod tests {
         for v in [&v, &big] {
             let mut exact = vec![0.0; q.len()];
             let mut rounded = vec![0.0; q.len()];
-            attention(&q, &k, v, &pos, &mut exact, p, false).unwrap();
-            attention(&q, &k, v, &pos, &mut rounded, p, true).unwrap();
+            attention(&q, &k, v, &pos, &mut exact, p, Rounding::F32).unwrap();
+            attention(&q, &k, v, &pos, &mut rounded, p, Rounding::Half).unwrap();
             let err: f64 = exact
                 .iter()
                 .zip(&rounded)
@@ -262,5 +339,41 @@ mod tests {
             let nmse = err / energy;
             assert!(nmse > 1e-9 && nmse < 1e-5, "NMSE {nmse:e}");
         }
+    }
+
+    /// Split attention sits at the f32 floor: against f32 on the same
+    /// inputs as the rounded test above (value rows past f16's range too),
+    /// NMSE under 1e-11 (each value keeps 22 bits: 2^-44 per product).
+    #[test]
+    fn split_attention_stays_at_the_f32_floor() {
+        let p = Attention {
+            m: 9,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 32,
+            capacity: 40,
+            window: 0,
+            scale: 1.0,
+        };
+        let mut rng = turbospark::rng::Rng::new(3);
+        let q = rng.vec_normal(p.m * p.heads * 32, 0.5);
+        let k = rng.vec_normal(2 * 40 * 32, 0.5);
+        let mut v = rng.vec_normal(2 * 40 * 32, 1.0);
+        for row in v.chunks_mut(32).step_by(3) {
+            row.iter_mut().for_each(|x| *x *= 262144.0);
+        }
+        let pos: Vec<u32> = (20..29).collect();
+        let mut exact = vec![0.0; q.len()];
+        let mut split = vec![0.0; q.len()];
+        attention(&q, &k, &v, &pos, &mut exact, p, Rounding::F32).unwrap();
+        attention(&q, &k, &v, &pos, &mut split, p, Rounding::Split).unwrap();
+        let err: f64 = exact
+            .iter()
+            .zip(&split)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let energy: f64 = exact.iter().map(|a| (*a as f64).powi(2)).sum();
+        let nmse = err / energy;
+        assert!(nmse > 0.0 && nmse < 1e-11, "NMSE {nmse:e}");
     }
 }

@@ -124,18 +124,63 @@ pub(crate) fn to_f16_if(v: f32, on: bool) -> f32 {
     }
 }
 
-/// x's rows of `k` as a tensor-core GEMM sees them when `on`
+/// How an activation reaches the matrix units (`turbospark::GemmRounding`,
+/// `turbospark::Precision`): as it is (f32 arithmetic), rounded once to
+/// f16, or split into two f16 parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rounding {
+    F32,
+    /// One f16 rounding (`Precision::Fast`).
+    Half,
+    /// `hi + lo` ([`split_half`], `Precision::Exact`).
+    Split,
+}
+
+impl Rounding {
+    /// `v` as this rounding leaves it (before any row scale is taken off).
+    #[inline]
+    pub fn apply(self, v: f32) -> f32 {
+        match self {
+            Rounding::F32 => v,
+            Rounding::Half => to_f16_if(v, true),
+            Rounding::Split => split_half(v),
+        }
+    }
+
+    pub fn rounds(self) -> bool {
+        self != Rounding::F32
+    }
+}
+
+/// `v` as the two f16 parts a split product takes it, summed: `hi` = `v`
+/// rounded to f16, `lo` = the rest (`v - hi`, exact in f32) rounded to
+/// f16, both to nearest even with f16's subnormals kept
+/// (kernels/f16_round.wgsl's half_grid computes the same values). `hi + lo`
+/// is exact in f32 and within 2^-22 |v| of `v` (|v - hi| <= 2^-11 |v|,
+/// then |rest - lo| <= 2^-11 |rest|), or within 2^-25 absolute where `lo`
+/// is subnormal: 2^-39 of the largest |x| of a row at the GEMM's scale.
+#[inline]
+pub fn split_half(v: f32) -> f32 {
+    let hi = to_f16_if(v, true);
+    if !hi.is_finite() {
+        return hi;
+    }
+    hi + to_f16_if(v - hi, true)
+}
+
+/// x's rows of `k` as a tensor-core GEMM sees them under `r`
 /// (`turbospark::GemmRounding`, kernels/gemm_prep.wgsl): each row scaled by
-/// the power of two that puts its largest |x| in [2^14, 2^15), rounded to
-/// f16 and scaled back (both scalings exact); else x itself.
-pub fn f16_rows(x: &[f32], k: usize, on: bool) -> Cow<'_, [f32]> {
-    if !on {
+/// the power of two that puts its largest |x| in [2^14, 2^15), rounded
+/// (once, or split in two parts) and scaled back (both scalings exact);
+/// x itself for [`Rounding::F32`].
+pub fn f16_rows(x: &[f32], k: usize, r: Rounding) -> Cow<'_, [f32]> {
+    if !r.rounds() {
         return Cow::Borrowed(x);
     }
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(k) {
         let (s, inv) = turbospark::dtype::f16_row_scale(row);
-        out.extend(row.iter().map(|v| to_f16_if(v * s, true) * inv));
+        out.extend(row.iter().map(|v| r.apply(v * s) * inv));
     }
     Cow::Owned(out)
 }
@@ -167,7 +212,7 @@ mod tests {
             -7.5 * 2f32.powi(20),
             1e-3 * 2f32.powi(20),
         ];
-        let r = f16_rows(&x, 4, true);
+        let r = f16_rows(&x, 4, Rounding::Half);
         assert_eq!(r[0], 3.0);
         assert_eq!(r[1], 1.0, "2^-12 above 1 is half an ulp: to even");
         assert_eq!(r[2], -7.5);
@@ -176,7 +221,35 @@ mod tests {
         for i in 0..4 {
             assert_eq!(r[4 + i], r[i] * 2f32.powi(20), "row 2, element {i}");
         }
-        assert!(matches!(f16_rows(&x, 4, false), Cow::Borrowed(_)));
+        assert!(matches!(f16_rows(&x, 4, Rounding::F32), Cow::Borrowed(_)));
+    }
+
+    /// A split keeps 22 or more significant bits: within 2^-22 of each
+    /// value at the GEMM's scale (2^-25 absolute where its low part is
+    /// subnormal), exact for values of 22 bits, inf / NaN unchanged.
+    #[test]
+    fn split_rows_keep_twice_the_bits() {
+        let mut rng = turbospark::rng::Rng::new(11);
+        let x = rng.vec_normal(4096, 3.0);
+        let (s, inv) = turbospark::dtype::f16_row_scale(&x);
+        assert_eq!(inv * s, 1.0);
+        let r = f16_rows(&x, 4096, Rounding::Split);
+        let mut worst = 0f64;
+        for (a, b) in r.iter().zip(&x) {
+            let err = ((a - b) * s).abs() as f64;
+            assert!(err <= (2f64.powi(-22) * (b * s).abs() as f64).max(2f64.powi(-25)));
+            worst = worst.max(err / (b * s).abs() as f64);
+        }
+        assert!(worst > 0.0, "f32 normals with 24 bits do not all fit 22");
+        // 22 significant bits survive whole, 24 do not
+        let v = 1.0 + 2f32.powi(-21);
+        assert_eq!(split_half(v), v);
+        assert_eq!(split_half(1.0 + 2f32.powi(-23)), 1.0);
+        // a subnormal low part is kept to f16's grid (2^-24)
+        assert_eq!(split_half(1.0 + 2f32.powi(-20)), 1.0 + 2f32.powi(-20));
+        assert_eq!(split_half(1.0 + 2f32.powi(-26)), 1.0);
+        assert!(split_half(f32::NAN).is_nan());
+        assert_eq!(split_half(f32::INFINITY), f32::INFINITY);
     }
 
     /// bf16 weights keep their value in f16's normal range; below it the

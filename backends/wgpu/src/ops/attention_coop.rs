@@ -4,7 +4,9 @@
 //! Two dispatches: `attn_coop_prep` (the queries, keys and values to f16
 //! scratch with per-row power-of-two scales) and `attn_prefill_coop`. The
 //! inputs are rounded as [`rounds_inputs`] says, which the CPU reference
-//! models (`turbospark::GemmRounding` names attention too).
+//! models (`turbospark::GemmRounding` names attention too): once
+//! (`Precision::Fast`) or split in two f16 parts, three products each
+//! (`Precision::Exact`).
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::Attention;
@@ -30,10 +32,12 @@ const PREP_ROWS: usize = 8;
 /// head_dim and query heads per workgroup; 4 warps at 128 dims a warp, 8 at
 /// 64. On the H200 at 512 tokens (run 04): head_dim 256 211.1 us at 64
 /// dims a warp against 215.9 at 128; head_dim 512 260.5 us at 128 against
-/// 268.1 at 64.
-fn shape(head_dim: usize) -> Option<(usize, usize, usize)> {
+/// 268.1 at 64. With `split` 64 for every size: the lo parts' fragments
+/// (queries, keys, values: twelve more) leave no registers for 128.
+fn shape(head_dim: usize, split: bool) -> Option<(usize, usize, usize)> {
     let dw = match head_dim {
         128 | 256 => 64,
+        512 if split => 64,
         512 => 128,
         _ => return None,
     };
@@ -45,7 +49,7 @@ fn shape(head_dim: usize) -> Option<(usize, usize, usize)> {
 /// f16-rounded inputs where the tensor cores are usable: the part of
 /// [`takes`] that depends on the op (the GEMM rule's attention arm).
 pub(crate) fn rounds_inputs(m: usize, head_dim: usize) -> bool {
-    m >= super::PREFILL_MIN_M && shape(head_dim).is_some()
+    m >= super::PREFILL_MIN_M && shape(head_dim, false).is_some()
 }
 
 /// Whether `p` runs here rather than on `attn_prefill`.
@@ -80,7 +84,10 @@ pub(crate) fn attention(
     out: &WgpuBuffer,
     p: Attention,
 ) -> Result<()> {
-    let (dw, nd, nsg) = shape(p.head_dim).expect("takes() checked the head size");
+    let split = turbospark::ComputeBackend::precision(be) == turbospark::Precision::Exact;
+    let (dw, nd, nsg) = shape(p.head_dim, split).expect("takes() checked the head size");
+    // (with the split, every f16 scratch holds the lo parts after the hi)
+    let parts = 1 + split as usize;
     let d = p.head_dim;
     let group = p.heads / p.kv_heads;
     let nrb = p.m.div_ceil(ROWS);
@@ -103,19 +110,19 @@ pub(crate) fn attention(
     let q16 = scratch(
         |s| &mut s.attn_q16,
         DType::F16,
-        qrows * d,
+        parts * qrows * d,
         "tensor-core attention f16 queries",
     )?;
     let k16 = scratch(
         |s| &mut s.attn_k16,
         DType::F16,
-        kv_elems,
+        parts * kv_elems,
         "tensor-core attention f16 keys",
     )?;
     let v16 = scratch(
         |s| &mut s.attn_v16,
         DType::F16,
-        kv_elems,
+        parts * kv_elems,
         "tensor-core attention f16 values",
     )?;
     let sc = scratch(
@@ -153,7 +160,7 @@ pub(crate) fn attention(
     be.launch(Launch {
         kernel: for_caches("attention_coop", kc.dtype),
         entry: "attn_coop_prep",
-        constants: &[],
+        constants: &[("SPLIT", split as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
         groups: be.grid(rows.div_ceil(PREP_ROWS) as u32),
@@ -166,6 +173,7 @@ pub(crate) fn attention(
             ("ND", nd as i64),
             ("NSG", nsg as i64),
             ("WG", (32 * nd * nsg) as i64),
+            ("SPLIT", split as i64),
         ],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
@@ -182,17 +190,20 @@ mod tests {
     /// prefill sizes or of another head size is rounded.
     #[test]
     fn shapes_fill_the_warps_and_the_rule_matches_them() {
-        for hd in [128, 256, 512] {
-            let (dw, nd, nsg) = shape(hd).unwrap();
-            assert!(dw == 64 || dw == 128);
+        for (hd, split) in [128, 256, 512]
+            .into_iter()
+            .flat_map(|h| [(h, false), (h, true)])
+        {
+            let (dw, nd, nsg) = shape(hd, split).unwrap();
+            assert!(dw == 64 || (dw == 128 && !split));
             assert_eq!(nd * dw, hd);
             assert_eq!(nd * nsg * dw, 512);
-            assert!(nsg <= 4);
+            assert!(nsg <= 4 && nd <= 8, "csp holds 8 warps' partials");
             assert!(rounds_inputs(super::super::PREFILL_MIN_M, hd));
             assert!(!rounds_inputs(super::super::PREFILL_MIN_M - 1, hd));
         }
         for hd in [64, 96, 192, 384, 1024] {
-            assert!(shape(hd).is_none());
+            assert!(shape(hd, false).is_none() && shape(hd, true).is_none());
             assert!(!rounds_inputs(4096, hd));
         }
     }

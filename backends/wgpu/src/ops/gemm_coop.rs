@@ -47,11 +47,12 @@ impl CoopTile {
     pub fn threads(self) -> u32 {
         32 * self.wm * self.wn
     }
-    /// The staged X tile in f16 (`XSN`; 8 when x is not staged).
-    fn xsn(self) -> u32 {
+    /// The staged X tile in f16 (`XSN`; 8 when x is not staged), twice
+    /// over with `split` (its hi and lo parts).
+    fn xsn(self, split: bool) -> u32 {
         if self.stage_x {
             // (x is staged only at two slices a step)
-            self.bm() * Self::bkp(2)
+            (1 + split as u32) * self.bm() * Self::bkp(2)
         } else {
             8
         }
@@ -72,11 +73,13 @@ impl CoopTile {
     fn bkp(slices: u32) -> u32 {
         16 * slices + 8
     }
-    /// Workgroup memory at two slices a step (the most of any mode): the
-    /// staged W and X tiles (f16), a 256-float staging area per warp, the
-    /// row maps (BM each), the route slots' tile counts and the tile record.
+    /// Workgroup memory at two slices a step and split inputs (the most of
+    /// any mode and precision, so that whether a tile fits does not depend
+    /// on the precision): the staged W and X tiles (f16), a 256-float
+    /// staging area per warp, the row maps (BM each), the route slots' tile
+    /// counts and the tile record.
     pub fn bytes(self) -> u32 {
-        2 * (self.bn() * Self::bkp(2) + self.xsn())
+        2 * (self.bn() * Self::bkp(2) + self.xsn(true))
             + 4 * 256 * self.wm * self.wn
             + 8 * self.bm()
             + 4 * 256
@@ -94,17 +97,24 @@ impl CoopTile {
     }
     /// `tiled`: the weights are an expert stack in tile order
     /// (expert_tiles.rs; the MoE modes only).
-    fn constants(self, dtype: DType, mode: u32, tiled: bool) -> [(&'static str, i64); 11] {
+    fn constants(
+        self,
+        dtype: DType,
+        mode: u32,
+        tiled: bool,
+        split: bool,
+    ) -> [(&'static str, i64); 12] {
         [
             super::wdtype(dtype)[0],
             ("MODE", mode as i64),
             ("TILED", tiled as i64),
+            ("SPLIT", split as i64),
             ("WM", self.wm as i64),
             ("WN", self.wn as i64),
             ("STAGE_X", self.stage_x as i64),
             ("WG", self.threads() as i64),
             ("WSN", (self.bn() * Self::bkp(self.slices(mode))) as i64),
-            ("XSN", self.xsn() as i64),
+            ("XSN", self.xsn(split) as i64),
             ("CSN", (256 * self.wm * self.wn) as i64),
             ("SL", self.slices(mode) as i64),
         ]
@@ -240,7 +250,9 @@ pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>)
             (super::gemm::grouped_tiles(p, t.grouped.bm()) * t.grouped.bm()) as usize,
         ),
     };
-    let x16_elems = (x16_rows * k) as u64;
+    // (hi and lo parts: the most, whatever the precision, so that which
+    // GEMMs take the tensor cores does not depend on it)
+    let x16_elems = 2 * (x16_rows * k) as u64;
     usable(be)
         && tiles_fit(be, tiles)
         && w.fits_f16
@@ -295,14 +307,21 @@ pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
     !w.is_quantized() && super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)
 }
 
+/// Whether the tensor-core GEMMs split x in two f16 parts
+/// (`Precision::Exact`) rather than round it once.
+fn splits(be: &WgpuBackend) -> bool {
+    turbospark::ComputeBackend::precision(be) == turbospark::Precision::Exact
+}
+
 /// `gemm_prep`: `rows` source rows of x (`k` wide) to the tile-ordered f16
-/// scratch and its inverse scales; returns both.
+/// scratch (with `split`, the hi rows then the lo rows) and its inverse
+/// scales; returns both.
 fn prep(
     be: &WgpuBackend,
     x: &wgpu::Buffer,
     route: &wgpu::Buffer,
     t: CoopTile,
-    mode: u32,
+    (mode, split): (u32, bool),
     params: &Params,
 ) -> Result<(WgpuBuffer, WgpuBuffer)> {
     let rows = (params.mtiles * t.bm()) as usize;
@@ -310,7 +329,7 @@ fn prep(
         be,
         |s| &mut s.coop_x16,
         DType::F16,
-        rows * params.k as usize,
+        (1 + split as usize) * rows * params.k as usize,
         0,
         "tensor-core GEMM f16 rows",
     )?;
@@ -325,7 +344,11 @@ fn prep(
     be.launch(Launch {
         kernel: "gemm_prep",
         entry: "gemm_prep",
-        constants: &[("MODE", mode as i64), ("WM", t.wm as i64)],
+        constants: &[
+            ("MODE", mode as i64),
+            ("WM", t.wm as i64),
+            ("SPLIT", split as i64),
+        ],
         params: bytemuck::bytes_of(params),
         buffers: &[
             (x, true),
@@ -348,13 +371,13 @@ fn launch(
     route: &wgpu::Buffer,
     wts: &wgpu::Buffer,
     t: CoopTile,
-    mode: u32,
+    (mode, split): (u32, bool),
     params: &Params,
 ) -> Result<()> {
     be.launch(Launch {
         kernel: "gemm_coop",
         entry: "gemm_coop",
-        constants: &t.constants(w.1, mode, w.2),
+        constants: &t.constants(w.1, mode, w.2, split),
         params: bytemuck::bytes_of(params),
         buffers: &[
             (w.0, true),
@@ -407,6 +430,7 @@ pub(crate) fn dense(
     p: turbospark::ops::Matmul,
 ) -> Result<()> {
     let tiles = be.coop_tiles;
+    let split = splits(be);
     // (tile rows, the prep for them)
     let mut prepped: Option<(u32, (WgpuBuffer, WgpuBuffer))> = None;
     for c in w.chunks.iter() {
@@ -427,7 +451,7 @@ pub(crate) fn dense(
         let out = partial.as_ref().map_or(ob, one);
         // One prep serves every chunk whose tile has as many rows.
         if prepped.as_ref().is_none_or(|(bm, _)| *bm != t.bm()) {
-            prepped = Some((t.bm(), prep(be, xb, xb, t, DENSE_MODE, &params)?));
+            prepped = Some((t.bm(), prep(be, xb, xb, t, (DENSE_MODE, split), &params)?));
         }
         let (_, xp) = prepped.as_ref().expect("prepped above");
         launch(
@@ -438,7 +462,7 @@ pub(crate) fn dense(
             xb,
             xb,
             t,
-            DENSE_MODE,
+            (DENSE_MODE, split),
             &params,
         )?;
         if let Some(part) = &partial {
@@ -465,8 +489,9 @@ pub(crate) fn gate_up(
 ) -> Result<()> {
     let t = be.coop_tiles.grouped;
     let params = grouped(p, t, (p.inter, p.hidden), t.bn() / 2);
-    let xp = prep(be, x, route, t, GATE_UP, &params)?;
-    launch(be, gu, &xp, act, route, x, t, GATE_UP, &params)
+    let mode = (GATE_UP, splits(be));
+    let xp = prep(be, x, route, t, mode, &params)?;
+    launch(be, gu, &xp, act, route, x, t, mode, &params)
 }
 
 /// MoE phase 2's per-pair rows over the route list into `per_pair` (see
@@ -482,8 +507,9 @@ pub(crate) fn down(
 ) -> Result<Params> {
     let t = be.coop_tiles.grouped;
     let params = grouped(p, t, (p.hidden, p.inter), t.bn());
-    let xp = prep(be, act, route, t, DOWN, &params)?;
-    launch(be, d, &xp, per_pair, route, wts, t, DOWN, &params)?;
+    let mode = (DOWN, splits(be));
+    let xp = prep(be, act, route, t, mode, &params)?;
+    launch(be, d, &xp, per_pair, route, wts, t, mode, &params)?;
     Ok(params)
 }
 
@@ -652,7 +678,7 @@ mod tests {
             1,
         );
         p.m = m as u32;
-        let (x16, xs) = prep(&be, one(&xb), one(&xb), t, DENSE_MODE, &p).unwrap();
+        let (x16, xs) = prep(&be, one(&xb), one(&xb), t, (DENSE_MODE, false), &p).unwrap();
         let (h, s) = rows_of(&be, &x16, &xs);
         for r in 0..m {
             check_row(&h, &s, (r, k, seed), &model_row(&x[r * k..(r + 1) * k]));
@@ -661,6 +687,67 @@ mod tests {
         for r in m..(p.mtiles * t.bm()) as usize {
             let zero = h[r * k..(r + 1) * k].iter().all(|v| v.to_f32() == 0.0);
             assert!(zero, "row {r} past m (seed {seed})");
+        }
+    }
+
+    /// With the split (`Precision::Exact`), X16's hi rows and lo rows are
+    /// bit for bit the host's: hi = f16(x s), lo = f16(x s - hi), both to
+    /// nearest even with f16's subnormals (the CPU reference's
+    /// `split_half`), lo zero where hi is inf or NaN; the rows' scales are
+    /// the single rounding's.
+    #[test]
+    fn gemm_prep_splits_rows_into_hi_and_lo() {
+        let Some(be) = backend() else { return };
+        let seed = turbospark::parity::seed_from_env();
+        let mut rng = turbospark::rng::Rng::new(seed);
+        let (m, k) = (70, 96);
+        let x = rows_with_range(&mut rng, m, k);
+        let xb = upload_f32(&be, &x, "x");
+        let t = DENSE_NARROW;
+        let mut p = super::super::gemm::grouped_params(
+            &Moe {
+                m,
+                hidden: k,
+                inter: 1,
+                experts: 1,
+                top_k: 1,
+            },
+            (1, k),
+            (m as u32).div_ceil(t.bm()),
+            1,
+        );
+        p.m = m as u32;
+        let (x16, xs) = prep(&be, one(&xb), one(&xb), t, (DENSE_MODE, true), &p).unwrap();
+        let (h, sc) = rows_of(&be, &x16, &xs);
+        let lo_rows = (p.mtiles * t.bm()) as usize;
+        assert_eq!(h.len(), 2 * lo_rows * k, "hi and lo rows (seed {seed})");
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            if row.iter().any(|v| v.is_nan()) {
+                continue;
+            }
+            let (s, inv) = turbospark::dtype::f16_row_scale(row);
+            assert_eq!(sc[r], inv, "row {r}: scale (seed {seed})");
+            for (c, v) in row.iter().enumerate() {
+                let v = v * s;
+                let hi = half::f16::from_f32(v);
+                let lo = if hi.is_finite() {
+                    half::f16::from_f32(v - hi.to_f32())
+                } else {
+                    half::f16::ZERO
+                };
+                let (gh, gl) = (h[r * k + c], h[(lo_rows + r) * k + c]);
+                assert_eq!(
+                    gh.to_bits(),
+                    hi.to_bits(),
+                    "row {r} col {c}: hi of {v} (seed {seed})"
+                );
+                assert_eq!(
+                    gl.to_f32(),
+                    lo.to_f32(),
+                    "row {r} col {c}: lo of {v}, hi {hi} (seed {seed})"
+                );
+            }
         }
     }
 
@@ -694,7 +781,7 @@ mod tests {
         let t = GROUPED;
         let params = grouped(&p, t, (k, k), t.bn());
         for (mode, src) in [(GATE_UP, &xb), (DOWN, &ab)] {
-            let (x16, xs) = prep(&be, one(src), one(&route), t, mode, &params).unwrap();
+            let (x16, xs) = prep(&be, one(src), one(&route), t, (mode, false), &params).unwrap();
             let (h, s) = rows_of(&be, &x16, &xs);
             let rl = be.download_u32(&route).unwrap();
             // find_tile on the host, over the route list as built
