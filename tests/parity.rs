@@ -402,7 +402,7 @@ fn qkv_post_attention_without_tails() {
 #[test]
 fn tensor_core_gemm_keeps_each_rows_range() {
     use turbospark::ops::Matmul;
-    use turbospark::parity::{run_on, HostTensor, Op, F16_INPUT_NMSE};
+    use turbospark::parity::{Op, F16_INPUT_NMSE};
     use turbospark::{ComputeBackend, DType};
 
     let Some(gpu) = common::wgpu_backend() else {

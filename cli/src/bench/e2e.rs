@@ -270,12 +270,8 @@ fn at_context<B: ComputeBackend + Counters>(
     Ok(json!({
         "context": context,
         "decode_tokens": decode,
-        "precision": main.as_str(),
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
-        // The prefill at the other precision, and fast against exact on
-        // the prompt (bench::fidelity).
-        "other_precision": other_run,
         "kv_bytes_per_token": kv,
         "bandwidth_bound_tok_s": bound,
         "decode_share_of_bound": bound.map(|b| g.decode_tok_s / b),
@@ -569,8 +565,12 @@ fn measure<B: ComputeBackend + Counters>(
         "kv_cache": args.kv_cache.dtype().name(),
         "weights": weights,
         "weight_bytes": source.weight_bytes(),
+        "precision": main.as_str(),
         "prefill_tok_s": g.prefill_tok_s,
         "decode_tok_s": g.decode_tok_s,
+        // The prefill at the other precision, and fast against exact on
+        // the prompt (bench::fidelity).
+        "other_precision": other_run,
         "bytes_per_token": bytes_per_token,
         // Storage bytes the backend held (where it counts them): once the
         // model was loaded, and at most over the whole run (prefill

@@ -115,9 +115,12 @@ pub fn brief(v: &Value) -> String {
     )
 }
 
+/// A fixture's tokens, prompt length and reference rows (where present).
+type Expected = (Vec<u32>, usize, Option<Vec<Vec<f32>>>);
+
 /// A fixture's `expected.json` tokens and prompt length, and its
 /// `logits.safetensors` rows where present.
-fn expected(dir: &Path) -> std::result::Result<(Vec<u32>, usize, Option<Vec<Vec<f32>>>), String> {
+fn expected(dir: &Path) -> std::result::Result<Expected, String> {
     let path = dir.join("expected.json");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let j: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -183,6 +186,7 @@ pub fn fixture<B: ComputeBackend>(backend: B, dir: &Path) -> Value {
 }
 
 fn fixture_on<B: ComputeBackend>(backend: B, dir: &Path) -> std::result::Result<Value, String> {
+    let name = dir.display().to_string();
     let (tokens, prompt_len, reference) = expected(dir)?;
     let ck = Checkpoint::open(dir).map_err(|e| e.to_string())?;
     let mut model = Model::load(

@@ -369,10 +369,10 @@ pub fn main(args: Args) -> ExitCode {
     };
     let mut cpu = want_cpu.then(CpuBackend::new);
     for b in wgpu.iter() {
-        b.set_precision(args.precision.get());
+        turbospark::ComputeBackend::set_precision(b, args.precision.get());
     }
     for b in cpu.iter() {
-        b.set_precision(args.precision.get());
+        turbospark::ComputeBackend::set_precision(b, args.precision.get());
     }
 
     let mut runs: Vec<Run> = Vec::new();

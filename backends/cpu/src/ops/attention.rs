@@ -93,8 +93,8 @@ pub fn attention(
         (Cow::Borrowed(vc), Vec::new(), None)
     };
     let mut scores = Vec::new();
-    for t in 0..p.m {
-        let pos = positions[t] as usize;
+    for (t, &pos) in positions.iter().enumerate().take(p.m) {
+        let pos = pos as usize;
         let lo = if p.window > 0 {
             (pos + 1).saturating_sub(p.window)
         } else {
