@@ -29,6 +29,7 @@ D=.bin/precision
 
 # (the test binaries read the fixtures from this checkout, not the build host's)
 export TURBOSPARK_ROOT=$PWD
+bench_args=("$@")
 status=0
 logs=()
 # the test binaries, tensor cores required (a device without them fails)
@@ -37,7 +38,8 @@ for spec in "parityx matmul moe_ tensor_core attention qkv_post gemm" "oraclex w
     name=$1
     shift
     [ -x "$D/$name" ] || { echo "== $name: not carried" >>"$OUT/check.log"; continue; }
-    TURBOSPARK_TENSOR_CORES=1 timeout "${TEST_TIMEOUT:-120}" "$D/$name" "$@" >"$OUT/$name.log" 2>&1
+    # (--nocapture: the tests' worst-NMSE lines reach the log)
+    TURBOSPARK_TENSOR_CORES=1 timeout "${TEST_TIMEOUT:-120}" "$D/$name" "$@" --nocapture >"$OUT/$name.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
     logs+=("$name.log")
@@ -61,7 +63,7 @@ smi=$!
 timeout "${BENCH_TIMEOUT:-300}" "$D/turbospark" bench --backend wgpu --filter 'no per-op case$' \
     --fidelity tests/fixtures/wide-text,tests/fixtures/tiny-text,tests/fixtures/tiny-multimodal \
     --synthetic gemma-4-26b-a4b --prompt-tokens 512 --decode-tokens 8 --ablation-pairs 0 \
-    --json "$OUT/bench.json" "$@" >"$OUT/bench.log" 2>&1
+    --json "$OUT/bench.json" "${bench_args[@]}" >"$OUT/bench.log" 2>&1
 rc=$?
 kill $smi 2>/dev/null
 echo "== bench (exit $rc)" >>"$OUT/check.log"
