@@ -397,6 +397,8 @@ pub fn run(a: Args) -> CliResult {
     };
     let (mut model, device) = a.run.load_with(&a.model, max_context)?;
     model.record_routing(a.routing_trace.is_some());
+    // (the CPU backend reads its weights from the maps as it generates)
+    crate::mapped::check_unchanged()?;
     let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;
     out.finish()?;
     if let (Some(path), Some(trace)) = (&a.routing_trace, model.take_routing()) {
