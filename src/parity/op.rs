@@ -609,6 +609,14 @@ impl Op {
             | Op::MoeGateUpPair { .. }
             | Op::MoeDownPair { .. }
             | Op::MoeDownPairPostFfn { .. } => 1e-9,
+            // The new key and value rows stored in f16 from values each
+            // side computes in f32 (RoPE at positions up to ~3e4 leaves
+            // them ~1e-6 apart): where one straddles a rounding boundary
+            // the two caches hold values one f16 step (2^-11 relative)
+            // apart, and the attention output, reading them, carries that
+            // as an f16-rounded input does: at most F16_INPUT_NMSE (seen:
+            // 9e-9 on one seed in a few hundred, 2026-12-02, lavapipe).
+            Op::QkvPostAttention { kv: DType::F16, .. } => F16_INPUT_NMSE,
             // Softmax over up to thousands of keys, split and recombined
             // (after qkv_post's norms and RoPE).
             Op::Attention { .. } | Op::QkvPostAttention { .. } => 1e-9,
