@@ -296,7 +296,7 @@ pub struct ExpertStack {
     pub gate_up: bool,
 }
 
-/// One expert of a stack, as [`ComputeBackend::write_expert`] takes it:
+/// One expert of a stack, as [`ComputeBackend::write_experts`] takes it:
 /// the bytes [`ComputeBackend::upload_experts`] takes for a stack of this
 /// expert alone, in up to three parts. A float expert is one part, its rows;
 /// an affine one three (packed words, scales, biases: the regions
@@ -345,7 +345,7 @@ impl ExpertStack {
     ) -> Result<[std::ops::Range<usize>; 3]> {
         if self.experts == 0 || rows % self.experts != 0 || slot >= self.experts {
             return Err(crate::Error::shape(
-                "write_expert",
+                "write_experts",
                 format!(
                     "slot {slot} of a {}-expert stack of {rows} rows",
                     self.experts
@@ -369,6 +369,48 @@ impl ExpertStack {
                 [slot * n..(slot + 1) * n, 0..0, 0..0]
             }
         })
+    }
+
+    /// What every backend's `write_experts` checks first: the buffer
+    /// (`buf_dtype`, `buf_len` elements) is a `dtype` stack of this shape,
+    /// and each write's parts are its slot's sizes. The byte ranges of each
+    /// write's parts ([`ExpertStack::part_ranges`]).
+    pub fn check_writes(
+        &self,
+        (buf_dtype, buf_len): (DType, usize),
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        writes: &[(usize, ExpertBytes<'_>)],
+    ) -> Result<Vec<[std::ops::Range<usize>; 3]>> {
+        if buf_dtype != dtype || buf_len != rows * cols {
+            return Err(crate::Error::shape(
+                "write_experts",
+                format!(
+                    "a {buf_dtype} buffer of {buf_len} elements is not a {dtype} stack of {} \
+                     experts, {rows} x {cols}",
+                    self.experts
+                ),
+            ));
+        }
+        writes
+            .iter()
+            .map(|(slot, bytes)| {
+                let ranges = self.part_ranges(dtype, (rows, cols), *slot)?;
+                for (i, r) in ranges.iter().enumerate() {
+                    if bytes.part_len(i) != r.len() {
+                        return Err(crate::Error::shape(
+                            "write_experts",
+                            format!(
+                                "part {i} of slot {slot}: {} bytes for {}",
+                                bytes.part_len(i),
+                                r.len()
+                            ),
+                        ));
+                    }
+                }
+                Ok(ranges)
+            })
+            .collect()
     }
 }
 
@@ -497,7 +539,7 @@ pub trait ComputeBackend {
     }
 
     /// A stack of `stack.experts` expert slots, each to be filled by
-    /// [`ComputeBackend::write_expert`] (the streamed experts' device
+    /// [`ComputeBackend::write_experts`] (the streamed experts' device
     /// slots); `rows` counts every slot's rows. Contents until written are
     /// finite but unspecified. By default: [`ComputeBackend::upload_experts`]
     /// of zeros.
@@ -512,31 +554,12 @@ pub trait ComputeBackend {
         self.upload_experts(dtype, stack, (rows, cols), HostBytes::Slice(&zeros), label)
     }
 
-    /// Overwrite expert `slot` of a stack made by
-    /// [`ComputeBackend::alloc_experts`] (or `upload_experts`) with the same
-    /// `dtype`, `stack` and whole-stack shape `(rows, cols)`, from one
-    /// expert's bytes. Ordered like [`ComputeBackend::write_f32`]. A backend
+    /// Overwrite each `(slot, expert)` of `writes` (a layer's misses) in a
+    /// stack made by [`ComputeBackend::alloc_experts`] (or
+    /// `upload_experts`) with the same `dtype`, `stack` and whole-stack
+    /// shape `(rows, cols)`, from the experts' bytes ([`ExpertStack::check_writes`]
+    /// checks them). Ordered like [`ComputeBackend::write_f32`]. A backend
     /// that cannot says so for [`OpKind::ExpertSlots`] and here.
-    fn write_expert(
-        &self,
-        buf: &Self::Buffer,
-        dtype: DType,
-        stack: ExpertStack,
-        shape: (usize, usize),
-        slot: usize,
-        bytes: &ExpertBytes<'_>,
-    ) -> Result<()> {
-        let _ = (buf, stack, shape, slot, bytes);
-        Err(crate::Error::Unsupported {
-            backend: self.info().backend.clone(),
-            op: format!("write_expert ({dtype})"),
-            reason: "the backend does not stream experts into slots".into(),
-        })
-    }
-
-    /// [`ComputeBackend::write_expert`] for each `(slot, expert)` of
-    /// `writes` into one stack (a layer's misses), which a backend may copy
-    /// at once, on several threads.
     fn write_experts(
         &self,
         buf: &Self::Buffer,
@@ -545,10 +568,12 @@ pub trait ComputeBackend {
         shape: (usize, usize),
         writes: &[(usize, ExpertBytes<'_>)],
     ) -> Result<()> {
-        for (slot, bytes) in writes {
-            self.write_expert(buf, dtype, stack, shape, *slot, bytes)?;
-        }
-        Ok(())
+        let _ = (buf, stack, shape, writes);
+        Err(crate::Error::Unsupported {
+            backend: self.info().backend.clone(),
+            op: format!("write_experts ({dtype})"),
+            reason: "the backend does not stream experts into slots".into(),
+        })
     }
 
     /// Overwrite `data.len()` f32 elements from element `offset`. Ordered after

@@ -54,7 +54,7 @@ pub enum OpKind {
     QkvPost {
         head_dim: u32,
     },
-    /// Expert slots of this weight format: [`crate::ComputeBackend::write_expert`]
+    /// Expert slots of this weight format: [`crate::ComputeBackend::write_experts`]
     /// into a stack from [`crate::ComputeBackend::alloc_experts`].
     ExpertSlots {
         w: DType,

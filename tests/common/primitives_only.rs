@@ -51,16 +51,15 @@ impl ComputeBackend for PrimitivesOnly {
     ) -> Result<CpuBuffer> {
         self.cpu.upload_weight(dtype, rows, cols, bytes, label)
     }
-    fn write_expert(
+    fn write_experts(
         &self,
         buf: &CpuBuffer,
         dtype: DType,
         stack: ExpertStack,
         shape: (usize, usize),
-        slot: usize,
-        bytes: &ExpertBytes<'_>,
+        writes: &[(usize, ExpertBytes<'_>)],
     ) -> Result<()> {
-        self.cpu.write_expert(buf, dtype, stack, shape, slot, bytes)
+        self.cpu.write_experts(buf, dtype, stack, shape, writes)
     }
     fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
         self.cpu.write_f32(buf, offset, data)

@@ -351,44 +351,24 @@ impl ComputeBackend for CpuBackend {
         self.upload(dtype, bytes, label)
     }
 
-    fn write_expert(
+    fn write_experts(
         &self,
         buf: &CpuBuffer,
         dtype: DType,
         stack: ExpertStack,
-        (rows, cols): (usize, usize),
-        slot: usize,
-        bytes: &ExpertBytes<'_>,
+        shape: (usize, usize),
+        writes: &[(usize, ExpertBytes<'_>)],
     ) -> Result<()> {
-        if buf.dtype != dtype || buf.len != rows * cols {
-            return Err(Error::shape(
-                "write_expert",
-                format!(
-                    "a {} buffer of {} elements is not a {dtype} stack of {rows} x {cols}",
-                    buf.dtype, buf.len
-                ),
-            ));
-        }
-        let ranges = stack.part_ranges(dtype, (rows, cols), slot)?;
-        for (i, r) in ranges.iter().enumerate() {
-            if bytes.part_len(i) != r.len() {
-                return Err(Error::shape(
-                    "write_expert",
-                    format!(
-                        "part {i} of slot {slot}: {} bytes for {}",
-                        bytes.part_len(i),
-                        r.len()
-                    ),
-                ));
-            }
-        }
-        let mut w = buf.write("write_expert")?;
+        let ranges = stack.check_writes((buf.dtype, buf.len), dtype, shape, writes)?;
+        let mut w = buf.write("write_experts")?;
         let out = w.bytes();
-        for (r, part) in ranges.into_iter().zip(&bytes.parts) {
-            let mut at = r.start;
-            for s in part {
-                out[at..at + s.len()].copy_from_slice(s);
-                at += s.len();
+        for (rs, (_, bytes)) in ranges.into_iter().zip(writes) {
+            for (r, part) in rs.into_iter().zip(&bytes.parts) {
+                let mut at = r.start;
+                for s in part {
+                    out[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
             }
         }
         Ok(())

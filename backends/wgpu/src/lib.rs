@@ -867,18 +867,6 @@ impl ComputeBackend for WgpuBackend {
         Ok(b)
     }
 
-    fn write_expert(
-        &self,
-        buf: &WgpuBuffer,
-        dtype: DType,
-        stack: ExpertStack,
-        shape: (usize, usize),
-        slot: usize,
-        bytes: &ExpertBytes<'_>,
-    ) -> Result<()> {
-        expert_slots::write_experts(self, buf, dtype, stack, shape, &[(slot, bytes.clone())])
-    }
-
     fn write_experts(
         &self,
         buf: &WgpuBuffer,
