@@ -981,20 +981,21 @@ impl<B: ComputeBackend> Model<B> {
         if waves.len() == 1 {
             let union = expert_stream::union(ids);
             let at = layer.place(be, &stacks, &union, stats)?;
-            let slot_ids: Vec<u32> = ids
-                .iter()
-                .map(|e| at[union.iter().position(|u| u == e).expect("in the union")])
-                .collect();
+            let slot_ids: Vec<u32> = ids.iter().map(|&e| slot_of(&union, &at, e)).collect();
             be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
-            expert_stream::waited(stats, t0);
+            stats.host_wait += t0.elapsed();
             slot_gate_up.run(be)?;
             return Ok(None);
         }
         stats.extra_waves += 1;
         let weights = be.download_f32(&s.route_w)?;
         let (mut sum, mut other): (&B::Buffer, &B::Buffer) = (&s.moe_out, &ws.sum);
+        // (the first wave's wait includes the two readbacks)
+        let mut since = t0;
         for (i, tokens) in waves.iter().enumerate() {
-            let t0 = Instant::now();
+            if i > 0 {
+                since = Instant::now();
+            }
             let mine: Vec<u32> = tokens
                 .iter()
                 .flat_map(|&t| ids[t * k..(t + 1) * k].iter().copied())
@@ -1006,16 +1007,13 @@ impl<B: ComputeBackend> Model<B> {
             let (mut slot_ids, mut wave_w) = (vec![at[0]; m * k], vec![0f32; m * k]);
             for &t in tokens {
                 for j in t * k..(t + 1) * k {
-                    slot_ids[j] = at[union
-                        .iter()
-                        .position(|u| *u == ids[j])
-                        .expect("in the union")];
+                    slot_ids[j] = slot_of(&union, &at, ids[j]);
                     wave_w[j] = weights[j];
                 }
             }
             be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
             be.write_f32(&ws.weights, 0, &wave_w)?;
-            expert_stream::waited(stats, t0);
+            stats.host_wait += since.elapsed();
             slot_gate_up.run(be)?;
             let out = if i == 0 { sum } else { &ws.out };
             DownArgs {
@@ -1271,6 +1269,15 @@ impl<B: ComputeBackend> Model<B> {
             }
         }
     }
+}
+
+/// The slot `at` gives expert `e` of `union` (the experts a placement was
+/// asked for, in order).
+fn slot_of(union: &[u32], at: &[u32], e: u32) -> u32 {
+    at[union
+        .iter()
+        .position(|&u| u == e)
+        .expect("every routed expert is in the union")]
 }
 
 /// The expert slots `requested`, checked against the config: at least

@@ -7,7 +7,7 @@
 //! After a layer's router runs, its expert ids are read back (one readback a
 //! layer), the layer's [`SlotCache`] places them (hits stay, misses evict the
 //! policy's victims), each miss is written from the mapping into its slot
-//! ([`crate::ComputeBackend::write_expert`]), and the MoE ops run on the slot
+//! ([`crate::ComputeBackend::write_experts`]), and the MoE ops run on the slot
 //! stack with the ids replaced by slot indices. The slot table thus lives on
 //! the host and the MoE kernels see an `slots`-expert stack: every backend's
 //! MoE ops (and its fusions of them) serve streaming unchanged.
@@ -19,7 +19,7 @@
 //! x), bit for bit.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::backend::{ComputeBackend, ExpertBytes, ExpertStack, HostBytes};
 use crate::dtype::DType;
@@ -152,6 +152,17 @@ impl StoredExperts {
         self.files.iter().try_for_each(|f| f.check_unchanged())
     }
 
+    /// Whether this stack's reads are checked against the same files as
+    /// `other`'s (both from one checkpoint): one check serves both.
+    fn maps_the_files_of(&self, other: &StoredExperts) -> bool {
+        self.files.len() == other.files.len()
+            && self
+                .files
+                .iter()
+                .zip(&other.files)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
     /// Expert `e`'s bytes, borrowed from the mapping.
     pub fn expert(&self, e: usize) -> ExpertBytes<'_> {
         fn cut(segs: &[Segment], experts: usize, e: usize) -> Vec<&[u8]> {
@@ -216,16 +227,6 @@ pub struct StreamStats {
     pub extra_waves: u64,
 }
 
-impl StreamStats {
-    pub fn add(&mut self, o: &StreamStats) {
-        self.counts.hits += o.counts.hits;
-        self.counts.misses += o.counts.misses;
-        self.bytes += o.bytes;
-        self.host_wait += o.host_wait;
-        self.extra_waves += o.extra_waves;
-    }
-}
-
 /// Every streamed layer's state (None for a layer without experts).
 pub(crate) struct Streaming {
     pub slots: usize,
@@ -253,7 +254,9 @@ impl StreamedLayer {
         let placed = self.cache.place(experts)?;
         if !placed.loads.is_empty() {
             self.gate_up.check_unchanged()?;
-            self.down.check_unchanged()?;
+            if !self.down.maps_the_files_of(&self.gate_up) {
+                self.down.check_unchanged()?;
+            }
         }
         let n = self.cache.slots();
         for (stored, buf, gate_up) in [
@@ -304,21 +307,20 @@ pub(crate) fn union(ids: &[u32]) -> Vec<u32> {
 pub(crate) fn waves(ids: &[u32], top_k: usize, slots: usize) -> Vec<Vec<usize>> {
     let mut waves: Vec<(Vec<usize>, Vec<u32>)> = Vec::new();
     for (t, row) in ids.chunks(top_k).enumerate() {
-        let fits = |u: &Vec<u32>| union(&[u.as_slice(), row].concat()).len() <= slots;
-        match waves.iter_mut().find(|(_, u)| fits(u)) {
-            Some((tokens, u)) => {
+        let joined = |u: &[u32]| union(&[u, row].concat());
+        match waves
+            .iter_mut()
+            .map(|(tokens, u)| (joined(u), tokens, u))
+            .find(|(j, ..)| j.len() <= slots)
+        {
+            Some((j, tokens, u)) => {
                 tokens.push(t);
-                *u = union(&[u.as_slice(), row].concat());
+                *u = j;
             }
             None => waves.push((vec![t], union(row))),
         }
     }
     waves.into_iter().map(|(t, _)| t).collect()
-}
-
-/// Host time since `t0`, added to the counters.
-pub(crate) fn waited(stats: &mut StreamStats, t0: Instant) {
-    stats.host_wait += t0.elapsed();
 }
 
 #[cfg(test)]

@@ -119,6 +119,13 @@ impl SyntheticSource {
         self.stored_bytes().per_token(&self.cfg)
     }
 
+    /// Bytes of one routed expert (gate_up and down) as stored: what a
+    /// streamed expert's miss uploads.
+    pub fn expert_bytes(&self) -> u64 {
+        let n = (self.cfg.experts * self.cfg.layers.len()) as u64;
+        self.stored_bytes().experts.checked_div(n).unwrap_or(0)
+    }
+
     /// Weight bytes of the whole model as stored.
     pub fn weight_bytes(&self) -> u64 {
         self.stored_bytes().total

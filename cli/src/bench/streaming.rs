@@ -80,7 +80,7 @@ pub fn run<B: ComputeBackend + Counters>(
         points.push(p);
     }
     let moe_layers = if cfg.enable_moe { cfg.layers.len() } else { 0 };
-    let expert_bytes = expert_bytes(&source, &cfg)?;
+    let expert_bytes = source.expert_bytes();
     // The slot path's own cost: every slot count's step less the misses.
     let all = points.iter().find(|p| p.slots == Some(cfg.experts));
     // (the decode run's forward passes: its first token's and each step's)
@@ -147,20 +147,6 @@ fn bandwidth<B: ComputeBackend>(be: &B) -> turbospark::Result<f64> {
     be.write_f32(&buf, 0, &data)?;
     be.sync()?;
     Ok(BANDWIDTH_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9)
-}
-
-/// Bytes of one expert (gate_up and down) as the source stores it.
-fn expert_bytes(
-    source: &SyntheticSource,
-    cfg: &turbospark::model::ModelConfig,
-) -> turbospark::Result<usize> {
-    if !cfg.enable_moe {
-        return Ok(0);
-    }
-    use turbospark::model::TensorSource;
-    let gu = source.stored_experts("layers.0.experts.gate_up_proj")?;
-    let down = source.stored_experts("layers.0.experts.down_proj")?;
-    Ok(gu.expert_bytes() + down.expert_bytes())
 }
 
 fn point<B: ComputeBackend + Counters>(
