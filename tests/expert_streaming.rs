@@ -219,14 +219,10 @@ fn a_checkpoint_truncated_under_a_streamed_run_is_named() {
     let Some(be) = common::wgpu_backend() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("turbospark-stream-trunc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in std::fs::read_dir(fixture("tiny-text")).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
-    let ck = Checkpoint::open(&dir).unwrap();
-    let (toks, prompt) = tokens(&dir);
+    let copy = common::temp_dir::TempDir::copy_of(&fixture("tiny-text"), "stream-truncated");
+    let dir = copy.path();
+    let ck = Checkpoint::open(dir).unwrap();
+    let (toks, prompt) = tokens(dir);
     let mut model = Model::load(be, &ck, options(Some(2), Policy::Lfu, 512)).unwrap();
     model.logits(&toks[..prompt]).unwrap();
     let file = dir.join("model.safetensors");
@@ -238,7 +234,6 @@ fn a_checkpoint_truncated_under_a_streamed_run_is_named() {
         .set_len(len / 2)
         .unwrap();
     let err = model.logits(&toks[prompt..]).unwrap_err().to_string();
-    std::fs::remove_dir_all(&dir).ok();
     assert!(
         err.contains("model.safetensors") && err.contains("truncated"),
         "{err}"

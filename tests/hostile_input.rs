@@ -6,6 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+#[path = "common/temp_dir.rs"]
+mod temp_dir;
+
+use temp_dir::TempDir;
 use turbospark::model::synthetic::tiny_config;
 use turbospark::model::TensorSource;
 use turbospark::model::{Checkpoint, Model, ModelConfig, ModelOptions, SyntheticSource};
@@ -122,15 +126,9 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-text")
 }
 
-/// A copy of the tiny fixture's config and weights in a directory `name`.
-fn fixture_copy(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-input-{name}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
-    }
-    dir
+/// A copy of the tiny fixture in a directory of its own.
+fn fixture_copy(name: &str) -> TempDir {
+    TempDir::copy_of(&fixture(), &format!("hostile-input-{name}"))
 }
 
 fn assert_changed(ck: &Checkpoint, weights: &Path, needle: &str) {
@@ -151,9 +149,10 @@ fn assert_changed(ck: &Checkpoint, weights: &Path, needle: &str) {
 /// not.
 #[test]
 fn a_checkpoint_changed_under_its_maps_is_told() {
-    let dir = fixture_copy("truncated");
+    let copy = fixture_copy("truncated");
+    let dir = copy.path();
     let weights = dir.join("model.safetensors");
-    let ck = Checkpoint::open(&dir).unwrap();
+    let ck = Checkpoint::open(dir).unwrap();
     ck.check_unchanged().unwrap();
     let len = std::fs::metadata(&weights).unwrap().len();
     let f = std::fs::OpenOptions::new()
@@ -172,9 +171,10 @@ fn a_checkpoint_changed_under_its_maps_is_told() {
 
     // The same bytes written again: only the modification time tells
     // (set a second later, past any file system's timestamp granularity).
-    let dir = fixture_copy("rewritten");
+    let copy = fixture_copy("rewritten");
+    let dir = copy.path();
     let weights = dir.join("model.safetensors");
-    let ck = Checkpoint::open(&dir).unwrap();
+    let ck = Checkpoint::open(dir).unwrap();
     let bytes = std::fs::read(&weights).unwrap();
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -186,9 +186,10 @@ fn a_checkpoint_changed_under_its_maps_is_told() {
     assert_changed(&ck, &weights, "modification time changed");
 
     // Replaced by a rename: the map still reads the file it mapped.
-    let dir = fixture_copy("renamed");
+    let copy = fixture_copy("renamed");
+    let dir = copy.path();
     let weights = dir.join("model.safetensors");
-    let ck = Checkpoint::open(&dir).unwrap();
+    let ck = Checkpoint::open(dir).unwrap();
     let other = dir.join("other.safetensors");
     std::fs::write(&other, b"not the weights").unwrap();
     std::fs::rename(&other, &weights).unwrap();

@@ -27,6 +27,19 @@ impl TempDir {
         TempDir(p)
     }
 
+    /// A new directory holding a copy of every file of `dir` (a fixture
+    /// checkpoint to truncate or rewrite).
+    pub fn copy_of(dir: &Path, tag: &str) -> TempDir {
+        let d = TempDir::new(tag);
+        for f in std::fs::read_dir(dir).unwrap() {
+            let f = f.unwrap().path();
+            if f.is_file() {
+                std::fs::copy(&f, d.0.join(f.file_name().unwrap())).unwrap();
+            }
+        }
+        d
+    }
+
     pub fn path(&self) -> &Path {
         &self.0
     }
