@@ -16,6 +16,7 @@ mod op;
 mod quantized_cases;
 
 pub use cases::{all_cases, ci_cases};
+pub use compare::nmse;
 pub use op::{rounded_attention_nmse, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE, SPLIT_INPUT_NMSE};
 
 use crate::backend::{ComputeBackend, ExpertStack, Support};

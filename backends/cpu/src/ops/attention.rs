@@ -278,12 +278,7 @@ mod tests {
             let mut b = vec![0.0; q.len()];
             attention(&q, &k, &v, &pos, &mut a, p, r).unwrap();
             attention(&rev(&q), &rev(&k), &v, &pos, &mut b, p, r).unwrap();
-            let err: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| ((x - y) as f64).powi(2))
-                .sum();
-            err / a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>()
+            turbospark::parity::nmse(&a, &b)
         };
         let (plain, rounded) = (nmse(Rounding::F32), nmse(Rounding::Half));
         let limit = turbospark::parity::F16_PROBABILITY_NMSE;
@@ -330,13 +325,7 @@ mod tests {
             let mut rounded = vec![0.0; q.len()];
             attention(&q, &k, v, &pos, &mut exact, p, Rounding::F32).unwrap();
             attention(&q, &k, v, &pos, &mut rounded, p, Rounding::Half).unwrap();
-            let err: f64 = exact
-                .iter()
-                .zip(&rounded)
-                .map(|(a, b)| ((a - b) as f64).powi(2))
-                .sum();
-            let energy: f64 = exact.iter().map(|a| (*a as f64).powi(2)).sum();
-            let nmse = err / energy;
+            let nmse = turbospark::parity::nmse(&exact, &rounded);
             assert!(nmse > 1e-9 && nmse < 1e-5, "NMSE {nmse:e}");
         }
     }
@@ -367,13 +356,7 @@ mod tests {
         let mut split = vec![0.0; q.len()];
         attention(&q, &k, &v, &pos, &mut exact, p, Rounding::F32).unwrap();
         attention(&q, &k, &v, &pos, &mut split, p, Rounding::Split).unwrap();
-        let err: f64 = exact
-            .iter()
-            .zip(&split)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let energy: f64 = exact.iter().map(|a| (*a as f64).powi(2)).sum();
-        let nmse = err / energy;
+        let nmse = turbospark::parity::nmse(&exact, &split);
         assert!(nmse > 0.0 && nmse < 1e-11, "NMSE {nmse:e}");
     }
 }

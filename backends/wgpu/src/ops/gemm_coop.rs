@@ -649,6 +649,21 @@ mod tests {
         x
     }
 
+    /// `gemm_prep`'s parameters for `m` dense rows of `k` in tiles of `t`.
+    fn dense_prep_params(m: usize, k: usize, t: CoopTile) -> super::super::gemm::Params {
+        let moe = Moe {
+            m,
+            hidden: k,
+            inter: 1,
+            experts: 1,
+            top_k: 1,
+        };
+        let mut p =
+            super::super::gemm::grouped_params(&moe, (1, k), (m as u32).div_ceil(t.bm()), 1);
+        p.m = m as u32;
+        p
+    }
+
     #[test]
     fn gemm_prep_scales_dense_rows_into_tiles() {
         // k under a pass of a warp's loads, then (4224 = 1056 vec4) over
@@ -665,19 +680,7 @@ mod tests {
         let x = rows_with_range(&mut rng, m, k);
         let xb = upload_f32(&be, &x, "x");
         let t = DENSE_NARROW;
-        let mut p = super::super::gemm::grouped_params(
-            &Moe {
-                m,
-                hidden: k,
-                inter: 1,
-                experts: 1,
-                top_k: 1,
-            },
-            (1, k),
-            (m as u32).div_ceil(t.bm()),
-            1,
-        );
-        p.m = m as u32;
+        let p = dense_prep_params(m, k, t);
         let (x16, xs) = prep(&be, one(&xb), one(&xb), t, (DENSE_MODE, false), &p).unwrap();
         let (h, s) = rows_of(&be, &x16, &xs);
         for r in 0..m {
@@ -704,19 +707,7 @@ mod tests {
         let x = rows_with_range(&mut rng, m, k);
         let xb = upload_f32(&be, &x, "x");
         let t = DENSE_NARROW;
-        let mut p = super::super::gemm::grouped_params(
-            &Moe {
-                m,
-                hidden: k,
-                inter: 1,
-                experts: 1,
-                top_k: 1,
-            },
-            (1, k),
-            (m as u32).div_ceil(t.bm()),
-            1,
-        );
-        p.m = m as u32;
+        let p = dense_prep_params(m, k, t);
         let (x16, xs) = prep(&be, one(&xb), one(&xb), t, (DENSE_MODE, true), &p).unwrap();
         let (h, sc) = rows_of(&be, &x16, &xs);
         let lo_rows = (p.mtiles * t.bm()) as usize;
