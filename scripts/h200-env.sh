@@ -30,3 +30,8 @@ require_bin() {
         exit 2
     fi
 }
+
+# The GPU's name, driver, memory and top clocks into $1 (a run's gpu.txt).
+gpu_info() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv >"$1" 2>&1
+}

@@ -12,7 +12,7 @@ OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
 . "$(dirname "$0")/h200-env.sh"
 require_bin
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv >"$OUT/gpu.txt" 2>&1
+gpu_info "$OUT/gpu.txt"
 weights=${WEIGHTS:-q4}
 quant=()
 [ "$weights" != bf16 ] && quant=(--quant "$weights")
