@@ -362,6 +362,20 @@ def reference_from_doc(sd, cfg_dict, ids):
 # ------------------------------------------------------------------------------------------------
 
 
+def write_expected(outdir, prompt_len, ids, note):
+    """expected.json: the prompt length, prompt + greedy ids, the versions that made them, a note."""
+    exp = {
+        "prompt_len": prompt_len,
+        "tokens": ids,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "note": note,
+    }
+    with open(os.path.join(outdir, "expected.json"), "w") as f:
+        json.dump(exp, f, indent=2)
+        f.write("\n")
+
+
 def write_tokenizer(path):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
@@ -613,16 +627,7 @@ def build(fx):
         f"min gap between the k-th and (k+1)-th router logit over all layers/tokens {gap:.3f}; "
         f"window=4 vs window=1000 max logit diff {diff:.3f}."
     )
-    exp = {
-        "prompt_len": P,
-        "tokens": ids,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "note": note,
-    }
-    with open(os.path.join(outdir, "expected.json"), "w") as f:
-        json.dump(exp, f, indent=2)
-        f.write("\n")
+    write_expected(outdir, P, ids, note)
 
     # 6. the written checkpoint reloads through transformers to the same logits
     rl = reload_logits(fx, outdir, ids)

@@ -190,16 +190,7 @@ def main():
         f"min gap between the k-th and (k+1)-th router logit {gap:.2e}; window=32 vs window=1000 max "
         f"logit diff {diff:.3f}."
     )
-    exp = {
-        "prompt_len": P,
-        "tokens": ids,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "note": note,
-    }
-    with open(os.path.join(outdir, "expected.json"), "w") as f:
-        json.dump(exp, f, indent=2)
-        f.write("\n")
+    mf.write_expected(outdir, P, ids, note)
 
     m2 = Gemma4ForCausalLM.from_pretrained(outdir, dtype=torch.float32, attn_implementation="eager",
                                            experts_implementation="eager").eval()
