@@ -193,9 +193,9 @@ pub(crate) fn write_experts(
     Ok(())
 }
 
-/// Threads to copy `bytes` on: one a MiB, at most 8 (a thread's start,
-/// some 10 us, is worth it only for copies of that size; a layer's misses
-/// on the 26B-A4B are 3.35 MB each).
+/// Threads to copy `bytes` on: one a MiB, at most 8 (starting a thread is
+/// worth it for copies of that size, not for the tiny fixtures' few KB; a
+/// miss on the 26B-A4B is 3.35 MB).
 fn threads_for(bytes: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (bytes >> 20).clamp(1, cores.min(8))
