@@ -1,10 +1,6 @@
-//! Gemma 4's chat turns, and `turbospark chat`: a conversation on stdin,
-//! each reply streamed as it is generated, the context kept from turn to
-//! turn (only the new turn is prefilled).
-//!
-//! A turn is `<|turn>ROLE\n TEXT <turn|>\n` (Gemma 4's prompt format, with
-//! the roles `system`, `user` and `model`); the model's reply follows an
-//! open `<|turn>model\n` and ends with its own `<turn|>`.
+//! `turbospark chat`: a conversation on stdin, each reply streamed as it is
+//! generated, the context kept from turn to turn (only the new turn is
+//! prefilled). The turns' text: `turns.rs`.
 
 use std::io::{BufRead, Read, Write};
 use std::ops::ControlFlow;
@@ -15,40 +11,7 @@ use turbospark::model::{GenerateOptions, Generation};
 use crate::common::{encode_with, tokenizer, CliResult};
 use crate::generate::{AnyModel, RunArgs, SamplingArgs};
 use crate::stream::Stream;
-
-/// Opens a turn; a role and a newline follow.
-pub const TURN_START: &str = "<|turn>";
-/// Closes a turn (the model's reply ends with it).
-pub const TURN_END: &str = "<turn|>";
-
-/// The text of a conversation's opening: a system turn where given, the
-/// user's turn, and the model's turn opened for the reply.
-pub fn first_turn(system: Option<&str>, user: &str) -> String {
-    let system = system
-        .map(|s| format!("{TURN_START}system\n{s}{TURN_END}\n"))
-        .unwrap_or_default();
-    format!("{system}{TURN_START}user\n{user}{TURN_END}\n{TURN_START}model\n")
-}
-
-/// The text of a later user turn, after the model's reply and its
-/// `<turn|>`: the line break that follows a turn, the user's turn and the
-/// model's opened.
-pub fn next_turn(user: &str) -> String {
-    format!("\n{TURN_START}user\n{user}{TURN_END}\n{TURN_START}model\n")
-}
-
-/// The id of `<turn|>`; an error naming the tokenizer's lack of it (a
-/// checkpoint that is not a Gemma 4 chat model).
-pub fn turn_end_id(tok: &tokenizers::Tokenizer) -> CliResult<u32> {
-    for t in [TURN_START, TURN_END] {
-        if tok.token_to_id(t).is_none() {
-            return Err(
-                format!("the tokenizer has no {t} token: not a Gemma 4 chat tokenizer").into(),
-            );
-        }
-    }
-    Ok(tok.token_to_id(TURN_END).expect("checked above"))
-}
+use crate::turns::{first_turn, next_turn, turn_end_id};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -295,22 +258,6 @@ mod tests {
             stop_at_eos: true,
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn turns_are_gemma_4s() {
-        assert_eq!(
-            first_turn(Some("Be brief."), "Hi"),
-            "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
-        );
-        assert_eq!(
-            first_turn(None, "Hi"),
-            "<|turn>user\nHi<turn|>\n<|turn>model\n"
-        );
-        assert_eq!(
-            next_turn("Bye"),
-            "\n<|turn>user\nBye<turn|>\n<|turn>model\n"
-        );
     }
 
     #[test]

@@ -12,12 +12,12 @@ use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::WgpuBackend;
 
-use crate::chat;
 use crate::common::{
     encode, open_checkpoint, open_wgpu, parse_tokens, read_text_bounded, read_text_file,
     resolve_context, tokenizer, BackendKind, CliResult, KvCache, PrecisionArg,
 };
 use crate::stream::Stream;
+use crate::turns;
 
 #[derive(clap::Args)]
 #[command(group(
@@ -341,7 +341,7 @@ pub fn run(a: Args) -> CliResult {
     let text = prompt_text(&a, max_context)?;
     // With --chat, where the model's turn ends (its id, from the tokenizer).
     let turn_end = match (&tok, a.chat) {
-        (Some(t), true) => Some(chat::turn_end_id(t)?),
+        (Some(t), true) => Some(turns::turn_end_id(t)?),
         (None, true) => {
             return Err(format!(
                 "--chat needs the checkpoint's tokenizer.json ({} has none)",
@@ -363,7 +363,7 @@ pub fn run(a: Args) -> CliResult {
     }
     let prompt = match (&text, &a.tokens, &tok) {
         (Some(text), None, Some(t)) if a.chat => {
-            encode(t, &chat::first_turn(a.system.as_deref(), text))?
+            encode(t, &turns::first_turn(a.system.as_deref(), text))?
         }
         (_, Some(_), _) if a.chat => return Err("--chat takes --prompt, not --tokens".into()),
         (_, Some(ids), _) => parse_tokens(ids)?,

@@ -413,9 +413,17 @@ impl WgpuBackend {
         *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
     }
 
-    /// The adapter's limits as wgpu reports them (for tools).
+    /// The limits the device was opened with: the adapter's, or the smaller
+    /// of them and a limits profile's (for tools).
     pub fn wgpu_limits(&self) -> &wgpu::Limits {
         &self.limits
+    }
+
+    /// Whether the prefill GEMM tiles forced by `WgpuOptions::gemm_tiles`
+    /// fit this device: the error their first launch would return (a tile
+    /// past its workgroup memory, say), asked before any.
+    pub fn check_gemm_tiles(&self) -> Result<()> {
+        ops::gemm::check_overrides(self)
     }
 }
 
@@ -725,7 +733,13 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn gemm_rounding(&self) -> Option<turbospark::GemmRounding> {
-        let rule: turbospark::GemmRounding = Arc::new(ops::gemm_coop::rounds_inputs);
+        // (the GEMMs' rule and attention's, which runs where they are usable)
+        let rule: turbospark::GemmRounding = Arc::new(|op: &OpKind, m, k| match op {
+            OpKind::Attention { head_dim } => {
+                ops::attention_coop::rounds_inputs(m, *head_dim as usize)
+            }
+            _ => ops::gemm_coop::rounds_inputs(op, m, k),
+        });
         ops::gemm_coop::usable(self).then_some(rule)
     }
 

@@ -192,6 +192,18 @@ fn pick(kind: &str, o: &Override, default: Tile, smem: u32) -> Result<Tile> {
     Ok(t)
 }
 
+/// The error a forced tile (either half of `be`'s overrides) would give at
+/// its first launch, asked before any: the defaults always fit.
+pub(crate) fn check_overrides(be: &WgpuBackend) -> Result<()> {
+    let smem = smem(be);
+    for (kind, o) in [("dense", &be.gemm_tiles.0), ("grouped", &be.gemm_tiles.1)] {
+        if !matches!(o, Override::Default) {
+            pick(kind, o, DENSE, smem)?;
+        }
+    }
+    Ok(())
+}
+
 /// The dense tile for an `m`-token batch over `rows` weight rows: [`DENSE`],
 /// or [`DENSE_NARROW`] where DENSE would make few workgroups.
 fn dense_tile(be: &WgpuBackend, m: usize, rows: usize) -> Result<Tile> {
@@ -229,20 +241,16 @@ pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
 }
 
 /// `OUT = X W^T` per weight binding (a weight split across bindings is one
-/// dispatch per chunk, each writing its chunk's output columns); on tensor
-/// cores with `coop` (the caller asked [`super::gemm_coop::takes`], as for
-/// the MoE phases).
+/// dispatch per chunk, each writing its chunk's output columns) on the f32
+/// units; the tensor-core twin (gemm_coop.rs's `dense`) is the caller's
+/// choice.
 pub(crate) fn dense(
     be: &WgpuBackend,
     w: &WgpuBuffer,
     xb: &wgpu::Buffer,
     ob: &wgpu::Buffer,
     p: Matmul,
-    coop: bool,
 ) -> Result<()> {
-    if coop {
-        return super::gemm_coop::dense(be, w, xb, ob, p);
-    }
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
         let t = dense_tile(be, p.m, rows)?;
@@ -400,8 +408,8 @@ pub(crate) fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
 }
 
 /// Phase 1 over the route list `route` (built by `moe_route`):
-/// `act[p] = gelu(gate_e x_t) * (up_e x_t)`; on tensor cores with `coop`
-/// (the caller asked [`super::gemm_coop::takes`]).
+/// `act[p] = gelu(gate_e x_t) * (up_e x_t)` on the f32 units (the
+/// tensor-core twin: gemm_coop.rs's `gate_up`).
 pub(crate) fn gate_up(
     be: &WgpuBackend,
     x: &wgpu::Buffer,
@@ -409,11 +417,7 @@ pub(crate) fn gate_up(
     route: &wgpu::Buffer,
     act: &wgpu::Buffer,
     p: &Moe,
-    coop: bool,
 ) -> Result<()> {
-    if coop {
-        return super::gemm_coop::gate_up(be, x, gu, route, act, p);
-    }
     let t = grouped_tile(be)?;
     let mtiles = grouped_tiles(p, t.bm());
     let rows_per_block = t.bn() / 2;
@@ -436,8 +440,8 @@ pub(crate) fn gate_up(
 }
 
 /// Phase 2 over the route list: each pair's weighted down projection into
-/// scratch (on tensor cores with `coop`), then each token's `top_k` rows
-/// summed in order.
+/// scratch on the f32 units, then each token's `top_k` rows summed in order
+/// ([`moe_sum`]; the tensor-core twin: gemm_coop.rs's `down`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn down(
     be: &WgpuBackend,
@@ -447,41 +451,51 @@ pub(crate) fn down(
     wts: &wgpu::Buffer,
     out: &wgpu::Buffer,
     p: &Moe,
-    coop: bool,
 ) -> Result<()> {
-    let pairs = p.m * p.top_k;
-    let per_pair = super::scratch_buffer(
+    let per_pair = pair_rows(be, p)?;
+    let t = grouped_tile(be)?;
+    let mtiles = grouped_tiles(p, t.bm());
+    let params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
+    be.launch(Launch {
+        kernel: "gemm",
+        entry: "gemm_down",
+        constants: &t.constants(d.1, d.2),
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (d.0, true),
+            (act, true),
+            (one(&per_pair), false),
+            (route, true),
+            (wts, true),
+        ],
+        groups: be.grid(mtiles * params.nrb),
+    })?;
+    moe_sum(be, params, one(&per_pair), ids, out, p)
+}
+
+/// The scratch of per-pair rows phase 2 writes before [`moe_sum`].
+pub(crate) fn pair_rows(be: &WgpuBackend, p: &Moe) -> Result<WgpuBuffer> {
+    super::scratch_buffer(
         be,
         |s| &mut s.moe_pairs,
         DType::F32,
-        pairs * p.hidden,
+        p.m * p.top_k * p.hidden,
         0,
         "moe per-pair rows",
-    )?;
-    let mut params = if coop {
-        super::gemm_coop::down(be, act, d, route, wts, one(&per_pair), p)?
-    } else {
-        let t = grouped_tile(be)?;
-        let mtiles = grouped_tiles(p, t.bm());
-        let params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
-        be.launch(Launch {
-            kernel: "gemm",
-            entry: "gemm_down",
-            constants: &t.constants(d.1, d.2),
-            params: bytemuck::bytes_of(&params),
-            buffers: &[
-                (d.0, true),
-                (act, true),
-                (one(&per_pair), false),
-                (route, true),
-                (wts, true),
-            ],
-            groups: be.grid(mtiles * params.nrb),
-        })?;
-        params
-    };
+    )
+}
+
+/// Each token's `top_k` per-pair rows (`per_pair`, as phase 2 wrote them
+/// with `params`) summed in order into `out`.
+pub(crate) fn moe_sum(
+    be: &WgpuBackend,
+    mut params: Params,
+    per_pair: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    p: &Moe,
+) -> Result<()> {
     params.mtiles = 0;
-    let pb = one(&per_pair);
     be.launch(Launch {
         kernel: "gemm",
         entry: "moe_sum",
@@ -489,7 +503,7 @@ pub(crate) fn down(
         params: bytemuck::bytes_of(&params),
         // moe_sum reads the per-pair rows as X and the expert ids as ROUTE;
         // the weight slot is not read.
-        buffers: &[(pb, true), (pb, true), (out, false), (ids, true)],
+        buffers: &[(per_pair, true), (per_pair, true), (out, false), (ids, true)],
         groups: be.grid(((p.m * p.hidden) as u32).div_ceil(WG)),
     })
 }

@@ -292,14 +292,11 @@ fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile]) -> bool {
 /// H200's 2 GiB binding, not within WebGPU's 128 MiB floor, so a
 /// tensor-core device granting only that would break the rule.
 ///
-/// Attention (`k` unused) follows its own rule:
-/// [`super::attention_coop::rounds_inputs`].
+/// Attention has its own rule (attention_coop.rs's `rounds_inputs`); the
+/// backend's `gemm_rounding` joins the two.
 pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
     let w = match op {
         OpKind::Matmul { w } | OpKind::MoeGateUp { w } | OpKind::MoeDown { w } => *w,
-        OpKind::Attention { head_dim } => {
-            return super::attention_coop::rounds_inputs(m, *head_dim as usize)
-        }
         _ => return false,
     };
     // (quantized weights never take the tensor cores: `takes` wants
@@ -494,23 +491,25 @@ pub(crate) fn gate_up(
     launch(be, gu, &xp, act, route, x, t, mode, &params)
 }
 
-/// MoE phase 2's per-pair rows over the route list into `per_pair` (see
-/// [`super::gemm::down`], which sums them).
+/// MoE phase 2 over the route list (see [`super::gemm::down`]): the
+/// per-pair rows on the tensor cores, then the same `moe_sum`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn down(
     be: &WgpuBackend,
     act: &wgpu::Buffer,
     d: (&wgpu::Buffer, DType, bool),
-    route: &wgpu::Buffer,
+    (route, ids): (&wgpu::Buffer, &wgpu::Buffer),
     wts: &wgpu::Buffer,
-    per_pair: &wgpu::Buffer,
+    out: &wgpu::Buffer,
     p: &Moe,
-) -> Result<Params> {
+) -> Result<()> {
+    let per_pair = super::gemm::pair_rows(be, p)?;
     let t = be.coop_tiles.grouped;
     let params = grouped(p, t, (p.hidden, p.inter), t.bn());
     let mode = (DOWN, splits(be));
     let xp = prep(be, act, route, t, mode, &params)?;
-    launch(be, d, &xp, per_pair, route, wts, t, mode, &params)?;
-    Ok(params)
+    launch(be, d, &xp, one(&per_pair), route, wts, t, mode, &params)?;
+    super::gemm::moe_sum(be, params, one(&per_pair), ids, out, p)
 }
 
 #[cfg(test)]

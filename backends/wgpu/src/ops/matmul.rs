@@ -55,8 +55,10 @@ pub(crate) fn matmul(
         return gemv(be, w, xb, ob, p);
     }
     if super::gemm::fits(p.m, p.k, w.dtype) {
-        let coop = super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m));
-        return super::gemm::dense(be, w, xb, ob, p, coop);
+        if super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m)) {
+            return super::gemm_coop::dense(be, w, xb, ob, p);
+        }
+        return super::gemm::dense(be, w, xb, ob, p);
     }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
     let (mb, rt, kl) = config(p.m.min(16));

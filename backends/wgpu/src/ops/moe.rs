@@ -158,7 +158,7 @@ pub(crate) fn router(
         };
         // (on the f32 units: a 128-row output is too few tiles for the
         // tensor-core path, and top-k choices should not hinge on f16 x)
-        super::gemm::dense(be, proj, one(&first_out), one(&logits), mm, false)?;
+        super::gemm::dense(be, proj, one(&first_out), one(&logits), mm)?;
     }
     router_topk(be, x, s, proj, pes, (&logits, false), (ids, w), p)
 }
@@ -403,16 +403,11 @@ pub(crate) fn moe_gate_up(
     }
     let (mut params, scratch) = route(be, ids, &p, false)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
-        let coop = super::gemm_coop::takes(be, gu, p.hidden, super::gemm_coop::XRows::Grouped(&p));
-        return super::gemm::gate_up(
-            be,
-            one(x),
-            (wb, gu.dtype, gu.tiled()),
-            one(&scratch),
-            one(act),
-            &p,
-            coop,
-        );
+        let args = (one(x), (wb, gu.dtype, gu.tiled()), one(&scratch), one(act));
+        if super::gemm_coop::takes(be, gu, p.hidden, super::gemm_coop::XRows::Grouped(&p)) {
+            return super::gemm_coop::gate_up(be, args.0, args.1, args.2, args.3, &p);
+        }
+        return super::gemm::gate_up(be, args.0, args.1, args.2, args.3, &p);
     }
     params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
     let xb = one(x);
@@ -679,17 +674,11 @@ pub(crate) fn moe_down(
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
         let lists = (one(&scratch), one(ids));
-        let coop = super::gemm_coop::takes(be, d, p.inter, super::gemm_coop::XRows::Grouped(&p));
-        return super::gemm::down(
-            be,
-            one(act),
-            (wb, d.dtype, d.tiled()),
-            lists,
-            one(w),
-            one(out),
-            &p,
-            coop,
-        );
+        let weights = (wb, d.dtype, d.tiled());
+        if super::gemm_coop::takes(be, d, p.inter, super::gemm_coop::XRows::Grouped(&p)) {
+            return super::gemm_coop::down(be, one(act), weights, lists, one(w), one(out), &p);
+        }
+        return super::gemm::down(be, one(act), weights, lists, one(w), one(out), &p);
     }
     route_list_down(be, (act, d, ids, w, out), (params, &scratch), &p)
 }
