@@ -503,7 +503,12 @@ pub(crate) fn moe_sum(
         params: bytemuck::bytes_of(&params),
         // moe_sum reads the per-pair rows as X and the expert ids as ROUTE;
         // the weight slot is not read.
-        buffers: &[(per_pair, true), (per_pair, true), (out, false), (ids, true)],
+        buffers: &[
+            (per_pair, true),
+            (per_pair, true),
+            (out, false),
+            (ids, true),
+        ],
         groups: be.grid(((p.m * p.hidden) as u32).div_ceil(WG)),
     })
 }
