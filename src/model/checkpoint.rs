@@ -24,6 +24,7 @@ use crate::dtype::DType;
 use crate::{Error, Result};
 
 pub use super::shard::MappedFile;
+pub use super::tensor_ref::TensorRef;
 pub use super::tensors::expected_tensors;
 
 /// Prefix of the decoder tensors in multimodal (`Gemma4ForConditionalGeneration`) files.
@@ -34,35 +35,6 @@ const MLX_MULTIMODAL_PREFIX: &str = "language_model.model.";
 const TEXT_PREFIX: &str = "model.";
 /// The untied LM head, stored outside the decoder prefix in both spellings.
 const LM_HEAD: &str = "lm_head.weight";
-
-/// One tensor of the checkpoint: its bytes stay in the file's memory map.
-#[derive(Clone)]
-pub struct TensorRef {
-    /// Name without the prefix (`layers.3.self_attn.q_proj.weight`).
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-    /// `HostBytes::Mapped` over the file's `Arc<memmap2::Mmap>`.
-    pub bytes: HostBytes<'static>,
-}
-
-impl TensorRef {
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-impl std::fmt::Debug for TensorRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorRef")
-            .field("name", &self.name)
-            .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
-            .field("bytes", &self.bytes.as_slice().len())
-            .finish()
-    }
-}
 
 /// Where a language-model tensor lives: which shard, under which full name.
 struct Entry {
@@ -144,7 +116,7 @@ impl Checkpoint {
         };
         ckpt.mlx = ckpt.is_mlx_layout();
         ckpt.footprint = ckpt.check_against_config(&index_path)?;
-        ckpt.layer_state = layer_state::build(&ckpt)?;
+        ckpt.layer_state = layer_state::build(&ckpt.config, |name| ckpt.tensor(name))?;
         Ok(ckpt)
     }
 

@@ -304,15 +304,6 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Parameter count of the language model (the tensors
-    /// [`super::expected_tensors`] lists; tied embeddings counted once).
-    pub fn parameter_count(&self) -> u64 {
-        super::tensors::expected_tensors(self)
-            .iter()
-            .map(|(_, shape)| shape.iter().map(|&d| d as u64).product::<u64>())
-            .sum()
-    }
-
     /// Bytes of weights read per decoded token at the stored dtype (attention + dense MLP + top_k experts + router + norms per layer, + LM head).
     ///
     /// The embedding contributes the one row it reads; the LM head reads the

@@ -24,9 +24,9 @@ use std::time::Duration;
 use crate::backend::{ComputeBackend, ExpertBytes, ExpertStack, HostBytes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::model::checkpoint::TensorRef;
 use crate::model::expert_cache::{Counts, SlotCache};
 use crate::model::shard::MappedFile;
+use crate::model::tensor_ref::TensorRef;
 
 /// One piece of a stored expert stack: `len` bytes of `bytes` from
 /// `start`, whose `e`-th of `experts` equal parts belongs to expert `e`.

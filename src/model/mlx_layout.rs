@@ -10,7 +10,8 @@
 //! shapes and formats checked against the config at open
 //! ([`Checkpoint::resolve_mlx`]), the bytes assembled at upload.
 
-use super::checkpoint::{Checkpoint, TensorRef};
+use super::checkpoint::Checkpoint;
+use super::tensor_ref::TensorRef;
 use crate::backend::HostBytes;
 use crate::dtype::{decode_f32, encode_f32, DType};
 use crate::model::expert_stream::StoredExperts;

@@ -31,7 +31,8 @@ use std::str::FromStr;
 
 use indicatif::ProgressBar;
 
-use super::checkpoint::{Checkpoint, TensorRef};
+use super::checkpoint::Checkpoint;
+use super::tensor_ref::TensorRef;
 use crate::dtype::{encode_f32, round_to, DType};
 use crate::error::{Error, Result};
 use crate::quant::{self, Affine, ScaleType};

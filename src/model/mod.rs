@@ -21,10 +21,11 @@ pub mod quantization;
 pub mod sampling;
 mod shard;
 pub mod synthetic;
+mod tensor_ref;
 mod tensors;
 pub mod weights;
 
-pub use checkpoint::{Checkpoint, TensorRef};
+pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, LayerSpec, ModelConfig};
 pub use decoder::{
     GenerateOptions, Generation, Model, ModelOptions, DEFAULT_PREFILL_BATCH, LOGITS_BATCH,
@@ -33,5 +34,6 @@ pub use decoder::{
 pub use layer_state::LayerHostState;
 pub use sampling::Sampling;
 pub use synthetic::SyntheticSource;
+pub use tensor_ref::TensorRef;
 pub use tensors::expected_tensors;
 pub use weights::TensorSource;

@@ -65,6 +65,17 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+impl ModelConfig {
+    /// Parameter count of the language model (the tensors
+    /// [`expected_tensors`] lists; tied embeddings counted once).
+    pub fn parameter_count(&self) -> u64 {
+        expected_tensors(self)
+            .iter()
+            .map(|(_, shape)| shape.iter().map(|&d| d as u64).product::<u64>())
+            .sum()
+    }
+}
+
 /// Bytes of a model's language-model tensors as stored: all of them, the
 /// routed experts', the embedding's. One rule for the bytes a decoded token
 /// reads, whatever the format (the checkpoint's and the synthetic model's).

@@ -16,9 +16,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::backend::{ComputeBackend, ExpertStack, HostBytes};
 use crate::dtype::{decode_f32, encode_f32, DType};
 use crate::error::{Error, Result};
-use crate::model::checkpoint::{Checkpoint, TensorRef};
+use crate::model::checkpoint::Checkpoint;
 use crate::model::config::ModelConfig;
 use crate::model::expert_stream::StoredExperts;
+use crate::model::tensor_ref::TensorRef;
 
 /// Where weights come from: a checkpoint on disk or a synthetic generator.
 ///
