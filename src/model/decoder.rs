@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::expert_cache::{Policy, SlotCache, Trace};
 use crate::model::expert_stream::{self, SlotStacks, StreamStats, StreamedLayer, Streaming};
-use crate::model::weights::{LayerWeights, TensorSource, Weights};
+use crate::model::weights::{LayerWeights, MoeWeights, TensorSource, Weights};
 use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 mod generate;
@@ -813,14 +813,21 @@ impl<B: ComputeBackend> Model<B> {
     /// residual in `s.x` and the next layer's normed input (the final norm's
     /// output after the last layer when `final_norm`) in `s.normed`.
     fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, final_norm: bool) -> Result<()> {
+        self.record_attention(li, s, m)?;
+        self.record_feed_forward(li, s, m, final_norm)
+    }
+
+    /// The attention block: `o = o_proj(attention(q, k, v))` of the normed
+    /// input `s.normed` into `s.o`. q|k|v in one matmul, then the queries'
+    /// and keys' norms, RoPE, the cache append and the attention in one
+    /// call (`qkv_post_attention`).
+    fn record_attention(&self, li: usize, s: &Scratch<B>, m: usize) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
         let h = cfg.hidden;
         let (nh, kvh, hd) = (cfg.heads, spec.kv_heads, spec.head_dim);
         let qd = nh * hd;
         let qkv_rows = spec.qkv_rows(nh);
-
-        // ---- attention: q|k|v in one GEMV, then norms + RoPE + cache append ----
         be.matmul(
             &w.qkv,
             &s.normed,
@@ -852,183 +859,256 @@ impl<B: ComputeBackend> Model<B> {
         be.qkv_post_attention(
             &s.qkv, &w.q_norm, &w.k_norm, &s.pos, &s.q, &cache.k, &cache.v, &s.attn, qp, ap,
         )?;
-        be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })?;
-        // r = x + post_attention_layernorm(o), and the branches' pre-norms of
-        // r; with experts, the router on r (it reads r, not a pre-norm) in
-        // the same call, and in decode both branches' gate_up too.
-        let pa = PostAttention {
-            rows: m,
-            dim: h,
-            eps: cfg.eps,
-        };
-        // ---- the two branches: dense MLP and routed experts ----
-        let inter = cfg.intermediate;
-        // A dense MLP is a one-expert MoE: in decode the MoE kernels read
-        // expert 0's rows and apply the activation themselves (one dispatch
-        // instead of a GEMV and gelu_mul), and with experts both branches
-        // run as one launch per phase (`moe_*_pair`).
-        let one_expert = Moe {
-            m,
-            hidden: h,
-            inter,
-            experts: 1,
-            top_k: 1,
-        };
-        let dense_gate_up = GateUpArgs {
-            x: &s.ff_in,
-            gate_up: &w.mlp_gate_up,
-            ids: &s.zero_ids,
-            act: &s.act,
-            p: one_expert,
-        };
-        let dense_down = DownArgs {
-            act: &s.act,
-            down: &w.mlp_down,
-            ids: &s.zero_ids,
-            weights: &s.one_w,
-            out: &s.dense,
-            p: one_expert,
-        };
-        // x = (r + post_ff(...)) * layer_scalar, then the next norm: with
-        // experts post_ff(post_ff1(dense) + post_ff2(moe)), without
-        // post_ff(dense).
+        be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })
+    }
+
+    /// The feed-forward block on the attention's output `s.o`:
+    /// `r = x + post_attention_layernorm(o)`, the dense MLP on
+    /// `pre_feedforward_layernorm(r)` and, with experts, the routed experts
+    /// on `pre_feedforward_layernorm_2(r)`, then
+    /// `x = (r + post_feedforward_layernorm(..)) * layer_scalar` and the
+    /// next norm of x into `s.normed` (none after the last layer unless
+    /// `final_norm`).
+    fn record_feed_forward(
+        &self,
+        li: usize,
+        s: &Scratch<B>,
+        m: usize,
+        final_norm: bool,
+    ) -> Result<()> {
+        let w = &self.weights.layers[li];
         let next = match self.weights.layers.get(li + 1) {
             Some(next) => Some((&next.input_norm, &s.normed)),
             None if final_norm => Some((&self.weights.final_norm, &s.normed)),
             None => None,
         };
-        let post_ffn = |w_dense, moe| PostFfnArgs {
-            dense: &s.dense,
-            w_dense,
-            moe,
-            r: &s.r,
-            x: &s.x,
-            next,
-            p: PostFfn {
-                rows: m,
-                dim: h,
-                eps: cfg.eps,
-                scale: w.layer_scalar,
+        let ffn = FeedForward {
+            dense: self.one_expert_mlp(s, w, m),
+            post_ffn: PostFfnArgs {
+                dense: &s.dense,
+                w_dense: &w.post_ff_norm,
+                moe: None,
+                r: &s.r,
+                x: &s.x,
+                next,
+                p: PostFfn {
+                    rows: m,
+                    dim: self.cfg.hidden,
+                    eps: self.cfg.eps,
+                    scale: w.layer_scalar,
+                },
             },
         };
         match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
-                let pa_args = PostAttentionArgs {
-                    o: &s.o,
-                    x: &s.x,
-                    w_post: &w.post_attn_norm,
-                    w_ff: &w.pre_ff_norm,
-                    r: &s.r,
-                    ff: &s.ff_in,
-                    moe: (&moe.pre_norm, &s.moe_in),
-                    p: pa,
-                };
-                let router = RouterArgs {
-                    eff_scale: &moe.eff_scale,
-                    proj: &moe.router_proj,
-                    per_expert_scale: &moe.per_expert_scale,
-                    ids: &s.route_ids,
-                    weights: &s.route_w,
-                    p: Router {
-                        m,
-                        hidden: h,
-                        experts: cfg.experts,
-                        top_k: cfg.top_k,
-                        eps: cfg.eps,
-                    },
-                };
-                let mp = Moe {
-                    m,
-                    hidden: h,
-                    inter: cfg.moe_inter,
-                    experts: cfg.experts,
-                    top_k: cfg.top_k,
-                };
-                let routed_gate_up = GateUpArgs {
-                    x: &s.moe_in,
-                    gate_up: &moe.gate_up,
-                    ids: &s.route_ids,
-                    act: &s.moe_act,
-                    p: mp,
-                };
-                let routed_down = DownArgs {
-                    act: &s.moe_act,
-                    down: &moe.down,
-                    ids: &s.route_ids,
-                    weights: &s.route_w,
-                    out: &s.moe_out,
-                    p: mp,
-                };
-                let post = post_ffn(
-                    post_ff1,
-                    Some((&s.moe_out, &moe.post_norm, &w.post_ff_norm)),
-                );
-                if let Some(stream) = &self.stream {
-                    be.post_attention_router(pa_args, router)?;
-                    if m == 1 {
-                        dense_gate_up.run(be)?;
-                    } else {
-                        self.dense_mlp(s, w, m)?;
-                    }
-                    let mut st = stream.borrow_mut();
-                    let ws = s.waves.as_ref().ok_or_else(|| {
-                        Error::InvalidInput("streamed experts without wave scratch".into())
-                    })?;
-                    let sp = Moe {
-                        experts: st.slots,
-                        ..mp
-                    };
-                    let slot_down = DownArgs {
-                        ids: &ws.slot_ids,
-                        p: sp,
-                        ..routed_down
-                    };
-                    match self.streamed_moe(&mut st, li, s, ws, &routed_gate_up, &slot_down)? {
-                        // one wave: its gate_up ran, its down runs as resident
-                        None if m == 1 => be.moe_down_pair_post_ffn(dense_down, slot_down, post),
-                        None => {
-                            slot_down.run(be)?;
-                            post.run(be)
-                        }
-                        Some(sum) => {
-                            if m == 1 {
-                                dense_down.run(be)?;
-                            }
-                            post_ffn(post_ff1, Some((sum, &moe.post_norm, &w.post_ff_norm))).run(be)
-                        }
-                    }
-                } else if m == 1 {
-                    be.post_attention_gate_up((pa_args, router), dense_gate_up, routed_gate_up)?;
-                    be.moe_down_pair_post_ffn(dense_down, routed_down, post)
-                } else {
-                    be.post_attention_router(pa_args, router)?;
-                    self.dense_mlp(s, w, m)?;
-                    routed_gate_up.run(be)?;
-                    routed_down.run(be)?;
-                    post.run(be)
-                }
+                self.record_moe_feed_forward(li, s, m, ffn, moe, post_ff1)
             }
-            _ => {
-                be.post_attention(
-                    &s.o,
-                    &s.x,
-                    &w.post_attn_norm,
-                    &w.pre_ff_norm,
-                    &s.r,
-                    &s.ff_in,
-                    None,
-                    pa,
-                )?;
-                if m == 1 {
-                    dense_gate_up.run(be)?;
-                    dense_down.run(be)?;
-                } else {
-                    self.dense_mlp(s, w, m)?;
-                }
-                post_ffn(&w.post_ff_norm, None).run(be)
-            }
+            _ => self.record_dense_feed_forward(s, w, m, ffn),
         }
     }
+
+    /// `r = x + post_attention_layernorm(o)` over `rows` rows.
+    fn post_attention(&self, rows: usize) -> PostAttention {
+        PostAttention {
+            rows,
+            dim: self.cfg.hidden,
+            eps: self.cfg.eps,
+        }
+    }
+
+    /// The dense MLP as a one-expert MoE: in decode the MoE kernels read
+    /// expert 0's rows and apply the activation themselves (one dispatch
+    /// instead of a GEMV and gelu_mul), and with experts both branches run
+    /// as one launch per phase (`moe_*_pair`).
+    fn one_expert_mlp<'s>(
+        &self,
+        s: &'s Scratch<B>,
+        w: &'s LayerWeights<B>,
+        m: usize,
+    ) -> (GateUpArgs<'s, B::Buffer>, DownArgs<'s, B::Buffer>) {
+        let one_expert = Moe {
+            m,
+            hidden: self.cfg.hidden,
+            inter: self.cfg.intermediate,
+            experts: 1,
+            top_k: 1,
+        };
+        (
+            GateUpArgs {
+                x: &s.ff_in,
+                gate_up: &w.mlp_gate_up,
+                ids: &s.zero_ids,
+                act: &s.act,
+                p: one_expert,
+            },
+            DownArgs {
+                act: &s.act,
+                down: &w.mlp_down,
+                ids: &s.zero_ids,
+                weights: &s.one_w,
+                out: &s.dense,
+                p: one_expert,
+            },
+        )
+    }
+
+    /// The feed-forward block of a layer without experts:
+    /// `x = (r + post_feedforward_layernorm(mlp(pre_ff(r)))) * layer_scalar`.
+    fn record_dense_feed_forward(
+        &self,
+        s: &Scratch<B>,
+        w: &LayerWeights<B>,
+        m: usize,
+        ffn: FeedForward<'_, B>,
+    ) -> Result<()> {
+        let be = &self.backend;
+        be.post_attention(
+            &s.o,
+            &s.x,
+            &w.post_attn_norm,
+            &w.pre_ff_norm,
+            &s.r,
+            &s.ff_in,
+            None,
+            self.post_attention(m),
+        )?;
+        if m == 1 {
+            let (gate_up, down) = ffn.dense;
+            gate_up.run(be)?;
+            down.run(be)?;
+        } else {
+            self.dense_mlp(s, w, m)?;
+        }
+        ffn.post_ffn.run(be)
+    }
+
+    /// The feed-forward block of a layer with experts: the router on r,
+    /// the dense MLP and the routed experts beside it, `x = (r +
+    /// post_ff(post_ff_1(dense) + post_ff_2(experts))) * layer_scalar`. In
+    /// decode the phases of both branches run as pairs; streamed experts
+    /// place the routed ones in their slots first ([`Self::streamed_moe`]).
+    fn record_moe_feed_forward(
+        &self,
+        li: usize,
+        s: &Scratch<B>,
+        m: usize,
+        ffn: FeedForward<'_, B>,
+        moe: &MoeWeights<B>,
+        post_ff1: &B::Buffer,
+    ) -> Result<()> {
+        let (be, cfg) = (&self.backend, &self.cfg);
+        let w = &self.weights.layers[li];
+        // r and both branches' pre-norms of it
+        let pa_args = PostAttentionArgs {
+            o: &s.o,
+            x: &s.x,
+            w_post: &w.post_attn_norm,
+            w_ff: &w.pre_ff_norm,
+            r: &s.r,
+            ff: &s.ff_in,
+            moe: (&moe.pre_norm, &s.moe_in),
+            p: self.post_attention(m),
+        };
+        // (the router reads r, not a pre-norm, in the same call)
+        let router = RouterArgs {
+            eff_scale: &moe.eff_scale,
+            proj: &moe.router_proj,
+            per_expert_scale: &moe.per_expert_scale,
+            ids: &s.route_ids,
+            weights: &s.route_w,
+            p: Router {
+                m,
+                hidden: cfg.hidden,
+                experts: cfg.experts,
+                top_k: cfg.top_k,
+                eps: cfg.eps,
+            },
+        };
+        let mp = Moe {
+            m,
+            hidden: cfg.hidden,
+            inter: cfg.moe_inter,
+            experts: cfg.experts,
+            top_k: cfg.top_k,
+        };
+        let routed_gate_up = GateUpArgs {
+            x: &s.moe_in,
+            gate_up: &moe.gate_up,
+            ids: &s.route_ids,
+            act: &s.moe_act,
+            p: mp,
+        };
+        let routed_down = DownArgs {
+            act: &s.moe_act,
+            down: &moe.down,
+            ids: &s.route_ids,
+            weights: &s.route_w,
+            out: &s.moe_out,
+            p: mp,
+        };
+        let (dense_gate_up, dense_down) = ffn.dense;
+        let post = PostFfnArgs {
+            w_dense: post_ff1,
+            moe: Some((&s.moe_out, &moe.post_norm, &w.post_ff_norm)),
+            ..ffn.post_ffn
+        };
+        if let Some(stream) = &self.stream {
+            be.post_attention_router(pa_args, router)?;
+            if m == 1 {
+                dense_gate_up.run(be)?;
+            } else {
+                self.dense_mlp(s, w, m)?;
+            }
+            let mut st = stream.borrow_mut();
+            let ws = s.waves.as_ref().ok_or_else(|| {
+                Error::InvalidInput("streamed experts without wave scratch".into())
+            })?;
+            let sp = Moe {
+                experts: st.slots,
+                ..mp
+            };
+            let slot_down = DownArgs {
+                ids: &ws.slot_ids,
+                p: sp,
+                ..routed_down
+            };
+            match self.streamed_moe(&mut st, li, s, ws, &routed_gate_up, &slot_down)? {
+                // one wave: its gate_up ran, its down runs as resident
+                None if m == 1 => be.moe_down_pair_post_ffn(dense_down, slot_down, post),
+                None => {
+                    slot_down.run(be)?;
+                    post.run(be)
+                }
+                Some(sum) => {
+                    if m == 1 {
+                        dense_down.run(be)?;
+                    }
+                    PostFfnArgs {
+                        moe: Some((sum, &moe.post_norm, &w.post_ff_norm)),
+                        ..post
+                    }
+                    .run(be)
+                }
+            }
+        } else if m == 1 {
+            be.post_attention_gate_up((pa_args, router), dense_gate_up, routed_gate_up)?;
+            be.moe_down_pair_post_ffn(dense_down, routed_down, post)
+        } else {
+            be.post_attention_router(pa_args, router)?;
+            self.dense_mlp(s, w, m)?;
+            routed_gate_up.run(be)?;
+            routed_down.run(be)?;
+            post.run(be)
+        }
+    }
+}
+
+/// What both forms of a layer's feed-forward block share: the dense MLP
+/// as a one-expert MoE (gate_up, down), and the post-FFN of the dense
+/// branch alone (a layer with experts adds theirs).
+struct FeedForward<'s, B: ComputeBackend> {
+    dense: (GateUpArgs<'s, B::Buffer>, DownArgs<'s, B::Buffer>),
+    post_ffn: PostFfnArgs<'s, B::Buffer>,
 }
 
 /// The slot `at` gives expert `e` of `union` (the experts a placement was
