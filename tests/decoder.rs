@@ -7,6 +7,7 @@ mod common;
 use std::ops::ControlFlow;
 
 use common::nmse;
+use turbospark::model::decoder::{scratch_bytes, stream_scratch_bytes};
 use turbospark::model::sampling::Sampler;
 use turbospark::model::synthetic::{tiny_config, SyntheticSource};
 use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, LOGITS_BATCH};
@@ -391,6 +392,42 @@ fn decode_only_run_allocates_no_batch_scratch() {
     m.reset();
     m.logits(&[1, 2, 3]).unwrap();
     assert!(m.has_batch_scratch());
+}
+
+/// The batch scratch a model's first batched pass allocates holds the
+/// bytes `scratch_bytes` counts for it (and with streamed experts
+/// `stream_scratch_bytes` more): the figure `runtime_bytes` checks a run
+/// against at load is the list the scratch is made from.
+#[test]
+fn wgpu_batch_scratch_holds_the_bytes_counted() {
+    let Some(mut be) = common::wgpu_backend() else {
+        return;
+    };
+    let cfg = tiny_config();
+    let src = SyntheticSource::new(cfg.clone(), 42).unwrap();
+    let batch = 24;
+    for slots in [None, Some(cfg.top_k)] {
+        let o = ModelOptions {
+            max_context: 64,
+            prefill_batch: batch,
+            expert_slots: slots,
+            ..Default::default()
+        };
+        let mut m = Model::load(be, &src, o).unwrap();
+        // (the ops' own scratch, made on use, is let go on both sides)
+        m.backend().release_scratch();
+        let before = m.backend().memory().0;
+        m.logits(&prompt(batch, cfg.vocab)).unwrap();
+        assert!(m.has_batch_scratch());
+        m.backend().release_scratch();
+        let held = m.backend().memory().0 - before;
+        let mut want = scratch_bytes(&cfg, batch, LOGITS_BATCH.min(batch));
+        if slots.is_some() {
+            want += stream_scratch_bytes(&cfg, batch);
+        }
+        assert_eq!(held, want, "{slots:?} expert slots");
+        be = m.into_backend();
+    }
 }
 
 #[test]

@@ -38,8 +38,7 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use crate::backend::{
-    ComputeBackend, DownArgs, GateUpArgs, HostBytes, PostAttentionArgs, PostFfnArgs, RouterArgs,
-    Support,
+    ComputeBackend, DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs, RouterArgs, Support,
 };
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
@@ -50,7 +49,10 @@ use crate::model::weights::{LayerWeights, MoeWeights, TensorSource, Weights};
 use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 mod generate;
+mod scratch;
 pub use generate::{GenerateOptions, Generation};
+pub use scratch::{scratch_bytes, stream_scratch_bytes};
+use scratch::{widest_layer, Scratch, WaveScratch};
 
 /// Tokens one prefill batch carries by default. Large enough that each
 /// expert of Gemma 4 26B-A4B sees a full GEMM tile of tokens per batch
@@ -132,128 +134,6 @@ struct KvCache<B: ComputeBackend> {
     capacity: usize,
 }
 
-/// Activation scratch for up to `rows` tokens at once (logits for up to
-/// `head_rows` of them).
-struct Scratch<B: ComputeBackend> {
-    rows: usize,
-    head_rows: usize,
-    ids: B::Buffer,
-    /// The other id buffer of pipelined greedy decode: step n embeds one and
-    /// its argmax writes the other.
-    ids_next: B::Buffer,
-    pos: B::Buffer,
-    /// The residual stream.
-    x: B::Buffer,
-    /// The current layer's normed input (then the final norm's output).
-    normed: B::Buffer,
-    /// The fused q|k|v projection.
-    qkv: B::Buffer,
-    q: B::Buffer,
-    attn: B::Buffer,
-    o: B::Buffer,
-    r: B::Buffer,
-    ff_in: B::Buffer,
-    gate_up: B::Buffer,
-    act: B::Buffer,
-    dense: B::Buffer,
-    moe_in: B::Buffer,
-    route_ids: B::Buffer,
-    route_w: B::Buffer,
-    /// Expert id 0 for every row: the dense MLP run as a one-expert MoE.
-    zero_ids: B::Buffer,
-    /// Weight 1.0 for every row: the dense down projection as a one-expert
-    /// MoE phase 2 (multiplying by 1 is exact).
-    one_w: B::Buffer,
-    moe_act: B::Buffer,
-    moe_out: B::Buffer,
-    logits: B::Buffer,
-    capped: B::Buffer,
-    /// Rows of a final-normed batch gathered for the head (`head_ids`,
-    /// 0.. into a batch's `normed`) into `head_x`: teacher forcing's head
-    /// slices, and generate's last prompt row (into `single`'s).
-    head_ids: B::Buffer,
-    head_x: B::Buffer,
-    /// With streamed experts: the routes' slot ids, and a wave's routing
-    /// weights, output and running sum (`model::expert_stream`).
-    waves: Option<WaveScratch<B>>,
-}
-
-struct WaveScratch<B: ComputeBackend> {
-    slot_ids: B::Buffer,
-    weights: B::Buffer,
-    out: B::Buffer,
-    sum: B::Buffer,
-}
-
-impl<B: ComputeBackend> Scratch<B> {
-    fn new(
-        be: &B,
-        cfg: &ModelConfig,
-        (rows, head_rows): (usize, usize),
-        streamed: bool,
-    ) -> Result<Self> {
-        let h = cfg.hidden;
-        let (max_hd, max_qkv) = widest_layer(cfg);
-        let qd = cfg.heads * max_hd;
-        // Buffers of a disabled branch still need one element to be valid.
-        let (k_, mi) = if cfg.enable_moe {
-            (cfg.top_k, cfg.moe_inter)
-        } else {
-            (1, 1)
-        };
-        let f = |n: usize, label: &str| be.alloc(DType::F32, rows * n.max(1), label);
-        let u = |n: usize, label: &str| be.alloc(DType::U32, rows * n.max(1), label);
-        let logits = |label: &str| be.alloc(DType::F32, head_rows * cfg.vocab.max(1), label);
-        Ok(Scratch {
-            rows,
-            head_rows,
-            ids: u(1, "ids")?,
-            ids_next: u(1, "ids_next")?,
-            pos: u(1, "positions")?,
-            x: f(h, "x")?,
-            normed: f(h, "normed")?,
-            qkv: f(max_qkv, "qkv")?,
-            q: f(qd, "q")?,
-            attn: f(qd, "attn")?,
-            o: f(h, "o")?,
-            r: f(h, "r")?,
-            ff_in: f(h, "ff_in")?,
-            gate_up: f(2 * cfg.intermediate, "mlp_gate_up")?,
-            act: f(cfg.intermediate, "mlp_act")?,
-            dense: f(h, "dense")?,
-            moe_in: f(h, "moe_in")?,
-            route_ids: u(k_, "route_ids")?,
-            route_w: f(k_, "route_w")?,
-            zero_ids: be.upload(
-                DType::U32,
-                HostBytes::Slice(bytemuck::cast_slice(&vec![0u32; rows])),
-                "zero_ids",
-            )?,
-            one_w: be.upload(
-                DType::F32,
-                HostBytes::Slice(bytemuck::cast_slice(&vec![1.0f32; rows])),
-                "one_w",
-            )?,
-            moe_act: f(k_ * mi, "moe_act")?,
-            moe_out: f(h, "moe_out")?,
-            logits: logits("logits")?,
-            capped: logits("logits_capped")?,
-            head_ids: be.alloc(DType::U32, head_rows, "head_ids")?,
-            head_x: be.alloc(DType::F32, head_rows * h, "head_x")?,
-            waves: if streamed {
-                Some(WaveScratch {
-                    slot_ids: u(k_, "slot_ids")?,
-                    weights: f(k_, "wave_weights")?,
-                    out: f(h, "wave_out")?,
-                    sum: f(h, "wave_sum")?,
-                })
-            } else {
-                None
-            },
-        })
-    }
-}
-
 /// A Gemma 4 MoE model on one backend, with its KV caches and position.
 pub struct Model<B: ComputeBackend> {
     backend: B,
@@ -261,10 +141,10 @@ pub struct Model<B: ComputeBackend> {
     weights: Weights<B>,
     caches: Vec<KvCache<B>>,
     /// One-row scratch: decode, and prefill of a single token.
-    single: Scratch<B>,
+    single: Scratch<B::Buffer>,
     /// `prefill_batch`-row scratch for batched prefill, created on first
     /// use so a decode-only run allocates none of it.
-    batch: Option<Scratch<B>>,
+    batch: Option<Scratch<B::Buffer>>,
     prefill_batch: usize,
     /// Tokens already in the caches (the next token's position).
     pos: usize,
@@ -474,7 +354,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// The LM head (and softcap) for rows `r0 .. r0 + n` of the batch's
     /// final hidden state, into the batch's logits.
-    fn head_slice(&self, s: &Scratch<B>, r0: usize, n: usize) -> Result<()> {
+    fn head_slice(&self, s: &Scratch<B::Buffer>, r0: usize, n: usize) -> Result<()> {
         self.head_rows_into(s, s, r0, n)
     }
 
@@ -484,8 +364,8 @@ impl<B: ComputeBackend> Model<B> {
     /// the head as for a pass.
     fn head_rows_into(
         &self,
-        src: &Scratch<B>,
-        dst: &Scratch<B>,
+        src: &Scratch<B::Buffer>,
+        dst: &Scratch<B::Buffer>,
         r0: usize,
         n: usize,
     ) -> Result<()> {
@@ -507,7 +387,7 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// The first `m` rows of the final logits, read back.
-    fn read_logits(&self, s: &Scratch<B>, m: usize) -> Result<Vec<Vec<f32>>> {
+    fn read_logits(&self, s: &Scratch<B::Buffer>, m: usize) -> Result<Vec<Vec<f32>>> {
         let flat = self.backend.download_f32(self.final_logits(s))?;
         let v = self.cfg.vocab;
         Ok(flat.chunks(v).take(m).map(<[f32]>::to_vec).collect())
@@ -574,7 +454,7 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// The scratch for an `m`-token pass (the batched one created on first use).
-    fn scratch(&self, m: usize) -> Result<&Scratch<B>> {
+    fn scratch(&self, m: usize) -> Result<&Scratch<B::Buffer>> {
         if m == 1 {
             return Ok(&self.single);
         }
@@ -602,7 +482,7 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// The buffer holding the final logits after the head ran.
-    fn final_logits<'a>(&self, s: &'a Scratch<B>) -> &'a B::Buffer {
+    fn final_logits<'a>(&self, s: &'a Scratch<B::Buffer>) -> &'a B::Buffer {
         if self.cfg.final_softcap.is_some() {
             &s.capped
         } else {
@@ -612,7 +492,13 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Record embedding, every layer and `tail` for the `m` tokens whose ids
     /// and positions are in `s`.
-    fn record_forward(&self, s: &Scratch<B>, ids: &B::Buffer, m: usize, tail: Tail) -> Result<()> {
+    fn record_forward(
+        &self,
+        s: &Scratch<B::Buffer>,
+        ids: &B::Buffer,
+        m: usize,
+        tail: Tail,
+    ) -> Result<()> {
         debug_assert!(m <= s.rows && (tail != Tail::Head || m <= s.head_rows));
         let (be, cfg) = (&self.backend, &self.cfg);
         let h = cfg.hidden;
@@ -667,7 +553,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// The tied LM head and the softcap for the `m` final-normed rows of `x`
     /// into `s`'s logits.
-    fn record_head(&self, s: &Scratch<B>, x: &B::Buffer, m: usize) -> Result<()> {
+    fn record_head(&self, s: &Scratch<B::Buffer>, x: &B::Buffer, m: usize) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         be.matmul(
             &self.weights.embed,
@@ -706,8 +592,8 @@ impl<B: ComputeBackend> Model<B> {
         &self,
         st: &mut Streaming,
         li: usize,
-        s: &'s Scratch<B>,
-        ws: &'s WaveScratch<B>,
+        s: &'s Scratch<B::Buffer>,
+        ws: &'s WaveScratch<B::Buffer>,
         gate_up: &GateUpArgs<'_, B::Buffer>,
         slot_down: &DownArgs<'_, B::Buffer>,
     ) -> Result<Option<&'s B::Buffer>> {
@@ -792,7 +678,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// The dense MLP of `m > 1` rows (prefill): gate|up GEMM, activation,
     /// down GEMM, into `s.dense`.
-    fn dense_mlp(&self, s: &Scratch<B>, w: &LayerWeights<B>, m: usize) -> Result<()> {
+    fn dense_mlp(&self, s: &Scratch<B::Buffer>, w: &LayerWeights<B>, m: usize) -> Result<()> {
         let (be, h, inter) = (&self.backend, self.cfg.hidden, self.cfg.intermediate);
         be.matmul(
             &w.mlp_gate_up,
@@ -812,7 +698,13 @@ impl<B: ComputeBackend> Model<B> {
     /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
     /// residual in `s.x` and the next layer's normed input (the final norm's
     /// output after the last layer when `final_norm`) in `s.normed`.
-    fn record_layer(&self, li: usize, s: &Scratch<B>, m: usize, final_norm: bool) -> Result<()> {
+    fn record_layer(
+        &self,
+        li: usize,
+        s: &Scratch<B::Buffer>,
+        m: usize,
+        final_norm: bool,
+    ) -> Result<()> {
         self.record_attention(li, s, m)?;
         self.record_feed_forward(li, s, m, final_norm)
     }
@@ -821,7 +713,7 @@ impl<B: ComputeBackend> Model<B> {
     /// input `s.normed` into `s.o`. q|k|v in one matmul, then the queries'
     /// and keys' norms, RoPE, the cache append and the attention in one
     /// call (`qkv_post_attention`).
-    fn record_attention(&self, li: usize, s: &Scratch<B>, m: usize) -> Result<()> {
+    fn record_attention(&self, li: usize, s: &Scratch<B::Buffer>, m: usize) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
         let h = cfg.hidden;
@@ -872,7 +764,7 @@ impl<B: ComputeBackend> Model<B> {
     fn record_feed_forward(
         &self,
         li: usize,
-        s: &Scratch<B>,
+        s: &Scratch<B::Buffer>,
         m: usize,
         final_norm: bool,
     ) -> Result<()> {
@@ -922,7 +814,7 @@ impl<B: ComputeBackend> Model<B> {
     /// as one launch per phase (`moe_*_pair`).
     fn one_expert_mlp<'s>(
         &self,
-        s: &'s Scratch<B>,
+        s: &'s Scratch<B::Buffer>,
         w: &'s LayerWeights<B>,
         m: usize,
     ) -> (GateUpArgs<'s, B::Buffer>, DownArgs<'s, B::Buffer>) {
@@ -956,7 +848,7 @@ impl<B: ComputeBackend> Model<B> {
     /// `x = (r + post_feedforward_layernorm(mlp(pre_ff(r)))) * layer_scalar`.
     fn record_dense_feed_forward(
         &self,
-        s: &Scratch<B>,
+        s: &Scratch<B::Buffer>,
         w: &LayerWeights<B>,
         m: usize,
         ffn: FeedForward<'_, B>,
@@ -990,7 +882,7 @@ impl<B: ComputeBackend> Model<B> {
     fn record_moe_feed_forward(
         &self,
         li: usize,
-        s: &Scratch<B>,
+        s: &Scratch<B::Buffer>,
         m: usize,
         ffn: FeedForward<'_, B>,
         moe: &MoeWeights<B>,
@@ -1184,18 +1076,6 @@ fn head_batch(prefill_batch: usize) -> usize {
     LOGITS_BATCH.min(prefill_batch)
 }
 
-/// The largest head_dim and q|k|v row count over the layers.
-fn widest_layer(cfg: &ModelConfig) -> (usize, usize) {
-    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
-    let max_qkv = cfg
-        .layers
-        .iter()
-        .map(|l| l.qkv_rows(cfg.heads))
-        .max()
-        .unwrap_or(0);
-    (max_hd, max_qkv)
-}
-
 /// The widest activation a prefill batch keeps, `(f32 per token, name)`:
 /// each batch buffer is one binding, so a batch of `rows` tokens must fit the
 /// device's largest binding.
@@ -1326,16 +1206,9 @@ pub fn cache_capacity(
     }
 }
 
-/// Device bytes of the scratch streamed experts add to a scratch of `rows`
-/// rows ([`WaveScratch`]: slot ids and a wave's weights per route, a wave's
-/// output and the waves' sum per row).
-pub fn stream_scratch_bytes(cfg: &ModelConfig, rows: usize) -> u64 {
-    let k = if cfg.enable_moe { cfg.top_k } else { 1 };
-    (rows * (2 * k.max(1) + 2 * cfg.hidden.max(1)) * 4) as u64
-}
-
-/// Device bytes a run needs beyond the weights: KV caches (of `kv_cache`)
-/// and both scratches.
+/// Device bytes a run needs beyond the weights: KV caches (of `kv_cache`),
+/// both scratches ([`scratch_bytes`]), and the per-pair rows a GPU's MoE
+/// down phase keeps in its own scratch.
 pub fn runtime_bytes(
     cfg: &ModelConfig,
     max_context: usize,
@@ -1350,26 +1223,10 @@ pub fn runtime_bytes(
             2 * l.kv_heads * l.head_dim * cache_capacity(cfg, l.kind, max_context, prefill_batch)
         })
         .sum();
-    let (max_hd, _) = widest_layer(cfg);
-    let max_kv = cfg
-        .layers
-        .iter()
-        .map(|l| l.kv_heads * l.head_dim)
-        .max()
-        .unwrap_or(0);
-    let per_row = 2
-        + 12 * cfg.hidden
-        + 3 * cfg.heads * max_hd
-        + 4 * max_kv
-        + 3 * cfg.intermediate
-        + 2 * cfg.top_k
-        + cfg.top_k * cfg.moe_inter
-        // a GPU's MoE down phase keeps each (token, expert) row
-        + cfg.top_k * cfg.hidden;
-    // Logits rows (and a head slice's gathered rows and their ids): one for
-    // decode, a head batch for teacher forcing.
-    let logits = (2 * cfg.vocab + cfg.hidden + 1) * (1 + head_batch(prefill_batch));
-    (kv * kv_cache.size() + (per_row * (1 + prefill_batch) + logits) * 4) as u64
+    let scratch =
+        scratch_bytes(cfg, 1, 1) + scratch_bytes(cfg, prefill_batch, head_batch(prefill_batch));
+    let moe_pairs = cfg.top_k * cfg.hidden * 4 * (1 + prefill_batch);
+    (kv * kv_cache.size() + moe_pairs) as u64 + scratch
 }
 
 #[cfg(test)]

@@ -1,0 +1,247 @@
+//! The decoder's activation scratch, listed once: [`Scratch::build`] names
+//! every buffer (its label, dtype and length) and both allocates them
+//! ([`Scratch::new`]) and sizes them ([`scratch_bytes`],
+//! [`stream_scratch_bytes`]), so the bytes a run is checked against at load
+//! are the buffers it holds.
+
+use std::convert::Infallible;
+
+use crate::backend::{ComputeBackend, HostBytes};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::model::config::ModelConfig;
+
+/// One scratch buffer as [`Scratch::build`] lists it.
+pub(super) struct Spec {
+    label: &'static str,
+    dtype: DType,
+    len: usize,
+    /// Every element's bits, uploaded; None: allocated (the ops write it
+    /// before they read it).
+    fill: Option<u32>,
+}
+
+impl Spec {
+    fn bytes(&self) -> u64 {
+        self.dtype.bytes_for(self.len) as u64
+    }
+}
+
+/// Activation scratch for up to `rows` tokens at once (logits for up to
+/// `head_rows` of them); `T` is a backend's buffer.
+pub(super) struct Scratch<T> {
+    pub rows: usize,
+    pub head_rows: usize,
+    pub ids: T,
+    /// The other id buffer of pipelined greedy decode: step n embeds one and
+    /// its argmax writes the other.
+    pub ids_next: T,
+    pub pos: T,
+    /// The residual stream.
+    pub x: T,
+    /// The current layer's normed input (then the final norm's output).
+    pub normed: T,
+    /// The fused q|k|v projection.
+    pub qkv: T,
+    pub q: T,
+    pub attn: T,
+    pub o: T,
+    pub r: T,
+    pub ff_in: T,
+    pub gate_up: T,
+    pub act: T,
+    pub dense: T,
+    pub moe_in: T,
+    pub route_ids: T,
+    pub route_w: T,
+    /// Expert id 0 for every row: the dense MLP run as a one-expert MoE.
+    pub zero_ids: T,
+    /// Weight 1.0 for every row: the dense down projection as a one-expert
+    /// MoE phase 2 (multiplying by 1 is exact).
+    pub one_w: T,
+    pub moe_act: T,
+    pub moe_out: T,
+    pub logits: T,
+    pub capped: T,
+    /// Rows of a final-normed batch gathered for the head (`head_ids`,
+    /// 0.. into a batch's `normed`) into `head_x`: teacher forcing's head
+    /// slices, and generate's last prompt row (into `single`'s).
+    pub head_ids: T,
+    pub head_x: T,
+    /// With streamed experts: the routes' slot ids, and a wave's routing
+    /// weights, output and running sum (`model::expert_stream`).
+    pub waves: Option<WaveScratch<T>>,
+}
+
+pub(super) struct WaveScratch<T> {
+    pub slot_ids: T,
+    pub weights: T,
+    pub out: T,
+    pub sum: T,
+}
+
+impl<T> Scratch<T> {
+    /// The scratch on `be`.
+    pub fn new<B: ComputeBackend<Buffer = T>>(
+        be: &B,
+        cfg: &ModelConfig,
+        rows: (usize, usize),
+        streamed: bool,
+    ) -> Result<Self> {
+        Self::build(cfg, rows, streamed, |b| match b.fill {
+            None => be.alloc(b.dtype, b.len, b.label),
+            Some(bits) => be.upload(
+                b.dtype,
+                HostBytes::Slice(bytemuck::cast_slice(&vec![bits; b.len])),
+                b.label,
+            ),
+        })
+    }
+
+    /// Every buffer of the scratch for `rows` tokens with logits for
+    /// `head_rows` of them, each made by `make` from its [`Spec`], in order.
+    fn build<E>(
+        cfg: &ModelConfig,
+        (rows, head_rows): (usize, usize),
+        streamed: bool,
+        mut make: impl FnMut(Spec) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Self, E> {
+        let h = cfg.hidden;
+        let (max_hd, max_qkv) = widest_layer(cfg);
+        let qd = cfg.heads * max_hd;
+        // Buffers of a disabled branch still need one element to be valid.
+        let (k_, mi) = moe_widths(cfg);
+        let f = |n: usize, label| per_row(DType::F32, rows, n, label);
+        let u = |n: usize, label| per_row(DType::U32, rows, n, label);
+        let logits = |label| Spec {
+            label,
+            dtype: DType::F32,
+            len: head_rows * cfg.vocab.max(1),
+            fill: None,
+        };
+        let filled = |dtype, bits, label| Spec {
+            fill: Some(bits),
+            ..per_row(dtype, rows, 1, label)
+        };
+        Ok(Scratch {
+            rows,
+            head_rows,
+            ids: make(u(1, "ids"))?,
+            ids_next: make(u(1, "ids_next"))?,
+            pos: make(u(1, "positions"))?,
+            x: make(f(h, "x"))?,
+            normed: make(f(h, "normed"))?,
+            qkv: make(f(max_qkv, "qkv"))?,
+            q: make(f(qd, "q"))?,
+            attn: make(f(qd, "attn"))?,
+            o: make(f(h, "o"))?,
+            r: make(f(h, "r"))?,
+            ff_in: make(f(h, "ff_in"))?,
+            gate_up: make(f(2 * cfg.intermediate, "mlp_gate_up"))?,
+            act: make(f(cfg.intermediate, "mlp_act"))?,
+            dense: make(f(h, "dense"))?,
+            moe_in: make(f(h, "moe_in"))?,
+            route_ids: make(u(k_, "route_ids"))?,
+            route_w: make(f(k_, "route_w"))?,
+            zero_ids: make(filled(DType::U32, 0, "zero_ids"))?,
+            one_w: make(filled(DType::F32, 1.0f32.to_bits(), "one_w"))?,
+            moe_act: make(f(k_ * mi, "moe_act"))?,
+            moe_out: make(f(h, "moe_out"))?,
+            logits: make(logits("logits"))?,
+            capped: make(logits("logits_capped"))?,
+            head_ids: make(Spec {
+                label: "head_ids",
+                dtype: DType::U32,
+                len: head_rows,
+                fill: None,
+            })?,
+            head_x: make(Spec {
+                label: "head_x",
+                dtype: DType::F32,
+                len: head_rows * h,
+                fill: None,
+            })?,
+            waves: if streamed {
+                Some(WaveScratch::build(cfg, rows, &mut make)?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+impl<T> WaveScratch<T> {
+    /// The streamed experts' buffers of a scratch of `rows` rows, each made
+    /// by `make` from its [`Spec`], in order.
+    fn build<E>(
+        cfg: &ModelConfig,
+        rows: usize,
+        make: &mut impl FnMut(Spec) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Self, E> {
+        let (k_, _) = moe_widths(cfg);
+        let f = |n: usize, label| per_row(DType::F32, rows, n, label);
+        Ok(WaveScratch {
+            slot_ids: make(per_row(DType::U32, rows, k_, "slot_ids"))?,
+            weights: make(f(k_, "wave_weights"))?,
+            out: make(f(cfg.hidden, "wave_out"))?,
+            sum: make(f(cfg.hidden, "wave_sum"))?,
+        })
+    }
+}
+
+/// A buffer of `n` (at least one) elements a row.
+fn per_row(dtype: DType, rows: usize, n: usize, label: &'static str) -> Spec {
+    Spec {
+        label,
+        dtype,
+        len: rows * n.max(1),
+        fill: None,
+    }
+}
+
+/// Routes per token and the experts' intermediate width; 1 and 1 without
+/// experts.
+fn moe_widths(cfg: &ModelConfig) -> (usize, usize) {
+    if cfg.enable_moe {
+        (cfg.top_k, cfg.moe_inter)
+    } else {
+        (1, 1)
+    }
+}
+
+/// The largest head_dim and q|k|v row count over the layers.
+pub(super) fn widest_layer(cfg: &ModelConfig) -> (usize, usize) {
+    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+    let max_qkv = cfg
+        .layers
+        .iter()
+        .map(|l| l.qkv_rows(cfg.heads))
+        .max()
+        .unwrap_or(0);
+    (max_hd, max_qkv)
+}
+
+/// Device bytes of the scratch of a pass over up to `rows` tokens with
+/// logits for up to `head_rows` of them, without streamed experts' (a
+/// model holds one of 1 and 1 rows, and for batched prefill one of
+/// `prefill_batch` and `LOGITS_BATCH.min(prefill_batch)`).
+pub fn scratch_bytes(cfg: &ModelConfig, rows: usize, head_rows: usize) -> u64 {
+    let mut bytes = 0;
+    let Ok(_) = Scratch::<()>::build::<Infallible>(cfg, (rows, head_rows), false, |b| {
+        bytes += b.bytes();
+        Ok(())
+    });
+    bytes
+}
+
+/// Device bytes of the scratch streamed experts add to a scratch of `rows`
+/// rows ([`WaveScratch`]: slot ids and a wave's weights per route, a wave's
+/// output and the waves' sum per row).
+pub fn stream_scratch_bytes(cfg: &ModelConfig, rows: usize) -> u64 {
+    let mut bytes = 0;
+    let Ok(_) = WaveScratch::<()>::build::<Infallible>(cfg, rows, &mut |b| {
+        bytes += b.bytes();
+        Ok(())
+    });
+    bytes
+}
