@@ -3,7 +3,7 @@
 
 mod common;
 
-use turbospark::parity::{ci_cases, run_cases, seed_from_env, Status};
+use turbospark::parity::{ci_cases, run_cases, seed_from_env, Case, Status};
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::{LimitsProfile, WgpuOptions};
 
@@ -466,7 +466,7 @@ fn qkv_post_attention_without_tails() {
 #[test]
 fn tensor_core_gemm_keeps_each_rows_range() {
     use turbospark::ops::Matmul;
-    use turbospark::parity::{Op, F16_INPUT_NMSE};
+    use turbospark::parity::{case, Op, F16_INPUT_NMSE};
     use turbospark::{ComputeBackend, DType};
 
     let Some(gpu) = common::wgpu_backend() else {
@@ -481,10 +481,10 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         return;
     }
     let (m, n, k) = (40, 96, 2816);
-    let op = Op::Matmul {
+    let op = Op::Matmul(case::Matmul {
         p: Matmul { m, n, k },
         w: DType::BF16,
-    };
+    });
     assert!(
         gpu.rounds_gemm_inputs(&op.kind(), m, k),
         "the case must take the tensor cores"
@@ -558,13 +558,13 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
     let (mut fused, mut alone) = (0, 0);
     for op in all_cases() {
         let (m, heads) = match &op {
-            Op::Attention { p, .. } => (p.m, p.heads),
-            Op::QkvPostAttention { p, .. } => (p.m, p.heads),
+            Op::Attention(c) => (c.p.m, c.p.heads),
+            Op::QkvPostAttention(c) => (c.p.m, c.p.heads),
             _ => continue,
         };
         let want = if m >= 17 {
             match op {
-                Op::QkvPostAttention { .. } => fused += 1,
+                Op::QkvPostAttention(_) => fused += 1,
                 _ => alone += 1,
             }
             op.limit().max(rounded_attention_nmse(m * heads))

@@ -4,7 +4,7 @@
 //! lavapipe needs it, plus odd sizes that are not multiples of any
 //! workgroup width, and M in {1, 2, 5, 16} and prefill batches past 16 (the GEMM).
 
-use super::Op;
+use super::{case, Op};
 use crate::ops::{
     Attention, Embed, KvAppend, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Rope, Router,
 };
@@ -13,15 +13,17 @@ use crate::DType::{BF16, F16, F32};
 const EPS: f32 = 1e-6;
 
 fn rms_norm() -> Vec<Op> {
-    let c = |rows, dim, weight, residual, scale| Op::RmsNorm {
-        p: RmsNorm {
-            rows,
-            dim,
-            eps: EPS,
-            scale,
-        },
-        weight,
-        residual,
+    let c = |rows, dim, weight, residual, scale| {
+        Op::RmsNorm(case::RmsNorm {
+            p: RmsNorm {
+                rows,
+                dim,
+                eps: EPS,
+                scale,
+            },
+            weight,
+            residual,
+        })
     };
     vec![
         c(1, 2816, Some(BF16), false, 1.0),
@@ -33,9 +35,11 @@ fn rms_norm() -> Vec<Op> {
 }
 
 fn matmul(full: bool) -> Vec<Op> {
-    let c = |m, n, k, w| Op::Matmul {
-        p: Matmul { m, n, k },
-        w,
+    let c = |m, n, k, w| {
+        Op::Matmul(case::Matmul {
+            p: Matmul { m, n, k },
+            w,
+        })
     };
     let mut v = vec![
         c(1, 2 * 2112, 2816, BF16), // dense gate|up
@@ -80,15 +84,17 @@ fn matmul(full: bool) -> Vec<Op> {
 }
 
 fn router(full: bool) -> Vec<Op> {
-    let c = |m, experts, top_k, hidden, w| Op::Router {
-        p: Router {
-            m,
-            hidden,
-            experts,
-            top_k,
-            eps: EPS,
-        },
-        w,
+    let c = |m, experts, top_k, hidden, w| {
+        Op::Router(case::Router {
+            p: Router {
+                m,
+                hidden,
+                experts,
+                top_k,
+                eps: EPS,
+            },
+            w,
+        })
     };
     let mut v = vec![
         c(1, 128, 8, 2816, BF16),
@@ -165,8 +171,8 @@ fn moe(full: bool) -> Vec<Op> {
             experts,
             top_k,
         };
-        v.push(Op::MoeGateUp { p, w });
-        v.push(Op::MoeDown { p, w });
+        v.push(Op::MoeGateUp(case::MoeGateUp { p, w }));
+        v.push(Op::MoeDown(case::MoeDown { p, w }));
     }
     v
 }
@@ -197,13 +203,13 @@ fn moe_pair(full: bool) -> Vec<Op> {
     }
     let mut v = Vec::new();
     for (i, (a, b, w)) in shapes.into_iter().enumerate() {
-        v.push(Op::MoeGateUpPair { a, b, w });
-        v.push(Op::MoeDownPair { a, b, w });
+        v.push(Op::MoeGateUpPair(case::MoeGateUpPair { a, b, w }));
+        v.push(Op::MoeDownPair(case::MoeDownPair { a, b, w }));
         // (post_ffn over both outputs: the pairs of one hidden size; the
         // next layer's norm every other case, the norm weights' dtypes in
         // turn)
         if a.hidden == b.hidden {
-            v.push(Op::MoeDownPairPostFfn {
+            v.push(Op::MoeDownPairPostFfn(case::MoeDownPairPostFfn {
                 a,
                 b,
                 w,
@@ -215,21 +221,23 @@ fn moe_pair(full: bool) -> Vec<Op> {
                 },
                 next: i % 2 == 0,
                 nw: [BF16, F32, F16][i % 3],
-            });
+            }));
         }
     }
     v
 }
 
 fn rope() -> Vec<Op> {
-    let c = |m, heads, head_dim, rot_pairs, theta| Op::Rope {
-        p: Rope {
-            m,
-            heads,
-            head_dim,
-            rot_pairs,
-            theta,
-        },
+    let c = |m, heads, head_dim, rot_pairs, theta| {
+        Op::Rope(case::Rope {
+            p: Rope {
+                m,
+                heads,
+                head_dim,
+                rot_pairs,
+                theta,
+            },
+        })
     };
     vec![
         c(1, 16, 256, 128, 1e4),
@@ -240,15 +248,17 @@ fn rope() -> Vec<Op> {
 }
 
 fn kv_append() -> Vec<Op> {
-    let c = |m, kv_heads, head_dim, capacity, pos0| Op::KvAppend {
-        p: KvAppend {
-            m,
-            kv_heads,
-            head_dim,
-            capacity,
-        },
-        pos0,
-        kv: F32,
+    let c = |m, kv_heads, head_dim, capacity, pos0| {
+        Op::KvAppend(case::KvAppend {
+            p: KvAppend {
+                m,
+                kv_heads,
+                head_dim,
+                capacity,
+            },
+            pos0,
+            kv: F32,
+        })
     };
     let v = vec![
         c(1, 8, 256, 1039, 5000), // sliding ring, wrapped
@@ -337,13 +347,13 @@ fn attention(full: bool) -> Vec<Op> {
     // Value rows past f16's range: the tensor-core prefill scales them down
     // and their probabilities up (the other kernels are f32 throughout).
     for (m, pos0) in [(24, 30), (1, 60)] {
-        v.push(Op::Attention {
+        v.push(Op::Attention(case::Attention {
             p: shape(m, 4, 2, 256, 64, 0),
             pos0,
             stride: 1,
             large_values: true,
             kv: F32,
-        });
+        }));
     }
     // Rows far apart (positions 40 apart, a 32-key window over a 64-slot
     // cache): their keys span more than the cache and share its slots, as
@@ -357,13 +367,13 @@ fn attention(full: bool) -> Vec<Op> {
         (4, 16, 8, 256),
         (4, 16, 2, 512),
     ] {
-        v.push(Op::Attention {
+        v.push(Op::Attention(case::Attention {
             p: shape(m, heads, kv_heads, head_dim, 64, 32),
             pos0: 70,
             stride: 40,
             large_values: false,
             kv: F32,
-        });
+        }));
     }
     // A cache under 16 slots: a 16-key step wraps the ring more than once
     // (the tensor-core scratch's mirror rows repeat it).
@@ -396,18 +406,18 @@ fn attention(full: bool) -> Vec<Op> {
 
 fn glue() -> Vec<Op> {
     vec![
-        Op::Add { n: 5 * 2816 + 3 },
-        Op::Scale {
+        Op::Add(case::Add { n: 5 * 2816 + 3 }),
+        Op::Scale(case::Scale {
             n: 2816 * 2 + 1,
             s: 0.73,
-        },
-        Op::GeluMul { rows: 5, n: 2112 },
-        Op::GeluMul { rows: 1, n: 37 },
-        Op::Softcap {
+        }),
+        Op::GeluMul(case::GeluMul { rows: 5, n: 2112 }),
+        Op::GeluMul(case::GeluMul { rows: 1, n: 37 }),
+        Op::Softcap(case::Softcap {
             n: 262144 + 7,
             cap: 30.0,
-        },
-        Op::Embed {
+        }),
+        Op::Embed(case::Embed {
             p: Embed {
                 m: 5,
                 hidden: 2816,
@@ -415,8 +425,8 @@ fn glue() -> Vec<Op> {
                 scale: 53.0,
             },
             w: BF16,
-        },
-        Op::Embed {
+        }),
+        Op::Embed(case::Embed {
             p: Embed {
                 m: 1,
                 hidden: 64,
@@ -424,8 +434,8 @@ fn glue() -> Vec<Op> {
                 scale: 8.0,
             },
             w: F32,
-        },
-        Op::Embed {
+        }),
+        Op::Embed(case::Embed {
             p: Embed {
                 m: 2,
                 hidden: 33,
@@ -433,45 +443,51 @@ fn glue() -> Vec<Op> {
                 scale: 5.75,
             },
             w: F16,
-        },
-        Op::Argmax { rows: 1, n: 262144 },
-        Op::Argmax { rows: 5, n: 1001 },
+        }),
+        Op::Argmax(case::Argmax { rows: 1, n: 262144 }),
+        Op::Argmax(case::Argmax { rows: 5, n: 1001 }),
     ]
 }
 
 /// The fused decoder steps at Gemma 4 shapes and odd ones, each weight dtype.
 fn fused() -> Vec<Op> {
-    let pa = |rows, dim, moe, w| Op::PostAttention {
-        p: PostAttention {
-            rows,
-            dim,
-            eps: EPS,
-        },
-        moe,
-        w,
+    let pa = |rows, dim, moe, w| {
+        Op::PostAttention(case::PostAttention {
+            p: PostAttention {
+                rows,
+                dim,
+                eps: EPS,
+            },
+            moe,
+            w,
+        })
     };
-    let pf = |rows, dim, moe, next, scale, w| Op::PostFfn {
-        p: PostFfn {
-            rows,
-            dim,
-            eps: EPS,
-            scale,
-        },
-        moe,
-        next,
-        w,
+    let pf = |rows, dim, moe, next, scale, w| {
+        Op::PostFfn(case::PostFfn {
+            p: PostFfn {
+                rows,
+                dim,
+                eps: EPS,
+                scale,
+            },
+            moe,
+            next,
+            w,
+        })
     };
-    let qkv = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, pos0, w| Op::QkvPost {
-        p: qkv_post(
-            m,
-            (heads, kv_heads, head_dim),
-            rot_pairs,
-            capacity,
-            v_from_k,
-        ),
-        pos0,
-        w,
-        kv: F32,
+    let qkv = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, pos0, w| {
+        Op::QkvPost(case::QkvPost {
+            p: qkv_post(
+                m,
+                (heads, kv_heads, head_dim),
+                rot_pairs,
+                capacity,
+                v_from_k,
+            ),
+            pos0,
+            w,
+            kv: F32,
+        })
     };
     vec![
         pa(1, 2816, true, BF16),
@@ -537,7 +553,7 @@ fn qkv_post(
 /// micro-batch).
 fn qkv_post_attention() -> Vec<Op> {
     let c = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, window, pos0, w| {
-        Op::QkvPostAttention {
+        Op::QkvPostAttention(case::QkvPostAttention {
             p: qkv_post(
                 m,
                 (heads, kv_heads, head_dim),
@@ -549,7 +565,7 @@ fn qkv_post_attention() -> Vec<Op> {
             pos0,
             w,
             kv: F32,
-        }
+        })
     };
     vec![
         c(1, 16, 8, 256, 128, 1039, false, 1024, 30_000, BF16),
@@ -605,7 +621,7 @@ fn pa_router(rows: usize, dim: usize, (experts, top_k): (usize, usize)) -> (Post
 fn post_attention_router() -> Vec<Op> {
     let c = |rows, dim, experts, top_k, w, pw| {
         let (p, r) = pa_router(rows, dim, (experts, top_k));
-        Op::PostAttentionRouter { p, r, w, pw }
+        Op::PostAttentionRouter(case::PostAttentionRouter { p, r, w, pw })
     };
     vec![
         c(1, 2816, 128, 8, BF16, BF16), // Gemma 4 26B-A4B
@@ -620,7 +636,7 @@ fn post_attention_router() -> Vec<Op> {
 fn post_attention_gate_up(full: bool) -> Vec<Op> {
     let c = |rows, dim, routing, (inter, moe_inter), w, pw, gw| {
         let (p, r) = pa_router(rows, dim, routing);
-        Op::PostAttentionGateUp {
+        Op::PostAttentionGateUp(case::PostAttentionGateUp {
             p,
             r,
             inter,
@@ -628,7 +644,7 @@ fn post_attention_gate_up(full: bool) -> Vec<Op> {
             w,
             pw,
             gw,
-        }
+        })
     };
     let mut v = vec![
         c(1, 256, (16, 4), (96, 40), BF16, BF16, BF16),

@@ -1,9 +1,12 @@
 //! Judging a device's outputs against the reference's.
 
-use super::{HostTensor, Op, OutSpec, GUARD};
+use super::case::{Case, PostAttentionGateUp, PostAttentionRouter};
+use super::{HostTensor, OutSpec, GUARD};
 use crate::dtype::decode_f32;
 
-type Verdict = Result<f64, (f64, String)>;
+/// The verdict on a case: its worst NMSE, or the failure (with the NMSE
+/// where one was measured, else infinity).
+pub type Verdict = Result<f64, (f64, String)>;
 
 /// NMSE = sum((a - b)^2) / sum(a^2), in f64, `a` the reference.
 pub fn nmse(reference: &[f32], device: &[f32]) -> f64 {
@@ -35,8 +38,8 @@ fn u32s(t: &HostTensor) -> &[u32] {
 
 /// Guard regions must still hold the poison, and every element must be
 /// finite (or an infinity the reference has too).
-fn check_written(op: &Op, r: &[HostTensor], d: &[HostTensor]) -> Result<(), String> {
-    for (j, spec) in op.outputs().iter().enumerate() {
+fn check_written(outputs: &[OutSpec], r: &[HostTensor], d: &[HostTensor]) -> Result<(), String> {
+    for (j, spec) in outputs.iter().enumerate() {
         let n = match spec {
             OutSpec::F32(n) | OutSpec::U32(n) | OutSpec::InPlace(_, n) => *n,
         };
@@ -85,7 +88,7 @@ fn check_written(op: &Op, r: &[HostTensor], d: &[HostTensor]) -> Result<(), Stri
 }
 
 /// `e` if within `limit`, else the failure naming `what`.
-fn at_most(what: &str, e: f64, limit: f64) -> Verdict {
+pub(super) fn at_most(what: &str, e: f64, limit: f64) -> Verdict {
     if e > limit {
         return Err((
             e,
@@ -119,10 +122,12 @@ fn router_logits(inputs: &[HostTensor], p: &crate::ops::Router, t: usize) -> Vec
 }
 
 /// The router's choices (ties allowed), then the NMSE of its sorted weights.
-fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
-    let Op::Router { p, .. } = op else {
-        unreachable!()
-    };
+pub(super) fn judge_router(
+    p: &crate::ops::Router,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
     let (ri, di) = (u32s(&r[0]), u32s(&d[0]));
     let (rw, dw) = (f32s(&r[1]), f32s(&d[1]));
     let k = p.top_k;
@@ -170,32 +175,24 @@ fn judge_router(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTenso
 /// post_attention's three rows at its own family's limit, then the router
 /// as its family judges it, on the reference's residual (ties allowed),
 /// its weights at `limit`.
-fn judge_post_attention_router(
-    op: &Op,
+pub(super) fn judge_post_attention_router(
+    c: &PostAttentionRouter,
     limit: f64,
     inputs: &[HostTensor],
     r: &[HostTensor],
     d: &[HostTensor],
 ) -> Verdict {
-    let Op::PostAttentionRouter { p, r: rp, w, pw } = op else {
-        unreachable!()
-    };
-    let pa = Op::PostAttention {
-        p: *p,
-        moe: true,
-        w: *w,
-    };
+    let (pa, router) = c.parts();
     let pa_limit = pa.limit();
-    let n = p.rows * p.dim;
+    let n = c.p.rows * c.p.dim;
     let mut worst = 0f64;
     for j in 0..3 {
         let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
         worst = worst.max(at_most(&format!("output {j}"), e, pa_limit)?);
     }
-    let router = Op::Router { p: *rp, w: *pw };
     let mut router_inputs = vec![HostTensor::F32(f32s(&r[0])[..n].to_vec())];
     router_inputs.extend(inputs[5..8].iter().cloned());
-    let e = judge_router(&router, &router_inputs, &r[3..5], &d[3..5])?;
+    let e = judge_router(&router.p, &router_inputs, &r[3..5], &d[3..5])?;
     Ok(worst.max(at_most("router weights", e, limit)?))
 }
 
@@ -203,15 +200,15 @@ fn judge_post_attention_router(
 /// dense activations at `limit`, and each routed activation row against the
 /// reference's row for the same expert (a tie at the k-th place, which the
 /// router's verdict allows, leaves a row with no counterpart: skipped).
-fn judge_post_attention_gate_up(
-    op: &Op,
+pub(super) fn judge_post_attention_gate_up(
+    c: &PostAttentionGateUp,
     limit: f64,
     inputs: &[HostTensor],
     r: &[HostTensor],
     d: &[HostTensor],
 ) -> Verdict {
-    let (dense, routed) = op.gate_up_problems().unwrap();
-    let par = op.router_part().unwrap();
+    let (dense, routed) = c.gate_up_problems();
+    let par = c.router_part();
     let mut worst = judge_post_attention_router(&par, limit, &inputs[..8], &r[..5], &d[..5])?;
     let n = dense.m * dense.inter;
     let e = nmse(&f32s(&r[5])[..n], &f32s(&d[5])[..n]);
@@ -240,14 +237,18 @@ fn judge_post_attention_gate_up(
     Ok(worst.max(at_most("routed activations", e, limit)?))
 }
 
-fn judge_argmax(op: &Op, inputs: &[HostTensor], r: &[HostTensor], d: &[HostTensor]) -> Verdict {
-    let Op::Argmax { rows, n } = op else {
-        unreachable!()
-    };
+/// Each row's choice: the reference's, or another of the same value.
+pub(super) fn judge_argmax(
+    rows: usize,
+    n: usize,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
     let x = f32s(&inputs[0]);
-    for row in 0..*rows {
+    for row in 0..rows {
         let (a, b) = (u32s(&r[0])[row] as usize, u32s(&d[0])[row] as usize);
-        if a != b && (b >= *n || x[row * n + a] != x[row * n + b]) {
+        if a != b && (b >= n || x[row * n + a] != x[row * n + b]) {
             return Err((
                 f64::INFINITY,
                 format!("row {row}: argmax {b}, reference {a}"),
@@ -322,37 +323,35 @@ fn judge_f16_stored(j: usize, limit: f64, reference: &[f32], device: &[f32]) -> 
 }
 
 /// The verdict on one case against an NMSE `limit` (the op's on the device,
-/// [`Op::limit_on`]): the worst NMSE, or the failure.
-pub fn judge(
-    op: &Op,
+/// [`Case::limit_on`]): the worst NMSE, or the failure. Guards and
+/// finiteness first, then the case's own verdict ([`Case::judge`]).
+pub fn judge<C: Case + ?Sized>(
+    c: &C,
     limit: f64,
     inputs: &[HostTensor],
     r: &[HostTensor],
     d: &[HostTensor],
 ) -> Verdict {
-    check_written(op, r, d).map_err(|m| (f64::INFINITY, m))?;
-    match op {
-        Op::Router { .. } => {
-            let e = judge_router(op, inputs, r, d)?;
-            return at_most("weights", e, limit);
-        }
-        Op::Argmax { .. } => return judge_argmax(op, inputs, r, d),
-        Op::PostAttentionRouter { .. } => {
-            return judge_post_attention_router(op, limit, inputs, r, d)
-        }
-        Op::PostAttentionGateUp { .. } => {
-            return judge_post_attention_gate_up(op, limit, inputs, r, d)
-        }
-        _ => {}
-    }
+    check_written(&c.outputs(), r, d).map_err(|m| (f64::INFINITY, m))?;
+    c.judge(limit, inputs, r, d)
+}
+
+/// [`Case::judge`]'s default: every output's NMSE within `limit`, those
+/// stored in f16 ([`Case::f16_stored`]) by [`judge_f16_stored`].
+pub(super) fn judge_outputs<C: Case + ?Sized>(
+    c: &C,
+    limit: f64,
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
     let mut worst = 0f64;
-    for (j, spec) in op.outputs().iter().enumerate() {
+    for (j, spec) in c.outputs().iter().enumerate() {
         let n = match spec {
             OutSpec::F32(n) | OutSpec::InPlace(_, n) => *n,
             OutSpec::U32(_) => continue,
         };
         let (rv, dv) = (&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
-        if op.f16_stored(j) {
+        if c.f16_stored(j) {
             worst = worst.max(judge_f16_stored(j, limit, rv, dv)?);
             continue;
         }
@@ -408,7 +407,7 @@ mod tests {
     /// fails on a wrong activation.
     #[test]
     fn gate_up_verdict_matches_routed_rows_by_expert() {
-        let op = Op::PostAttentionGateUp {
+        let op = PostAttentionGateUp {
             p: PostAttention {
                 rows: 1,
                 dim: 4,

@@ -10,14 +10,16 @@
 //! the side-by-side tool (`cargo run --release --example parity`) run the
 //! same code.
 
+pub mod case;
 mod cases;
 mod compare;
-mod op;
 mod quantized_cases;
 
+pub use case::{
+    rounded_attention_nmse, Case, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE, SPLIT_INPUT_NMSE,
+};
 pub use cases::{all_cases, ci_cases};
-pub use compare::nmse;
-pub use op::{rounded_attention_nmse, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE, SPLIT_INPUT_NMSE};
+pub use compare::{nmse, Verdict};
 
 use crate::backend::{ComputeBackend, ExpertStack, Support};
 use crate::rng::Rng;
@@ -98,7 +100,27 @@ pub enum OutSpec {
     InPlace(usize, usize),
 }
 
+impl OutSpec {
+    /// Bytes the output writes, at four an element (an in-place one: its
+    /// whole span).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            OutSpec::F32(n) | OutSpec::U32(n) | OutSpec::InPlace(_, n) => *n as u64 * 4,
+        }
+    }
+}
+
 impl HostTensor {
+    /// Its size as uploaded, in bytes.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            HostTensor::F32(v) => v.len() as u64 * 4,
+            HostTensor::U32(v) => v.len() as u64 * 4,
+            HostTensor::F16(v) => v.len() as u64 * 2,
+            HostTensor::Weight { bytes, .. } => bytes.len() as u64,
+        }
+    }
+
     /// Upload to a backend as it is (weights through `upload_weight`,
     /// expert stacks through `upload_experts`).
     pub fn upload<B: ComputeBackend>(&self, b: &B, label: &str) -> Result<B::Buffer> {
@@ -149,7 +171,11 @@ fn upload<B: ComputeBackend>(b: &B, t: &HostTensor, guard: bool, label: &str) ->
 /// Run `op` on one backend with the given inputs (outputs poisoned with NaN
 /// first); returns every output with its guard region still attached. For
 /// tests that judge the outputs themselves.
-pub fn run_on<B: ComputeBackend>(b: &B, op: &Op, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
+pub fn run_on<B: ComputeBackend, C: Case + ?Sized>(
+    b: &B,
+    op: &C,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>> {
     let outs = op.outputs();
     let in_place: Vec<usize> = outs
         .iter()
@@ -199,10 +225,10 @@ pub fn run_on<B: ComputeBackend>(b: &B, op: &Op, inputs: &[HostTensor]) -> Resul
 }
 
 /// Run one case on both backends with inputs from `seed` and judge it.
-pub fn run_case<R: ComputeBackend, D: ComputeBackend>(
+pub fn run_case<R: ComputeBackend, D: ComputeBackend, C: Case + ?Sized>(
     reference: &R,
     device: &D,
-    op: &Op,
+    op: &C,
     seed: u64,
 ) -> Outcome {
     let name = op.name();
@@ -259,10 +285,10 @@ pub fn run_case<R: ComputeBackend, D: ComputeBackend>(
 
 /// Run every case whose name contains `filter` (all when empty); the seed
 /// of case i is `base_seed + i`.
-pub fn run_cases<R: ComputeBackend, D: ComputeBackend>(
+pub fn run_cases<R: ComputeBackend, D: ComputeBackend, C: Case>(
     reference: &R,
     device: &D,
-    cases: &[Op],
+    cases: &[C],
     filter: &str,
     base_seed: u64,
     mut each: impl FnMut(&Outcome),

@@ -2,10 +2,10 @@
 //! affine weights of each bits x group mlx writes (`quant::BITS` x
 //! `quant::GROUPS`), at Gemma 4 26B-A4B's decode shapes in mlx-community's
 //! formats (4-bit group 64, the router at 8-bit group 64) and small odd
-//! ones. The limits are the plain weights' (`Op::limit`): a dequantised
+//! ones. The limits are the plain weights' (`Case::limit`): a dequantised
 //! weight is exact in f32 on both sides.
 
-use super::Op;
+use super::{case, Op};
 use crate::ops::{Embed, Matmul, Moe, PostAttention, PostFfn, Router};
 use crate::quant::{Affine, ScaleType, BITS, GROUPS};
 use crate::DType;
@@ -28,9 +28,11 @@ fn formats() -> impl Iterator<Item = (u8, u16)> {
 }
 
 fn matmul(full: bool) -> Vec<Op> {
-    let c = |m, n, k, w| Op::Matmul {
-        p: Matmul { m, n, k },
-        w,
+    let c = |m, n, k, w| {
+        Op::Matmul(case::Matmul {
+            p: Matmul { m, n, k },
+            w,
+        })
     };
     // Every format at one of the M the decoder uses (decode, micro-batches,
     // a prefill batch), rows not a multiple of any workgroup's.
@@ -66,15 +68,17 @@ fn matmul(full: bool) -> Vec<Op> {
 }
 
 fn router() -> Vec<Op> {
-    let c = |m, experts, top_k, hidden, w| Op::Router {
-        p: Router {
-            m,
-            hidden,
-            experts,
-            top_k,
-            eps: EPS,
-        },
-        w,
+    let c = |m, experts, top_k, hidden, w| {
+        Op::Router(case::Router {
+            p: Router {
+                m,
+                hidden,
+                experts,
+                top_k,
+                eps: EPS,
+            },
+            w,
+        })
     };
     vec![
         c(1, 128, 8, 2816, q(8, 64)), // mlx-lm's router
@@ -106,8 +110,8 @@ fn moe(full: bool) -> Vec<Op> {
             experts,
             top_k,
         };
-        v.push(Op::MoeGateUp { p, w });
-        v.push(Op::MoeDown { p, w });
+        v.push(Op::MoeGateUp(case::MoeGateUp { p, w }));
+        v.push(Op::MoeDown(case::MoeDown { p, w }));
     }
     v
 }
@@ -131,9 +135,9 @@ fn moe_pair() -> Vec<Op> {
     .into_iter()
     .enumerate()
     {
-        v.push(Op::MoeGateUpPair { a, b, w });
-        v.push(Op::MoeDownPair { a, b, w });
-        v.push(Op::MoeDownPairPostFfn {
+        v.push(Op::MoeGateUpPair(case::MoeGateUpPair { a, b, w }));
+        v.push(Op::MoeDownPair(case::MoeDownPair { a, b, w }));
+        v.push(Op::MoeDownPairPostFfn(case::MoeDownPairPostFfn {
             a,
             b,
             w,
@@ -145,20 +149,22 @@ fn moe_pair() -> Vec<Op> {
             },
             next: i % 2 == 0,
             nw: [BF16, F32][i % 2],
-        });
+        }));
     }
     v
 }
 
 fn embed() -> Vec<Op> {
-    let c = |m, hidden, vocab, scale, w| Op::Embed {
-        p: Embed {
-            m,
-            hidden,
-            vocab,
-            scale,
-        },
-        w,
+    let c = |m, hidden, vocab, scale, w| {
+        Op::Embed(case::Embed {
+            p: Embed {
+                m,
+                hidden,
+                vocab,
+                scale,
+            },
+            w,
+        })
     };
     vec![
         c(5, 2816, 3001, 53.0, q(4, 64)),
@@ -182,13 +188,13 @@ fn fused() -> Vec<Op> {
         eps: EPS,
     };
     vec![
-        Op::PostAttentionRouter {
+        Op::PostAttentionRouter(case::PostAttentionRouter {
             p: pa(2816),
             r: r(2816, 128, 8),
             w: BF16,
             pw: q(8, 64),
-        },
-        Op::PostAttentionGateUp {
+        }),
+        Op::PostAttentionGateUp(case::PostAttentionGateUp {
             p: pa(256),
             r: r(256, 16, 4),
             inter: 96,
@@ -196,9 +202,9 @@ fn fused() -> Vec<Op> {
             w: BF16,
             pw: q(8, 64),
             gw: q(4, 64),
-        },
+        }),
         // a plain router beside quantized experts
-        Op::PostAttentionGateUp {
+        Op::PostAttentionGateUp(case::PostAttentionGateUp {
             p: pa(128),
             r: r(128, 6, 2),
             inter: 64,
@@ -206,7 +212,7 @@ fn fused() -> Vec<Op> {
             w: BF16,
             pw: BF16,
             gw: q(4, 32),
-        },
+        }),
     ]
 }
 

@@ -3,7 +3,7 @@
 //! that rotate between repetitions.
 
 use turbospark::ops::{Attention, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
-use turbospark::parity::{HostTensor, Op};
+use turbospark::parity::{case, Case as _, HostTensor, Op, OutSpec};
 use turbospark::quant::Affine;
 use turbospark::DType::{self, BF16};
 
@@ -102,7 +102,7 @@ pub fn cases(quick: bool, kv: DType, quant: Option<Affine>) -> Vec<Case> {
             m: c.m,
             cpu_skip: c.cpu_skip,
             target_us: match (&c.op, c.m, quick, q.bits) {
-                (Op::MoeGateUp { .. }, 1, false, 4) => Some(8.0),
+                (Op::MoeGateUp(_), 1, false, 4) => Some(8.0),
                 _ => None,
             },
         });
@@ -122,65 +122,44 @@ fn quantized(op: &Op, q: Affine) -> Option<Op> {
             .all(|&c| f.fits_cols(c))
             .then_some(DType::Affine(f))
     };
-    Some(match op.clone() {
-        Op::Matmul { p, .. } => Op::Matmul {
-            p,
-            w: fmt(q, &[p.k])?,
-        },
-        Op::Router { p, .. } => Op::Router {
-            p,
-            w: fmt(router, &[p.hidden])?,
-        },
-        Op::MoeGateUp { p, .. } => Op::MoeGateUp {
-            p,
-            w: fmt(q, &[p.hidden])?,
-        },
-        Op::MoeDown { p, .. } => Op::MoeDown {
-            p,
-            w: fmt(q, &[p.inter])?,
-        },
-        Op::MoeGateUpPair { a, b, .. } => Op::MoeGateUpPair {
-            a,
-            b,
-            w: fmt(q, &[a.hidden, b.hidden])?,
-        },
-        Op::MoeDownPair { a, b, .. } => Op::MoeDownPair {
-            a,
-            b,
-            w: fmt(q, &[a.inter, b.inter])?,
-        },
-        Op::MoeDownPairPostFfn {
-            a, b, p, next, nw, ..
-        } => Op::MoeDownPairPostFfn {
-            a,
-            b,
-            w: fmt(q, &[a.inter, b.inter])?,
-            p,
-            next,
-            nw,
-        },
-        Op::PostAttentionRouter { p, r, w, .. } => Op::PostAttentionRouter {
-            p,
-            r,
-            w,
-            pw: fmt(router, &[r.hidden])?,
-        },
-        Op::PostAttentionGateUp {
-            p,
-            r,
-            inter,
-            moe_inter,
-            w,
-            ..
-        } => Op::PostAttentionGateUp {
-            p,
-            r,
-            inter,
-            moe_inter,
-            w,
-            pw: fmt(router, &[r.hidden])?,
-            gw: fmt(q, &[r.hidden])?,
-        },
+    Some(match op {
+        Op::Matmul(c) => Op::Matmul(case::Matmul {
+            w: fmt(q, &[c.p.k])?,
+            ..*c
+        }),
+        Op::Router(c) => Op::Router(case::Router {
+            w: fmt(router, &[c.p.hidden])?,
+            ..*c
+        }),
+        Op::MoeGateUp(c) => Op::MoeGateUp(case::MoeGateUp {
+            w: fmt(q, &[c.p.hidden])?,
+            ..*c
+        }),
+        Op::MoeDown(c) => Op::MoeDown(case::MoeDown {
+            w: fmt(q, &[c.p.inter])?,
+            ..*c
+        }),
+        Op::MoeGateUpPair(c) => Op::MoeGateUpPair(case::MoeGateUpPair {
+            w: fmt(q, &[c.a.hidden, c.b.hidden])?,
+            ..*c
+        }),
+        Op::MoeDownPair(c) => Op::MoeDownPair(case::MoeDownPair {
+            w: fmt(q, &[c.a.inter, c.b.inter])?,
+            ..*c
+        }),
+        Op::MoeDownPairPostFfn(c) => Op::MoeDownPairPostFfn(case::MoeDownPairPostFfn {
+            w: fmt(q, &[c.a.inter, c.b.inter])?,
+            ..*c
+        }),
+        Op::PostAttentionRouter(c) => Op::PostAttentionRouter(case::PostAttentionRouter {
+            pw: fmt(router, &[c.r.hidden])?,
+            ..*c
+        }),
+        Op::PostAttentionGateUp(c) => Op::PostAttentionGateUp(case::PostAttentionGateUp {
+            pw: fmt(router, &[c.r.hidden])?,
+            gw: fmt(q, &[c.r.hidden])?,
+            ..*c
+        }),
         _ => return None,
     })
 }
@@ -199,15 +178,17 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
             target_us: None,
         });
     };
-    let mm = |m, n, k| Op::Matmul {
-        p: Matmul { m, n, k },
-        w: BF16,
+    let mm = |m, n, k| {
+        Op::Matmul(case::Matmul {
+            p: Matmul { m, n, k },
+            w: BF16,
+        })
     };
     for &m in &s.ms {
         push(
             format!("rms_norm m={m}"),
             "norm",
-            Op::RmsNorm {
+            Op::RmsNorm(case::RmsNorm {
                 p: RmsNorm {
                     rows: m,
                     dim: h,
@@ -216,7 +197,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                 },
                 weight: Some(BF16),
                 residual: false,
-            },
+            }),
             m,
         );
         push(format!("router m={m}"), "moe", router(s, m), m);
@@ -224,13 +205,13 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
         push(
             format!("moe_gate_up m={m}"),
             "moe",
-            Op::MoeGateUp { p: moe, w: BF16 },
+            Op::MoeGateUp(case::MoeGateUp { p: moe, w: BF16 }),
             m,
         );
         push(
             format!("moe_down m={m}"),
             "moe",
-            Op::MoeDown { p: moe, w: BF16 },
+            Op::MoeDown(case::MoeDown { p: moe, w: BF16 }),
             m,
         );
         if m == 1 {
@@ -246,21 +227,21 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
             push(
                 format!("dense+moe gate_up pair m={m}"),
                 "moe",
-                Op::MoeGateUpPair {
+                Op::MoeGateUpPair(case::MoeGateUpPair {
                     a: dense,
                     b: moe,
                     w: BF16,
-                },
+                }),
                 m,
             );
             push(
                 format!("dense+moe down pair m={m}"),
                 "moe",
-                Op::MoeDownPair {
+                Op::MoeDownPair(case::MoeDownPair {
                     a: dense,
                     b: moe,
                     w: BF16,
-                },
+                }),
                 m,
             );
             // The pair with the post_ffn after it, as decode calls it (one
@@ -268,7 +249,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
             push(
                 format!("down pair+post_ffn m={m}"),
                 "moe",
-                Op::MoeDownPairPostFfn {
+                Op::MoeDownPairPostFfn(case::MoeDownPairPostFfn {
                     a: dense,
                     b: moe,
                     w: BF16,
@@ -280,7 +261,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                     },
                     next: true,
                     nw: BF16,
-                },
+                }),
                 m,
             );
         }
@@ -293,10 +274,10 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
         push(
             format!("dense gelu_mul m={m}"),
             "dense mlp",
-            Op::GeluMul {
+            Op::GeluMul(case::GeluMul {
                 rows: m,
                 n: s.dense_inter,
-            },
+            }),
             m,
         );
         push(
@@ -398,21 +379,23 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
             );
         }
         // The fused steps between the GEMVs (the decoder's "glue").
-        let qkv = |heads, kv_heads, head_dim, rot_pairs, theta, capacity, v_from_k| Op::QkvPost {
-            p: QkvPost {
-                m,
-                heads,
-                kv_heads,
-                head_dim,
-                rot_pairs,
-                theta,
-                eps: 1e-6,
-                capacity,
-                v_from_k,
-            },
-            pos0: s.ring + 3,
-            w: BF16,
-            kv,
+        let qkv = |heads, kv_heads, head_dim, rot_pairs, theta, capacity, v_from_k| {
+            Op::QkvPost(case::QkvPost {
+                p: QkvPost {
+                    m,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    rot_pairs,
+                    theta,
+                    eps: 1e-6,
+                    capacity,
+                    v_from_k,
+                },
+                pos0: s.ring + 3,
+                w: BF16,
+                kv,
+            })
         };
         push(
             format!("qkv_post sliding m={m}"),
@@ -431,13 +414,15 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
         // Both in one op (decode: one launch and the combine on a GPU), at
         // the attention cases' first and middle contexts.
         let fused = |q: Op, window, ctx: usize| match q {
-            Op::QkvPost { p, w, kv, .. } => Op::QkvPostAttention {
-                p,
-                window,
-                pos0: ctx - m,
-                w,
-                kv,
-            },
+            Op::QkvPost(case::QkvPost { p, w, kv, .. }) => {
+                Op::QkvPostAttention(case::QkvPostAttention {
+                    p,
+                    window,
+                    pos0: ctx - m,
+                    w,
+                    kv,
+                })
+            }
             other => other,
         };
         push(
@@ -462,7 +447,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
         push(
             format!("post_attention m={m}"),
             "glue",
-            Op::PostAttention {
+            Op::PostAttention(case::PostAttention {
                 p: PostAttention {
                     rows: m,
                     dim: h,
@@ -470,7 +455,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                 },
                 moe: true,
                 w: BF16,
-            },
+            }),
             m,
         );
         if m == 1 {
@@ -495,7 +480,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
             push(
                 format!("post_attention+router+gate_up pair m={m}"),
                 "moe",
-                Op::PostAttentionGateUp {
+                Op::PostAttentionGateUp(case::PostAttentionGateUp {
                     p: pa,
                     r: router,
                     inter: s.dense_inter,
@@ -503,14 +488,14 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                     w: BF16,
                     pw: BF16,
                     gw: BF16,
-                },
+                }),
                 m,
             );
         }
         push(
             format!("post_ffn m={m}"),
             "glue",
-            Op::PostFfn {
+            Op::PostFfn(case::PostFfn {
                 p: PostFfn {
                     rows: m,
                     dim: h,
@@ -520,26 +505,26 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                 moe: true,
                 next: true,
                 w: BF16,
-            },
+            }),
             m,
         );
         push(format!("lm_head m={m}"), "lm head", mm(m, s.vocab, h), m);
         push(
             format!("softcap logits m={m}"),
             "lm head",
-            Op::Softcap {
+            Op::Softcap(case::Softcap {
                 n: m * s.vocab,
                 cap: 30.0,
-            },
+            }),
             m,
         );
         push(
             format!("argmax logits m={m}"),
             "lm head",
-            Op::Argmax {
+            Op::Argmax(case::Argmax {
                 rows: m,
                 n: s.vocab,
-            },
+            }),
             m,
         );
     }
@@ -547,12 +532,12 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
     if !quick {
         for c in &mut v {
             match (&c.op, c.m) {
-                (Op::MoeGateUp { .. }, 1) => c.target_us = Some(17.0),
-                (Op::MoeDown { .. }, 1) => c.target_us = Some(9.0),
-                (Op::Matmul { p, .. }, 16) if p.n == s.vocab => {
+                (Op::MoeGateUp(_), 1) => c.target_us = Some(17.0),
+                (Op::MoeDown(_), 1) => c.target_us = Some(9.0),
+                (Op::Matmul(mm), 16) if mm.p.n == s.vocab => {
                     c.cpu_skip = Some("about a minute per call on the CPU reference")
                 }
-                (Op::Attention { p, .. }, 16) if p.window == 0 && p.capacity >= 32768 => {
+                (Op::Attention(a), 16) if a.p.window == 0 && a.p.capacity >= 32768 => {
                     c.cpu_skip = Some("tens of seconds per call on the CPU reference")
                 }
                 (_, m) if m == s.prefill => {
@@ -567,7 +552,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
 
 /// The router over `m` tokens at shape `s`.
 fn router(s: &Shapes, m: usize) -> Op {
-    Op::Router {
+    Op::Router(case::Router {
         p: Router {
             m,
             hidden: s.hidden,
@@ -576,7 +561,7 @@ fn router(s: &Shapes, m: usize) -> Op {
             eps: 1e-6,
         },
         w: BF16,
-    }
+    })
 }
 
 /// The routed experts over `m` tokens at shape `s`.
@@ -595,17 +580,27 @@ fn routed(s: &Shapes, m: usize) -> Moe {
 /// bound, so read the median, not the GB/s.
 fn prefill_cases(s: &Shapes, kv: DType, push: &mut impl FnMut(String, &'static str, Op, usize)) {
     let (m, h) = (s.prefill, s.hidden);
-    let mm = |n, k| Op::Matmul {
-        p: Matmul { m, n, k },
-        w: BF16,
+    let mm = |n, k| {
+        Op::Matmul(case::Matmul {
+            p: Matmul { m, n, k },
+            w: BF16,
+        })
     };
     let moe = routed(s, m);
     let (sh, skv, sd) = s.sliding;
     let (fh, fkv, fd) = s.full;
     let cases = [
         ("router", "moe", router(s, m)),
-        ("moe_gate_up", "moe", Op::MoeGateUp { p: moe, w: BF16 }),
-        ("moe_down", "moe", Op::MoeDown { p: moe, w: BF16 }),
+        (
+            "moe_gate_up",
+            "moe",
+            Op::MoeGateUp(case::MoeGateUp { p: moe, w: BF16 }),
+        ),
+        (
+            "moe_down",
+            "moe",
+            Op::MoeDown(case::MoeDown { p: moe, w: BF16 }),
+        ),
         ("dense gate|up", "dense mlp", mm(2 * s.dense_inter, h)),
         ("dense down", "dense mlp", mm(h, s.dense_inter)),
         ("q|k|v sliding", "attn proj", mm((sh + 2 * skv) * sd, h)),
@@ -650,213 +645,6 @@ fn prefill_cases(s: &Shapes, kv: DType, push: &mut impl FnMut(String, &'static s
     }
 }
 
-fn tensor_bytes(t: &HostTensor) -> u64 {
-    match t {
-        HostTensor::F32(v) => v.len() as u64 * 4,
-        HostTensor::U32(v) => v.len() as u64 * 4,
-        HostTensor::F16(v) => v.len() as u64 * 2,
-        HostTensor::Weight { bytes, .. } => bytes.len() as u64,
-    }
-}
-
-/// Bytes an output writes (an in-place one: its whole span).
-fn out_bytes(o: &turbospark::parity::OutSpec) -> u64 {
-    match o {
-        turbospark::parity::OutSpec::F32(n)
-        | turbospark::parity::OutSpec::U32(n)
-        | turbospark::parity::OutSpec::InPlace(_, n) => *n as u64 * 4,
-    }
-}
-
-/// Distinct experts among the ids (each selected expert's weights are read once).
-fn distinct_experts(ids: &[u32]) -> u64 {
-    let mut v = ids.to_vec();
-    v.sort_unstable();
-    v.dedup();
-    v.len() as u64
-}
-
-/// Floating-point operations an op does (a multiply-add is two), where it is
-/// a product the prefill cases are bound by: matmul, router logits, the MoE
-/// phases (per (token, expert) pair) and attention (scores and values over
-/// each row's keys). None for the rest.
-pub fn flops(op: &Op) -> Option<u64> {
-    let f = |v: usize| Some(2 * v as u64);
-    match op {
-        Op::Matmul { p, .. } => f(p.m * p.n * p.k),
-        Op::Router { p, .. } => f(p.m * p.experts * p.hidden),
-        Op::MoeGateUp { p, .. } => f(p.m * p.top_k * 2 * p.inter * p.hidden),
-        Op::MoeDown { p, .. } => f(p.m * p.top_k * p.hidden * p.inter),
-        Op::Attention { p, pos0, .. } => {
-            let keys: usize = (0..p.m)
-                .map(|t| {
-                    let pos = pos0 + t;
-                    let window = if p.window > 0 { p.window } else { usize::MAX };
-                    (pos + 1).min(window).min(p.capacity)
-                })
-                .sum();
-            f(2 * keys * p.heads * p.head_dim)
-        }
-        Op::QkvPostAttention { .. } => flops(&fused_attention(op)?),
-        _ => None,
-    }
-}
-
-/// The attention part of a `qkv_post_attention` case, as its own case.
-fn fused_attention(op: &Op) -> Option<Op> {
-    let Op::QkvPostAttention {
-        p,
-        window,
-        pos0,
-        kv,
-        ..
-    } = op
-    else {
-        return None;
-    };
-    Some(Op::attention(p.attention(*window, 1.0), *pos0).with_kv(*kv))
-}
-
-/// Bytes an op must move at least: every input it needs read once, every
-/// output written once. Only the selected experts count for MoE, and only
-/// the keys in the window for attention. Without inputs (a case no backend
-/// ran), MoE counts every slot as a distinct expert.
-pub fn bytes_moved(op: &Op, inputs: &[HostTensor]) -> u64 {
-    let f = 4u64;
-    let ws = |d: &DType| d.size() as u64;
-    // A weight's bytes as stored (a quantized one's packed values, scales
-    // and biases).
-    let wb = |d: &DType, elems: u64| d.bytes_for(elems as usize) as u64;
-    let ids = || match inputs.get(2) {
-        Some(HostTensor::U32(ids)) => distinct_experts(ids),
-        _ => match op {
-            Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => {
-                (p.m * p.top_k).min(p.experts) as u64
-            }
-            _ => 0,
-        },
-    };
-    match op {
-        Op::Matmul { p, w } => {
-            let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
-            wb(w, n * k) + m * k * f + m * n * f
-        }
-        Op::Router { p, w } => {
-            let (m, h, e, k) = (
-                p.m as u64,
-                p.hidden as u64,
-                p.experts as u64,
-                p.top_k as u64,
-            );
-            m * h * f + h * f + wb(w, e * h) + e * f + 2 * m * k * f
-        }
-        Op::MoeGateUp { p, w } => {
-            let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
-            ids() * wb(w, 2 * i * h) + m * h * f + m * k * f + m * k * i * f
-        }
-        Op::MoeDown { p, w } => {
-            let (m, h, i, k) = (p.m as u64, p.hidden as u64, p.inter as u64, p.top_k as u64);
-            m * k * i * f + ids() * wb(w, h * i) + 2 * m * k * f + m * h * f
-        }
-        Op::Attention { p, pos0, kv, .. } => {
-            let last = pos0 + p.m - 1;
-            let lo = if p.window > 0 {
-                (pos0 + 1).saturating_sub(p.window)
-            } else {
-                0
-            };
-            let keys = ((last - lo + 1).min(p.capacity)) as u64;
-            let q = (p.m * p.heads * p.head_dim) as u64 * f;
-            2 * q + 2 * keys * (p.kv_heads * p.head_dim) as u64 * ws(kv) + p.m as u64 * 4
-        }
-        Op::RmsNorm {
-            p,
-            weight,
-            residual,
-        } => {
-            let n = (p.rows * p.dim) as u64;
-            n * f * (2 + *residual as u64) + weight.map_or(0, |d| p.dim as u64 * ws(&d))
-        }
-        Op::Argmax { rows, n } => (rows * n) as u64 * f + *rows as u64 * 4,
-        // The raw rows, two norm weights and the positions in; q out, and
-        // only the new cache entries (not the whole caches).
-        Op::QkvPost { p, w, kv, .. } => {
-            let (m, hd) = (p.m as u64, p.head_dim as u64);
-            let kv = m * p.kv_heads as u64 * hd * ws(kv);
-            m * p.raw_row() as u64 * f
-                + 2 * hd * ws(w)
-                + m * 4
-                + m * p.heads as u64 * hd * f
-                + 2 * kv
-        }
-        // qkv_post's bytes, then the attention's keys and values read and
-        // its rows written (its queries never leave the launch).
-        Op::QkvPostAttention { p, pos0, w, kv, .. } => {
-            let qkv = Op::QkvPost {
-                p: *p,
-                pos0: *pos0,
-                w: *w,
-                kv: *kv,
-            };
-            let attention = fused_attention(op).map_or(0, |a| bytes_moved(&a, &[]));
-            let q = (p.m * p.heads * p.head_dim) as u64 * f;
-            bytes_moved(&qkv, inputs) + attention - q
-        }
-        Op::GeluMul { rows, n } => (rows * n) as u64 * f * 3,
-        // Each problem's own count, over its own inputs.
-        Op::MoeGateUpPair { a, b, w } => {
-            let split = inputs.len().min(3);
-            bytes_moved(&Op::MoeGateUp { p: *a, w: *w }, &inputs[..split])
-                + bytes_moved(&Op::MoeGateUp { p: *b, w: *w }, &inputs[split..])
-        }
-        Op::MoeDownPair { a, b, w } => {
-            let split = inputs.len().min(4);
-            bytes_moved(&Op::MoeDown { p: *a, w: *w }, &inputs[..split])
-                + bytes_moved(&Op::MoeDown { p: *b, w: *w }, &inputs[split..])
-        }
-        // The pair's count, then post_ffn's other inputs (the residual and
-        // the norm weights) read and its outputs written; the pair's two
-        // rows are written once and read back once.
-        Op::MoeDownPairPostFfn {
-            a, b, w, p, next, ..
-        } => {
-            let split = inputs.len().min(8);
-            let post = inputs[split..].iter().map(tensor_bytes).sum::<u64>();
-            let rows = (p.rows * p.dim) as u64 * f;
-            bytes_moved(
-                &Op::MoeDownPair {
-                    a: *a,
-                    b: *b,
-                    w: *w,
-                },
-                &inputs[..split],
-            ) + post
-                + 2 * rows
-                + rows * (1 + *next as u64)
-        }
-        // Every input once and each output once, but of the routed
-        // experts' stack (the last input) only the top-k a token picks
-        // (the routing is computed in the call: counted as distinct).
-        Op::PostAttentionGateUp { gw, .. } => {
-            let Some((_, routed)) = op.gate_up_problems() else {
-                return 0;
-            };
-            let outs: u64 = op.outputs().iter().map(out_bytes).sum();
-            let (stack, rest) = inputs.split_last().map_or((0, 0), |(last, rest)| {
-                (tensor_bytes(last), rest.iter().map(tensor_bytes).sum())
-            });
-            let picked = (routed.m * routed.top_k).min(routed.experts) as u64
-                * wb(gw, 2 * (routed.inter * routed.hidden) as u64);
-            rest + stack.min(picked) + outs
-        }
-        // Everything else: the inputs once and each output once.
-        _ => {
-            let outs: u64 = op.outputs().iter().map(out_bytes).sum();
-            inputs.iter().map(tensor_bytes).sum::<u64>() + outs
-        }
-    }
-}
-
 /// How input `i` of a rotation set other than the first is made.
 #[derive(Clone, Debug)]
 pub enum Variant {
@@ -882,31 +670,32 @@ pub struct HostSets {
 /// selects other experts of the shared weights.
 pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
     let first = op.inputs(&mut turbospark::rng::Rng::new(seed));
-    let bytes = bytes_moved(op, &first);
-    let shared: Vec<bool> = first.iter().map(|t| tensor_bytes(t) > target / 2).collect();
+    let bytes = op.bytes(&first);
+    let shared: Vec<bool> = first.iter().map(|t| t.bytes() > target / 2).collect();
     let out_bytes: u64 = op
         .outputs()
         .iter()
         .map(|o| match o {
-            turbospark::parity::OutSpec::F32(n) | turbospark::parity::OutSpec::U32(n) => {
-                *n as u64 * 4
-            }
-            turbospark::parity::OutSpec::InPlace(..) => 0,
+            OutSpec::F32(n) | OutSpec::U32(n) => *n as u64 * 4,
+            OutSpec::InPlace(..) => 0,
         })
         .sum();
     let rotating: u64 = first
         .iter()
         .zip(&shared)
         .filter(|(_, s)| !**s)
-        .map(|(t, _)| tensor_bytes(t))
+        .map(|(t, _)| t.bytes())
         .sum::<u64>()
         + out_bytes;
     // Data a call touches per set: what rotates, plus (MoE) the selected experts.
     // Expert-id inputs (index, expert count): each set shifts them.
     let id_inputs: Vec<(usize, u32)> = match op {
-        Op::MoeGateUp { p, .. } | Op::MoeDown { p, .. } => vec![(2, p.experts as u32)],
-        Op::MoeGateUpPair { a, b, .. } => vec![(2, a.experts as u32), (5, b.experts as u32)],
-        Op::MoeDownPair { a, b, .. } | Op::MoeDownPairPostFfn { a, b, .. } => {
+        Op::MoeGateUp(case::MoeGateUp { p, .. }) | Op::MoeDown(case::MoeDown { p, .. }) => {
+            vec![(2, p.experts as u32)]
+        }
+        Op::MoeGateUpPair(c) => vec![(2, c.a.experts as u32), (5, c.b.experts as u32)],
+        Op::MoeDownPair(case::MoeDownPair { a, b, .. })
+        | Op::MoeDownPairPostFfn(case::MoeDownPairPostFfn { a, b, .. }) => {
             vec![(2, a.experts as u32), (6, b.experts as u32)]
         }
         _ => vec![],
@@ -955,7 +744,7 @@ pub fn host_sets(op: &Op, seed: u64, target: u64, max_sets: usize) -> HostSets {
 
 /// Whether `op` routes its token from its first input (o_proj's row).
 fn routes(op: &Op) -> bool {
-    matches!(op, Op::PostAttentionGateUp { .. })
+    matches!(op, Op::PostAttentionGateUp(_))
 }
 
 #[cfg(test)]
@@ -964,11 +753,11 @@ mod tests {
 
     #[test]
     fn flops_count_products_and_causal_keys() {
-        let mm = Op::Matmul {
+        let mm = Op::Matmul(case::Matmul {
             p: Matmul { m: 3, n: 5, k: 7 },
             w: BF16,
-        };
-        assert_eq!(flops(&mm), Some(2 * 3 * 5 * 7));
+        });
+        assert_eq!(mm.flops(), Some(2 * 3 * 5 * 7));
         // Rows at positions 0, 1, 2 see 1, 2 and 2 keys (window 2): 5 keys.
         let attn = Op::attention(
             Attention {
@@ -982,9 +771,9 @@ mod tests {
             },
             0,
         );
-        assert_eq!(flops(&attn), Some(2 * 2 * 5 * 4 * 8));
+        assert_eq!(attn.flops(), Some(2 * 2 * 5 * 4 * 8));
         // qkv_post then attention: the attention's products.
-        let fused = Op::QkvPostAttention {
+        let fused = Op::QkvPostAttention(case::QkvPostAttention {
             p: QkvPost {
                 m: 3,
                 heads: 4,
@@ -1000,15 +789,15 @@ mod tests {
             pos0: 0,
             w: BF16,
             kv: DType::F32,
-        };
-        assert_eq!(flops(&fused), flops(&attn));
-        assert_eq!(flops(&Op::GeluMul { rows: 1, n: 4 }), None);
+        });
+        assert_eq!(fused.flops(), attn.flops());
+        assert_eq!(Op::GeluMul(case::GeluMul { rows: 1, n: 4 }).flops(), None);
     }
 
     #[test]
     fn routed_gate_up_counts_the_picked_experts_only() {
         let (experts, top_k, hidden, moe_inter) = (16, 4, 64, 24);
-        let op = Op::PostAttentionGateUp {
+        let op = Op::PostAttentionGateUp(case::PostAttentionGateUp {
             p: PostAttention {
                 rows: 1,
                 dim: hidden,
@@ -1026,14 +815,14 @@ mod tests {
             w: BF16,
             pw: BF16,
             gw: BF16,
-        };
+        });
         let inputs = op.inputs(&mut turbospark::rng::Rng::new(7));
-        let all: u64 = inputs.iter().map(tensor_bytes).sum::<u64>()
-            + op.outputs().iter().map(out_bytes).sum::<u64>();
-        let stack = tensor_bytes(inputs.last().unwrap());
+        let all: u64 = inputs.iter().map(HostTensor::bytes).sum::<u64>()
+            + op.outputs().iter().map(OutSpec::bytes).sum::<u64>();
+        let stack = inputs.last().unwrap().bytes();
         assert_eq!(stack, (experts * 2 * moe_inter * hidden * 2) as u64);
         // Of the stack's 16 experts, the 4 picked.
-        assert_eq!(bytes_moved(&op, &inputs), all - stack / 4 * 3);
+        assert_eq!(op.bytes(&inputs), all - stack / 4 * 3);
         // The sets rotate o_proj's row (other experts), nothing else.
         let sets = host_sets(&op, 1, 1 << 20, 3);
         assert!(sets

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use turbospark::parity::{Op, OutSpec};
+use turbospark::parity::{Case as _, Op, OutSpec};
 use turbospark::{ComputeBackend, DType, Error, Result, Support};
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::{WgpuBackend, WgpuBuffer};

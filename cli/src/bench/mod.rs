@@ -20,6 +20,7 @@ mod streaming;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use turbospark::parity::Case as _;
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::{WgpuBackend, WgpuOptions};
 
@@ -416,10 +417,7 @@ pub fn main(args: Args) -> ExitCode {
         }
         // Bytes moved do not depend on the backend; cases no backend ran
         // still get their figure.
-        bytes.push(
-            host.map(|h| h.bytes)
-                .unwrap_or_else(|| cases::bytes_moved(&case.op, &[])),
-        );
+        bytes.push(host.map(|h| h.bytes).unwrap_or_else(|| case.op.bytes(&[])));
         // Rewrite the files after every case, so a run cut short by a time
         // limit still leaves what it measured (`"complete": false`).
         let done = bytes.len() == selected.len();

@@ -4,10 +4,11 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::cases::{flops, Case};
+use super::cases::Case;
 use super::clock::utc_now;
 use super::measure::{gbps, Outcome, Stats};
 use super::{Args, Run};
+use turbospark::parity::Case as _;
 
 pub struct Report<'a> {
     pub args: &'a Args,
@@ -220,7 +221,7 @@ impl Report<'_> {
                             ));
                         }
                         // (prefill batches are bound by arithmetic)
-                        if let (Some(fl), true) = (flops(&case.op), prefill_sized(case)) {
+                        if let (Some(fl), true) = (case.op.flops(), prefill_sized(case)) {
                             notes.push(fmt_flops(fl as f64 / stats.median));
                         }
                         format!(
@@ -359,7 +360,7 @@ impl Report<'_> {
                                     "stream_bytes": z.bytes,
                                     "stream_kernel": z.kernel,
                                 })),
-                                "tflops": flops(&c.op).map(|fl| fl as f64 / stats.median / 1e12),
+                                "tflops": c.op.flops().map(|fl| fl as f64 / stats.median / 1e12),
                                 "method": method,
                                 "input_sets": sets,
                                 "warmup": {

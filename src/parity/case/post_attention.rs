@@ -1,0 +1,359 @@
+//! The fused step after o_proj: post_attention's norms and residual, alone,
+//! with the router on its residual, and with both branches' gate_up after
+//! that.
+
+use super::inputs::norm_weight;
+use super::moe::MoeGateUp;
+use super::router::Router;
+use super::{weight_bytes, Case};
+use crate::backend::{ComputeBackend, GateUpArgs, PostAttentionArgs, RouterArgs};
+use crate::ops::{self, Moe, OpKind};
+use crate::parity::{compare, HostTensor, OutSpec, Verdict};
+use crate::rng::Rng;
+use crate::{DType, Result};
+
+/// `post_attention`: norm weights all of dtype `w`; `moe`: the third
+/// pre-norm output too.
+#[derive(Clone, Copy, Debug)]
+pub struct PostAttention {
+    pub p: ops::PostAttention,
+    pub moe: bool,
+    pub w: DType,
+}
+
+/// `post_attention_router`: post_attention with experts (norm weights of
+/// dtype `w`), then the router on its residual (weight of dtype `pw`).
+#[derive(Clone, Copy, Debug)]
+pub struct PostAttentionRouter {
+    pub p: ops::PostAttention,
+    pub r: ops::Router,
+    pub w: DType,
+    pub pw: DType,
+}
+
+/// `post_attention_gate_up`: `PostAttentionRouter`'s case, then the
+/// dense MLP (`inter`) and the routed experts (`moe_inter`) gate_up on
+/// its outputs (weights of dtype `gw`).
+#[derive(Clone, Copy, Debug)]
+pub struct PostAttentionGateUp {
+    pub p: ops::PostAttention,
+    pub r: ops::Router,
+    pub inter: usize,
+    pub moe_inter: usize,
+    pub w: DType,
+    pub pw: DType,
+    pub gw: DType,
+}
+
+impl Case for PostAttention {
+    fn op_name(&self) -> &'static str {
+        "post_attention"
+    }
+
+    fn name(&self) -> String {
+        let (p, moe, w) = (&self.p, self.moe, self.w);
+        format!(
+            "{}(rows={},dim={},moe={moe},w={w})",
+            self.family(),
+            p.rows,
+            p.dim
+        )
+    }
+
+    fn kind(&self) -> OpKind {
+        OpKind::PostAttention {
+            dim: self.p.dim as u32,
+        }
+    }
+
+    /// Chains of 2-4 RMSNorms over the same row.
+    fn limit(&self) -> f64 {
+        1e-11
+    }
+
+    fn inputs(&self, rng: &mut Rng) -> Vec<HostTensor> {
+        let (p, w) = (&self.p, self.w);
+        let n = p.rows * p.dim;
+        let mut v = vec![
+            HostTensor::F32(rng.vec_normal(n, 2.0)),
+            HostTensor::F32(rng.vec_normal(n, 1.0)),
+            norm_weight(rng, w, p.dim),
+            norm_weight(rng, w, p.dim),
+        ];
+        if self.moe {
+            v.push(norm_weight(rng, w, p.dim));
+        }
+        v
+    }
+
+    fn outputs(&self) -> Vec<OutSpec> {
+        let n = self.p.rows * self.p.dim;
+        let mut v = vec![OutSpec::F32(n), OutSpec::F32(n)];
+        if self.moe {
+            v.push(OutSpec::F32(n));
+        }
+        v
+    }
+
+    fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()> {
+        let m = self.moe.then(|| (&i[4], &o[2]));
+        b.post_attention(&i[0], &i[1], &i[2], &i[3], &o[0], &o[1], m, self.p)
+    }
+}
+
+impl PostAttentionRouter {
+    /// Its post_attention (with experts) and its router, as their own
+    /// families' cases.
+    pub fn parts(&self) -> (PostAttention, Router) {
+        (
+            PostAttention {
+                p: self.p,
+                moe: true,
+                w: self.w,
+            },
+            Router {
+                p: self.r,
+                w: self.pw,
+            },
+        )
+    }
+}
+
+impl Case for PostAttentionRouter {
+    fn op_name(&self) -> &'static str {
+        "post_attention_router"
+    }
+
+    fn family(&self) -> &'static str {
+        if self.pw.is_quantized() {
+            "post_attention_router_quantized"
+        } else {
+            "post_attention_router"
+        }
+    }
+
+    fn name(&self) -> String {
+        let (p, r, w, pw) = (&self.p, &self.r, self.w, self.pw);
+        format!(
+            "{}(rows={},dim={},e={},k={},w={w},pw={pw})",
+            self.family(),
+            p.rows,
+            p.dim,
+            r.experts,
+            r.top_k
+        )
+    }
+
+    fn kind(&self) -> OpKind {
+        OpKind::PostAttention {
+            dim: self.p.dim as u32,
+        }
+    }
+
+    /// Dot products of thousands of terms, reordered.
+    fn limit(&self) -> f64 {
+        1e-9
+    }
+
+    fn inputs(&self, rng: &mut Rng) -> Vec<HostTensor> {
+        // post_attention's inputs with experts, then the router's
+        // scale, weight and per-expert scale, as each family draws
+        // them.
+        let (pa, router) = self.parts();
+        let mut v = pa.inputs(rng);
+        v.extend(router.inputs(rng).into_iter().skip(1));
+        v
+    }
+
+    fn outputs(&self) -> Vec<OutSpec> {
+        let n = self.p.rows * self.p.dim;
+        let k = self.r.m * self.r.top_k;
+        vec![
+            OutSpec::F32(n),
+            OutSpec::F32(n),
+            OutSpec::F32(n),
+            OutSpec::U32(k),
+            OutSpec::F32(k),
+        ]
+    }
+
+    fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()> {
+        let (pa, router) = post_attention_router_args(i, o, self.p, self.r);
+        b.post_attention_router(pa, router)
+    }
+
+    fn judge(
+        &self,
+        limit: f64,
+        inputs: &[HostTensor],
+        r: &[HostTensor],
+        d: &[HostTensor],
+    ) -> Verdict {
+        compare::judge_post_attention_router(self, limit, inputs, r, d)
+    }
+}
+
+impl PostAttentionGateUp {
+    /// Its first part: its `PostAttentionRouter` case (whose inputs and
+    /// outputs lead its own).
+    pub fn router_part(&self) -> PostAttentionRouter {
+        PostAttentionRouter {
+            p: self.p,
+            r: self.r,
+            w: self.w,
+            pw: self.pw,
+        }
+    }
+
+    /// Its two gate_up problems: the dense MLP (one expert) and the routed
+    /// experts.
+    pub fn gate_up_problems(&self) -> (Moe, Moe) {
+        let (p, r) = (&self.p, &self.r);
+        let moe = |inter, experts, top_k| Moe {
+            m: p.rows,
+            hidden: p.dim,
+            inter,
+            experts,
+            top_k,
+        };
+        (
+            moe(self.inter, 1, 1),
+            moe(self.moe_inter, r.experts, r.top_k),
+        )
+    }
+}
+
+impl Case for PostAttentionGateUp {
+    fn op_name(&self) -> &'static str {
+        "post_attention_gate_up"
+    }
+
+    fn family(&self) -> &'static str {
+        if self.pw.is_quantized() || self.gw.is_quantized() {
+            "post_attention_gate_up_quantized"
+        } else {
+            "post_attention_gate_up"
+        }
+    }
+
+    fn name(&self) -> String {
+        let (p, r, inter, moe_inter) = (&self.p, &self.r, self.inter, self.moe_inter);
+        let (w, pw, gw) = (self.w, self.pw, self.gw);
+        format!(
+            "{}(rows={},dim={},e={},k={},inter={inter},moe_inter={moe_inter},w={w},pw={pw},gw={gw})",
+            self.family(),
+            p.rows,
+            p.dim,
+            r.experts,
+            r.top_k
+        )
+    }
+
+    fn kind(&self) -> OpKind {
+        OpKind::PostAttention {
+            dim: self.p.dim as u32,
+        }
+    }
+
+    /// Dot products of thousands of terms, reordered.
+    fn limit(&self) -> f64 {
+        1e-9
+    }
+
+    fn inputs(&self, rng: &mut Rng) -> Vec<HostTensor> {
+        let mut v = self.router_part().inputs(rng);
+        // Each gate_up's weight as moe_gate_up's family draws it,
+        // and the dense one's ids (expert 0 for every token); the
+        // routed one reads the router's.
+        let (dense, routed) = self.gate_up_problems();
+        let draw = |p, rng: &mut Rng| MoeGateUp { p, w: self.gw }.inputs(rng);
+        v.extend(draw(dense, rng).into_iter().skip(1));
+        v.push(draw(routed, rng).swap_remove(1));
+        v
+    }
+
+    fn outputs(&self) -> Vec<OutSpec> {
+        let (dense, routed) = self.gate_up_problems();
+        let mut v = self.router_part().outputs();
+        v.extend([
+            OutSpec::F32(dense.m * dense.inter),
+            OutSpec::F32(routed.m * routed.top_k * routed.inter),
+        ]);
+        v
+    }
+
+    fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()> {
+        let (dense, routed) = self.gate_up_problems();
+        b.post_attention_gate_up(
+            post_attention_router_args(i, o, self.p, self.r),
+            GateUpArgs {
+                x: &o[1],
+                gate_up: &i[8],
+                ids: &i[9],
+                act: &o[5],
+                p: dense,
+            },
+            GateUpArgs {
+                x: &o[2],
+                gate_up: &i[10],
+                ids: &o[3],
+                act: &o[6],
+                p: routed,
+            },
+        )
+    }
+
+    fn judge(
+        &self,
+        limit: f64,
+        inputs: &[HostTensor],
+        r: &[HostTensor],
+        d: &[HostTensor],
+    ) -> Verdict {
+        compare::judge_post_attention_gate_up(self, limit, inputs, r, d)
+    }
+
+    /// Every input once and each output once, but of the routed experts'
+    /// stack (the last input) only the top-k a token picks (the routing is
+    /// computed in the call: counted as distinct).
+    fn bytes(&self, inputs: &[HostTensor]) -> u64 {
+        let (_, routed) = self.gate_up_problems();
+        let outs: u64 = self.outputs().iter().map(OutSpec::bytes).sum();
+        let (stack, rest) = inputs.split_last().map_or((0, 0), |(last, rest)| {
+            (last.bytes(), rest.iter().map(HostTensor::bytes).sum())
+        });
+        let picked = (routed.m * routed.top_k).min(routed.experts) as u64
+            * weight_bytes(self.gw, 2 * (routed.inter * routed.hidden) as u64);
+        rest + stack.min(picked) + outs
+    }
+}
+
+/// `PostAttentionRouter`'s arguments (and the first of
+/// `PostAttentionGateUp`'s) from a case's inputs `i` and outputs `o`.
+fn post_attention_router_args<'a, B>(
+    i: &'a [B],
+    o: &'a [B],
+    p: ops::PostAttention,
+    r: ops::Router,
+) -> (PostAttentionArgs<'a, B>, RouterArgs<'a, B>) {
+    (
+        PostAttentionArgs {
+            o: &i[0],
+            x: &i[1],
+            w_post: &i[2],
+            w_ff: &i[3],
+            r: &o[0],
+            ff: &o[1],
+            moe: (&i[4], &o[2]),
+            p,
+        },
+        RouterArgs {
+            eff_scale: &i[5],
+            proj: &i[6],
+            per_expert_scale: &i[7],
+            ids: &o[3],
+            weights: &o[4],
+            p: r,
+        },
+    )
+}
