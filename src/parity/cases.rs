@@ -694,3 +694,71 @@ pub fn ci_cases() -> Vec<Op> {
 pub fn all_cases() -> Vec<Op> {
     cases(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parity::Case;
+
+    /// Every family `tests/parity.rs` runs by name: the ops, then those
+    /// with quantized weights.
+    const FAMILIES: [&str; 33] = [
+        "rms_norm",
+        "matmul",
+        "router",
+        "moe_gate_up",
+        "moe_down",
+        "moe_gate_up_pair",
+        "moe_down_pair",
+        "moe_down_pair_post_ffn",
+        "rope",
+        "kv_append",
+        "attention",
+        "add",
+        "scale",
+        "gelu_mul",
+        "softcap",
+        "embed",
+        "argmax",
+        "post_attention",
+        "post_attention_router",
+        "post_attention_gate_up",
+        "post_ffn",
+        "qkv_post",
+        "qkv_post_attention",
+        "matmul_quantized",
+        "router_quantized",
+        "moe_gate_up_quantized",
+        "moe_down_quantized",
+        "moe_gate_up_pair_quantized",
+        "moe_down_pair_quantized",
+        "moe_down_pair_post_ffn_quantized",
+        "embed_quantized",
+        "post_attention_router_quantized",
+        "post_attention_gate_up_quantized",
+    ];
+
+    /// A name picks one case (filters and failure reports name cases), and
+    /// every case is in one of the families, each of which has CI cases.
+    #[test]
+    fn case_names_are_unique_and_every_family_has_cases() {
+        let all = all_cases();
+        let mut names: Vec<String> = all.iter().map(|c| c.name()).collect();
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "case names repeat");
+        for c in &all {
+            assert!(
+                FAMILIES.contains(&c.family()),
+                "{}: no such family",
+                c.name()
+            );
+        }
+        let ci = ci_cases();
+        for f in FAMILIES {
+            assert!(ci.iter().any(|c| c.family() == f), "no CI cases for {f}");
+        }
+        assert!(ci.len() < all.len());
+    }
+}
