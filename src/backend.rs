@@ -11,9 +11,12 @@
 //!   `F32` and are decoded to f32 in the kernel; accumulation is f32;
 //! - an output never aliases an input of the same op (in-place ops name the
 //!   buffer once);
-//! - shapes are checked by the shared validators in [`crate::ops`] before any
-//!   work is recorded, so both backends reject the same bad calls with the same
-//!   error;
+//! - every op checks its arguments (shapes, dtypes, aliasing: the shared
+//!   checks in [`crate::ops`]) in the trait itself, then calls the backend's
+//!   `record_*` hook for it: a backend implements the hooks, never the checks,
+//!   so every backend rejects the same bad calls with the same error before
+//!   any of its own code runs (as candle's `Tensor` checks before it calls a
+//!   backend's storage, and ggml's graph builder before its backends);
 //! - a case a backend does not implement returns [`Error::Unsupported`](crate::Error::Unsupported)
 //!   (see [`ComputeBackend::supports`]), never a silent fallback.
 
@@ -65,14 +68,32 @@ pub struct DownArgs<'a, B> {
     pub p: Moe,
 }
 
-impl<B> GateUpArgs<'_, B> {
+impl<B: DeviceBuffer> GateUpArgs<'_, B> {
     /// This one call: `be.moe_gate_up(..)`.
     pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
         be.moe_gate_up(self.x, self.gate_up, self.ids, self.act, self.p)
     }
+
+    /// This call's checks ([`Moe::validate_gate_up`]).
+    pub fn check(&self) -> Result<()> {
+        self.p
+            .validate_gate_up(self.x, self.gate_up, self.ids, self.act)
+    }
+
+    /// The checks of [`ComputeBackend::moe_gate_up_pair`]: each problem's,
+    /// then that neither output aliases the other problem's buffers.
+    pub fn check_pair(a: &Self, b: &Self) -> Result<()> {
+        a.check()?;
+        b.check()?;
+        crate::ops::pair_apart(
+            "moe_gate_up_pair",
+            &[a.x, a.gate_up, a.ids, a.act],
+            &[b.x, b.gate_up, b.ids, b.act],
+        )
+    }
 }
 
-impl<B> DownArgs<'_, B> {
+impl<B: DeviceBuffer> DownArgs<'_, B> {
     /// This one call: `be.moe_down(..)`.
     pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
         be.moe_down(
@@ -82,6 +103,24 @@ impl<B> DownArgs<'_, B> {
             self.weights,
             self.out,
             self.p,
+        )
+    }
+
+    /// This call's checks ([`Moe::validate_down`]).
+    pub fn check(&self) -> Result<()> {
+        self.p
+            .validate_down(self.act, self.down, self.ids, self.weights, self.out)
+    }
+
+    /// The checks of [`ComputeBackend::moe_down_pair`]: each problem's,
+    /// then that neither output aliases the other problem's buffers.
+    pub fn check_pair(a: &Self, b: &Self) -> Result<()> {
+        a.check()?;
+        b.check()?;
+        crate::ops::pair_apart(
+            "moe_down_pair",
+            &[a.act, a.down, a.ids, a.weights, a.out],
+            &[b.act, b.down, b.ids, b.weights, b.out],
         )
     }
 }
@@ -104,6 +143,19 @@ impl<B: DeviceBuffer> PostFfnArgs<'_, B> {
     /// This one call: `be.post_ffn(..)`.
     pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
         be.post_ffn(self.reborrow())
+    }
+
+    /// This call's checks ([`PostFfn::check`]); returns every buffer
+    /// argument, inputs first.
+    pub fn check(&self) -> Result<Vec<Option<&B>>> {
+        self.p.check(
+            self.dense,
+            self.w_dense,
+            self.moe,
+            self.r,
+            self.x,
+            self.next,
+        )
     }
 
     /// The same arguments, borrowed again (the struct holds only shared
@@ -163,7 +215,43 @@ pub struct RouterArgs<'a, B> {
     pub p: Router,
 }
 
+impl<B: DeviceBuffer> PostAttentionArgs<'_, B> {
+    /// This one call: `be.post_attention(..)` with the experts branch.
+    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
+        let (o, x, w_post, w_ff, r, ff) = (self.o, self.x, self.w_post, self.w_ff, self.r, self.ff);
+        be.post_attention(o, x, w_post, w_ff, r, ff, Some(self.moe), self.p)
+    }
+
+    /// This call's checks ([`PostAttention::check`]); returns every buffer
+    /// argument, inputs first.
+    pub fn check(&self) -> Result<Vec<Option<&B>>> {
+        let (o, x, w_post, w_ff, r, ff) = (self.o, self.x, self.w_post, self.w_ff, self.r, self.ff);
+        self.p.check(o, x, w_post, w_ff, r, ff, Some(self.moe))
+    }
+}
+
 impl<B: DeviceBuffer> RouterArgs<'_, B> {
+    /// This router on input `x`: `be.router(x, ..)`.
+    pub fn run_on<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E, x: &B) -> Result<()> {
+        let (s, proj, pes) = (self.eff_scale, self.proj, self.per_expert_scale);
+        be.router(x, s, proj, pes, self.ids, self.weights, self.p)
+    }
+
+    /// The router's checks on input `x` ([`Router::validate`]).
+    pub fn check_on(&self, x: &B) -> Result<()> {
+        let (s, proj, pes) = (self.eff_scale, self.proj, self.per_expert_scale);
+        self.p.validate(x, s, proj, pes, self.ids, self.weights)
+    }
+
+    /// The checks of [`ComputeBackend::post_attention_router`]:
+    /// post_attention's on `pa`, the router's outputs apart from its
+    /// buffers, and the router's on the residual `pa.r`.
+    pub fn check_after(&self, pa: &PostAttentionArgs<'_, B>) -> Result<()> {
+        pa.check()?;
+        self.check_apart_from(pa)?;
+        self.check_on(pa.r)
+    }
+
     /// That the router's outputs alias none of `pa`'s buffers (the fused
     /// op's own rule, on top of each op's checks).
     pub fn check_apart_from(&self, pa: &PostAttentionArgs<'_, B>) -> Result<()> {
@@ -606,6 +694,14 @@ pub trait ComputeBackend {
     /// `ticket` (waits for that submission only).
     fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>>;
 
+    // ---- the ops ---------------------------------------------------------
+    //
+    // Each op checks its arguments (shapes, dtypes, aliasing: the op's
+    // `validate` / `check` in `crate::ops`) and then calls its `record_*`
+    // hook below. Callers use the ops; a backend implements the hooks and
+    // leaves the ops as they are, so that every backend rejects the same bad
+    // calls with the same error before any of its own code runs.
+
     // ---- normalisation -------------------------------------------------
 
     /// `out[r] = (residual[r] + rmsnorm(x[r]) * weight) * p.scale` for each of
@@ -618,7 +714,10 @@ pub trait ComputeBackend {
         residual: Option<&Self::Buffer>,
         out: &Self::Buffer,
         p: RmsNorm,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate(x, weight, residual, out)?;
+        self.record_rms_norm(x, weight, residual, out, p)
+    }
 
     // ---- dense projections ---------------------------------------------
 
@@ -629,7 +728,10 @@ pub trait ComputeBackend {
         x: &Self::Buffer,
         out: &Self::Buffer,
         p: Matmul,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate(w, x, out)?;
+        self.record_matmul(w, x, out, p)
+    }
 
     // ---- mixture of experts ----------------------------------------------
 
@@ -648,7 +750,10 @@ pub trait ComputeBackend {
         ids: &Self::Buffer,
         weights: &Self::Buffer,
         p: Router,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate(x, eff_scale, proj, per_expert_scale, ids, weights)?;
+        self.record_router(x, eff_scale, proj, per_expert_scale, ids, weights, p)
+    }
 
     /// MoE phase 1: for each token t and slot j with e = ids[t, j],
     /// `act[t, j, :] = gelu_tanh(gate_e x_t) * (up_e x_t)`, gate and up being
@@ -660,7 +765,10 @@ pub trait ComputeBackend {
         ids: &Self::Buffer,
         act: &Self::Buffer,
         p: Moe,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate_gate_up(x, gate_up, ids, act)?;
+        self.record_moe_gate_up(x, gate_up, ids, act, p)
+    }
 
     /// MoE phase 2: `out[t] = sum_j weights[t, j] * down_e act[t, j]` with
     /// `down` `[E, hidden, inter]`.
@@ -672,7 +780,10 @@ pub trait ComputeBackend {
         weights: &Self::Buffer,
         out: &Self::Buffer,
         p: Moe,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate_down(act, down, ids, weights, out)?;
+        self.record_moe_down(act, down, ids, weights, out, p)
+    }
 
     /// Two independent MoE phase-1 problems: [`ComputeBackend::moe_gate_up`]
     /// on `a`, then on `b`. Decode runs the dense MLP (a one-expert MoE)
@@ -683,13 +794,8 @@ pub trait ComputeBackend {
         a: GateUpArgs<'_, Self::Buffer>,
         b: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        crate::ops::pair_apart(
-            "moe_gate_up_pair",
-            &[a.x, a.gate_up, a.ids, a.act],
-            &[b.x, b.gate_up, b.ids, b.act],
-        )?;
-        a.run(self)?;
-        b.run(self)
+        GateUpArgs::check_pair(&a, &b)?;
+        self.record_moe_gate_up_pair(a, b)
     }
 
     /// Two independent MoE phase-2 problems: [`ComputeBackend::moe_down`] on
@@ -701,13 +807,8 @@ pub trait ComputeBackend {
         a: DownArgs<'_, Self::Buffer>,
         b: DownArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        crate::ops::pair_apart(
-            "moe_down_pair",
-            &[a.act, a.down, a.ids, a.weights, a.out],
-            &[b.act, b.down, b.ids, b.weights, b.out],
-        )?;
-        a.run(self)?;
-        b.run(self)
+        DownArgs::check_pair(&a, &b)?;
+        self.record_moe_down_pair(a, b)
     }
 
     /// [`ComputeBackend::moe_down_pair`] on `(dense, routed)`, then
@@ -723,8 +824,9 @@ pub trait ComputeBackend {
         post: PostFfnArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         post.check_reads(&dense, &routed)?;
-        self.moe_down_pair(dense, routed)?;
-        post.run(self)
+        DownArgs::check_pair(&dense, &routed)?;
+        post.check()?;
+        self.record_moe_down_pair_post_ffn(dense, routed, post)
     }
 
     // ---- attention -------------------------------------------------------
@@ -732,7 +834,10 @@ pub trait ComputeBackend {
     /// NeoX RoPE in place on `x [m, heads * head_dim]`, row i at `positions[i]`:
     /// dim d < head_dim/2 pairs with d + head_dim/2 and turns by
     /// `pos * theta^(-2d/head_dim)` for d < `rot_pairs`; other dims pass through.
-    fn rope(&self, x: &Self::Buffer, positions: &Self::Buffer, p: Rope) -> Result<()>;
+    fn rope(&self, x: &Self::Buffer, positions: &Self::Buffer, p: Rope) -> Result<()> {
+        p.validate(x, positions)?;
+        self.record_rope(x, positions, p)
+    }
 
     /// Write the `m` new keys/values (`[m, kv_heads * head_dim]`) into caches
     /// laid out `[kv_heads, capacity, head_dim]`, position `pos` at slot
@@ -749,7 +854,10 @@ pub trait ComputeBackend {
         v_cache: &Self::Buffer,
         positions: &Self::Buffer,
         p: KvAppend,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate(k, v, k_cache, v_cache, positions)?;
+        self.record_kv_append(k, v, k_cache, v_cache, positions, p)
+    }
 
     /// Attention of `m` queries (`q [m, heads * head_dim]`, query i at
     /// `positions[i]`) over the cached keys at positions `lo..=pos`, where
@@ -766,18 +874,33 @@ pub trait ComputeBackend {
         positions: &Self::Buffer,
         out: &Self::Buffer,
         p: Attention,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate(q, k_cache, v_cache, positions, out)?;
+        self.record_attention(q, k_cache, v_cache, positions, out, p)
+    }
 
     // ---- elementwise and glue --------------------------------------------
 
     /// `out = a + b` over `n` elements.
-    fn add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &Self::Buffer, n: usize) -> Result<()>;
+    fn add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &Self::Buffer, n: usize) -> Result<()> {
+        crate::ops::validate_binary("add", a, b, out, n)?;
+        self.record_add(a, b, out, n)
+    }
     /// `out = x * s` over `n` elements.
-    fn scale(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, s: f32) -> Result<()>;
+    fn scale(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, s: f32) -> Result<()> {
+        crate::ops::validate_unary("scale", x, out, n)?;
+        self.record_scale(x, out, n, s)
+    }
     /// `out[r, i] = gelu_tanh(x[r, i]) * x[r, n + i]` for x `[rows, 2n]` (gate | up).
-    fn gelu_mul(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()>;
+    fn gelu_mul(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()> {
+        crate::ops::validate_gelu_mul(x, out, rows, n)?;
+        self.record_gelu_mul(x, out, rows, n)
+    }
     /// `out = cap * tanh(x / cap)` over `n` elements.
-    fn softcap(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, cap: f32) -> Result<()>;
+    fn softcap(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, cap: f32) -> Result<()> {
+        crate::ops::validate_unary("softcap", x, out, n)?;
+        self.record_softcap(x, out, n, cap)
+    }
     /// `out[i] = table[ids[i]] * p.scale`; ids past the vocabulary are an error
     /// caught on the host before upload (the kernel clamps to stay in bounds).
     fn embed(
@@ -786,18 +909,23 @@ pub trait ComputeBackend {
         table: &Self::Buffer,
         out: &Self::Buffer,
         p: Embed,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        p.validate(ids, table, out)?;
+        self.record_embed(ids, table, out, p)
+    }
     /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`;
     /// NaN never wins, nor a value below [`crate::ops::ARGMAX_FLOOR`] (-inf),
     /// and a row with no other value gives [`crate::ops::NO_ARGMAX`].
-    fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()>;
+    fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()> {
+        crate::ops::validate_argmax(x, out, rows, n)?;
+        self.record_argmax(x, out, rows, n)
+    }
 
     // ---- fused decoder steps (each one kernel on a GPU) -------------------
 
     /// [`PostAttention`]: `r = x + rmsnorm(o) * w_post`,
     /// `ff = rmsnorm(r) * w_ff` and, with `moe = Some((w_moe, out))`,
-    /// `out = rmsnorm(r) * w_moe`. By default, those
-    /// [`ComputeBackend::rms_norm`]s.
+    /// `out = rmsnorm(r) * w_moe`.
     #[allow(clippy::too_many_arguments)]
     fn post_attention(
         &self,
@@ -811,13 +939,7 @@ pub trait ComputeBackend {
         p: PostAttention,
     ) -> Result<()> {
         p.check(o, x, w_post, w_ff, r, ff, moe)?;
-        let n = p.norm();
-        self.rms_norm(o, Some(w_post), Some(x), r, n)?;
-        self.rms_norm(r, Some(w_ff), None, ff, n)?;
-        if let Some((w_moe, out)) = moe {
-            self.rms_norm(r, Some(w_moe), None, out, n)?;
-        }
-        Ok(())
+        self.record_post_attention(o, x, w_post, w_ff, r, ff, moe, p)
     }
 
     /// [`ComputeBackend::post_attention`] on `pa`, then
@@ -832,26 +954,8 @@ pub trait ComputeBackend {
         pa: PostAttentionArgs<'_, Self::Buffer>,
         router: RouterArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        router.check_apart_from(&pa)?;
-        self.post_attention(
-            pa.o,
-            pa.x,
-            pa.w_post,
-            pa.w_ff,
-            pa.r,
-            pa.ff,
-            Some(pa.moe),
-            pa.p,
-        )?;
-        self.router(
-            pa.r,
-            router.eff_scale,
-            router.proj,
-            router.per_expert_scale,
-            router.ids,
-            router.weights,
-            router.p,
-        )
+        router.check_after(&pa)?;
+        self.record_post_attention_router(pa, router)
     }
 
     /// [`ComputeBackend::post_attention_router`], then
@@ -871,21 +975,289 @@ pub trait ComputeBackend {
         routed: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         router.check_routes(&dense, &routed)?;
-        self.post_attention_router(pa, router)?;
-        self.moe_gate_up_pair(dense, routed)
+        router.check_after(&pa)?;
+        GateUpArgs::check_pair(&dense, &routed)?;
+        self.record_post_attention_gate_up((pa, router), dense, routed)
     }
 
     /// [`PostFfn`]: `h = rmsnorm(dense) * w_dense`; with
     /// `moe = Some((moe_out, w_moe, w_sum))`,
     /// `h = rmsnorm(h + rmsnorm(moe_out) * w_moe) * w_sum`; `x = (r + h) *
     /// scale`; with `next = Some((w_next, normed))`, `normed = rmsnorm(x) *
-    /// w_next`. By default, those [`ComputeBackend::rms_norm`]s (the residual
-    /// and the scale folded into the last norm of the branch, as the op's
-    /// own arithmetic does), through two scratch buffers when there are
-    /// experts.
+    /// w_next`.
     fn post_ffn(&self, a: PostFfnArgs<'_, Self::Buffer>) -> Result<()> {
+        a.check()?;
+        self.record_post_ffn(a)
+    }
+
+    /// [`QkvPost`]: per-head q/k/v norms, RoPE on q and k, and the cache
+    /// append of k and v, from the fused projection's raw rows.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_post(
+        &self,
+        raw: &Self::Buffer,
+        w_q: &Self::Buffer,
+        w_k: &Self::Buffer,
+        positions: &Self::Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        p: QkvPost,
+    ) -> Result<()> {
+        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        self.record_qkv_post(raw, w_q, w_k, positions, q, k_cache, v_cache, p)
+    }
+
+    /// [`qkv_post`](Self::qkv_post), then [`attention`](Self::attention)
+    /// of the queries it wrote to `q` over the caches it appended to, into
+    /// `out`: a layer's attention between the q|k|v projection and o_proj.
+    /// The two ops' shapes must agree ([`crate::ops::check_qkv_attention`]),
+    /// and each op's own checks hold. The results are the two ops'.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_post_attention(
+        &self,
+        raw: &Self::Buffer,
+        w_q: &Self::Buffer,
+        w_k: &Self::Buffer,
+        positions: &Self::Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        out: &Self::Buffer,
+        qp: QkvPost,
+        ap: Attention,
+    ) -> Result<()> {
+        crate::ops::check_qkv_attention(&qp, &ap)?;
+        qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        ap.validate(q, k_cache, v_cache, positions, out)?;
+        self.record_qkv_post_attention(raw, w_q, w_k, positions, q, k_cache, v_cache, out, qp, ap)
+    }
+
+    // ---- hooks: what a backend implements ----------------------------------
+    //
+    // Each `record_*` hook is its op's work on arguments that have passed
+    // the op's checks: a hook may assume the shapes, dtypes and aliasing
+    // rules hold, and checks only what is its own (a device limit, a
+    // buffer layout of its own, an unsupported case). The primitive ops'
+    // hooks are required. The fused ops' hooks have default bodies made of
+    // the primitive ops (through the checked ops, so a fused op costs a new
+    // backend nothing); a backend overrides one to run it in fewer launches.
+
+    /// [`ComputeBackend::rms_norm`] on checked arguments.
+    fn record_rms_norm(
+        &self,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        residual: Option<&Self::Buffer>,
+        out: &Self::Buffer,
+        p: RmsNorm,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::matmul`] on checked arguments.
+    fn record_matmul(
+        &self,
+        w: &Self::Buffer,
+        x: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Matmul,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::router`] on checked arguments.
+    #[allow(clippy::too_many_arguments)]
+    fn record_router(
+        &self,
+        x: &Self::Buffer,
+        eff_scale: &Self::Buffer,
+        proj: &Self::Buffer,
+        per_expert_scale: &Self::Buffer,
+        ids: &Self::Buffer,
+        weights: &Self::Buffer,
+        p: Router,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::moe_gate_up`] on checked arguments.
+    fn record_moe_gate_up(
+        &self,
+        x: &Self::Buffer,
+        gate_up: &Self::Buffer,
+        ids: &Self::Buffer,
+        act: &Self::Buffer,
+        p: Moe,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::moe_down`] on checked arguments.
+    fn record_moe_down(
+        &self,
+        act: &Self::Buffer,
+        down: &Self::Buffer,
+        ids: &Self::Buffer,
+        weights: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Moe,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::rope`] on checked arguments.
+    fn record_rope(&self, x: &Self::Buffer, positions: &Self::Buffer, p: Rope) -> Result<()>;
+
+    /// [`ComputeBackend::kv_append`] on checked arguments.
+    #[allow(clippy::too_many_arguments)]
+    fn record_kv_append(
+        &self,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        positions: &Self::Buffer,
+        p: KvAppend,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::attention`] on checked arguments.
+    #[allow(clippy::too_many_arguments)]
+    fn record_attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        positions: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Attention,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::add`] on checked arguments.
+    fn record_add(
+        &self,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        out: &Self::Buffer,
+        n: usize,
+    ) -> Result<()>;
+    /// [`ComputeBackend::scale`] on checked arguments.
+    fn record_scale(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, s: f32) -> Result<()>;
+    /// [`ComputeBackend::gelu_mul`] on checked arguments.
+    fn record_gelu_mul(
+        &self,
+        x: &Self::Buffer,
+        out: &Self::Buffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<()>;
+    /// [`ComputeBackend::softcap`] on checked arguments.
+    fn record_softcap(
+        &self,
+        x: &Self::Buffer,
+        out: &Self::Buffer,
+        n: usize,
+        cap: f32,
+    ) -> Result<()>;
+    /// [`ComputeBackend::embed`] on checked arguments.
+    fn record_embed(
+        &self,
+        ids: &Self::Buffer,
+        table: &Self::Buffer,
+        out: &Self::Buffer,
+        p: Embed,
+    ) -> Result<()>;
+    /// [`ComputeBackend::argmax`] on checked arguments.
+    fn record_argmax(
+        &self,
+        x: &Self::Buffer,
+        out: &Self::Buffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<()>;
+
+    /// [`ComputeBackend::moe_gate_up_pair`] on checked arguments. By
+    /// default, [`ComputeBackend::moe_gate_up`] on `a`, then on `b`.
+    fn record_moe_gate_up_pair(
+        &self,
+        a: GateUpArgs<'_, Self::Buffer>,
+        b: GateUpArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        a.run(self)?;
+        b.run(self)
+    }
+
+    /// [`ComputeBackend::moe_down_pair`] on checked arguments. By default,
+    /// [`ComputeBackend::moe_down`] on `a`, then on `b`.
+    fn record_moe_down_pair(
+        &self,
+        a: DownArgs<'_, Self::Buffer>,
+        b: DownArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        a.run(self)?;
+        b.run(self)
+    }
+
+    /// [`ComputeBackend::moe_down_pair_post_ffn`] on checked arguments. By
+    /// default, [`ComputeBackend::moe_down_pair`], then
+    /// [`ComputeBackend::post_ffn`].
+    fn record_moe_down_pair_post_ffn(
+        &self,
+        dense: DownArgs<'_, Self::Buffer>,
+        routed: DownArgs<'_, Self::Buffer>,
+        post: PostFfnArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        self.moe_down_pair(dense, routed)?;
+        post.run(self)
+    }
+
+    /// [`ComputeBackend::post_attention`] on checked arguments. By default,
+    /// its three [`ComputeBackend::rms_norm`]s.
+    #[allow(clippy::too_many_arguments)]
+    fn record_post_attention(
+        &self,
+        o: &Self::Buffer,
+        x: &Self::Buffer,
+        w_post: &Self::Buffer,
+        w_ff: &Self::Buffer,
+        r: &Self::Buffer,
+        ff: &Self::Buffer,
+        moe: Option<(&Self::Buffer, &Self::Buffer)>,
+        p: PostAttention,
+    ) -> Result<()> {
+        let n = p.norm();
+        self.rms_norm(o, Some(w_post), Some(x), r, n)?;
+        self.rms_norm(r, Some(w_ff), None, ff, n)?;
+        if let Some((w_moe, out)) = moe {
+            self.rms_norm(r, Some(w_moe), None, out, n)?;
+        }
+        Ok(())
+    }
+
+    /// [`ComputeBackend::post_attention_router`] on checked arguments. By
+    /// default, [`ComputeBackend::post_attention`], then
+    /// [`ComputeBackend::router`].
+    fn record_post_attention_router(
+        &self,
+        pa: PostAttentionArgs<'_, Self::Buffer>,
+        router: RouterArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        pa.run(self)?;
+        router.run_on(self, pa.r)
+    }
+
+    /// [`ComputeBackend::post_attention_gate_up`] on checked arguments. By
+    /// default, [`ComputeBackend::post_attention_router`], then
+    /// [`ComputeBackend::moe_gate_up_pair`].
+    fn record_post_attention_gate_up(
+        &self,
+        (pa, router): (
+            PostAttentionArgs<'_, Self::Buffer>,
+            RouterArgs<'_, Self::Buffer>,
+        ),
+        dense: GateUpArgs<'_, Self::Buffer>,
+        routed: GateUpArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        self.post_attention_router(pa, router)?;
+        self.moe_gate_up_pair(dense, routed)
+    }
+
+    /// [`ComputeBackend::post_ffn`] on checked arguments. By default, its
+    /// [`ComputeBackend::rms_norm`]s (the residual and the scale folded into
+    /// the last norm of the branch, as the op's own arithmetic does), through
+    /// two scratch buffers when there are experts.
+    fn record_post_ffn(&self, a: PostFfnArgs<'_, Self::Buffer>) -> Result<()> {
         let p = a.p;
-        p.check(a.dense, a.w_dense, a.moe, a.r, a.x, a.next)?;
         let n = p.norm();
         let last = RmsNorm {
             scale: p.scale,
@@ -908,14 +1280,13 @@ pub trait ComputeBackend {
         Ok(())
     }
 
-    /// [`QkvPost`]: per-head q/k/v norms, RoPE on q and k, and the cache
-    /// append of k and v, from the fused projection's raw rows. By default:
-    /// each part's heads gathered out of the raw rows by
+    /// [`ComputeBackend::qkv_post`] on checked arguments. By default: each
+    /// part's heads gathered out of the raw rows by
     /// [`ComputeBackend::embed`] (the raw rows as a table of head_dim-wide
     /// rows, scale 1: an exact copy), then [`ComputeBackend::rms_norm`],
     /// [`ComputeBackend::rope`] and [`ComputeBackend::kv_append`].
     #[allow(clippy::too_many_arguments)]
-    fn qkv_post(
+    fn record_qkv_post(
         &self,
         raw: &Self::Buffer,
         w_q: &Self::Buffer,
@@ -926,7 +1297,6 @@ pub trait ComputeBackend {
         v_cache: &Self::Buffer,
         p: QkvPost,
     ) -> Result<()> {
-        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
         let d = p.head_dim;
         let per_token = p.raw_row() / d;
         // The whole buffer as the table (a scratch buffer may hold more
@@ -985,14 +1355,12 @@ pub trait ComputeBackend {
         self.kv_append(&k, &v, k_cache, v_cache, positions, append)
     }
 
-    /// [`qkv_post`](Self::qkv_post), then [`attention`](Self::attention)
-    /// of the queries it wrote to `q` over the caches it appended to, into
-    /// `out`: a layer's attention between the q|k|v projection and o_proj.
-    /// The two ops' shapes must agree ([`crate::ops::check_qkv_attention`]).
-    /// A backend may do both in fewer launches (wgpu: one decode row in one);
-    /// the results are the two ops'.
+    /// [`ComputeBackend::qkv_post_attention`] on checked arguments. By
+    /// default, [`ComputeBackend::qkv_post`], then
+    /// [`ComputeBackend::attention`]; a backend may do both in fewer
+    /// launches.
     #[allow(clippy::too_many_arguments)]
-    fn qkv_post_attention(
+    fn record_qkv_post_attention(
         &self,
         raw: &Self::Buffer,
         w_q: &Self::Buffer,
@@ -1005,7 +1373,6 @@ pub trait ComputeBackend {
         qp: QkvPost,
         ap: Attention,
     ) -> Result<()> {
-        crate::ops::check_qkv_attention(&qp, &ap)?;
         self.qkv_post(raw, w_q, w_k, positions, q, k_cache, v_cache, qp)?;
         self.attention(q, k_cache, v_cache, positions, out, ap)
     }

@@ -1,7 +1,10 @@
-//! Parameters of every op, and the shape checks both backends share.
+//! Parameters of every op, and the argument checks every backend shares.
 //!
-//! Each backend calls `validate_*` before recording anything, so a bad call
-//! fails identically everywhere with an error that names the argument.
+//! Each op's check (`validate*` for the primitive ops, `check` for the
+//! fused ones) covers its shapes, dtypes and aliasing. The trait's op methods
+//! ([`crate::ComputeBackend`]) run it before they reach the backend, so a
+//! bad call fails identically everywhere with an error that names the
+//! argument, and no backend repeats it.
 
 use crate::device_buffer::DeviceBuffer;
 
@@ -551,6 +554,7 @@ impl RmsNorm {
         }
     }
 
+    /// Shapes, dtypes and aliasing of an `rms_norm` call.
     pub fn validate<B: DeviceBuffer>(
         &self,
         x: &B,
@@ -568,23 +572,25 @@ impl RmsNorm {
         if let Some(r) = res {
             check_buf(OP, "residual", r, &F32, n)?;
         }
-        check_buf(OP, "out", out, &F32, n)
+        check_buf(OP, "out", out, &F32, n)?;
+        no_alias(OP, out, &[Some(x), w, res])
     }
 }
 
 impl Matmul {
+    /// Shapes, dtypes and aliasing of a `matmul` call.
     pub fn validate<B: DeviceBuffer>(&self, w: &B, x: &B, out: &B) -> Result<()> {
         const OP: &str = "matmul";
         nonzero(OP, &[("m", self.m), ("n", self.n), ("k", self.k)])?;
         check_weight(OP, "w", w, self.n * self.k)?;
         check_buf(OP, "x", x, &F32, self.m * self.k)?;
-        check_buf(OP, "out", out, &F32, self.m * self.n)
+        check_buf(OP, "out", out, &F32, self.m * self.n)?;
+        no_alias(OP, out, &[Some(w), Some(x)])
     }
 }
 
 impl Router {
-    /// Shapes, dtypes and aliasing of a `router` call (every backend's
-    /// check, so the rule is written once).
+    /// Shapes, dtypes and aliasing of a `router` call.
     pub fn validate<B: DeviceBuffer>(
         &self,
         x: &B,
@@ -700,6 +706,7 @@ impl Moe {
 }
 
 impl Rope {
+    /// Shapes, dtypes and aliasing of a `rope` call (in place on `x`).
     pub fn validate<B: DeviceBuffer>(&self, x: &B, pos: &B) -> Result<()> {
         const OP: &str = "rope";
         nonzero(
@@ -712,13 +719,13 @@ impl Rope {
         )?;
         rope_dims(OP, self.head_dim, self.rot_pairs)?;
         check_buf(OP, "x", x, &F32, self.m * self.heads * self.head_dim)?;
-        check_buf(OP, "positions", pos, &U32, self.m)
+        check_buf(OP, "positions", pos, &U32, self.m)?;
+        no_alias(OP, x, &[Some(pos)])
     }
 }
 
 impl KvAppend {
-    /// Shapes, dtypes and aliasing of a `kv_append` call (every backend's
-    /// checks).
+    /// Shapes, dtypes and aliasing of a `kv_append` call.
     pub fn validate<B: DeviceBuffer>(&self, k: &B, v: &B, kc: &B, vc: &B, pos: &B) -> Result<()> {
         const OP: &str = "kv_append";
         nonzero(
@@ -745,8 +752,7 @@ impl KvAppend {
 pub const MAX_HEAD_DIM: usize = 512;
 
 impl Attention {
-    /// Shapes, dtypes and aliasing of an `attention` call (every backend's
-    /// checks).
+    /// Shapes, dtypes and aliasing of an `attention` call.
     pub fn validate<B: DeviceBuffer>(&self, q: &B, kc: &B, vc: &B, pos: &B, out: &B) -> Result<()> {
         const OP: &str = "attention";
         nonzero(
@@ -787,6 +793,7 @@ impl Attention {
 }
 
 impl Embed {
+    /// Shapes, dtypes and aliasing of an `embed` call.
     pub fn validate<B: DeviceBuffer>(&self, ids: &B, table: &B, out: &B) -> Result<()> {
         const OP: &str = "embed";
         nonzero(
@@ -799,10 +806,12 @@ impl Embed {
         )?;
         check_buf(OP, "ids", ids, &U32, self.m)?;
         check_weight(OP, "table", table, self.vocab * self.hidden)?;
-        check_buf(OP, "out", out, &F32, self.m * self.hidden)
+        check_buf(OP, "out", out, &F32, self.m * self.hidden)?;
+        no_alias(OP, out, &[Some(ids), Some(table)])
     }
 }
 
+/// Shapes, dtypes and aliasing of `op` (`add`) on `n` elements.
 pub fn validate_binary<B: DeviceBuffer>(
     op: &'static str,
     a: &B,
@@ -813,27 +822,34 @@ pub fn validate_binary<B: DeviceBuffer>(
     nonzero(op, &[("n", n)])?;
     check_buf(op, "a", a, &F32, n)?;
     check_buf(op, "b", b, &F32, n)?;
-    check_buf(op, "out", out, &F32, n)
+    check_buf(op, "out", out, &F32, n)?;
+    no_alias(op, out, &[Some(a), Some(b)])
 }
 
+/// Shapes, dtypes and aliasing of `op` (`scale`, `softcap`) on `n` elements.
 pub fn validate_unary<B: DeviceBuffer>(op: &'static str, x: &B, out: &B, n: usize) -> Result<()> {
     nonzero(op, &[("n", n)])?;
     check_buf(op, "x", x, &F32, n)?;
-    check_buf(op, "out", out, &F32, n)
+    check_buf(op, "out", out, &F32, n)?;
+    no_alias(op, out, &[Some(x)])
 }
 
+/// Shapes, dtypes and aliasing of a `gelu_mul` call.
 pub fn validate_gelu_mul<B: DeviceBuffer>(x: &B, out: &B, rows: usize, n: usize) -> Result<()> {
     const OP: &str = "gelu_mul";
     nonzero(OP, &[("rows", rows), ("n", n)])?;
     check_buf(OP, "x", x, &F32, rows * 2 * n)?;
-    check_buf(OP, "out", out, &F32, rows * n)
+    check_buf(OP, "out", out, &F32, rows * n)?;
+    no_alias(OP, out, &[Some(x)])
 }
 
+/// Shapes, dtypes and aliasing of an `argmax` call.
 pub fn validate_argmax<B: DeviceBuffer>(x: &B, out: &B, rows: usize, n: usize) -> Result<()> {
     const OP: &str = "argmax";
     nonzero(OP, &[("rows", rows), ("n", n)])?;
     check_buf(OP, "x", x, &F32, rows * n)?;
-    check_buf(OP, "out", out, &U32, rows)
+    check_buf(OP, "out", out, &U32, rows)?;
+    no_alias(OP, out, &[Some(x)])
 }
 
 /// gelu with the tanh approximation (`gelu_pytorch_tanh`), in f32.

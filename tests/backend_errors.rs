@@ -1,8 +1,11 @@
 //! Bad calls are errors that name the op, the same on both backends.
 
 mod common;
+#[path = "common/primitives_only.rs"]
+mod primitives_only;
 
-use turbospark::ops::{Attention, KvAppend, Moe, PostAttention, PostFfn, QkvPost, Router};
+use primitives_only::PrimitivesOnly;
+use turbospark::ops::{Attention, KvAppend, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 use turbospark::{
     ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, PostFfnArgs, RouterArgs,
 };
@@ -244,6 +247,72 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
 #[test]
 fn cpu_rejects_bad_calls() {
     bad_calls(&CpuBackend::new());
+}
+
+/// The trait runs every op's checks, so a backend with none of its own
+/// (`PrimitivesOnly`: hooks forwarded unchecked to the CPU reference's)
+/// rejects every bad call alike.
+#[test]
+fn primitives_only_rejects_bad_calls() {
+    bad_calls(&PrimitivesOnly::new());
+}
+
+/// A bad shape or an aliased output is refused before the backend's hook is
+/// reached, in a primitive op and in a fused one (whose default body is
+/// primitive ops): the checks live in the trait, not in each backend.
+#[test]
+fn checks_run_before_any_hook() {
+    let b = PrimitivesOnly::new();
+    let f32s = |n: usize, label| {
+        let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 1.0).collect();
+        b.upload(
+            DType::F32,
+            HostBytes::Slice(bytemuck::cast_slice(&v)),
+            label,
+        )
+        .unwrap()
+    };
+    let (x, w, out, short) = (f32s(8, "x"), f32s(8, "w"), f32s(8, "out"), f32s(4, "short"));
+    let norm = RmsNorm {
+        rows: 1,
+        dim: 8,
+        eps: 1e-6,
+        scale: 1.0,
+    };
+    shape_error(
+        b.rms_norm(&x, Some(&w), None, &short, norm),
+        "rms_norm",
+        "`out` holds 4 elements, needs 8",
+    );
+    shape_error(
+        b.rms_norm(&x, Some(&w), None, &x, norm),
+        "rms_norm",
+        "aliases",
+    );
+    assert_eq!(b.take_calls(), Vec::<&str>::new(), "a hook saw a bad call");
+    b.rms_norm(&x, Some(&w), None, &out, norm).unwrap();
+    assert_eq!(b.take_calls(), ["rms_norm"]);
+
+    let (r, ff) = (f32s(8, "r"), f32s(8, "ff"));
+    let pa = PostAttention {
+        rows: 1,
+        dim: 8,
+        eps: 1e-6,
+    };
+    shape_error(
+        b.post_attention(&x, &out, &w, &w, &short, &ff, None, pa),
+        "post_attention",
+        "`r` holds 4 elements, needs 8",
+    );
+    shape_error(
+        b.post_attention(&x, &out, &w, &w, &r, &x, None, pa),
+        "post_attention",
+        "aliases",
+    );
+    assert_eq!(b.take_calls(), Vec::<&str>::new(), "a hook saw a bad call");
+    b.post_attention(&x, &out, &w, &w, &r, &ff, None, pa)
+        .unwrap();
+    assert_eq!(b.take_calls(), ["rms_norm", "rms_norm"]);
 }
 
 #[test]

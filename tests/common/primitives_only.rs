@@ -3,6 +3,11 @@
 //! elementwise ops, embed, argmax), each forwarded to the CPU reference, and
 //! takes every fused op's default body. It is what a new backend starts as:
 //! if the model runs correctly on it, the fused ops are a backend's business.
+//! Its hooks check nothing (the CPU reference's hooks take the arguments as
+//! they come) and log each call, so a test can see that the trait's checks
+//! reject a bad call before any hook runs.
+
+use std::sync::Mutex;
 
 use turbospark::backend::BackendInfo;
 use turbospark::ops::{Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router};
@@ -14,6 +19,8 @@ use turbospark_cpu::{CpuBackend, CpuBuffer};
 pub struct PrimitivesOnly {
     cpu: CpuBackend,
     info: BackendInfo,
+    /// The hooks called, in order, since the last `take_calls`.
+    calls: Mutex<Vec<&'static str>>,
 }
 
 impl PrimitivesOnly {
@@ -22,7 +29,21 @@ impl PrimitivesOnly {
         let mut info = cpu.info().clone();
         info.backend = "primitives-only".into();
         info.device_name = "CPU reference, primitive ops only".into();
-        Self { cpu, info }
+        Self {
+            cpu,
+            info,
+            calls: Mutex::default(),
+        }
+    }
+
+    /// The ops whose hooks ran since the last call, in order.
+    #[allow(dead_code)] // (tests/backend_errors.rs reads it; tests/oracle.rs does not)
+    pub fn take_calls(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+
+    fn called(&self, op: &'static str) {
+        self.calls.lock().unwrap().push(op);
     }
 }
 
@@ -85,7 +106,7 @@ impl ComputeBackend for PrimitivesOnly {
     fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>> {
         self.cpu.finish_read_u32(ticket)
     }
-    fn rms_norm(
+    fn record_rms_norm(
         &self,
         x: &CpuBuffer,
         weight: Option<&CpuBuffer>,
@@ -93,12 +114,20 @@ impl ComputeBackend for PrimitivesOnly {
         out: &CpuBuffer,
         p: RmsNorm,
     ) -> Result<()> {
-        self.cpu.rms_norm(x, weight, residual, out, p)
+        self.called("rms_norm");
+        self.cpu.record_rms_norm(x, weight, residual, out, p)
     }
-    fn matmul(&self, w: &CpuBuffer, x: &CpuBuffer, out: &CpuBuffer, p: Matmul) -> Result<()> {
-        self.cpu.matmul(w, x, out, p)
+    fn record_matmul(
+        &self,
+        w: &CpuBuffer,
+        x: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Matmul,
+    ) -> Result<()> {
+        self.called("matmul");
+        self.cpu.record_matmul(w, x, out, p)
     }
-    fn router(
+    fn record_router(
         &self,
         x: &CpuBuffer,
         eff_scale: &CpuBuffer,
@@ -108,10 +137,11 @@ impl ComputeBackend for PrimitivesOnly {
         weights: &CpuBuffer,
         p: Router,
     ) -> Result<()> {
+        self.called("router");
         self.cpu
-            .router(x, eff_scale, proj, per_expert_scale, ids, weights, p)
+            .record_router(x, eff_scale, proj, per_expert_scale, ids, weights, p)
     }
-    fn moe_gate_up(
+    fn record_moe_gate_up(
         &self,
         x: &CpuBuffer,
         gate_up: &CpuBuffer,
@@ -119,9 +149,10 @@ impl ComputeBackend for PrimitivesOnly {
         act: &CpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        self.cpu.moe_gate_up(x, gate_up, ids, act, p)
+        self.called("moe_gate_up");
+        self.cpu.record_moe_gate_up(x, gate_up, ids, act, p)
     }
-    fn moe_down(
+    fn record_moe_down(
         &self,
         act: &CpuBuffer,
         down: &CpuBuffer,
@@ -130,12 +161,14 @@ impl ComputeBackend for PrimitivesOnly {
         out: &CpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        self.cpu.moe_down(act, down, ids, weights, out, p)
+        self.called("moe_down");
+        self.cpu.record_moe_down(act, down, ids, weights, out, p)
     }
-    fn rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
-        self.cpu.rope(x, positions, p)
+    fn record_rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
+        self.called("rope");
+        self.cpu.record_rope(x, positions, p)
     }
-    fn kv_append(
+    fn record_kv_append(
         &self,
         k: &CpuBuffer,
         v: &CpuBuffer,
@@ -144,9 +177,11 @@ impl ComputeBackend for PrimitivesOnly {
         positions: &CpuBuffer,
         p: KvAppend,
     ) -> Result<()> {
-        self.cpu.kv_append(k, v, k_cache, v_cache, positions, p)
+        self.called("kv_append");
+        self.cpu
+            .record_kv_append(k, v, k_cache, v_cache, positions, p)
     }
-    fn attention(
+    fn record_attention(
         &self,
         q: &CpuBuffer,
         k_cache: &CpuBuffer,
@@ -155,24 +190,38 @@ impl ComputeBackend for PrimitivesOnly {
         out: &CpuBuffer,
         p: Attention,
     ) -> Result<()> {
-        self.cpu.attention(q, k_cache, v_cache, positions, out, p)
+        self.called("attention");
+        self.cpu
+            .record_attention(q, k_cache, v_cache, positions, out, p)
     }
-    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
-        self.cpu.add(a, b, out, n)
+    fn record_add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
+        self.called("add");
+        self.cpu.record_add(a, b, out, n)
     }
-    fn scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
-        self.cpu.scale(x, out, n, s)
+    fn record_scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
+        self.called("scale");
+        self.cpu.record_scale(x, out, n, s)
     }
-    fn gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
-        self.cpu.gelu_mul(x, out, rows, n)
+    fn record_gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
+        self.called("gelu_mul");
+        self.cpu.record_gelu_mul(x, out, rows, n)
     }
-    fn softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
-        self.cpu.softcap(x, out, n, cap)
+    fn record_softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
+        self.called("softcap");
+        self.cpu.record_softcap(x, out, n, cap)
     }
-    fn embed(&self, ids: &CpuBuffer, table: &CpuBuffer, out: &CpuBuffer, p: Embed) -> Result<()> {
-        self.cpu.embed(ids, table, out, p)
+    fn record_embed(
+        &self,
+        ids: &CpuBuffer,
+        table: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Embed,
+    ) -> Result<()> {
+        self.called("embed");
+        self.cpu.record_embed(ids, table, out, p)
     }
-    fn argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
-        self.cpu.argmax(x, out, rows, n)
+    fn record_argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
+        self.called("argmax");
+        self.cpu.record_argmax(x, out, rows, n)
     }
 }

@@ -422,7 +422,7 @@ impl ComputeBackend for CpuBackend {
             .ok_or_else(|| Error::InvalidInput(format!("no readback with ticket {}", ticket.0)))
     }
 
-    fn rms_norm(
+    fn record_rms_norm(
         &self,
         x: &CpuBuffer,
         w: Option<&CpuBuffer>,
@@ -430,8 +430,6 @@ impl ComputeBackend for CpuBackend {
         out: &CpuBuffer,
         p: RmsNorm,
     ) -> Result<()> {
-        p.validate(x, w, res, out)?;
-        v::no_alias("rms_norm", out, &[Some(x), w, res])?;
         let (xr, wr, rr) = (x.read(), w.map(|w| w.read()), res.map(|r| r.read()));
         let wv = wr.as_ref().zip(w).map(|(r, w)| weights(r, w.dtype()));
         ops::rms_norm(
@@ -444,9 +442,13 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn matmul(&self, w: &CpuBuffer, x: &CpuBuffer, out: &CpuBuffer, p: Matmul) -> Result<()> {
-        p.validate(w, x, out)?;
-        v::no_alias("matmul", out, &[Some(w), Some(x)])?;
+    fn record_matmul(
+        &self,
+        w: &CpuBuffer,
+        x: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Matmul,
+    ) -> Result<()> {
         let (wr, xr) = (w.read(), x.read());
         let wt = weights(&wr, w.dtype());
         let r = self.rounds(OpKind::Matmul { w: w.dtype() }, p.m, p.k, &wt);
@@ -459,7 +461,7 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn router(
+    fn record_router(
         &self,
         x: &CpuBuffer,
         scale: &CpuBuffer,
@@ -469,7 +471,6 @@ impl ComputeBackend for CpuBackend {
         wts: &CpuBuffer,
         p: Router,
     ) -> Result<()> {
-        p.validate(x, scale, proj, pes, ids, wts)?;
         let (xr, sr, pr, er) = (x.read(), scale.read(), proj.read(), pes.read());
         ops::router(
             xr.f32(),
@@ -483,7 +484,7 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn moe_gate_up(
+    fn record_moe_gate_up(
         &self,
         x: &CpuBuffer,
         gate_up: &CpuBuffer,
@@ -491,7 +492,6 @@ impl ComputeBackend for CpuBackend {
         act: &CpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_gate_up(x, gate_up, ids, act)?;
         let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
         let wt = weights(&gr, gate_up.dtype());
         let kind = OpKind::MoeGateUp { w: gate_up.dtype() };
@@ -505,7 +505,7 @@ impl ComputeBackend for CpuBackend {
         )
     }
 
-    fn moe_down(
+    fn record_moe_down(
         &self,
         act: &CpuBuffer,
         down: &CpuBuffer,
@@ -514,7 +514,6 @@ impl ComputeBackend for CpuBackend {
         out: &CpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_down(act, down, ids, wts, out)?;
         let (ar, dr, ir, wr) = (act.read(), down.read(), ids.read(), wts.read());
         let wt = weights(&dr, down.dtype());
         let r = self.rounds(OpKind::MoeDown { w: down.dtype() }, p.m, p.inter, &wt);
@@ -528,15 +527,13 @@ impl ComputeBackend for CpuBackend {
         )
     }
 
-    fn rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
-        p.validate(x, positions)?;
-        v::no_alias("rope", x, &[Some(positions)])?;
+    fn record_rope(&self, x: &CpuBuffer, positions: &CpuBuffer, p: Rope) -> Result<()> {
         let pr = positions.read();
         ops::rope(x.write("rope")?.f32(), pr.u32(), p);
         Ok(())
     }
 
-    fn kv_append(
+    fn record_kv_append(
         &self,
         k: &CpuBuffer,
         v: &CpuBuffer,
@@ -545,7 +542,6 @@ impl ComputeBackend for CpuBackend {
         positions: &CpuBuffer,
         p: KvAppend,
     ) -> Result<()> {
-        p.validate(k, v, kc, vc, positions)?;
         let (kr, vr, pr) = (k.read(), v.read(), positions.read());
         let (kr, vr, pr) = (kr.f32(), vr.f32(), pr.u32());
         let (mut kw, mut vw) = (kc.write("kv_append")?, vc.write("kv_append")?);
@@ -559,7 +555,7 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn attention(
+    fn record_attention(
         &self,
         q: &CpuBuffer,
         kc: &CpuBuffer,
@@ -568,7 +564,6 @@ impl ComputeBackend for CpuBackend {
         out: &CpuBuffer,
         p: Attention,
     ) -> Result<()> {
-        p.validate(q, kc, vc, positions, out)?;
         let (qr, kr, vr, pr) = (q.read(), kc.read(), vc.read(), positions.read());
         // (attention rounds per row, with no weight to range-check)
         let kind = OpKind::Attention {
@@ -588,9 +583,7 @@ impl ComputeBackend for CpuBackend {
         )
     }
 
-    fn add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
-        v::validate_binary("add", a, b, out, n)?;
-        v::no_alias("add", out, &[Some(a), Some(b)])?;
+    fn record_add(&self, a: &CpuBuffer, b: &CpuBuffer, out: &CpuBuffer, n: usize) -> Result<()> {
         let (ar, br) = (a.read(), b.read());
         ops::add(
             &ar.f32()[..n],
@@ -600,33 +593,31 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
-        v::validate_unary("scale", x, out, n)?;
-        v::no_alias("scale", out, &[Some(x)])?;
+    fn record_scale(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, s: f32) -> Result<()> {
         let xr = x.read();
         ops::scale(&xr.f32()[..n], &mut out.write("scale")?.f32()[..n], s);
         Ok(())
     }
 
-    fn gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
-        v::validate_gelu_mul(x, out, rows, n)?;
-        v::no_alias("gelu_mul", out, &[Some(x)])?;
+    fn record_gelu_mul(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
         let xr = x.read();
         ops::gelu_mul(xr.f32(), out.write("gelu_mul")?.f32(), rows, n);
         Ok(())
     }
 
-    fn softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
-        v::validate_unary("softcap", x, out, n)?;
-        v::no_alias("softcap", out, &[Some(x)])?;
+    fn record_softcap(&self, x: &CpuBuffer, out: &CpuBuffer, n: usize, cap: f32) -> Result<()> {
         let xr = x.read();
         ops::softcap(&xr.f32()[..n], &mut out.write("softcap")?.f32()[..n], cap);
         Ok(())
     }
 
-    fn embed(&self, ids: &CpuBuffer, table: &CpuBuffer, out: &CpuBuffer, p: Embed) -> Result<()> {
-        p.validate(ids, table, out)?;
-        v::no_alias("embed", out, &[Some(ids), Some(table)])?;
+    fn record_embed(
+        &self,
+        ids: &CpuBuffer,
+        table: &CpuBuffer,
+        out: &CpuBuffer,
+        p: Embed,
+    ) -> Result<()> {
         let (ir, tr) = (ids.read(), table.read());
         ops::embed(
             ir.u32(),
@@ -636,15 +627,13 @@ impl ComputeBackend for CpuBackend {
         )
     }
 
-    fn argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
-        v::validate_argmax(x, out, rows, n)?;
-        v::no_alias("argmax", out, &[Some(x)])?;
+    fn record_argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
         let xr = x.read();
         ops::argmax(xr.f32(), out.write("argmax")?.u32(), rows, n);
         Ok(())
     }
 
-    fn post_attention(
+    fn record_post_attention(
         &self,
         o: &CpuBuffer,
         x: &CpuBuffer,
@@ -656,7 +645,6 @@ impl ComputeBackend for CpuBackend {
         p: PostAttention,
     ) -> Result<()> {
         const OP: &str = "post_attention";
-        p.check(o, x, w_post, w_ff, r, ff, moe)?;
         let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
         let (or, xr, wpr, wfr) = (o.read(), x.read(), w_post.read(), w_ff.read());
         let wmr = w_moe.map(|w| w.read());
@@ -676,7 +664,7 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn post_ffn(&self, a: PostFfnArgs<'_, CpuBuffer>) -> Result<()> {
+    fn record_post_ffn(&self, a: PostFfnArgs<'_, CpuBuffer>) -> Result<()> {
         let PostFfnArgs {
             dense,
             w_dense,
@@ -687,7 +675,6 @@ impl ComputeBackend for CpuBackend {
             p,
         } = a;
         const OP: &str = "post_ffn";
-        p.check(dense, w_dense, moe, r, x, next)?;
         let (m_act, w_moe, w_sum) = (moe.map(|m| m.0), moe.map(|m| m.1), moe.map(|m| m.2));
         let (w_next, normed) = (next.map(|n| n.0), next.map(|n| n.1));
         let (dr, wdr, rr) = (dense.read(), w_dense.read(), r.read());
@@ -718,7 +705,7 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
-    fn qkv_post(
+    fn record_qkv_post(
         &self,
         raw: &CpuBuffer,
         w_q: &CpuBuffer,
@@ -730,7 +717,6 @@ impl ComputeBackend for CpuBackend {
         p: QkvPost,
     ) -> Result<()> {
         const OP: &str = "qkv_post";
-        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
         let (rr, wqr, wkr, pr) = (raw.read(), w_q.read(), w_k.read(), positions.read());
         let (wq, wk) = (weights(&wqr, w_q.dtype()), weights(&wkr, w_k.dtype()));
         let mut qw = q.write(OP)?;

@@ -458,8 +458,8 @@ impl WgpuBackend {
             .clone())
     }
 
-    /// A qkv_post call's argument checks (the op's own and inside
-    /// qkv_post_attention).
+    /// The wgpu backend's own checks of a qkv_post call (one binding each,
+    /// device support), alone and inside qkv_post_attention.
     fn check_qkv_post(
         &self,
         p: &QkvPost,
@@ -470,7 +470,8 @@ impl WgpuBackend {
         (k_cache, v_cache): (&WgpuBuffer, &WgpuBuffer),
     ) -> Result<()> {
         const OP: &str = "qkv_post";
-        whole(OP, &p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
+        let args = [raw, w_q, w_k, positions, q, k_cache, v_cache];
+        whole(OP, &args.map(Some))?;
         self.require(
             OP,
             OpKind::KvCache {
@@ -485,11 +486,23 @@ impl WgpuBackend {
         )
     }
 
-    /// The checks of `post_ffn`: shapes, one binding each, the device's
-    /// widest row.
+    /// The wgpu backend's own checks of `post_ffn`: one binding each, the
+    /// device's widest row.
     fn check_post_ffn(&self, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
         const OP: &str = "post_ffn";
-        whole(OP, &a.p.check(a.dense, a.w_dense, a.moe, a.r, a.x, a.next)?)?;
+        let (moe, next) = (a.moe, a.next);
+        let args = [
+            Some(a.dense),
+            Some(a.w_dense),
+            moe.map(|m| m.0),
+            moe.map(|m| m.1),
+            moe.map(|m| m.2),
+            Some(a.r),
+            Some(a.x),
+            next.map(|n| n.0),
+            next.map(|n| n.1),
+        ];
+        whole(OP, &args)?;
         self.require(
             OP,
             OpKind::PostFfn {
@@ -511,25 +524,23 @@ impl WgpuBackend {
     }
 }
 
-/// An attention call's argument checks (the op's own and inside
-/// qkv_post_attention).
+/// The wgpu backend's own checks of an attention call (one binding each),
+/// alone and inside qkv_post_attention.
 fn check_attention(
-    p: &Attention,
     q: &WgpuBuffer,
     kc: &WgpuBuffer,
     vc: &WgpuBuffer,
     positions: &WgpuBuffer,
     out: &WgpuBuffer,
 ) -> Result<()> {
-    p.validate(q, kc, vc, positions, out)?;
     whole(
         "attention",
         &[Some(q), Some(kc), Some(vc), Some(positions), Some(out)],
     )
 }
 
-/// Shapes, aliasing and single bindings of one MoE phase-1 call (the single
-/// op and each half of the pair op).
+/// The wgpu backend's own checks of one MoE phase-1 call (tile order, one
+/// binding each): the single op and each half of the pair ops.
 fn check_gate_up(
     x: &WgpuBuffer,
     gate_up: &WgpuBuffer,
@@ -537,7 +548,6 @@ fn check_gate_up(
     act: &WgpuBuffer,
     p: Moe,
 ) -> Result<()> {
-    p.validate_gate_up(x, gate_up, ids, act)?;
     tiles_are(
         "moe_gate_up",
         gate_up,
@@ -558,7 +568,6 @@ fn check_down(
     out: &WgpuBuffer,
     p: Moe,
 ) -> Result<()> {
-    p.validate_down(act, down, ids, wts, out)?;
     tiles_are(
         "moe_down",
         down,
@@ -570,17 +579,12 @@ fn check_down(
     whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
 }
 
-/// The checks of `moe_down_pair`: each problem's, then that neither
-/// output aliases the other problem's buffers.
+/// The wgpu backend's own checks of `moe_down_pair`: each problem's.
 fn check_down_pair(a: &DownArgs<'_, WgpuBuffer>, b: &DownArgs<'_, WgpuBuffer>) -> Result<()> {
     for q in [a, b] {
         check_down(q.act, q.down, q.ids, q.weights, q.out, q.p)?;
     }
-    v::pair_apart(
-        "moe_down_pair",
-        &[a.act, a.down, a.ids, a.weights, a.out],
-        &[b.act, b.down, b.ids, b.weights, b.out],
-    )
+    Ok(())
 }
 
 /// A weight in tile order (`upload_experts`) is read only by the MoE op
@@ -634,8 +638,7 @@ fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
     Ok(())
 }
 
-/// A gate_up pair's argument checks: each problem's, and neither output
-/// aliasing the other problem's buffers.
+/// The wgpu backend's own checks of a gate_up pair: each problem's.
 fn check_gate_up_pair(
     a: &GateUpArgs<'_, WgpuBuffer>,
     b: &GateUpArgs<'_, WgpuBuffer>,
@@ -643,16 +646,11 @@ fn check_gate_up_pair(
     for q in [a, b] {
         check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
     }
-    v::pair_apart(
-        "moe_gate_up_pair",
-        &[a.x, a.gate_up, a.ids, a.act],
-        &[b.x, b.gate_up, b.ids, b.act],
-    )
+    Ok(())
 }
 
-/// The router's argument checks (shapes and aliasing, `Router::validate`;
-/// single bindings).
-#[allow(clippy::too_many_arguments)]
+/// The wgpu backend's own checks of a router call (tile order, one binding
+/// each).
 fn check_router(
     x: &WgpuBuffer,
     scale: &WgpuBuffer,
@@ -660,9 +658,7 @@ fn check_router(
     pes: &WgpuBuffer,
     ids: &WgpuBuffer,
     wts: &WgpuBuffer,
-    p: Router,
 ) -> Result<()> {
-    p.validate(x, scale, proj, pes, ids, wts)?;
     not_tiled("router", proj)?;
     whole(
         "router",
@@ -671,9 +667,9 @@ fn check_router(
 }
 
 impl WgpuBackend {
-    /// post_attention_router's argument checks: post_attention's with its
-    /// experts branch, the router's on the residual, and the router's
-    /// outputs apart from post_attention's buffers.
+    /// The wgpu backend's own checks of post_attention_router:
+    /// post_attention's with its experts branch, and the router's on the
+    /// residual.
     fn check_post_attention_router(
         &self,
         pa: &PostAttentionArgs<'_, WgpuBuffer>,
@@ -681,9 +677,8 @@ impl WgpuBackend {
     ) -> Result<()> {
         let moe = Some(pa.moe);
         self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        r.check_apart_from(pa)?;
         let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
-        check_router(pa.r, s, proj, pes, r.ids, r.weights, r.p)
+        check_router(pa.r, s, proj, pes, r.ids, r.weights)
     }
 
     /// post_attention_router on checked arguments: fused where it fits,
@@ -702,7 +697,8 @@ impl WgpuBackend {
         ops::moe::router(self, pa.r, s, proj, pes, r.ids, r.weights, r.p)
     }
 
-    /// post_attention's argument checks and device support.
+    /// The wgpu backend's own checks of post_attention: one binding each,
+    /// device support.
     #[allow(clippy::too_many_arguments)]
     fn check_post_attention(
         &self,
@@ -716,7 +712,10 @@ impl WgpuBackend {
         p: PostAttention,
     ) -> Result<()> {
         const OP: &str = "post_attention";
-        whole(OP, &p.check(o, x, w_post, w_ff, r, ff, moe)?)?;
+        let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
+        let args = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
+        whole(OP, &args)?;
+        whole(OP, &[Some(r), Some(ff), moe_out])?;
         self.require(OP, OpKind::PostAttention { dim: p.dim as u32 })
     }
 }
@@ -955,7 +954,7 @@ impl ComputeBackend for WgpuBackend {
         self.finish_read(ticket)
     }
 
-    fn rms_norm(
+    fn record_rms_norm(
         &self,
         x: &WgpuBuffer,
         w: Option<&WgpuBuffer>,
@@ -963,21 +962,23 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: RmsNorm,
     ) -> Result<()> {
-        p.validate(x, w, res, out)?;
-        v::no_alias("rms_norm", out, &[Some(x), w, res])?;
         whole("rms_norm", &[Some(x), w, res, Some(out)])?;
         ops::norm::rms_norm(self, x, w, res, out, p)
     }
 
-    fn matmul(&self, w: &WgpuBuffer, x: &WgpuBuffer, out: &WgpuBuffer, p: Matmul) -> Result<()> {
-        p.validate(w, x, out)?;
+    fn record_matmul(
+        &self,
+        w: &WgpuBuffer,
+        x: &WgpuBuffer,
+        out: &WgpuBuffer,
+        p: Matmul,
+    ) -> Result<()> {
         not_tiled("matmul", w)?;
-        v::no_alias("matmul", out, &[Some(w), Some(x)])?;
         whole("matmul", &[Some(x), Some(out)])?;
         ops::matmul::matmul(self, w, x, out, p)
     }
 
-    fn router(
+    fn record_router(
         &self,
         x: &WgpuBuffer,
         scale: &WgpuBuffer,
@@ -987,11 +988,11 @@ impl ComputeBackend for WgpuBackend {
         wts: &WgpuBuffer,
         p: Router,
     ) -> Result<()> {
-        check_router(x, scale, proj, pes, ids, wts, p)?;
+        check_router(x, scale, proj, pes, ids, wts)?;
         ops::moe::router(self, x, scale, proj, pes, ids, wts, p)
     }
 
-    fn moe_gate_up(
+    fn record_moe_gate_up(
         &self,
         x: &WgpuBuffer,
         gate_up: &WgpuBuffer,
@@ -1003,7 +1004,7 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::moe_gate_up(self, x, gate_up, ids, act, p)
     }
 
-    fn moe_down(
+    fn record_moe_down(
         &self,
         act: &WgpuBuffer,
         down: &WgpuBuffer,
@@ -1016,7 +1017,7 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::moe_down(self, act, down, ids, wts, out, p)
     }
 
-    fn moe_gate_up_pair(
+    fn record_moe_gate_up_pair(
         &self,
         a: GateUpArgs<'_, WgpuBuffer>,
         b: GateUpArgs<'_, WgpuBuffer>,
@@ -1025,7 +1026,7 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::moe_gate_up_pair(self, &a, &b)
     }
 
-    fn moe_down_pair(
+    fn record_moe_down_pair(
         &self,
         a: DownArgs<'_, WgpuBuffer>,
         b: DownArgs<'_, WgpuBuffer>,
@@ -1034,14 +1035,12 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::moe_down_pair(self, &a, &b)
     }
 
-    fn rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
-        p.validate(x, positions)?;
-        v::no_alias("rope", x, &[Some(positions)])?;
+    fn record_rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
         whole("rope", &[Some(x), Some(positions)])?;
         ops::attention::rope(self, x, positions, p)
     }
 
-    fn kv_append(
+    fn record_kv_append(
         &self,
         k: &WgpuBuffer,
         vb: &WgpuBuffer,
@@ -1050,7 +1049,6 @@ impl ComputeBackend for WgpuBackend {
         positions: &WgpuBuffer,
         p: KvAppend,
     ) -> Result<()> {
-        p.validate(k, vb, kc, vc, positions)?;
         whole(
             "kv_append",
             &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
@@ -1059,7 +1057,7 @@ impl ComputeBackend for WgpuBackend {
         ops::attention::kv_append(self, k, vb, kc, vc, positions, p)
     }
 
-    fn attention(
+    fn record_attention(
         &self,
         q: &WgpuBuffer,
         kc: &WgpuBuffer,
@@ -1068,61 +1066,55 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Attention,
     ) -> Result<()> {
-        check_attention(&p, q, kc, vc, positions, out)?;
+        check_attention(q, kc, vc, positions, out)?;
         self.require("attention", OpKind::KvCache { dtype: kc.dtype })?;
         ops::attention::attention(self, q, kc, vc, positions, out, p)
     }
 
-    fn add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
-        v::validate_binary("add", a, b, out, n)?;
-        v::no_alias("add", out, &[Some(a), Some(b)])?;
+    fn record_add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
         whole("add", &[Some(a), Some(b), Some(out)])?;
         ops::elementwise::add(self, a, b, out, n)
     }
 
-    fn scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
-        v::validate_unary("scale", x, out, n)?;
-        v::no_alias("scale", out, &[Some(x)])?;
+    fn record_scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
         whole("scale", &[Some(x), Some(out)])?;
         ops::elementwise::scale(self, x, out, n, s)
     }
 
-    fn gelu_mul(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
-        v::validate_gelu_mul(x, out, rows, n)?;
-        v::no_alias("gelu_mul", out, &[Some(x)])?;
+    fn record_gelu_mul(
+        &self,
+        x: &WgpuBuffer,
+        out: &WgpuBuffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<()> {
         whole("gelu_mul", &[Some(x), Some(out)])?;
         ops::elementwise::gelu_mul(self, x, out, rows, n)
     }
 
-    fn softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
-        v::validate_unary("softcap", x, out, n)?;
-        v::no_alias("softcap", out, &[Some(x)])?;
+    fn record_softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
         whole("softcap", &[Some(x), Some(out)])?;
         ops::elementwise::softcap(self, x, out, n, cap)
     }
 
-    fn embed(
+    fn record_embed(
         &self,
         ids: &WgpuBuffer,
         table: &WgpuBuffer,
         out: &WgpuBuffer,
         p: Embed,
     ) -> Result<()> {
-        p.validate(ids, table, out)?;
         not_tiled("embed", table)?;
-        v::no_alias("embed", out, &[Some(ids), Some(table)])?;
         whole("embed", &[Some(ids), Some(out)])?;
         ops::elementwise::embed(self, ids, table, out, p)
     }
 
-    fn argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
-        v::validate_argmax(x, out, rows, n)?;
-        v::no_alias("argmax", out, &[Some(x)])?;
+    fn record_argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(self, x, out, rows, n)
     }
 
-    fn post_attention(
+    fn record_post_attention(
         &self,
         o: &WgpuBuffer,
         x: &WgpuBuffer,
@@ -1137,7 +1129,7 @@ impl ComputeBackend for WgpuBackend {
         ops::fused::post_attention(self, o, x, w_post, w_ff, r, ff, moe, p)
     }
 
-    fn post_attention_router(
+    fn record_post_attention_router(
         &self,
         pa: PostAttentionArgs<'_, WgpuBuffer>,
         router: RouterArgs<'_, WgpuBuffer>,
@@ -1146,7 +1138,7 @@ impl ComputeBackend for WgpuBackend {
         self.run_post_attention_router(&pa, &router)
     }
 
-    fn post_attention_gate_up(
+    fn record_post_attention_gate_up(
         &self,
         (pa, router): (
             PostAttentionArgs<'_, WgpuBuffer>,
@@ -1155,7 +1147,6 @@ impl ComputeBackend for WgpuBackend {
         dense: GateUpArgs<'_, WgpuBuffer>,
         routed: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        router.check_routes(&dense, &routed)?;
         self.check_post_attention_router(&pa, &router)?;
         check_gate_up_pair(&dense, &routed)?;
         if ops::fused::post_attention_gate_up(self, (&pa, &router), &dense, &routed)? {
@@ -1165,12 +1156,12 @@ impl ComputeBackend for WgpuBackend {
         ops::moe::moe_gate_up_pair(self, &dense, &routed)
     }
 
-    fn post_ffn(&self, a: PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
+    fn record_post_ffn(&self, a: PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
         self.check_post_ffn(&a)?;
         ops::fused::post_ffn(self, &a)
     }
 
-    fn qkv_post(
+    fn record_qkv_post(
         &self,
         raw: &WgpuBuffer,
         w_q: &WgpuBuffer,
@@ -1185,7 +1176,7 @@ impl ComputeBackend for WgpuBackend {
         ops::attention::qkv_post(self, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 
-    fn qkv_post_attention(
+    fn record_qkv_post_attention(
         &self,
         raw: &WgpuBuffer,
         w_q: &WgpuBuffer,
@@ -1198,10 +1189,9 @@ impl ComputeBackend for WgpuBackend {
         qp: QkvPost,
         ap: Attention,
     ) -> Result<()> {
-        turbospark::ops::check_qkv_attention(&qp, &ap)?;
-        // Both ops' checks, as if each were called.
+        // Both ops' own checks, as if each were called.
         self.check_qkv_post(&qp, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
-        check_attention(&ap, q, k_cache, v_cache, positions, out)?;
+        check_attention(q, k_cache, v_cache, positions, out)?;
         ops::attention::qkv_attention(
             self,
             raw,
