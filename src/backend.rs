@@ -318,7 +318,7 @@ pub enum DeviceType {
     Other,
 }
 
-/// Name, features and limits of the device behind a backend.
+/// Name, capabilities and limits of the device behind a backend.
 #[derive(Clone, Debug)]
 pub struct BackendInfo {
     /// Backend family: `"cpu"` or `"wgpu"`.
@@ -330,40 +330,15 @@ pub struct BackendInfo {
     pub device_type: DeviceType,
     /// Driver name and version where the API reports them.
     pub driver: String,
-    pub features: Features,
+    /// What the device offers that the backend uses, in the backend's own
+    /// terms, as `(name, value)` pairs for display (`turbospark info`, bench
+    /// reports), e.g. `("shader_f16", "yes")`; a backend's own type holds
+    /// them for its code (the wgpu backend's `WgpuFeatures`). Nothing outside
+    /// a backend decides on them: what the model and the tests need to know
+    /// goes through the trait ([`ComputeBackend::supports`],
+    /// [`ComputeBackend::gemm_rounding`]).
+    pub capabilities: Vec<(String, String)>,
     pub limits: Limits,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct Features {
-    pub shader_f16: bool,
-    pub subgroups: bool,
-    /// Smallest and largest subgroup size the adapter may use (0 when unknown).
-    pub subgroup_min_size: u32,
-    pub subgroup_max_size: u32,
-    pub timestamps: bool,
-    /// The cooperative-matrix shapes the adapter offers through wgpu's
-    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (tensor cores), as
-    /// `"MxNxK ab->c"` (e.g. `"16x16x16 f16->f32"`); empty when it has none.
-    pub cooperative_matrix: Vec<String>,
-    /// The prefill GEMMs (matmul and the MoE phases from a backend's
-    /// prefill batch size) run on cooperative matrices with x rounded to f16
-    /// after a per-row power-of-two scale (11 significant bits, no overflow)
-    /// and f32 accumulation: their results differ from f32 arithmetic by
-    /// that rounding (see `parity::F16_INPUT_NMSE`).
-    pub tensor_core_gemm: bool,
-    /// Expert stacks uploaded with [`ComputeBackend::upload_experts`] are
-    /// stored in the backend's own order where their shape allows (the wgpu
-    /// backend's tile order); false: as uploaded.
-    pub expert_tiles: bool,
-    /// Storage buffers are declared coherent (wgpu's
-    /// `MEMORY_DECORATION_COHERENT`: Vulkan, DX12, Metal 3.2; the wgpu
-    /// backend asks for it on Vulkan unless told otherwise): one
-    /// workgroup's writes, published by a storage barrier, are visible to
-    /// another that has seen them counted on an atomic. A launch's last
-    /// workgroup can then finish work that took a dependent dispatch (a
-    /// "tail", docs/decisions.md).
-    pub coherent_storage: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -552,9 +527,9 @@ pub trait ComputeBackend {
     fn supports(&self, op: &OpKind) -> Support;
 
     /// The rule naming the GEMMs this backend runs from inputs rounded to
-    /// f16 (tensor cores, [`Features::tensor_core_gemm`]); None when it runs
-    /// none. Each such product differs from f32 arithmetic by that rounding
-    /// (at most [`crate::parity::F16_INPUT_NMSE`] of NMSE); a model's output
+    /// f16 (on tensor cores, say); None when it runs none. Each such product
+    /// differs from f32 arithmetic by that rounding (at most
+    /// [`crate::parity::F16_INPUT_NMSE`] of NMSE); a model's output
     /// compounds it over its layers, so model-level tests compare such a
     /// backend with a CPU reference given the same rule
     /// (`CpuBackend::rounding_gemm_inputs_as`) rather than allow for it.

@@ -335,7 +335,7 @@ fn tensor_cores_required_or_named() {
     let name = any.info().device_name.clone();
     // What the adapter offers (TURBOSPARK_TENSOR_CORES may have turned the
     // GEMM off for `any` itself).
-    let f = &any.info().features;
+    let f = any.features();
     let has = f.shader_f16
         && f.cooperative_matrix
             .iter()
@@ -348,7 +348,7 @@ fn tensor_cores_required_or_named() {
         ..Default::default()
     });
     match required {
-        Ok(b) => assert!(has && b.info().features.tensor_core_gemm, "{name}"),
+        Ok(b) => assert!(has && b.features().tensor_core_gemm, "{name}"),
         Err(e) => {
             let msg = e.to_string();
             assert!(!has, "{name} has them but: {msg}");
@@ -365,7 +365,7 @@ fn tensor_cores_required_or_named() {
         ..Default::default()
     })
     .unwrap();
-    assert!(!off.info().features.tensor_core_gemm);
+    assert!(!off.features().tensor_core_gemm);
     drop(off);
     let bad = WgpuBackend::new(&WgpuOptions {
         coop_tiles: Some("2,4".into()),

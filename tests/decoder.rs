@@ -610,7 +610,7 @@ fn wgpu_decode_step_is_one_submit() {
     // pair 14, attn_decode_qkv 12, post_attention_logits 11), and one fewer
     // where launches finish in their last workgroup (coherent storage): the
     // decode attention's combine (the tiny model's layers all take it).
-    let tails = u64::from(be.info().features.coherent_storage);
+    let tails = u64::from(be.features().coherent_storage);
     let per_layer = match be.wgpu_limits().max_storage_buffers_per_shader_stage {
         14.. => Some(8),
         12..=13 => Some(9),

@@ -95,7 +95,7 @@ fn tensor_core_gemm_families_with_other_tiles() {
     let Some(gpu) = common::wgpu_backend() else {
         return;
     };
-    if !gpu.info().features.tensor_core_gemm {
+    if !gpu.features().tensor_core_gemm {
         eprintln!(
             "not run: {} has no tensor-core GEMM",
             gpu.info().device_name
@@ -138,7 +138,7 @@ fn tensor_core_families_fast() {
     let Some(gpu) = common::wgpu_backend() else {
         return;
     };
-    if !gpu.info().features.tensor_core_gemm {
+    if !gpu.features().tensor_core_gemm {
         eprintln!(
             "not run: {} has no tensor-core GEMM (fast is exact there)",
             gpu.info().device_name
@@ -166,12 +166,11 @@ fn tensor_core_families_fast() {
 /// do not, and a pair's dense MLP with routed experts.
 #[test]
 fn moe_families_with_tiled_experts() {
-    use turbospark::ComputeBackend;
     let Some(gpu) = common::wgpu_backend() else {
         return;
     };
     // (f32 GEMMs as well only where the default is the tensor-core one)
-    let settings: &[Option<bool>] = if gpu.info().features.tensor_core_gemm {
+    let settings: &[Option<bool>] = if gpu.features().tensor_core_gemm {
         &[None, Some(false)]
     } else {
         &[None]
@@ -472,11 +471,11 @@ fn tensor_core_gemm_keeps_each_rows_range() {
     let Some(gpu) = common::wgpu_backend() else {
         return;
     };
-    if !gpu.info().features.tensor_core_gemm {
+    if !gpu.features().tensor_core_gemm {
         eprintln!(
             "not run: {} has no tensor-core GEMM (cooperative matrices: [{}])",
             gpu.info().device_name,
-            gpu.info().features.cooperative_matrix.join(", ")
+            gpu.features().cooperative_matrix.join(", ")
         );
         return;
     }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use turbospark::model::decoder::{runtime_bytes, stream_scratch_bytes, DEFAULT_PREFILL_BATCH};
 use turbospark::model::{LayerKind, ModelConfig};
-use turbospark::{BackendInfo, ComputeBackend, DType};
+use turbospark::{ComputeBackend, DType};
+use turbospark_wgpu::WgpuBackend;
 
 use crate::common::{human_bytes, open_checkpoint, open_wgpu, resolve_context, CliResult, KvCache};
 
@@ -44,7 +45,7 @@ pub fn run(a: Args) -> CliResult {
         );
     }
     match open_wgpu(a.adapter.clone()) {
-        Ok(b) => print_backend(b.info()),
+        Ok(b) => print_backend(&b),
         Err(e) => println!("no usable wgpu adapter: {e}"),
     }
     if let Some(dir) = &a.model {
@@ -90,12 +91,13 @@ pub fn run(a: Args) -> CliResult {
     Ok(())
 }
 
-fn print_backend(i: &BackendInfo) {
+fn print_backend(b: &WgpuBackend) {
+    let i = b.info();
     println!(
         "chosen: {} ({} on {}, {:?}) driver {}",
         i.device_name, i.backend, i.api, i.device_type, i.driver
     );
-    let f = &i.features;
+    let f = b.features();
     println!(
         "  features: shader_f16={} subgroups={} (sizes {}..{}) timestamps={} cooperative_matrix={}",
         f.shader_f16,

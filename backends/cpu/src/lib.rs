@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use turbospark::backend::{BackendInfo, Features, Limits};
+use turbospark::backend::{BackendInfo, Limits};
 use turbospark::ops::{
     self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost, RmsNorm,
     Rope, Router,
@@ -181,7 +181,7 @@ impl CpuBackend {
                 api: "native".into(),
                 device_type: DeviceType::Cpu,
                 driver: String::new(),
-                features: Features::default(),
+                capabilities: Vec::new(),
                 limits: Limits {
                     max_binding_bytes: u64::MAX,
                     max_buffer_bytes: u64::MAX,

@@ -21,7 +21,7 @@ impl WgpuBackend {
     /// Whether [`WgpuBackend::time_ops`] can time on the GPU (the adapter has
     /// `TIMESTAMP_QUERY`).
     pub fn has_timestamps(&self) -> bool {
-        self.info.features.timestamps
+        self.features.timestamps
     }
 
     /// GPU time per call, in seconds, of `f` called about `reps` times (call

@@ -1,6 +1,8 @@
 //! Adapter choice and device creation.
 
-use turbospark::backend::{BackendInfo, Features, Limits};
+use turbospark::backend::{BackendInfo, Limits};
+
+use crate::features::WgpuFeatures;
 use turbospark::{DeviceType, Error, Result};
 
 use crate::limits::LimitsProfile;
@@ -174,6 +176,7 @@ pub(crate) struct Opened {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: BackendInfo,
+    pub features: WgpuFeatures,
     pub limits: wgpu::Limits,
 }
 
@@ -275,6 +278,17 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         ..Default::default()
     }))
     .map_err(|e| Error::Gpu(format!("request_device on {}: {e}", ainfo.name)))?;
+    let features = WgpuFeatures {
+        shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
+        subgroups: required_features.contains(wgpu::Features::SUBGROUP),
+        subgroup_min_size: ainfo.subgroup_min_size,
+        subgroup_max_size: ainfo.subgroup_max_size,
+        timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        cooperative_matrix: coop,
+        tensor_core_gemm: coop_gemm,
+        expert_tiles,
+        coherent_storage: required_features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
+    };
     let info = BackendInfo {
         backend: "wgpu".into(),
         device_name: ainfo.name.clone(),
@@ -283,18 +297,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         driver: format!("{} {}", ainfo.driver, ainfo.driver_info)
             .trim()
             .to_string(),
-        features: Features {
-            shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
-            subgroups: required_features.contains(wgpu::Features::SUBGROUP),
-            subgroup_min_size: ainfo.subgroup_min_size,
-            subgroup_max_size: ainfo.subgroup_max_size,
-            timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            cooperative_matrix: coop,
-            tensor_core_gemm: coop_gemm,
-            expert_tiles,
-            coherent_storage: required_features
-                .contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
-        },
+        capabilities: features.capabilities(),
         limits: Limits {
             max_binding_bytes: limits.max_storage_buffer_binding_size,
             max_buffer_bytes: limits.max_buffer_size,
@@ -305,6 +308,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         device,
         queue,
         info,
+        features,
         limits,
     })
 }

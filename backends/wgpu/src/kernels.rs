@@ -304,7 +304,7 @@ fn log_pipeline(line: &str) {
 }
 
 /// Written before a storage declaration that a launch's last workgroup reads
-/// after the others wrote it (a tail: `Features::coherent_storage`).
+/// after the others wrote it (a tail: `WgpuFeatures::coherent_storage`).
 pub const COHERENT_MARK: &str = "/* @coherent */";
 
 /// [`source`] of a family with f32 or f16 (`f16_caches`) KV caches.

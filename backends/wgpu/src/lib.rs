@@ -12,6 +12,7 @@ mod buffer;
 mod device;
 mod expert_slots;
 mod expert_tiles;
+mod features;
 pub mod kernels;
 mod limits;
 mod ops;
@@ -33,6 +34,7 @@ use turbospark::{
 
 pub use buffer::WgpuBuffer;
 pub use device::{list_adapters, AdapterSummary, WgpuOptions};
+pub use features::WgpuFeatures;
 pub use limits::LimitsProfile;
 pub use ops::matmul::gemv_constants;
 pub use ops::PREFILL_MIN_M;
@@ -70,6 +72,7 @@ pub struct WgpuBackend {
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: BackendInfo,
+    features: WgpuFeatures,
     limits: wgpu::Limits,
     cache: kernels::Cache,
     binds: kernels::BindCache,
@@ -159,12 +162,13 @@ impl WgpuBackend {
                 })
             })
             .collect();
-        let subgroups = o.info.features.subgroups;
-        let coherent = o.info.features.coherent_storage;
+        let subgroups = o.features.subgroups;
+        let coherent = o.features.coherent_storage;
         Ok(WgpuBackend {
             device: o.device,
             queue: o.queue,
             info: o.info,
+            features: o.features,
             limits: o.limits,
             cache: kernels::Cache::new(subgroups, coherent),
             binds: kernels::BindCache::default(),
@@ -180,6 +184,12 @@ impl WgpuBackend {
             coop_tiles,
             fast: AtomicBool::new(false),
         })
+    }
+
+    /// What the adapter offers that the kernels use (shown to callers of
+    /// the trait as `BackendInfo::capabilities`).
+    pub fn features(&self) -> &WgpuFeatures {
+        &self.features
     }
 
     pub fn device(&self) -> &wgpu::Device {
@@ -250,7 +260,7 @@ impl WgpuBackend {
     /// `WgpuBuffer::fits_f16` for host bytes being uploaded: scanned only on
     /// a device with the tensor-core GEMM (the only reader).
     fn scan_fits_f16(&self, dtype: DType, bytes: &[u8]) -> bool {
-        self.info.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, bytes)
+        self.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, bytes)
     }
 
     /// A storage buffer as rows `start .. start + rows` of a tensor,
@@ -837,7 +847,7 @@ impl ComputeBackend for WgpuBackend {
         })
     }
 
-    /// Tile order (`expert_tiles.rs`) where `Features::expert_tiles` is
+    /// Tile order (`expert_tiles.rs`) where `WgpuFeatures::expert_tiles` is
     /// on and the stack fits one binding in whole blocks and chunks; else a
     /// row-major weight.
     fn upload_experts(
@@ -850,7 +860,7 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<WgpuBuffer> {
         let s = bytes.as_slice();
         if dtype.is_quantized()
-            || !self.info.features.expert_tiles
+            || !self.features.expert_tiles
             || !expert_tiles::fits(dtype, stack, rows, cols)
             || s.len() != rows * cols * dtype.size()
             || s.len() as u64 > self.max_binding()

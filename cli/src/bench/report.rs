@@ -283,16 +283,11 @@ impl Report<'_> {
                     "api": i.api,
                     "driver": i.driver,
                     "device_type": format!("{:?}", i.device_type),
-                    "features": {
-                        "shader_f16": i.features.shader_f16,
-                        "subgroups": i.features.subgroups,
-                        "subgroup_min_size": i.features.subgroup_min_size,
-                        "subgroup_max_size": i.features.subgroup_max_size,
-                        "timestamps": i.features.timestamps,
-                        "cooperative_matrix": i.features.cooperative_matrix,
-                        "tensor_core_gemm": i.features.tensor_core_gemm,
-                        "expert_tiles": i.features.expert_tiles,
-                    },
+                    "capabilities": i
+                        .capabilities
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                        .collect::<serde_json::Map<_, _>>(),
                     "limits": {
                         "max_binding_bytes": i.limits.max_binding_bytes,
                         "max_buffer_bytes": i.limits.max_buffer_bytes,

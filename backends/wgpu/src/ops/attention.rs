@@ -293,7 +293,7 @@ const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16 + 256 * 4 + 32 * 4;
 /// a workgroup) 39.5 -> 40.1, and as much slower with the workgroup-memory
 /// softmax kept for them (run 06: 40.4), so every launch takes it.
 fn decode_sgw(be: &WgpuBackend) -> u32 {
-    let f = &be.info.features;
+    let f = &be.features;
     let w = f.subgroup_max_size;
     if f.subgroups && f.subgroup_min_size == w && matches!(w, 8 | 16 | 32) {
         w
@@ -351,7 +351,7 @@ const TAIL_MAX_PAIRS: usize = 256;
 /// last workgroup (its `TAIL`) instead of an attn_combine launch after it:
 /// where the device has coherent storage and the partials are small.
 fn takes_tail(be: &WgpuBackend, slots: usize, nsplit: usize, groups: usize, d4: usize) -> bool {
-    be.info.features.coherent_storage && tail_fits(slots, nsplit, groups, d4)
+    be.features.coherent_storage && tail_fits(slots, nsplit, groups, d4)
 }
 
 /// [`takes_tail`]'s rule on the shape: the pairs a tail stages, the bytes
@@ -807,7 +807,7 @@ mod tests {
         let Some(be) = crate::tests::backend_with(&opts) else {
             return;
         };
-        assert!(!be.info.features.coherent_storage);
+        assert!(!be.features.coherent_storage);
         // attn_decode_qkv and attn_combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 64), 2);
         // head_dim not a multiple of 8, or two rows: qkv_post, the split
@@ -829,11 +829,11 @@ mod tests {
         let Some(be) = backend() else { return };
         // (on Vulkan the backend takes tails by default, and wgpu offers
         // coherent storage on every Vulkan device: lavapipe, the H200)
-        if be.info.api != "Vulkan" && !be.info.features.coherent_storage {
+        if be.info.api != "Vulkan" && !be.features.coherent_storage {
             eprintln!("skipping: {} has no coherent storage", be.info.device_name);
             return;
         }
-        assert!(be.info.features.coherent_storage);
+        assert!(be.features.coherent_storage);
         // attn_decode_qkv alone: its last split workgroups combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 64), 1);
         // qkv_post, then the split phase with its tail.

@@ -1,6 +1,6 @@
 //! The prefill GEMM on cooperative matrices (`kernels/gemm_coop.wgsl`):
 //! [`super::gemm`]'s three modes on tensor cores, where the device offers
-//! them ([`turbospark::backend::Features::tensor_core_gemm`]), the weight's
+//! them ([`crate::WgpuFeatures::tensor_core_gemm`]), the weight's
 //! values all fit f16 and k is a multiple of 32. Each launch is two
 //! dispatches: `gemm_prep` (x to f16 with a per-row power-of-two scale, laid
 //! out by tile) and `gemm_coop`; a dense problem split over k adds
@@ -267,7 +267,7 @@ pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>)
 /// not depend on the op).
 pub(crate) fn usable(be: &WgpuBackend) -> bool {
     let t = be.coop_tiles;
-    be.info.features.tensor_core_gemm && tiles_fit(be, &[t.dense, t.narrow, t.grouped])
+    be.features.tensor_core_gemm && tiles_fit(be, &[t.dense, t.narrow, t.grouped])
 }
 
 fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile]) -> bool {

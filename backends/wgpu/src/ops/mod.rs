@@ -166,7 +166,7 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
         OpKind::KvCache { dtype } if !turbospark::ops::CACHES.contains(dtype) => {
             Support::No(format!("KV caches of {dtype} (f32 or f16 only)"))
         }
-        OpKind::KvCache { dtype: DType::F16 } if !be.info.features.shader_f16 => {
+        OpKind::KvCache { dtype: DType::F16 } if !be.features.shader_f16 => {
             Support::No("f16 KV caches need the shader-f16 feature, which the device lacks".into())
         }
         _ => Support::Yes,
