@@ -573,7 +573,8 @@ pub trait ComputeBackend {
 
     /// A weight matrix of `rows x cols` (3-D expert tensors pass `E * rows`).
     /// Unlike [`ComputeBackend::upload`] it may exceed one binding: a backend
-    /// may split it by rows across bindings (the 1.48 GB LM head).
+    /// may split it by rows across bindings (a large vocabulary's LM head
+    /// may not fit one).
     fn upload_weight(
         &self,
         dtype: DType,
@@ -586,8 +587,8 @@ pub trait ComputeBackend {
     /// A layer's expert matrices stacked by rows (`stack.experts` of `rows /
     /// stack.experts` rows each; gate_up: each expert's gate rows then its
     /// up rows), read only by the MoE ops. A backend may store them in an
-    /// order of its own that its MoE kernels read faster (the wgpu backend's
-    /// tile order, docs/decisions.md); by default they
+    /// order of its own that its MoE kernels read (the wgpu backend's tile
+    /// order, docs/decisions.md); by default they
     /// are a weight like any other.
     fn upload_experts(
         &self,
@@ -762,8 +763,8 @@ pub trait ComputeBackend {
 
     /// Two independent MoE phase-1 problems: [`ComputeBackend::moe_gate_up`]
     /// on `a`, then on `b`. Decode runs the dense MLP (a one-expert MoE)
-    /// beside the routed experts this way, so that a GPU can take both in
-    /// one launch. Neither output may alias the other or any input.
+    /// beside the routed experts this way, so that a backend may run both at
+    /// once. Neither output may alias the other or any input.
     fn moe_gate_up_pair(
         &self,
         a: GateUpArgs<'_, Self::Buffer>,
@@ -790,8 +791,8 @@ pub trait ComputeBackend {
     /// [`ComputeBackend::post_ffn`] on their outputs (`post` reads
     /// `dense.out` and `routed.out`: [`PostFfnArgs::check_reads`]): a decode
     /// layer's work from both branches' activations to the next layer's
-    /// input, as one call so that a GPU can run post_ffn inside the pair's
-    /// launch and save a dependent dispatch.
+    /// input, as one call so that a backend may run post_ffn in the pair's
+    /// own work.
     fn moe_down_pair_post_ffn(
         &self,
         dense: DownArgs<'_, Self::Buffer>,
@@ -896,7 +897,7 @@ pub trait ComputeBackend {
         self.record_argmax(x, out, rows, n)
     }
 
-    // ---- fused decoder steps (each one kernel on a GPU) -------------------
+    // ---- fused decoder steps (primitive ops as one call) ------------------
 
     /// [`PostAttention`]: `r = x + rmsnorm(o) * w_post`,
     /// `ff = rmsnorm(r) * w_ff` and, with `moe = Some((w_moe, out))`,
@@ -920,10 +921,9 @@ pub trait ComputeBackend {
     /// [`ComputeBackend::post_attention`] on `pa`, then
     /// [`ComputeBackend::router`] on its residual `pa.r`: the two calls
     /// between o_proj and the MoE phases of a layer with experts, as one so
-    /// that a GPU can compute the router's logits in the post-attention
-    /// launch (each logit's workgroup recomputing the residual row it reads)
-    /// and save a dependent dispatch a layer. The router's outputs may not
-    /// alias any of post_attention's buffers.
+    /// that a backend may compute the router's logits in post_attention's
+    /// own work. The router's outputs may not alias any of post_attention's
+    /// buffers.
     fn post_attention_router(
         &self,
         pa: PostAttentionArgs<'_, Self::Buffer>,
@@ -937,9 +937,8 @@ pub trait ComputeBackend {
     /// [`ComputeBackend::moe_gate_up_pair`] on `(dense, routed)`, where
     /// `routed` reads the router's ids (`routed.ids` is `router.ids`): a
     /// decode layer's work from o_proj's output to both branches'
-    /// activations, as one call so that a GPU can pick the token's experts
-    /// inside the gate_up launch (each workgroup ranking the router's
-    /// logits itself) and save the top-k's dependent dispatch.
+    /// activations, as one call so that a backend may pick the token's
+    /// experts in the gate_up's own work.
     fn post_attention_gate_up(
         &self,
         (pa, router): (
