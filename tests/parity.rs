@@ -39,15 +39,35 @@ fn family_without_tails(name: &str) {
     );
 }
 
+/// Whether the backend opens with the tiles `opts` forces (`what` names
+/// them): one past the device's workgroup memory is refused when the backend
+/// opens, and of the shipped tiles only WebGPU's 16 KiB may refuse one,
+/// which is then printed as not run. The caller has found an adapter.
+fn opens_with_forced_tiles(opts: &WgpuOptions, what: &str) -> bool {
+    let Err(e) = turbospark_wgpu::WgpuBackend::new(opts) else {
+        return true;
+    };
+    let profile = LimitsProfile::or_env(None).expect("TURBOSPARK_LIMITS");
+    assert_eq!(
+        profile,
+        LimitsProfile::WebGpu,
+        "{what} must fit the device under the {} limits: {e}",
+        profile.name()
+    );
+    eprintln!("not run: {what} under the webgpu limits: {e}");
+    false
+}
+
 /// The families the prefill GEMM serves, with each shipped tile forced: the
 /// launcher picks tiles by shape and device, so the cases alone reach only
 /// some of them (on lavapipe never the 16 KB MoE tile). Forced tiles also
-/// run shapes their defaults would not get. A tile past the device's
-/// workgroup memory is not run, by name, and only under a limits profile
-/// smaller than the adapter: under `webgpu` (16 KiB) the MoE tile.
+/// run shapes their defaults would not get. Under `webgpu` (16 KiB) the MoE
+/// tile does not fit and is not run ([`opens_with_forced_tiles`]).
 #[test]
 fn gemm_families_with_every_tile() {
-    let profile = LimitsProfile::or_env(None).expect("TURBOSPARK_LIMITS");
+    if common::wgpu_backend().is_none() {
+        return;
+    }
     let mut ran = 0;
     // DENSE + GROUPED_SMALL, then DENSE_NARROW + GROUPED
     // (backends/wgpu/src/ops/gemm.rs).
@@ -59,20 +79,9 @@ fn gemm_families_with_every_tile() {
             tensor_cores: Some(false),
             ..Default::default()
         };
-        let Some(gpu) = common::wgpu_backend_with(&opts) else {
-            return;
-        };
-        if let Err(e) = gpu.check_gemm_tiles() {
-            assert_eq!(
-                profile,
-                LimitsProfile::WebGpu,
-                "tiles {tiles} must fit the device under the {} limits: {e}",
-                profile.name()
-            );
-            eprintln!("not run: tiles {tiles} under the webgpu limits: {e}");
+        if !opens_with_forced_tiles(&opts, &format!("GEMM tiles {tiles}")) {
             continue;
         }
-        drop(gpu);
         for name in ["matmul", "moe_gate_up", "moe_down", "router"] {
             eprintln!("tiles {tiles}: {name}");
             family_on(name, &opts);
@@ -103,22 +112,12 @@ fn tensor_core_gemm_families_with_other_tiles() {
         return;
     }
     drop(gpu);
-    let profile = LimitsProfile::or_env(None).expect("TURBOSPARK_LIMITS");
     for tiles in ["2,2,1;2,2,0;1,2,0", "1,2,1;1,4,0;2,2,0"] {
         let opts = WgpuOptions {
             coop_tiles: Some(tiles.into()),
             ..Default::default()
         };
-        // (a forced tile past the device's workgroup memory is refused when
-        // the backend opens; only WebGPU's 16 KiB may refuse one)
-        if let Err(e) = turbospark_wgpu::WgpuBackend::new(&opts) {
-            assert_eq!(
-                profile,
-                LimitsProfile::WebGpu,
-                "tensor-core tiles {tiles} under the {} limits: {e}",
-                profile.name()
-            );
-            eprintln!("not run: tensor-core tiles {tiles} under the webgpu limits: {e}");
+        if !opens_with_forced_tiles(&opts, &format!("tensor-core tiles {tiles}")) {
             continue;
         }
         for name in ["matmul", "moe_gate_up", "moe_down"] {

@@ -103,9 +103,11 @@ impl WgpuBackend {
     /// Open the preferred adapter (see [`WgpuOptions`]).
     pub fn new(opts: &WgpuOptions) -> Result<Self> {
         let tiles = |opt, var| device::option_or_env(opt, var).unwrap_or_default();
-        let gemm_tiles =
-            ops::gemm::Overrides::parse(&tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"));
         let o = device::open(opts)?;
+        let gemm_tiles = ops::gemm::Overrides::parse(
+            &tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"),
+            o.limits.max_compute_workgroup_storage_size,
+        )?;
         let coop_tiles = ops::gemm_coop::CoopTiles::parse(
             &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
             o.limits.max_compute_workgroup_storage_size,
@@ -427,13 +429,6 @@ impl WgpuBackend {
     /// of them and a limits profile's (for tools).
     pub fn wgpu_limits(&self) -> &wgpu::Limits {
         &self.limits
-    }
-
-    /// Whether the prefill GEMM tiles forced by `WgpuOptions::gemm_tiles`
-    /// fit this device: the error their first launch would return (a tile
-    /// past its workgroup memory, say), asked before any.
-    pub fn check_gemm_tiles(&self) -> Result<()> {
-        ops::gemm::check_overrides(self)
     }
 }
 

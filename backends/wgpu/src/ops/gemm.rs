@@ -135,97 +135,66 @@ pub(crate) const GROUPED: Tile = Tile {
 /// [`GROUPED`] within WebGPU's 16 KB baseline: 8 of k per step.
 pub(crate) const GROUPED_SMALL: Tile = Tile { bk: 8, ..GROUPED };
 
-/// One half of the tile overrides.
-#[derive(Clone, Debug)]
-enum Override {
-    Default,
-    Tile(Tile),
-    /// Text that is not `tm,tn4,wn,bk`, kept for the error.
-    Bad(String),
-}
-
 /// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`): dense and
-/// grouped.
-#[derive(Clone, Debug)]
-pub(crate) struct Overrides(Override, Override);
+/// grouped, None keeping the default. Checked when the backend opens, as
+/// the tensor-core tiles are, so a tile the device cannot hold is refused
+/// there, never at a launch.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Overrides(Option<Tile>, Option<Tile>);
 
 impl Overrides {
     /// `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped): an empty or absent
-    /// half keeps the default.
-    pub fn parse(s: &str) -> Self {
-        let half = |s: &str| -> Override {
+    /// half keeps the default; each tile checked against the kernel and the
+    /// device's `smem` bytes of workgroup memory.
+    pub fn parse(s: &str, smem: u32) -> Result<Self> {
+        let half = |kind: &str, s: &str| -> Result<Option<Tile>> {
             let s = s.trim();
             if s.is_empty() {
-                return Override::Default;
+                return Ok(None);
             }
             let v: Option<Vec<u32>> = s.split(',').map(|x| x.trim().parse().ok()).collect();
-            match v.as_deref() {
-                Some(&[tm, tn4, wn, bk]) => Override::Tile(Tile { tm, tn4, wn, bk }),
-                _ => Override::Bad(s.to_string()),
+            let Some(&[tm, tn4, wn, bk]) = v.as_deref() else {
+                return Err(Error::InvalidInput(format!(
+                    "GEMM tile overrides (TURBOSPARK_GEMM_TILES): the {kind} tile {s:?} \
+                     is not tm,tn4,wn,bk"
+                )));
+            };
+            let t = Tile { tm, tn4, wn, bk };
+            if !t.fits(smem) {
+                return Err(Error::InvalidInput(format!(
+                    "{kind} GEMM tile {t:?} ({} bytes of workgroup memory) does not fit \
+                     kernels/gemm.wgsl or the device's {smem} bytes",
+                    t.bytes()
+                )));
             }
+            Ok(Some(t))
         };
         let (d, g) = s.split_once(';').unwrap_or((s, ""));
-        Overrides(half(d), half(g))
+        Ok(Overrides(half("dense", d)?, half("grouped", g)?))
     }
-}
-
-/// `default`, or the override, checked against the kernel and the device's
-/// `smem` bytes of workgroup memory.
-fn pick(kind: &str, o: &Override, default: Tile, smem: u32) -> Result<Tile> {
-    let t = match o {
-        Override::Default => default,
-        Override::Tile(t) => *t,
-        Override::Bad(text) => {
-            return Err(Error::InvalidInput(format!(
-                "GEMM tile overrides (TURBOSPARK_GEMM_TILES): the {kind} tile {text:?} \
-                 is not tm,tn4,wn,bk"
-            )))
-        }
-    };
-    if !t.fits(smem) {
-        return Err(Error::InvalidInput(format!(
-            "{kind} GEMM tile {t:?} ({} bytes of workgroup memory) does not fit \
-             kernels/gemm.wgsl or the device's {smem} bytes",
-            t.bytes()
-        )));
-    }
-    Ok(t)
-}
-
-/// The error a forced tile (either half of `be`'s overrides) would give at
-/// its first launch, asked before any: the defaults always fit.
-pub(crate) fn check_overrides(be: &WgpuBackend) -> Result<()> {
-    let smem = smem(be);
-    for (kind, o) in [("dense", &be.gemm_tiles.0), ("grouped", &be.gemm_tiles.1)] {
-        if !matches!(o, Override::Default) {
-            pick(kind, o, DENSE, smem)?;
-        }
-    }
-    Ok(())
 }
 
 /// The dense tile for an `m`-token batch over `rows` weight rows: [`DENSE`],
 /// or [`DENSE_NARROW`] where DENSE would make few workgroups.
-fn dense_tile(be: &WgpuBackend, m: usize, rows: usize) -> Result<Tile> {
+fn dense_tile(be: &WgpuBackend, m: usize, rows: usize) -> Tile {
     let groups = (m as u32).div_ceil(DENSE.bm()) * (rows as u32).div_ceil(DENSE.bn());
     let default = if groups < NARROW_GROUPS {
         DENSE_NARROW
     } else {
         DENSE
     };
-    pick("dense", &be.gemm_tiles.0, default, smem(be))
+    be.gemm_tiles.0.unwrap_or(default)
 }
 
 /// The MoE tile: [`GROUPED`] where the device's workgroup memory holds it,
 /// else [`GROUPED_SMALL`].
-fn grouped_tile(be: &WgpuBackend) -> Result<Tile> {
-    let smem = smem(be);
-    let default = if GROUPED.fits(smem) {
+fn grouped_tile(be: &WgpuBackend) -> Tile {
+    let default = if GROUPED.fits(smem(be)) {
         GROUPED
     } else {
         GROUPED_SMALL
     };
-    pick("grouped", &be.gemm_tiles.1, default, smem)
+    be.gemm_tiles.1.unwrap_or(default)
 }
 
 /// The device's workgroup memory per workgroup.
@@ -253,7 +222,7 @@ pub(crate) fn dense(
 ) -> Result<()> {
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
-        let t = dense_tile(be, p.m, rows)?;
+        let t = dense_tile(be, p.m, rows);
         let mtiles = (p.m as u32).div_ceil(t.bm());
         let nrb = (rows as u32).div_ceil(t.bn());
         let (ks, kc) = k_splits(&p, mtiles * nrb, t.bk, w.chunks.len());
@@ -418,7 +387,7 @@ pub(crate) fn gate_up(
     act: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = grouped_tile(be)?;
+    let t = grouped_tile(be);
     let mtiles = grouped_tiles(p, t.bm());
     let rows_per_block = t.bn() / 2;
     let params = grouped_params(p, (p.inter, p.hidden), mtiles, rows_per_block);
@@ -453,7 +422,7 @@ pub(crate) fn down(
     p: &Moe,
 ) -> Result<()> {
     let per_pair = pair_rows(be, p)?;
-    let t = grouped_tile(be)?;
+    let t = grouped_tile(be);
     let mtiles = grouped_tiles(p, t.bm());
     let params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
     be.launch(Launch {
@@ -538,22 +507,18 @@ mod tests {
     #[test]
     fn tile_overrides_parse_by_half() {
         let smem = 32768;
-        let Overrides(d, g) = Overrides::parse("4,1,2,16");
-        assert_eq!(pick("dense", &d, DENSE, smem).unwrap(), DENSE_NARROW);
-        assert_eq!(
-            pick("grouped", &g, GROUPED, smem).unwrap(),
-            GROUPED,
-            "empty half"
-        );
-        let Overrides(d, g) = Overrides::parse(" ; 4,2,4,8 ");
-        assert_eq!(pick("dense", &d, DENSE, smem).unwrap(), DENSE);
-        assert_eq!(pick("grouped", &g, GROUPED, smem).unwrap(), GROUPED_SMALL);
-        let Overrides(d, _) = Overrides::parse("4,2,x,16;");
-        let e = pick("dense", &d, DENSE, smem).unwrap_err().to_string();
+        let Overrides(d, g) = Overrides::parse("4,1,2,16", smem).unwrap();
+        assert_eq!((d, g), (Some(DENSE_NARROW), None), "empty half");
+        let Overrides(d, g) = Overrides::parse(" ; 4,2,4,8 ", smem).unwrap();
+        assert_eq!((d, g), (None, Some(GROUPED_SMALL)));
+        let e = Overrides::parse("4,2,x,16;", smem).unwrap_err().to_string();
         assert!(e.contains("\"4,2,x,16\" is not tm,tn4,wn,bk"), "{e}");
-        let Overrides(d, _) = Overrides::parse("4,2,2,32");
-        let e = pick("dense", &d, DENSE, 16384).unwrap_err().to_string();
+        let e = Overrides::parse("4,2,2,32", 16384).unwrap_err().to_string();
         assert!(e.contains("device's 16384 bytes"), "{e}");
+        let e = Overrides::parse(";4,2,4,16", 16384)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("grouped GEMM tile"), "{e}");
     }
 
     #[test]
