@@ -69,16 +69,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Generate 16 greedy tokens after `prompt`, printing each id as it comes
 /// (the model is written once against the backend trait: any backend).
-fn stream<B: ComputeBackend>(
-    mut model: Model<B>,
-    prompt: &[u32],
-) -> turbospark::Result<Generation> {
+fn stream<B: ComputeBackend>(model: Model<B>, prompt: &[u32]) -> turbospark::Result<Generation> {
     eprintln!("on {}", model.backend().info().device_name);
     let opts = GenerateOptions {
         max_new_tokens: 16,
         ..Default::default()
     };
-    let g = model.generate_streaming(prompt, &opts, |id| {
+    // The model is shared; the conversation's caches and position are the
+    // sequence's (a model serves any number of them).
+    let mut seq = model.new_sequence()?;
+    let g = model.generate_streaming(&mut seq, prompt, &opts, |id| {
         print!("{id} ");
         let _ = std::io::stdout().flush();
         ControlFlow::Continue(())

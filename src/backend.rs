@@ -646,6 +646,17 @@ pub trait ComputeBackend {
     /// As [`ComputeBackend::write_f32`] for u32 buffers.
     fn write_u32(&self, buf: &Self::Buffer, offset: usize, data: &[u32]) -> Result<()>;
 
+    /// Copy every element of `src` into `dst` (same dtype and length, not
+    /// the same storage): a sequence forked from another's prefix takes its
+    /// KV caches this way. Ordered like [`ComputeBackend::write_f32`]. The
+    /// checks run here, then [`ComputeBackend::record_copy_buffer`].
+    fn copy_buffer(&self, src: &Self::Buffer, dst: &Self::Buffer) -> Result<()> {
+        crate::ops::check_copy(src, dst)?;
+        self.record_copy_buffer(src, dst)
+    }
+    /// [`ComputeBackend::copy_buffer`] after its checks.
+    fn record_copy_buffer(&self, src: &Self::Buffer, dst: &Self::Buffer) -> Result<()>;
+
     /// Submit the recorded batch without waiting for it.
     fn flush(&self) -> Result<()>;
     /// Submit the recorded batch and wait until the device is idle.

@@ -440,6 +440,27 @@ pub fn check_buf<B: DeviceBuffer>(
     Ok(())
 }
 
+/// [`crate::ComputeBackend::copy_buffer`]'s arguments: one dtype of
+/// [`CACHES`] or u32 (activations, caches and ids; weights are never
+/// copied), one length, two storages.
+pub fn check_copy<B: DeviceBuffer>(src: &B, dst: &B) -> Result<()> {
+    const COPIED: [DType; 3] = [DType::F32, DType::F16, DType::U32];
+    check_buf("copy_buffer", "src", src, &COPIED, 0)?;
+    if (dst.dtype(), dst.len()) != (src.dtype(), src.len()) {
+        return Err(Error::shape(
+            "copy_buffer",
+            format!(
+                "`dst` is {} x {}, `src` {} x {}: a copy needs one dtype and length",
+                dst.dtype(),
+                dst.len(),
+                src.dtype(),
+                src.len()
+            ),
+        ));
+    }
+    no_alias("copy_buffer", dst, &[Some(src)])
+}
+
 /// Checks a weight argument: a float dtype, plain or quantized, and
 /// exactly `need` elements.
 pub fn check_weight<B: DeviceBuffer>(

@@ -10,7 +10,7 @@ use common::nmse;
 use turbospark::model::decoder::{scratch_bytes, stream_scratch_bytes};
 use turbospark::model::sampling::Sampler;
 use turbospark::model::synthetic::{tiny_config, SyntheticSource};
-use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, LOGITS_BATCH};
+use turbospark::model::{GenerateOptions, ModelOptions, OneSequence, Sampling, LOGITS_BATCH};
 use turbospark::{ComputeBackend, DType, Error};
 use turbospark_cpu::CpuBackend;
 
@@ -29,9 +29,9 @@ fn opts(max_context: usize) -> ModelOptions {
     }
 }
 
-fn tiny_model(max_context: usize) -> Model<CpuBackend> {
+fn tiny_model(max_context: usize) -> OneSequence<CpuBackend> {
     let src = SyntheticSource::new(tiny_config(), 42).unwrap();
-    Model::load(CpuBackend::new(), &src, opts(max_context)).unwrap()
+    OneSequence::load(CpuBackend::new(), &src, opts(max_context)).unwrap()
 }
 
 /// A prompt longer than one batch and than the sliding window.
@@ -47,7 +47,7 @@ fn argmax(row: &[f32]) -> u32 {
 /// prompt and `new` are teacher-forced from a reset model: a generation
 /// made with that choice returns `new` itself.
 fn teacher_forced_picks<B: ComputeBackend>(
-    m: &mut Model<B>,
+    m: &mut OneSequence<B>,
     prompt: &[u32],
     new: &[u32],
     mut pick: impl FnMut(&[f32]) -> u32,
@@ -63,7 +63,7 @@ fn teacher_forced_picks<B: ComputeBackend>(
 
 /// `tokens`' rows from position 0, batched and token by token.
 type Rows = Vec<Vec<f32>>;
-fn teacher_forced<B: ComputeBackend>(m: &mut Model<B>, tokens: &[u32]) -> (Rows, Rows) {
+fn teacher_forced<B: ComputeBackend>(m: &mut OneSequence<B>, tokens: &[u32]) -> (Rows, Rows) {
     m.reset();
     let batched = m.logits(tokens).unwrap();
     m.reset();
@@ -82,8 +82,8 @@ fn teacher_forced<B: ComputeBackend>(m: &mut Model<B>, tokens: &[u32]) -> (Rows,
 /// reference from f32 arithmetic.
 fn batched_and_single<B: ComputeBackend>(be: B, o: ModelOptions, n: usize) {
     let src = SyntheticSource::new(tiny_config(), 42).unwrap();
-    let load = |be| Model::load(be, &src, o.clone()).unwrap();
-    let mut m = Model::load(be, &src, o.clone()).unwrap();
+    let load = |be| OneSequence::load(be, &src, o.clone()).unwrap();
+    let mut m = OneSequence::load(be, &src, o.clone()).unwrap();
     let tokens = &prompt(n, m.config().vocab);
     let (batched, single) = teacher_forced(&mut m, tokens);
     assert_eq!(batched.len(), tokens.len());
@@ -189,7 +189,7 @@ fn row_after_prefill<B: ComputeBackend>(
         prefill_batch,
         ..Default::default()
     };
-    let mut m = Model::load(be, src, o).unwrap();
+    let mut m = OneSequence::load(be, src, o).unwrap();
     let p = prompt(2 * batch + 5, m.config().vocab);
     let none = GenerateOptions {
         max_new_tokens: 0,
@@ -226,7 +226,7 @@ fn bad_prefill_batch_is_refused() {
             prefill_batch,
             ..Default::default()
         };
-        let e = Model::load(CpuBackend::new(), &src, o).err().unwrap();
+        let e = OneSequence::load(CpuBackend::new(), &src, o).err().unwrap();
         assert!(e.to_string().contains("prefill_batch"), "{e}");
     }
 }
@@ -239,7 +239,7 @@ fn bad_kv_cache_dtype_is_refused() {
             kv_cache,
             ..Default::default()
         };
-        let e = Model::load(CpuBackend::new(), &src, o).err().unwrap();
+        let e = OneSequence::load(CpuBackend::new(), &src, o).err().unwrap();
         assert!(e.to_string().contains("kv_cache"), "{e}");
     }
 }
@@ -307,7 +307,7 @@ fn generate_takes_the_first_token_from_the_last_prefill_batch() {
         prefill_batch: 8,
         ..Default::default()
     };
-    let mut m = Model::load(CpuBackend::new(), &src, o).unwrap();
+    let mut m = OneSequence::load(CpuBackend::new(), &src, o).unwrap();
     let vocab = m.config().vocab;
     let greedy = |n| GenerateOptions {
         max_new_tokens: n,
@@ -413,7 +413,7 @@ fn wgpu_batch_scratch_holds_the_bytes_counted() {
             expert_slots: slots,
             ..Default::default()
         };
-        let mut m = Model::load(be, &src, o).unwrap();
+        let mut m = OneSequence::load(be, &src, o).unwrap();
         // (the ops' own scratch, made on use, is let go on both sides)
         m.backend().release_scratch();
         let before = m.backend().memory().0;
@@ -486,7 +486,7 @@ fn misshapen_tensor_is_named() {
     use turbospark::model::TensorSource;
     let src = Misshapen(SyntheticSource::new(tiny_config(), 1).unwrap());
     assert!(src.tensor("nope").is_err());
-    let e = Model::load(CpuBackend::new(), &src, ModelOptions::default())
+    let e = OneSequence::load(CpuBackend::new(), &src, ModelOptions::default())
         .err()
         .unwrap();
     let msg = e.to_string();
@@ -533,7 +533,7 @@ fn stops_at_eos<B: ComputeBackend>(open: impl Fn() -> B) {
         cfg.eos_token_ids = eos;
         // Weights depend on (seed, tensor name) only: same model, other eos.
         let src = SyntheticSource::new(cfg, 42).unwrap();
-        Model::load(open(), &src, opts(64)).unwrap()
+        OneSequence::load(open(), &src, opts(64)).unwrap()
     };
     let mut m = free(vec![]);
     let p = prompt(9, m.config().vocab);
@@ -620,7 +620,7 @@ fn wgpu_decode_step_is_one_submit() {
     }
     .map(|n| n - tails);
     let src = SyntheticSource::new(cfg, 42).unwrap();
-    let mut m = Model::load(be, &src, opts(64)).unwrap();
+    let mut m = OneSequence::load(be, &src, opts(64)).unwrap();
     let p = prompt(5, m.config().vocab);
     let mut run = |n: usize| {
         m.reset();
@@ -662,9 +662,9 @@ fn cpu_reference_rounds_the_gemms_a_rule_names() {
     let rule: turbospark::GemmRounding = std::sync::Arc::new(|_, m, _| m > 1);
     let src = SyntheticSource::new(tiny_config(), 42).unwrap();
     let tokens = prompt(24, tiny_config().vocab);
-    let mut plain = Model::load(CpuBackend::new(), &src, opts(64)).unwrap();
+    let mut plain = OneSequence::load(CpuBackend::new(), &src, opts(64)).unwrap();
     let rounding = CpuBackend::new().rounding_gemm_inputs_as(rule);
-    let mut rounded = Model::load(rounding, &src, opts(64)).unwrap();
+    let mut rounded = OneSequence::load(rounding, &src, opts(64)).unwrap();
     let (pb, ps) = teacher_forced(&mut plain, &tokens);
     let (rb, rs) = teacher_forced(&mut rounded, &tokens);
     assert_eq!(ps, rs, "token-by-token rows");
@@ -698,8 +698,8 @@ fn wgpu_with_tiled_experts_matches_the_reference() {
     // f32 twin is then the plain reference, else the reference itself)
     let rounding = common::reference_for(&gpu);
     let plain = rounding.is_none();
-    let load = |be| Model::load(be, &src, opts(64)).unwrap();
-    let mut m = Model::load(gpu, &src, opts(64)).unwrap();
+    let load = |be| OneSequence::load(be, &src, opts(64)).unwrap();
+    let mut m = OneSequence::load(gpu, &src, opts(64)).unwrap();
     let tokens = &prompt(2 * LOGITS_BATCH + 5, m.config().vocab);
     let (batched, single) = teacher_forced(&mut m, tokens);
     let mut r = load(rounding.unwrap_or_default());
@@ -775,7 +775,7 @@ fn streaming_stops_where_the_callback_says_and_can_continue() {
     let whole = m.generate(&p, &greedy(10)).unwrap().tokens;
     m.reset();
     // Stopped after its fourth token.
-    let head_of = |m: &mut Model<CpuBackend>| {
+    let head_of = |m: &mut OneSequence<CpuBackend>| {
         m.reset();
         let mut n = 0;
         m.generate_streaming(&p, &greedy(10), |_| {

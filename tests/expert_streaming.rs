@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use turbospark::model::expert_cache::Policy;
-use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions};
+use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
@@ -52,7 +52,7 @@ struct Run {
     greedy: Vec<u32>,
 }
 
-fn run<B: ComputeBackend>(model: &mut Model<B>, toks: &[u32], prompt: usize) -> Run {
+fn run<B: ComputeBackend>(model: &mut OneSequence<B>, toks: &[u32], prompt: usize) -> Run {
     let bits = |rows: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
         rows.into_iter()
             .map(|r| r.into_iter().map(f32::to_bits).collect())
@@ -103,13 +103,14 @@ fn streams_like_resident<B: ComputeBackend>(
     let ck = Checkpoint::open(&dir).unwrap();
     let (toks, prompt) = tokens(&dir);
     let (k, e) = (ck.config().top_k, ck.config().experts);
-    let mut model = Model::load(backend, &ck, options(None, Policy::Lfu, batch)).unwrap();
+    let mut model = OneSequence::load(backend, &ck, options(None, Policy::Lfu, batch)).unwrap();
     let resident = run(&mut model, &toks, prompt);
     backend = model.into_backend();
     for slots in k..=e {
         for policy in [Policy::Lfu, Policy::Lru] {
             let what = format!("{name}, {slots} slots, {}, batch {batch}", policy.name());
-            let mut model = Model::load(backend, &ck, options(Some(slots), policy, batch)).unwrap();
+            let mut model =
+                OneSequence::load(backend, &ck, options(Some(slots), policy, batch)).unwrap();
             let got = run(&mut model, &toks, prompt);
             for (i, (a, b)) in got.logits.iter().zip(&resident.logits).enumerate() {
                 match nmse {
@@ -182,7 +183,7 @@ fn wgpu_streams_bit_identically() {
 fn slot_counts_below_top_k_are_refused_and_past_the_experts_clamped() {
     let ck = Checkpoint::open(&fixture("tiny-text")).unwrap();
     let (k, e) = (ck.config().top_k, ck.config().experts);
-    let m = Model::load(
+    let m = OneSequence::load(
         CpuBackend::new(),
         &ck,
         options(Some(e + 9), Policy::Lfu, 512),
@@ -190,7 +191,7 @@ fn slot_counts_below_top_k_are_refused_and_past_the_experts_clamped() {
     .unwrap();
     assert_eq!(m.expert_slots(), Some(e));
     for bad in [0, k - 1] {
-        let err = Model::load(CpuBackend::new(), &ck, options(Some(bad), Policy::Lfu, 512))
+        let err = OneSequence::load(CpuBackend::new(), &ck, options(Some(bad), Policy::Lfu, 512))
             .err()
             .unwrap_or_else(|| panic!("{bad} slots accepted"))
             .to_string();
@@ -201,7 +202,7 @@ fn slot_counts_below_top_k_are_refused_and_past_the_experts_clamped() {
 #[test]
 fn gate_and_up_of_two_formats_are_refused_by_name() {
     let ck = Checkpoint::open(&fixture("tiny-multimodal-mixed")).unwrap();
-    let err = Model::load(CpuBackend::new(), &ck, options(Some(4), Policy::Lfu, 512))
+    let err = OneSequence::load(CpuBackend::new(), &ck, options(Some(4), Policy::Lfu, 512))
         .err()
         .expect("a mixed gate/up checkpoint streamed")
         .to_string();
@@ -223,7 +224,7 @@ fn a_checkpoint_truncated_under_a_streamed_run_is_named() {
     let dir = copy.path();
     let ck = Checkpoint::open(dir).unwrap();
     let (toks, prompt) = tokens(dir);
-    let mut model = Model::load(be, &ck, options(Some(2), Policy::Lfu, 512)).unwrap();
+    let mut model = OneSequence::load(be, &ck, options(Some(2), Policy::Lfu, 512)).unwrap();
     model.logits(&toks[..prompt]).unwrap();
     let file = dir.join("model.safetensors");
     let len = std::fs::metadata(&file).unwrap().len();
@@ -253,7 +254,7 @@ fn the_backend_holds_the_bytes_info_counts() {
     let cfg = ck.config().clone();
     let loaded = |be: turbospark_wgpu::WgpuBackend, slots| {
         let before = be.memory().0;
-        let model = Model::load(be, &ck, options(slots, Policy::Lfu, 512)).unwrap();
+        let model = OneSequence::load(be, &ck, options(slots, Policy::Lfu, 512)).unwrap();
         let held = model.backend().memory().0 - before;
         (held, model.into_backend())
     };

@@ -12,7 +12,7 @@ mod temp_dir;
 use temp_dir::TempDir;
 use turbospark::model::synthetic::tiny_config;
 use turbospark::model::TensorSource;
-use turbospark::model::{Checkpoint, Model, ModelConfig, ModelOptions, SyntheticSource};
+use turbospark::model::{Checkpoint, ModelConfig, ModelOptions, OneSequence, SyntheticSource};
 use turbospark::Error;
 use turbospark_cpu::CpuBackend;
 
@@ -23,7 +23,7 @@ fn caches_past_the_machine_are_refused_before_allocation() {
         max_context: u32::MAX as usize,
         ..Default::default()
     };
-    match Model::load(CpuBackend::new(), &src, opts) {
+    match OneSequence::load(CpuBackend::new(), &src, opts) {
         Err(Error::DeviceLimit {
             what, bytes, limit, ..
         }) => {
@@ -40,7 +40,7 @@ fn caches_past_the_machine_are_refused_before_allocation() {
         max_context: 64,
         ..Default::default()
     };
-    assert!(Model::load(CpuBackend::new(), &src, opts).is_ok());
+    assert!(OneSequence::load(CpuBackend::new(), &src, opts).is_ok());
 }
 
 /// A text-only config with `max_position_embeddings` set to `v` (absent

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use turbospark::model::synthetic::tiny_config;
 use turbospark::model::{
-    GenerateOptions, Model, ModelConfig, ModelOptions, Sampling, SyntheticSource, TensorRef,
+    GenerateOptions, ModelConfig, ModelOptions, OneSequence, Sampling, SyntheticSource, TensorRef,
     TensorSource,
 };
 use turbospark::{ComputeBackend, DType, Error, HostBytes};
@@ -39,7 +39,7 @@ fn check<B: ComputeBackend>(backend: B) {
         max_context: 64,
         ..Default::default()
     };
-    let mut m = Model::load(backend, &src, opts).unwrap();
+    let mut m = OneSequence::load(backend, &src, opts).unwrap();
     for sampling in [
         Sampling::Greedy,
         Sampling::Random {

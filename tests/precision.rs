@@ -8,7 +8,7 @@
 mod common;
 
 use common::nmse;
-use turbospark::model::{Checkpoint, Model, ModelOptions};
+use turbospark::model::{Checkpoint, ModelOptions, OneSequence};
 use turbospark::{ComputeBackend, Precision};
 use turbospark_cpu::CpuBackend;
 
@@ -35,7 +35,7 @@ fn argmax(row: &[f32]) -> u32 {
 /// Greedy continuation of `prompt` from the prompt's last row, one token a
 /// step: the rows (the prompt's last, then each step's) and the tokens.
 fn continue_greedy<B: ComputeBackend>(
-    model: &mut Model<B>,
+    model: &mut OneSequence<B>,
     last: Vec<f32>,
 ) -> (Vec<Vec<f32>>, Vec<u32>) {
     let mut rows = vec![last];
@@ -71,7 +71,7 @@ fn consistent<B: ComputeBackend>(make: impl Fn() -> B) {
             eprintln!("{device}: {precision} computes as exact does here (no tensor cores)");
             continue;
         }
-        let mut model = Model::load(
+        let mut model = OneSequence::load(
             backend,
             &ck,
             ModelOptions {

@@ -224,7 +224,7 @@ pub fn converse(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use turbospark::model::{Checkpoint, Model, ModelOptions};
+    use turbospark::model::{Checkpoint, ModelOptions, OneSequence};
     use turbospark_cpu::CpuBackend;
 
     fn fixture() -> PathBuf {
@@ -249,7 +249,9 @@ mod tests {
             max_context,
             ..Default::default()
         };
-        AnyModel::Cpu(Box::new(Model::load(CpuBackend::new(), &ck, opts).unwrap()))
+        AnyModel::Cpu(Box::new(
+            OneSequence::load(CpuBackend::new(), &ck, opts).unwrap(),
+        ))
     }
 
     fn greedy(n: usize) -> GenerateOptions {

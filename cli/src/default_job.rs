@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, Sampling};
+use turbospark::model::{GenerateOptions, Generation, ModelOptions, OneSequence, Sampling};
 use turbospark::{ComputeBackend, Error};
 use turbospark_cpu::CpuBackend;
 
@@ -96,7 +96,7 @@ fn generate_on<B: ComputeBackend>(
     n: usize,
 ) -> CliResult<Generation> {
     let ck = open_checkpoint(dir)?;
-    let mut model = Model::load(
+    let mut model = OneSequence::load(
         backend,
         &ck,
         ModelOptions {

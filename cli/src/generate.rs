@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use turbospark::model::expert_cache::Policy;
 use turbospark::model::expert_stream::StreamStats;
-use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, Sampling};
+use turbospark::model::{GenerateOptions, Generation, ModelOptions, OneSequence, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::WgpuBackend;
@@ -170,14 +170,14 @@ impl RunArgs {
         backend: B,
         dir: &std::path::Path,
         max_context: usize,
-    ) -> CliResult<(Model<B>, String)> {
+    ) -> CliResult<(OneSequence<B>, String)> {
         let device = format!(
             "{} ({})",
             backend.info().device_name,
             backend.info().backend
         );
         let ck = open_checkpoint(dir)?;
-        let model = Model::load(
+        let model = OneSequence::load(
             backend,
             &ck,
             self.experts.apply(ModelOptions {
@@ -195,12 +195,12 @@ impl RunArgs {
 /// A model on whichever backend the command line picked (boxed: one
 /// lives for the run, and the wgpu one's handles are the larger).
 pub enum AnyModel {
-    Cpu(Box<Model<CpuBackend>>),
-    Wgpu(Box<Model<WgpuBackend>>),
+    Cpu(Box<OneSequence<CpuBackend>>),
+    Wgpu(Box<OneSequence<WgpuBackend>>),
 }
 
 impl AnyModel {
-    /// [`Model::generate_streaming`].
+    /// [`OneSequence::generate_streaming`].
     pub fn generate_streaming(
         &mut self,
         prompt: &[u32],
@@ -213,7 +213,7 @@ impl AnyModel {
         }
     }
 
-    /// [`Model::record_routing`].
+    /// [`OneSequence::record_routing`].
     pub fn record_routing(&mut self, on: bool) {
         match self {
             AnyModel::Cpu(m) => m.record_routing(on),
@@ -221,7 +221,7 @@ impl AnyModel {
         }
     }
 
-    /// [`Model::take_routing`].
+    /// [`OneSequence::take_routing`].
     pub fn take_routing(&mut self) -> Option<turbospark::model::expert_cache::Trace> {
         match self {
             AnyModel::Cpu(m) => m.take_routing(),
@@ -229,7 +229,7 @@ impl AnyModel {
         }
     }
 
-    /// [`Model::take_stream_stats`].
+    /// [`OneSequence::take_stream_stats`].
     pub fn take_stream_stats(&mut self) -> Option<StreamStats> {
         match self {
             AnyModel::Cpu(m) => m.take_stream_stats(),
@@ -237,7 +237,7 @@ impl AnyModel {
         }
     }
 
-    /// [`Model::expert_slots`].
+    /// [`OneSequence::expert_slots`].
     pub fn expert_slots(&self) -> Option<usize> {
         match self {
             AnyModel::Cpu(m) => m.expert_slots(),
@@ -245,7 +245,7 @@ impl AnyModel {
         }
     }
 
-    /// [`Model::reset`]: an empty context.
+    /// [`OneSequence::reset`]: an empty context.
     pub fn reset(&mut self) {
         match self {
             AnyModel::Cpu(m) => m.reset(),
@@ -253,8 +253,8 @@ impl AnyModel {
         }
     }
 
-    /// Positions left in the context ([`Model::max_context`] past
-    /// [`Model::position`]).
+    /// Positions left in the context ([`OneSequence::max_context`] past
+    /// [`OneSequence::position`]).
     pub fn room(&self) -> usize {
         match self {
             AnyModel::Cpu(m) => m.max_context() - m.position(),

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
-use turbospark::model::{Checkpoint, Model, ModelOptions};
+use turbospark::model::{Checkpoint, ModelOptions, OneSequence};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
@@ -97,7 +97,7 @@ fn logits_on<B: ComputeBackend>(
         precision: precision.get(),
         ..Default::default()
     });
-    let mut model = Model::load(backend, ck, opts)?;
+    let mut model = OneSequence::load(backend, ck, opts)?;
     // Before the pass (the CPU backend reads the weights from the maps)
     // and after it (a file rewritten in place during it gave other
     // weights): either is an error naming the file, not logits to write.

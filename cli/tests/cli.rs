@@ -243,6 +243,9 @@ fn the_main_job_runs_the_built_in_model_from_anywhere() {
         .current_dir(&cwd)
         // (its unpacked copy goes to TMPDIR: here, a directory to look in)
         .env("TMPDIR", &tmp)
+        // (a valid runtime directory of the test's: without one the CLI
+        // makes its private one in TMPDIR, which is not what is counted)
+        .env("XDG_RUNTIME_DIR", &cwd)
         .env("WGPU_BACKEND", "no-such-backend")
         .output()
         .expect("the turbospark binary runs");

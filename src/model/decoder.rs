@@ -34,7 +34,7 @@
 //! The generation loops over these passes (greedy, pipelined on the device,
 //! and sampled on the host) are in [`generate`].
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::time::Instant;
 
 use crate::backend::{
@@ -43,16 +43,21 @@ use crate::backend::{
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
-use crate::model::expert_cache::{Policy, SlotCache, Trace};
+use crate::model::expert_cache::{Policy, SlotCache};
 use crate::model::expert_stream::{self, SlotStacks, StreamStats, StreamedLayer, Streaming};
 use crate::model::weights::{LayerWeights, MoeWeights, TensorSource, Weights};
 use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
 
 mod generate;
+mod one_sequence;
 mod scratch;
+mod sequence;
 pub use generate::{GenerateOptions, Generation};
+pub use one_sequence::OneSequence;
 pub use scratch::{scratch_bytes, stream_scratch_bytes};
 use scratch::{widest_layer, Scratch, WaveScratch};
+use sequence::KvCache;
+pub use sequence::Sequence;
 
 /// Tokens one prefill batch carries by default. Large enough that each
 /// expert of Gemma 4 26B-A4B sees a full GEMM tile of tokens per batch
@@ -126,35 +131,27 @@ enum Tail {
     Head,
 }
 
-/// Per-layer KV cache, `[kv_heads, capacity, head_dim]` for K and for V, of
-/// `ModelOptions::kv_cache` (f32 or f16).
-struct KvCache<B: ComputeBackend> {
-    k: B::Buffer,
-    v: B::Buffer,
-    capacity: usize,
-}
-
-/// A Gemma 4 MoE model on one backend, with its KV caches and position.
+/// A Gemma 4 MoE model on one backend: its weights and settings, shared
+/// by any number of [`Sequence`]s, each with its own KV caches and
+/// position. Passes run one at a time (the activation scratch is the
+/// model's), in any order of sequences.
 pub struct Model<B: ComputeBackend> {
+    /// Tells its sequences apart from another model's.
+    id: u64,
     backend: B,
     cfg: ModelConfig,
     weights: Weights<B>,
-    caches: Vec<KvCache<B>>,
     /// One-row scratch: decode, and prefill of a single token.
     single: Scratch<B::Buffer>,
     /// `prefill_batch`-row scratch for batched prefill, created on first
     /// use so a decode-only run allocates none of it.
-    batch: Option<Scratch<B::Buffer>>,
+    batch: OnceCell<Scratch<B::Buffer>>,
     prefill_batch: usize,
-    /// Tokens already in the caches (the next token's position).
-    pos: usize,
     max_context: usize,
+    kv_cache: DType,
     embed_scale: f32,
-    /// Each forward pass's tokens' expert ids per MoE layer, while a
-    /// routing trace is recorded ([`Model::record_routing`]).
-    routing: RefCell<Option<Vec<Vec<Vec<u32>>>>>,
-    /// Streamed experts' slot caches and counters, when
-    /// `ModelOptions::expert_slots` is set.
+    /// Streamed experts' slot caches, when `ModelOptions::expert_slots` is
+    /// set: a cache of weights every sequence's passes share.
     stream: Option<RefCell<Streaming>>,
 }
 
@@ -228,58 +225,26 @@ impl<B: ComputeBackend> Model<B> {
             )?)),
             None => None,
         };
-        let mut caches = Vec::with_capacity(cfg.layers.len());
-        for (i, l) in cfg.layers.iter().enumerate() {
-            let capacity = cache_capacity(&cfg, l.kind, opts.max_context, prefill_batch);
-            let n = l.kv_heads * capacity * l.head_dim;
-            caches.push(KvCache {
-                k: backend.alloc(opts.kv_cache, n, &format!("layers.{i}.k_cache"))?,
-                v: backend.alloc(opts.kv_cache, n, &format!("layers.{i}.v_cache"))?,
-                capacity,
-            });
-        }
         let single = Scratch::new(&backend, &cfg, (1, 1), stream.is_some())?;
         let embed_scale = round_to(weights.embed_dtype, (cfg.hidden as f32).sqrt());
         Ok(Model {
+            id: sequence::next_model_id(),
             backend,
             cfg,
             weights,
-            caches,
             single,
-            batch: None,
+            batch: OnceCell::new(),
             prefill_batch,
-            pos: 0,
             max_context: opts.max_context,
+            kv_cache: opts.kv_cache,
             embed_scale,
-            routing: RefCell::new(None),
             stream,
         })
     }
 
-    /// Record, from now on, every token's routed experts per MoE layer
-    /// (`on`), or stop. Each layer's ids are read back as the layer is
-    /// recorded, a wait per layer: for traces (sizing expert slots with
-    /// `bench --replay-trace`), not for timing. A token decoded ahead and
-    /// dropped at a stop (the pipelined decode's last) is recorded too: the
-    /// device routed it.
-    pub fn record_routing(&mut self, on: bool) {
-        *self.routing.get_mut() = on.then(Vec::new);
-    }
-
-    /// The routing recorded since [`Model::record_routing`] (which goes on).
-    pub fn take_routing(&mut self) -> Option<Trace> {
-        let tokens = std::mem::take(self.routing.get_mut().as_mut()?);
-        Some(Trace {
-            experts: self.cfg.experts,
-            tokens,
-        })
-    }
-
-    /// The streamed experts' counters since the last call (None when the
-    /// experts are resident), which start again from zero.
-    pub fn take_stream_stats(&mut self) -> Option<StreamStats> {
-        let st = self.stream.as_mut()?.get_mut();
-        Some(std::mem::take(&mut st.stats))
+    /// KV cache slots of a layer of `kind` ([`cache_capacity`]).
+    fn cache_capacity(&self, kind: LayerKind) -> usize {
+        cache_capacity(&self.cfg, kind, self.max_context, self.prefill_batch)
     }
 
     /// Expert slots per layer, when the experts are streamed.
@@ -301,24 +266,13 @@ impl<B: ComputeBackend> Model<B> {
         self.backend
     }
 
-    /// Tokens currently in the context.
-    pub fn position(&self) -> usize {
-        self.pos
-    }
-
     pub fn max_context(&self) -> usize {
         self.max_context
     }
 
     /// Whether the batched-prefill scratch has been allocated.
     pub fn has_batch_scratch(&self) -> bool {
-        self.batch.is_some()
-    }
-
-    /// Forget the context: the next call starts at position 0. (Stale cache
-    /// entries are never read: attention only reads positions `<= pos`.)
-    pub fn reset(&mut self) {
-        self.pos = 0;
+        self.batch.get().is_some()
     }
 
     /// Teacher-forced logits of `tokens`, appended to the current context:
@@ -326,8 +280,9 @@ impl<B: ComputeBackend> Model<B> {
     /// run in prefill batches (on a GPU the prefill GEMM and attn_prefill);
     /// the LM head, `vocab` wide, in slices of at most [`LOGITS_BATCH`] rows
     /// of the batch's final hidden state, each read back before the next.
-    pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.check_request(tokens, 0)?;
+    pub fn logits(&self, seq: &mut Sequence<B>, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.check_owned(seq)?;
+        self.check_request(seq, tokens, 0)?;
         let mut rows = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(self.prefill_batch) {
             let m = chunk.len();
@@ -336,7 +291,7 @@ impl<B: ComputeBackend> Model<B> {
             } else {
                 Tail::FinalNorm
             };
-            self.forward_chunk(chunk, tail)?;
+            self.forward_chunk(seq, chunk, tail)?;
             let s = self.scratch(m)?;
             if tail == Tail::Head {
                 rows.extend(self.read_logits(s, m)?);
@@ -347,7 +302,7 @@ impl<B: ComputeBackend> Model<B> {
                     rows.extend(self.read_logits(s, n)?);
                 }
             }
-            self.pos += m;
+            seq.advance(chunk);
         }
         Ok(rows)
     }
@@ -395,7 +350,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Ids inside the vocabulary, and room in the context for `tokens` plus
     /// `extra` positions; checked on the host before anything is uploaded.
-    fn check_request(&self, tokens: &[u32], extra: usize) -> Result<()> {
+    fn check_request(&self, seq: &Sequence<B>, tokens: &[u32], extra: usize) -> Result<()> {
         if let Some((i, t)) = tokens
             .iter()
             .enumerate()
@@ -406,27 +361,15 @@ impl<B: ComputeBackend> Model<B> {
                 self.cfg.vocab
             )));
         }
-        let need = self.pos + tokens.len() + extra;
+        let need = seq.pos + tokens.len() + extra;
         if need > self.max_context {
             return Err(Error::InvalidInput(format!(
                 "{} context tokens + {} new + {extra} to generate = {need} exceeds the \
                  maximum context of {} (raise --max-context)",
-                self.pos,
+                seq.pos,
                 tokens.len(),
                 self.max_context
             )));
-        }
-        Ok(())
-    }
-
-    /// Run `tokens` through every layer (no LM head), in batches.
-    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
-        for chunk in tokens.chunks(self.prefill_batch) {
-            self.forward_chunk(chunk, Tail::Layers)?;
-            // (a chunk of several tokens went a layer at a time and left
-            // nothing recorded; this submits a one-token chunk)
-            self.backend.flush()?;
-            self.pos += chunk.len();
         }
         Ok(())
     }
@@ -438,18 +381,18 @@ impl<B: ComputeBackend> Model<B> {
     /// reads after it. The last token's logits end in `single`'s, as a
     /// decode step's do (its final-normed row gathered from the batch, or
     /// the decode path itself where the last batch is that one token).
-    fn prefill_with_head(&mut self, prompt: &[u32]) -> Result<()> {
+    fn prefill_with_head(&self, seq: &mut Sequence<B>, prompt: &[u32]) -> Result<()> {
         let last = (prompt.len() - 1) / self.prefill_batch * self.prefill_batch;
-        self.prefill(&prompt[..last])?;
+        self.prefill(seq, &prompt[..last])?;
         let chunk = &prompt[last..];
         let m = chunk.len();
         if m == 1 {
-            self.forward_chunk(chunk, Tail::Head)?;
+            self.forward_chunk(seq, chunk, Tail::Head)?;
         } else {
-            self.forward_chunk(chunk, Tail::FinalNorm)?;
+            self.forward_chunk(seq, chunk, Tail::FinalNorm)?;
             self.head_rows_into(self.scratch(m)?, &self.single, m - 1, 1)?;
         }
-        self.pos += m;
+        seq.advance(chunk);
         Ok(())
     }
 
@@ -459,26 +402,29 @@ impl<B: ComputeBackend> Model<B> {
             return Ok(&self.single);
         }
         self.batch
-            .as_ref()
+            .get()
             .ok_or_else(|| Error::InvalidInput("batched scratch not allocated".into()))
     }
 
-    /// Write ids and positions for `chunk` at `self.pos` and record its pass.
-    fn forward_chunk(&mut self, chunk: &[u32], tail: Tail) -> Result<()> {
+    /// Write ids and positions for `chunk` at `seq`'s position and record
+    /// its pass (the caller advances `seq` past it).
+    fn forward_chunk(&self, seq: &mut Sequence<B>, chunk: &[u32], tail: Tail) -> Result<()> {
         let m = chunk.len();
-        if m > 1 && self.batch.is_none() {
-            self.batch = Some(Scratch::new(
+        if m > 1 && self.batch.get().is_none() {
+            let batch = Scratch::new(
                 &self.backend,
                 &self.cfg,
                 (self.prefill_batch, head_batch(self.prefill_batch)),
                 self.stream.is_some(),
-            )?);
+            )?;
+            // (set just above when empty: the cell is never full here)
+            let _ = self.batch.set(batch);
         }
         let s = self.scratch(m)?;
-        let positions: Vec<u32> = (self.pos..self.pos + m).map(|p| p as u32).collect();
+        let positions: Vec<u32> = (seq.pos..seq.pos + m).map(|p| p as u32).collect();
         self.backend.write_u32(&s.ids, 0, chunk)?;
         self.backend.write_u32(&s.pos, 0, &positions)?;
-        self.record_forward(s, &s.ids, m, tail)
+        self.record_forward(seq, s, &s.ids, m, tail)
     }
 
     /// The buffer holding the final logits after the head ran.
@@ -494,6 +440,7 @@ impl<B: ComputeBackend> Model<B> {
     /// and positions are in `s`.
     fn record_forward(
         &self,
+        seq: &mut Sequence<B>,
         s: &Scratch<B::Buffer>,
         ids: &B::Buffer,
         m: usize,
@@ -523,10 +470,17 @@ impl<B: ComputeBackend> Model<B> {
             &s.normed,
             self.norm(m, h),
         )?;
-        let tracing = cfg.enable_moe && self.routing.borrow().is_some();
+        let tracing = cfg.enable_moe && seq.routing.is_some();
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
         for li in 0..cfg.layers.len() {
-            self.record_layer(li, s, m, tail != Tail::Layers)?;
+            self.record_layer(
+                li,
+                s,
+                &seq.caches[li],
+                &mut seq.stream,
+                m,
+                tail != Tail::Layers,
+            )?;
             if tracing {
                 // (the readback rides after the layer's recorded ops)
                 let ids = be.download_u32(&s.route_ids)?;
@@ -542,9 +496,10 @@ impl<B: ComputeBackend> Model<B> {
                 be.flush()?;
             }
         }
-        if let (true, Some(trace)) = (tracing, self.routing.borrow_mut().as_mut()) {
+        if let (true, Some(trace)) = (tracing, seq.routing.as_mut()) {
             trace.extend(pass);
         }
+        seq.computed += m as u64;
         if tail == Tail::Head {
             self.record_head(s, &s.normed, m)?;
         }
@@ -588,9 +543,11 @@ impl<B: ComputeBackend> Model<B> {
     /// whose experts exceed the slots runs both phases per wave, weights
     /// masked to the wave's tokens, and returns the buffer holding the
     /// waves' sum.
+    #[allow(clippy::too_many_arguments)]
     fn streamed_moe<'s>(
         &self,
         st: &mut Streaming,
+        stats: &mut StreamStats,
         li: usize,
         s: &'s Scratch<B::Buffer>,
         ws: &'s WaveScratch<B::Buffer>,
@@ -602,12 +559,7 @@ impl<B: ComputeBackend> Model<B> {
         let t0 = Instant::now();
         let ids = be.download_u32(&s.route_ids)?;
         let ids = &ids[..m * k];
-        let Streaming {
-            slots,
-            layers,
-            stats,
-            ..
-        } = st;
+        let Streaming { slots, layers } = st;
         let layer = layers[li]
             .as_mut()
             .ok_or_else(|| Error::InvalidInput(format!("layer {li} has no streamed experts")))?;
@@ -702,20 +654,28 @@ impl<B: ComputeBackend> Model<B> {
         &self,
         li: usize,
         s: &Scratch<B::Buffer>,
+        cache: &KvCache<B>,
+        stats: &mut StreamStats,
         m: usize,
         final_norm: bool,
     ) -> Result<()> {
-        self.record_attention(li, s, m)?;
-        self.record_feed_forward(li, s, m, final_norm)
+        self.record_attention(li, s, cache, m)?;
+        self.record_feed_forward(li, s, stats, m, final_norm)
     }
 
     /// The attention block: `o = o_proj(attention(q, k, v))` of the normed
     /// input `s.normed` into `s.o`. q|k|v in one matmul, then the queries'
     /// and keys' norms, RoPE, the cache append and the attention in one
     /// call (`qkv_post_attention`).
-    fn record_attention(&self, li: usize, s: &Scratch<B::Buffer>, m: usize) -> Result<()> {
+    fn record_attention(
+        &self,
+        li: usize,
+        s: &Scratch<B::Buffer>,
+        cache: &KvCache<B>,
+        m: usize,
+    ) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
-        let (spec, w, cache) = (&cfg.layers[li], &self.weights.layers[li], &self.caches[li]);
+        let (spec, w) = (&cfg.layers[li], &self.weights.layers[li]);
         let h = cfg.hidden;
         let (nh, kvh, hd) = (cfg.heads, spec.kv_heads, spec.head_dim);
         let qd = nh * hd;
@@ -765,6 +725,7 @@ impl<B: ComputeBackend> Model<B> {
         &self,
         li: usize,
         s: &Scratch<B::Buffer>,
+        stats: &mut StreamStats,
         m: usize,
         final_norm: bool,
     ) -> Result<()> {
@@ -793,7 +754,7 @@ impl<B: ComputeBackend> Model<B> {
         };
         match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
-                self.record_moe_feed_forward(li, s, m, ffn, moe, post_ff1)
+                self.record_moe_feed_forward(li, s, stats, m, ffn, moe, post_ff1)
             }
             _ => self.record_dense_feed_forward(s, w, m, ffn),
         }
@@ -879,10 +840,12 @@ impl<B: ComputeBackend> Model<B> {
     /// post_ff(post_ff_1(dense) + post_ff_2(experts))) * layer_scalar`. In
     /// decode the phases of both branches run as pairs; streamed experts
     /// place the routed ones in their slots first ([`Self::streamed_moe`]).
+    #[allow(clippy::too_many_arguments)]
     fn record_moe_feed_forward(
         &self,
         li: usize,
         s: &Scratch<B::Buffer>,
+        stats: &mut StreamStats,
         m: usize,
         ffn: FeedForward<'_, B>,
         moe: &MoeWeights<B>,
@@ -964,7 +927,7 @@ impl<B: ComputeBackend> Model<B> {
                 p: sp,
                 ..routed_down
             };
-            match self.streamed_moe(&mut st, li, s, ws, &routed_gate_up, &slot_down)? {
+            match self.streamed_moe(&mut st, stats, li, s, ws, &routed_gate_up, &slot_down)? {
                 // one wave: its gate_up ran, its down runs as resident
                 None if m == 1 => be.moe_down_pair_post_ffn(dense_down, slot_down, post),
                 None => {
@@ -1063,11 +1026,7 @@ fn streaming<B: ComputeBackend>(
             cache: SlotCache::new(cfg.experts, slots, policy)?,
         }));
     }
-    Ok(Streaming {
-        slots,
-        layers,
-        stats: StreamStats::default(),
-    })
+    Ok(Streaming { slots, layers })
 }
 
 /// Tokens per pass of [`Model::logits`] (rows of the batch scratch's logits):

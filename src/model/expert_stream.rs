@@ -213,7 +213,7 @@ pub(crate) struct StreamedLayer {
 }
 
 /// Counters of the streamed experts since the model was opened (or since
-/// [`crate::Model::take_stream_stats`]).
+/// [`crate::model::Sequence::take_stream_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StreamStats {
     /// Expert lookups that found their expert in a slot, and that did not.
@@ -231,7 +231,6 @@ pub struct StreamStats {
 pub(crate) struct Streaming {
     pub slots: usize,
     pub layers: Vec<Option<StreamedLayer>>,
-    pub stats: StreamStats,
 }
 
 /// The slot stacks' device buffers a placement writes into.

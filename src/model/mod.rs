@@ -4,7 +4,9 @@
 //! - [`checkpoint`]: the memory-mapped safetensors checkpoint, checked against
 //!   the tensors the config implies ([`expected_tensors`]);
 //! - [`weights`]: per-layer device state built once at open;
-//! - [`decoder`]: prefill, decode and logits on any backend;
+//! - [`decoder`]: the model shared by its sequences ([`Sequence`]: one
+//!   conversation's caches and position); prefill, decode and logits on any
+//!   backend;
 //! - [`sampling`]: greedy / temperature / top-k / top-p on the host;
 //! - [`synthetic`]: seeded random weights for any config (tests, benchmarks).
 
@@ -28,8 +30,8 @@ pub mod weights;
 pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, LayerSpec, ModelConfig};
 pub use decoder::{
-    GenerateOptions, Generation, Model, ModelOptions, DEFAULT_PREFILL_BATCH, LOGITS_BATCH,
-    MAX_PREFILL_BATCH,
+    GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sequence, DEFAULT_PREFILL_BATCH,
+    LOGITS_BATCH, MAX_PREFILL_BATCH,
 };
 pub use layer_state::LayerHostState;
 pub use sampling::Sampling;

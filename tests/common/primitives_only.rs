@@ -88,6 +88,9 @@ impl ComputeBackend for PrimitivesOnly {
     fn write_u32(&self, buf: &CpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
         self.cpu.write_u32(buf, offset, data)
     }
+    fn record_copy_buffer(&self, src: &CpuBuffer, dst: &CpuBuffer) -> Result<()> {
+        self.cpu.record_copy_buffer(src, dst)
+    }
     fn flush(&self) -> Result<()> {
         self.cpu.flush()
     }

@@ -386,6 +386,14 @@ impl ComputeBackend for CpuBackend {
         Ok(())
     }
 
+    fn record_copy_buffer(&self, src: &CpuBuffer, dst: &CpuBuffer) -> Result<()> {
+        let from = src.read();
+        dst.write("copy_buffer")?
+            .bytes()
+            .copy_from_slice(from.bytes());
+        Ok(())
+    }
+
     fn flush(&self) -> Result<()> {
         Ok(())
     }

@@ -921,6 +921,22 @@ impl ComputeBackend for WgpuBackend {
         Ok(())
     }
 
+    fn record_copy_buffer(&self, src: &WgpuBuffer, dst: &WgpuBuffer) -> Result<()> {
+        whole("copy_buffer", &[Some(src), Some(dst)])?;
+        let (s, d) = (
+            src.single().expect("checked whole"),
+            dst.single().expect("checked whole"),
+        );
+        // (one dtype and length: the same padded size, a multiple of 4)
+        let bytes = s.size().min(d.size());
+        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        b.wrote(d);
+        // After everything recorded so far, in its submission.
+        b.submit_with(self, |enc| enc.copy_buffer_to_buffer(s, 0, d, 0, bytes));
+        drop(b);
+        self.check_errors()
+    }
+
     fn flush(&self) -> Result<()> {
         let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         b.submit(self);

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use turbospark::model::synthetic::named_config;
 use turbospark::model::{
-    GenerateOptions, Model, ModelConfig, ModelOptions, Sampling, SyntheticSource,
+    GenerateOptions, ModelConfig, ModelOptions, OneSequence, Sampling, SyntheticSource,
 };
 use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType, Precision};
@@ -119,7 +119,7 @@ const ABLATION_PAIRS: usize = 3;
 /// (adjacent runs share the device's state); the step is the median of
 /// every baseline run. Null where the backend cannot leave dispatches out.
 fn ablation<B: ComputeBackend + Counters>(
-    model: &mut Model<B>,
+    model: &mut OneSequence<B>,
     prompt: &[u32],
     kernels: &[String],
     pairs: usize,
@@ -127,7 +127,7 @@ fn ablation<B: ComputeBackend + Counters>(
     if pairs == 0 || kernels.is_empty() || !model.backend().omit(&[])? {
         return Ok(Value::Null);
     }
-    let step_s = |m: &mut Model<B>, omit: &[&str]| -> turbospark::Result<f64> {
+    let step_s = |m: &mut OneSequence<B>, omit: &[&str]| -> turbospark::Result<f64> {
         m.reset();
         let first = m.generate(prompt, &greedy(1))?.tokens[0];
         m.backend().omit(omit)?;
@@ -173,10 +173,10 @@ fn ablation<B: ComputeBackend + Counters>(
 /// backend has no profile. Each dispatch gets a pass of its own, so the sum
 /// over kernels exceeds the unprofiled time.
 fn profiled<B: ComputeBackend + Counters>(
-    model: &mut Model<B>,
+    model: &mut OneSequence<B>,
     label: &str,
     passes: usize,
-    f: impl FnOnce(&mut Model<B>) -> turbospark::Result<()>,
+    f: impl FnOnce(&mut OneSequence<B>) -> turbospark::Result<()>,
 ) -> turbospark::Result<Value> {
     if !model.backend().profile_start() {
         return Ok(Value::Null);
@@ -245,7 +245,7 @@ fn longest_prompt(args: &Args) -> usize {
 /// through the decode ([`ModelConfig::kv_bytes_per_token`]) to the weights'
 /// `weight_bytes` a token reads.
 fn at_context<B: ComputeBackend + Counters>(
-    model: &mut Model<B>,
+    model: &mut OneSequence<B>,
     (cfg, weight_bytes): (&ModelConfig, u64),
     context: usize,
     decode: usize,
@@ -337,7 +337,7 @@ fn measure<B: ComputeBackend + Counters>(
     backend.reset_peak_memory();
     let held_before = backend.memory().map_or(0, |m| m.0);
     let t = std::time::Instant::now();
-    let mut model = Model::load(
+    let mut model = OneSequence::load(
         backend,
         &source,
         ModelOptions {

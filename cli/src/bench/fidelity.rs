@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions, Sampling};
+use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, Sampling};
 use turbospark::{ComputeBackend, Precision, Result};
 
 /// One precision's pass over the tokens: the logits and each token's
@@ -23,7 +23,7 @@ pub struct Pass {
 /// `tokens` teacher-forced from position 0 at `precision` (set on the
 /// model's backend), the routing recorded.
 pub fn pass<B: ComputeBackend>(
-    model: &mut Model<B>,
+    model: &mut OneSequence<B>,
     tokens: &[u32],
     precision: Precision,
 ) -> Result<Pass> {
@@ -155,7 +155,7 @@ fn expected(dir: &Path) -> std::result::Result<Expected, String> {
 /// How many of `want`'s tokens a greedy continuation of `prompt` keeps
 /// before it first differs.
 fn greedy_kept<B: ComputeBackend>(
-    model: &mut Model<B>,
+    model: &mut OneSequence<B>,
     prompt: &[u32],
     want: &[u32],
 ) -> Result<usize> {
@@ -189,7 +189,7 @@ fn fixture_on<B: ComputeBackend>(backend: B, dir: &Path) -> std::result::Result<
     let name = dir.display().to_string();
     let (tokens, prompt_len, reference) = expected(dir)?;
     let ck = Checkpoint::open(dir).map_err(|e| e.to_string())?;
-    let mut model = Model::load(
+    let mut model = OneSequence::load(
         backend,
         &ck,
         ModelOptions {

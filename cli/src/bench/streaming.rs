@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use turbospark::model::expert_stream::StreamStats;
-use turbospark::model::{Model, ModelOptions, SyntheticSource};
+use turbospark::model::{ModelOptions, OneSequence, SyntheticSource};
 use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType};
 
@@ -159,7 +159,7 @@ fn point<B: ComputeBackend + Counters>(
     backend.release_scratch();
     backend.reset_peak_memory();
     let held = backend.memory().map_or(0, |m| m.0);
-    let mut model = Model::load(
+    let mut model = OneSequence::load(
         backend,
         source,
         ModelOptions {

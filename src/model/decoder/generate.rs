@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use super::{Model, Tail};
+use super::{Model, Sequence, Tail};
 use crate::backend::{ComputeBackend, ReadTicket};
 use crate::error::{Error, Result};
 use crate::model::sampling::{Sampler, Sampling};
@@ -76,8 +76,13 @@ impl<B: ComputeBackend> Model<B> {
     ///
     /// The last new token is not yet in the context: a following call
     /// starts its prompt with it.
-    pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
-        self.generate_streaming(prompt, opts, |_| ControlFlow::Continue(()))
+    pub fn generate(
+        &self,
+        seq: &mut Sequence<B>,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> Result<Generation> {
+        self.generate_streaming(seq, prompt, opts, |_| ControlFlow::Continue(()))
     }
 
     /// [`Self::generate`], handing each new token to `on_token` as soon as
@@ -86,7 +91,8 @@ impl<B: ComputeBackend> Model<B> {
     /// the last one returned; the context is left as an end-of-sequence
     /// token leaves it (greedy steps recorded past it are taken back).
     pub fn generate_streaming(
-        &mut self,
+        &self,
+        seq: &mut Sequence<B>,
         prompt: &[u32],
         opts: &GenerateOptions,
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
@@ -94,13 +100,14 @@ impl<B: ComputeBackend> Model<B> {
         if prompt.is_empty() {
             return Err(Error::InvalidInput("empty prompt".into()));
         }
-        self.check_request(prompt, opts.max_new_tokens.saturating_sub(1))?;
+        self.check_owned(seq)?;
+        self.check_request(seq, prompt, opts.max_new_tokens.saturating_sub(1))?;
         let mut sampler = Sampler::new(&opts.sampling)?;
         sampler.observe(prompt);
         let greedy = opts.sampling.is_greedy();
         let t0 = Instant::now();
         if opts.max_new_tokens == 0 {
-            self.prefill(prompt)?;
+            self.prefill(seq, prompt)?;
             self.backend.sync()?;
             return Ok(Generation {
                 tokens: Vec::new(),
@@ -116,17 +123,28 @@ impl<B: ComputeBackend> Model<B> {
         // Whether generation ends after token `t`.
         let mut ends = |t: u32| on_token(t).is_break() || stop.contains(&t);
         if greedy {
-            return self.generate_greedy(prompt, opts.max_new_tokens, &mut ends, t0);
+            let mut tokens = Vec::with_capacity(opts.max_new_tokens);
+            let base = seq.pos + prompt.len();
+            let run =
+                self.generate_greedy(seq, prompt, opts.max_new_tokens, &mut ends, t0, &mut tokens);
+            // The steps ran ahead of the ids the host had: the context's
+            // tokens are the generated ones its positions embedded.
+            let got = run.as_ref().map_or(&tokens, |g| &g.tokens);
+            if seq.pos >= base && seq.tokens.len() == base {
+                let embedded = (seq.pos - base).min(got.len());
+                seq.tokens.extend_from_slice(&got[..embedded]);
+                seq.pos = seq.tokens.len();
+            }
+            return run;
         }
         let mut tokens = Vec::with_capacity(opts.max_new_tokens);
-        self.prefill_with_head(prompt)?;
+        self.prefill_with_head(seq, prompt)?;
         let mut tok = self.sample_single(&mut sampler)?;
         let prefill_tok_s = rate(prompt.len(), t0);
         tokens.push(tok);
         let t1 = Instant::now();
         while !ends(tok) && tokens.len() < opts.max_new_tokens {
-            self.backend.write_u32(&self.single.ids, 0, &[tok])?;
-            tok = self.decode_step(&mut sampler)?;
+            tok = self.decode_step(seq, tok, &mut sampler)?;
             tokens.push(tok);
         }
         Ok(Generation::timed(tokens, prefill_tok_s, t1))
@@ -140,19 +158,20 @@ impl<B: ComputeBackend> Model<B> {
     /// ([`Self::prefill_with_head`]); each later one is a decode step, one
     /// submit per token.
     fn generate_greedy(
-        &mut self,
+        &self,
+        seq: &mut Sequence<B>,
         prompt: &[u32],
         n: usize,
         ends: &mut dyn FnMut(u32) -> bool,
         t0: Instant,
+        tokens: &mut Vec<u32>,
     ) -> Result<Generation> {
         /// Steps recorded ahead of the token the host waits for.
         const AHEAD: usize = 2;
         let prompt_len = prompt.len();
-        let mut tokens = Vec::with_capacity(n);
         let mut in_flight = VecDeque::with_capacity(AHEAD);
         // The first token into `single.ids`, which the first step embeds.
-        self.prefill_with_head(prompt)?;
+        self.prefill_with_head(seq, prompt)?;
         let s = &self.single;
         self.backend
             .argmax(self.final_logits(s), &s.ids, 1, self.cfg.vocab)?;
@@ -167,8 +186,8 @@ impl<B: ComputeBackend> Model<B> {
                 } else {
                     (&s.ids, &s.ids_next)
                 };
-                self.backend.write_u32(&s.pos, 0, &[self.pos as u32])?;
-                if let Err(e) = self.record_forward(s, cur, 1, Tail::Head) {
+                self.backend.write_u32(&s.pos, 0, &[seq.pos as u32])?;
+                if let Err(e) = self.record_forward(seq, s, cur, 1, Tail::Head) {
                     // A step embeds the token before the host reads it: a
                     // backend that checks ids refuses NO_ARGMAX here first.
                     return Err(self
@@ -178,7 +197,7 @@ impl<B: ComputeBackend> Model<B> {
                 self.backend
                     .argmax(self.final_logits(s), next, 1, self.cfg.vocab)?;
                 in_flight.push_back(self.backend.begin_read_u32(next)?);
-                self.pos += 1;
+                seq.pos += 1;
                 recorded += 1;
                 flip = !flip;
             }
@@ -191,7 +210,7 @@ impl<B: ComputeBackend> Model<B> {
                 .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?;
             if tok == crate::ops::NO_ARGMAX {
                 // (the steps in flight behind it read the same broken model)
-                self.pos -= in_flight.len();
+                seq.pos -= in_flight.len();
                 for t in in_flight.drain(..) {
                     self.backend.finish_read_u32(t)?;
                 }
@@ -209,14 +228,14 @@ impl<B: ComputeBackend> Model<B> {
                 // Steps recorded past the stop token never happened: drain
                 // their readbacks and take their positions back (their cache
                 // entries are overwritten by whatever comes next).
-                self.pos -= in_flight.len();
+                seq.pos -= in_flight.len();
                 for t in in_flight.drain(..) {
                     self.backend.finish_read_u32(t)?;
                 }
                 break;
             }
         }
-        Ok(Generation::timed(tokens, prefill_tok_s, t1))
+        Ok(Generation::timed(std::mem::take(tokens), prefill_tok_s, t1))
     }
 
     /// The steps in flight read back; the non-finite-logits error of the
@@ -240,15 +259,15 @@ impl<B: ComputeBackend> Model<B> {
         Ok(found)
     }
 
-    /// One sampled (not greedy) decode step: the logits row comes back and
-    /// the host samples it.
-    fn decode_step(&mut self, sampler: &mut Sampler) -> Result<u32> {
-        let pos = self.pos as u32;
-        self.backend.write_u32(&self.single.pos, 0, &[pos])?;
-        self.record_forward(&self.single, &self.single.ids, 1, Tail::Head)?;
-        let tok = self.sample_single(sampler)?;
-        self.pos += 1;
-        Ok(tok)
+    /// One sampled (not greedy) decode step of `tok`: the logits row comes
+    /// back and the host samples the next token.
+    fn decode_step(&self, seq: &mut Sequence<B>, tok: u32, sampler: &mut Sampler) -> Result<u32> {
+        let s = &self.single;
+        self.backend.write_u32(&s.ids, 0, &[tok])?;
+        self.backend.write_u32(&s.pos, 0, &[seq.pos as u32])?;
+        self.record_forward(seq, s, &s.ids, 1, Tail::Head)?;
+        seq.advance(&[tok]);
+        self.sample_single(sampler)
     }
 
     /// `single`'s logits row read back and sampled on the host.
