@@ -267,20 +267,21 @@ impl AnyModel {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Softmax temperature; 0 is greedy (the default unless --top-k/--top-p are given).
-    #[arg(long, allow_negative_numbers = true)]
+    // (hyphen values: `-inf` is a float too, refused by the sampler by name)
+    #[arg(long, allow_hyphen_values = true)]
     temperature: Option<f32>,
     /// Sample among the K most likely tokens.
     #[arg(long, allow_negative_numbers = true)]
     top_k: Option<usize>,
     /// Sample among the smallest set of tokens holding probability P.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f32>,
     /// Sample among the tokens at least P times as likely as the likeliest.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     min_p: Option<f32>,
     /// Divide the positive logits (multiply the negative ones) of tokens
     /// already seen, the prompt's included, by this (1.1 to 1.3 is usual).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     repetition_penalty: Option<f32>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
@@ -395,6 +396,7 @@ pub fn run(a: Args) -> CliResult {
         }
         ControlFlow::Continue(())
     };
+    crate::common::check_stdout_open()?;
     let (mut model, device) = a.run.load_with(&a.model, max_context)?;
     model.record_routing(a.routing_trace.is_some());
     // (the CPU backend reads its weights from the maps as it generates)

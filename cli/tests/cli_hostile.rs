@@ -171,6 +171,10 @@ fn negative_numbers_reach_the_real_checks() {
             &["--tokens", "1", "--top-p", "-0.5"],
             "top-p -0.5 must be in (0, 1]",
         ),
+        (
+            &["--tokens", "1", "--temperature", "-inf"],
+            "temperature -inf must be finite and >= 0",
+        ),
     ] {
         let out = generate_on_cpu(args);
         let err = stderr(&out);
@@ -181,6 +185,24 @@ fn negative_numbers_reach_the_real_checks() {
             "{args:?}: stderr lacks {needle:?}: {err}"
         );
     }
+}
+
+/// A closed standard output is an error with a message and a non-zero
+/// exit, not a silent success that wrote nothing.
+#[test]
+fn generate_with_stdout_closed_fails() {
+    let m = fixture().display().to_string();
+    // (the shell closes it: `>&-`)
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "exec \"$0\" generate --model \"$1\" --backend cpu --tokens 1 >&-",
+        ])
+        .args([env!("CARGO_BIN_EXE_turbospark"), m.as_str()])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    fails_with(&out, &["standard output is not open"]);
 }
 
 /// --prompt-file: what is not a regular file is refused by name before it

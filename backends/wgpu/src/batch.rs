@@ -19,38 +19,9 @@ pub(crate) struct Batch {
     /// Set while `WgpuBackend::time_ops` runs: each sample's dispatches get
     /// a pass of their own with timestamps at its boundaries.
     pub timing: Option<Timing>,
-    /// The MoE route list last built, while it still holds (see
-    /// [`RouteCache`]).
-    pub route: Option<RouteCache>,
     /// Entry points whose dispatches are left out (a timing ablation,
     /// `WgpuBackend::omit_dispatches`).
     pub omitted: Vec<String>,
-}
-
-/// What the route list in `list` was built from (the expert ids in `ids`
-/// for `shape` = (m, experts, top_k)): a prefill layer's two MoE phases
-/// read one list, so the second finds it here instead of running
-/// moe_route again. Any recorded dispatch that may write either buffer, and
-/// any host write to one, forgets it.
-pub(crate) struct RouteCache {
-    pub ids: wgpu::Buffer,
-    pub list: wgpu::Buffer,
-    pub shape: (usize, usize, usize),
-}
-
-impl RouteCache {
-    fn touched_by(&self, buf: &wgpu::Buffer) -> bool {
-        *buf == self.ids || *buf == self.list
-    }
-}
-
-impl Batch {
-    /// Forget the route list if `buf` is one it depends on.
-    pub fn wrote(&mut self, buf: &wgpu::Buffer) {
-        if self.route.as_ref().is_some_and(|r| r.touched_by(buf)) {
-            self.route = None;
-        }
-    }
 }
 
 impl Batch {
@@ -111,9 +82,8 @@ pub(crate) struct Launch<'a> {
     pub constants: &'a [(&'static str, i64)],
     /// The uniform parameter block (`@group(0) @binding(0)`), at most 256 bytes.
     pub params: &'a [u8],
-    /// `@group(1)` storage bindings in order, with read-only flags. A
-    /// binding the kernel may write must be flagged writable: besides the
-    /// pipeline layout, the batch's [`RouteCache`] relies on it.
+    /// `@group(1)` storage bindings in order, with read-only flags (the
+    /// pipeline layout's).
     pub buffers: &'a [(&'a wgpu::Buffer, bool)],
     pub groups: [u32; 3],
 }
@@ -134,11 +104,6 @@ impl WgpuBackend {
         let b = &mut *guard;
         if b.omitted.iter().any(|e| e == l.entry) {
             return Ok(());
-        }
-        for (buf, read_only) in l.buffers {
-            if !read_only {
-                b.wrote(buf);
-            }
         }
         // Queries are taken when a pass begins (every dispatch when
         // profiling), so only then can they run out.

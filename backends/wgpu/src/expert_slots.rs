@@ -159,7 +159,6 @@ pub(crate) fn write_experts(
     turbospark::ComputeBackend::flush(be)?;
     let mut views = Vec::with_capacity(copies.len());
     for c in &copies {
-        be.note_write(c.buffer);
         let size = std::num::NonZeroU64::new(c.len as u64)
             .ok_or_else(|| Error::shape(OP, "an empty copy".to_string()))?;
         let view = be

@@ -365,20 +365,7 @@ impl WgpuBackend {
         })
     }
 
-    /// A host write into `buf` is coming: the route list built from it (if
-    /// any) no longer holds.
-    fn note_write(&self, buf: &wgpu::Buffer) {
-        self.batch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .wrote(buf);
-    }
-
     fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
-        self.batch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .wrote(buf);
         // queue.write_buffer wants whole words; pad the tail.
         if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, bytes);
@@ -930,7 +917,6 @@ impl ComputeBackend for WgpuBackend {
         // (one dtype and length: the same padded size, a multiple of 4)
         let bytes = s.size().min(d.size());
         let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        b.wrote(d);
         // After everything recorded so far, in its submission.
         b.submit_with(self, |enc| enc.copy_buffer_to_buffer(s, 0, d, 0, bytes));
         drop(b);

@@ -767,7 +767,7 @@ mod tests {
         let x = rows_with_range(&mut rng, m, k);
         let act = rows_with_range(&mut rng, m * top_k, k);
         let (xb, ab) = (upload_f32(&be, &x, "x"), upload_f32(&be, &act, "act"));
-        let (_, route) = super::super::moe::route(&be, &idb, &p, false).unwrap();
+        let (_, route) = super::super::moe::route(&be, &idb, &p).unwrap();
         let t = GROUPED;
         let params = grouped(&p, t, (k, k), t.bn());
         for (mode, src) in [(GATE_UP, &xb), (DOWN, &ab)] {

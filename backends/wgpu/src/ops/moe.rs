@@ -13,7 +13,7 @@ use turbospark::ops::{Moe, Router};
 use turbospark::{DType, Error, Result};
 
 use super::one;
-use crate::batch::{Launch, RouteCache};
+use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 use turbospark::{DownArgs, GateUpArgs};
 
@@ -211,15 +211,13 @@ pub(crate) fn router_topk(
 }
 
 /// Parameters of one phase, and the route scratch: built on the device
-/// from `ids` when the batch has more than one token. With `reuse` (phase
-/// 2) the list built last is taken where it still holds ([`RouteCache`]: a
-/// prefill layer's down phase reads its gate_up phase's); phase 1 always
-/// builds it, as the model's router has just written the ids.
+/// from `ids` when the batch has more than one token, by each phase that
+/// reads it (a list kept from one op for the next would be state keyed by
+/// buffer identity; building it costs one single-workgroup dispatch).
 pub(crate) fn route(
     be: &WgpuBackend,
     ids: &WgpuBuffer,
     p: &Moe,
-    reuse: bool,
 ) -> Result<(MoeParams, WgpuBuffer)> {
     let pairs = p.m * p.top_k;
     let direct = p.m == 1;
@@ -238,31 +236,14 @@ pub(crate) fn route(
     if direct {
         return Ok((params, scratch));
     }
-    let (idb, list) = (one(ids), one(&scratch));
-    let shape = (p.m, p.experts, p.top_k);
-    let held = reuse
-        && be
-            .batch
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .route
-            .as_ref()
-            .is_some_and(|r| r.ids == *idb && r.list == *list && r.shape == shape);
-    if !held {
-        be.launch(Launch {
-            kernel: "moe",
-            entry: "moe_route",
-            constants: &[],
-            params: bytemuck::bytes_of(&params),
-            buffers: &[(idb, true), (list, false)],
-            groups: [1, 1, 1],
-        })?;
-        be.batch.lock().unwrap_or_else(|e| e.into_inner()).route = Some(RouteCache {
-            ids: idb.clone(),
-            list: list.clone(),
-            shape,
-        });
-    }
+    be.launch(Launch {
+        kernel: "moe",
+        entry: "moe_route",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[(one(ids), true), (one(&scratch), false)],
+        groups: [1, 1, 1],
+    })?;
     Ok((params, scratch))
 }
 
@@ -401,7 +382,7 @@ pub(crate) fn moe_gate_up(
             groups: be.grid(params.top_k * params.nrb),
         });
     }
-    let (mut params, scratch) = route(be, ids, &p, false)?;
+    let (mut params, scratch) = route(be, ids, &p)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
         let args = (one(x), (wb, gu.dtype, gu.tiled()), one(&scratch), one(act));
         if super::gemm_coop::takes(be, gu, p.hidden, super::gemm_coop::XRows::Grouped(&p)) {
@@ -669,7 +650,7 @@ pub(crate) fn moe_down(
             groups: be.grid((p.m * p.hidden.div_ceil(down_rows(p.m, d))) as u32),
         });
     }
-    let (params, scratch) = route(be, ids, &p, true)?;
+    let (params, scratch) = route(be, ids, &p)?;
     // The GEMM keeps a row per (token, expert) pair in one binding.
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
@@ -744,6 +725,29 @@ mod tests {
         be.counters().0 - before
     }
 
+    /// Each phase over a batch builds its own route list from the ids it is
+    /// given: nothing is kept from one op for the next, so a host or device
+    /// write to the ids in between can never leave a stale list.
+    #[test]
+    fn every_phase_builds_its_route_list() {
+        let Some(be) = backend() else { return };
+        let p = Moe {
+            m: 20,
+            hidden: 64,
+            inter: 32,
+            experts: 6,
+            top_k: 2,
+        };
+        let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 6) as u32).collect();
+        let idb = upload_u32(&be, &ids, "ids");
+        let build = || dispatches(&be, || drop(route(&be, &idb, &p).unwrap()));
+        assert_eq!((build(), build()), (1, 1));
+        let one = Moe { m: 1, ..p };
+        let direct = dispatches(&be, || drop(route(&be, &idb, &one).unwrap()));
+        assert_eq!(direct, 0, "one token reads its ids directly");
+        be.sync().unwrap();
+    }
+
     /// The route-list down kernel on tile-ordered experts gives the same
     /// bits as on the same experts row-major (the same products in the same
     /// order): `moe_down` reaches it with such experts only past one
@@ -791,7 +795,7 @@ mod tests {
             let (a, w) = (upload_f32(be, &act, "act"), upload_f32(be, &wts, "wts"));
             let out = upload_f32(be, &vec![f32::NAN; p.m * p.hidden], "out");
             let idb = upload_u32(be, &ids, "ids");
-            let (params, scratch) = route(be, &idb, &p, true).unwrap();
+            let (params, scratch) = route(be, &idb, &p).unwrap();
             route_list_down(be, (&a, &d, &idb, &w, &out), (params, &scratch), &p).unwrap();
             (d.tiled(), be.download_f32(&out).unwrap())
         };
@@ -800,46 +804,6 @@ mod tests {
         assert!(!was_tiled && is_tiled, "one stack of each layout");
         assert!(got.iter().all(|v| v.is_finite()), "every output written");
         assert_eq!(got, want);
-    }
-
-    /// The route list is built once for two phases over the same ids, and
-    /// again after anything may have written the ids or the list.
-    #[test]
-    fn route_list_is_reused_until_its_inputs_change() {
-        let Some(be) = backend() else { return };
-        let p = Moe {
-            m: 20,
-            hidden: 64,
-            inter: 32,
-            experts: 6,
-            top_k: 2,
-        };
-        let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 6) as u32).collect();
-        let idb = upload_u32(&be, &ids, "ids");
-        let other = upload_u32(&be, &ids, "ids2");
-        let build =
-            |b: &WgpuBuffer, p: &Moe| dispatches(&be, || drop(route(&be, b, p, true).unwrap()));
-        assert_eq!(build(&idb, &p), 1, "first build");
-        assert_eq!(build(&idb, &p), 0, "same ids, nothing written");
-        let fresh = dispatches(&be, || drop(route(&be, &idb, &p, false).unwrap()));
-        assert_eq!(fresh, 1, "phase 1 builds it whatever it finds");
-        assert_eq!(build(&other, &p), 1, "other ids");
-        assert_eq!(build(&other, &Moe { top_k: 1, ..p }), 1, "other shape");
-        assert_eq!(build(&other, &p), 1, "the list was rebuilt in between");
-        be.write_u32(&other, 0, &[5]).unwrap();
-        assert_eq!(build(&other, &p), 1, "a host write to the ids");
-        let f = be.alloc(DType::F32, 40, "f").unwrap();
-        let out = be.alloc(DType::F32, 40, "out").unwrap();
-        be.scale(&f, &out, 40, 1.0).unwrap();
-        assert_eq!(build(&other, &p), 0, "an unrelated dispatch");
-        // A dispatch that writes the ids (argmax, writing u32 as the router
-        // does).
-        be.argmax(&f, &other, 40, 1).unwrap();
-        assert_eq!(build(&other, &p), 1, "a dispatch writing the ids");
-        let list = be.scratch.lock().unwrap().route.clone().unwrap();
-        be.write_u32(&list, 0, &[0]).unwrap();
-        assert_eq!(build(&other, &p), 1, "a write to the list");
-        be.sync().unwrap();
     }
 }
 
