@@ -22,13 +22,33 @@ struct Params {
     top_k: u32,
     experts: u32,
     nrb: u32,
+    so: u32,
+    bo: u32,
+    _p0: u32,
+    _p1: u32,
 }
 
-/// Weight rows a workgroup of `affine_gemv` and `affine_down` computes
-/// (`TEAMS * RPT`), and features one of `affine_gate_up` does (`TEAMS *
-/// FPT`).
+/// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`), of
+/// `affine_gemv1` and `affine_down` (`TEAMS1 * RPT`), and features one of
+/// `affine_gate_up` does (`TEAMS1 * FPT`).
 const ROWS: usize = 32;
-const FEATURES: usize = 16;
+const ROWS1: usize = 8;
+const FEATURES: usize = 4;
+
+/// The scales' and biases' word offsets in a binding of `len` elements of
+/// `dtype` (an affine one).
+fn offsets(dtype: DType, len: usize) -> [u32; 2] {
+    match dtype {
+        DType::Affine(a) => crate::quant::offsets(a, len),
+        _ => [0, 0],
+    }
+}
+
+/// The units (32 values) of a row of `k`, compiled into the one-row
+/// entries.
+fn units(k: usize) -> (&'static str, i64) {
+    ("KU", (k / 32) as i64)
+}
 
 /// Whether these kernels take a product over `m` rows of x with weight `w`.
 pub(crate) fn takes(w: &WgpuBuffer, m: usize) -> bool {
@@ -43,10 +63,16 @@ pub(crate) fn gemv(
     p: Matmul,
 ) -> Result<()> {
     let [wd, qbits, qgroup] = super::weight_constants(w.dtype);
-    let constants = [wd, qbits, qgroup, ("MT", p.m as i64)];
+    // one row of x: the one-row entry (its loop's trip count compiled in)
+    let (entry, per_group, constants) = if p.m == 1 {
+        ("affine_gemv1", ROWS1, [wd, qbits, qgroup, units(p.k)])
+    } else {
+        ("affine_gemv", ROWS, [wd, qbits, qgroup, ("MT", p.m as i64)])
+    };
     let (xb, ob) = (one(x), one(out));
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
+        let [so, bo] = offsets(w.dtype, rows * p.k);
         let params = Params {
             m: p.m as u32,
             n: p.n as u32,
@@ -56,10 +82,14 @@ pub(crate) fn gemv(
             top_k: 0,
             experts: 0,
             nrb: 0,
+            so,
+            bo,
+            _p0: 0,
+            _p1: 0,
         };
         be.launch(Launch {
             kernel: "affine_gemv",
-            entry: "affine_gemv",
+            entry,
             constants: &constants,
             params: bytemuck::bytes_of(&params),
             buffers: &[
@@ -69,13 +99,16 @@ pub(crate) fn gemv(
                 (xb, true),
                 (ob, false),
             ],
-            groups: be.grid(rows.div_ceil(ROWS) as u32),
+            groups: be.grid(rows.div_ceil(per_group) as u32),
         })?;
     }
     Ok(())
 }
 
-fn moe_params(p: &Moe, k: usize, nrb: usize) -> Params {
+/// `len`: the elements of the expert stack's binding (its slots', where
+/// experts are streamed).
+fn moe_params(p: &Moe, k: usize, nrb: usize, (dtype, len): (DType, usize)) -> Params {
+    let [so, bo] = offsets(dtype, len);
     Params {
         m: p.m as u32,
         n: p.inter as u32,
@@ -85,6 +118,10 @@ fn moe_params(p: &Moe, k: usize, nrb: usize) -> Params {
         top_k: p.top_k as u32,
         experts: p.experts as u32,
         nrb: nrb as u32,
+        so,
+        bo,
+        _p0: 0,
+        _p1: 0,
     }
 }
 
@@ -92,16 +129,17 @@ fn moe_params(p: &Moe, k: usize, nrb: usize) -> Params {
 pub(crate) fn gate_up(
     be: &WgpuBackend,
     (x, gu, ids, act): (&WgpuBuffer, &wgpu::Buffer, &WgpuBuffer, &WgpuBuffer),
-    dtype: DType,
+    (dtype, len): (DType, usize),
     p: &Moe,
 ) -> Result<()> {
     let nrb = p.inter.div_ceil(FEATURES);
-    let params = moe_params(p, p.hidden, nrb);
+    let params = moe_params(p, p.hidden, nrb, (dtype, len));
     let xb = one(x);
+    let [wd, qbits, qgroup] = super::weight_constants(dtype);
     be.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_gate_up",
-        constants: &super::weight_constants(dtype),
+        constants: &[wd, qbits, qgroup, units(p.hidden)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (gu, true),
@@ -126,15 +164,16 @@ pub(crate) fn down(
         &WgpuBuffer,
         &WgpuBuffer,
     ),
-    dtype: DType,
+    (dtype, len): (DType, usize),
     p: &Moe,
 ) -> Result<()> {
-    let nrb = p.hidden.div_ceil(ROWS);
-    let params = moe_params(p, p.inter, nrb);
+    let nrb = p.hidden.div_ceil(ROWS1);
+    let params = moe_params(p, p.inter, nrb, (dtype, len));
+    let [wd, qbits, qgroup] = super::weight_constants(dtype);
     be.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_down",
-        constants: &super::weight_constants(dtype),
+        constants: &[wd, qbits, qgroup, units(p.inter), ("TOPK", p.top_k as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (d, true),
@@ -158,7 +197,7 @@ mod layout_tests {
         check(
             ("affine_gemv", "Params"),
             std::mem::size_of::<Params>(),
-            fields!(Params; m, n, k, rows, row0, top_k, experts, nrb),
+            fields!(Params; m, n, k, rows, row0, top_k, experts, nrb, so, bo, _p0, _p1),
             &[],
         );
     }
