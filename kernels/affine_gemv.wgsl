@@ -6,10 +6,10 @@
 //   affine_gemv      matmul, 2 <= m <= 16 (MT rows of x compiled in):
 //                    OUT[i, row0 + r] = W[r] . X[i]
 //   affine_gate_up   MoE phase 1 for m <= 16 tokens, one workgroup per
-//                    (token, slot) pair and 4 features:
+//                    (token, slot) pair and RPT1 features:
 //                    OUT[p, f] = gelu_tanh(gate_e . x_t) * (up_e . x_t)
-//   affine_down      MoE phase 2, one workgroup per token and 8 output
-//                    rows: OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
+//   affine_down      MoE phase 2, one workgroup per token and 2 * RPT1
+//                    output rows: OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
 //
 // A team of RL lanes holds RPT weight rows; its lanes stride over the rows'
 // units. A lane reads a unit of x (32 f32, 128 bytes) once for all RPT rows:
@@ -72,8 +72,12 @@ const TEAMS: u32 = 8u;
 // Teams of the one-row entries' workgroups: small workgroups spread a
 // small weight over every SM.
 const TEAMS1: u32 = 2u;
-// Weight rows a team holds (affine_gate_up: two features' gate and up rows).
+// Weight rows a team holds in affine_gemv (4), and in the one-row entries
+// (1, 2 or 4, compiled in: fewer rows a team where a weight has too few
+// rows to give every SM several teams of 4; affine_gate_up holds RPT1 / 2
+// features' gate and up rows).
 const RPT: u32 = 4u;
+override RPT1: u32 = 4u;
 
 var<workgroup> red: array<vec4<f32>, 256>;
 var<workgroup> sh_expert: u32;
@@ -198,12 +202,28 @@ fn unit_dot(w: Unit, x: XUnit) -> f32 {
 // decode.
 fn dots4(b: vec4<u32>, u: u32, xb: u32) -> vec4<f32> {
     let o = offsets();
+    // (rows past RPT1 are neither loaded nor summed)
     let w0 = load_unit(b.x + u, o);
-    let w1 = load_unit(b.y + u, o);
-    let w2 = load_unit(b.z + u, o);
-    let w3 = load_unit(b.w + u, o);
+    var w1: Unit;
+    var w2: Unit;
+    var w3: Unit;
+    if (RPT1 > 1u) {
+        w1 = load_unit(b.y + u, o);
+    }
+    if (RPT1 > 2u) {
+        w2 = load_unit(b.z + u, o);
+        w3 = load_unit(b.w + u, o);
+    }
     let x = load_x(xb + 8u * u);
-    return vec4<f32>(unit_dot(w0, x), unit_dot(w1, x), unit_dot(w2, x), unit_dot(w3, x));
+    var d = vec4<f32>(unit_dot(w0, x), 0.0, 0.0, 0.0);
+    if (RPT1 > 1u) {
+        d.y = unit_dot(w1, x);
+    }
+    if (RPT1 > 2u) {
+        d.z = unit_dot(w2, x);
+        d.w = unit_dot(w3, x);
+    }
+    return d;
 }
 
 // The units of a row: KU, else from P.k.
@@ -246,14 +266,14 @@ fn affine_gemv1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
                 @builtin(local_invocation_index) lid: u32) {
     let team = lid / RL;
     let lane = lid % RL;
-    let r0 = (linear_group(wg, nwg) * TEAMS1 + team) * RPT;
+    let r0 = (linear_group(wg, nwg) * TEAMS1 + team) * RPT1;
     let nu = row_units();
     // (rows past the chunk read its last row and write nothing: every
     // thread takes part in the barrier)
     let b = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u)) * nu;
     red[lid] = lane_dots4(b, lane, nu, 0u);
     workgroupBarrier();
-    if (lane < RPT && r0 + lane < P.rows) {
+    if (lane < RPT1 && r0 + lane < P.rows) {
         OUT[P.row0 + r0 + lane] = team_col(lid - lane, lane);
     }
 }
@@ -310,8 +330,6 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// Features a team computes in affine_gate_up (a gate and an up row each).
-const FPT: u32 = 2u;
 
 @compute @workgroup_size(64)
 fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -332,7 +350,9 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let team = lid / RL;
     let lane = lid % RL;
     let n = P.n;
-    let f0 = ((g % P.nrb) * TEAMS1 + team) * FPT;
+    // features a team computes (a gate and an up row each)
+    let fpt = max(RPT1 / 2u, 1u);
+    let f0 = ((g % P.nrb) * TEAMS1 + team) * fpt;
     let nu = row_units();
     // rows: feature f0's gate and up, f0 + 1's gate and up
     let ga = e * 2u * n + min(f0, n - 1u);
@@ -340,7 +360,7 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let b = vec4<u32>(ga, ga + n, gb, gb + n) * nu;
     red[lid] = lane_dots4(b, lane, nu, ((p / P.top_k) * P.k) / 4u);
     workgroupBarrier();
-    if (lane < FPT && f0 + lane < n) {
+    if (lane < fpt && f0 + lane < n) {
         let t0 = lid - lane;
         OUT[p * n + f0 + lane] = gelu_tanh(team_col(t0, 2u * lane)) * team_col(t0, 2u * lane + 1u);
     }
@@ -374,7 +394,7 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let team = lid / RL;
     let lane = lid % RL;
     let hidden = P.rows;
-    let h0 = ((g % P.nrb) * TEAMS1 + team) * RPT;
+    let h0 = ((g % P.nrb) * TEAMS1 + team) * RPT1;
     let hb = min(vec4<u32>(h0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(hidden - 1u));
     let nu = row_units();
     // The lanes take the rows' (expert slot, unit) tasks, so that rows of
@@ -394,7 +414,7 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
     red[lid] = acc;
     workgroupBarrier();
-    if (lane < RPT && h0 + lane < hidden) {
+    if (lane < RPT1 && h0 + lane < hidden) {
         OUT[t * hidden + h0 + lane] = team_col(lid - lane, lane);
     }
 }

@@ -28,12 +28,23 @@ struct Params {
     _p1: u32,
 }
 
-/// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`), of
-/// `affine_gemv1` and `affine_down` (`TEAMS1 * RPT`), and features one of
-/// `affine_gate_up` does (`TEAMS1 * FPT`).
+/// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`); the
+/// one-row entries' workgroups are `TEAMS1` teams of `rpt` rows.
 const ROWS: usize = 32;
-const ROWS1: usize = 8;
-const FEATURES: usize = 4;
+const TEAMS1: usize = 2;
+
+/// Weight rows a team of the one-row entries holds (`RPT1`) for a problem
+/// of `rows` weight rows: 4 (x read once for four rows, the decode's
+/// arithmetic shared) where that still makes at least 1024 teams, so every
+/// SM of a large GPU holds several; fewer for smaller weights, whose
+/// time is the latency of each lane's work (k_proj full, 1024 rows).
+fn rpt(rows: usize) -> usize {
+    match rows {
+        r if r >= 4096 => 4,
+        r if r >= 2048 => 2,
+        _ => 1,
+    }
+}
 
 /// The scales' and biases' word offsets in a binding of `len` elements of
 /// `dtype` (an affine one).
@@ -64,10 +75,14 @@ pub(crate) fn gemv(
 ) -> Result<()> {
     let [wd, qbits, qgroup] = super::weight_constants(w.dtype);
     // one row of x: the one-row entry (its loop's trip count compiled in)
+    let r = rpt(p.n);
     let (entry, per_group, constants) = if p.m == 1 {
-        ("affine_gemv1", ROWS1, [wd, qbits, qgroup, units(p.k)])
+        let c = [wd, qbits, qgroup, units(p.k), ("RPT1", r as i64)];
+        ("affine_gemv1", TEAMS1 * r, c)
     } else {
-        ("affine_gemv", ROWS, [wd, qbits, qgroup, ("MT", p.m as i64)])
+        // (KU and RPT1 are the one-row entries')
+        let c = [wd, qbits, qgroup, ("MT", p.m as i64), ("RPT1", 4)];
+        ("affine_gemv", ROWS, c)
     };
     let (xb, ob) = (one(x), one(out));
     for c in w.chunks.iter() {
@@ -132,14 +147,16 @@ pub(crate) fn gate_up(
     (dtype, len): (DType, usize),
     p: &Moe,
 ) -> Result<()> {
-    let nrb = p.inter.div_ceil(FEATURES);
+    // (a team holds a feature's gate and up rows at the least)
+    let r = rpt(2 * p.m * p.top_k * p.inter).max(2);
+    let nrb = p.inter.div_ceil(TEAMS1 * r / 2);
     let params = moe_params(p, p.hidden, nrb, (dtype, len));
     let xb = one(x);
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
     be.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_gate_up",
-        constants: &[wd, qbits, qgroup, units(p.hidden)],
+        constants: &[wd, qbits, qgroup, units(p.hidden), ("RPT1", r as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (gu, true),
@@ -167,7 +184,8 @@ pub(crate) fn down(
     (dtype, len): (DType, usize),
     p: &Moe,
 ) -> Result<()> {
-    let nrb = p.hidden.div_ceil(ROWS1);
+    let r = rpt(p.m * p.hidden);
+    let nrb = p.hidden.div_ceil(TEAMS1 * r);
     let params = moe_params(p, p.inter, nrb, (dtype, len));
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
     be.launch(Launch {
