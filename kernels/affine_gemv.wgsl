@@ -6,10 +6,11 @@
 //   affine_gemv      matmul, 2 <= m <= 16 (MT rows of x compiled in):
 //                    OUT[i, row0 + r] = W[r] . X[i]
 //   affine_gate_up   MoE phase 1 for m <= 16 tokens, one workgroup per
-//                    (token, slot) pair and RPT1 features:
+//                    (token, slot) pair and 128 / LPR * RPT1 features:
 //                    OUT[p, f] = gelu_tanh(gate_e . x_t) * (up_e . x_t)
-//   affine_down      MoE phase 2, one workgroup per token and 2 * RPT1
-//                    output rows: OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
+//   affine_down      MoE phase 2, one workgroup per token and 256 / LPR *
+//                    RPT1 output rows:
+//                    OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
 //
 // A team of RL lanes holds RPT weight rows; its lanes stride over the rows'
 // units. A lane reads a unit of x (32 f32, 128 bytes) once for all RPT rows:
@@ -23,7 +24,7 @@
 // the host knows them when it records), not from the binding's header, so
 // a unit's values and its scale and bias load in one round instead of
 // waiting on the header. The one-row entries (affine_gemv1, and both MoE
-// phases) are workgroups of two teams with their sums in named vec4
+// phases) hold RPT1 rows a team of LPR lanes, their sums in named vec4
 // registers (never arrays indexed in loops, which the NVIDIA driver keeps
 // in local memory), and take the units of a row (KU) compiled in: a lane's
 // loop then has a constant trip count and the driver issues all of its
@@ -69,9 +70,11 @@ override KU: u32 = 0u;
 
 const RL: u32 = 32u;
 const TEAMS: u32 = 8u;
-// Teams of the one-row entries' workgroups: small workgroups spread a
-// small weight over every SM.
-const TEAMS1: u32 = 2u;
+// Lanes of a team of the one-row entries (32 to 256, compiled in; a
+// workgroup holds 256 / LPR teams): more lanes a team where a weight has
+// few rows, so that every SM still runs many warps and each lane's serial
+// work is short.
+override LPR: u32 = 32u;
 // Weight rows a team holds in affine_gemv (4), and in the one-row entries
 // (1, 2 or 4, compiled in: fewer rows a team where a weight has too few
 // rows to give every SM several teams of 4; affine_gate_up holds RPT1 / 2
@@ -231,7 +234,7 @@ fn row_units() -> u32 {
     return select(P.k / 32u, KU, KU > 0u);
 }
 
-// A lane's sum of four rows' dots with x over units lane, lane + RL, ...
+// A lane's sum of four rows' dots with x over units lane, lane + LPR, ...
 // of rows of `nu` units (b: the rows' first units).
 fn lane_dots4(b: vec4<u32>, lane: u32, nu: u32, xb: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
@@ -239,12 +242,12 @@ fn lane_dots4(b: vec4<u32>, lane: u32, nu: u32, xb: u32) -> vec4<f32> {
         // a constant trip count; a lane's step past the row rereads the
         // row's last unit, dropped by the select (no branch between loads)
         let last = max(KU, 1u) - 1u;
-        for (var s = 0u; s < (KU + RL - 1u) / RL; s++) {
-            let u = lane + s * RL;
+        for (var s = 0u; s < (KU + LPR - 1u) / LPR; s++) {
+            let u = lane + s * LPR;
             acc += select(vec4<f32>(0.0), dots4(b, min(u, last), xb), u < KU);
         }
     } else {
-        for (var u = lane; u < nu; u += RL) {
+        for (var u = lane; u < nu; u += LPR) {
             acc += dots4(b, u, xb);
         }
     }
@@ -252,21 +255,21 @@ fn lane_dots4(b: vec4<u32>, lane: u32, nu: u32, xb: u32) -> vec4<f32> {
 }
 
 // The team's sums of its lanes' vec4s (each lane's in red[lid], a barrier
-// passed): component c of lanes t0 .. t0 + RL.
+// passed): component c of lanes t0 .. t0 + LPR.
 fn team_col(t0: u32, c: u32) -> f32 {
     var s = vec4<f32>(0.0);
-    for (var j = 0u; j < RL; j += 4u) {
+    for (var j = 0u; j < LPR; j += 4u) {
         s += vec4<f32>(red[t0 + j][c], red[t0 + j + 1u][c], red[t0 + j + 2u][c], red[t0 + j + 3u][c]);
     }
     return (s.x + s.y) + (s.z + s.w);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn affine_gemv1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let team = lid / RL;
-    let lane = lid % RL;
-    let r0 = (linear_group(wg, nwg) * TEAMS1 + team) * RPT1;
+    let team = lid / LPR;
+    let lane = lid % LPR;
+    let r0 = (linear_group(wg, nwg) * (256u / LPR) + team) * RPT1;
     let nu = row_units();
     // (rows past the chunk read its last row and write nothing: every
     // thread takes part in the barrier)
@@ -331,7 +334,7 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let g = linear_group(wg, nwg);
@@ -347,12 +350,12 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     if (e >= P.experts) {
         return;
     }
-    let team = lid / RL;
-    let lane = lid % RL;
+    let team = lid / LPR;
+    let lane = lid % LPR;
     let n = P.n;
     // features a team computes (a gate and an up row each)
     let fpt = max(RPT1 / 2u, 1u);
-    let f0 = ((g % P.nrb) * TEAMS1 + team) * fpt;
+    let f0 = ((g % P.nrb) * (256u / LPR) + team) * fpt;
     let nu = row_units();
     // rows: feature f0's gate and up, f0 + 1's gate and up
     let ga = e * 2u * n + min(f0, n - 1u);
@@ -370,7 +373,7 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 override TOPK: u32 = 0u;
 
 // A lane's share of a token's down rows (first rows hb: h0 .. h0 + 3
-// clamped) over the (expert slot, unit) tasks lane, lane + RL, ... of `tasks`.
+// clamped) over the (expert slot, unit) tasks lane, lane + LPR, ... of `tasks`.
 fn down_task(t: u32, task: u32, nu: u32, hb: vec4<u32>) -> vec4<f32> {
     let p = t * P.top_k + task / nu;
     let u = task % nu;
@@ -383,7 +386,7 @@ fn down_task(t: u32, task: u32, nu: u32, hb: vec4<u32>) -> vec4<f32> {
     return select(vec4<f32>(0.0), WTS[p] * d, ok);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     let g = linear_group(wg, nwg);
@@ -391,10 +394,10 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if (t >= P.m) {
         return;
     }
-    let team = lid / RL;
-    let lane = lid % RL;
+    let team = lid / LPR;
+    let lane = lid % LPR;
     let hidden = P.rows;
-    let h0 = ((g % P.nrb) * TEAMS1 + team) * RPT1;
+    let h0 = ((g % P.nrb) * (256u / LPR) + team) * RPT1;
     let hb = min(vec4<u32>(h0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(hidden - 1u));
     let nu = row_units();
     // The lanes take the rows' (expert slot, unit) tasks, so that rows of
@@ -403,12 +406,12 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if (KU > 0u && TOPK > 0u) {
         let tasks = TOPK * KU;
         let last = max(tasks, 1u) - 1u;
-        for (var s = 0u; s < (tasks + RL - 1u) / RL; s++) {
-            let task = lane + s * RL;
+        for (var s = 0u; s < (tasks + LPR - 1u) / LPR; s++) {
+            let task = lane + s * LPR;
             acc += select(vec4<f32>(0.0), down_task(t, min(task, last), nu, hb), task < tasks);
         }
     } else {
-        for (var task = lane; task < P.top_k * nu; task += RL) {
+        for (var task = lane; task < P.top_k * nu; task += LPR) {
             acc += down_task(t, task, nu, hb);
         }
     }

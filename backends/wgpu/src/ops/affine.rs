@@ -28,22 +28,32 @@ struct Params {
     _p1: u32,
 }
 
-/// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`); the
-/// one-row entries' workgroups are `TEAMS1` teams of `rpt` rows.
+/// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`).
 const ROWS: usize = 32;
-const TEAMS1: usize = 2;
 
-/// Weight rows a team of the one-row entries holds (`RPT1`) for a problem
-/// of `rows` weight rows: 4 (x read once for four rows, the decode's
-/// arithmetic shared) where that still makes at least 1024 teams, so every
-/// SM of a large GPU holds several; fewer for smaller weights, whose
-/// time is the latency of each lane's work (k_proj full, 1024 rows).
+/// Weight rows a team of the one-row entries holds (`RPT1`) for a weight
+/// of `rows` rows: 4 (x read once for four rows, the decode's arithmetic
+/// shared), 1 for small weights (k_proj full, 1024 rows: 12.3 -> 7.3 us on
+/// the H200 at 096aeae; o_proj full, 2816 rows, was slower at 2).
 fn rpt(rows: usize) -> usize {
-    match rows {
-        r if r >= 4096 => 4,
-        r if r >= 2048 => 2,
-        _ => 1,
+    if rows >= 2048 {
+        4
+    } else {
+        1
     }
+}
+
+/// Lanes a team of the one-row entries (`LPR`, a workgroup holding 256 /
+/// LPR teams) for `teams` teams each over `span` units: enough that the
+/// problem runs about 2^17 lanes (some thirty warps an SM of an H200), so
+/// few rows still fill the GPU and each lane's serial work stays short,
+/// between 32 and 256 and no more than the span needs.
+fn lanes(teams: usize, span: usize) -> usize {
+    const WANT: usize = 1 << 17;
+    let by_size = (WANT / teams.max(1)).max(1);
+    // the largest power of two not above by_size
+    let by_size = 1 << (usize::BITS - 1 - by_size.leading_zeros());
+    by_size.min(span.next_power_of_two()).clamp(32, 256)
 }
 
 /// The scales' and biases' word offsets in a binding of `len` elements of
@@ -76,12 +86,27 @@ pub(crate) fn gemv(
     let [wd, qbits, qgroup] = super::weight_constants(w.dtype);
     // one row of x: the one-row entry (its loop's trip count compiled in)
     let r = rpt(p.n);
+    let l = lanes(p.n.div_ceil(r), p.k / 32);
     let (entry, per_group, constants) = if p.m == 1 {
-        let c = [wd, qbits, qgroup, units(p.k), ("RPT1", r as i64)];
-        ("affine_gemv1", TEAMS1 * r, c)
+        let c = [
+            wd,
+            qbits,
+            qgroup,
+            units(p.k),
+            ("RPT1", r as i64),
+            ("LPR", l as i64),
+        ];
+        ("affine_gemv1", 256 / l * r, c)
     } else {
-        // (KU and RPT1 are the one-row entries')
-        let c = [wd, qbits, qgroup, ("MT", p.m as i64), ("RPT1", 4)];
+        // (KU, RPT1 and LPR are the one-row entries')
+        let c = [
+            wd,
+            qbits,
+            qgroup,
+            ("MT", p.m as i64),
+            ("RPT1", 4),
+            ("LPR", 32),
+        ];
         ("affine_gemv", ROWS, c)
     };
     let (xb, ob) = (one(x), one(out));
@@ -149,14 +174,22 @@ pub(crate) fn gate_up(
 ) -> Result<()> {
     // (a team holds a feature's gate and up rows at the least)
     let r = rpt(2 * p.m * p.top_k * p.inter).max(2);
-    let nrb = p.inter.div_ceil(TEAMS1 * r / 2);
+    let l = lanes(p.m * p.top_k * p.inter.div_ceil(r / 2), p.hidden / 32);
+    let nrb = p.inter.div_ceil(256 / l * r / 2);
     let params = moe_params(p, p.hidden, nrb, (dtype, len));
     let xb = one(x);
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
     be.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_gate_up",
-        constants: &[wd, qbits, qgroup, units(p.hidden), ("RPT1", r as i64)],
+        constants: &[
+            wd,
+            qbits,
+            qgroup,
+            units(p.hidden),
+            ("RPT1", r as i64),
+            ("LPR", l as i64),
+        ],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (gu, true),
@@ -185,7 +218,8 @@ pub(crate) fn down(
     p: &Moe,
 ) -> Result<()> {
     let r = rpt(p.m * p.hidden);
-    let nrb = p.hidden.div_ceil(TEAMS1 * r);
+    let l = lanes(p.m * p.hidden.div_ceil(r), p.top_k * p.inter / 32);
+    let nrb = p.hidden.div_ceil(256 / l * r);
     let params = moe_params(p, p.inter, nrb, (dtype, len));
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
     be.launch(Launch {
@@ -202,6 +236,26 @@ pub(crate) fn down(
         ],
         groups: be.grid((p.m * nrb) as u32),
     })
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    /// The lanes a team at the 26B-A4B's decode shapes, and their bounds.
+    #[test]
+    fn lanes_fill_the_gpu_within_bounds() {
+        // LM head: 65536 teams of four rows
+        assert_eq!(lanes(65536, 88), 32);
+        // q_proj sliding, 1024 teams: a lane a unit
+        assert_eq!(lanes(1024, 88), 128);
+        // the down phase, 704 teams over 8 experts' 22 units
+        assert_eq!(lanes(704, 176), 128);
+        // few units a row: no more lanes than units
+        assert_eq!(lanes(16, 3), 32);
+        assert_eq!(lanes(1, 10_000), 256);
+        assert_eq!(lanes(0, 0), 32);
+    }
 }
 
 #[cfg(test)]
