@@ -2,25 +2,36 @@
 // decode and micro-batches: every weight row is read once, 32 values (one
 // "unit": QBITS whole words, one group's scale and bias) a lane at a time.
 //
-//   affine_gemv      matmul, m <= 16 (MT rows of x compiled in):
+//   affine_gemv1     matmul, one row of x: OUT[row0 + r] = W[r] . X
+//   affine_gemv      matmul, 2 <= m <= 16 (MT rows of x compiled in):
 //                    OUT[i, row0 + r] = W[r] . X[i]
 //   affine_gate_up   MoE phase 1 for m <= 16 tokens, one workgroup per
-//                    (token, slot) pair and 16 features:
+//                    (token, slot) pair and 128 / LPR * RPT1 features:
 //                    OUT[p, f] = gelu_tanh(gate_e . x_t) * (up_e . x_t)
-//   affine_down      MoE phase 2, one workgroup per token and 32 output
-//                    rows: OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
+//   affine_down      MoE phase 2, one workgroup per token and 256 / LPR *
+//                    RPT1 output rows:
+//                    OUT[t, h] = sum_j WTS[t, j] * (down_e[h] . X[t, j])
 //
-// A team of RL lanes holds RPT weight rows (8 teams a workgroup); its lanes
-// stride over the rows' units. A lane reads a unit of x (32 f32, 128 bytes)
-// once for all RPT rows: x's reads, not the weights', bound a 4-bit GEMV
-// that reads x once a unit and row (8 bytes of x per byte of weights, all
-// from L1). 4-bit units are one 16-byte load, 8-bit two; a row's units
-// start on 16 bytes (the header is 16 bytes and a row of k values, k a
-// multiple of 32, holds k * QBITS / 32 words, a multiple of 4). Lanes are
-// summed in workgroup memory (no subgroup operations needed).
+// A team of RL lanes holds RPT weight rows; its lanes stride over the rows'
+// units. A lane reads a unit of x (32 f32, 128 bytes) once for all RPT rows:
+// x's reads, not the weights', bound a 4-bit GEMV that reads x once a unit
+// and row (8 bytes of x per byte of weights, all from L1). 4-bit units are
+// one 16-byte load, 8-bit two; a row's units start on 16 bytes (the header
+// is 16 bytes and a row of k values, k a multiple of 32, holds k * QBITS /
+// 32 words, a multiple of 4).
 //
-// Bindings (shared by the three entries; unused ones get a read-only
-// stand-in): 0 W, 1 X (x rows or activations), 2 IDS, 3 WTS, 4 OUT.
+// The scales' and biases' word offsets come in the parameters (P.so, P.bo:
+// the host knows them when it records), not from the binding's header, so
+// a unit's values and its scale and bias load in one round instead of
+// waiting on the header. The one-row entries (affine_gemv1, and both MoE
+// phases) hold RPT1 rows a team of LPR lanes, their sums in named vec4
+// registers (never arrays indexed in loops, which the NVIDIA driver keeps
+// in local memory), and take the units of a row (KU) compiled in: a lane's
+// loop then has a constant trip count and the driver issues all of its
+// loads before the first returns (as kernels/gemv.wgsl does).
+//
+// Bindings (shared by the entries; unused ones get a read-only stand-in):
+// 0 W, 1 X (x rows or activations), 2 IDS, 3 WTS, 4 OUT.
 
 struct Params {
     // rows of x (affine_gemv) or tokens
@@ -37,6 +48,11 @@ struct Params {
     experts: u32,
     // workgroups per pair (phase 1) or token (phase 2)
     nrb: u32,
+    // word offsets of the scales and the biases in W (its header's words)
+    so: u32,
+    bo: u32,
+    _p0: u32,
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -46,14 +62,25 @@ struct Params {
 @group(1) @binding(3) var<storage, read> WTS: array<f32>;
 @group(1) @binding(4) var<storage, read_write> OUT: array<f32>;
 
-// Rows of x of affine_gemv (1 ..= 16).
+// Rows of x of affine_gemv (2 ..= 16).
 override MT: u32 = 1u;
+// Units (32 values) in a row of the reduced dimension, compiled into the
+// one-row entries (0: P.k / 32 at run time).
+override KU: u32 = 0u;
 
 const RL: u32 = 32u;
 const TEAMS: u32 = 8u;
-// Weight rows a team holds (affine_gemv, affine_down; affine_gate_up holds
-// two features' gate and up rows).
+// Lanes of a team of the one-row entries (32 to 256, compiled in; a
+// workgroup holds 256 / LPR teams): more lanes a team where a weight has
+// few rows, so that every SM still runs many warps and each lane's serial
+// work is short.
+override LPR: u32 = 32u;
+// Weight rows a team holds in affine_gemv (4), and in the one-row entries
+// (1, 2 or 4, compiled in: fewer rows a team where a weight has too few
+// rows to give every SM several teams of 4; affine_gate_up holds RPT1 / 2
+// features' gate and up rows).
 const RPT: u32 = 4u;
+override RPT1: u32 = 4u;
 
 var<workgroup> red: array<vec4<f32>, 256>;
 var<workgroup> sh_expert: u32;
@@ -61,6 +88,11 @@ var<workgroup> sh_expert: u32;
 // Word i of the weight (kernels/affine.wgsl).
 fn wword(i: u32) -> u32 {
     return W[i >> 2u][i & 3u];
+}
+
+// The parts' word offsets, from the parameters.
+fn offsets() -> vec2<u32> {
+    return vec2<u32>(P.so, P.bo);
 }
 
 // One unit's packed words and its group's (scale, bias): for 4 and 8 bits
@@ -95,21 +127,17 @@ fn small_to_f32(v: vec4<u32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(v | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
 }
 
-const NIBBLES_LO: vec4<u32> = vec4<u32>(0u, 4u, 8u, 12u);
-const NIBBLES_HI: vec4<u32> = vec4<u32>(16u, 20u, 24u, 28u);
 const BYTES: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
+// A word's four low nibbles in place (nibble j times 16^j, at most
+// 61440: exact through small_to_f32), and the powers that undo the places.
+const NIBBLE_MASKS: vec4<u32> = vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u);
+const NIBBLE_PLACES: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
 
-// The 32 unsigned values of a loaded unit (elements 32u .. 32u + 31 of
-// the weight), as f32; its weights are sb.x * q + sb.y.
+// The 32 unsigned values of a loaded unit of 8 or fewer bits but 4
+// (elements 32u .. 32u + 31 of the weight), as f32.
 fn unit_q(x: Unit) -> array<vec4<f32>, 8> {
     var q: array<vec4<f32>, 8>;
-    if (QBITS == 4u) {
-        for (var i = 0u; i < 4u; i++) {
-            let v = vec4<u32>(x.w0[i]);
-            q[2u * i] = small_to_f32((v >> NIBBLES_LO) & vec4<u32>(15u));
-            q[2u * i + 1u] = small_to_f32((v >> NIBBLES_HI) & vec4<u32>(15u));
-        }
-    } else if (QBITS == 8u) {
+    if (QBITS == 8u) {
         for (var i = 0u; i < 4u; i++) {
             q[i] = small_to_f32((vec4<u32>(x.w0[i]) >> BYTES) & vec4<u32>(255u));
             q[4u + i] = small_to_f32((vec4<u32>(x.w1[i]) >> BYTES) & vec4<u32>(255u));
@@ -145,14 +173,112 @@ fn load_x(xb: u32) -> XUnit {
     return x;
 }
 
+// q . x of a loaded unit's unsigned values.
+fn unit_qdot(w: Unit, x: XUnit) -> f32 {
+    if (QBITS == 4u) {
+        // Each word's nibbles masked in place, not shifted down (one
+        // and-or a value instead of a shift besides), the places undone
+        // once a unit: a[j] sums nibble j and j + 4 of each word, times 16^j.
+        var a = vec4<f32>(0.0);
+        for (var i = 0u; i < 4u; i++) {
+            let v = w.w0[i];
+            a = fma(small_to_f32(vec4<u32>(v) & NIBBLE_MASKS), x.v[2u * i], a);
+            a = fma(small_to_f32(vec4<u32>(v >> 16u) & NIBBLE_MASKS), x.v[2u * i + 1u], a);
+        }
+        return dot(a, NIBBLE_PLACES);
+    }
+    let q = unit_q(w);
+    let a = (dot(q[0], x.v[0]) + dot(q[1], x.v[1])) + (dot(q[2], x.v[2]) + dot(q[3], x.v[3]));
+    let b = (dot(q[4], x.v[4]) + dot(q[5], x.v[5])) + (dot(q[6], x.v[6]) + dot(q[7], x.v[7]));
+    return a + b;
+}
+
 // A loaded unit's weights dotted with x: scale * (q . x) + bias * sum(x),
 // the dot of the dequantised weights (scale * q + bias) with its terms
 // grouped, so that x's sum serves every row.
 fn unit_dot(w: Unit, x: XUnit) -> f32 {
-    let q = unit_q(w);
-    let a = (dot(q[0], x.v[0]) + dot(q[1], x.v[1])) + (dot(q[2], x.v[2]) + dot(q[3], x.v[3]));
-    let b = (dot(q[4], x.v[4]) + dot(q[5], x.v[5])) + (dot(q[6], x.v[6]) + dot(q[7], x.v[7]));
-    return fma(w.sb.x, a + b, w.sb.y * x.sum);
+    return fma(w.sb.x, unit_qdot(w, x), w.sb.y * x.sum);
+}
+
+// Unit `u` of four weight rows (their first units at b.x .. b.w) dotted
+// with the unit of x at vec4 `xb + 8u`: every load issued before any
+// decode.
+fn dots4(b: vec4<u32>, u: u32, xb: u32) -> vec4<f32> {
+    let o = offsets();
+    // (rows past RPT1 are neither loaded nor summed)
+    let w0 = load_unit(b.x + u, o);
+    var w1: Unit;
+    var w2: Unit;
+    var w3: Unit;
+    if (RPT1 > 1u) {
+        w1 = load_unit(b.y + u, o);
+    }
+    if (RPT1 > 2u) {
+        w2 = load_unit(b.z + u, o);
+        w3 = load_unit(b.w + u, o);
+    }
+    let x = load_x(xb + 8u * u);
+    var d = vec4<f32>(unit_dot(w0, x), 0.0, 0.0, 0.0);
+    if (RPT1 > 1u) {
+        d.y = unit_dot(w1, x);
+    }
+    if (RPT1 > 2u) {
+        d.z = unit_dot(w2, x);
+        d.w = unit_dot(w3, x);
+    }
+    return d;
+}
+
+// The units of a row: KU, else from P.k.
+fn row_units() -> u32 {
+    return select(P.k / 32u, KU, KU > 0u);
+}
+
+// A lane's sum of four rows' dots with x over units lane, lane + LPR, ...
+// of rows of `nu` units (b: the rows' first units).
+fn lane_dots4(b: vec4<u32>, lane: u32, nu: u32, xb: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    if (KU > 0u) {
+        // a constant trip count; a lane's step past the row rereads the
+        // row's last unit, dropped by the select (no branch between loads)
+        let last = max(KU, 1u) - 1u;
+        for (var s = 0u; s < (KU + LPR - 1u) / LPR; s++) {
+            let u = lane + s * LPR;
+            acc += select(vec4<f32>(0.0), dots4(b, min(u, last), xb), u < KU);
+        }
+    } else {
+        for (var u = lane; u < nu; u += LPR) {
+            acc += dots4(b, u, xb);
+        }
+    }
+    return acc;
+}
+
+// The team's sums of its lanes' vec4s (each lane's in red[lid], a barrier
+// passed): component c of lanes t0 .. t0 + LPR.
+fn team_col(t0: u32, c: u32) -> f32 {
+    var s = vec4<f32>(0.0);
+    for (var j = 0u; j < LPR; j += 4u) {
+        s += vec4<f32>(red[t0 + j][c], red[t0 + j + 1u][c], red[t0 + j + 2u][c], red[t0 + j + 3u][c]);
+    }
+    return (s.x + s.y) + (s.z + s.w);
+}
+
+@compute @workgroup_size(256)
+fn affine_gemv1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let team = lid / LPR;
+    let lane = lid % LPR;
+    let r0 = (linear_group(wg, nwg) * (256u / LPR) + team) * RPT1;
+    let nu = row_units();
+    // (rows past the chunk read its last row and write nothing: every
+    // thread takes part in the barrier)
+    let b = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u)) * nu;
+    red[lid] = lane_dots4(b, lane, nu, 0u);
+    workgroupBarrier();
+    if (lane < RPT1 && r0 + lane < P.rows) {
+        OUT[P.row0 + r0 + lane] = team_col(lid - lane, lane);
+    }
 }
 
 // Sum `red` over each team's RL lanes (into lane 0); from uniform control flow.
@@ -173,7 +299,7 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let lane = lid % RL;
     let r0 = (linear_group(wg, nwg) * TEAMS + team) * RPT;
     let nu = P.k / 32u;
-    let o = affine_offsets();
+    let o = offsets();
     // acc[r * MT + i]: row r0 + r, row i of x
     var acc: array<f32, 64>;
     for (var u = lane; u < nu; u += RL) {
@@ -207,8 +333,6 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// Features a team computes in affine_gate_up (a gate and an up row each).
-const FPT: u32 = 2u;
 
 @compute @workgroup_size(256)
 fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -226,37 +350,40 @@ fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     if (e >= P.experts) {
         return;
     }
-    let team = lid / RL;
-    let lane = lid % RL;
+    let team = lid / LPR;
+    let lane = lid % LPR;
     let n = P.n;
-    let f0 = ((g % P.nrb) * TEAMS + team) * FPT;
-    let nu = P.k / 32u;
-    let xb = ((p / P.top_k) * P.k) / 4u;
-    let o = affine_offsets();
-    // acc[2 * f]: feature f0 + f's gate, acc[2 * f + 1]: its up
-    var acc: array<f32, 4>;
-    for (var u = lane; u < nu; u += RL) {
-        var w: array<Unit, 4>;
-        for (var f = 0u; f < FPT; f++) {
-            let grow = e * 2u * n + min(f0 + f, n - 1u);
-            w[2u * f] = load_unit(grow * nu + u, o);
-            w[2u * f + 1u] = load_unit((grow + n) * nu + u, o);
-        }
-        let x = load_x(xb + 8u * u);
-        for (var j = 0u; j < 2u * FPT; j++) {
-            acc[j] += unit_dot(w[j], x);
-        }
+    // features a team computes (a gate and an up row each)
+    let fpt = max(RPT1 / 2u, 1u);
+    let f0 = ((g % P.nrb) * (256u / LPR) + team) * fpt;
+    let nu = row_units();
+    // rows: feature f0's gate and up, f0 + 1's gate and up
+    let ga = e * 2u * n + min(f0, n - 1u);
+    let gb = e * 2u * n + min(f0 + 1u, n - 1u);
+    let b = vec4<u32>(ga, ga + n, gb, gb + n) * nu;
+    red[lid] = lane_dots4(b, lane, nu, ((p / P.top_k) * P.k) / 4u);
+    workgroupBarrier();
+    if (lane < fpt && f0 + lane < n) {
+        let t0 = lid - lane;
+        OUT[p * n + f0 + lane] = gelu_tanh(team_col(t0, 2u * lane)) * team_col(t0, 2u * lane + 1u);
     }
-    red[lid] = vec4<f32>(acc[0], acc[1], acc[2], acc[3]);
-    reduce_team(lid, lane);
-    if (lane == 0u) {
-        let s = red[lid];
-        for (var f = 0u; f < FPT; f++) {
-            if (f0 + f < n) {
-                OUT[p * n + f0 + f] = gelu_tanh(s[2u * f]) * s[2u * f + 1u];
-            }
-        }
-    }
+}
+
+// Top-k slots of affine_down, compiled in with KU (0: P.top_k at run time).
+override TOPK: u32 = 0u;
+
+// A lane's share of a token's down rows (first rows hb: h0 .. h0 + 3
+// clamped) over the (expert slot, unit) tasks lane, lane + LPR, ... of `tasks`.
+fn down_task(t: u32, task: u32, nu: u32, hb: vec4<u32>) -> vec4<f32> {
+    let p = t * P.top_k + task / nu;
+    let u = task % nu;
+    // (an expert id past E selects nothing: the CPU reports it; its rows
+    // are read as expert 0's, the product dropped)
+    let e = IDS[p];
+    let ok = e < P.experts;
+    let b = (select(0u, e, ok) * P.rows + hb) * nu;
+    let d = dots4(b, u, (p * P.k) / 4u);
+    return select(vec4<f32>(0.0), WTS[p] * d, ok);
 }
 
 @compute @workgroup_size(256)
@@ -267,42 +394,30 @@ fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if (t >= P.m) {
         return;
     }
-    let team = lid / RL;
-    let lane = lid % RL;
+    let team = lid / LPR;
+    let lane = lid % LPR;
     let hidden = P.rows;
-    let h0 = ((g % P.nrb) * TEAMS + team) * RPT;
-    let inter = P.k;
-    let nu = inter / 32u;
-    let o = affine_offsets();
+    let h0 = ((g % P.nrb) * (256u / LPR) + team) * RPT1;
+    let hb = min(vec4<u32>(h0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(hidden - 1u));
+    let nu = row_units();
     // The lanes take the rows' (expert slot, unit) tasks, so that rows of
     // few units (inter 704: 22) still keep every lane busy.
-    let tasks = P.top_k * nu;
     var acc = vec4<f32>(0.0);
-    for (var task = lane; task < tasks; task += RL) {
-        let p = t * P.top_k + task / nu;
-        let u = task % nu;
-        let e = IDS[p];
-        // (an expert id past E selects nothing: the CPU reports it)
-        if (e < P.experts) {
-            var w: array<Unit, RPT>;
-            for (var r = 0u; r < RPT; r++) {
-                w[r] = load_unit((e * hidden + min(h0 + r, hidden - 1u)) * nu + u, o);
-            }
-            let x = load_x((p * inter) / 4u + 8u * u);
-            let s = WTS[p];
-            for (var r = 0u; r < RPT; r++) {
-                acc[r] += s * unit_dot(w[r], x);
-            }
+    if (KU > 0u && TOPK > 0u) {
+        let tasks = TOPK * KU;
+        let last = max(tasks, 1u) - 1u;
+        for (var s = 0u; s < (tasks + LPR - 1u) / LPR; s++) {
+            let task = lane + s * LPR;
+            acc += select(vec4<f32>(0.0), down_task(t, min(task, last), nu, hb), task < tasks);
+        }
+    } else {
+        for (var task = lane; task < P.top_k * nu; task += LPR) {
+            acc += down_task(t, task, nu, hb);
         }
     }
     red[lid] = acc;
-    reduce_team(lid, lane);
-    if (lane == 0u) {
-        let v = red[lid];
-        for (var r = 0u; r < RPT; r++) {
-            if (h0 + r < hidden) {
-                OUT[t * hidden + h0 + r] = v[r];
-            }
-        }
+    workgroupBarrier();
+    if (lane < RPT1 && h0 + lane < hidden) {
+        OUT[t * hidden + h0 + lane] = team_col(lid - lane, lane);
     }
 }

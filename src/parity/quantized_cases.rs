@@ -47,6 +47,8 @@ fn matmul(full: bool) -> Vec<Op> {
         c(16, 2816, 2112, q(8, 64)),    // dense down, micro-batch
         c(1, 16 * 256, 2816, q(4, 64)), // q_proj, sliding
         c(2, 2816, 16 * 512, q(4, 32)), // o_proj, full
+        c(1, 300, 8192, q(4, 32)),      // one-row teams of 256 lanes
+        c(1, 1000, 8192, q(8, 128)),    // 8 bits, one-row teams of 128
         c(40, 131, 256, q(5, 32)),      // a prefill batch, partial blocks
         c(
             3,

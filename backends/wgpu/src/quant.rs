@@ -14,6 +14,17 @@ pub(crate) fn device_bytes(a: Affine, rows: usize, cols: usize) -> usize {
     4 * HEAD_WORDS + a.layout(rows * cols).bytes
 }
 
+/// Word offsets of the scales and the biases in a device buffer of `len`
+/// elements (what its header holds): the one-row kernels take them as
+/// parameters, so their loads need not wait on the header's.
+pub(crate) fn offsets(a: Affine, len: usize) -> [u32; 2] {
+    let l = a.layout(len);
+    [
+        (HEAD_WORDS + l.scales / 4) as u32,
+        (HEAD_WORDS + l.biases / 4) as u32,
+    ]
+}
+
 /// The device buffer of rows `r0 .. r0 + n` of a `[rows, cols]` weight
 /// whose host buffer (`turbospark::quant` layout) is `host`.
 pub(crate) fn chunk(
@@ -33,13 +44,8 @@ pub(crate) fn chunk(
         &rows_of(scales, spr),
         &rows_of(biases, spr),
     );
-    let l = a.layout(n * cols);
-    let head = [
-        (HEAD_WORDS + l.scales / 4) as u32,
-        (HEAD_WORDS + l.biases / 4) as u32,
-        0,
-        0,
-    ];
+    let [so, bo] = offsets(a, n * cols);
+    let head = [so, bo, 0, 0];
     let mut out = Vec::with_capacity(4 * HEAD_WORDS + body.len());
     out.extend_from_slice(bytemuck::cast_slice(&head));
     out.extend_from_slice(&body);
@@ -71,6 +77,7 @@ mod tests {
         assert_eq!(c.len(), device_bytes(a, 3, cols));
         let head: &[u32] = bytemuck::cast_slice(&c[..16]);
         assert_eq!(head[0] as usize * 4, 16 + a.layout(3 * cols).scales);
+        assert_eq!(head[..2], offsets(a, 3 * cols));
         let body = &c[16..];
         for i in 0..3 * cols {
             assert_eq!(

@@ -361,7 +361,7 @@ pub(crate) fn moe_gate_up(
 ) -> Result<()> {
     let wb = weight(be, gu, "moe_gate_up")?;
     if super::affine::takes(gu, p.m) {
-        return super::affine::gate_up(be, (x, wb, ids, act), gu.dtype, &p);
+        return super::affine::gate_up(be, (x, wb, ids, act), (gu.dtype, gu.len), &p);
     }
     if decode_path(&p, p.hidden, gu.dtype) {
         let params = decode_params(&p, p.inter.div_ceil(decode_pairs()));
@@ -627,7 +627,7 @@ pub(crate) fn moe_down(
 ) -> Result<()> {
     let wb = weight(be, d, "moe_down")?;
     if super::affine::takes(d, p.m) {
-        return super::affine::down(be, (act, wb, ids, w, out), d.dtype, &p);
+        return super::affine::down(be, (act, wb, ids, w, out), (d.dtype, d.len), &p);
     }
     // Phase 2 takes the decode kernel for prefill micro-batches too (one
     // token per row of workgroups; see kernels/moe_decode.wgsl).
