@@ -13,7 +13,7 @@ mod logits;
 mod mapped;
 mod quantize;
 mod stream;
-mod template;
+
 mod turns;
 
 use clap::{Parser, Subcommand};

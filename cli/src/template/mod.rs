@@ -7,7 +7,8 @@
 //! `tokenizer_config.json`'s `chat_template` (a string, or a list of named
 //! ones), else `chat_template.json`.
 //!
-//! No printing here: `chat`, `generate --chat` and a server share it.
+//! No printing here: `chat`, `generate --chat` and a server share it
+//! (the library half of the CLI package, `turbospark_cli`).
 
 mod clock;
 mod python;
@@ -515,16 +516,29 @@ fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
+/// A regular file's text, of at most [`TEMPLATE_FILE_MAX_BYTES`].
 fn read_text(path: &Path) -> Result<String> {
-    crate::common::read_text_file(
-        path,
-        &path.display().to_string(),
-        (
-            TEMPLATE_FILE_MAX_BYTES,
-            "the most a chat template is read for",
-        ),
-    )
-    .map_err(|e| TemplateError(e.to_string()))
+    use std::io::Read;
+    let what = path.display();
+    let file = std::fs::File::open(path).map_err(|e| TemplateError(format!("{what}: {e}")))?;
+    // (the metadata of the file opened: the path may have changed since)
+    let meta = file
+        .metadata()
+        .map_err(|e| TemplateError(format!("{what}: {e}")))?;
+    if !meta.is_file() {
+        return err(format!("{what}: not a regular file"));
+    }
+    if meta.len() > TEMPLATE_FILE_MAX_BYTES {
+        return err(format!(
+            "{what}: {} bytes, more than the {TEMPLATE_FILE_MAX_BYTES} a chat template is read for",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(TEMPLATE_FILE_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| TemplateError(format!("{what}: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| TemplateError(format!("{what}: not UTF-8 text ({e})")))
 }
 
 fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
