@@ -76,6 +76,8 @@ pub trait Generator {
     ) -> turbospark::Result<Generation>;
     /// An empty context.
     fn reset(&mut self);
+    /// The context cut back to its first `p` tokens.
+    fn truncate(&mut self, p: usize) -> turbospark::Result<()>;
     /// Positions left in the context.
     fn room(&self) -> usize;
 }
@@ -94,6 +96,9 @@ impl Generator for AnyModel {
     }
     fn reset(&mut self) {
         AnyModel::reset(self)
+    }
+    fn truncate(&mut self, p: usize) -> turbospark::Result<()> {
+        AnyModel::truncate(self, p)
     }
     fn room(&self) -> usize {
         AnyModel::room(self)
@@ -187,8 +192,8 @@ pub fn converse(
         let next = match turns {
             Turns::Template(t) => {
                 let next = conversation.user_turn(t, tok, user)?;
-                if next.restart {
-                    model.reset();
+                if let Some(p) = next.truncate_to {
+                    model.truncate(p)?;
                 }
                 next
             }
@@ -204,7 +209,7 @@ pub fn converse(
                         t
                     }
                 },
-                restart: false,
+                truncate_to: None,
             },
         };
         let tokens = &next.tokens;
@@ -344,6 +349,7 @@ mod tests {
         script: Vec<u32>,
         prompts: Vec<Vec<u32>>,
         resets: usize,
+        truncations: Vec<usize>,
     }
 
     impl Generator for Scripted {
@@ -370,6 +376,10 @@ mod tests {
         fn reset(&mut self) {
             self.resets += 1;
         }
+        fn truncate(&mut self, p: usize) -> turbospark::Result<()> {
+            self.truncations.push(p);
+            Ok(())
+        }
         fn room(&self) -> usize {
             1 << 20
         }
@@ -384,6 +394,7 @@ mod tests {
             script: vec![7, 8, 501, 9],
             prompts: Vec::new(),
             resets: 0,
+            truncations: Vec::new(),
         };
         let mut out = Vec::new();
         let replies = converse(
@@ -483,6 +494,7 @@ mod tests {
             script: vec![7, 8, 501],
             prompts: Vec::new(),
             resets: 0,
+            truncations: Vec::new(),
         };
         let turns = template(FIXED_TURNS);
         converse(
@@ -504,10 +516,10 @@ mod tests {
 
     /// A template whose rendering of the earlier turns differs from what
     /// the context holds (Gemma 4's: the reply's turn without the generation
-    /// prompt's empty thinking) starts the context over with the whole
-    /// conversation.
+    /// prompt's empty thinking) cuts the context back to what the two share
+    /// and prefills the rest of the conversation from there.
     #[test]
-    fn a_template_that_rewrites_history_restarts_the_context() {
+    fn a_template_that_rewrites_history_keeps_the_shared_prefix() {
         let tok = chat_tokenizer();
         let src = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -518,6 +530,7 @@ mod tests {
             script: vec![7, 8, 501],
             prompts: Vec::new(),
             resets: 0,
+            truncations: Vec::new(),
         };
         converse(
             &mut m,
@@ -530,7 +543,9 @@ mod tests {
             std::io::sink(),
         )
         .unwrap();
-        assert_eq!(m.resets, 1);
+        assert_eq!(m.resets, 0);
+        assert_eq!(m.truncations.len(), 1, "one cut, at the second turn");
+        let cut = m.truncations[0];
         let t = turbospark_cli::template::ChatTemplate::new(&src, "t").unwrap();
         let whole = t
             .render(&turbospark_cli::template::RenderInput {
@@ -543,6 +558,15 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert_eq!(m.prompts[1], encode_with(&tok, &whole, false).unwrap());
+        let whole = encode_with(&tok, &whole, false).unwrap();
+        // The context held the first prompt and the reply but its last token.
+        let held: Vec<u32> = m.prompts[0].iter().chain(&[7, 8]).copied().collect();
+        assert!(
+            cut > 0 && cut < held.len(),
+            "a shared prefix, not all: {cut}"
+        );
+        assert_eq!(whole[..cut], held[..cut], "the prefix kept is shared");
+        assert_ne!(whole[cut], held[cut], "and as long as it can be");
+        assert_eq!(m.prompts[1], whole[cut..], "only the rest is prefilled");
     }
 }

@@ -254,6 +254,20 @@ impl AnyModel {
         }
     }
 
+    /// The context cut back to its first `p` tokens ([`Model::truncate`]).
+    pub fn truncate(&mut self, p: usize) -> turbospark::Result<()> {
+        match self {
+            AnyModel::Cpu(m) => {
+                let (model, seq) = m.parts();
+                model.truncate(seq, p)
+            }
+            AnyModel::Wgpu(m) => {
+                let (model, seq) = m.parts();
+                model.truncate(seq, p)
+            }
+        }
+    }
+
     /// Positions left in the context ([`OneSequence::max_context`] past
     /// [`OneSequence::position`]).
     pub fn room(&self) -> usize {

@@ -62,10 +62,11 @@ fn render(t: &ChatTemplate, messages: &[Value]) -> CliResult<String> {
 }
 
 /// A conversation held through a template: its messages, and the tokens
-/// the model's context holds, so that a turn whose rendering extends them
-/// prefills only what is new. A rendering that does not (a template that
-/// writes earlier turns otherwise once a reply is in: thinking stripped,
-/// a generation prompt the reply's turn lacks) starts the context over.
+/// the model's context holds, so that a turn prefills only what its
+/// rendering does not share with them. A rendering that writes earlier
+/// turns otherwise once a reply is in (thinking stripped, a generation
+/// prompt the reply's turn lacks) cuts the context back to the tokens the
+/// two share (`Model::truncate`) rather than starting it over.
 pub struct Conversation {
     messages: Vec<Value>,
     /// The tokens given to and taken from the model, in order.
@@ -76,11 +77,11 @@ pub struct Conversation {
     system: Option<String>,
 }
 
-/// A turn's tokens to generate from, and whether the context was emptied
-/// for it.
+/// A turn's tokens to generate from, and where the context is cut back to
+/// first (None: it is kept whole).
 pub struct NextPrompt {
     pub tokens: Vec<u32>,
-    pub restart: bool,
+    pub truncate_to: Option<usize>,
 }
 
 impl Conversation {
@@ -121,21 +122,21 @@ impl Conversation {
                 return Err(e);
             }
         };
+        // The longest prefix the context and the rendering share, short of
+        // the rendering's last token (a turn generates from at least one).
         let kept = &self.history[..self.in_context];
-        Ok(if self.in_context > 0 && all.starts_with(kept) {
-            NextPrompt {
-                tokens: all[self.in_context..].to_vec(),
-                restart: false,
-            }
-        } else {
-            // (the caller empties the model's context)
-            let restart = self.in_context > 0;
-            self.history.clear();
-            self.in_context = 0;
-            NextPrompt {
-                tokens: all,
-                restart,
-            }
+        let shared = kept
+            .iter()
+            .zip(&all)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(all.len().saturating_sub(1));
+        let truncate_to = (shared < self.in_context).then_some(shared);
+        self.history.truncate(shared);
+        self.in_context = shared;
+        Ok(NextPrompt {
+            tokens: all[shared..].to_vec(),
+            truncate_to,
         })
     }
 
