@@ -44,7 +44,8 @@ use crate::precision::Precision;
 /// rounded to f16 before it multiplies; sums stay f32.
 ///
 /// "Rounded to f16" is one rounding under [`Precision::Fast`]; under
-/// [`Precision::Exact`] ([`ComputeBackend::precision`]) each such value is
+/// [`Precision::Exact`] (each op's `precision`: [`crate::ops::Matmul`],
+/// [`crate::ops::Moe`], [`crate::ops::Attention`]) each such value is
 /// split after the same scale into `hi = f16(v)` and `lo = f16(v - hi)`
 /// (`lo` zero below f16's smallest normal, 2^-14) and computed as `hi + lo`.
 pub type GemmRounding = Arc<dyn Fn(&OpKind, usize, usize) -> bool + Send + Sync>;
@@ -535,19 +536,6 @@ pub trait ComputeBackend {
     /// (`CpuBackend::rounding_gemm_inputs_as`) rather than allow for it.
     fn gemm_rounding(&self) -> Option<GemmRounding> {
         None
-    }
-
-    /// How the products [`ComputeBackend::gemm_rounding`] names are computed
-    /// from here on: [`Precision::Exact`] (the default) splits their
-    /// activations into two f16 parts, [`Precision::Fast`] rounds them once.
-    /// A backend computing in f32 throughout ignores it. `Model::load` sets
-    /// the model's `ModelOptions::precision`, so models sharing a backend
-    /// share the last one set.
-    fn set_precision(&self, _precision: Precision) {}
-
-    /// The precision set last ([`ComputeBackend::set_precision`]).
-    fn precision(&self) -> Precision {
-        Precision::Exact
     }
 
     /// Whether `precision` computes at the f32 floor here: exact always;

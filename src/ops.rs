@@ -18,6 +18,7 @@ pub const NO_ARGMAX: u32 = u32::MAX;
 pub const ARGMAX_FLOOR: f32 = -3.402823e38;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 
 /// An op case, for [`crate::ComputeBackend::supports`].
 #[derive(Clone, Debug, PartialEq)]
@@ -86,6 +87,9 @@ pub struct Matmul {
     pub n: usize,
     /// Input features (columns of w).
     pub k: usize,
+    /// How the product runs where the backend takes it to f16 matrix units
+    /// ([`crate::ComputeBackend::gemm_rounding`]); ignored elsewhere.
+    pub precision: Precision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,6 +109,8 @@ pub struct Moe {
     pub inter: usize,
     pub experts: usize,
     pub top_k: usize,
+    /// As [`Matmul::precision`], for the experts' GEMMs.
+    pub precision: Precision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -137,6 +143,8 @@ pub struct Attention {
     /// Sliding window (keys `pos+1-window ..= pos`); 0 for full attention.
     pub window: usize,
     pub scale: f32,
+    /// As [`Matmul::precision`], for the scores' and the output's products.
+    pub precision: Precision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -326,8 +334,9 @@ impl PostFfn {
 
 impl QkvPost {
     /// The attention over what this qkv_post writes: its rows, heads and
-    /// caches, with the layer's `window` (0: full) and score `scale`.
-    pub fn attention(&self, window: usize, scale: f32) -> Attention {
+    /// caches, with the layer's `window` (0: full), score `scale` and
+    /// `precision`.
+    pub fn attention(&self, window: usize, scale: f32, precision: Precision) -> Attention {
         Attention {
             m: self.m,
             heads: self.heads,
@@ -336,6 +345,7 @@ impl QkvPost {
             capacity: self.capacity,
             window,
             scale,
+            precision,
         }
     }
 

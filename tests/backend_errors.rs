@@ -99,6 +99,7 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         inter: 2,
         experts: 1,
         top_k: 1,
+        precision: turbospark::Precision::Exact,
     };
     let half = |x, act| GateUpArgs {
         x,
@@ -193,6 +194,7 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         capacity: 1,
         window: 0,
         scale: 1.0,
+        precision: turbospark::Precision::Exact,
     };
     let pos0 = b.alloc(DType::U32, 1, "pos0").unwrap();
     shape_error(
@@ -225,7 +227,7 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     };
     let ap = Attention {
         capacity: 5,
-        ..qp.attention(0, 1.0)
+        ..qp.attention(0, 1.0, turbospark::Precision::Exact)
     };
     let raw = b.alloc(DType::F32, 24, "raw").unwrap();
     let pos = b.alloc(DType::U32, 1, "pos").unwrap();
@@ -428,6 +430,7 @@ fn tiled_expert_stacks_only_where_they_belong() {
         m: 1,
         n: e * rows,
         k: cols,
+        precision: turbospark::Precision::Exact,
     };
     invalid(
         b.matmul(&gu, &f32s(cols), &f32s(e * rows), mm),
@@ -474,6 +477,7 @@ fn tiled_expert_stacks_only_where_they_belong() {
         inter: 16,
         experts: 2,
         top_k: 2,
+        precision: turbospark::Precision::Exact,
     };
     invalid(
         b.moe_down(&f32s(2 * 16), &gu, &ids, &f32s(2), &f32s(64), p),

@@ -211,14 +211,13 @@ fn family_on(name: &str, opts: &WgpuOptions) {
 /// [`family_on`] with the device's tensor-core products at `precision`
 /// (the reference follows it: `CpuBackend::parity_reference_for`).
 fn family_at(name: &str, opts: &WgpuOptions, precision: turbospark::Precision) {
-    use turbospark::ComputeBackend;
     let Some(device) = common::wgpu_backend_with(opts) else {
         return;
     };
-    device.set_precision(precision);
     let cases: Vec<_> = ci_cases()
         .into_iter()
         .filter(|c| c.family() == name)
+        .map(|c| c.with_precision(precision))
         .collect();
     assert!(!cases.is_empty(), "no cases for {name}");
     let seed = seed_from_env();
@@ -480,7 +479,12 @@ fn tensor_core_gemm_keeps_each_rows_range() {
     }
     let (m, n, k) = (40, 96, 2816);
     let op = Op::Matmul(case::Matmul {
-        p: Matmul { m, n, k },
+        p: Matmul {
+            m,
+            n,
+            k,
+            precision: turbospark::Precision::Exact,
+        },
         w: DType::BF16,
     });
     assert!(
@@ -488,11 +492,11 @@ fn tensor_core_gemm_keeps_each_rows_range() {
         "the case must take the tensor cores"
     );
     for precision in turbospark::Precision::ALL {
-        gpu.set_precision(precision);
+        let op = op.clone().with_precision(precision);
         // (fast: F16_INPUT_NMSE; exact: the f32 GEMM's own limit)
         let limit = op.limit_on(&gpu);
         assert!(limit >= F16_INPUT_NMSE || precision == turbospark::Precision::Exact);
-        rows_keep_their_range(&gpu, &op, (m, n, k), limit);
+        rows_keep_their_range(&gpu, &op, (m, n, k), limit, precision);
     }
 }
 
@@ -501,6 +505,7 @@ fn rows_keep_their_range(
     op: &turbospark::parity::Op,
     (m, n, k): (usize, usize, usize),
     limit: f64,
+    precision: turbospark::Precision,
 ) {
     use turbospark::parity::{run_on, HostTensor};
     let seed = seed_from_env();
@@ -533,7 +538,7 @@ fn rows_keep_their_range(
             e <= limit,
             "row {i} (x scaled by 1e{}): NMSE {e:.3e} over {limit:.3e} at {} precision (seed {seed})",
             i as i32 % 13 - 6,
-            turbospark::ComputeBackend::precision(gpu)
+            precision
         );
     }
 }
@@ -547,14 +552,15 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
     use std::sync::Arc;
     use turbospark::ops::OpKind;
     use turbospark::parity::{all_cases, rounded_attention_nmse, Op};
-    use turbospark::ComputeBackend;
+    use turbospark::Precision;
     let rounding = CpuBackend::new().rounding_gemm_inputs_as(Arc::new(|k: &OpKind, m, _| {
         matches!(k, OpKind::Attention { .. }) && m >= 17
     }));
-    // (fast: one rounding; exact keeps every op's own limit, below)
-    rounding.set_precision(turbospark::Precision::Fast);
     let (mut fused, mut alone) = (0, 0);
     for op in all_cases() {
+        // (fast: one rounding; exact keeps every op's own limit, below)
+        let split = op.clone().with_precision(Precision::Exact);
+        let op = op.with_precision(Precision::Fast);
         let (m, heads) = match &op {
             Op::Attention(c) => (c.p.m, c.p.heads),
             Op::QkvPostAttention(c) => (c.p.m, c.p.heads),
@@ -570,9 +576,12 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
             op.limit()
         };
         assert_eq!(op.limit_on(&rounding), want, "{}", op.name());
-        rounding.set_precision(turbospark::Precision::Exact);
-        assert_eq!(op.limit_on(&rounding), op.limit(), "{} split", op.name());
-        rounding.set_precision(turbospark::Precision::Fast);
+        assert_eq!(
+            split.limit_on(&rounding),
+            split.limit(),
+            "{} split",
+            op.name()
+        );
     }
     assert!(
         fused > 0 && alone > 0,

@@ -102,7 +102,8 @@ pub struct ModelOptions {
     pub expert_policy: Policy,
     /// The arithmetic of the tensor-core products (prefill GEMMs and
     /// attention; [`crate::Precision`]): exact (the default, the f32 floor)
-    /// or fast (activations rounded once to f16). Set on the backend at load.
+    /// or fast (activations rounded once to f16). The model's own, passed
+    /// with each op that has such products.
     pub precision: crate::Precision,
 }
 
@@ -149,6 +150,9 @@ pub struct Model<B: ComputeBackend> {
     prefill_batch: usize,
     max_context: usize,
     kv_cache: DType,
+    /// The tensor-core products' arithmetic, passed with each op that has
+    /// them (prefill GEMMs and attention).
+    precision: crate::Precision,
     embed_scale: f32,
     /// Streamed experts' slot caches, when `ModelOptions::expert_slots` is
     /// set: a cache of weights every sequence's passes share.
@@ -212,7 +216,6 @@ impl<B: ComputeBackend> Model<B> {
             &cfg,
             (opts.max_context, prefill_batch, opts.kv_cache),
         )?;
-        backend.set_precision(opts.precision);
         let slots = check_expert_slots(&cfg, opts.expert_slots)?;
         let weights = Weights::load(&backend, source, slots)?;
         let stream = match slots {
@@ -237,6 +240,7 @@ impl<B: ComputeBackend> Model<B> {
             prefill_batch,
             max_context: opts.max_context,
             kv_cache: opts.kv_cache,
+            precision: opts.precision,
             embed_scale,
             stream,
         })
@@ -250,6 +254,17 @@ impl<B: ComputeBackend> Model<B> {
     /// Expert slots per layer, when the experts are streamed.
     pub fn expert_slots(&self) -> Option<usize> {
         self.stream.as_ref().map(|s| s.borrow().slots)
+    }
+
+    /// The arithmetic of the model's tensor-core products.
+    pub fn precision(&self) -> crate::Precision {
+        self.precision
+    }
+
+    /// Run the tensor-core products at `precision` from now on (this
+    /// model's only: it goes with each op, not into the backend).
+    pub fn set_precision(&mut self, precision: crate::Precision) {
+        self.precision = precision;
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -518,6 +533,7 @@ impl<B: ComputeBackend> Model<B> {
                 m,
                 n: cfg.vocab,
                 k: cfg.hidden,
+                precision: self.precision,
             },
         )?;
         if let Some(cap) = cfg.final_softcap {
@@ -640,10 +656,21 @@ impl<B: ComputeBackend> Model<B> {
                 m,
                 n: 2 * inter,
                 k: h,
+                precision: self.precision,
             },
         )?;
         be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
-        be.matmul(&w.mlp_down, &s.act, &s.dense, Matmul { m, n: h, k: inter })
+        be.matmul(
+            &w.mlp_down,
+            &s.act,
+            &s.dense,
+            Matmul {
+                m,
+                n: h,
+                k: inter,
+                precision: self.precision,
+            },
+        )
     }
 
     /// One decoder layer for the `m` tokens of `s`: reads the residual
@@ -688,6 +715,7 @@ impl<B: ComputeBackend> Model<B> {
                 m,
                 n: qkv_rows,
                 k: h,
+                precision: self.precision,
             },
         )?;
         let qp = QkvPost {
@@ -707,11 +735,21 @@ impl<B: ComputeBackend> Model<B> {
             LayerKind::Full => 0,
         };
         // (q_norm and k_norm take the place of 1/sqrt(head_dim): scale 1)
-        let ap = qp.attention(window, 1.0);
+        let ap = qp.attention(window, 1.0, self.precision);
         be.qkv_post_attention(
             &s.qkv, &w.q_norm, &w.k_norm, &s.pos, &s.q, &cache.k, &cache.v, &s.attn, qp, ap,
         )?;
-        be.matmul(&w.o_proj, &s.attn, &s.o, Matmul { m, n: h, k: qd })
+        be.matmul(
+            &w.o_proj,
+            &s.attn,
+            &s.o,
+            Matmul {
+                m,
+                n: h,
+                k: qd,
+                precision: self.precision,
+            },
+        )
     }
 
     /// The feed-forward block on the attention's output `s.o`:
@@ -785,6 +823,7 @@ impl<B: ComputeBackend> Model<B> {
             inter: self.cfg.intermediate,
             experts: 1,
             top_k: 1,
+            precision: self.precision,
         };
         (
             GateUpArgs {
@@ -885,6 +924,7 @@ impl<B: ComputeBackend> Model<B> {
             inter: cfg.moe_inter,
             experts: cfg.experts,
             top_k: cfg.top_k,
+            precision: self.precision,
         };
         let routed_gate_up = GateUpArgs {
             x: &s.moe_in,

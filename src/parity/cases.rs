@@ -37,7 +37,12 @@ fn rms_norm() -> Vec<Op> {
 fn matmul(full: bool) -> Vec<Op> {
     let c = |m, n, k, w| {
         Op::Matmul(case::Matmul {
-            p: Matmul { m, n, k },
+            p: Matmul {
+                m,
+                n,
+                k,
+                precision: crate::Precision::Exact,
+            },
             w,
         })
     };
@@ -170,6 +175,7 @@ fn moe(full: bool) -> Vec<Op> {
             inter,
             experts,
             top_k,
+            precision: crate::Precision::Exact,
         };
         v.push(Op::MoeGateUp(case::MoeGateUp { p, w }));
         v.push(Op::MoeDown(case::MoeDown { p, w }));
@@ -188,6 +194,7 @@ fn moe_pair(full: bool) -> Vec<Op> {
         inter,
         experts,
         top_k,
+        precision: crate::Precision::Exact,
     };
     let mut shapes = vec![
         (moe(1, 1, 1, 256, 96), moe(1, 6, 3, 256, 40), BF16),
@@ -279,6 +286,7 @@ fn attention(full: bool) -> Vec<Op> {
         capacity,
         window,
         scale: 1.0,
+        precision: crate::Precision::Exact,
     };
     // (the decoder's layout: consecutive positions from pos0)
     let c = |m, heads, kv_heads, head_dim, capacity, window, pos0| {
@@ -565,6 +573,7 @@ fn qkv_post_attention() -> Vec<Op> {
             pos0,
             w,
             kv: F32,
+            precision: crate::Precision::Exact,
         })
     };
     vec![

@@ -1,6 +1,5 @@
 //! Judging a device's outputs against the reference's.
 
-use super::case::{Case, PostAttentionGateUp, PostAttentionRouter};
 use super::{HostTensor, OutSpec, GUARD};
 use crate::dtype::decode_f32;
 
@@ -22,14 +21,14 @@ pub fn nmse(reference: &[f32], device: &[f32]) -> f64 {
     }
 }
 
-fn f32s(t: &HostTensor) -> &[f32] {
+pub(super) fn f32s(t: &HostTensor) -> &[f32] {
     match t {
         HostTensor::F32(v) => v,
         _ => &[],
     }
 }
 
-fn u32s(t: &HostTensor) -> &[u32] {
+pub(super) fn u32s(t: &HostTensor) -> &[u32] {
     match t {
         HostTensor::U32(v) => v,
         _ => &[],
@@ -38,7 +37,11 @@ fn u32s(t: &HostTensor) -> &[u32] {
 
 /// Guard regions must still hold the poison, and every element must be
 /// finite (or an infinity the reference has too).
-fn check_written(outputs: &[OutSpec], r: &[HostTensor], d: &[HostTensor]) -> Result<(), String> {
+pub(super) fn check_written(
+    outputs: &[OutSpec],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Result<(), String> {
     for (j, spec) in outputs.iter().enumerate() {
         let n = match spec {
             OutSpec::F32(n) | OutSpec::U32(n) | OutSpec::InPlace(_, n) => *n,
@@ -172,71 +175,6 @@ pub(super) fn judge_router(
     Ok(nmse(&sorted_r, &sorted_d))
 }
 
-/// post_attention's three rows at its own family's limit, then the router
-/// as its family judges it, on the reference's residual (ties allowed),
-/// its weights at `limit`.
-pub(super) fn judge_post_attention_router(
-    c: &PostAttentionRouter,
-    limit: f64,
-    inputs: &[HostTensor],
-    r: &[HostTensor],
-    d: &[HostTensor],
-) -> Verdict {
-    let (pa, router) = c.parts();
-    let pa_limit = pa.limit();
-    let n = c.p.rows * c.p.dim;
-    let mut worst = 0f64;
-    for j in 0..3 {
-        let e = nmse(&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
-        worst = worst.max(at_most(&format!("output {j}"), e, pa_limit)?);
-    }
-    let mut router_inputs = vec![HostTensor::F32(f32s(&r[0])[..n].to_vec())];
-    router_inputs.extend(inputs[5..8].iter().cloned());
-    let e = judge_router(&router.p, &router_inputs, &r[3..5], &d[3..5])?;
-    Ok(worst.max(at_most("router weights", e, limit)?))
-}
-
-/// `PostAttentionRouter`'s verdict on the first five outputs, then the
-/// dense activations at `limit`, and each routed activation row against the
-/// reference's row for the same expert (a tie at the k-th place, which the
-/// router's verdict allows, leaves a row with no counterpart: skipped).
-pub(super) fn judge_post_attention_gate_up(
-    c: &PostAttentionGateUp,
-    limit: f64,
-    inputs: &[HostTensor],
-    r: &[HostTensor],
-    d: &[HostTensor],
-) -> Verdict {
-    let (dense, routed) = c.gate_up_problems();
-    let par = c.router_part();
-    let mut worst = judge_post_attention_router(&par, limit, &inputs[..8], &r[..5], &d[..5])?;
-    let n = dense.m * dense.inter;
-    let e = nmse(&f32s(&r[5])[..n], &f32s(&d[5])[..n]);
-    worst = worst.max(at_most("dense activations", e, limit)?);
-    let (ri, di) = (u32s(&r[3]), u32s(&d[3]));
-    let (ra, da) = (f32s(&r[6]), f32s(&d[6]));
-    let (k, inter) = (routed.top_k, routed.inter);
-    let (mut want, mut got) = (Vec::new(), Vec::new());
-    for t in 0..routed.m {
-        for j in 0..k {
-            let slot = t * k + j;
-            let Some(rj) = (0..k).position(|q| ri[t * k + q] == di[slot]) else {
-                continue;
-            };
-            let rs = t * k + rj;
-            want.extend_from_slice(&ra[rs * inter..(rs + 1) * inter]);
-            got.extend_from_slice(&da[slot * inter..(slot + 1) * inter]);
-        }
-    }
-    // (the router's verdict allows ties at the k-th place only, so rows
-    // are left to compare: none would be a comparison of nothing)
-    if want.is_empty() {
-        return Err((f64::INFINITY, "no routed activation row to compare".into()));
-    }
-    let e = nmse(&want, &got);
-    Ok(worst.max(at_most("routed activations", e, limit)?))
-}
-
 /// Each row's choice: the reference's, or another of the same value.
 pub(super) fn judge_argmax(
     rows: usize,
@@ -294,7 +232,7 @@ fn f16_flips_allowed(n: usize) -> usize {
 /// rest are held to the NMSE `limit` as any output: a value that RoPE
 /// makes tiny by cancellation carries its operands' f32 error, several f16
 /// steps of its own size (lavapipe: 2 steps at 1e-4). Returns that NMSE.
-fn judge_f16_stored(j: usize, limit: f64, reference: &[f32], device: &[f32]) -> Verdict {
+pub(super) fn judge_f16_stored(j: usize, limit: f64, reference: &[f32], device: &[f32]) -> Verdict {
     let (mut flips, mut num, mut den) = (0usize, 0f64, 0f64);
     for (&a, &b) in reference.iter().zip(device) {
         den += (a as f64).powi(2);
@@ -320,44 +258,6 @@ fn judge_f16_stored(j: usize, limit: f64, reference: &[f32], device: &[f32]) -> 
     }
     let e = if den == 0.0 { num } else { num / den };
     at_most(&format!("output {j} (f16, past {flips} flips)"), e, limit)
-}
-
-/// The verdict on one case against an NMSE `limit` (the op's on the device,
-/// [`Case::limit_on`]): the worst NMSE, or the failure. Guards and
-/// finiteness first, then the case's own verdict ([`Case::judge`]).
-pub fn judge<C: Case + ?Sized>(
-    c: &C,
-    limit: f64,
-    inputs: &[HostTensor],
-    r: &[HostTensor],
-    d: &[HostTensor],
-) -> Verdict {
-    check_written(&c.outputs(), r, d).map_err(|m| (f64::INFINITY, m))?;
-    c.judge(limit, inputs, r, d)
-}
-
-/// [`Case::judge`]'s default: every output's NMSE within `limit`, those
-/// stored in f16 ([`Case::f16_stored`]) by [`judge_f16_stored`].
-pub(super) fn judge_outputs<C: Case + ?Sized>(
-    c: &C,
-    limit: f64,
-    r: &[HostTensor],
-    d: &[HostTensor],
-) -> Verdict {
-    let mut worst = 0f64;
-    for (j, spec) in c.outputs().iter().enumerate() {
-        let n = match spec {
-            OutSpec::F32(n) | OutSpec::InPlace(_, n) => *n,
-            OutSpec::U32(_) => continue,
-        };
-        let (rv, dv) = (&f32s(&r[j])[..n], &f32s(&d[j])[..n]);
-        if c.f16_stored(j) {
-            worst = worst.max(judge_f16_stored(j, limit, rv, dv)?);
-            continue;
-        }
-        worst = worst.max(at_most(&format!("output {j}"), nmse(rv, dv), limit)?);
-    }
-    Ok(worst)
 }
 
 #[cfg(test)]
@@ -399,61 +299,5 @@ mod tests {
         // across zero: the smallest subnormals either side are one step apart
         assert!(one_f16_step(0.0, half::f16::from_bits(1).to_f32()));
         assert!(one_f16_step(-half::f16::from_bits(1).to_f32(), 0.0));
-    }
-    use crate::ops::{PostAttention, Router};
-    use crate::DType;
-
-    /// The gate_up verdict matches routed rows by expert, not by slot, and
-    /// fails on a wrong activation.
-    #[test]
-    fn gate_up_verdict_matches_routed_rows_by_expert() {
-        let op = PostAttentionGateUp {
-            p: PostAttention {
-                rows: 1,
-                dim: 4,
-                eps: 1e-6,
-            },
-            r: Router {
-                m: 1,
-                hidden: 4,
-                experts: 4,
-                top_k: 2,
-                eps: 1e-6,
-            },
-            inter: 2,
-            moe_inter: 3,
-            w: DType::F32,
-            pw: DType::F32,
-            gw: DType::F32,
-        };
-        let f = |v: &[f32]| HostTensor::F32(v.to_vec());
-        let row = [1.0, -2.0, 3.0, 0.5];
-        // (the router's inputs are read only for ties: unused here)
-        let inputs = vec![f(&row); 8];
-        let outs = |ids: [u32; 2], wts: [f32; 2], routed: &[f32]| {
-            vec![
-                f(&row),
-                f(&row),
-                f(&row),
-                HostTensor::U32(ids.to_vec()),
-                f(&wts),
-                f(&[0.25, -0.75]),
-                f(routed),
-            ]
-        };
-        let r = outs([2, 0], [0.6, 0.4], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]);
-        // the same experts in the other order, rows with them
-        let d = outs([0, 2], [0.4, 0.6], &[-1.0, -2.0, -3.0, 1.0, 2.0, 3.0]);
-        assert_eq!(
-            judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &d),
-            Ok(0.0)
-        );
-        // a routed row off
-        let bad = outs([0, 2], [0.4, 0.6], &[-1.0, -2.0, -3.0, 1.0, 2.5, 3.0]);
-        let e = judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &bad).unwrap_err();
-        assert!(e.1.contains("routed activations"), "{}", e.1);
-        // the rows left in slot order: each sits against another expert's
-        let swapped = outs([0, 2], [0.4, 0.6], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]);
-        assert!(judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &swapped).is_err());
     }
 }

@@ -273,7 +273,7 @@ pub fn run_case<R: ComputeBackend, D: ComputeBackend, C: Case + ?Sized>(
             }
         }
     }
-    match compare::judge(op, out.limit, &inputs, &r, &d) {
+    match case::judge(op, out.limit, &inputs, &r, &d) {
         Ok(nmse) => out.nmse = nmse,
         Err((nmse, msg)) => {
             out.nmse = nmse;

@@ -30,7 +30,12 @@ fn formats() -> impl Iterator<Item = (u8, u16)> {
 fn matmul(full: bool) -> Vec<Op> {
     let c = |m, n, k, w| {
         Op::Matmul(case::Matmul {
-            p: Matmul { m, n, k },
+            p: Matmul {
+                m,
+                n,
+                k,
+                precision: crate::Precision::Exact,
+            },
             w,
         })
     };
@@ -111,6 +116,7 @@ fn moe(full: bool) -> Vec<Op> {
             inter,
             experts,
             top_k,
+            precision: crate::Precision::Exact,
         };
         v.push(Op::MoeGateUp(case::MoeGateUp { p, w }));
         v.push(Op::MoeDown(case::MoeDown { p, w }));
@@ -127,6 +133,7 @@ fn moe_pair() -> Vec<Op> {
         inter,
         experts,
         top_k,
+        precision: crate::Precision::Exact,
     };
     let mut v = Vec::new();
     for (i, (a, b, w)) in [

@@ -9,7 +9,6 @@
 pub mod ops;
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use turbospark::backend::{BackendInfo, Limits};
@@ -161,9 +160,6 @@ pub struct CpuBackend {
     /// The GEMMs run from f16-rounded inputs, as a tensor-core backend runs
     /// them (`rounding_gemm_inputs_as`); None: all in f32.
     gemm_rounding: Option<GemmRounding>,
-    /// How those GEMMs round (`ComputeBackend::set_precision`): split in
-    /// two f16 parts (exact, false) or once (fast, true).
-    fast: AtomicBool,
 }
 
 impl Default for CpuBackend {
@@ -190,7 +186,6 @@ impl CpuBackend {
             },
             reads: Default::default(),
             gemm_rounding: None,
-            fast: AtomicBool::new(false),
         }
     }
 
@@ -215,19 +210,18 @@ impl CpuBackend {
     /// `turbospark::parity::F16_INPUT_NMSE`: its error is bounded per
     /// product, while attention's depends on its scores' size.)
     pub fn parity_reference_for<B: ComputeBackend + ?Sized>(device: &B) -> Self {
-        let r = match device.gemm_rounding() {
+        match device.gemm_rounding() {
             Some(rule) => Self::new().rounding_gemm_inputs_as(Arc::new(move |op, m, k| {
                 matches!(op, OpKind::Attention { .. }) && rule(op, m, k)
             })),
             None => Self::new(),
-        };
-        r.set_precision(device.precision());
-        r
+        }
     }
 
     /// How the activations of `op` (`m` rows over `k`) reach the products
-    /// here: as they are, or rounded as the rule and the precision say.
-    fn rounding(&self, op: &OpKind, m: usize, k: usize) -> ops::Rounding {
+    /// here: as they are, or rounded as the rule and the op's `precision`
+    /// say.
+    fn rounding(&self, op: &OpKind, m: usize, k: usize, precision: Precision) -> ops::Rounding {
         if !self
             .gemm_rounding
             .as_ref()
@@ -235,17 +229,21 @@ impl CpuBackend {
         {
             return ops::Rounding::F32;
         }
-        if self.fast.load(Ordering::Relaxed) {
-            ops::Rounding::Half
-        } else {
-            ops::Rounding::Split
+        match precision {
+            Precision::Fast => ops::Rounding::Half,
+            Precision::Exact => ops::Rounding::Split,
         }
     }
 
     /// [`Self::rounding`] for a GEMM over weight `w`, which must fit f16
     /// (else its product stays f32, as on the GPU).
-    fn rounds(&self, op: OpKind, m: usize, k: usize, w: &Weights<'_>) -> ops::Rounding {
-        match self.rounding(&op, m, k) {
+    fn rounds(
+        &self,
+        op: OpKind,
+        (m, k, precision): (usize, usize, Precision),
+        w: &Weights<'_>,
+    ) -> ops::Rounding {
+        match self.rounding(&op, m, k, precision) {
             r if r.rounds() && w.fits_f16() => r,
             _ => ops::Rounding::F32,
         }
@@ -287,19 +285,6 @@ impl ComputeBackend for CpuBackend {
 
     fn gemm_rounding(&self) -> Option<GemmRounding> {
         self.gemm_rounding.clone()
-    }
-
-    fn set_precision(&self, precision: Precision) {
-        self.fast
-            .store(precision == Precision::Fast, Ordering::Relaxed);
-    }
-
-    fn precision(&self) -> Precision {
-        if self.fast.load(Ordering::Relaxed) {
-            Precision::Fast
-        } else {
-            Precision::Exact
-        }
     }
 
     fn alloc(&self, dtype: DType, len: usize, _label: &str) -> Result<CpuBuffer> {
@@ -459,7 +444,11 @@ impl ComputeBackend for CpuBackend {
     ) -> Result<()> {
         let (wr, xr) = (w.read(), x.read());
         let wt = weights(&wr, w.dtype());
-        let r = self.rounds(OpKind::Matmul { w: w.dtype() }, p.m, p.k, &wt);
+        let r = self.rounds(
+            OpKind::Matmul { w: w.dtype() },
+            (p.m, p.k, p.precision),
+            &wt,
+        );
         ops::matmul(
             &wt.rounded_to_f16(r.rounds()),
             &ops::f16_rows(xr.f32(), p.k, r),
@@ -503,7 +492,7 @@ impl ComputeBackend for CpuBackend {
         let (xr, gr, ir) = (x.read(), gate_up.read(), ids.read());
         let wt = weights(&gr, gate_up.dtype());
         let kind = OpKind::MoeGateUp { w: gate_up.dtype() };
-        let r = self.rounds(kind, p.m, p.hidden, &wt);
+        let r = self.rounds(kind, (p.m, p.hidden, p.precision), &wt);
         ops::moe_gate_up(
             &ops::f16_rows(xr.f32(), p.hidden, r),
             &wt.rounded_to_f16(r.rounds()),
@@ -524,7 +513,11 @@ impl ComputeBackend for CpuBackend {
     ) -> Result<()> {
         let (ar, dr, ir, wr) = (act.read(), down.read(), ids.read(), wts.read());
         let wt = weights(&dr, down.dtype());
-        let r = self.rounds(OpKind::MoeDown { w: down.dtype() }, p.m, p.inter, &wt);
+        let r = self.rounds(
+            OpKind::MoeDown { w: down.dtype() },
+            (p.m, p.inter, p.precision),
+            &wt,
+        );
         ops::moe_down(
             &ops::f16_rows(ar.f32(), p.inter, r),
             &wt.rounded_to_f16(r.rounds()),
@@ -577,7 +570,7 @@ impl ComputeBackend for CpuBackend {
         let kind = OpKind::Attention {
             head_dim: p.head_dim as u32,
         };
-        let r = self.rounding(&kind, p.m, p.head_dim);
+        let r = self.rounding(&kind, p.m, p.head_dim, p.precision);
         // (an f16 cache widens whole: plain, and the attention reads most of
         // it anyway)
         ops::attention(

@@ -20,7 +20,6 @@ mod quant;
 mod readback;
 mod timing;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use turbospark::ops::{
@@ -94,9 +93,6 @@ pub struct WgpuBackend {
     gemm_tiles: ops::gemm::Overrides,
     /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
     coop_tiles: ops::gemm_coop::CoopTiles,
-    /// The tensor-core products round their activations once
-    /// (`Precision::Fast`) rather than split them (`ComputeBackend::set_precision`).
-    fast: AtomicBool,
 }
 
 impl WgpuBackend {
@@ -184,7 +180,6 @@ impl WgpuBackend {
             reads: Mutex::default(),
             gemm_tiles,
             coop_tiles,
-            fast: AtomicBool::new(false),
         })
     }
 
@@ -732,19 +727,6 @@ impl ComputeBackend for WgpuBackend {
             _ => ops::gemm_coop::rounds_inputs(op, m, k),
         });
         ops::gemm_coop::usable(self).then_some(rule)
-    }
-
-    fn set_precision(&self, precision: turbospark::Precision) {
-        self.fast
-            .store(precision == turbospark::Precision::Fast, Ordering::Relaxed);
-    }
-
-    fn precision(&self) -> turbospark::Precision {
-        if self.fast.load(Ordering::Relaxed) {
-            turbospark::Precision::Fast
-        } else {
-            turbospark::Precision::Exact
-        }
     }
 
     fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {

@@ -180,7 +180,12 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
     };
     let mm = |m, n, k| {
         Op::Matmul(case::Matmul {
-            p: Matmul { m, n, k },
+            p: Matmul {
+                m,
+                n,
+                k,
+                precision: turbospark::Precision::Exact,
+            },
             w: BF16,
         })
     };
@@ -223,6 +228,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                 inter: s.dense_inter,
                 experts: 1,
                 top_k: 1,
+                precision: turbospark::Precision::Exact,
             };
             push(
                 format!("dense+moe gate_up pair m={m}"),
@@ -353,6 +359,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                 capacity: s.ring,
                 window: s.window,
                 scale: 1.0,
+                precision: turbospark::Precision::Exact,
             };
             push(
                 format!("attn sliding ctx={} m={m}", ctx_name(ctx)),
@@ -370,6 +377,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                 capacity: ctx,
                 window: 0,
                 scale: 1.0,
+                precision: turbospark::Precision::Exact,
             };
             push(
                 format!("attn full ctx={} m={m}", ctx_name(ctx)),
@@ -420,6 +428,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
                     window,
                     pos0: ctx - m,
                     w,
+                    precision: turbospark::Precision::Exact,
                     kv,
                 })
             }
@@ -572,6 +581,7 @@ fn routed(s: &Shapes, m: usize) -> Moe {
         inter: s.moe_inter,
         experts: s.experts,
         top_k: s.top_k,
+        precision: turbospark::Precision::Exact,
     }
 }
 
@@ -582,7 +592,12 @@ fn prefill_cases(s: &Shapes, kv: DType, push: &mut impl FnMut(String, &'static s
     let (m, h) = (s.prefill, s.hidden);
     let mm = |n, k| {
         Op::Matmul(case::Matmul {
-            p: Matmul { m, n, k },
+            p: Matmul {
+                m,
+                n,
+                k,
+                precision: turbospark::Precision::Exact,
+            },
             w: BF16,
         })
     };
@@ -617,6 +632,7 @@ fn prefill_cases(s: &Shapes, kv: DType, push: &mut impl FnMut(String, &'static s
                     capacity: s.window + m - 1,
                     window: s.window,
                     scale: 1.0,
+                    precision: turbospark::Precision::Exact,
                 },
                 0,
             )
@@ -634,6 +650,7 @@ fn prefill_cases(s: &Shapes, kv: DType, push: &mut impl FnMut(String, &'static s
                     capacity: m,
                     window: 0,
                     scale: 1.0,
+                    precision: turbospark::Precision::Exact,
                 },
                 0,
             )
@@ -754,7 +771,12 @@ mod tests {
     #[test]
     fn flops_count_products_and_causal_keys() {
         let mm = Op::Matmul(case::Matmul {
-            p: Matmul { m: 3, n: 5, k: 7 },
+            p: Matmul {
+                m: 3,
+                n: 5,
+                k: 7,
+                precision: turbospark::Precision::Exact,
+            },
             w: BF16,
         });
         assert_eq!(mm.flops(), Some(2 * 3 * 5 * 7));
@@ -768,6 +790,7 @@ mod tests {
                 capacity: 4,
                 window: 2,
                 scale: 1.0,
+                precision: turbospark::Precision::Exact,
             },
             0,
         );
@@ -789,6 +812,7 @@ mod tests {
             pos0: 0,
             w: BF16,
             kv: DType::F32,
+            precision: turbospark::Precision::Exact,
         });
         assert_eq!(fused.flops(), attn.flops());
         assert_eq!(Op::GeluMul(case::GeluMul { rows: 1, n: 4 }).flops(), None);

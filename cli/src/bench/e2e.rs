@@ -453,7 +453,7 @@ fn measure<B: ComputeBackend + Counters>(
         Precision::Fast => Precision::Exact,
     };
     let other_run = if prompt_len > 1 {
-        model.backend().set_precision(other);
+        model.set_precision(other);
         let mut best = 0f64;
         let mut last = 0.0;
         for _ in 0..warmups.max(1) {

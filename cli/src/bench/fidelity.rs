@@ -21,13 +21,13 @@ pub struct Pass {
 }
 
 /// `tokens` teacher-forced from position 0 at `precision` (set on the
-/// model's backend), the routing recorded.
+/// model), the routing recorded.
 pub fn pass<B: ComputeBackend>(
     model: &mut OneSequence<B>,
     tokens: &[u32],
     precision: Precision,
 ) -> Result<Pass> {
-    model.backend().set_precision(precision);
+    model.set_precision(precision);
     model.reset();
     model.record_routing(true);
     let logits = model.logits(tokens)?;

@@ -369,12 +369,6 @@ pub fn main(args: Args) -> ExitCode {
         None
     };
     let mut cpu = want_cpu.then(CpuBackend::new);
-    for b in wgpu.iter() {
-        turbospark::ComputeBackend::set_precision(b, args.precision.get());
-    }
-    for b in cpu.iter() {
-        turbospark::ComputeBackend::set_precision(b, args.precision.get());
-    }
 
     let mut runs: Vec<Run> = Vec::new();
     if let Some(b) = &wgpu {
@@ -400,7 +394,11 @@ pub fn main(args: Args) -> ExitCode {
         .into_iter()
         .enumerate()
         .filter(|(_, c)| selects(&args.filter, &c.label))
-        .map(|(i, c)| (args.seed.wrapping_add(i as u64), c))
+        .map(|(i, c)| {
+            // (every case's tensor-core products at --precision)
+            let op = c.op.with_precision(args.precision.get());
+            (args.seed.wrapping_add(i as u64), cases::Case { op, ..c })
+        })
         .unzip();
     let mut bytes = Vec::with_capacity(selected.len());
     for (i, case) in selected.iter().enumerate() {

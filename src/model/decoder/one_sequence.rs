@@ -92,6 +92,11 @@ impl<B: ComputeBackend> OneSequence<B> {
         self.model.into_backend()
     }
 
+    /// [`Model::set_precision`].
+    pub fn set_precision(&mut self, precision: crate::Precision) {
+        self.model.set_precision(precision)
+    }
+
     /// [`Sequence::record_routing`].
     pub fn record_routing(&mut self, on: bool) {
         self.seq.record_routing(on)

@@ -86,7 +86,7 @@ impl Case for Attention {
     /// `CpuBackend::parity_reference_for`)
     fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
         let p = &self.p;
-        if rounds(device, &self.kind(), p.m, p.head_dim) {
+        if rounds(device, p.precision, &self.kind(), (p.m, p.head_dim)) {
             self.limit().max(rounded_attention_nmse(p.m * p.heads))
         } else {
             self.limit()

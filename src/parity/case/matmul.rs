@@ -44,7 +44,7 @@ impl Case for Matmul {
     }
 
     fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
-        if rounds(device, &self.kind(), self.p.m, self.p.k) {
+        if rounds(device, self.p.precision, &self.kind(), (self.p.m, self.p.k)) {
             self.limit().max(F16_INPUT_NMSE)
         } else {
             self.limit()

@@ -104,7 +104,7 @@ pub trait Case {
         r: &[HostTensor],
         d: &[HostTensor],
     ) -> Verdict {
-        compare::judge_outputs(self, limit, r, d)
+        judge_outputs(self, limit, r, d)
     }
 
     /// Whether output `j` is stored in f16 from values each side computes
@@ -280,4 +280,67 @@ impl Op {
         }
         self
     }
+
+    /// The same case with its tensor-core products at `precision` (ops
+    /// without such products unchanged).
+    pub fn with_precision(mut self, precision: crate::Precision) -> Op {
+        match &mut self {
+            Op::Matmul(c) => c.p.precision = precision,
+            Op::Attention(c) => c.p.precision = precision,
+            Op::QkvPostAttention(c) => c.precision = precision,
+            Op::MoeGateUp(MoeGateUp { p, .. }) | Op::MoeDown(MoeDown { p, .. }) => {
+                p.precision = precision
+            }
+            Op::MoeGateUpPair(MoeGateUpPair { a, b, .. })
+            | Op::MoeDownPair(MoeDownPair { a, b, .. })
+            | Op::MoeDownPairPostFfn(MoeDownPairPostFfn { a, b, .. }) => {
+                a.precision = precision;
+                b.precision = precision;
+            }
+            _ => {}
+        }
+        self
+    }
+}
+
+/// The verdict on one case against an NMSE `limit` (the op's on the device,
+/// [`Case::limit_on`]): the worst NMSE, or the failure. Guards and
+/// finiteness first, then the case's own verdict ([`Case::judge`]).
+pub fn judge<C: Case + ?Sized>(
+    c: &C,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
+    compare::check_written(&c.outputs(), r, d).map_err(|m| (f64::INFINITY, m))?;
+    c.judge(limit, inputs, r, d)
+}
+
+/// [`Case::judge`]'s default: every output's NMSE within `limit`, those
+/// stored in f16 ([`Case::f16_stored`]) by [`compare::judge_f16_stored`].
+pub(super) fn judge_outputs<C: Case + ?Sized>(
+    c: &C,
+    limit: f64,
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
+    let mut worst = 0f64;
+    for (j, spec) in c.outputs().iter().enumerate() {
+        let n = match spec {
+            OutSpec::F32(n) | OutSpec::InPlace(_, n) => *n,
+            OutSpec::U32(_) => continue,
+        };
+        let (rv, dv) = (&compare::f32s(&r[j])[..n], &compare::f32s(&d[j])[..n]);
+        if c.f16_stored(j) {
+            worst = worst.max(compare::judge_f16_stored(j, limit, rv, dv)?);
+            continue;
+        }
+        worst = worst.max(compare::at_most(
+            &format!("output {j}"),
+            compare::nmse(rv, dv),
+            limit,
+        )?);
+    }
+    Ok(worst)
 }

@@ -102,7 +102,12 @@ impl Case for MoeGateUp {
     }
 
     fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
-        if rounds(device, &self.kind(), self.p.m, self.p.hidden) {
+        if rounds(
+            device,
+            self.p.precision,
+            &self.kind(),
+            (self.p.m, self.p.hidden),
+        ) {
             self.limit().max(2.0 * F16_INPUT_NMSE)
         } else {
             self.limit()
@@ -179,7 +184,12 @@ impl Case for MoeDown {
     }
 
     fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
-        if rounds(device, &self.kind(), self.p.m, self.p.inter) {
+        if rounds(
+            device,
+            self.p.precision,
+            &self.kind(),
+            (self.p.m, self.p.inter),
+        ) {
             self.limit().max(F16_INPUT_NMSE)
         } else {
             self.limit()

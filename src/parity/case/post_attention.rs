@@ -189,7 +189,7 @@ impl Case for PostAttentionRouter {
         r: &[HostTensor],
         d: &[HostTensor],
     ) -> Verdict {
-        compare::judge_post_attention_router(self, limit, inputs, r, d)
+        judge_post_attention_router(self, limit, inputs, r, d)
     }
 }
 
@@ -215,6 +215,7 @@ impl PostAttentionGateUp {
             inter,
             experts,
             top_k,
+            precision: crate::Precision::Exact,
         };
         (
             moe(self.inter, 1, 1),
@@ -310,7 +311,7 @@ impl Case for PostAttentionGateUp {
         r: &[HostTensor],
         d: &[HostTensor],
     ) -> Verdict {
-        compare::judge_post_attention_gate_up(self, limit, inputs, r, d)
+        judge_post_attention_gate_up(self, limit, inputs, r, d)
     }
 
     /// Every input once and each output once, but of the routed experts'
@@ -356,4 +357,129 @@ fn post_attention_router_args<'a, B>(
             p: r,
         },
     )
+}
+
+/// post_attention's three rows at its own family's limit, then the router
+/// as its family judges it, on the reference's residual (ties allowed),
+/// its weights at `limit`.
+fn judge_post_attention_router(
+    c: &PostAttentionRouter,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
+    let (pa, router) = c.parts();
+    let pa_limit = pa.limit();
+    let n = c.p.rows * c.p.dim;
+    let mut worst = 0f64;
+    for j in 0..3 {
+        let e = compare::nmse(&compare::f32s(&r[j])[..n], &compare::f32s(&d[j])[..n]);
+        worst = worst.max(compare::at_most(&format!("output {j}"), e, pa_limit)?);
+    }
+    let mut router_inputs = vec![HostTensor::F32(compare::f32s(&r[0])[..n].to_vec())];
+    router_inputs.extend(inputs[5..8].iter().cloned());
+    let e = compare::judge_router(&router.p, &router_inputs, &r[3..5], &d[3..5])?;
+    Ok(worst.max(compare::at_most("router weights", e, limit)?))
+}
+
+/// `PostAttentionRouter`'s verdict on the first five outputs, then the
+/// dense activations at `limit`, and each routed activation row against the
+/// reference's row for the same expert (a tie at the k-th place, which the
+/// router's verdict allows, leaves a row with no counterpart: skipped).
+fn judge_post_attention_gate_up(
+    c: &PostAttentionGateUp,
+    limit: f64,
+    inputs: &[HostTensor],
+    r: &[HostTensor],
+    d: &[HostTensor],
+) -> Verdict {
+    let (dense, routed) = c.gate_up_problems();
+    let par = c.router_part();
+    let mut worst = judge_post_attention_router(&par, limit, &inputs[..8], &r[..5], &d[..5])?;
+    let n = dense.m * dense.inter;
+    let e = compare::nmse(&compare::f32s(&r[5])[..n], &compare::f32s(&d[5])[..n]);
+    worst = worst.max(compare::at_most("dense activations", e, limit)?);
+    let (ri, di) = (compare::u32s(&r[3]), compare::u32s(&d[3]));
+    let (ra, da) = (compare::f32s(&r[6]), compare::f32s(&d[6]));
+    let (k, inter) = (routed.top_k, routed.inter);
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    for t in 0..routed.m {
+        for j in 0..k {
+            let slot = t * k + j;
+            let Some(rj) = (0..k).position(|q| ri[t * k + q] == di[slot]) else {
+                continue;
+            };
+            let rs = t * k + rj;
+            want.extend_from_slice(&ra[rs * inter..(rs + 1) * inter]);
+            got.extend_from_slice(&da[slot * inter..(slot + 1) * inter]);
+        }
+    }
+    // (the router's verdict allows ties at the k-th place only, so rows
+    // are left to compare: none would be a comparison of nothing)
+    if want.is_empty() {
+        return Err((f64::INFINITY, "no routed activation row to compare".into()));
+    }
+    let e = compare::nmse(&want, &got);
+    Ok(worst.max(compare::at_most("routed activations", e, limit)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{PostAttention, Router as RouterP};
+
+    /// The gate_up verdict matches routed rows by expert, not by slot, and
+    /// fails on a wrong activation.
+    #[test]
+    fn gate_up_verdict_matches_routed_rows_by_expert() {
+        let op = PostAttentionGateUp {
+            p: PostAttention {
+                rows: 1,
+                dim: 4,
+                eps: 1e-6,
+            },
+            r: RouterP {
+                m: 1,
+                hidden: 4,
+                experts: 4,
+                top_k: 2,
+                eps: 1e-6,
+            },
+            inter: 2,
+            moe_inter: 3,
+            w: DType::F32,
+            pw: DType::F32,
+            gw: DType::F32,
+        };
+        let f = |v: &[f32]| HostTensor::F32(v.to_vec());
+        let row = [1.0, -2.0, 3.0, 0.5];
+        // (the router's inputs are read only for ties: unused here)
+        let inputs = vec![f(&row); 8];
+        let outs = |ids: [u32; 2], wts: [f32; 2], routed: &[f32]| {
+            vec![
+                f(&row),
+                f(&row),
+                f(&row),
+                HostTensor::U32(ids.to_vec()),
+                f(&wts),
+                f(&[0.25, -0.75]),
+                f(routed),
+            ]
+        };
+        let r = outs([2, 0], [0.6, 0.4], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]);
+        // the same experts in the other order, rows with them
+        let d = outs([0, 2], [0.4, 0.6], &[-1.0, -2.0, -3.0, 1.0, 2.0, 3.0]);
+        assert_eq!(
+            judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &d),
+            Ok(0.0)
+        );
+        // a routed row off
+        let bad = outs([0, 2], [0.4, 0.6], &[-1.0, -2.0, -3.0, 1.0, 2.5, 3.0]);
+        let e = judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &bad).unwrap_err();
+        assert!(e.1.contains("routed activations"), "{}", e.1);
+        // the rows left in slot order: each sits against another expert's
+        let swapped = outs([0, 2], [0.4, 0.6], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]);
+        assert!(judge_post_attention_gate_up(&op, 1e-9, &inputs, &r, &swapped).is_err());
+    }
 }

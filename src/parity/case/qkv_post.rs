@@ -30,6 +30,8 @@ pub struct QkvPostAttention {
     pub pos0: usize,
     pub w: DType,
     pub kv: DType,
+    /// The attention's (prefill sizes: tensor cores where the device has them).
+    pub precision: crate::Precision,
 }
 
 /// Both families' inputs: the raw rows, two norm weights, the positions
@@ -152,7 +154,10 @@ impl QkvPostAttention {
     pub fn attention(&self) -> Attention {
         Attention {
             kv: self.kv,
-            ..Attention::new(self.p.attention(self.window, 1.0), self.pos0)
+            ..Attention::new(
+                self.p.attention(self.window, 1.0, self.precision),
+                self.pos0,
+            )
         }
     }
 }
@@ -199,7 +204,7 @@ impl Case for QkvPostAttention {
         let attention = OpKind::Attention {
             head_dim: p.head_dim as u32,
         };
-        if rounds(device, &attention, p.m, p.head_dim) {
+        if rounds(device, self.precision, &attention, (p.m, p.head_dim)) {
             self.limit().max(rounded_attention_nmse(p.m * p.heads))
         } else {
             self.limit()
@@ -234,7 +239,7 @@ impl Case for QkvPostAttention {
             &i[5],
             &o[1],
             p,
-            p.attention(self.window, 1.0),
+            p.attention(self.window, 1.0, self.precision),
         )
     }
 

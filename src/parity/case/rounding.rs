@@ -61,11 +61,11 @@ pub fn rounded_attention_nmse(rows: usize) -> f64 {
 /// ([`ComputeBackend::rounds_gemm_inputs`]).
 pub(super) fn rounds<B: ComputeBackend + ?Sized>(
     device: &B,
+    precision: crate::Precision,
     kind: &OpKind,
-    m: usize,
-    k: usize,
+    (m, k): (usize, usize),
 ) -> bool {
-    device.precision() == crate::Precision::Fast && device.rounds_gemm_inputs(kind, m, k)
+    precision == crate::Precision::Fast && device.rounds_gemm_inputs(kind, m, k)
 }
 
 #[cfg(test)]

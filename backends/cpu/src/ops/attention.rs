@@ -262,6 +262,7 @@ mod tests {
             capacity: 2048,
             window: 0,
             scale: 1.0,
+            precision: turbospark::Precision::Exact,
         };
         let d = p.head_dim;
         let cache = p.capacity * p.kv_heads * d;
@@ -304,6 +305,7 @@ mod tests {
             capacity: 40,
             window: 0,
             scale: 1.0,
+            precision: turbospark::Precision::Exact,
         };
         let mut s = 12345u32;
         let mut rnd = || {
@@ -343,6 +345,7 @@ mod tests {
             capacity: 40,
             window: 0,
             scale: 1.0,
+            precision: turbospark::Precision::Exact,
         };
         let mut rng = turbospark::rng::Rng::new(3);
         let q = rng.vec_normal(p.m * p.heads * 32, 0.5);

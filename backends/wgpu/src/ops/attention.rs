@@ -782,7 +782,7 @@ mod tests {
             capacity,
             v_from_k: false,
         };
-        let ap = qp.attention(0, 1.0);
+        let ap = qp.attention(0, 1.0, turbospark::Precision::Exact);
         let f = |n: usize, label| upload_f32(be, &vec![0.5; n], label);
         let raw = f(m * qp.raw_row(), "raw");
         let (wq, wk) = (f(head_dim, "wq"), f(head_dim, "wk"));
@@ -881,6 +881,7 @@ mod tests {
             capacity: 8192,
             window: 0,
             scale: 1.0,
+            precision: turbospark::Precision::Exact,
         };
         // Gemma 4's full layers (8 heads of 512 a kv head) up to 16 rows,
         // a row a workgroup; its sliding layers (2 of 256) four rows a

@@ -84,7 +84,7 @@ pub(crate) fn attention(
     out: &WgpuBuffer,
     p: Attention,
 ) -> Result<()> {
-    let split = turbospark::ComputeBackend::precision(be) == turbospark::Precision::Exact;
+    let split = p.precision == turbospark::Precision::Exact;
     let (dw, nd, nsg) = shape(p.head_dim, split).expect("takes() checked the head size");
     // (with the split, every f16 scratch holds the lo parts after the hi)
     let parts = 1 + split as usize;

@@ -386,6 +386,7 @@ mod tests {
                 inter: INTER,
                 experts,
                 top_k,
+                precision: turbospark::Precision::Exact,
             };
             [
                 GateUpArgs {

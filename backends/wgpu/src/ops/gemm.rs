@@ -523,7 +523,12 @@ mod tests {
 
     #[test]
     fn k_splits_cover_k_in_whole_steps() {
-        let mm = |m, n, k| Matmul { m, n, k };
+        let mm = |m, n, k| Matmul {
+            m,
+            n,
+            k,
+            precision: turbospark::Precision::Exact,
+        };
         // The router at 512 tokens: 16 tiles of 64 x 64.
         let (ks, kc) = k_splits(&mm(512, 128, 2816), 16, 16, 1);
         assert!(ks > 1 && kc % 16 == 0 && (ks - 1) * kc < 2816 && ks * kc >= 2816);

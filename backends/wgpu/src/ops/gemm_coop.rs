@@ -305,9 +305,9 @@ pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
 }
 
 /// Whether the tensor-core GEMMs split x in two f16 parts
-/// (`Precision::Exact`) rather than round it once.
-fn splits(be: &WgpuBackend) -> bool {
-    turbospark::ComputeBackend::precision(be) == turbospark::Precision::Exact
+/// (`Precision::Exact`) rather than round it once: the op's own precision.
+fn splits(precision: turbospark::Precision) -> bool {
+    precision == turbospark::Precision::Exact
 }
 
 /// `gemm_prep`: `rows` source rows of x (`k` wide) to the tile-ordered f16
@@ -427,7 +427,7 @@ pub(crate) fn dense(
     p: turbospark::ops::Matmul,
 ) -> Result<()> {
     let tiles = be.coop_tiles;
-    let split = splits(be);
+    let split = splits(p.precision);
     // (tile rows, the prep for them)
     let mut prepped: Option<(u32, (WgpuBuffer, WgpuBuffer))> = None;
     for c in w.chunks.iter() {
@@ -486,7 +486,7 @@ pub(crate) fn gate_up(
 ) -> Result<()> {
     let t = be.coop_tiles.grouped;
     let params = grouped(p, t, (p.inter, p.hidden), t.bn() / 2);
-    let mode = (GATE_UP, splits(be));
+    let mode = (GATE_UP, splits(p.precision));
     let xp = prep(be, x, route, t, mode, &params)?;
     launch(be, gu, &xp, act, route, x, t, mode, &params)
 }
@@ -506,7 +506,7 @@ pub(crate) fn down(
     let per_pair = super::gemm::pair_rows(be, p)?;
     let t = be.coop_tiles.grouped;
     let params = grouped(p, t, (p.hidden, p.inter), t.bn());
-    let mode = (DOWN, splits(be));
+    let mode = (DOWN, splits(p.precision));
     let xp = prep(be, act, route, t, mode, &params)?;
     launch(be, d, &xp, one(&per_pair), route, wts, t, mode, &params)?;
     super::gemm::moe_sum(be, params, one(&per_pair), ids, out, p)
@@ -656,6 +656,7 @@ mod tests {
             inter: 1,
             experts: 1,
             top_k: 1,
+            precision: turbospark::Precision::Exact,
         };
         let mut p =
             super::super::gemm::grouped_params(&moe, (1, k), (m as u32).div_ceil(t.bm()), 1);
@@ -753,6 +754,7 @@ mod tests {
             inter: k,
             experts,
             top_k,
+            precision: turbospark::Precision::Exact,
         };
         // distinct experts per token, one expert with more pairs than a tile
         let ids: Vec<u32> = (0..m)

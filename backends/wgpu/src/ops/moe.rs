@@ -155,6 +155,8 @@ pub(crate) fn router(
             m: p.m,
             n: p.experts,
             k: p.hidden,
+            // (never on the tensor cores, below)
+            precision: turbospark::Precision::Exact,
         };
         // (on the f32 units: a 128-row output is too few tiles for the
         // tensor-core path, and top-k choices should not hinge on f16 x)
@@ -737,6 +739,7 @@ mod tests {
             inter: 32,
             experts: 6,
             top_k: 2,
+            precision: turbospark::Precision::Exact,
         };
         let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 6) as u32).collect();
         let idb = upload_u32(&be, &ids, "ids");
@@ -769,6 +772,7 @@ mod tests {
             inter: 32,
             experts: 6,
             top_k: 2,
+            precision: turbospark::Precision::Exact,
         };
         let mut rng = turbospark::rng::Rng::new(7);
         let wv = rng.vec_normal(p.experts * p.hidden * p.inter, 0.2);
