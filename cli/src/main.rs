@@ -13,6 +13,7 @@ mod logits;
 mod mapped;
 mod quantize;
 mod stream;
+
 mod turns;
 
 use clap::{Parser, Subcommand};
