@@ -68,11 +68,28 @@ pub fn serve<B: ComputeBackend>(
     while let Some(job) = jobs.blocking_recv() {
         // (a client that left while its request waited)
         if job.events.is_closed() {
+            eprintln!("request skipped: the client went while it waited");
             continue;
         }
         let event = match run(&model, &mut cache, &tok, &eos, &job) {
-            Ok(done) => Event::Done(done),
-            Err(e) => Event::Error(e.to_string()),
+            Ok(done) => {
+                let how = if job.events.is_closed() {
+                    "the client went"
+                } else if done.stopped {
+                    "stop"
+                } else {
+                    "length"
+                };
+                eprintln!(
+                    "request: {} prompt tokens ({} cached), {} new; {how}",
+                    done.prompt_tokens, done.cached_tokens, done.completion_tokens
+                );
+                Event::Done(done)
+            }
+            Err(e) => {
+                eprintln!("request failed: {e}");
+                Event::Error(e.to_string())
+            }
         };
         let _ = job.events.send(event);
     }

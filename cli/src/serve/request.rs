@@ -311,20 +311,21 @@ pub fn chat(m: &Map<String, Value>) -> ApiResult<Chat> {
             ))
         }
     };
-    let tool_choice =
-        match field(m, "tool_choice") {
-            None => None,
-            Some(Value::String(s)) if ["none", "auto", "required"].contains(&s.as_str()) => {
-                Some(s.as_str())
-            }
-            Some(Value::Object(_)) => Some("function"),
-            Some(v) => return Err(ApiError::invalid(
+    let tool_choice = match field(m, "tool_choice") {
+        None => None,
+        Some(Value::String(s)) if ["none", "auto", "required"].contains(&s.as_str()) => {
+            Some(s.as_str())
+        }
+        Some(Value::Object(_)) => Some("function"),
+        Some(v) => {
+            return Err(ApiError::invalid(
                 "tool_choice",
                 format!(
                     "tool_choice must be \"none\", \"auto\", \"required\" or an object, not {v}"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let tools = match field(m, "tools") {
         None => None,
         Some(Value::Array(t)) if t.is_empty() => None,
