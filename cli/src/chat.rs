@@ -1,6 +1,7 @@
 //! `turbospark chat`: a conversation on stdin, each reply streamed as it is
 //! generated, the context kept from turn to turn (only the new turn is
-//! prefilled). The turns' text: `turns.rs`.
+//! prefilled). The turns' text: the checkpoint's chat template where it
+//! has one, else `turns.rs`'s.
 
 use std::io::{BufRead, Read, Write};
 use std::ops::ControlFlow;
@@ -11,7 +12,7 @@ use turbospark::model::{GenerateOptions, Generation};
 use crate::common::{encode_with, tokenizer, CliResult};
 use crate::generate::{AnyModel, RunArgs, SamplingArgs};
 use crate::stream::Stream;
-use crate::turns::{first_turn, next_turn, turn_end_id};
+use crate::turns::{next_turn, turn_end_id, Conversation, NextPrompt, Turns};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,14 +45,17 @@ pub fn run(a: Args) -> CliResult {
             a.model.display()
         )
     })?;
-    // (before the weights are loaded: a tokenizer without turns says so now)
+    // (before the weights are loaded: a tokenizer without turns, or a
+    // template that does not compile, says so now)
     turn_end_id(&tok)?;
+    let turns = Turns::of(&a.model)?;
     let (mut model, device) = a.run.load(&a.model)?;
     eprintln!("{device}: type a message; /reset starts over; an empty line or end of input quits");
     let stdin = std::io::stdin();
     converse(
         &mut model,
         &tok,
+        &turns,
         a.system.as_deref(),
         &opts,
         stdin.lock(),
@@ -106,16 +110,21 @@ pub const LINE_MAX_BYTES: u64 = 16 << 20;
 
 /// One conversation: a user message a line of `input`, each reply streamed
 /// to `out`, the prompt marker and notices to `prompt`. Ends at an empty
-/// line or the end of input; returns the replies' tokens. A reply cut at
-/// `opts.max_new_tokens` is closed with `<turn|>` before the next user
-/// turn; a reply is cut short where the context ends, and a turn that does
+/// line or the end of input; returns the replies' tokens. Through a
+/// template, each turn renders the whole conversation and the model takes
+/// what the context does not hold yet (all of it, the context emptied,
+/// where the rendering does not extend it). With the fixed turns, a reply
+/// cut at `opts.max_new_tokens` is closed with `<turn|>` before the next
+/// user turn. A reply is cut short where the context ends, and a turn that does
 /// not fit is refused with a notice ([`RESET`] starts over). A line that
 /// is not UTF-8 is skipped with a notice. An error when every turn was
 /// refused (no reply at all: a `system` turn that fills the context), or
 /// a line is longer than [`LINE_MAX_BYTES`].
+#[allow(clippy::too_many_arguments)]
 pub fn converse(
     model: &mut impl Generator,
     tok: &tokenizers::Tokenizer,
+    turns: &Turns,
     system: Option<&str>,
     opts: &GenerateOptions,
     input: impl BufRead,
@@ -127,6 +136,7 @@ pub fn converse(
     // The last reply's last token, which the context does not hold yet
     // (None: a new conversation).
     let mut last: Option<u32> = None;
+    let mut conversation = Conversation::new(system);
     let mut input = input;
     let (mut line_no, mut refused) = (0usize, 0usize);
     let mut bytes = Vec::new();
@@ -166,23 +176,38 @@ pub fn converse(
         if user == RESET {
             model.reset();
             last = None;
+            conversation.reset();
             writeln!(prompt, "(a new conversation)")?;
             continue;
         }
-        // The new turn's tokens. The last reply's last token is not in the
-        // context yet (generate leaves it to the next call): it leads, and
-        // a reply that did not end its turn gets its <turn|> here.
-        let tokens = match last {
-            None => encode_with(tok, &first_turn(system, user), true)?,
-            Some(last) => {
-                let mut t = vec![last];
-                if last != turn_end {
-                    t.push(turn_end);
+        // The new turn's tokens. With the fixed turns: the last reply's
+        // last token is not in the context yet (generate leaves it to the
+        // next call): it leads, and a reply that did not end its turn gets
+        // its <turn|> here.
+        let next = match turns {
+            Turns::Template(t) => {
+                let next = conversation.user_turn(t, tok, user)?;
+                if next.restart {
+                    model.reset();
                 }
-                t.extend(encode_with(tok, &next_turn(user), false)?);
-                t
+                next
             }
+            Turns::Fixed => NextPrompt {
+                tokens: match last {
+                    None => turns.first(tok, system, user)?,
+                    Some(last) => {
+                        let mut t = vec![last];
+                        if last != turn_end {
+                            t.push(turn_end);
+                        }
+                        t.extend(encode_with(tok, &next_turn(user), false)?);
+                        t
+                    }
+                },
+                restart: false,
+            },
         };
+        let tokens = &next.tokens;
         // The turn and at least one new token must fit; the reply takes
         // what is left of the context, up to its limit.
         let room = model.room();
@@ -193,6 +218,7 @@ pub fn converse(
                  {RESET} starts a new conversation)",
                 tokens.len()
             )?;
+            conversation.refuse();
             refused += 1;
             continue;
         }
@@ -201,13 +227,16 @@ pub fn converse(
             ..opts.clone()
         };
         let mut stream = Stream::new(&mut out, Some(tok));
-        let g = model.generate_streaming(&tokens, &opts, &mut |id| {
+        let g = model.generate_streaming(tokens, &opts, &mut |id| {
             if id == turn_end {
                 return ControlFlow::Break(());
             }
             stream.take(id)
         })?;
         stream.finish()?;
+        if let Turns::Template(t) = turns {
+            conversation.replied(t, tok, &next, &g.tokens, turn_end)?;
+        }
         last = g.tokens.last().copied();
         replies.push(g.tokens);
     }
@@ -224,6 +253,7 @@ pub fn converse(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::turns::first_turn;
     use turbospark::model::{Checkpoint, ModelOptions, OneSequence};
     use turbospark_cpu::CpuBackend;
 
@@ -284,6 +314,7 @@ mod tests {
         let replies = converse(
             &mut m,
             &tok,
+            &Turns::Fixed,
             Some("w7"),
             &greedy(6),
             "w10 w11\nw12 w13 w14\n\nw15\n".as_bytes(),
@@ -312,6 +343,7 @@ mod tests {
     struct Scripted {
         script: Vec<u32>,
         prompts: Vec<Vec<u32>>,
+        resets: usize,
     }
 
     impl Generator for Scripted {
@@ -335,7 +367,9 @@ mod tests {
                 decode_tok_s: 1.0,
             })
         }
-        fn reset(&mut self) {}
+        fn reset(&mut self) {
+            self.resets += 1;
+        }
         fn room(&self) -> usize {
             1 << 20
         }
@@ -349,11 +383,13 @@ mod tests {
         let mut m = Scripted {
             script: vec![7, 8, 501, 9],
             prompts: Vec::new(),
+            resets: 0,
         };
         let mut out = Vec::new();
         let replies = converse(
             &mut m,
             &tok,
+            &Turns::Fixed,
             None,
             &greedy(6),
             "w10 w11\nw12\n".as_bytes(),
@@ -384,6 +420,7 @@ mod tests {
         let replies = converse(
             &mut m,
             &tok,
+            &Turns::Fixed,
             None,
             &greedy(6),
             "w10 w11\nw12 w13\nw14 w15 w16 w17 w18 w19 w20\n/reset\nw10 w11\n".as_bytes(),
@@ -404,5 +441,108 @@ mod tests {
         assert!(notices.contains("(a new conversation)"), "{notices}");
         assert_eq!(replies.len(), 3, "{replies:?}");
         assert_eq!(replies[2], replies[0], "after /reset, the same first reply");
+    }
+
+    /// A template that writes the fixed turns.
+    const FIXED_TURNS: &str = "{%- for m in messages -%}\
+        {{ '<|turn>' + ('model' if m.role == 'assistant' else m.role) + '\\n' + m.content + '<turn|>\\n' }}\
+        {%- endfor -%}{%- if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif -%}";
+
+    fn template(src: &str) -> Turns {
+        let t = turbospark_cli::template::ChatTemplate::new(src, "test").unwrap();
+        Turns::Template(Box::new(t))
+    }
+
+    /// Through a template that writes the fixed turns, a conversation is
+    /// the fixed one: the same replies from the tiny model, and each later
+    /// turn prefills only what the context lacks (the reply's text
+    /// re-rendered gives back its tokens).
+    #[test]
+    fn a_template_conversation_keeps_its_context() {
+        let tok = chat_tokenizer();
+        let input = "w10 w11\nw12 w13 w14\nw15\n";
+        let run = |turns: &Turns| {
+            let mut m = model();
+            converse(
+                &mut m,
+                &tok,
+                turns,
+                Some("w7"),
+                &greedy(6),
+                input.as_bytes(),
+                std::io::sink(),
+                std::io::sink(),
+            )
+            .unwrap()
+        };
+        let fixed = run(&Turns::Fixed);
+        assert_eq!(fixed.len(), 3);
+        assert_eq!(run(&template(FIXED_TURNS)), fixed);
+
+        let mut m = Scripted {
+            script: vec![7, 8, 501],
+            prompts: Vec::new(),
+            resets: 0,
+        };
+        let turns = template(FIXED_TURNS);
+        converse(
+            &mut m,
+            &tok,
+            &turns,
+            None,
+            &greedy(6),
+            "w10\nw11\n".as_bytes(),
+            std::io::sink(),
+            std::io::sink(),
+        )
+        .unwrap();
+        assert_eq!(m.resets, 0);
+        let mut second = vec![501];
+        second.extend(encode_with(&tok, &next_turn("w11"), false).unwrap());
+        assert_eq!(m.prompts[1], second, "only the new turn");
+    }
+
+    /// A template whose rendering of the earlier turns differs from what
+    /// the context holds (Gemma 4's: the reply's turn without the generation
+    /// prompt's empty thinking) starts the context over with the whole
+    /// conversation.
+    #[test]
+    fn a_template_that_rewrites_history_restarts_the_context() {
+        let tok = chat_tokenizer();
+        let src = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/chat-template/gemma4.jinja"
+        ))
+        .unwrap();
+        let mut m = Scripted {
+            script: vec![7, 8, 501],
+            prompts: Vec::new(),
+            resets: 0,
+        };
+        converse(
+            &mut m,
+            &tok,
+            &template(&src),
+            None,
+            &greedy(6),
+            "w10\nw11\n".as_bytes(),
+            std::io::sink(),
+            std::io::sink(),
+        )
+        .unwrap();
+        assert_eq!(m.resets, 1);
+        let t = turbospark_cli::template::ChatTemplate::new(&src, "t").unwrap();
+        let whole = t
+            .render(&turbospark_cli::template::RenderInput {
+                messages: turbospark_cli::template::json(
+                    r#"[{"role": "user", "content": "w10"}, {"role": "assistant", "content": "w7 w8"},
+                        {"role": "user", "content": "w11"}]"#,
+                )
+                .unwrap(),
+                add_generation_prompt: true,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(m.prompts[1], encode_with(&tok, &whole, false).unwrap());
     }
 }

@@ -47,8 +47,9 @@ pub struct Args {
     /// default generation stops at one.
     #[arg(long)]
     ignore_eos: bool,
-    /// Wrap the prompt in Gemma 4's chat turns (a user turn, then the
-    /// model's) and stop where the model ends its turn: for
+    /// Wrap the prompt in the checkpoint's chat template (chat_template.jinja
+    /// or tokenizer_config.json's; Gemma 4's turns where it has none: a user
+    /// turn, then the model's) and stop where the model ends its turn: for
     /// instruction-tuned checkpoints.
     #[arg(long)]
     chat: bool,
@@ -351,7 +352,8 @@ pub fn run(a: Args) -> CliResult {
     let tok = tokenizer(&a.model)?;
     let max_context = a.run.context(&a.model)?;
     let text = prompt_text(&a, max_context)?;
-    // With --chat, where the model's turn ends (its id, from the tokenizer).
+    // With --chat, where the model's turn ends (its id, from the tokenizer),
+    // and the checkpoint's template, if it has one.
     let turn_end = match (&tok, a.chat) {
         (Some(t), true) => Some(turns::turn_end_id(t)?),
         (None, true) => {
@@ -373,10 +375,16 @@ pub fn run(a: Args) -> CliResult {
     if a.stops.iter().any(String::is_empty) {
         return Err("--stop needs a non-empty string".into());
     }
+    let chat_turns = if a.chat {
+        Some(turns::Turns::of(&a.model)?)
+    } else {
+        None
+    };
     let prompt = match (&text, &a.tokens, &tok) {
-        (Some(text), None, Some(t)) if a.chat => {
-            encode(t, &turns::first_turn(a.system.as_deref(), text))?
-        }
+        (Some(text), None, Some(t)) if a.chat => chat_turns
+            .as_ref()
+            .expect("set with --chat")
+            .first(t, a.system.as_deref(), text)?,
         (_, Some(_), _) if a.chat => return Err("--chat takes --prompt, not --tokens".into()),
         (_, Some(ids), _) => parse_tokens(ids)?,
         (Some(text), None, Some(t)) => encode(t, text)?,

@@ -210,6 +210,82 @@ fn chat_converses_on_stdin() {
     assert_eq!(succeeds(&one).trim(), lines[0]);
 }
 
+/// `generate --chat` renders the checkpoint's chat_template.jinja with
+/// tokenizer_config.json's tokens: a template writing the fixed turns after
+/// a BOS gives what the fixed turns give after that token; one that does not
+/// compile is an error naming it, before the weights load.
+#[test]
+fn generate_chat_renders_the_checkpoints_template() {
+    // (a directory of its own: tests run at once, and chat_fixture's is shared)
+    let templated = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-fixture-template");
+    std::fs::create_dir_all(&templated).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), templated.join(f)).unwrap();
+    }
+    let chat = fixture().join("../tiny-text-chat/tokenizer.json");
+    std::fs::copy(chat, templated.join("tokenizer.json")).unwrap();
+    let _ = std::fs::remove_file(templated.join("chat_template.jinja"));
+    let _ = std::fs::remove_file(templated.join("tokenizer_config.json"));
+    let t = templated.display().to_string();
+    let run_t = ["--model", &t, "--backend", "cpu", "--max-new-tokens", "4"];
+    let fixed = turbospark(
+        &[
+            &["generate"][..],
+            &run_t,
+            &["--chat", "--prompt", "w10 w11"],
+        ]
+        .concat(),
+    );
+    let fixed = succeeds(&fixed).trim().to_string();
+    std::fs::write(
+        templated.join("chat_template.jinja"),
+        "{{ bos_token }}{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|turn>model\n{% endif %}",
+    )
+    .unwrap();
+    // (an empty BOS: the tiny tokenizer adds none to the fixed turns either)
+    std::fs::write(
+        templated.join("tokenizer_config.json"),
+        r#"{"bos_token": ""}"#,
+    )
+    .unwrap();
+    let same = turbospark(
+        &[
+            &["generate"][..],
+            &run_t,
+            &["--chat", "--prompt", "w10 w11"],
+        ]
+        .concat(),
+    );
+    assert_eq!(succeeds(&same).trim(), fixed);
+
+    std::fs::write(
+        templated.join("chat_template.jinja"),
+        "{% for m in messages %}",
+    )
+    .unwrap();
+    let out = turbospark(
+        &[
+            &["generate"][..],
+            &run_t,
+            &["--chat", "--prompt", "w10 w11"],
+        ]
+        .concat(),
+    );
+    fails_with(
+        &out,
+        "chat_template.jinja: the chat template does not compile",
+    );
+    std::fs::remove_file(templated.join("chat_template.jinja")).unwrap();
+    std::fs::write(
+        templated.join("tokenizer_config.json"),
+        r#"{"chat_template": "{{ raise_exception('no system turns here') }}"}"#,
+    )
+    .unwrap();
+    let out = turbospark(&[&["generate"][..], &run_t, &["--chat", "--prompt", "w10"]].concat());
+    fails_with(&out, "no system turns here");
+}
+
 /// `info --model` on a quantized checkpoint: the bytes a token reads as
 /// stored (not zero for a format with no per-element size) and the Macs
 /// whose GPU holds the run.

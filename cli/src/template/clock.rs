@@ -128,7 +128,10 @@ pub fn strftime(fmt: &str, tm: &Tm) -> String {
                 format!("{v:0width$}")
             }
         };
-        let hour12 = if tm.hour % 12 == 0 { 12 } else { tm.hour % 12 };
+        let hour12 = match tm.hour % 12 {
+            0 => 12,
+            h => h,
+        };
         let day = DAYS[tm.weekday as usize % 7];
         let month = MONTHS[(tm.month as usize + 11) % 12];
         match chars.next() {
