@@ -37,6 +37,24 @@ fn chat_fixture() -> PathBuf {
     .clone()
 }
 
+/// [`chat_fixture`] with Gemma 4's chat template (the template tests'
+/// copy of the checkpoint's) as its chat_template.jinja.
+fn template_fixture() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-template-fixture");
+        std::fs::create_dir_all(&dir).unwrap();
+        let chat = chat_fixture();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(chat.join(f), dir.join(f)).unwrap();
+        }
+        let jinja = fixture().join("../chat-template/gemma4.jinja");
+        std::fs::copy(jinja, dir.join("chat_template.jinja")).unwrap();
+        dir
+    })
+    .clone()
+}
+
 /// A running server: its address, and its stderr so far.
 struct Server {
     child: Child,
@@ -51,7 +69,11 @@ impl Server {
 
     /// A server sized for a `context`-token context.
     fn start_with(context: &str, extra: &[&str]) -> Server {
-        let dir = chat_fixture();
+        Self::start_on(&chat_fixture(), context, extra)
+    }
+
+    /// A server of the checkpoint `dir`.
+    fn start_on(dir: &std::path::Path, context: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
             .args([
                 "serve",
@@ -253,7 +275,11 @@ fn assert_error(r: &Reply, status: u16, param: Option<&str>) -> Value {
 
 /// `generate`'s greedy text on the same checkpoint and context.
 fn generate(args: &[&str]) -> String {
-    let dir = chat_fixture();
+    generate_on(&chat_fixture(), args)
+}
+
+/// [`generate`] on the checkpoint `dir`.
+fn generate_on(dir: &std::path::Path, args: &[&str]) -> String {
     let mut all = vec!["generate", "--model", dir.to_str().unwrap()];
     all.extend(["--backend", "cpu", "--max-context", CONTEXT]);
     all.extend(args);
@@ -440,6 +466,49 @@ fn models_health_tokens_and_template() {
     assert_eq!(
         p["prompt"],
         "<|turn>system\nw7<turn|>\n<|turn>user\nw10<turn|>\n<|turn>model\n"
+    );
+}
+
+/// With the checkpoint's chat template: its rendering (tools declared,
+/// thinking enabled through chat_template_kwargs), and a reply equal to
+/// `generate --chat`'s, which renders with it too.
+#[test]
+fn the_checkpoints_template_renders_chats() {
+    let dir = template_fixture();
+    let s = Server::start_on(&dir, CONTEXT, &[]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}}]);
+    let p = s
+        .post(
+            "/apply-template",
+            &json!({"messages": user("w10"), "tools": tools,
+                    "chat_template_kwargs": {"enable_thinking": true}}),
+        )
+        .json();
+    let prompt = p["prompt"].as_str().unwrap();
+    assert!(prompt.contains("<|think|>"), "{prompt}");
+    assert!(prompt.contains("declaration:get_weather"), "{prompt}");
+    assert!(prompt.ends_with("<|turn>model\n"), "{prompt}");
+    let want = generate_on(
+        &dir,
+        &["--chat", "--prompt", "w10 w11", "--max-new-tokens", "6"],
+    );
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w10 w11"), "max_tokens": 6}),
+    );
+    assert_eq!(content(&r), want);
+    // (tool_choice "none": the tools are not declared)
+    let p = s
+        .post(
+            "/apply-template",
+            &json!({"messages": user("w10"), "tools": tools, "tool_choice": "none"}),
+        )
+        .json();
+    assert!(
+        !p["prompt"].as_str().unwrap().contains("get_weather"),
+        "{p}"
     );
 }
 

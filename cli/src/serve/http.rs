@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{self, error::TrySendError, UnboundedReceiver};
 use turbospark::model::GenerateOptions;
-use turbospark_cli::reply::{parse_reply, Delta, ReplyParser};
+use turbospark_cli::reply::{parse_reply, Delta, Reply, ReplyParser};
 
 use super::engine::{Done, Event, Job};
 use super::prompt::Renderer;
@@ -358,6 +358,54 @@ fn call_id(index: usize) -> String {
     format!("call_{}", response_id(&index.to_string()))
 }
 
+/// A whole reply as OpenAI's assistant message, and its finish reason.
+fn message(reply: Reply, done: &Done) -> (Value, &'static str) {
+    let mut message = json!({
+        "role": "assistant",
+        // (null beside tool calls, as OpenAI writes it)
+        "content": if reply.content.is_empty() && !reply.tool_calls.is_empty() {
+            Value::Null
+        } else {
+            Value::String(reply.content)
+        },
+    });
+    if !reply.reasoning_content.is_empty() {
+        message["reasoning_content"] = Value::String(reply.reasoning_content);
+    }
+    if reply.tool_calls.is_empty() {
+        return (message, finish_reason(done));
+    }
+    let calls: Vec<Value> = reply
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({"id": call_id(i), "type": "function",
+                   "function": {"name": t.name, "arguments": t.arguments}})
+        })
+        .collect();
+    message["tool_calls"] = Value::Array(calls);
+    (message, "tool_calls")
+}
+
+/// A streamed reply's delta as a chunk's `delta` (none for empty text);
+/// `calls` counts the tool calls begun.
+fn delta(d: Delta, calls: &mut usize) -> Option<Value> {
+    Some(match d {
+        Delta::Content(s) if !s.is_empty() => json!({"content": s}),
+        Delta::Reasoning(s) if !s.is_empty() => json!({"reasoning_content": s}),
+        Delta::Content(_) | Delta::Reasoning(_) => return None,
+        Delta::ToolCallStart { index, name } => {
+            *calls += 1;
+            json!({"tool_calls": [{"index": index, "id": call_id(index),
+                "type": "function", "function": {"name": name, "arguments": ""}}]})
+        }
+        Delta::ToolCallArguments { index, arguments } => {
+            json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
+        }
+    })
+}
+
 async fn chat_inner(app: Arc<App>, body: Body_) -> ApiResult<Response> {
     let m = body_object(body)?;
     let c = request::common(&m)?;
@@ -370,35 +418,7 @@ async fn chat_inner(app: Arc<App>, body: Body_) -> ApiResult<Response> {
     let model = app.model_name.clone();
     if !c.stream {
         let (text, done) = collect(rx).await?;
-        let reply = parse_reply(&text);
-        let mut message = json!({
-            "role": "assistant",
-            "content": if reply.content.is_empty() && !reply.tool_calls.is_empty() {
-                Value::Null
-            } else {
-                Value::String(reply.content)
-            },
-        });
-        if !reply.reasoning_content.is_empty() {
-            message["reasoning_content"] = Value::String(reply.reasoning_content);
-        }
-        let finish = if reply.tool_calls.is_empty() {
-            finish_reason(&done)
-        } else {
-            "tool_calls"
-        };
-        if !reply.tool_calls.is_empty() {
-            let calls: Vec<Value> = reply
-                .tool_calls
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    json!({"id": call_id(i), "type": "function",
-                           "function": {"name": t.name, "arguments": t.arguments}})
-                })
-                .collect();
-            message["tool_calls"] = Value::Array(calls);
-        }
+        let (message, finish) = message(parse_reply(&text), &done);
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -421,27 +441,8 @@ async fn chat_inner(app: Arc<App>, body: Body_) -> ApiResult<Response> {
     let first = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
     let mut parser = ReplyParser::new();
     let mut calls = 0;
-    let to_chunks = move |deltas: Vec<Delta>, calls: &mut usize| -> Vec<Value> {
-        deltas
-            .into_iter()
-            .filter_map(|d| {
-                let delta = match d {
-                    Delta::Content(s) if !s.is_empty() => json!({"content": s}),
-                    Delta::Reasoning(s) if !s.is_empty() => json!({"reasoning_content": s}),
-                    Delta::Content(_) | Delta::Reasoning(_) => return None,
-                    Delta::ToolCallStart { index, name } => {
-                        *calls += 1;
-                        json!({"tool_calls": [{"index": index, "id": call_id(index),
-                            "type": "function", "function": {"name": name, "arguments": ""}}]})
-                    }
-                    Delta::ToolCallArguments { index, arguments } => {
-                        json!({"tool_calls": [{"index": index,
-                            "function": {"arguments": arguments}}]})
-                    }
-                };
-                Some(delta)
-            })
-            .collect()
+    let to_chunks = |deltas: Vec<Delta>, calls: &mut usize| -> Vec<Value> {
+        deltas.into_iter().filter_map(|d| delta(d, calls)).collect()
     };
     let include_usage = c.include_usage;
     let make = chunk;
@@ -542,4 +543,82 @@ async fn completions_inner(app: Arc<App>, body: Body_) -> ApiResult<Response> {
         }
         Event::Error(e) => (vec![engine_error(e).body()], true),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DONE: Done = Done {
+        stopped: true,
+        prompt_tokens: 3,
+        completion_tokens: 9,
+        cached_tokens: 0,
+    };
+
+    /// Gemma 4's thinking and tool calls become OpenAI's
+    /// reasoning_content and tool_calls, whole and streamed alike.
+    #[test]
+    fn thinking_and_tool_calls_are_openais() {
+        let text = "<|channel>thought\nLook it up.<channel|>\
+                    <|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>\
+                    <|tool_response>";
+        let (m, finish) = message(parse_reply(text), &DONE);
+        assert_eq!(finish, "tool_calls");
+        assert_eq!(m["content"], Value::Null, "{m}");
+        assert_eq!(m["reasoning_content"], "Look it up.", "{m}");
+        let call = &m["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+
+        // The same text streamed a few bytes at a time adds up to it.
+        let mut p = ReplyParser::new();
+        let mut calls = 0;
+        let mut deltas = Vec::new();
+        let bytes: Vec<char> = text.chars().collect();
+        for piece in bytes.chunks(5) {
+            let piece: String = piece.iter().collect();
+            deltas.extend(
+                p.push(&piece)
+                    .into_iter()
+                    .filter_map(|d| delta(d, &mut calls)),
+            );
+        }
+        deltas.extend(p.finish().into_iter().filter_map(|d| delta(d, &mut calls)));
+        assert_eq!(calls, 1);
+        let reasoning: String = deltas
+            .iter()
+            .filter_map(|d| d["reasoning_content"].as_str())
+            .collect();
+        assert_eq!(reasoning, "Look it up.");
+        let args: String = deltas
+            .iter()
+            .filter_map(|d| d["tool_calls"][0]["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&args).unwrap(),
+            json!({"city": "Paris"})
+        );
+        assert!(
+            deltas.iter().all(|d| d.get("content").is_none()),
+            "{deltas:?}"
+        );
+    }
+
+    /// Plain text: content, and the finish reason of how generation ended.
+    #[test]
+    fn plain_replies_end_by_stop_or_length() {
+        let (m, finish) = message(parse_reply("Hello."), &DONE);
+        assert_eq!((m["content"].as_str(), finish), (Some("Hello."), "stop"));
+        assert!(m.get("tool_calls").is_none() && m.get("reasoning_content").is_none());
+        let cut = Done {
+            stopped: false,
+            ..DONE
+        };
+        assert_eq!(message(parse_reply("Hel"), &cut).1, "length");
+    }
 }
