@@ -532,6 +532,11 @@ fn bad_requests_are_refused_by_name() {
     let e = assert_error(&chat(json!({"n": 2})), 400, Some("n"));
     assert!(e["error"]["message"].as_str().unwrap().contains('n'));
     assert_error(&chat(json!({"temperature": -1})), 400, Some("temperature"));
+    assert_error(
+        &chat(json!({"temperature": 1e300})),
+        400,
+        Some("temperature"),
+    );
     assert_error(&chat(json!({"top_p": "high"})), 400, Some("top_p"));
     assert_error(&chat(json!({"max_tokens": 0})), 400, Some("max_tokens"));
     assert_error(&chat(json!({"stop": [1]})), 400, Some("stop"));

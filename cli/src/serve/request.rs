@@ -125,7 +125,8 @@ pub fn number_field(
     match field(m, name) {
         None => Ok(None),
         Some(Value::Number(n)) => match n.as_f64() {
-            Some(x) if x.is_finite() && ok(x) => Ok(Some(x as f32)),
+            // (as an f32: 1e300 is not a temperature)
+            Some(x) if (x as f32).is_finite() && ok(x) => Ok(Some(x as f32)),
             _ => Err(ApiError::invalid(
                 name,
                 format!("{name} must be {range}, not {n}"),
@@ -259,7 +260,7 @@ fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
         }
     };
     let random = top_k.is_some() || top_p.is_some() || min_p.is_some();
-    Ok(match temperature {
+    let sampling = match temperature {
         None if !random && repetition_penalty.is_none() => Sampling::Greedy,
         t => Sampling::Random {
             temperature: t.unwrap_or(if random { 1.0 } else { 0.0 }),
@@ -269,7 +270,12 @@ fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
             repetition_penalty,
             seed,
         },
-    })
+    };
+    // (what the sampler would refuse, refused here: never a failed generation)
+    sampling
+        .validate()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(sampling)
 }
 
 /// A chat request's template inputs.
