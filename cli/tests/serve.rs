@@ -28,10 +28,10 @@ fn chat_fixture() -> PathBuf {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-chat-fixture");
         std::fs::create_dir_all(&dir).unwrap();
         for f in ["config.json", "model.safetensors"] {
-            std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
+            copy(&fixture().join(f), &dir.join(f));
         }
         let chat = fixture().join("../tiny-text-chat/tokenizer.json");
-        std::fs::copy(chat, dir.join("tokenizer.json")).unwrap();
+        copy(&chat, &dir.join("tokenizer.json"));
         dir
     })
     .clone()
@@ -46,13 +46,25 @@ fn template_fixture() -> PathBuf {
         std::fs::create_dir_all(&dir).unwrap();
         let chat = chat_fixture();
         for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-            std::fs::copy(chat.join(f), dir.join(f)).unwrap();
+            copy(&chat.join(f), &dir.join(f));
         }
         let jinja = fixture().join("../chat-template/gemma4.jinja");
-        std::fs::copy(jinja, dir.join("chat_template.jinja")).unwrap();
+        copy(&jinja, &dir.join("chat_template.jinja"));
         dir
     })
     .clone()
+}
+
+/// `from` copied to `to` unless `to` already holds it: a server of another
+/// run of these tests may be mapping it, and a checkpoint must not change
+/// under a server.
+fn copy(from: &std::path::Path, to: &std::path::Path) {
+    let bytes = std::fs::read(from).unwrap();
+    if std::fs::read(to).ok().as_ref() != Some(&bytes) {
+        let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &bytes).unwrap();
+        std::fs::rename(&tmp, to).unwrap();
+    }
 }
 
 /// A running server: its address, and its stderr so far.
@@ -605,21 +617,95 @@ fn a_client_that_leaves_stops_its_generation() {
         &json!({"messages": user("w12"), "max_tokens": 4}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
-    let log = s.log();
-    let gone = log
-        .lines()
-        .find(|l| l.ends_with("the client went"))
-        .unwrap_or_else(|| panic!("no generation stopped for a client: {log}"));
-    let new: usize = gone
-        .split(", ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
+    let (line, new) = stopped_for_a_client(&s);
+    assert!(new < 4000, "{line}");
+}
+
+/// The log line of a generation stopped for a client that went, and how
+/// many tokens it made (waited for: the engine notices at its next token).
+fn stopped_for_a_client(s: &Server) -> (String, usize) {
+    let start = Instant::now();
+    loop {
+        let log = s.log();
+        if let Some(line) = log.lines().find(|l| l.ends_with("the client went")) {
+            let new = line.split(", ").nth(1).unwrap().split(' ').next().unwrap();
+            return (line.to_string(), new.parse().unwrap());
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no generation stopped for a client: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client that leaves before a whole (not streamed) reply comes stops
+/// its generation too.
+#[test]
+fn a_client_that_leaves_a_whole_reply_stops_it() {
+    let s = Server::start_with("4096", &[]);
+    let long = json!({"messages": user("w10 w11"), "max_tokens": 4000});
+    let mut c = s.connect();
+    c.write_all(request(&s.addr, "POST", "/v1/chat/completions", &long.to_string()).as_bytes())
         .unwrap();
-    assert!(new < 4000, "{gone}");
+    // (4000 tokens take seconds: it is under way by then)
+    std::thread::sleep(Duration::from_millis(1000));
+    drop(c);
+    let (line, new) = stopped_for_a_client(&s);
+    assert!(new < 4000, "{line}");
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w12"), "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// Past the queue's bound a request is refused with 429 in OpenAI's shape,
+/// and served again once the queue drains.
+#[test]
+fn a_full_queue_is_a_429() {
+    let s = Server::start_with("4096", &["--queue", "1"]);
+    let long = json!({"messages": user("w10 w11"), "max_tokens": 4000, "stream": true});
+    // One running (its text is coming), one waiting, then one too many.
+    let mut running = s.connect();
+    running
+        .write_all(request(&s.addr, "POST", "/v1/chat/completions", &long.to_string()).as_bytes())
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"w") {
+        let n = running.read(&mut buf).unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut waiting = s.connect();
+    waiting
+        .write_all(request(&s.addr, "POST", "/v1/chat/completions", &long.to_string()).as_bytes())
+        .unwrap();
+    // (its response starts once it is queued)
+    let mut first = [0u8; 1];
+    waiting.read_exact(&mut first).unwrap();
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w12"), "max_tokens": 4}),
+    );
+    let e = assert_error(&r, 429, None);
+    assert_eq!(e["error"]["code"], "queue_full");
+    drop((running, waiting));
+    // (the engine drops both at its next token: the queue drains)
+    let start = Instant::now();
+    loop {
+        let r = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("w12"), "max_tokens": 4}),
+        );
+        if r.status == 200 {
+            break;
+        }
+        assert_error(&r, 429, None);
+        assert!(start.elapsed() < WAIT, "still full: {}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// SIGTERM: the response in flight is finished, then the server exits 0.
