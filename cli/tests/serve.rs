@@ -552,6 +552,9 @@ fn bad_requests_are_refused_by_name() {
     assert_error(&chat(json!({"top_p": "high"})), 400, Some("top_p"));
     assert_error(&chat(json!({"max_tokens": 0})), 400, Some("max_tokens"));
     assert_error(&chat(json!({"stop": [1]})), 400, Some("stop"));
+    assert_error(&chat(json!({"logprobs": true})), 400, Some("logprobs"));
+    let json_mode = json!({"response_format": {"type": "json_object"}});
+    assert_error(&chat(json_mode), 400, Some("response_format"));
     assert_error(&chat(json!({"messages": "hi"})), 400, Some("messages"));
     assert_error(
         &chat(json!({"messages": [{"content": "x"}]})),

@@ -71,7 +71,17 @@ pub fn serve<B: ComputeBackend>(
             eprintln!("request skipped: the client went while it waited");
             continue;
         }
-        let event = match run(&model, &mut cache, &tok, &eos, &job) {
+        // A panic (a bug, never bad input: requests are checked before they
+        // queue) fails its request, not the server; the cached sequences
+        // may be half written and go with it.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(&model, &mut cache, &tok, &eos, &job)
+        }));
+        let ran = ran.unwrap_or_else(|_| {
+            cache.seqs.clear();
+            Err("the engine failed on this request (a panic): see the server's log".into())
+        });
+        let event = match ran {
             Ok(done) => {
                 let how = if job.events.is_closed() {
                     "the client went"

@@ -169,6 +169,26 @@ pub struct Common {
 }
 
 pub fn common(m: &Map<String, Value>) -> ApiResult<Common> {
+    // (asked for and not done would be worse than refused)
+    for name in ["logprobs", "echo"] {
+        if bool_field(m, name)? == Some(true) {
+            return Err(ApiError::invalid(name, format!("{name} is not supported")));
+        }
+    }
+    if field(m, "top_logprobs").is_some_and(|v| v.as_u64() != Some(0)) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs is not supported",
+        ));
+    }
+    if let Some(f) = field(m, "response_format") {
+        if f.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                "response_format: only {\"type\": \"text\"} is supported (no constrained output)",
+            ));
+        }
+    }
     if let Some(n) = field(m, "n") {
         if n.as_u64() != Some(1) {
             return Err(ApiError::invalid(
