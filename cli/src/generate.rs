@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use turbospark::model::expert_cache::Policy;
 use turbospark::model::expert_stream::StreamStats;
-use turbospark::model::{GenerateOptions, Generation, ModelOptions, OneSequence, Sampling};
+use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::WgpuBackend;
@@ -79,10 +79,10 @@ pub struct Args {
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
     #[arg(long, value_enum, default_value = "wgpu")]
-    backend: BackendKind,
+    pub backend: BackendKind,
     /// Case-insensitive substring of the adapter name (wgpu only).
     #[arg(long)]
-    adapter: Option<String>,
+    pub adapter: Option<String>,
     /// Longest context (prompt + new tokens); sizes the KV caches up front.
     /// Default: 4096, or the model's max_position_embeddings where smaller.
     #[arg(long, allow_negative_numbers = true)]
@@ -172,13 +172,25 @@ impl RunArgs {
         dir: &std::path::Path,
         max_context: usize,
     ) -> CliResult<(OneSequence<B>, String)> {
+        let (model, device) = self.load_model(backend, dir, max_context)?;
+        Ok((OneSequence::new(model)?, device))
+    }
+
+    /// `dir`'s checkpoint loaded on `backend` as a [`Model`] any number of
+    /// sequences share, and the device's name.
+    pub fn load_model<B: ComputeBackend>(
+        &self,
+        backend: B,
+        dir: &std::path::Path,
+        max_context: usize,
+    ) -> CliResult<(Model<B>, String)> {
         let device = format!(
             "{} ({})",
             backend.info().device_name,
             backend.info().backend
         );
         let ck = open_checkpoint(dir)?;
-        let model = OneSequence::load(
+        let model = Model::load(
             backend,
             &ck,
             self.experts.apply(ModelOptions {

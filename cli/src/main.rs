@@ -12,6 +12,7 @@ mod kernels;
 mod logits;
 mod mapped;
 mod quantize;
+mod serve;
 mod stream;
 
 mod turns;
@@ -47,6 +48,9 @@ enum Command {
     /// Write each WGSL module as the wgpu backend composes it, with a
     /// manifest of entry points, features and override sets.
     Kernels(kernels::Args),
+    /// An OpenAI-compatible HTTP server: chat and text completions
+    /// (streamed or whole), models, tokenize and detokenize.
+    Serve(serve::Args),
 }
 
 /// Mesa's drivers (lavapipe among them) print `XDG_RUNTIME_DIR is invalid`
@@ -87,6 +91,7 @@ fn main() {
         Some(Command::Logits(a)) => logits::run(a),
         Some(Command::Quantize(a)) => quantize::run(a),
         Some(Command::Kernels(a)) => kernels::run(a),
+        Some(Command::Serve(a)) => serve::run(a),
         Some(Command::Bench(a)) => {
             let code = bench::main(a);
             if code != std::process::ExitCode::SUCCESS {

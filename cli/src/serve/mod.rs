@@ -1,0 +1,218 @@
+//! `turbospark serve`: an OpenAI-compatible HTTP server (axum on tokio).
+//! One engine thread owns the model and runs the requests of a bounded
+//! queue one at a time (`engine.rs`); the HTTP side renders and tokenizes
+//! prompts, checks requests and streams the replies (`http.rs`).
+
+mod engine;
+mod http;
+mod prompt;
+mod request;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use turbospark::model::Model;
+use turbospark::ComputeBackend;
+use turbospark_cpu::CpuBackend;
+
+use crate::common::{open_wgpu, tokenizer, BackendKind, CliResult};
+use crate::generate::{RunArgs, PROMPT_BYTES_PER_TOKEN, PROMPT_SLACK_BYTES};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json + safetensors + tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests that may wait while one runs; past that a request gets 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Sequences of recent requests kept, for prompts that extend them (a
+    /// conversation's next turn, a shared system prompt): 0 keeps none.
+    #[arg(long, default_value_t = 4)]
+    cache_sequences: usize,
+    /// Seconds a SIGINT or SIGTERM waits for the responses in flight.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+pub fn run(a: Args) -> CliResult {
+    if a.queue == 0 {
+        return Err("--queue must be at least 1".into());
+    }
+    let tok = Arc::new(tokenizer(&a.model)?.ok_or_else(|| {
+        format!(
+            "{} has no tokenizer.json, which serve needs",
+            a.model.display()
+        )
+    })?);
+    let renderer = prompt::Renderer::load(&a.model, &tok)?;
+    let max_context = a.run.context(&a.model)?;
+    let (jobs, queue) = mpsc::channel(a.queue);
+    let device = start_engine(&a, max_context, tok.clone(), queue)?;
+    let chat_stop_ids = turbospark_cli::reply::STOP_MARKERS
+        .iter()
+        .filter_map(|t| tok.token_to_id(t))
+        .collect();
+    let model_name = a.model.file_name().map_or_else(
+        || a.model.display().to_string(),
+        |n| n.to_string_lossy().into(),
+    );
+    eprintln!(
+        "{device}: {model_name}, {max_context}-token context; {}",
+        renderer.describe()
+    );
+    let app = Arc::new(http::App {
+        tok,
+        renderer,
+        jobs,
+        model_name,
+        max_context,
+        chat_stop_ids,
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    // A body as long as the longest prompt `generate --prompt-file` takes,
+    // twice over for JSON's escapes and the messages' structure.
+    let body_limit = (max_context as u64)
+        .saturating_mul(PROMPT_BYTES_PER_TOKEN)
+        .saturating_add(PROMPT_SLACK_BYTES)
+        .saturating_mul(2);
+    let body_limit = usize::try_from(body_limit).unwrap_or(usize::MAX);
+    let router = http::router(app, body_limit);
+    let grace = Duration::from_secs(a.shutdown_timeout);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(listen(&a.host, a.port, router, grace))
+}
+
+/// Load the model on the engine thread (it stays there: `Model` is not
+/// `Sync`) and start serving `queue` there; the device's name once loaded.
+fn start_engine(
+    a: &Args,
+    max_context: usize,
+    tok: Arc<tokenizers::Tokenizer>,
+    queue: mpsc::Receiver<engine::Job>,
+) -> CliResult<String> {
+    let (ready, loaded) = std::sync::mpsc::channel::<CliResult<String>>();
+    let run = a.run.clone();
+    let dir = a.model.clone();
+    let cache = a.cache_sequences;
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            fn go<B: ComputeBackend>(
+                loaded: CliResult<(Model<B>, String)>,
+                ready: std::sync::mpsc::Sender<CliResult<String>>,
+                tok: Arc<tokenizers::Tokenizer>,
+                cache: usize,
+                queue: mpsc::Receiver<engine::Job>,
+            ) {
+                match loaded {
+                    Ok((model, device)) => {
+                        let _ = ready.send(Ok(device));
+                        engine::serve(model, tok, cache, queue);
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                }
+            }
+            match run.backend {
+                BackendKind::Cpu => go(
+                    run.load_model(CpuBackend::new(), &dir, max_context),
+                    ready,
+                    tok,
+                    cache,
+                    queue,
+                ),
+                BackendKind::Wgpu => match open_wgpu(run.adapter.clone()) {
+                    Ok(b) => go(
+                        run.load_model(b, &dir, max_context),
+                        ready,
+                        tok,
+                        cache,
+                        queue,
+                    ),
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                },
+            }
+        })?;
+    loaded
+        .recv()
+        .map_err(|_| "the engine thread ended while loading the model")?
+}
+
+/// Serve `router` on `host:port` until SIGINT or SIGTERM, then stop
+/// accepting and wait up to `grace` for the responses in flight.
+async fn listen(host: &str, port: u16, router: axum::Router, grace: Duration) -> CliResult {
+    let listener = tokio::net::TcpListener::bind((host, port))
+        .await
+        .map_err(|e| format!("listening on {host}:{port}: {e}"))?;
+    let addr = listener.local_addr()?;
+    // (on stdout, the one line there: a script or test reads the port)
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening on http://{addr}")?;
+    out.flush()?;
+    drop(out);
+    // (the handlers installed before the address is out: a signal sent
+    // as soon as it is read is caught)
+    let signalled = signalled()?;
+    let (stop, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        signalled.await;
+        eprintln!("stopping: no new connections; finishing the responses in flight");
+        let _ = stop.send(true);
+    });
+    let mut on_signal = stopping.clone();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        let _ = on_signal.wait_for(|s| *s).await;
+    });
+    let mut timer = stopping;
+    tokio::select! {
+        r = async move { server.await } => r?,
+        _ = async move {
+            let _ = timer.wait_for(|s| *s).await;
+            tokio::time::sleep(grace).await;
+        } => eprintln!("stopping: responses still in flight after {} s dropped", grace.as_secs()),
+    }
+    Ok(())
+}
+
+/// A future that ends at SIGINT (Ctrl-C) or, on Unix, SIGTERM; the
+/// handlers are installed now.
+#[cfg(unix)]
+fn signalled() -> CliResult<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {},
+            _ = term.recv() => {},
+        }
+    })
+}
+
+#[cfg(not(unix))]
+fn signalled() -> CliResult<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    })
+}

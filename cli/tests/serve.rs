@@ -1,0 +1,847 @@
+//! `turbospark serve` end to end: the binary on the CPU backend and the
+//! tiny chat fixture, spoken to over HTTP/1.1 on loopback by a small
+//! client here. Every wait is bounded; the server is killed on drop.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::{fixture, turbospark};
+use serde_json::{json, Value};
+
+/// Longest wait for any one thing (the server's start, a response).
+const WAIT: Duration = Duration::from_secs(60);
+/// The context every run here is sized for (server and `generate` alike).
+const CONTEXT: &str = "64";
+
+/// The tiny fixture with Gemma 4's turn tokens in its tokenizer, in a
+/// directory of its own (one per test binary).
+/// Written once: a server maps the weights, which must not change under it.
+fn chat_fixture() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-chat-fixture");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            copy(&fixture().join(f), &dir.join(f));
+        }
+        let chat = fixture().join("../tiny-text-chat/tokenizer.json");
+        copy(&chat, &dir.join("tokenizer.json"));
+        dir
+    })
+    .clone()
+}
+
+/// [`chat_fixture`] with Gemma 4's chat template (the template tests'
+/// copy of the checkpoint's) as its chat_template.jinja.
+fn template_fixture() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-template-fixture");
+        std::fs::create_dir_all(&dir).unwrap();
+        let chat = chat_fixture();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            copy(&chat.join(f), &dir.join(f));
+        }
+        let jinja = fixture().join("../chat-template/gemma4.jinja");
+        copy(&jinja, &dir.join("chat_template.jinja"));
+        dir
+    })
+    .clone()
+}
+
+/// `from` copied to `to` unless `to` already holds it: a server of another
+/// run of these tests may be mapping it, and a checkpoint must not change
+/// under a server.
+fn copy(from: &std::path::Path, to: &std::path::Path) {
+    let bytes = std::fs::read(from).unwrap();
+    if std::fs::read(to).ok().as_ref() != Some(&bytes) {
+        let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &bytes).unwrap();
+        std::fs::rename(&tmp, to).unwrap();
+    }
+}
+
+/// A running server: its address, and its stderr so far.
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        Self::start_with(CONTEXT, extra)
+    }
+
+    /// A server sized for a `context`-token context.
+    fn start_with(context: &str, extra: &[&str]) -> Server {
+        Self::start_on(&chat_fixture(), context, extra)
+    }
+
+    /// A server of the checkpoint `dir`.
+    fn start_on(dir: &std::path::Path, context: &str, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+            .args([
+                "serve",
+                "--model",
+                dir.to_str().unwrap(),
+                "--backend",
+                "cpu",
+            ])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--max-context",
+                context,
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the turbospark binary runs");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (stderr, sink) = (child.stderr.take().unwrap(), log.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(a) = line.strip_prefix("listening on http://") {
+                    let _ = tx.send(a.to_string());
+                }
+            }
+        });
+        let mut server = Server {
+            child,
+            addr: String::new(),
+            log,
+        };
+        match rx.recv_timeout(WAIT) {
+            Ok(addr) => server.addr = addr,
+            Err(_) => panic!(
+                "the server printed no address in {WAIT:?}; stderr: {}",
+                server.log()
+            ),
+        }
+        assert!(server.addr.starts_with("127.0.0.1:"), "{}", server.addr);
+        server
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(&self.addr).expect("the server accepts");
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.set_write_timeout(Some(WAIT)).unwrap();
+        s
+    }
+
+    /// `method path` with `body` (JSON text, or raw bytes), the connection
+    /// closed after the response.
+    fn send(&self, method: &str, path: &str, body: &str) -> Reply {
+        let mut s = self.connect();
+        s.write_all(request(&self.addr, method, path, body).as_bytes())
+            .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("a whole response in time");
+        Reply::parse(&raw)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Reply {
+        self.send("POST", path, &body.to_string())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn request(host: &str, method: &str, path: &str, body: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A response: status, headers (names lowercased) and body (de-chunked).
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn parse(raw: &[u8]) -> Reply {
+        let text = String::from_utf8_lossy(raw);
+        let (head, rest) = text.split_once("\r\n\r\n").expect("a header block");
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+        let body = if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_string()
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    /// A server-sent event stream's data lines, `[DONE]` last.
+    fn events(&self) -> Vec<String> {
+        assert_eq!(self.header("content-type"), Some("text/event-stream"));
+        self.body
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not an event: {e:?}"))
+                    .to_string()
+            })
+            .collect()
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
+        let n = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+}
+
+/// An OpenAI error response: its status, and `param` where named.
+fn assert_error(r: &Reply, status: u16, param: Option<&str>) -> Value {
+    assert_eq!(r.status, status, "{}", r.body);
+    let e = r.json();
+    let err = &e["error"];
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{e}"
+    );
+    assert!(err["type"].is_string(), "{e}");
+    assert!(
+        err.get("code").is_some() && err.get("param").is_some(),
+        "{e}"
+    );
+    if let Some(p) = param {
+        assert_eq!(err["param"], p, "{e}");
+    }
+    e
+}
+
+/// `generate`'s greedy text on the same checkpoint and context.
+fn generate(args: &[&str]) -> String {
+    generate_on(&chat_fixture(), args)
+}
+
+/// [`generate`] on the checkpoint `dir`.
+fn generate_on(dir: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec!["generate", "--model", dir.to_str().unwrap()];
+    all.extend(["--backend", "cpu", "--max-context", CONTEXT]);
+    all.extend(args);
+    let out = turbospark(&all);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim_end()
+        .to_string()
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+fn content(r: &Reply) -> String {
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("a content string")
+        .to_string()
+}
+
+/// A streamed chat's text (its content deltas), finish reason and usage.
+fn streamed_chat(r: &Reply) -> (String, String, Option<Value>) {
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let (mut text, mut finish, mut usage) = (String::new(), String::new(), None);
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk", "{v}");
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        if let Some(c) = v["choices"].get(0) {
+            if let Some(t) = c["delta"]["content"].as_str() {
+                text.push_str(t);
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+    }
+    (text, finish, usage)
+}
+
+/// Whole and streamed chat completions give `generate --chat`'s greedy
+/// text; the usage counts the tokens.
+#[test]
+fn chat_completions_match_generate() {
+    let s = Server::start(&[]);
+    let want = generate(&["--chat", "--prompt", "w10 w11", "--max-new-tokens", "8"]);
+    assert!(!want.is_empty());
+    let body = json!({"model": "any", "messages": user("w10 w11"), "max_tokens": 8});
+    let r = s.post("/v1/chat/completions", &body);
+    assert_eq!(content(&r), want);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().is_some_and(|i| i.starts_with("chatcmpl-")));
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    let u = &v["usage"];
+    let (p, c) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+    );
+    assert_eq!(u["total_tokens"].as_u64(), Some(p + c));
+    assert_eq!(finish == "length", c == 8, "{v}");
+
+    let mut body = body;
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    // (max_completion_tokens is max_tokens' newer name)
+    body["max_completion_tokens"] = json!(8);
+    let (text, sfinish, usage) = streamed_chat(&s.post("/v1/chat/completions", &body));
+    assert_eq!(text, want);
+    assert_eq!(sfinish, finish);
+    let usage = usage.expect("a usage chunk");
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(c));
+    assert_eq!(usage["prompt_tokens"].as_u64(), Some(p));
+}
+
+/// Text completions give `generate`'s greedy text, whole and streamed; a
+/// stop string cuts the text before it.
+#[test]
+fn completions_match_generate() {
+    let s = Server::start(&[]);
+    let want = generate(&["--prompt", "w10 w11 w12", "--max-new-tokens", "6"]);
+    let body = json!({"prompt": "w10 w11 w12", "max_tokens": 6});
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = s.post("/v1/completions", &streamed);
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(text, want);
+
+    // A stop string from the second word on: the text before it, "stop".
+    let word = want
+        .split_whitespace()
+        .nth(1)
+        .expect("two words")
+        .to_string();
+    let cut = &want[..want.find(&word).unwrap()];
+    let mut stopped = body;
+    stopped["stop"] = json!([word]);
+    let v = s.post("/v1/completions", &stopped).json();
+    assert_eq!(v["choices"][0]["text"], cut, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+}
+
+/// A conversation's second turn: its prompt extends the first's sequence,
+/// whose tokens are not run again (cached_tokens), and the reply is the
+/// one a server without a prompt cache gives.
+#[test]
+fn a_second_turn_reuses_the_cached_prefix() {
+    let s = Server::start(&[]);
+    let first = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w10 w11"), "max_tokens": 6}),
+    );
+    let reply = content(&first);
+    let p1 = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let turn = json!({"messages": [
+        {"role": "user", "content": "w10 w11"},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "w12 w13"},
+    ], "max_tokens": 6});
+    let second = s.post("/v1/chat/completions", &turn);
+    let u = &second.json()["usage"];
+    let cached = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= p1, "{u}: the first turn's {p1} prompt tokens");
+    assert!(cached < u["prompt_tokens"].as_u64().unwrap(), "{u}");
+
+    let fresh = Server::start(&["--cache-sequences", "0"]);
+    let again = fresh.post("/v1/chat/completions", &turn);
+    assert_eq!(
+        again.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    assert_eq!(content(&again), content(&second));
+}
+
+/// The model list, health, a tokenize / detokenize round trip and the
+/// template's prompt.
+#[test]
+fn models_health_tokens_and_template() {
+    let s = Server::start(&[]);
+    let m = s.send("GET", "/v1/models", "").json();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], "serve-chat-fixture");
+    assert_eq!(s.send("GET", "/health", "").json()["status"], "ok");
+    let t = s
+        .post("/tokenize", &json!({"content": "w10 w11 w12"}))
+        .json();
+    let tokens = t["tokens"].as_array().unwrap().clone();
+    assert_eq!(tokens.len(), 3, "{t}");
+    let d = s.post("/detokenize", &json!({"tokens": tokens})).json();
+    assert_eq!(d["content"], "w10 w11 w12");
+    let p = s
+        .post(
+            "/apply-template",
+            &json!({"messages": [{"role": "system", "content": "w7"},
+                                  {"role": "user", "content": "w10"}]}),
+        )
+        .json();
+    assert_eq!(
+        p["prompt"],
+        "<|turn>system\nw7<turn|>\n<|turn>user\nw10<turn|>\n<|turn>model\n"
+    );
+}
+
+/// With the checkpoint's chat template: its rendering (tools declared,
+/// thinking enabled through chat_template_kwargs), and a reply equal to
+/// `generate --chat`'s, which renders with it too.
+#[test]
+fn the_checkpoints_template_renders_chats() {
+    let dir = template_fixture();
+    let s = Server::start_on(&dir, CONTEXT, &[]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}}]);
+    let p = s
+        .post(
+            "/apply-template",
+            &json!({"messages": user("w10"), "tools": tools,
+                    "chat_template_kwargs": {"enable_thinking": true}}),
+        )
+        .json();
+    let prompt = p["prompt"].as_str().unwrap();
+    assert!(prompt.contains("<|think|>"), "{prompt}");
+    assert!(prompt.contains("declaration:get_weather"), "{prompt}");
+    assert!(prompt.ends_with("<|turn>model\n"), "{prompt}");
+    let want = generate_on(
+        &dir,
+        &["--chat", "--prompt", "w10 w11", "--max-new-tokens", "6"],
+    );
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w10 w11"), "max_tokens": 6}),
+    );
+    assert_eq!(content(&r), want);
+    // (tool_choice "none": the tools are not declared)
+    let p = s
+        .post(
+            "/apply-template",
+            &json!({"messages": user("w10"), "tools": tools, "tool_choice": "none"}),
+        )
+        .json();
+    assert!(
+        !p["prompt"].as_str().unwrap().contains("get_weather"),
+        "{p}"
+    );
+}
+
+/// Bad input is a 4xx in OpenAI's shape naming the field, never a 5xx.
+#[test]
+fn bad_requests_are_refused_by_name() {
+    let s = Server::start(&[]);
+    assert_error(
+        &s.send("POST", "/v1/chat/completions", "{\"messages\": ["),
+        400,
+        None,
+    );
+    assert_error(&s.send("POST", "/v1/chat/completions", "[1]"), 400, None);
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": user("w10"), "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        s.post("/v1/chat/completions", &b)
+    };
+    let e = assert_error(&chat(json!({"n": 2})), 400, Some("n"));
+    assert!(e["error"]["message"].as_str().unwrap().contains('n'));
+    assert_error(&chat(json!({"temperature": -1})), 400, Some("temperature"));
+    assert_error(
+        &chat(json!({"temperature": 1e300})),
+        400,
+        Some("temperature"),
+    );
+    assert_error(&chat(json!({"top_p": "high"})), 400, Some("top_p"));
+    assert_error(&chat(json!({"max_tokens": 0})), 400, Some("max_tokens"));
+    assert_error(&chat(json!({"stop": [1]})), 400, Some("stop"));
+    assert_error(&chat(json!({"logprobs": true})), 400, Some("logprobs"));
+    let json_mode = json!({"response_format": {"type": "json_object"}});
+    assert_error(&chat(json_mode), 400, Some("response_format"));
+    assert_error(&chat(json!({"messages": "hi"})), 400, Some("messages"));
+    assert_error(
+        &chat(json!({"messages": [{"content": "x"}]})),
+        400,
+        Some("messages[0]"),
+    );
+    assert_error(&s.post("/v1/completions", &json!({})), 400, Some("prompt"));
+    assert_error(
+        &s.post("/detokenize", &json!({"tokens": [-1]})),
+        400,
+        Some("tokens"),
+    );
+    assert_error(&s.send("GET", "/v1/nothing", ""), 404, None);
+    assert_error(&s.send("GET", "/v1/chat/completions", ""), 405, None);
+    // Past the 64-token context: the prompt alone, or with max_tokens.
+    let long = vec!["w10"; 80].join(" ");
+    let e = assert_error(
+        &s.post("/v1/completions", &json!({"prompt": long})),
+        413,
+        None,
+    );
+    assert_eq!(e["error"]["code"], "context_length_exceeded");
+    assert_error(
+        &s.post(
+            "/v1/completions",
+            &json!({"prompt": "w10", "max_tokens": 100}),
+        ),
+        413,
+        None,
+    );
+    // (and the server still answers)
+    assert_eq!(s.send("GET", "/health", "").status, 200);
+}
+
+/// Sends a streamed request and reads until its first generated text (a
+/// word of the fixture's vocabulary), then drops the connection.
+fn leave_mid_stream(s: &Server, body: &Value) {
+    let mut c = s.connect();
+    c.write_all(request(&s.addr, "POST", "/v1/chat/completions", &body.to_string()).as_bytes())
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"w") {
+        let n = c.read(&mut buf).expect("the stream starts in time");
+        assert!(
+            n > 0,
+            "closed before an event: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A client that leaves mid-stream stops its generation (well short of its
+/// token limit) and the next request is served.
+#[test]
+fn a_client_that_leaves_stops_its_generation() {
+    let s = Server::start_with("4096", &[]);
+    let long = json!({"messages": user("w10 w11"), "max_tokens": 4000, "stream": true});
+    leave_mid_stream(&s, &long);
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w12"), "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (line, new) = stopped_for_a_client(&s);
+    assert!(new < 4000, "{line}");
+}
+
+/// The log line of a generation stopped for a client that went, and how
+/// many tokens it made (waited for: the engine notices at its next token).
+fn stopped_for_a_client(s: &Server) -> (String, usize) {
+    let start = Instant::now();
+    loop {
+        let log = s.log();
+        if let Some(line) = log.lines().find(|l| l.ends_with("the client went")) {
+            let new = line.split(", ").nth(1).unwrap().split(' ').next().unwrap();
+            return (line.to_string(), new.parse().unwrap());
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no generation stopped for a client: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client that leaves before a whole (not streamed) reply comes stops
+/// its generation too.
+#[test]
+fn a_client_that_leaves_a_whole_reply_stops_it() {
+    let s = Server::start_with("4096", &[]);
+    let long = json!({"messages": user("w10 w11"), "max_tokens": 4000});
+    let mut c = s.connect();
+    c.write_all(request(&s.addr, "POST", "/v1/chat/completions", &long.to_string()).as_bytes())
+        .unwrap();
+    // (4000 tokens take seconds: it is under way by then)
+    std::thread::sleep(Duration::from_millis(1000));
+    drop(c);
+    let (line, new) = stopped_for_a_client(&s);
+    assert!(new < 4000, "{line}");
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w12"), "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// Past the queue's bound a request is refused with 429 in OpenAI's shape,
+/// and served again once the queue drains.
+#[test]
+fn a_full_queue_is_a_429() {
+    let s = Server::start_with("4096", &["--queue", "1"]);
+    let long = json!({"messages": user("w10 w11"), "max_tokens": 4000, "stream": true});
+    // One running (its text is coming), one waiting, then one too many.
+    let mut running = s.connect();
+    running
+        .write_all(request(&s.addr, "POST", "/v1/chat/completions", &long.to_string()).as_bytes())
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"w") {
+        let n = running.read(&mut buf).unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut waiting = s.connect();
+    waiting
+        .write_all(request(&s.addr, "POST", "/v1/chat/completions", &long.to_string()).as_bytes())
+        .unwrap();
+    // (its response starts once it is queued)
+    let mut first = [0u8; 1];
+    waiting.read_exact(&mut first).unwrap();
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": user("w12"), "max_tokens": 4}),
+    );
+    let e = assert_error(&r, 429, None);
+    assert_eq!(e["error"]["code"], "queue_full");
+    drop((running, waiting));
+    // (the engine drops both at its next token: the queue drains)
+    let start = Instant::now();
+    loop {
+        let r = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": user("w12"), "max_tokens": 4}),
+        );
+        if r.status == 200 {
+            break;
+        }
+        assert_error(&r, 429, None);
+        assert!(start.elapsed() < WAIT, "still full: {}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM: the response in flight is finished, then the server exits 0.
+#[cfg(unix)]
+#[test]
+fn sigterm_finishes_the_response_in_flight() {
+    let mut s = Server::start(&[]);
+    let body = json!({"messages": user("w10 w11"), "max_tokens": 40, "stream": true});
+    let mut c = s.connect();
+    c.write_all(request(&s.addr, "POST", "/v1/chat/completions", &body.to_string()).as_bytes())
+        .unwrap();
+    let mut first = [0u8; 1];
+    c.read_exact(&mut first).expect("the response starts");
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut raw = first.to_vec();
+    c.read_to_end(&mut raw).unwrap();
+    let r = Reply::parse(&raw);
+    assert_eq!(
+        r.events().last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "still running after SIGTERM: {}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", s.log());
+}
+
+/// What a soak request is.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Whole,
+    Streamed,
+    Leaves,
+    Malformed,
+}
+
+/// 100 requests, 8 clients at a time: a tenth leave mid-stream, a tenth
+/// are malformed. No crash, bad input refused with a 400, and every
+/// greedy reply the one the same prompt gets alone.
+#[test]
+fn soak() {
+    let s = Arc::new(Server::start(&[]));
+    let prompts: Vec<String> = (0..5)
+        .map(|i| format!("w{} w{} w{}", 10 + i, 20 + i, 30))
+        .collect();
+    let body = |p: &str| json!({"messages": user(p), "max_tokens": 12});
+    let solo: Vec<String> = prompts
+        .iter()
+        .map(|p| content(&s.post("/v1/chat/completions", &body(p))))
+        .collect();
+    let next = Arc::new(Mutex::new(0usize));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, next, prompts, solo) = (s.clone(), next.clone(), prompts.clone(), solo.clone());
+            std::thread::spawn(move || loop {
+                let i = {
+                    let mut n = next.lock().unwrap();
+                    if *n == 100 {
+                        return;
+                    }
+                    *n += 1;
+                    *n - 1
+                };
+                let kind = match i % 10 {
+                    3 => Kind::Leaves,
+                    7 => Kind::Malformed,
+                    k if k % 2 == 0 => Kind::Whole,
+                    _ => Kind::Streamed,
+                };
+                let p = &prompts[i % prompts.len()];
+                let mut b = json!({"messages": user(p), "max_tokens": 12});
+                match kind {
+                    Kind::Whole => {
+                        let r = s.post("/v1/chat/completions", &b);
+                        assert_eq!(content(&r), solo[i % solo.len()], "request {i}");
+                    }
+                    Kind::Streamed => {
+                        b["stream"] = json!(true);
+                        let (text, _, _) = streamed_chat(&s.post("/v1/chat/completions", &b));
+                        assert_eq!(text, solo[i % solo.len()], "request {i}");
+                    }
+                    Kind::Leaves => {
+                        b["stream"] = json!(true);
+                        b["max_tokens"] = json!(40);
+                        leave_mid_stream(&s, &b);
+                    }
+                    Kind::Malformed => {
+                        let r = s.send("POST", "/v1/chat/completions", "{\"messages\": [{\"role\"");
+                        assert_error(&r, 400, None);
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for t in threads {
+        while !t.is_finished() {
+            assert!(Instant::now() < deadline, "the soak ran past 300 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Err(e) = t.join() {
+            std::panic::resume_unwind(e);
+        }
+    }
+    assert_eq!(s.send("GET", "/health", "").status, 200, "{}", s.log());
+    // Every request but the malformed ones ran on the engine: the solo
+    // five, the 80 answered and the 10 left (each after its first text).
+    let ran = || {
+        s.log()
+            .lines()
+            .filter(|l| l.starts_with("request: "))
+            .count()
+    };
+    let start = Instant::now();
+    while ran() < 95 && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(ran(), 95, "{}", s.log());
+    assert!(!s.log().contains("panicked"), "{}", s.log());
+}
