@@ -339,16 +339,28 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
-/// Standard output is open. A closed one (`>&-`) takes every write without
-/// an error (Rust's standard library ignores EBADF there), so a run would
-/// exit 0 having written nothing: refuse it up front instead.
+/// Standard output is open. A closed one (`>&-`) would make a run exit 0
+/// having written nothing: Rust's runtime reopens a closed standard
+/// descriptor on /dev/null, read-write, before `main`. A shell's own
+/// `>/dev/null` opens it write-only, so that one is left alone.
 pub fn check_stdout_open() -> CliResult<()> {
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsFd;
-        if let Err(e) = std::io::stdout().as_fd().try_clone_to_owned() {
+        let null = std::fs::read_link("/proc/self/fd/1")
+            .is_ok_and(|p| p == std::path::Path::new("/dev/null"));
+        // (fdinfo's `flags` are octal; O_ACCMODE 3, O_RDWR 2)
+        let read_write = std::fs::read_to_string("/proc/self/fdinfo/1")
+            .ok()
+            .and_then(|t| {
+                let f = t.lines().find_map(|l| l.strip_prefix("flags:"))?;
+                u32::from_str_radix(f.trim(), 8).ok()
+            })
+            .is_some_and(|flags| flags & 3 == 2);
+        if null && read_write {
             return Err(
-                format!("standard output is not open ({e}): nowhere to write the text").into(),
+                "standard output is not open (closed with >&-): nowhere to write the \
+                        text"
+                    .into(),
             );
         }
     }

@@ -266,6 +266,33 @@ impl AnyModel {
         }
     }
 
+    /// On the CPU reference, the prompt's prefill batches before its last
+    /// one, each through [`Model::prefill`] under a progress bar on a
+    /// terminal's stderr (a long prompt runs minutes there): the batches
+    /// [`Model::generate`] would run, so the same arithmetic. Returns where
+    /// the rest of the prompt starts (0 on a GPU, or a prompt of one batch).
+    pub fn prefill_with_progress(&mut self, prompt: &[u32]) -> turbospark::Result<usize> {
+        let AnyModel::Cpu(m) = self else {
+            return Ok(0);
+        };
+        let (model, seq) = m.parts();
+        let batch = model.prefill_batch();
+        let last = prompt.len().saturating_sub(1) / batch * batch;
+        if last < 2 * batch {
+            return Ok(0);
+        }
+        let bar = indicatif::ProgressBar::new(prompt.len() as u64).with_style(
+            indicatif::ProgressStyle::with_template("prefill {pos}/{len} tokens {wide_bar} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        for chunk in prompt[..last].chunks(batch) {
+            model.prefill(seq, chunk)?;
+            bar.inc(chunk.len() as u64);
+        }
+        bar.finish_and_clear();
+        Ok(last)
+    }
+
     /// The context cut back to its first `p` tokens ([`Model::truncate`]).
     pub fn truncate(&mut self, p: usize) -> turbospark::Result<()> {
         match self {
@@ -435,7 +462,15 @@ pub fn run(a: Args) -> CliResult {
     model.record_routing(a.routing_trace.is_some());
     // (the CPU backend reads its weights from the maps as it generates)
     crate::mapped::check_unchanged()?;
-    let g = model.generate_streaming(&prompt, &opts, &mut on_token)?;
+    let t0 = std::time::Instant::now();
+    let done = model.prefill_with_progress(&prompt)?;
+    let before = t0.elapsed().as_secs_f64();
+    let mut g = model.generate_streaming(&prompt[done..], &opts, &mut on_token)?;
+    if done > 0 && g.prefill_tok_s > 0.0 {
+        // (the whole prompt's rate: its batches before the last, then the rest)
+        let rest = (prompt.len() - done) as f64 / g.prefill_tok_s;
+        g.prefill_tok_s = prompt.len() as f64 / (before + rest);
+    }
     out.finish()?;
     if let (Some(path), Some(trace)) = (&a.routing_trace, model.take_routing()) {
         let mut text = Vec::new();

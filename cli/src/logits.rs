@@ -102,7 +102,25 @@ fn logits_on<B: ComputeBackend>(
     // and after it (a file rewritten in place during it gave other
     // weights): either is an error naming the file, not logits to write.
     crate::mapped::check_unchanged()?;
-    let rows = model.logits(tokens)?;
+    // On the CPU reference a long prompt runs minutes: its prefill batches
+    // one call each (the batches one call would run), under a progress bar.
+    let batch = model.model().prefill_batch();
+    let cpu = model.backend().info().device_type == turbospark::DeviceType::Cpu;
+    let rows = if cpu && tokens.len() > 2 * batch {
+        let bar = indicatif::ProgressBar::new(tokens.len() as u64).with_style(
+            indicatif::ProgressStyle::with_template("logits {pos}/{len} tokens {wide_bar} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        let mut rows = Vec::with_capacity(tokens.len());
+        for chunk in tokens.chunks(batch) {
+            rows.extend(model.logits(chunk)?);
+            bar.inc(chunk.len() as u64);
+        }
+        bar.finish_and_clear();
+        rows
+    } else {
+        model.logits(tokens)?
+    };
     crate::mapped::check_unchanged()?;
     Ok(rows)
 }

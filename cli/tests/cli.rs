@@ -43,6 +43,26 @@ fn generate_greedy_on_cpu_matches_the_fixture() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("tok/s"));
 }
 
+/// A prompt of several prefill batches on the CPU runs its batches before
+/// the last one by one under a progress bar: the same tokens as in one batch.
+#[test]
+fn a_prompt_of_many_batches_generates_the_same_tokens() {
+    let ids = "429,92,412,358,75,470,508,444,157,469";
+    let run = |batch: &str| {
+        succeeds(&generate_on_cpu(&[
+            "--max-new-tokens",
+            "8",
+            "--prefill-batch",
+            batch,
+            "--tokens",
+            ids,
+        ]))
+    };
+    let text = run("2");
+    assert_eq!(text.trim(), "w469 w469 w190 w310 w23 w278 w278 w485");
+    assert_eq!(text, run("16"));
+}
+
 #[test]
 fn token_past_vocabulary_is_an_error() {
     let out = generate_on_cpu(&["--tokens", "1,512"]);

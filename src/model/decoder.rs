@@ -285,6 +285,12 @@ impl<B: ComputeBackend> Model<B> {
         self.max_context
     }
 
+    /// Most tokens one prefill pass carries (`ModelOptions::prefill_batch`,
+    /// at most the context).
+    pub fn prefill_batch(&self) -> usize {
+        self.prefill_batch
+    }
+
     /// Whether the batched-prefill scratch has been allocated.
     pub fn has_batch_scratch(&self) -> bool {
         self.batch.get().is_some()
