@@ -339,6 +339,22 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// Standard output is open. A closed one (`>&-`) takes every write without
+/// an error (Rust's standard library ignores EBADF there), so a run would
+/// exit 0 having written nothing: refuse it up front instead.
+pub fn check_stdout_open() -> CliResult<()> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        if let Err(e) = std::io::stdout().as_fd().try_clone_to_owned() {
+            return Err(
+                format!("standard output is not open ({e}): nowhere to write the text").into(),
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,20 +377,4 @@ mod tests {
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
-}
-
-/// Standard output is open. A closed one (`>&-`) takes every write without
-/// an error (Rust's standard library ignores EBADF there), so a run would
-/// exit 0 having written nothing: refuse it up front instead.
-pub fn check_stdout_open() -> CliResult<()> {
-    #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        if let Err(e) = std::io::stdout().as_fd().try_clone_to_owned() {
-            return Err(
-                format!("standard output is not open ({e}): nowhere to write the text").into(),
-            );
-        }
-    }
-    Ok(())
 }
