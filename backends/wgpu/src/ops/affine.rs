@@ -512,3 +512,95 @@ mod layout_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod pair_tests {
+    use super::*;
+    use crate::tests::{backend, upload_f32, upload_u32};
+    use turbospark::quant::{Affine, ScaleType};
+    use turbospark::{ComputeBackend, HostBytes};
+
+    /// A `rows` x `cols` weight at `bits`, group 32.
+    fn weight(be: &WgpuBackend, bits: u32, rows: usize, cols: usize) -> WgpuBuffer {
+        let a = Affine::new(bits, 32, ScaleType::BF16).unwrap();
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 100.0)
+            .collect();
+        let q = turbospark::quant::quantize(&v, bits as u8, 32);
+        let sd = a.scales.dtype();
+        let bytes = a.assemble(
+            v.len(),
+            bytemuck::cast_slice(&q.words),
+            &turbospark::dtype::encode_f32(sd, &q.scales),
+            &turbospark::dtype::encode_f32(sd, &q.biases),
+        );
+        be.upload_weight(DType::Affine(a), rows, cols, HostBytes::Slice(&bytes), "w")
+            .unwrap()
+    }
+
+    /// Both down problems in one launch where they share a format; a
+    /// dense MLP at another format than the experts runs apart, with the
+    /// same results as each problem alone.
+    #[test]
+    fn down_pair_is_one_launch_at_one_format() {
+        let Some(be) = backend() else { return };
+        if be.limits.max_storage_buffers_per_shader_stage < PAIR_BINDINGS {
+            return;
+        }
+        let moe = |experts, top_k, inter| Moe {
+            m: 1,
+            hidden: 64,
+            inter,
+            experts,
+            top_k,
+        };
+        let (pa, pb) = (moe(1, 1, 96), moe(4, 2, 32));
+        let act_a = upload_f32(&be, &[0.5; 96], "act a");
+        let act_b = upload_f32(&be, &[0.25; 64], "act b");
+        let (ids_a, ids_b) = (
+            upload_u32(&be, &[0], "ids a"),
+            upload_u32(&be, &[3, 1], "ids b"),
+        );
+        let (wts_a, wts_b) = (
+            upload_f32(&be, &[1.0], "w a"),
+            upload_f32(&be, &[0.5, 0.25], "w b"),
+        );
+        let routed = weight(&be, 4, 4 * 64, 32);
+        for (bits_a, launches) in [(4, 1), (8, 2)] {
+            let dense = weight(&be, bits_a, 64, 96);
+            let outs = [0, 1].map(|_| upload_f32(&be, &[f32::NAN; 64], "out"));
+            let args = |out: usize| {
+                let a = DownArgs {
+                    act: &act_a,
+                    down: &dense,
+                    ids: &ids_a,
+                    weights: &wts_a,
+                    out: &outs[0],
+                    p: pa,
+                };
+                let b = DownArgs {
+                    act: &act_b,
+                    down: &routed,
+                    ids: &ids_b,
+                    weights: &wts_b,
+                    out: &outs[out],
+                    p: pb,
+                };
+                (a, b)
+            };
+            let before = be.counters().0;
+            let (a, b) = args(1);
+            be.moe_down_pair(a, b).unwrap();
+            assert_eq!(be.counters().0 - before, launches, "dense at {bits_a} bits");
+            let pair = outs.each_ref().map(|o| be.download_f32(o).unwrap());
+            assert!(pair.iter().flatten().all(|v| v.is_finite()));
+            let (a, b) = args(1);
+            a.run(&be).unwrap();
+            b.run(&be).unwrap();
+            let alone = outs.each_ref().map(|o| be.download_f32(o).unwrap());
+            for (p, s) in pair.iter().flatten().zip(alone.iter().flatten()) {
+                assert!((p - s).abs() <= 1e-5 * s.abs().max(1.0), "{p} against {s}");
+            }
+        }
+    }
+}
