@@ -20,7 +20,7 @@
 // is 16 bytes and a row of k values, k a multiple of 32, holds k * QBITS /
 // 32 words, a multiple of 4).
 //
-// The scales' and biases' word offsets come in the parameters (P.so, P.bo:
+// The scales' and biases' word offsets come in the parameters (so, bo:
 // the host knows them when it records), not from the binding's header, so
 // a unit's values and its scale and bias load in one round instead of
 // waiting on the header. The one-row entries (affine_gemv1, and both MoE
@@ -31,19 +31,16 @@
 // loads before the first returns (as kernels/gemv.wgsl does).
 //
 // Bindings (shared by the entries; unused ones get a read-only stand-in):
-// 0 W, 1 X (x rows or activations), 2 IDS, 3 WTS, 4 OUT.
+// 0 W, 1 X (x rows or activations), 2 IDS, 3 WTS, 4 OUT. The pair build
+// (kernels/affine_pair.wgsl) runs both MoE phases over two problems in
+// one launch.
 
-struct Params {
-    // rows of x (affine_gemv) or tokens
-    m: u32,
+// One problem's sizes: a GEMV chunk's, or an MoE phase's.
+struct Prob {
     // affine_gemv: the output row stride; the MoE phases: inter
     n: u32,
     // the reduced dimension (a multiple of 32)
     k: u32,
-    // affine_gemv: this chunk's weight rows; the MoE phases: hidden
-    rows: u32,
-    // affine_gemv: the chunk's first output feature
-    row0: u32,
     top_k: u32,
     experts: u32,
     // workgroups per pair (phase 1) or token (phase 2)
@@ -51,8 +48,21 @@ struct Params {
     // word offsets of the scales and the biases in W (its header's words)
     so: u32,
     bo: u32,
-    _p0: u32,
-    _p1: u32,
+    _p: u32,
+}
+
+struct Params {
+    // rows of x (affine_gemv) or tokens
+    m: u32,
+    // affine_gemv: this chunk's weight rows; the MoE phases: hidden
+    rows: u32,
+    // affine_gemv: the chunk's first output feature
+    row0: u32,
+    // the pair entries (affine_gemv_pair): workgroups of the first problem
+    groups_a: u32,
+    a: Prob,
+    // the pair entries' second problem (its bindings at 5-9)
+    b: Prob,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -65,7 +75,7 @@ struct Params {
 // Rows of x of affine_gemv (2 ..= 16).
 override MT: u32 = 1u;
 // Units (32 values) in a row of the reduced dimension, compiled into the
-// one-row entries (0: P.k / 32 at run time).
+// one-row entries (0: k / 32 at run time).
 override KU: u32 = 0u;
 
 const RL: u32 = 32u;
@@ -85,14 +95,34 @@ override RPT1: u32 = 4u;
 var<workgroup> red: array<vec4<f32>, 256>;
 var<workgroup> sh_expert: u32;
 
+// The bindings are read and written only through these accessors: the
+// pair build (affine_gemv_pair, kernels/affine_pair.wgsl) renames them and
+// reads the second problem's bindings in its workgroups, the bodies below
+// written once for both.
+
 // Word i of the weight (kernels/affine.wgsl).
 fn wword(i: u32) -> u32 {
     return W[i >> 2u][i & 3u];
 }
 
-// The parts' word offsets, from the parameters.
-fn offsets() -> vec2<u32> {
-    return vec2<u32>(P.so, P.bo);
+fn wvec(i: u32) -> vec4<u32> {
+    return W[i];
+}
+
+fn xvec(i: u32) -> vec4<f32> {
+    return X[i];
+}
+
+fn id_at(i: u32) -> u32 {
+    return IDS[i];
+}
+
+fn wt_at(i: u32) -> f32 {
+    return WTS[i];
+}
+
+fn out_set(i: u32, v: f32) {
+    OUT[i] = v;
 }
 
 // One unit's packed words and its group's (scale, bias): for 4 and 8 bits
@@ -111,10 +141,10 @@ fn load_unit(u: u32, o: vec2<u32>) -> Unit {
     x.sb = affine_sb_at(u / (QGROUP / 32u), o);
     let wb = (QHEAD + u * QBITS) >> 2u;
     if (QBITS == 4u) {
-        x.w0 = W[wb];
+        x.w0 = wvec(wb);
     } else if (QBITS == 8u) {
-        x.w0 = W[wb];
-        x.w1 = W[wb + 1u];
+        x.w0 = wvec(wb);
+        x.w1 = wvec(wb + 1u);
     }
     return x;
 }
@@ -166,7 +196,7 @@ fn load_x(xb: u32) -> XUnit {
     var x: XUnit;
     var s = vec4<f32>(0.0);
     for (var j = 0u; j < 8u; j++) {
-        x.v[j] = X[xb + j];
+        x.v[j] = xvec(xb + j);
         s += x.v[j];
     }
     x.sum = (s.x + s.y) + (s.z + s.w);
@@ -201,10 +231,9 @@ fn unit_dot(w: Unit, x: XUnit) -> f32 {
 }
 
 // Unit `u` of four weight rows (their first units at b.x .. b.w) dotted
-// with the unit of x at vec4 `xb + 8u`: every load issued before any
-// decode.
-fn dots4(b: vec4<u32>, u: u32, xb: u32) -> vec4<f32> {
-    let o = offsets();
+// with the unit of x at vec4 `xb + 8u`, the parts at word offsets `o`:
+// every load issued before any decode.
+fn dots4(b: vec4<u32>, u: u32, xb: u32, o: vec2<u32>) -> vec4<f32> {
     // (rows past RPT1 are neither loaded nor summed)
     let w0 = load_unit(b.x + u, o);
     var w1: Unit;
@@ -229,26 +258,34 @@ fn dots4(b: vec4<u32>, u: u32, xb: u32) -> vec4<f32> {
     return d;
 }
 
-// The units of a row: KU, else from P.k.
-fn row_units() -> u32 {
-    return select(P.k / 32u, KU, KU > 0u);
+// The parts' word offsets of problem q, from the parameters.
+fn offsets(q: Prob) -> vec2<u32> {
+    return vec2<u32>(q.so, q.bo);
+}
+
+// The units of a row of problem q: `ku` (a compiled-in KU), else from q.k.
+fn row_units(q: Prob, ku: u32) -> u32 {
+    return select(q.k / 32u, ku, ku > 0u);
 }
 
 // A lane's sum of four rows' dots with x over units lane, lane + LPR, ...
-// of rows of `nu` units (b: the rows' first units).
-fn lane_dots4(b: vec4<u32>, lane: u32, nu: u32, xb: u32) -> vec4<f32> {
+// of rows of `nu` units (b: the rows' first units; `ku`: nu compiled in,
+// or 0). The callers pass override constants as `ku`, so each inlined
+// copy has a constant trip count.
+fn lane_dots4(q: Prob, b: vec4<u32>, lane: u32, nu: u32, xb: u32, ku: u32) -> vec4<f32> {
+    let o = offsets(q);
     var acc = vec4<f32>(0.0);
-    if (KU > 0u) {
+    if (ku > 0u) {
         // a constant trip count; a lane's step past the row rereads the
         // row's last unit, dropped by the select (no branch between loads)
-        let last = max(KU, 1u) - 1u;
-        for (var s = 0u; s < (KU + LPR - 1u) / LPR; s++) {
+        let last = max(ku, 1u) - 1u;
+        for (var s = 0u; s < (ku + LPR - 1u) / LPR; s++) {
             let u = lane + s * LPR;
-            acc += select(vec4<f32>(0.0), dots4(b, min(u, last), xb), u < KU);
+            acc += select(vec4<f32>(0.0), dots4(b, min(u, last), xb, o), u < ku);
         }
     } else {
         for (var u = lane; u < nu; u += LPR) {
-            acc += dots4(b, u, xb);
+            acc += dots4(b, u, xb, o);
         }
     }
     return acc;
@@ -270,14 +307,14 @@ fn affine_gemv1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let team = lid / LPR;
     let lane = lid % LPR;
     let r0 = (linear_group(wg, nwg) * (256u / LPR) + team) * RPT1;
-    let nu = row_units();
+    let nu = row_units(P.a, KU);
     // (rows past the chunk read its last row and write nothing: every
     // thread takes part in the barrier)
     let b = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(P.rows - 1u)) * nu;
-    red[lid] = lane_dots4(b, lane, nu, 0u);
+    red[lid] = lane_dots4(P.a, b, lane, nu, 0u, KU);
     workgroupBarrier();
     if (lane < RPT1 && r0 + lane < P.rows) {
-        OUT[P.row0 + r0 + lane] = team_col(lid - lane, lane);
+        out_set(P.row0 + r0 + lane, team_col(lid - lane, lane));
     }
 }
 
@@ -298,8 +335,8 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let team = lid / RL;
     let lane = lid % RL;
     let r0 = (linear_group(wg, nwg) * TEAMS + team) * RPT;
-    let nu = P.k / 32u;
-    let o = offsets();
+    let nu = P.a.k / 32u;
+    let o = offsets(P.a);
     // acc[r * MT + i]: row r0 + r, row i of x
     var acc: array<f32, 64>;
     for (var u = lane; u < nu; u += RL) {
@@ -310,7 +347,7 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             w[r] = load_unit(min(r0 + r, P.rows - 1u) * nu + u, o);
         }
         for (var i = 0u; i < MT; i++) {
-            let x = load_x((i * P.k) / 4u + 8u * u);
+            let x = load_x((i * P.a.k) / 4u + 8u * u);
             for (var r = 0u; r < RPT; r++) {
                 acc[r * MT + i] += unit_dot(w[r], x);
             }
@@ -325,7 +362,7 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                 let a = a0 + q;
                 let row = r0 + a / MT;
                 if (a < RPT * MT && row < P.rows) {
-                    OUT[(a % MT) * P.n + P.row0 + row] = v[q];
+                    out_set((a % MT) * P.a.n + P.row0 + row, v[q]);
                 }
             }
         }
@@ -333,91 +370,109 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
+// Phase 1 of problem q for workgroup g of its grid, pair p = g / q.nrb
+// (its expert e, read by the caller as a workgroup-uniform value; none
+// past q.experts): its features' gate and up rows.
+fn gate_up_body(q: Prob, g: u32, e: u32, lid: u32) {
+    let p = g / q.nrb;
+    // An expert id past E selects nothing (the CPU reports it).
+    if (e >= q.experts) {
+        return;
+    }
+    let team = lid / LPR;
+    let lane = lid % LPR;
+    let n = q.n;
+    // features a team computes (a gate and an up row each)
+    let fpt = max(RPT1 / 2u, 1u);
+    let f0 = ((g % q.nrb) * (256u / LPR) + team) * fpt;
+    // (both problems of a pair reduce over hidden: one KU)
+    let nu = row_units(q, KU);
+    // rows: feature f0's gate and up, f0 + 1's gate and up
+    let ga = e * 2u * n + min(f0, n - 1u);
+    let gb = e * 2u * n + min(f0 + 1u, n - 1u);
+    let b = vec4<u32>(ga, ga + n, gb, gb + n) * nu;
+    red[lid] = lane_dots4(q, b, lane, nu, ((p / q.top_k) * q.k) / 4u, KU);
+    workgroupBarrier();
+    if (lane < fpt && f0 + lane < n) {
+        let t0 = lid - lane;
+        out_set(p * n + f0 + lane, gelu_tanh(team_col(t0, 2u * lane)) * team_col(t0, 2u * lane + 1u));
+    }
+}
+
+// Phase 1's expert of workgroup g of problem q, from its ids (past the
+// pairs: q.experts, nothing), as a workgroup-uniform value.
+fn gate_up_expert(q: Prob, g: u32, lid: u32) -> u32 {
+    let p = g / q.nrb;
+    if (lid == 0u) {
+        sh_expert = q.experts;
+        if (p < P.m * q.top_k) {
+            sh_expert = id_at(p);
+        }
+    }
+    return workgroupUniformLoad(&sh_expert);
+}
 
 @compute @workgroup_size(256)
 fn affine_gate_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let g = linear_group(wg, nwg);
-    let p = g / P.nrb;
-    if (p >= P.m * P.top_k) {
-        return;
-    }
-    if (lid == 0u) {
-        sh_expert = IDS[p];
-    }
-    let e = workgroupUniformLoad(&sh_expert);
-    // An expert id past E selects nothing (the CPU reports it).
-    if (e >= P.experts) {
-        return;
-    }
-    let team = lid / LPR;
-    let lane = lid % LPR;
-    let n = P.n;
-    // features a team computes (a gate and an up row each)
-    let fpt = max(RPT1 / 2u, 1u);
-    let f0 = ((g % P.nrb) * (256u / LPR) + team) * fpt;
-    let nu = row_units();
-    // rows: feature f0's gate and up, f0 + 1's gate and up
-    let ga = e * 2u * n + min(f0, n - 1u);
-    let gb = e * 2u * n + min(f0 + 1u, n - 1u);
-    let b = vec4<u32>(ga, ga + n, gb, gb + n) * nu;
-    red[lid] = lane_dots4(b, lane, nu, ((p / P.top_k) * P.k) / 4u);
-    workgroupBarrier();
-    if (lane < fpt && f0 + lane < n) {
-        let t0 = lid - lane;
-        OUT[p * n + f0 + lane] = gelu_tanh(team_col(t0, 2u * lane)) * team_col(t0, 2u * lane + 1u);
-    }
+    gate_up_body(P.a, g, gate_up_expert(P.a, g, lid), lid);
 }
 
-// Top-k slots of affine_down, compiled in with KU (0: P.top_k at run time).
+// Top-k slots of affine_down, compiled in with KU (0: q.top_k at run time).
 override TOPK: u32 = 0u;
 
 // A lane's share of a token's down rows (first rows hb: h0 .. h0 + 3
 // clamped) over the (expert slot, unit) tasks lane, lane + LPR, ... of `tasks`.
-fn down_task(t: u32, task: u32, nu: u32, hb: vec4<u32>) -> vec4<f32> {
-    let p = t * P.top_k + task / nu;
+fn down_task(q: Prob, t: u32, task: u32, nu: u32, hb: vec4<u32>) -> vec4<f32> {
+    let p = t * q.top_k + task / nu;
     let u = task % nu;
     // (an expert id past E selects nothing: the CPU reports it; its rows
     // are read as expert 0's, the product dropped)
-    let e = IDS[p];
-    let ok = e < P.experts;
+    let e = id_at(p);
+    let ok = e < q.experts;
     let b = (select(0u, e, ok) * P.rows + hb) * nu;
-    let d = dots4(b, u, (p * P.k) / 4u);
-    return select(vec4<f32>(0.0), WTS[p] * d, ok);
+    let d = dots4(b, u, (p * q.k) / 4u, offsets(q));
+    return select(vec4<f32>(0.0), wt_at(p) * d, ok);
 }
 
-@compute @workgroup_size(256)
-fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let g = linear_group(wg, nwg);
-    let t = g / P.nrb;
+// Phase 2 of problem q for workgroup g of its grid (`ku`, `topk`: its KU
+// and TOPK compiled in, or 0).
+fn down_body(q: Prob, g: u32, lid: u32, ku: u32, topk: u32) {
+    let t = g / q.nrb;
     if (t >= P.m) {
         return;
     }
     let team = lid / LPR;
     let lane = lid % LPR;
     let hidden = P.rows;
-    let h0 = ((g % P.nrb) * (256u / LPR) + team) * RPT1;
+    let h0 = ((g % q.nrb) * (256u / LPR) + team) * RPT1;
     let hb = min(vec4<u32>(h0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(hidden - 1u));
-    let nu = row_units();
+    let nu = row_units(q, ku);
     // The lanes take the rows' (expert slot, unit) tasks, so that rows of
     // few units (inter 704: 22) still keep every lane busy.
     var acc = vec4<f32>(0.0);
-    if (KU > 0u && TOPK > 0u) {
-        let tasks = TOPK * KU;
+    if (ku > 0u && topk > 0u) {
+        let tasks = topk * ku;
         let last = max(tasks, 1u) - 1u;
         for (var s = 0u; s < (tasks + LPR - 1u) / LPR; s++) {
             let task = lane + s * LPR;
-            acc += select(vec4<f32>(0.0), down_task(t, min(task, last), nu, hb), task < tasks);
+            acc += select(vec4<f32>(0.0), down_task(q, t, min(task, last), nu, hb), task < tasks);
         }
     } else {
-        for (var task = lane; task < P.top_k * nu; task += LPR) {
-            acc += down_task(t, task, nu, hb);
+        for (var task = lane; task < q.top_k * nu; task += LPR) {
+            acc += down_task(q, t, task, nu, hb);
         }
     }
     red[lid] = acc;
     workgroupBarrier();
     if (lane < RPT1 && h0 + lane < hidden) {
-        OUT[t * hidden + h0 + lane] = team_col(lid - lane, lane);
+        out_set(t * hidden + h0 + lane, team_col(lid - lane, lane));
     }
+}
+
+@compute @workgroup_size(256)
+fn affine_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    down_body(P.a, linear_group(wg, nwg), lid, KU, TOPK);
 }

@@ -134,11 +134,35 @@ fn post_attention_row(row: u32, lid: u32) {
 // takes the top-k), one dependent dispatch sooner than router_logits. Each
 // such workgroup recomputes r = x + rmsnorm(o) * w_post from the same
 // inputs with the same reduction, so it is the r workgroup 0 writes. The
-// router's weight has the module's WDTYPE.
+// router's weight has the module's WDTYPE, or with QBITS != 0 is MLX
+// affine (kernels/affine.wgsl; mlx-lm writes Gemma 4's router at 8 bits).
 
 @group(1) @binding(8) var<storage, read> RSCALE: array<f32>;
 @group(1) @binding(9) var<storage, read> RPROJ: array<u32>;
 @group(1) @binding(10) var<storage, read_write> RLOG: array<f32>;
+
+// Word i of the router's weight (kernels/affine.wgsl reads through it).
+fn wword(i: u32) -> u32 {
+    return RPROJ[i];
+}
+
+// The affine header's offsets, read once a thread (none for 16-bit
+// weights).
+fn router_offsets() -> vec2<u32> {
+    if (QBITS != 0u) {
+        return affine_offsets();
+    }
+    return vec2<u32>(0u);
+}
+
+// Element gi of the router's weight, the affine parts at word offsets `o`.
+fn router_weight(gi: u32, o: vec2<u32>) -> f32 {
+    if (QBITS != 0u) {
+        let sb = affine_sb_at(gi / QGROUP, o);
+        return sb.x * f32(affine_q(gi, affine_word(gi))) + sb.y;
+    }
+    return decode_weight(RPROJ[weight_word(gi)], gi);
+}
 
 fn router_logit(e: u32, lid: u32) {
     // Every load first, as post_attention's.
@@ -147,6 +171,7 @@ fn router_logit(e: u32, lid: u32) {
     var w0: array<f32, MAXPER>;
     var pw: array<f32, MAXPER>;
     var ss = 0.0;
+    let qo = router_offsets();
     for (var j = 0u; j < PER; j++) {
         let i = lid + j * WG;
         var o = 0.0;
@@ -155,7 +180,7 @@ fn router_logit(e: u32, lid: u32) {
             x[j] = AX[i];
             w0[j] = decode_as(AW0[word_of(i, WD0)], i, WD0);
             let gi = e * P.dim + i;
-            pw[j] = decode_weight(RPROJ[weight_word(gi)], gi) * RSCALE[i];
+            pw[j] = router_weight(gi, qo) * RSCALE[i];
         }
         v[j] = o;
         ss += o * o;

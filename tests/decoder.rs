@@ -620,7 +620,21 @@ fn wgpu_decode_step_is_one_submit() {
     }
     .map(|n| n - tails);
     let src = SyntheticSource::new(cfg, 42).unwrap();
-    let mut m = OneSequence::load(be, &src, opts(64)).unwrap();
+    let (dispatches, submits) = decode_step_counts(be, &src);
+    assert_eq!(submits, 1, "one submit per decode step");
+    if let Some(per_layer) = per_layer {
+        assert_eq!(
+            dispatches,
+            per_layer * layers + 6,
+            "dispatches per decode step over {layers} layers"
+        );
+    }
+}
+
+/// Dispatches and submits a greedy decode step of the model in `src`
+/// records, from the difference between two runs of different lengths.
+fn decode_step_counts(be: turbospark_wgpu::WgpuBackend, src: &SyntheticSource) -> (u64, u64) {
+    let mut m = OneSequence::load(be, src, opts(64)).unwrap();
     let p = prompt(5, m.config().vocab);
     let mut run = |n: usize| {
         m.reset();
@@ -638,19 +652,42 @@ fn wgpu_decode_step_is_one_submit() {
     run(2); // compile every pipeline first
     let (d2, s2) = run(2);
     let (d8, s8) = run(8);
-    let (dispatches, submits) = ((d8 - d2) / 6, (s8 - s2) / 6);
     assert_eq!(
         (s8 - s2) % 6,
         0,
         "submits per step not constant: {s2} vs {s8}"
     );
-    assert_eq!(submits, 1, "one submit per decode step");
-    if let Some(per_layer) = per_layer {
-        assert_eq!(
-            dispatches,
-            per_layer * layers + 6,
-            "dispatches per decode step over {layers} layers"
-        );
+    ((d8 - d2) / 6, (s8 - s2) / 6)
+}
+
+/// A decode step with MLX affine weights (4 bits, group 32; the router at
+/// 8 bits, as mlx-lm writes Gemma 4) records as many dispatches as with
+/// bf16 weights where the device binds 14 storage buffers a stage: the
+/// router's logits inside post_attention, both gate_up problems in one
+/// launch that also picks the experts, both down problems in one launch.
+#[test]
+fn wgpu_quantized_decode_step_matches_bf16() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    // Sizes every group of 32 divides (a weight it does not stays bf16).
+    let mut cfg = tiny_config();
+    cfg.hidden = 64;
+    cfg.intermediate = 64;
+    cfg.moe_inter = 32;
+    let fused = be.wgpu_limits().max_storage_buffers_per_shader_stage >= 14;
+    let q = turbospark::model::synthetic::SyntheticQuant { bits: 4, group: 32 };
+    let quantized = SyntheticSource::quantized(cfg.clone(), 42, q).unwrap();
+    let (dq, sq) = decode_step_counts(be, &quantized);
+    let plain = SyntheticSource::new(cfg, 42).unwrap();
+    let (db, _) = decode_step_counts(common::wgpu_backend().unwrap(), &plain);
+    eprintln!("dispatches a decode step: {dq} quantized, {db} bf16");
+    assert_eq!(sq, 1, "one submit per decode step");
+    if fused {
+        assert_eq!(dq, db, "dispatches a decode step, quantized against bf16");
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        assert_eq!(dq, db, "CI's lavapipe runs the fused kernels");
     }
 }
 

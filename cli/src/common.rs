@@ -358,9 +358,7 @@ pub fn check_stdout_open() -> CliResult<()> {
             .is_some_and(|flags| flags & 3 == 2);
         if null && read_write {
             return Err(
-                "standard output is not open (closed with >&-): nowhere to write the \
-                        text"
-                    .into(),
+                "standard output is not open (closed with >&-): nowhere to write the text".into(),
             );
         }
     }

@@ -136,10 +136,30 @@ fn moe_pair() -> Vec<Op> {
         precision: crate::Precision::Exact,
     };
     let mut v = Vec::new();
+    // Every format as one launch (kernels/affine_pair.wgsl): the two
+    // problems differ in inter (the down pair's reduced dimension, KU) and
+    // top-k, hidden a multiple of every group.
+    for (b, g) in formats() {
+        let (a, r) = (moe(1, 1, 1, 256, 384), moe(1, 5, 3, 256, 128));
+        v.push(Op::MoeGateUpPair(case::MoeGateUpPair {
+            a,
+            b: r,
+            w: q(b, g),
+        }));
+        v.push(Op::MoeDownPair(case::MoeDownPair {
+            a,
+            b: r,
+            w: q(b, g),
+        }));
+    }
     for (i, (a, b, w)) in [
+        // the 26B-A4B's decode layer (9 of its 128 experts)
+        (moe(1, 1, 1, 2816, 2112), moe(1, 9, 8, 2816, 704), q(4, 64)),
         (moe(1, 1, 1, 256, 128), moe(1, 6, 3, 256, 64), q(4, 64)),
         (moe(1, 1, 1, 128, 64), moe(1, 5, 2, 128, 32), q(8, 32)),
         (moe(2, 1, 1, 64, 32), moe(2, 4, 2, 64, 32), q(4, 32)),
+        // a micro-batch of 16 tokens, as one launch too
+        (moe(16, 1, 1, 256, 192), moe(16, 7, 4, 256, 64), q(6, 64)),
     ]
     .into_iter()
     .enumerate()

@@ -42,9 +42,21 @@ pub const ATTENTION_KEYS: &str = include_str!("../../../kernels/attention_keys.w
 /// ([`AFFINE_FAMILIES`]).
 pub const AFFINE: &str = include_str!("../../../kernels/affine.wgsl");
 
+/// The quantized MoE pair entries, appended to kernels/affine_gemv.wgsl in
+/// its `affine_gemv_pair` build ([`VARIANTS`]).
+pub const AFFINE_PAIR: &str = include_str!("../../../kernels/affine_pair.wgsl");
+
 /// The families that read quantized weights (they define `wword`, and
 /// declare `QBITS` and `QGROUP` through [`AFFINE`]).
-pub const AFFINE_FAMILIES: &[&str] = &["matmul", "router", "moe", "embed", "affine_gemv", "gemm"];
+pub const AFFINE_FAMILIES: &[&str] = &[
+    "matmul",
+    "router",
+    "moe",
+    "embed",
+    "affine_gemv",
+    "gemm",
+    "fused",
+];
 
 /// The KV caches' element type and the conversion a write goes through,
 /// appended to the families that read or write the caches
@@ -136,18 +148,39 @@ pub struct Variant {
 /// through its read-only cache path (on the H200, a 6-layer cut of the 26B
 /// shape prefilled 3.7% slower with every attention kernel binding them
 /// writable).
-pub const VARIANTS: &[Variant] = &[Variant {
-    name: "attention_qkv",
-    base: "attention",
-    changes: &[
-        ("var<storage, read> KC:", "var<storage, read_write> KC:"),
-        ("var<storage, read> VC:", "var<storage, read_write> VC:"),
-    ],
-    appendix: &[
-        include_str!("../../../kernels/attention_qkv.wgsl"),
-        ROPE_ANGLE,
-    ],
-}];
+pub const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "attention_qkv",
+        base: "attention",
+        changes: &[
+            ("var<storage, read> KC:", "var<storage, read_write> KC:"),
+            ("var<storage, read> VC:", "var<storage, read_write> VC:"),
+        ],
+        appendix: &[
+            include_str!("../../../kernels/attention_qkv.wgsl"),
+            ROPE_ANGLE,
+        ],
+    },
+    // `affine_gemv_pair`: kernels/affine_gemv.wgsl with its binding
+    // accessors renamed `_a` and kernels/affine_pair.wgsl's, which read
+    // either problem's bindings: the quantized MoE phases of two problems
+    // in one launch (with kernels/topk.wgsl for the routed gate_up pair).
+    // The single-problem entries keep their own build, which binds five
+    // buffers, not ten.
+    Variant {
+        name: "affine_gemv_pair",
+        base: "affine_gemv",
+        changes: &[
+            ("fn wword(i: u32) -> u32 {", "fn wword_a(i: u32) -> u32 {"),
+            ("fn wvec(i: u32)", "fn wvec_a(i: u32)"),
+            ("fn xvec(i: u32)", "fn xvec_a(i: u32)"),
+            ("fn id_at(i: u32)", "fn id_at_a(i: u32)"),
+            ("fn wt_at(i: u32)", "fn wt_at_a(i: u32)"),
+            ("fn out_set(i: u32, v: f32)", "fn out_set_a(i: u32, v: f32)"),
+        ],
+        appendix: &[AFFINE_PAIR, TOPK],
+    },
+];
 
 /// Every family's name: the files', the variants', then the f16 cache
 /// builds'.

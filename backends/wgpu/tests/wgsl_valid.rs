@@ -140,6 +140,7 @@ fn every_kernel_file_is_registered() {
             "kv_f16",
             "tail",
             "affine",
+            "affine_pair",
         ]
         .contains(&stem.as_str());
         if path.extension().and_then(|e| e.to_str()) == Some("wgsl") && !prelude {

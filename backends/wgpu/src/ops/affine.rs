@@ -5,27 +5,36 @@
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{Matmul, Moe};
-use turbospark::{DType, Result};
+use turbospark::{DType, DownArgs, GateUpArgs, Result};
 
 use super::one;
 use crate::batch::Launch;
 use crate::{WgpuBackend, WgpuBuffer};
 
+/// One problem's sizes (kernels/affine_gemv.wgsl `Prob`).
 #[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    m: u32,
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct Prob {
     n: u32,
     k: u32,
-    rows: u32,
-    row0: u32,
     top_k: u32,
     experts: u32,
     nrb: u32,
     so: u32,
     bo: u32,
-    _p0: u32,
-    _p1: u32,
+    _p: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    m: u32,
+    rows: u32,
+    row0: u32,
+    groups_a: u32,
+    a: Prob,
+    /// The pair entries' second problem (zero elsewhere).
+    b: Prob,
 }
 
 /// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`).
@@ -115,17 +124,17 @@ pub(crate) fn gemv(
         let [so, bo] = offsets(w.dtype, rows * p.k);
         let params = Params {
             m: p.m as u32,
-            n: p.n as u32,
-            k: p.k as u32,
             rows: rows as u32,
             row0: row0 as u32,
-            top_k: 0,
-            experts: 0,
-            nrb: 0,
-            so,
-            bo,
-            _p0: 0,
-            _p1: 0,
+            groups_a: 0,
+            a: Prob {
+                n: p.n as u32,
+                k: p.k as u32,
+                so,
+                bo,
+                ..Default::default()
+            },
+            b: Prob::default(),
         };
         be.launch(Launch {
             kernel: "affine_gemv",
@@ -145,23 +154,74 @@ pub(crate) fn gemv(
     Ok(())
 }
 
-/// `len`: the elements of the expert stack's binding (its slots', where
-/// experts are streamed).
-fn moe_params(p: &Moe, k: usize, nrb: usize, (dtype, len): (DType, usize)) -> Params {
+/// Problem `p` of an MoE phase reducing over `k`, `nrb` workgroups a
+/// (token, slot) pair (phase 1) or token (phase 2). `len`: the elements
+/// of the expert stack's binding (its slots', where experts are streamed).
+fn moe_prob(p: &Moe, k: usize, nrb: usize, (dtype, len): (DType, usize)) -> Prob {
     let [so, bo] = offsets(dtype, len);
-    Params {
-        m: p.m as u32,
+    Prob {
         n: p.inter as u32,
         k: k as u32,
-        rows: p.hidden as u32,
-        row0: 0,
         top_k: p.top_k as u32,
         experts: p.experts as u32,
         nrb: nrb as u32,
         so,
         bo,
-        _p0: 0,
-        _p1: 0,
+        _p: 0,
+    }
+}
+
+/// An MoE launch's parameters: problem `a`, and a pair's `b` after
+/// `groups_a` workgroups.
+fn moe_params(p: &Moe, a: Prob, b: Option<(Prob, usize)>) -> Params {
+    let (b, groups_a) = b.unwrap_or_default();
+    Params {
+        m: p.m as u32,
+        rows: p.hidden as u32,
+        row0: 0,
+        groups_a: groups_a as u32,
+        a,
+        b,
+    }
+}
+
+/// A team's rows (`RPT1`) and lanes (`LPR`) of the one-row MoE entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Team {
+    rows: usize,
+    lanes: usize,
+}
+
+impl Team {
+    /// Phase 1 over `features` activations (the (token, slot) pairs' inter
+    /// each, both problems' in a pair) of rows of `hidden` (a team holds a
+    /// feature's gate and up rows at the least).
+    fn gate_up(features: usize, hidden: usize) -> Team {
+        let rows = rpt(2 * features).max(2);
+        let lanes = lanes(features.div_ceil(rows / 2), hidden / 32);
+        Team { rows, lanes }
+    }
+
+    /// Phase 2 over `outputs` rows of output (tokens x hidden; a pair's
+    /// twice that) whose (slot, unit) tasks number at most `span`.
+    fn down(outputs: usize, hidden_rows: usize, span: usize) -> Team {
+        let rows = rpt(hidden_rows);
+        let lanes = lanes(outputs.div_ceil(rows), span);
+        Team { rows, lanes }
+    }
+
+    /// Features a phase-1 workgroup computes.
+    fn features(self) -> usize {
+        256 / self.lanes * self.rows / 2
+    }
+
+    /// Output rows a phase-2 workgroup computes.
+    fn outputs(self) -> usize {
+        256 / self.lanes * self.rows
+    }
+
+    fn constants(self) -> [(&'static str, i64); 2] {
+        [("RPT1", self.rows as i64), ("LPR", self.lanes as i64)]
     }
 }
 
@@ -172,24 +232,16 @@ pub(crate) fn gate_up(
     (dtype, len): (DType, usize),
     p: &Moe,
 ) -> Result<()> {
-    // (a team holds a feature's gate and up rows at the least)
-    let r = rpt(2 * p.m * p.top_k * p.inter).max(2);
-    let l = lanes(p.m * p.top_k * p.inter.div_ceil(r / 2), p.hidden / 32);
-    let nrb = p.inter.div_ceil(256 / l * r / 2);
-    let params = moe_params(p, p.hidden, nrb, (dtype, len));
+    let team = Team::gate_up(p.m * p.top_k * p.inter, p.hidden);
+    let nrb = p.inter.div_ceil(team.features());
+    let params = moe_params(p, moe_prob(p, p.hidden, nrb, (dtype, len)), None);
     let xb = one(x);
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
+    let [rpt1, lpr] = team.constants();
     be.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_gate_up",
-        constants: &[
-            wd,
-            qbits,
-            qgroup,
-            units(p.hidden),
-            ("RPT1", r as i64),
-            ("LPR", l as i64),
-        ],
+        constants: &[wd, qbits, qgroup, units(p.hidden), rpt1, lpr],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (gu, true),
@@ -217,15 +269,23 @@ pub(crate) fn down(
     (dtype, len): (DType, usize),
     p: &Moe,
 ) -> Result<()> {
-    let r = rpt(p.m * p.hidden);
-    let l = lanes(p.m * p.hidden.div_ceil(r), p.top_k * p.inter / 32);
-    let nrb = p.hidden.div_ceil(256 / l * r);
-    let params = moe_params(p, p.inter, nrb, (dtype, len));
+    let team = Team::down(p.m * p.hidden, p.m * p.hidden, p.top_k * p.inter / 32);
+    let nrb = p.hidden.div_ceil(team.outputs());
+    let params = moe_params(p, moe_prob(p, p.inter, nrb, (dtype, len)), None);
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
+    let [rpt1, lpr] = team.constants();
     be.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_down",
-        constants: &[wd, qbits, qgroup, units(p.inter), ("TOPK", p.top_k as i64)],
+        constants: &[
+            wd,
+            qbits,
+            qgroup,
+            units(p.inter),
+            ("TOPK", p.top_k as i64),
+            rpt1,
+            lpr,
+        ],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (d, true),
@@ -235,6 +295,178 @@ pub(crate) fn down(
             (one(out), false),
         ],
         groups: be.grid((p.m * nrb) as u32),
+    })
+}
+
+/// Storage bindings of the pair entries (kernels/affine_pair.wgsl, 0-9),
+/// and of the routed gate_up pair (0-13).
+pub(crate) const PAIR_BINDINGS: u32 = 10;
+pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
+
+/// Whether the quantized pair entries take problems `a` and `b` (weights
+/// `wa`, `wb`; each phase's reduced dimension passed as `k`): both weights
+/// MLX affine of one format (the kernel compiles one QBITS, QGROUP and
+/// scale type; a dense MLP of another format runs on its own), one
+/// unsplit binding each, one hidden size and token count within the
+/// one-row kernels' (both problems share a grid of the same rows), and a
+/// device that binds ten storage buffers a stage. Otherwise the caller
+/// runs each problem on its own (the same results).
+pub(crate) fn pair_takes(
+    be: &WgpuBackend,
+    (a, wa): (&Moe, &WgpuBuffer),
+    (b, wb): (&Moe, &WgpuBuffer),
+) -> bool {
+    matches!(wa.dtype, DType::Affine(_))
+        && wa.dtype == wb.dtype
+        && !wa.tiled()
+        && !wb.tiled()
+        && wa.single().is_some()
+        && wb.single().is_some()
+        && a.hidden == b.hidden
+        && a.m == b.m
+        && takes(wa, a.m)
+        && be.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
+}
+
+/// Whether `affine_gate_up_pair_routed` takes the gate_up pair `(a, b)`:
+/// [`pair_takes`], one token (a workgroup ranks one token's logits) and a
+/// device that binds its 14 buffers. The router's shape is the routed
+/// problem's (`RouterArgs::check_routes`) and within kernels/topk.wgsl's
+/// bounds (`Router::validate`).
+pub(crate) fn routed_pair_takes(
+    be: &WgpuBackend,
+    a: &GateUpArgs<'_, WgpuBuffer>,
+    b: &GateUpArgs<'_, WgpuBuffer>,
+) -> bool {
+    pair_takes(be, (&a.p, a.gate_up), (&b.p, b.gate_up))
+        && a.p.m == 1
+        && be.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
+}
+
+/// Phase 1 of problems `a` and `b` in one `affine_gemv_pair` launch (the
+/// caller checked [`pair_takes`]), or with `routing = Some((logits, pes,
+/// ids, weights))` `affine_gate_up_pair_routed` (one token; b's experts
+/// picked from the router's scaled logits, the routing written for phase
+/// 2; `b.ids` is not read).
+pub(crate) fn gate_up_pair(
+    be: &WgpuBackend,
+    (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
+    routing: Option<[&WgpuBuffer; 4]>,
+) -> Result<()> {
+    let (pa, pb) = (&a.p, &b.p);
+    let features = pa.m * pa.top_k * pa.inter + pb.m * pb.top_k * pb.inter;
+    let team = Team::gate_up(features, pa.hidden);
+    let nrb = (
+        pa.inter.div_ceil(team.features()),
+        pb.inter.div_ceil(team.features()),
+    );
+    let groups_a = pa.m * pa.top_k * nrb.0;
+    let groups = groups_a + pb.m * pb.top_k * nrb.1;
+    let (wa, wb) = (one(a.gate_up), one(b.gate_up));
+    let params = moe_params(
+        pa,
+        moe_prob(pa, pa.hidden, nrb.0, (a.gate_up.dtype, a.gate_up.len)),
+        Some((
+            moe_prob(pb, pb.hidden, nrb.1, (b.gate_up.dtype, b.gate_up.len)),
+            groups_a,
+        )),
+    );
+    let [wd, qbits, qgroup] = super::weight_constants(a.gate_up.dtype);
+    let [rpt1, lpr] = team.constants();
+    let (xa, xb) = (one(a.x), one(b.x));
+    // (a fixed array, no allocation per decode layer: the plain launch
+    // binds the first PAIR_BINDINGS)
+    let [logits, pes, ids, wts] = routing.unwrap_or([b.x; 4]);
+    let buffers = [
+        (wa, true),
+        (xa, true),
+        (one(a.ids), true),
+        // phase 1 has no routing weights: x stands in, never read
+        (xa, true),
+        (one(a.act), false),
+        (wb, true),
+        (xb, true),
+        // (routed: b's ids are computed, x stands in, never read)
+        (routing.map_or(one(b.ids), |_| xb), true),
+        (xb, true),
+        (one(b.act), false),
+        (one(logits), true),
+        (one(pes), true),
+        (one(ids), false),
+        (one(wts), false),
+    ];
+    let bound = if routing.is_some() {
+        ROUTED_PAIR_BINDINGS
+    } else {
+        PAIR_BINDINGS
+    };
+    be.launch(Launch {
+        kernel: "affine_gemv_pair",
+        entry: if routing.is_some() {
+            "affine_gate_up_pair_routed"
+        } else {
+            "affine_gate_up_pair"
+        },
+        constants: &[wd, qbits, qgroup, units(pa.hidden), rpt1, lpr],
+        params: bytemuck::bytes_of(&params),
+        buffers: &buffers[..bound as usize],
+        groups: be.grid(groups as u32),
+    })
+}
+
+/// Phase 2 of problems `a` and `b` in one `affine_down_pair` launch (the
+/// caller checked [`pair_takes`]): both grids cover the same output rows,
+/// each problem with its own units and slots compiled in (KU, TOPK; KU2,
+/// TOPK2).
+pub(crate) fn down_pair(
+    be: &WgpuBackend,
+    a: &DownArgs<'_, WgpuBuffer>,
+    b: &DownArgs<'_, WgpuBuffer>,
+) -> Result<()> {
+    let (pa, pb) = (&a.p, &b.p);
+    let span = (pa.top_k * pa.inter).max(pb.top_k * pb.inter) / 32;
+    let team = Team::down(2 * pa.m * pa.hidden, pa.m * pa.hidden, span);
+    let nrb = pa.hidden.div_ceil(team.outputs());
+    let groups_a = pa.m * nrb;
+    let params = moe_params(
+        pa,
+        moe_prob(pa, pa.inter, nrb, (a.down.dtype, a.down.len)),
+        Some((
+            moe_prob(pb, pb.inter, nrb, (b.down.dtype, b.down.len)),
+            groups_a,
+        )),
+    );
+    let [wd, qbits, qgroup] = super::weight_constants(a.down.dtype);
+    let [rpt1, lpr] = team.constants();
+    let (_, ku2) = units(pb.inter);
+    be.launch(Launch {
+        kernel: "affine_gemv_pair",
+        entry: "affine_down_pair",
+        constants: &[
+            wd,
+            qbits,
+            qgroup,
+            units(pa.inter),
+            ("TOPK", pa.top_k as i64),
+            ("KU2", ku2),
+            ("TOPK2", pb.top_k as i64),
+            rpt1,
+            lpr,
+        ],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(a.down), true),
+            (one(a.act), true),
+            (one(a.ids), true),
+            (one(a.weights), true),
+            (one(a.out), false),
+            (one(b.down), true),
+            (one(b.act), true),
+            (one(b.ids), true),
+            (one(b.weights), true),
+            (one(b.out), false),
+        ],
+        groups: be.grid((2 * groups_a) as u32),
     })
 }
 
@@ -269,8 +501,107 @@ mod layout_tests {
         check(
             ("affine_gemv", "Params"),
             std::mem::size_of::<Params>(),
-            fields!(Params; m, n, k, rows, row0, top_k, experts, nrb, so, bo, _p0, _p1),
+            fields!(Params; m, rows, row0, groups_a, a, b),
             &[],
         );
+        check(
+            ("affine_gemv", "Prob"),
+            std::mem::size_of::<Prob>(),
+            fields!(Prob; n, k, top_k, experts, nrb, so, bo, _p),
+            &[],
+        );
+    }
+}
+
+#[cfg(test)]
+mod pair_tests {
+    use super::*;
+    use crate::tests::{backend, upload_f32, upload_u32};
+    use turbospark::quant::{Affine, ScaleType};
+    use turbospark::{ComputeBackend, HostBytes};
+
+    /// A `rows` x `cols` weight at `bits`, group 32.
+    fn weight(be: &WgpuBackend, bits: u32, rows: usize, cols: usize) -> WgpuBuffer {
+        let a = Affine::new(bits, 32, ScaleType::BF16).unwrap();
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 100.0)
+            .collect();
+        let q = turbospark::quant::quantize(&v, bits as u8, 32);
+        let sd = a.scales.dtype();
+        let bytes = a.assemble(
+            v.len(),
+            bytemuck::cast_slice(&q.words),
+            &turbospark::dtype::encode_f32(sd, &q.scales),
+            &turbospark::dtype::encode_f32(sd, &q.biases),
+        );
+        be.upload_weight(DType::Affine(a), rows, cols, HostBytes::Slice(&bytes), "w")
+            .unwrap()
+    }
+
+    /// Both down problems in one launch where they share a format; a
+    /// dense MLP at another format than the experts runs apart, with the
+    /// same results as each problem alone.
+    #[test]
+    fn down_pair_is_one_launch_at_one_format() {
+        let Some(be) = backend() else { return };
+        if be.limits.max_storage_buffers_per_shader_stage < PAIR_BINDINGS {
+            return;
+        }
+        let moe = |experts, top_k, inter| Moe {
+            m: 1,
+            hidden: 64,
+            inter,
+            experts,
+            top_k,
+            precision: turbospark::Precision::Exact,
+        };
+        let (pa, pb) = (moe(1, 1, 96), moe(4, 2, 32));
+        let act_a = upload_f32(&be, &[0.5; 96], "act a");
+        let act_b = upload_f32(&be, &[0.25; 64], "act b");
+        let (ids_a, ids_b) = (
+            upload_u32(&be, &[0], "ids a"),
+            upload_u32(&be, &[3, 1], "ids b"),
+        );
+        let (wts_a, wts_b) = (
+            upload_f32(&be, &[1.0], "w a"),
+            upload_f32(&be, &[0.5, 0.25], "w b"),
+        );
+        let routed = weight(&be, 4, 4 * 64, 32);
+        for (bits_a, launches) in [(4, 1), (8, 2)] {
+            let dense = weight(&be, bits_a, 64, 96);
+            let outs = [0, 1].map(|_| upload_f32(&be, &[f32::NAN; 64], "out"));
+            let args = |out: usize| {
+                let a = DownArgs {
+                    act: &act_a,
+                    down: &dense,
+                    ids: &ids_a,
+                    weights: &wts_a,
+                    out: &outs[0],
+                    p: pa,
+                };
+                let b = DownArgs {
+                    act: &act_b,
+                    down: &routed,
+                    ids: &ids_b,
+                    weights: &wts_b,
+                    out: &outs[out],
+                    p: pb,
+                };
+                (a, b)
+            };
+            let before = be.counters().0;
+            let (a, b) = args(1);
+            be.moe_down_pair(a, b).unwrap();
+            assert_eq!(be.counters().0 - before, launches, "dense at {bits_a} bits");
+            let pair = outs.each_ref().map(|o| be.download_f32(o).unwrap());
+            assert!(pair.iter().flatten().all(|v| v.is_finite()));
+            let (a, b) = args(1);
+            a.run(&be).unwrap();
+            b.run(&be).unwrap();
+            let alone = outs.each_ref().map(|o| be.download_f32(o).unwrap());
+            for (p, s) in pair.iter().flatten().zip(alone.iter().flatten()) {
+                assert!((p - s).abs() <= 1e-5 * s.abs().max(1.0), "{p} against {s}");
+            }
+        }
     }
 }

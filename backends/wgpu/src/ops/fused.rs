@@ -123,8 +123,8 @@ pub(crate) fn post_attention(
 const LOGITS_BINDINGS: u32 = 11;
 
 /// Whether `post_attention_logits` takes this call: one row, a single
-/// binding of 16-bit router weights, a row the kernel takes, and the
-/// device's binding limit.
+/// binding of 16-bit or MLX affine router weights, a row the kernel takes,
+/// and the device's binding limit.
 fn logits_fit(
     be: &WgpuBackend,
     pa: &PostAttentionArgs<'_, WgpuBuffer>,
@@ -134,7 +134,10 @@ fn logits_fit(
         && r.p.m == 1
         // one RMS of r serves post_attention's norms and the router's
         && pa.p.eps == r.p.eps
-        && matches!(r.proj.dtype, DType::BF16 | DType::F16)
+        && matches!(
+            r.proj.dtype,
+            DType::BF16 | DType::F16 | DType::Affine(_)
+        )
         && r.proj.single().is_some()
         && pa.p.dim <= max_dim(be)
         && be.limits.max_storage_buffers_per_shader_stage >= LOGITS_BINDINGS
@@ -180,10 +183,16 @@ pub(crate) fn post_attention_gate_up(
     dense: &GateUpArgs<'_, WgpuBuffer>,
     routed: &GateUpArgs<'_, WgpuBuffer>,
 ) -> Result<bool> {
-    if !logits_fit(be, pa, router) || !super::moe::routed_pair_fits(be, dense, routed) {
+    // (quantized experts: kernels/affine_pair.wgsl's routed pair)
+    let affine = super::affine::routed_pair_takes(be, dense, routed);
+    if !logits_fit(be, pa, router) || !(affine || super::moe::routed_pair_fits(be, dense, routed)) {
         return Ok(false);
     }
     let logits = post_attention_logits(be, pa, router)?;
+    if affine {
+        let routing = [&logits, router.per_expert_scale, router.ids, router.weights];
+        return super::affine::gate_up_pair(be, (dense, routed), Some(routing)).map(|()| true);
+    }
     super::moe::moe_gate_up_pair_routed(
         be,
         (dense, routed),
@@ -218,11 +227,11 @@ fn post_attention_logits(
         [Some(pa.w_post), Some(pa.w_ff), Some(pa.moe.0), None],
         pa.p.dim,
     );
-    let [wd] = super::wdtype(router.proj.dtype);
+    let [wd, qbits, qgroup] = super::weight_constants(router.proj.dtype);
     be.launch(Launch {
         kernel: "fused",
         entry: "post_attention_logits",
-        constants: &[c0, c1, c2, c3, c4, c5, wd],
+        constants: &[c0, c1, c2, c3, c4, c5, wd, qbits, qgroup],
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(pa.o), true),

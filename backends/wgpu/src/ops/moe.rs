@@ -463,6 +463,9 @@ pub(crate) fn moe_gate_up_pair(
     a: &GateUpArgs<'_, WgpuBuffer>,
     b: &GateUpArgs<'_, WgpuBuffer>,
 ) -> Result<()> {
+    if super::affine::pair_takes(be, (&a.p, a.gate_up), (&b.p, b.gate_up)) {
+        return super::affine::gate_up_pair(be, (a, b), None);
+    }
     if !pair_fits(
         be,
         (&a.p, a.p.hidden, a.gate_up),
@@ -575,6 +578,9 @@ pub(crate) fn moe_down_pair(
     a: &DownArgs<'_, WgpuBuffer>,
     b: &DownArgs<'_, WgpuBuffer>,
 ) -> Result<()> {
+    if super::affine::pair_takes(be, (&a.p, a.down), (&b.p, b.down)) {
+        return super::affine::down_pair(be, a, b);
+    }
     if !pair_fits(be, (&a.p, a.p.inter, a.down), (&b.p, b.p.inter, b.down)) {
         moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
         return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
