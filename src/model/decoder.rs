@@ -32,7 +32,7 @@
 //! reads `r`, not `x`.
 //!
 //! The generation loops over these passes (greedy, pipelined on the device,
-//! and sampled on the host) are in [`generate`].
+//! and sampled on the host) are in `decoder/generate.rs`.
 
 use std::cell::{OnceCell, RefCell};
 use std::time::Instant;

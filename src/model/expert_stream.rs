@@ -13,7 +13,7 @@
 //! MoE ops (and its fusions of them) serve streaming unchanged.
 //!
 //! A prefill batch whose experts do not all fit the slots runs in waves
-//! ([`waves`]): each wave's tokens keep their routing weights, the others
+//! (`waves`): each wave's tokens keep their routing weights, the others
 //! get weight 0 (their rows come out exactly +0), and the waves' outputs are
 //! summed, so each token's row is the one the resident run computes (x + 0 =
 //! x), bit for bit.

@@ -6,11 +6,11 @@
 //!
 //! What mlx-lm does, step by step, and where it is mirrored here:
 //! - `load_config`: config.json, with `generation_config.json`'s
-//!   `eos_token_id` put over the config's ([`mlx_config`]);
+//!   `eos_token_id` put over the config's (`mlx_config`);
 //! - builds its Gemma 4 model from that config with its own defaults
-//!   ([`mlx_params`]) and loads the sanitized weights strictly: experts
+//!   (`mlx_params`) and loads the sanitized weights strictly: experts
 //!   split to `switch_glu`, the multimodal prefix moved, vision dropped
-//!   ([`sanitized_name`]); a checkpoint that does not fit that model is
+//!   (`sanitized_name`); a checkpoint that does not fit that model is
 //!   refused here by name, as mlx-lm would refuse it;
 //! - casts every float to `torch_dtype` / `text_config.dtype`;
 //! - `quantize_model` with Gemma 4's predicate (router 8 bits group 64),

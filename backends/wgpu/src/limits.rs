@@ -13,7 +13,7 @@ pub enum LimitsProfile {
     #[default]
     Adapter,
     /// What wgpu's Metal backend reports on an Apple7-class GPU (M1, A14),
-    /// where the adapter's are larger: see [`apple7`].
+    /// where the adapter's are larger: see `apple7` (limits.rs).
     Apple7,
     /// The WebGPU specification's default limits, which every WebGPU device
     /// offers (16 KiB of workgroup memory, 256 invocations a workgroup, 8

@@ -235,7 +235,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, rows: usize, head_rows: usize) -> u64 {
 }
 
 /// Device bytes of the scratch streamed experts add to a scratch of `rows`
-/// rows ([`WaveScratch`]: slot ids and a wave's weights per route, a wave's
+/// rows (`WaveScratch`: slot ids and a wave's weights per route, a wave's
 /// output and the waves' sum per row).
 pub fn stream_scratch_bytes(cfg: &ModelConfig, rows: usize) -> u64 {
     let mut bytes = 0;

@@ -95,7 +95,7 @@ pub trait Case {
     fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()>;
 
     /// The verdict on outputs whose guards and finiteness
-    /// [`compare::judge`] has checked, against an NMSE `limit`: by default
+    /// [`judge`] has checked, against an NMSE `limit`: by default
     /// every output's NMSE ([`Case::f16_stored`] ones by f16 steps).
     fn judge(
         &self,

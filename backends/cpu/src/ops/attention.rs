@@ -65,7 +65,7 @@ pub fn kv_append<T: CacheElem>(src: &[f32], cache: &mut [T], positions: &[u32], 
 /// `r`: as a tensor-core backend computes it (`turbospark::GemmRounding`,
 /// kernels/attention_coop.wgsl). [`Rounding::Half`]: queries and keys
 /// rounded to f16 by row with the GEMM's power-of-two scale ([`f16_rows`]),
-/// values by [`f16_value_rows`] (below), and each probability (times its
+/// values by `f16_value_rows` (below), and each probability (times its
 /// value row's factor) rounded to f16 before it multiplies; the sums stay
 /// f32. [`Rounding::Split`]: each of those values split instead into
 /// `hi = f16(v)` and `lo = f16(v - hi)` (subnormals kept) and each product
