@@ -1234,7 +1234,7 @@ pub fn runtime_bytes(
     (kv * kv_cache.size() + moe_pairs) as u64 + scratch
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tools"))]
 mod tests {
     use super::*;
     use crate::model::synthetic::{named_config, tiny_config};

@@ -18,10 +18,12 @@ pub mod expert_stream;
 mod json;
 pub mod layer_state;
 mod mlx_layout;
+#[cfg(feature = "tools")]
 pub mod mlx_writer;
 pub mod quantization;
 pub mod sampling;
 mod shard;
+#[cfg(feature = "tools")]
 pub mod synthetic;
 mod tensor_ref;
 mod tensors;
@@ -35,6 +37,7 @@ pub use decoder::{
 };
 pub use layer_state::LayerHostState;
 pub use sampling::Sampling;
+#[cfg(feature = "tools")]
 pub use synthetic::SyntheticSource;
 pub use tensor_ref::TensorRef;
 pub use tensors::expected_tensors;
