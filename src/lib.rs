@@ -9,6 +9,7 @@ pub mod backend;
 mod device_buffer;
 pub mod dtype;
 pub mod error;
+pub mod kernels;
 pub mod model;
 pub mod ops;
 pub mod parity;

@@ -13,38 +13,38 @@ use std::sync::{Arc, Mutex};
 
 use turbospark::{DType, Error, Result};
 
-pub const COMMON: &str = include_str!("../../../kernels/common.wgsl");
+pub const COMMON: &str = turbospark::kernels::COMMON;
 /// Reduction helpers without and with subgroup operations (same functions).
-pub const REDUCE: &str = include_str!("../../../kernels/reduce.wgsl");
-pub const REDUCE_SUBGROUP: &str = include_str!("../../../kernels/reduce_subgroup.wgsl");
+pub const REDUCE: &str = turbospark::kernels::REDUCE;
+pub const REDUCE_SUBGROUP: &str = turbospark::kernels::REDUCE_SUBGROUP;
 /// The prefill GEMMs' parameter block and token tiles over the route list,
 /// appended to the GEMM families.
-pub const GEMM_TILES: &str = include_str!("../../../kernels/gemm_tiles.wgsl");
+pub const GEMM_TILES: &str = turbospark::kernels::GEMM_TILES;
 /// The router's top-k and softmax over a token's logits, appended to the
 /// families that pick experts.
-pub const TOPK: &str = include_str!("../../../kernels/topk.wgsl");
+pub const TOPK: &str = turbospark::kernels::TOPK;
 /// RoPE's rotation of a pair (`turn_pair`) and its angle arithmetic,
 /// appended to the families that turn by RoPE (rope, and the attention_qkv
 /// variant).
-pub const ROPE_ANGLE: &str = include_str!("../../../kernels/rope_angle.wgsl");
+pub const ROPE_ANGLE: &str = turbospark::kernels::ROPE_ANGLE;
 /// f32 -> f16 rounding that every device does alike, appended to the
 /// families that round inputs for tensor cores.
-pub const F16_ROUND: &str = include_str!("../../../kernels/f16_round.wgsl");
+pub const F16_ROUND: &str = turbospark::kernels::F16_ROUND;
 /// The last-workgroup count of the launches that finish in one
 /// (`tail_last`), appended to the attention families.
-pub const TAIL: &str = include_str!("../../../kernels/tail.wgsl");
+pub const TAIL: &str = turbospark::kernels::TAIL;
 /// The keys a query row sees (`key_range`), appended to the attention
 /// families.
-pub const ATTENTION_KEYS: &str = include_str!("../../../kernels/attention_keys.wgsl");
+pub const ATTENTION_KEYS: &str = turbospark::kernels::ATTENTION_KEYS;
 
 /// MLX affine-quantized weight reads (`affine_pair`, `affine_elem`),
 /// appended to the families whose weights may be quantized
 /// ([`AFFINE_FAMILIES`]).
-pub const AFFINE: &str = include_str!("../../../kernels/affine.wgsl");
+pub const AFFINE: &str = turbospark::kernels::AFFINE;
 
 /// The quantized MoE pair entries, appended to kernels/affine_gemv.wgsl in
 /// its `affine_gemv_pair` build ([`VARIANTS`]).
-pub const AFFINE_PAIR: &str = include_str!("../../../kernels/affine_pair.wgsl");
+pub const AFFINE_PAIR: &str = turbospark::kernels::AFFINE_PAIR;
 
 /// The families that read quantized weights (they define `wword`, and
 /// declare `QBITS` and `QGROUP` through [`AFFINE`]).
@@ -62,8 +62,8 @@ pub const AFFINE_FAMILIES: &[&str] = &[
 /// appended to the families that read or write the caches
 /// ([`CACHE_FAMILIES`]): f32 in their own builds, f16 in their `_f16`
 /// builds ([`F16_CACHE_BUILDS`]).
-pub const KV_F32: &str = include_str!("../../../kernels/kv_f32.wgsl");
-pub const KV_F16: &str = include_str!("../../../kernels/kv_f16.wgsl");
+pub const KV_F32: &str = turbospark::kernels::KV_F32;
+pub const KV_F16: &str = turbospark::kernels::KV_F16;
 
 /// The families (files and variants) that read or write the KV caches.
 pub const CACHE_FAMILIES: &[&str] = &[
@@ -98,37 +98,25 @@ pub fn for_caches(family: &'static str, cache: DType) -> &'static str {
 
 /// `(name, source)` of every kernel family file in `kernels/`.
 pub const KERNELS: &[(&str, &str)] = &[
-    ("rmsnorm", include_str!("../../../kernels/rmsnorm.wgsl")),
-    (
-        "elementwise",
-        include_str!("../../../kernels/elementwise.wgsl"),
-    ),
-    ("embed", include_str!("../../../kernels/embed.wgsl")),
-    ("argmax", include_str!("../../../kernels/argmax.wgsl")),
-    ("matmul", include_str!("../../../kernels/matmul.wgsl")),
-    ("gemv", include_str!("../../../kernels/gemv.wgsl")),
-    (
-        "affine_gemv",
-        include_str!("../../../kernels/affine_gemv.wgsl"),
-    ),
-    ("gemm", include_str!("../../../kernels/gemm.wgsl")),
-    ("gemm_coop", include_str!("../../../kernels/gemm_coop.wgsl")),
-    ("gemm_prep", include_str!("../../../kernels/gemm_prep.wgsl")),
-    ("router", include_str!("../../../kernels/router.wgsl")),
-    ("moe", include_str!("../../../kernels/moe.wgsl")),
-    (
-        "moe_decode",
-        include_str!("../../../kernels/moe_decode.wgsl"),
-    ),
-    ("rope", include_str!("../../../kernels/rope.wgsl")),
-    ("kv_cache", include_str!("../../../kernels/kv_cache.wgsl")),
-    ("attention", include_str!("../../../kernels/attention.wgsl")),
-    (
-        "attention_coop",
-        include_str!("../../../kernels/attention_coop.wgsl"),
-    ),
-    ("fused", include_str!("../../../kernels/fused.wgsl")),
-    ("bench", include_str!("../../../kernels/bench.wgsl")),
+    ("rmsnorm", turbospark::kernels::RMSNORM),
+    ("elementwise", turbospark::kernels::ELEMENTWISE),
+    ("embed", turbospark::kernels::EMBED),
+    ("argmax", turbospark::kernels::ARGMAX),
+    ("matmul", turbospark::kernels::MATMUL),
+    ("gemv", turbospark::kernels::GEMV),
+    ("affine_gemv", turbospark::kernels::AFFINE_GEMV),
+    ("gemm", turbospark::kernels::GEMM),
+    ("gemm_coop", turbospark::kernels::GEMM_COOP),
+    ("gemm_prep", turbospark::kernels::GEMM_PREP),
+    ("router", turbospark::kernels::ROUTER),
+    ("moe", turbospark::kernels::MOE),
+    ("moe_decode", turbospark::kernels::MOE_DECODE),
+    ("rope", turbospark::kernels::ROPE),
+    ("kv_cache", turbospark::kernels::KV_CACHE),
+    ("attention", turbospark::kernels::ATTENTION),
+    ("attention_coop", turbospark::kernels::ATTENTION_COOP),
+    ("fused", turbospark::kernels::FUSED),
+    ("bench", turbospark::kernels::BENCH),
 ];
 
 /// A family built from another family's text: some declarations changed
@@ -156,10 +144,7 @@ pub const VARIANTS: &[Variant] = &[
             ("var<storage, read> KC:", "var<storage, read_write> KC:"),
             ("var<storage, read> VC:", "var<storage, read_write> VC:"),
         ],
-        appendix: &[
-            include_str!("../../../kernels/attention_qkv.wgsl"),
-            ROPE_ANGLE,
-        ],
+        appendix: &[turbospark::kernels::ATTENTION_QKV, ROPE_ANGLE],
     },
     // `affine_gemv_pair`: kernels/affine_gemv.wgsl with its binding
     // accessors renamed `_a` and kernels/affine_pair.wgsl's, which read
