@@ -272,3 +272,61 @@ fn the_backend_holds_the_bytes_info_counts() {
         );
     }
 }
+
+/// Routing by a trace (`Model::route_by`): the router's own recorded
+/// routing, replayed, gives the resident run's logits bit for bit; a trace
+/// that sends every token to the same experts misses only on the first
+/// token and hits from then on; a trace that does not fit, or a model with
+/// resident experts, is refused by name.
+#[test]
+fn a_sequence_routes_by_a_trace() {
+    use turbospark::model::expert_cache::Trace;
+    use turbospark::model::Model;
+    let dir = fixture("tiny-text");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, _) = tokens(&dir);
+    let resident = Model::load(CpuBackend::new(), &ck, options(None, Policy::Lfu, 4)).unwrap();
+    let mut r = resident.new_sequence().unwrap();
+    r.record_routing(true);
+    let want = resident.logits(&mut r, &toks).unwrap();
+    let trace = r.take_routing().unwrap();
+    assert_eq!(trace.tokens.len(), toks.len());
+
+    let streamed = Model::load(CpuBackend::new(), &ck, options(Some(3), Policy::Lfu, 4)).unwrap();
+    let mut s = streamed.new_sequence().unwrap();
+    streamed.route_by(&mut s, Some(trace.clone())).unwrap();
+    let got = streamed.logits(&mut s, &toks).unwrap();
+    assert_eq!(got, want, "the router's own routing, replayed");
+
+    // Every token to experts 0 and 1 (top_k 2): the first token's pass
+    // loads them in every layer, every later token hits.
+    let cfg = streamed.config();
+    let fixed = Trace {
+        experts: cfg.experts,
+        tokens: vec![vec![vec![0, 1]; cfg.layers.len()]],
+    };
+    let mut f = streamed.new_sequence().unwrap();
+    streamed.route_by(&mut f, Some(fixed.clone())).unwrap();
+    streamed.logits(&mut f, &toks[..1]).unwrap();
+    let first = f.take_stream_stats();
+    streamed.logits(&mut f, &toks[1..6]).unwrap();
+    let later = f.take_stream_stats();
+    assert!(first.counts.misses > 0, "{:?}", first.counts);
+    assert_eq!(later.counts.misses, 0, "{:?}", later.counts);
+    // (a pass looks each of its distinct experts up once: 5 tokens in
+    // batches of 4 are two passes, each of experts 0 and 1 in each layer)
+    assert_eq!(later.counts.hits, (2 * 2 * cfg.layers.len()) as u64);
+
+    let mut wrong = fixed.clone();
+    wrong.tokens[0][0] = vec![0, 0];
+    let e = streamed
+        .route_by(&mut f, Some(wrong))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not 2 distinct experts"), "{e}");
+    let e = resident
+        .route_by(&mut r, Some(fixed))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs streamed experts"), "{e}");
+}

@@ -63,6 +63,52 @@ fn a_prompt_of_many_batches_generates_the_same_tokens() {
     assert_eq!(text, run("16"));
 }
 
+/// `bench --stream-slots --route-by-trace`: the streamed run routes as the
+/// trace says (every token to experts 0 and 1: after the prompt, every
+/// decode lookup hits); a trace that does not fit the model is named.
+#[test]
+fn bench_streams_routed_by_a_trace() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("route-by-trace");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The tiny synthetic model: 6 experts, top-2, 3 MoE layers.
+    let trace = dir.join("trace.txt");
+    std::fs::write(&trace, "experts 6\n0,1;0,1;0,1\n").unwrap();
+    let json = dir.join("stream.json");
+    let run = |trace: &Path| {
+        turbospark(&[
+            "bench",
+            "--backend",
+            "cpu",
+            "--synthetic",
+            "tiny",
+            "--stream-slots",
+            "3",
+            "--route-by-trace",
+            trace.to_str().unwrap(),
+            "--prompt-tokens",
+            "8",
+            "--decode-tokens",
+            "4",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+    };
+    succeeds(&run(&trace));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let streamed = v["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["expert_slots"] == 3)
+        .expect("the 3-slot point");
+    assert_eq!(streamed["decode_hit_rate"], 1.0, "{streamed}");
+    assert_eq!(streamed["decode_misses_per_token"], 0.0, "{streamed}");
+
+    std::fs::write(&trace, "experts 8\n0,1;0,1;0,1\n").unwrap();
+    fails_with(&run(&trace), "routing trace: 8 experts, the model has 6");
+}
+
 #[test]
 fn token_past_vocabulary_is_an_error() {
     let out = generate_on_cpu(&["--tokens", "1,512"]);

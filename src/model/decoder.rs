@@ -43,7 +43,7 @@ use crate::backend::{
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
-use crate::model::expert_cache::{Policy, SlotCache};
+use crate::model::expert_cache::{Policy, SlotCache, Trace};
 use crate::model::expert_stream::{self, SlotStacks, StreamStats, StreamedLayer, Streaming};
 use crate::model::weights::{LayerWeights, MoeWeights, TensorSource, Weights};
 use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
@@ -494,14 +494,11 @@ impl<B: ComputeBackend> Model<B> {
         let tracing = cfg.enable_moe && seq.routing.is_some();
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
         for li in 0..cfg.layers.len() {
-            self.record_layer(
-                li,
-                s,
-                &seq.caches[li],
-                &mut seq.stream,
-                m,
-                tail != Tail::Layers,
-            )?;
+            let mut sp = StreamPass {
+                stats: &mut seq.stream,
+                trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
+            };
+            self.record_layer(li, s, &seq.caches[li], &mut sp, m, tail != Tail::Layers)?;
             if tracing {
                 // (the readback rides after the layer's recorded ops)
                 let ids = be.download_u32(&s.route_ids)?;
@@ -521,6 +518,9 @@ impl<B: ComputeBackend> Model<B> {
             trace.extend(pass);
         }
         seq.computed += m as u64;
+        if let Some((t, row)) = seq.route_by.as_mut() {
+            *row = (*row + m) % t.tokens.len();
+        }
         if tail == Tail::Head {
             self.record_head(s, &s.normed, m)?;
         }
@@ -569,7 +569,7 @@ impl<B: ComputeBackend> Model<B> {
     fn streamed_moe<'s>(
         &self,
         st: &mut Streaming,
-        stats: &mut StreamStats,
+        sp: &mut StreamPass<'_>,
         li: usize,
         s: &'s Scratch<B::Buffer>,
         ws: &'s WaveScratch<B::Buffer>,
@@ -579,8 +579,21 @@ impl<B: ComputeBackend> Model<B> {
         let be = &self.backend;
         let (m, k) = (gate_up.p.m, gate_up.p.top_k);
         let t0 = Instant::now();
-        let ids = be.download_u32(&s.route_ids)?;
-        let ids = &ids[..m * k];
+        let routed = be.download_u32(&s.route_ids)?;
+        // (a trace's ids, where the sequence routes by one: after the same
+        // wait for the router as its own ids)
+        let traced: Vec<u32> = match sp.trace {
+            Some((t, row)) => (0..m)
+                .flat_map(|i| t.tokens[(row + i) % t.tokens.len()][li].iter().copied())
+                .collect(),
+            None => Vec::new(),
+        };
+        let ids = if sp.trace.is_some() {
+            &traced[..]
+        } else {
+            &routed[..m * k]
+        };
+        let stats = &mut *sp.stats;
         let Streaming { slots, layers } = st;
         let layer = layers[li]
             .as_mut()
@@ -688,12 +701,12 @@ impl<B: ComputeBackend> Model<B> {
         li: usize,
         s: &Scratch<B::Buffer>,
         cache: &KvCache<B>,
-        stats: &mut StreamStats,
+        sp: &mut StreamPass<'_>,
         m: usize,
         final_norm: bool,
     ) -> Result<()> {
         self.record_attention(li, s, cache, m)?;
-        self.record_feed_forward(li, s, stats, m, final_norm)
+        self.record_feed_forward(li, s, sp, m, final_norm)
     }
 
     /// The attention block: `o = o_proj(attention(q, k, v))` of the normed
@@ -769,7 +782,7 @@ impl<B: ComputeBackend> Model<B> {
         &self,
         li: usize,
         s: &Scratch<B::Buffer>,
-        stats: &mut StreamStats,
+        sp: &mut StreamPass<'_>,
         m: usize,
         final_norm: bool,
     ) -> Result<()> {
@@ -798,7 +811,7 @@ impl<B: ComputeBackend> Model<B> {
         };
         match (&w.moe, &w.post_ff1_norm) {
             (Some(moe), Some(post_ff1)) => {
-                self.record_moe_feed_forward(li, s, stats, m, ffn, moe, post_ff1)
+                self.record_moe_feed_forward(li, s, sp, m, ffn, moe, post_ff1)
             }
             _ => self.record_dense_feed_forward(s, w, m, ffn),
         }
@@ -890,7 +903,7 @@ impl<B: ComputeBackend> Model<B> {
         &self,
         li: usize,
         s: &Scratch<B::Buffer>,
-        stats: &mut StreamStats,
+        sp: &mut StreamPass<'_>,
         m: usize,
         ffn: FeedForward<'_, B>,
         moe: &MoeWeights<B>,
@@ -964,16 +977,16 @@ impl<B: ComputeBackend> Model<B> {
             let ws = s.waves.as_ref().ok_or_else(|| {
                 Error::InvalidInput("streamed experts without wave scratch".into())
             })?;
-            let sp = Moe {
+            let slot_p = Moe {
                 experts: st.slots,
                 ..mp
             };
             let slot_down = DownArgs {
                 ids: &ws.slot_ids,
-                p: sp,
+                p: slot_p,
                 ..routed_down
             };
-            match self.streamed_moe(&mut st, stats, li, s, ws, &routed_gate_up, &slot_down)? {
+            match self.streamed_moe(&mut st, sp, li, s, ws, &routed_gate_up, &slot_down)? {
                 // one wave: its gate_up ran, its down runs as resident
                 None if m == 1 => be.moe_down_pair_post_ffn(dense_down, slot_down, post),
                 None => {
@@ -1002,6 +1015,14 @@ impl<B: ComputeBackend> Model<B> {
             post.run(be)
         }
     }
+}
+
+/// What a pass's streamed experts take from its sequence: its counters,
+/// and the trace whose ids replace the router's where it routes by one
+/// (with the row of the pass's first token).
+struct StreamPass<'a> {
+    stats: &'a mut StreamStats,
+    trace: Option<(&'a Trace, usize)>,
 }
 
 /// What both forms of a layer's feed-forward block share: the dense MLP

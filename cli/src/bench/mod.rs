@@ -130,6 +130,13 @@ pub struct Args {
     /// cpu`), and exit.
     #[arg(long, value_delimiter = ',')]
     pub stream_slots: Vec<usize>,
+    /// With --stream-slots: route the streamed runs by this routing trace
+    /// (`generate --routing-trace`'s format, read from its first token again
+    /// after its last) instead of the synthetic router's near-uniform
+    /// choice: its ids replace the router's top-k, the weights kept, so the
+    /// slots miss, evict and upload as that routing makes them.
+    #[arg(long)]
+    pub route_by_trace: Option<std::path::PathBuf>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

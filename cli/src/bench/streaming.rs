@@ -19,6 +19,7 @@ use turbospark::{ComputeBackend, DType};
 
 use super::e2e::{self, Counters};
 use super::Args;
+use turbospark::model::expert_cache::Trace;
 
 /// Hit rate the report carries the cost model to: LFU's at 16 slots a
 /// layer replayed from a real Gemma 4 26B-A4B decode trace (71.0%, as
@@ -63,12 +64,28 @@ pub fn run<B: ComputeBackend + Counters>(
     let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
         .map(|_| rng.below(cfg.vocab as u64) as u32)
         .collect();
+    let trace = match &args.route_by_trace {
+        Some(path) => {
+            let what = path.display().to_string();
+            let file = std::fs::File::open(path).map_err(|e| {
+                turbospark::Error::InvalidInput(format!("--route-by-trace {what}: {e}"))
+            })?;
+            let t = Trace::read(std::io::BufReader::new(file), &what)?;
+            eprintln!(
+                "bench: streaming: routed by {what} ({} tokens x {} layers)",
+                t.tokens.len(),
+                t.layers()
+            );
+            Some(t)
+        }
+        None => None,
+    };
     let mut points = Vec::new();
     let slots: Vec<Option<usize>> = std::iter::once(None)
         .chain(args.stream_slots.iter().map(|&n| Some(n)))
         .collect();
     for n in slots {
-        let (p, b) = point(backend, &source, &prompt, args, n)?;
+        let (p, b) = point(backend, &source, &prompt, (args, trace.as_ref()), n)?;
         backend = b;
         eprintln!(
             "bench: streaming: {} slots: decode {:.1} tok/s, prefill {:.1} tok/s, hit {:.1}%",
@@ -153,7 +170,7 @@ fn point<B: ComputeBackend + Counters>(
     backend: B,
     source: &SyntheticSource,
     prompt: &[u32],
-    args: &Args,
+    (args, trace): (&Args, Option<&Trace>),
     slots: Option<usize>,
 ) -> turbospark::Result<(Point, B)> {
     backend.release_scratch();
@@ -173,6 +190,11 @@ fn point<B: ComputeBackend + Counters>(
         },
     )?;
     let loaded_bytes = model.backend().memory().map(|m| m.0 - held);
+    // (the resident run routes by its router: its experts are all there)
+    if let (Some(t), Some(_)) = (trace, slots) {
+        let (m, seq) = model.parts();
+        m.route_by(seq, Some(t.clone()))?;
+    }
     let greedy = |n| turbospark::model::GenerateOptions {
         max_new_tokens: n,
         sampling: turbospark::model::Sampling::Greedy,

@@ -62,6 +62,9 @@ pub struct Sequence<B: ComputeBackend> {
     experts: usize,
     /// Streamed experts' counters for this sequence's passes.
     pub(super) stream: StreamStats,
+    /// A trace whose ids replace the router's choice ([`Model::route_by`]),
+    /// and its row the next token takes.
+    pub(super) route_by: Option<(Trace, usize)>,
 }
 
 impl<B: ComputeBackend> Sequence<B> {
@@ -149,6 +152,7 @@ impl<B: ComputeBackend> Model<B> {
             routing: None,
             experts: self.cfg.experts,
             stream: StreamStats::default(),
+            route_by: None,
         })
     }
 
@@ -213,6 +217,60 @@ impl<B: ComputeBackend> Model<B> {
                 || capacity >= self.max_context
                 || p.saturating_sub(self.cfg.sliding_window) >= held.saturating_sub(capacity)
         })
+    }
+
+    /// Route `seq`'s tokens by `trace` from now on (None: by the router
+    /// again): each token's expert ids per MoE layer are the trace's next
+    /// row (from its first again after its last), the router's weights
+    /// kept. For measuring streamed experts on routing of a known locality
+    /// (a real model's recorded trace, a generated one): the slots then
+    /// miss, evict and upload as that routing makes them. Only with streamed
+    /// experts, whose ids the host reads; the trace must fit the model
+    /// (experts, MoE layers, top_k distinct ids a layer).
+    pub fn route_by(&self, seq: &mut Sequence<B>, trace: Option<Trace>) -> Result<()> {
+        self.check_owned(seq)?;
+        let Some(trace) = trace else {
+            seq.route_by = None;
+            return Ok(());
+        };
+        if self.stream.is_none() {
+            return Err(Error::InvalidInput(
+                "routing by a trace needs streamed experts (--expert-slots): resident \
+                 experts read the router's ids on the device"
+                    .into(),
+            ));
+        }
+        let bad = |detail: String| Err(Error::InvalidInput(format!("routing trace: {detail}")));
+        if trace.experts != self.cfg.experts {
+            return bad(format!(
+                "{} experts, the model has {}",
+                trace.experts, self.cfg.experts
+            ));
+        }
+        if trace.tokens.is_empty() {
+            return bad("no tokens".into());
+        }
+        for (t, row) in trace.tokens.iter().enumerate() {
+            if row.len() != self.cfg.layers.len() {
+                return bad(format!(
+                    "token {t} has {} MoE layers, the model {}",
+                    row.len(),
+                    self.cfg.layers.len()
+                ));
+            }
+            for (l, ids) in row.iter().enumerate() {
+                let distinct = ids.iter().all(|&e| (e as usize) < self.cfg.experts)
+                    && (1..ids.len()).all(|i| !ids[..i].contains(&ids[i]));
+                if ids.len() != self.cfg.top_k || !distinct {
+                    return bad(format!(
+                        "token {t}, layer {l}: {ids:?} is not {} distinct experts below {}",
+                        self.cfg.top_k, self.cfg.experts
+                    ));
+                }
+            }
+        }
+        seq.route_by = Some((trace, 0));
+        Ok(())
     }
 
     /// A sequence made by this model, whose caches fit it.
