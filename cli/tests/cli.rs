@@ -109,6 +109,39 @@ fn bench_streams_routed_by_a_trace() {
     fails_with(&run(&trace), "routing trace: 8 experts, the model has 6");
 }
 
+/// `bench --make-trace`: a generated trace of the synthetic model's shape,
+/// its parameters and LFU hit rate printed; without --synthetic, named.
+#[test]
+fn bench_makes_a_trace() {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("made-trace.txt");
+    let out = turbospark(&[
+        "bench",
+        "--make-trace",
+        path.to_str().unwrap(),
+        "--synthetic",
+        "tiny",
+        "--trace-tokens",
+        "20",
+        "--trace-skew",
+        "1.5",
+        "--trace-reuse",
+        "0.25",
+    ]);
+    let text = succeeds(&out);
+    assert!(
+        text.contains("20 tokens x 3 layers, top-2 of 6 experts, skew 1.5, reuse 0.25")
+            && text.contains("LFU hit rate at 6 slots"),
+        "{text}"
+    );
+    let trace = std::fs::read_to_string(&path).unwrap();
+    assert!(trace.starts_with("experts 6\n"), "{trace}");
+    assert_eq!(trace.lines().count(), 21);
+    fails_with(
+        &turbospark(&["bench", "--make-trace", path.to_str().unwrap()]),
+        "takes the model's shape from --synthetic",
+    );
+}
+
 #[test]
 fn token_past_vocabulary_is_an_error() {
     let out = generate_on_cpu(&["--tokens", "1,512"]);

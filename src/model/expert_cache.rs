@@ -272,6 +272,103 @@ impl Trace {
     }
 }
 
+/// The shape of a generated routing trace ([`Trace::generate`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TraceShape {
+    pub tokens: usize,
+    /// Zipf exponent of each layer's expert popularity: the expert of rank
+    /// r (in a random order of the layer's own) is drawn in proportion to
+    /// 1 / (r + 1)^skew; 0 is uniform.
+    pub skew: f64,
+    /// Chance that each of a token's experts in a layer is one of the
+    /// previous token's there (temporal reuse); the rest are drawn by
+    /// popularity.
+    pub reuse: f64,
+    pub seed: u64,
+}
+
+impl Trace {
+    /// A routing trace of `shape` for a model of `experts` experts, `layers`
+    /// MoE layers and `top_k` experts a token: per-layer popularity skew and
+    /// temporal reuse, the two localities a slot cache lives on.
+    pub fn generate(
+        experts: usize,
+        layers: usize,
+        top_k: usize,
+        shape: TraceShape,
+    ) -> Result<Trace> {
+        if top_k == 0 || top_k > experts || shape.tokens == 0 {
+            return Err(Error::InvalidInput(format!(
+                "a trace of {} tokens, top_k {top_k} of {experts} experts: needs tokens and \
+                 1 <= top_k <= experts",
+                shape.tokens
+            )));
+        }
+        let fits =
+            shape.skew >= 0.0 && shape.skew.is_finite() && (0.0..=1.0).contains(&shape.reuse);
+        if !fits {
+            return Err(Error::InvalidInput(format!(
+                "trace skew {} must be finite and >= 0, reuse {} in [0, 1]",
+                shape.skew, shape.reuse
+            )));
+        }
+        let mut rng = crate::rng::Rng::new(shape.seed);
+        let uniform = |rng: &mut crate::rng::Rng| rng.next_u64() as f64 / u64::MAX as f64;
+        // Each layer's experts in a random order, and the cumulative Zipf
+        // weights of the ranks.
+        let orders: Vec<Vec<u32>> = (0..layers)
+            .map(|_| {
+                let mut o: Vec<u32> = (0..experts as u32).collect();
+                for i in (1..o.len()).rev() {
+                    o.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                o
+            })
+            .collect();
+        let mut cumulative = Vec::with_capacity(experts);
+        let mut total = 0.0;
+        for r in 0..experts {
+            total += 1.0 / ((r + 1) as f64).powf(shape.skew);
+            cumulative.push(total);
+        }
+        let mut tokens: Vec<Vec<Vec<u32>>> = Vec::with_capacity(shape.tokens);
+        for t in 0..shape.tokens {
+            let mut row = Vec::with_capacity(layers);
+            for (l, order) in orders.iter().enumerate() {
+                let mut ids: Vec<u32> = Vec::with_capacity(top_k);
+                let mut draws = 0;
+                while ids.len() < top_k {
+                    draws += 1;
+                    if draws > 64 * top_k {
+                        // (a steep skew keeps drawing the same few: take
+                        // the most popular not yet chosen)
+                        let e = order.iter().find(|e| !ids.contains(e)).copied();
+                        ids.extend(e);
+                        continue;
+                    }
+                    let prev = t.checked_sub(1).map(|p| &tokens[p][l]);
+                    let e = match prev {
+                        Some(prev) if uniform(&mut rng) < shape.reuse => {
+                            prev[rng.below(prev.len() as u64) as usize]
+                        }
+                        _ => {
+                            let u = uniform(&mut rng) * total;
+                            let r = cumulative.partition_point(|&c| c < u).min(experts - 1);
+                            order[r]
+                        }
+                    };
+                    if !ids.contains(&e) {
+                        ids.push(e);
+                    }
+                }
+                row.push(ids);
+            }
+            tokens.push(row);
+        }
+        Ok(Trace { experts, tokens })
+    }
+}
+
 /// Hits and misses of `policy` with `slots` slots a layer over the trace.
 pub fn replay(trace: &Trace, slots: usize, policy: Policy) -> Result<Counts> {
     let mut total = Counts::default();
@@ -484,5 +581,48 @@ mod tests {
         assert!(bad("experts 8\n1,9\n").contains("line 2"));
         assert!(bad("experts 8\n1;2\n3\n").contains("the first token has 2"));
         assert!(bad("experts 8\n1,,2\n").contains("line 2"));
+    }
+    /// A generated trace is valid routing, fixed by its seed, and its two
+    /// localities show: full reuse repeats the first token's experts; a
+    /// steep skew hits far more at a few slots than uniform routing.
+    #[test]
+    fn generated_traces_have_the_locality_asked() {
+        let shape = |skew, reuse| TraceShape {
+            tokens: 200,
+            skew,
+            reuse,
+            seed: 7,
+        };
+        let t = Trace::generate(128, 4, 8, shape(1.0, 0.5)).unwrap();
+        assert_eq!((t.tokens.len(), t.layers(), t.experts), (200, 4, 128));
+        for row in &t.tokens {
+            for ids in row {
+                assert_eq!(ids.len(), 8);
+                assert!(ids.iter().all(|&e| e < 128));
+                assert!((1..8).all(|i| !ids[..i].contains(&ids[i])), "{ids:?}");
+            }
+        }
+        assert_eq!(t, Trace::generate(128, 4, 8, shape(1.0, 0.5)).unwrap());
+        let same = Trace::generate(128, 2, 8, shape(0.0, 1.0)).unwrap();
+        for row in &same.tokens {
+            for (l, ids) in row.iter().enumerate() {
+                let mut a = ids.clone();
+                let mut b = same.tokens[0][l].clone();
+                a.sort_unstable();
+                b.sort_unstable();
+                assert_eq!(a, b);
+            }
+        }
+        let hits = |skew| {
+            let t = Trace::generate(128, 4, 8, shape(skew, 0.0)).unwrap();
+            replay(&t, 16, Policy::Lfu).unwrap().hit_rate()
+        };
+        let (flat, steep) = (hits(0.0), hits(1.5));
+        assert!(steep > flat + 0.3, "skew 1.5: {steep}, uniform: {flat}");
+        // a skew so steep one expert is all it draws still fills the top_k
+        let t = Trace::generate(16, 1, 4, shape(500.0, 0.0)).unwrap();
+        assert!(t.tokens.iter().all(|r| r[0].len() == 4));
+        assert!(Trace::generate(8, 1, 9, shape(1.0, 0.0)).is_err());
+        assert!(Trace::generate(8, 1, 2, shape(f64::NAN, 0.0)).is_err());
     }
 }

@@ -137,6 +137,22 @@ pub struct Args {
     /// slots miss, evict and upload as that routing makes them.
     #[arg(long)]
     pub route_by_trace: Option<std::path::PathBuf>,
+    /// Write a generated routing trace for the `--synthetic` model's shape
+    /// to this file (for --route-by-trace), print its parameters and its
+    /// LFU hit rate at 16 slots, and exit.
+    #[arg(long)]
+    pub make_trace: Option<std::path::PathBuf>,
+    /// --make-trace: tokens.
+    #[arg(long, default_value_t = 512)]
+    pub trace_tokens: usize,
+    /// --make-trace: Zipf exponent of each layer's expert popularity (0:
+    /// uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub trace_skew: f64,
+    /// --make-trace: chance that each of a token's experts is one of the
+    /// previous token's in that layer.
+    #[arg(long, default_value_t = 0.5)]
+    pub trace_reuse: f64,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -308,6 +324,46 @@ fn write_files(
     Ok(())
 }
 
+/// `bench --make-trace`: a generated trace of the `--synthetic` model's
+/// shape, written, its parameters and LFU hit rate at 16 slots printed.
+fn make_trace(args: &Args, path: &std::path::Path) -> turbospark::Result<()> {
+    use turbospark::model::expert_cache::{replay, Policy, Trace, TraceShape};
+    let name = args.synthetic.as_deref().ok_or_else(|| {
+        turbospark::Error::InvalidInput(
+            "--make-trace takes the model's shape from --synthetic".into(),
+        )
+    })?;
+    let cfg = e2e::config(name, args.layers)?;
+    let shape = TraceShape {
+        tokens: args.trace_tokens,
+        skew: args.trace_skew,
+        reuse: args.trace_reuse,
+        seed: args.seed,
+    };
+    let layers = if cfg.enable_moe { cfg.layers.len() } else { 0 };
+    let trace = Trace::generate(cfg.experts, layers, cfg.top_k, shape)?;
+    let mut text = Vec::new();
+    trace
+        .write(&mut text)
+        .and_then(|()| std::fs::write(path, &text))
+        .map_err(|e| turbospark::Error::io(format!("--make-trace {}", path.display()), e))?;
+    let slots = 16.min(cfg.experts);
+    let hits = replay(&trace, slots, Policy::Lfu)?.hit_rate();
+    println!(
+        "routing trace {}: {} tokens x {layers} layers, top-{} of {} experts, skew {}, \
+         reuse {}, seed {}: LFU hit rate at {slots} slots {:.1}%",
+        path.display(),
+        shape.tokens,
+        cfg.top_k,
+        cfg.experts,
+        shape.skew,
+        shape.reuse,
+        shape.seed,
+        100.0 * hits
+    );
+    Ok(())
+}
+
 /// `turbospark bench`.
 pub fn main(args: Args) -> ExitCode {
     if let Some(path) = &args.replay_trace {
@@ -331,6 +387,15 @@ pub fn main(args: Args) -> ExitCode {
     if let Err(e) = check_filter(&args.filter) {
         eprintln!("bench: {e}");
         return ExitCode::FAILURE;
+    }
+    if let Some(path) = &args.make_trace {
+        return match make_trace(&args, path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench: --make-trace: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if !args.stream_slots.is_empty() {
         return stream_main(&args);
