@@ -22,23 +22,12 @@ fn unix_now() -> (i64, u32) {
         .unwrap_or((0, 0))
 }
 
-/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS`, UTC.
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS`, UTC (the civil date
+/// from the template clock's `utc`).
 fn utc(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Days to civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let t = turbospark_cli::template::clock::utc(secs);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
     )
 }

@@ -10,7 +10,7 @@
 //! No printing here: `chat`, `generate --chat` and a server share it
 //! (the library half of the CLI package, `turbospark_cli`).
 
-mod clock;
+pub mod clock;
 mod python;
 
 use std::fmt;
