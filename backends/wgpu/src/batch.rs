@@ -42,6 +42,20 @@ impl Batch {
         }
     }
 
+    /// Record a copy of `bytes` from `s` to `d` into the batch's encoder,
+    /// after everything recorded so far (the pass ends; the next dispatch
+    /// begins one); it runs with the next submit.
+    pub fn copy(&mut self, be: &WgpuBackend, (s, d): (&wgpu::Buffer, &wgpu::Buffer), bytes: u64) {
+        drop(self.pass.take());
+        let enc = self.encoder.get_or_insert_with(|| {
+            be.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("turbospark batch"),
+                })
+        });
+        enc.copy_buffer_to_buffer(s, 0, d, 0, bytes);
+    }
+
     /// End the pass, let `extra` record after it (a readback copy), and
     /// submit everything as one submission; returns its index.
     pub fn submit_with(

@@ -899,10 +899,10 @@ impl ComputeBackend for WgpuBackend {
         // (one dtype and length: the same padded size, a multiple of 4)
         let bytes = s.size().min(d.size());
         let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        // After everything recorded so far, in its submission.
-        b.submit_with(self, |enc| enc.copy_buffer_to_buffer(s, 0, d, 0, bytes));
-        drop(b);
-        self.check_errors()
+        // (no submit of its own: a fork's caches, two buffers a layer, go
+        // with the next one)
+        b.copy(self, (s, d), bytes);
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {
