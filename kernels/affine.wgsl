@@ -74,3 +74,60 @@ fn affine_pair_at(i: u32, o: vec2<u32>) -> vec2<f32> {
 fn affine_pair(i: u32) -> vec2<f32> {
     return affine_pair_at(i, affine_offsets());
 }
+
+// ---- Eight values at a time (the GEMM tile loaders) ----
+// Elements e .. e + 7, e a multiple of 8 (so one group), span 8 * QBITS
+// bits from bit affine_bit8(e) of the word holding e's first bit: at most
+// 64 bits for every width mlx writes (2-6 and 8), so two words. A loader
+// reads them with the group's scale and bias words a step ahead
+// (affine_load8), and decodes them from registers when it stores the tile.
+
+// The bit of its first word where element e (a multiple of 8) starts: 0
+// at 4 and 8 bits, where it folds to a constant.
+fn affine_bit8(e: u32) -> u32 {
+    if (QBITS == 4u || QBITS == 8u) {
+        return 0u;
+    }
+    return ((e & 31u) * QBITS) & 31u;
+}
+
+// (the word holding e's first bit, the next one where the eight run into
+// it or 0, the group's scale word, its bias word), the parts at word
+// offsets `o`.
+fn affine_load8(e: u32, o: vec2<u32>) -> vec4<u32> {
+    let w = affine_word(e);
+    let g = word_of(e / QGROUP, WDTYPE);
+    var next = 0u;
+    if (affine_bit8(e) + 8u * QBITS > 32u) {
+        next = wword(w + 1u);
+    }
+    return vec4<u32>(wword(w), next, wword(o.x + g), wword(o.y + g));
+}
+
+// Code j of the eight (j a constant at each call) from affine_load8's
+// words `v` for element e, as f32 (exact).
+fn affine_code8(v: vec4<u32>, e: u32, j: u32) -> f32 {
+    let p = affine_bit8(e) + j * QBITS;
+    var c = v.y >> (p & 31u);
+    if (p < 32u) {
+        c = v.x >> p;
+        if (p + QBITS > 32u) {
+            c |= v.y << (32u - p);
+        }
+    }
+    return f32(c & ((1u << QBITS) - 1u));
+}
+
+// (scale, bias) from affine_load8's words `v` for element e (all-zero
+// words, a loader's padding, give zero values).
+fn affine_sb8(v: vec4<u32>, e: u32) -> vec2<f32> {
+    let g = e / QGROUP;
+    return vec2<f32>(decode_as(v.z, g, WDTYPE), decode_as(v.w, g, WDTYPE));
+}
+
+// Values 2h and 2h + 1 of the eight (h a constant at each call): scale *
+// q + bias in f32, as affine_pair_at.
+fn affine_pair8(v: vec4<u32>, e: u32, sb: vec2<f32>, h: u32) -> vec2<f32> {
+    let q = vec2<f32>(affine_code8(v, e, 2u * h), affine_code8(v, e, 2u * h + 1u));
+    return sb.x * q + vec2<f32>(sb.y);
+}

@@ -1,6 +1,6 @@
-// Tiled GEMM for prefill batches (more than 16 rows of x) with 16-bit
-// weights and k a multiple of 8. Three entry points over one body (its
-// `mode`), all with the same bindings:
+// Tiled GEMM for prefill batches (more than 16 rows of x) with 16-bit or
+// MLX affine (kernels/affine.wgsl) weights and k a multiple of 8. Three
+// entry points over one body (its `mode`), all with the same bindings:
 //
 //   gemm          OUT[i, row0 + r] = W[r, :] . X[i, :]      (a matmul chunk)
 //   gemm_gate_up  OUT[p, f] = gelu_tanh(gate_e[f] . x_t) * (up_e[f] . x_t)
@@ -139,12 +139,18 @@ fn load_x(on: bool, row: u32, k0: u32, q: u32, ke: u32) -> vec4<f32> {
 }
 
 // W entry (eighth q of the step's k) at step k0 of the weight row whose
-// first vec4 is `row` (tiled: in tile order).
-fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32, tiled: bool) -> vec4<u32> {
+// first vec4 is `row` (tiled: in tile order). A quantized weight (never
+// tiled; `row` counts the 16-bit layout's vec4, so element 8 row) gives
+// its eight values' words and their group's scale and bias words
+// (affine_load8): the loads go out a step ahead, as a 16-bit weight's
+// do, and decode where the tile is stored. `qo`: the header's offsets.
+fn load_w(on: bool, row: u32, k0: u32, q: u32, ke: u32, tiled: bool, qo: vec2<u32>) -> vec4<u32> {
     let kc = k0 + 8u * q;
-    // (quantized weights are read where the tile is stored: affine_pair)
-    if (!on || kc >= ke || QBITS != 0u) {
+    if (!on || kc >= ke) {
         return vec4<u32>(0u);
+    }
+    if (QBITS != 0u) {
+        return affine_load8(8u * row + kc, qo);
     }
     return W[row + expert_step(kc / 8u, tiled)];
 }
@@ -207,6 +213,11 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
     var w_row: array<vec2<u32>, 2>;
     var xv4: array<vec4<f32>, 2>;
     var wv4: array<vec4<u32>, 2>;
+    // A quantized weight's header, read once a thread.
+    var qo = vec2<u32>(0u);
+    if (QBITS != 0u) {
+        qo = affine_offsets();
+    }
     for (var u = 0u; u < 2u; u++) {
         let e = lid + WG * u;
         xe[u] = vec2<u32>(e / xq, e % xq);
@@ -217,15 +228,10 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         w_row[u].y = select(0u, w_row[u].y, e < wn);
         // The first step's tile.
         xv4[u] = load_x(x_on[u], x_row[u], kb, xe[u].y, ke);
-        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, kb, we[u].y, ke, tiled);
+        wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, kb, we[u].y, ke, tiled, qo);
     }
     var acc: array<vec4<f32>, MAX_TM * MAX_TN4>;
     let b_m4 = b_m / 4u;
-    // A quantized weight's header, read once a thread.
-    var qo = vec2<u32>(0u);
-    if (QBITS != 0u) {
-        qo = affine_offsets();
-    }
     for (var k0 = kb; k0 < ke; k0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < 2u; u++) {
@@ -239,20 +245,23 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
                 xs[o + 3u * b_m4][cc] = xv4[u].w;
             }
             if (lid + WG * u < wn) {
-                var a = decode_pair(wv4[u].x);
-                var b = decode_pair(wv4[u].y);
-                var c = decode_pair(wv4[u].z);
-                var d = decode_pair(wv4[u].w);
-                if (QBITS != 0u) {
-                    // Quantized (never tiled): the 8 values at k0 + 8q of the
-                    // row whose 16-bit-layout vec4 is w_row (element 8x).
-                    let kc = k0 + 8u * we[u].y;
-                    let on = w_row[u].y == 1u && kc < ke;
-                    let e = 8u * w_row[u].x + kc;
-                    a = select(vec2<f32>(0.0), affine_pair_at(e, qo), on);
-                    b = select(vec2<f32>(0.0), affine_pair_at(e + 2u, qo), on);
-                    c = select(vec2<f32>(0.0), affine_pair_at(e + 4u, qo), on);
-                    d = select(vec2<f32>(0.0), affine_pair_at(e + 6u, qo), on);
+                var a: vec2<f32>;
+                var b: vec2<f32>;
+                var c: vec2<f32>;
+                var d: vec2<f32>;
+                if (QBITS == 0u) {
+                    a = decode_pair(wv4[u].x);
+                    b = decode_pair(wv4[u].y);
+                    c = decode_pair(wv4[u].z);
+                    d = decode_pair(wv4[u].w);
+                } else {
+                    // The eight values at k0 + 8q (zero words where off).
+                    let e = 8u * w_row[u].x + k0 + 8u * we[u].y;
+                    let sb = affine_sb8(wv4[u], e);
+                    a = affine_pair8(wv4[u], e, sb, 0u);
+                    b = affine_pair8(wv4[u], e, sb, 1u);
+                    c = affine_pair8(wv4[u], e, sb, 2u);
+                    d = affine_pair8(wv4[u], e, sb, 3u);
                 }
                 let o = 8u * we[u].y * b_n4 + we[u].x / 4u;
                 let cc = we[u].x % 4u;
@@ -270,7 +279,7 @@ fn gemm_tile(mode: u32, g: u32, lid: u32) {
         // The next step's tile, loaded into registers while this one computes.
         for (var u = 0u; u < 2u; u++) {
             xv4[u] = load_x(x_on[u], x_row[u], k0 + BK, xe[u].y, ke);
-            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y, ke, tiled);
+            wv4[u] = load_w(w_row[u].y == 1u, w_row[u].x, k0 + BK, we[u].y, ke, tiled, qo);
         }
         for (var kk = 0u; kk < BK; kk++) {
             // This thread's TM tokens are tt * TM .. + TM: TM / 4 vec4 reads.

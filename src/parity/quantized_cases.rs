@@ -68,8 +68,24 @@ fn matmul(full: bool) -> Vec<Op> {
             DType::Affine(Affine::new(3, 128, ScaleType::F16).unwrap()),
         ),
     ]);
+    // Every format at a prefill batch (the tiled GEMMs' loaders: values
+    // across word edges at 3, 5 and 6 bits, a group's scale every 32-128),
+    // then 4 bits over several row blocks and k steps.
+    v.extend(
+        formats()
+            .enumerate()
+            .map(|(i, (b, g))| c(17 + 3 * i, 40 + 7 * i, 256, q(b, g))),
+    );
+    v.push(c(33, 300, 1024, q(4, 64)));
+    v.push(c(
+        24,
+        70,
+        384,
+        DType::Affine(Affine::new(4, 64, ScaleType::F16).unwrap()),
+    ));
     if full {
         v.push(c(1, 262144, 2816, q(4, 64))); // tied LM head
+        v.push(c(80, 1408, 2816, q(4, 64))); // dense gate|up, a prefill batch
     }
     v
 }
@@ -105,8 +121,12 @@ fn moe(full: bool) -> Vec<Op> {
         (40, 6, 3, 64, 32, q(5, 32)),    // a prefill batch
         (1, 5, 3, 96, 32, q(3, 32)),
     ];
+    // prefill batches at 4 bits (several token tiles an expert), at 8 bits
+    shapes.push((64, 8, 4, 512, 256, q(4, 64)));
+    shapes.push((24, 5, 2, 256, 96, q(8, 32)));
     if full {
         shapes.push((1, 128, 8, 2816, 704, q(4, 64)));
+        shapes.push((256, 32, 8, 2816, 704, q(4, 64)));
     }
     let mut v = Vec::new();
     for (m, experts, top_k, hidden, inter, w) in shapes {
