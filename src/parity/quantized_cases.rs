@@ -126,7 +126,7 @@ fn moe(full: bool) -> Vec<Op> {
     shapes.push((24, 5, 2, 256, 96, q(8, 32)));
     if full {
         shapes.push((1, 128, 8, 2816, 704, q(4, 64)));
-        shapes.push((256, 32, 8, 2816, 704, q(4, 64)));
+        shapes.push((128, 32, 8, 2816, 704, q(4, 64)));
     }
     let mut v = Vec::new();
     for (m, experts, top_k, hidden, inter, w) in shapes {
