@@ -52,6 +52,7 @@ mod generate;
 mod one_sequence;
 mod scratch;
 mod sequence;
+mod shared_state;
 pub use generate::{GenerateOptions, Generation};
 pub use one_sequence::OneSequence;
 pub use scratch::{scratch_bytes, stream_scratch_bytes};

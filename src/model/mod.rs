@@ -7,12 +7,14 @@
 //! - [`decoder`]: the model shared by its sequences ([`Sequence`]: one
 //!   conversation's caches and position); prefill, decode and logits on any
 //!   backend;
+//! - [`drafter`]: Gemma 4's drafter and speculative decoding with it;
 //! - [`sampling`]: greedy / temperature / top-k / top-p on the host;
 //! - [`synthetic`]: seeded random weights for any config (tests, benchmarks).
 
 pub mod checkpoint;
 pub mod config;
 pub mod decoder;
+pub mod drafter;
 pub mod expert_cache;
 pub mod expert_stream;
 mod json;

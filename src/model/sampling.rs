@@ -271,6 +271,139 @@ impl Sampler {
         cands[0]
     }
 
+    /// The probabilities [`Sampler::sample`] draws from for `logits`, with
+    /// `extra_seen` counted as seen besides the tokens already seen (a
+    /// speculative verification's later rows follow drafted tokens): one per
+    /// vocabulary entry, summing to 1 (all on the highest logit for greedy
+    /// settings). For the speculative-sampling rule, which needs both
+    /// distributions whole.
+    pub fn distribution(&mut self, logits: &[f32], extra_seen: &[u32]) -> Result<Vec<f32>> {
+        if logits.is_empty() {
+            return Err(Error::InvalidInput("empty logits row".into()));
+        }
+        if let Some(i) = logits.iter().position(|v| v.is_nan()) {
+            return Err(Error::NonFinite(format!("logit {i} of the row is NaN")));
+        }
+        if logits.iter().all(|v| *v == f32::NEG_INFINITY) {
+            return Err(Error::NonFinite("every logit of the row is -inf".into()));
+        }
+        let mut row = logits.to_vec();
+        if let Sampling::Random {
+            repetition_penalty: Some(r),
+            ..
+        } = self.sampling
+        {
+            if r != 1.0 {
+                let n = row.len() as u32;
+                let seen: std::collections::BTreeSet<u32> = self
+                    .seen
+                    .range(..n)
+                    .copied()
+                    .chain(extra_seen.iter().copied().filter(|&t| t < n))
+                    .collect();
+                for i in seen {
+                    let l = &mut row[i as usize];
+                    *l = if *l > 0.0 { *l / r } else { *l * r };
+                }
+            }
+        }
+        let mut probs = vec![0.0f32; row.len()];
+        let (t, top_k, top_p, min_p) = match &self.sampling {
+            Sampling::Random {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                ..
+            } if *temperature != 0.0 && *top_k != Some(1) => {
+                (*temperature, *top_k, *top_p, min_p.unwrap_or(0.0))
+            }
+            _ => {
+                probs[argmax(&row) as usize] = 1.0;
+                return Ok(probs);
+            }
+        };
+        let n = row.len();
+        let max = row[argmax(&row) as usize];
+        let weight = |l: f32| {
+            let w = ((l - max) / t).exp();
+            if w.is_finite() {
+                w
+            } else {
+                0.0
+            }
+        };
+        let top_p = top_p.filter(|p| *p < 1.0);
+        // The candidates as `pick` keeps them: the top k, then the top-p
+        // prefix of those (relative to their mass), then min-p.
+        let cands: Vec<u32> = if top_k.is_none() && top_p.is_none() {
+            (0..n as u32).collect()
+        } else {
+            let k = top_k.map_or(n, |k| k.min(n));
+            let total_all: f32 = row.iter().map(|&l| weight(l)).sum();
+            self.top_sorted(&row, k);
+            let total: f32 = match top_k {
+                Some(_) => self.idx.iter().map(|&i| weight(row[i as usize])).sum(),
+                None => total_all,
+            };
+            let mut keep = self.idx.len();
+            if let Some(p) = top_p {
+                let mut cum = 0.0;
+                for (j, &i) in self.idx.iter().enumerate() {
+                    cum += weight(row[i as usize]);
+                    if cum >= p * total {
+                        keep = j + 1;
+                        break;
+                    }
+                }
+            }
+            self.idx[..keep].to_vec()
+        };
+        let mut mass = 0.0f64;
+        for &i in &cands {
+            let w = weight(row[i as usize]);
+            if w >= min_p {
+                probs[i as usize] = w;
+                mass += w as f64;
+            }
+        }
+        if mass <= 0.0 {
+            probs[argmax(&row) as usize] = 1.0;
+            return Ok(probs);
+        }
+        for p in &mut probs {
+            *p = (*p as f64 / mass) as f32;
+        }
+        Ok(probs)
+    }
+
+    /// A draw from `probs` (non-negative, any total: drawn in proportion).
+    pub fn draw(&mut self, probs: &[f32]) -> u32 {
+        let total: f64 = probs.iter().map(|&p| p as f64).sum();
+        let mut u = self.rng.uniform() as f64 * total;
+        let mut last = 0;
+        for (i, &p) in probs.iter().enumerate() {
+            if p > 0.0 {
+                last = i;
+                u -= p as f64;
+                if u < 0.0 {
+                    return i as u32;
+                }
+            }
+        }
+        last as u32
+    }
+
+    /// A uniform draw in [0, 1) from this sampler's generator.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.uniform()
+    }
+
+    /// Count `t` as seen (a token chosen outside [`Sampler::sample`]).
+    pub fn mark_seen(&mut self, t: u32) {
+        self.seen.insert(t);
+    }
+
     /// `self.idx` = indices of the `cut` highest logits, sorted descending
     /// (ties to the lower index). O(n) selection plus O(cut log cut).
     fn top_sorted(&mut self, logits: &[f32], cut: usize) {

@@ -1,0 +1,462 @@
+//! Gemma 4's drafter and speculative decoding, against transformers
+//! (tests/fixtures/tiny-text-assistant*, scripts/make_drafter_fixtures.py):
+//! the drafter's logits to the f32 floor, greedy speculative output token
+//! for token the target's own with transformers' acceptance counts, forced
+//! proposals, the sampling rule's distribution, and drafters that do not
+//! fit. On the CPU reference and on wgpu.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use turbospark::model::drafter::{
+    accept_rule, DraftInput, Drafter, SpeculativeOptions, SpeculativeStats,
+};
+use turbospark::model::sampling::Sampler;
+use turbospark::model::{Checkpoint, GenerateOptions, Model, ModelOptions, Sampling};
+use turbospark::ComputeBackend;
+use turbospark_cpu::CpuBackend;
+
+use common::{nmse, repo_root, temp_dir::TempDir, wgpu_backend};
+
+const DRAFTERS: [&str; 2] = ["tiny-text-assistant", "tiny-text-assistant-ordered"];
+
+fn fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures").join(name)
+}
+
+fn target<B: ComputeBackend>(be: B) -> Model<B> {
+    let ckpt = Checkpoint::open(&fixture("tiny-text")).unwrap();
+    let opts = ModelOptions {
+        max_context: 64,
+        ..Default::default()
+    };
+    Model::load(be, &ckpt, opts).unwrap()
+}
+
+fn expected(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Rows of an F32 tensor of `draft.safetensors`.
+fn rows(name: &str, tensor: &str) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(fixture(name).join("draft.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(tensor).unwrap();
+    let width = t.shape()[1];
+    let flat: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    flat.chunks(width).map(<[f32]>::to_vec).collect()
+}
+
+/// Three draft steps at the fixture's position: logits and projected
+/// states to the f32 floor, the same drafted tokens.
+fn drafter_logits<B: ComputeBackend>(be: B, limit: f64) {
+    let model = target(be);
+    for name in DRAFTERS {
+        let drafter = Drafter::load(&model, &fixture(name)).unwrap();
+        let case = &expected(name)["draft"];
+        let tokens = ids(&case["tokens"]);
+        let p = case["position"].as_u64().unwrap() as usize;
+        let want_logits = rows(name, "logits");
+        let want_hidden = rows(name, "hidden");
+        let mut seq = model.new_sequence().unwrap();
+        model.logits(&mut seq, &tokens[..p]).unwrap();
+        let mut input = DraftInput::Target { m: p, row: p - 1 };
+        let mut tok = tokens[p];
+        let mut drafted = Vec::new();
+        for (step, (wl, wh)) in want_logits.iter().zip(&want_hidden).enumerate() {
+            let got = drafter.step(&model, &seq, p, tok, input).unwrap();
+            let hidden = drafter.projected(model.backend()).unwrap();
+            let (el, eh) = (nmse(&got, wl), nmse(&hidden, wh));
+            eprintln!("{name} step {step}: logits NMSE {el:.2e}, hidden NMSE {eh:.2e}");
+            assert!(
+                el < limit && eh < limit,
+                "{name} step {step}: {el:.2e} / {eh:.2e} over {limit:.0e}"
+            );
+            tok = turbospark::model::sampling::argmax(&got);
+            drafted.push(tok);
+            input = DraftInput::Previous;
+        }
+        assert_eq!(drafted, ids(&case["drafted"]), "{name}: drafted tokens");
+    }
+}
+
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: n,
+        sampling: Sampling::Greedy,
+        stop_at_eos: false,
+    }
+}
+
+fn speculate<B: ComputeBackend>(
+    model: &Model<B>,
+    drafter: &Drafter<B>,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    spec: &SpeculativeOptions,
+) -> (Vec<u32>, SpeculativeStats) {
+    let mut seq = model.new_sequence().unwrap();
+    let (g, stats) = drafter
+        .generate(model, &mut seq, prompt, opts, spec, |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    // The context ends before the last new token, as a plain run leaves it.
+    assert_eq!(seq.position(), prompt.len() + g.tokens.len() - 1);
+    (g.tokens, stats)
+}
+
+/// Greedy with the drafter, k = 1..4: the target's greedy tokens, and
+/// transformers' acceptance counts.
+fn greedy_speculation<B: ComputeBackend>(be: B) {
+    let model = target(be);
+    for name in DRAFTERS {
+        let drafter = Drafter::load(&model, &fixture(name)).unwrap();
+        let exp = expected(name);
+        let n = exp["max_new_tokens"].as_u64().unwrap() as usize;
+        for case in exp["assisted"].as_array().unwrap() {
+            let prompt = ids(&case["prompt"]);
+            let k = case["k"].as_u64().unwrap() as usize;
+            let plain = model
+                .generate(&mut model.new_sequence().unwrap(), &prompt, &greedy(n))
+                .unwrap()
+                .tokens;
+            let spec = SpeculativeOptions {
+                draft_tokens: k,
+                forced: None,
+            };
+            let (tokens, stats) = speculate(&model, &drafter, &prompt, &greedy(n), &spec);
+            let what = format!("{name}, prompt of {}, k {k}", prompt.len());
+            assert_eq!(tokens, plain, "{what}: not the target's greedy tokens");
+            assert_eq!(
+                tokens,
+                ids(&case["tokens"]),
+                "{what}: not transformers' tokens"
+            );
+            let want = |key: &str| case[key].as_u64().unwrap() as usize;
+            assert_eq!(
+                (stats.accepted, stats.drafted, stats.rounds),
+                (want("accepted"), want("drafted"), want("rounds")),
+                "{what}: accepted, drafted, rounds"
+            );
+        }
+    }
+}
+
+/// Forced proposals: all right (every draft kept), and every third wrong
+/// (a rejection and a truncation most rounds); the output stays the
+/// target's either way.
+fn forced_proposals<B: ComputeBackend>(be: B) {
+    let model = target(be);
+    let drafter = Drafter::load(&model, &fixture(DRAFTERS[0])).unwrap();
+    let prompt = [17, 301, 88, 5, 412, 230, 77, 150, 9, 499];
+    let n = 20;
+    let plain = model
+        .generate(&mut model.new_sequence().unwrap(), &prompt, &greedy(n))
+        .unwrap()
+        .tokens;
+    for k in 1..=4 {
+        let right = SpeculativeOptions {
+            draft_tokens: k,
+            forced: Some(plain.clone()),
+        };
+        let (tokens, stats) = speculate(&model, &drafter, &prompt, &greedy(n), &right);
+        assert_eq!(tokens, plain, "k {k}, right proposals");
+        assert_eq!(
+            stats.accepted, stats.drafted,
+            "k {k}: every right proposal kept"
+        );
+        assert_eq!(stats.rounds, (n - 1).div_ceil(k + 1), "k {k}: rounds");
+        let wrong: Vec<u32> = plain
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| if i % 3 == 2 { (t + 1) % 512 } else { t })
+            .collect();
+        let spec = SpeculativeOptions {
+            draft_tokens: k,
+            forced: Some(wrong),
+        };
+        let (tokens, stats) = speculate(&model, &drafter, &prompt, &greedy(n), &spec);
+        assert_eq!(tokens, plain, "k {k}, every third proposal wrong");
+        assert!(stats.accepted < stats.drafted, "k {k}: some rejected");
+    }
+}
+
+#[test]
+fn cpu_drafter_logits_match_transformers() {
+    drafter_logits(CpuBackend::new(), 1e-10);
+}
+
+#[test]
+fn wgpu_drafter_logits_match_transformers() {
+    if let Some(be) = wgpu_backend() {
+        drafter_logits(be, 1e-10);
+    }
+}
+
+#[test]
+fn cpu_greedy_speculation_is_the_targets_greedy() {
+    greedy_speculation(CpuBackend::new());
+}
+
+#[test]
+fn wgpu_greedy_speculation_is_the_targets_greedy() {
+    if let Some(be) = wgpu_backend() {
+        greedy_speculation(be);
+    }
+}
+
+#[test]
+fn cpu_forced_proposals_accept_and_truncate() {
+    forced_proposals(CpuBackend::new());
+}
+
+#[test]
+fn wgpu_forced_proposals_accept_and_truncate() {
+    if let Some(be) = wgpu_backend() {
+        forced_proposals(be);
+    }
+}
+
+/// The rule on given distributions: the first output token is distributed
+/// as p[0] (and, after a kept first draft, the second as p[1]), whatever
+/// q is. 40000 seeded rounds; the largest deviation of any token's
+/// frequency is held to 5 standard errors.
+#[test]
+fn the_sampling_rule_keeps_the_targets_distribution() {
+    let p = vec![
+        vec![0.5, 0.2, 0.2, 0.1, 0.0],
+        vec![0.1, 0.1, 0.3, 0.3, 0.2],
+        vec![0.25, 0.25, 0.25, 0.25, 0.0],
+    ];
+    let q = vec![vec![0.1, 0.6, 0.1, 0.1, 0.1], vec![0.4, 0.0, 0.2, 0.2, 0.2]];
+    let random = Sampling::Random {
+        temperature: 1.0,
+        top_k: None,
+        top_p: None,
+        min_p: None,
+        repetition_penalty: None,
+        seed: 3,
+    };
+    let mut sampler = Sampler::new(&random).unwrap();
+    let trials = 40_000;
+    let mut first = [0usize; 5];
+    let mut second = [0usize; 5];
+    let mut second_n = 0;
+    for _ in 0..trials {
+        let drafts: Vec<u32> = q.iter().map(|row| sampler.draw(row)).collect();
+        let (n, next) = accept_rule(&mut sampler, &p, &q, &drafts);
+        let out: Vec<u32> = drafts[..n].iter().copied().chain([next]).collect();
+        first[out[0] as usize] += 1;
+        // Given the first token, the second is p[1]'s draw only where
+        // the first was a kept draft; condition on token 0 kept.
+        if out.len() > 1 && out[0] == 0 {
+            second[out[1] as usize] += 1;
+            second_n += 1;
+        }
+    }
+    let check = |counts: &[usize], total: usize, want: &[f32], what: &str| {
+        for (t, (&c, &w)) in counts.iter().zip(want).enumerate() {
+            let f = c as f64 / total as f64;
+            let se = ((w as f64 * (1.0 - w as f64)) / total as f64)
+                .sqrt()
+                .max(1e-4);
+            assert!(
+                (f - w as f64).abs() < 5.0 * se,
+                "{what}: token {t} at {f:.4}, the target's {w}"
+            );
+        }
+    };
+    check(&first, trials, &p[0], "first token");
+    assert!(second_n > 1000);
+    check(&second, second_n, &p[1], "second token after a kept 0");
+}
+
+/// Pearson's statistic of `counts` (per condition, per token) against the
+/// exact distributions `want` (per condition), cells expected under 5
+/// pooled per condition; returns (statistic, degrees of freedom).
+fn chi_square(
+    counts: &std::collections::BTreeMap<Vec<u32>, Vec<usize>>,
+    want: &std::collections::BTreeMap<Vec<u32>, Vec<f32>>,
+) -> (f64, usize) {
+    let (mut chi2, mut dof) = (0.0, 0usize);
+    for (cond, c) in counts {
+        let n: usize = c.iter().sum();
+        let p = &want[cond];
+        let (mut pooled_obs, mut pooled_exp, mut cells) = (0.0, 0.0, 0usize);
+        for (t, &obs) in c.iter().enumerate() {
+            let exp = n as f64 * p[t] as f64;
+            assert!(
+                exp > 0.0 || obs == 0,
+                "token {t} after {cond:?}: drawn, probability 0"
+            );
+            if exp >= 5.0 {
+                chi2 += (obs as f64 - exp).powi(2) / exp;
+                cells += 1;
+            } else {
+                pooled_obs += obs as f64;
+                pooled_exp += exp;
+            }
+        }
+        if pooled_exp > 0.0 {
+            chi2 += (pooled_obs - pooled_exp).powi(2) / pooled_exp.max(1.0);
+            cells += 1;
+        }
+        dof += cells.saturating_sub(1);
+    }
+    (chi2, dof)
+}
+
+/// Seeded sampling through the drafter on the tiny model: the tokens the
+/// first verification gives (a kept or replaced draft, then a bonus draw
+/// or the next round's) are distributed as the target's own sampling, each
+/// given the tokens before it, over 600 seeds: Pearson's statistic under
+/// its degrees of freedom plus 6 standard deviations.
+#[test]
+fn cpu_speculative_sampling_keeps_the_targets_distribution() {
+    use std::collections::BTreeMap;
+    let model = target(CpuBackend::new());
+    let drafter = Drafter::load(&model, &fixture(DRAFTERS[0])).unwrap();
+    let prompt = [44, 45, 46, 200, 201, 13, 380];
+    let sampling = |seed| Sampling::Random {
+        temperature: 1.0,
+        top_k: Some(8),
+        top_p: None,
+        min_p: None,
+        repetition_penalty: None,
+        seed,
+    };
+    let opts = |seed| GenerateOptions {
+        max_new_tokens: 3,
+        sampling: sampling(seed),
+        stop_at_eos: false,
+    };
+    let spec = SpeculativeOptions {
+        draft_tokens: 2,
+        forced: None,
+    };
+    let (mut drafted, mut accepted) = (0, 0);
+    let mut counts: [BTreeMap<Vec<u32>, Vec<usize>>; 2] = Default::default();
+    for seed in 0..600 {
+        let (t, stats) = speculate(&model, &drafter, &prompt, &opts(seed), &spec);
+        drafted += stats.drafted;
+        accepted += stats.accepted;
+        for i in 1..3 {
+            counts[i - 1]
+                .entry(t[..i].to_vec())
+                .or_insert_with(|| vec![0; 512])[t[i] as usize] += 1;
+        }
+    }
+    assert!(
+        accepted > 50 && accepted < drafted,
+        "{accepted} of {drafted} kept"
+    );
+    let mut exact = Sampler::new(&sampling(0)).unwrap();
+    for (i, c) in counts.iter().enumerate() {
+        let want: BTreeMap<Vec<u32>, Vec<f32>> = c
+            .keys()
+            .map(|cond| {
+                let mut seq = model.new_sequence().unwrap();
+                let tokens: Vec<u32> = prompt.iter().chain(cond).copied().collect();
+                let rows = model.logits(&mut seq, &tokens).unwrap();
+                let p = exact.distribution(rows.last().unwrap(), &[]).unwrap();
+                (cond.clone(), p)
+            })
+            .collect();
+        let (chi2, dof) = chi_square(c, &want);
+        let bound = dof as f64 + 6.0 * (2.0 * dof as f64).sqrt();
+        eprintln!(
+            "new token {}: chi-square {chi2:.1} on {dof} degrees of freedom (bound {bound:.1})",
+            i + 1
+        );
+        assert!(
+            dof > 3 && chi2 < bound,
+            "new token {}: chi-square {chi2:.1}, bound {bound:.1}",
+            i + 1
+        );
+    }
+}
+
+/// A drafter that does not fit its target, or is not whole, is refused
+/// with what does not fit.
+#[test]
+fn a_drafter_that_does_not_fit_is_named() {
+    let model = target(CpuBackend::new());
+    let edit = |from: &str, to: &str| -> String {
+        let dir = TempDir::copy_of(&fixture(DRAFTERS[1]), "drafter");
+        let path = dir.path().join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{from}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        match Drafter::load(&model, dir.path()) {
+            Ok(_) => panic!("{to}: loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let cases = [
+        (
+            "\"backbone_hidden_size\": 64",
+            "\"backbone_hidden_size\": 32",
+            "backbone_hidden_size 32",
+        ),
+        (
+            "\"vocab_size\": 512",
+            "\"vocab_size\": 1024",
+            "vocabulary 1024",
+        ),
+        (
+            "\"model_type\": \"gemma4_assistant\"",
+            "\"model_type\": \"gemma4\"",
+            "gemma4_assistant",
+        ),
+        (
+            "\"sliding_window\": 4",
+            "\"sliding_window\": 8",
+            "sliding_window 8",
+        ),
+        (
+            "\"num_centroids\": 16",
+            "\"num_centroids\": 15",
+            "num_centroids",
+        ),
+        ("\"head_dim\": 64", "\"head_dim\": 32", "KV heads"),
+    ];
+    for (from, to, want) in cases {
+        let e = edit(from, to);
+        assert!(e.contains(want), "{to}: {e}");
+    }
+    let dir = TempDir::copy_of(&fixture(DRAFTERS[0]), "drafter");
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let e = Drafter::load(&model, dir.path()).err().unwrap().to_string();
+    assert!(e.contains("model.safetensors"), "{e}");
+    let k = SpeculativeOptions {
+        draft_tokens: 0,
+        forced: None,
+    };
+    let drafter = Drafter::load(&model, &fixture(DRAFTERS[0])).unwrap();
+    let mut seq = model.new_sequence().unwrap();
+    let e = drafter
+        .generate(&model, &mut seq, &[5], &greedy(4), &k, |_| {
+            ControlFlow::Continue(())
+        })
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("at least 1"), "{e}");
+}
