@@ -5,6 +5,7 @@
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 
+use turbospark::model::drafter::{Drafter, SpeculativeOptions, SpeculativeStats};
 use turbospark::model::expert_cache::Policy;
 use turbospark::model::expert_stream::StreamStats;
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
@@ -66,9 +67,25 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     routing_trace: Option<PathBuf>,
     /// Print the streamed experts' counters (with --expert-slots): hits,
-    /// misses, bytes streamed and host wait, per token.
+    /// misses, bytes streamed and host wait, per token; with
+    /// --draft-model, the drafts' acceptance, tokens per target pass and
+    /// the time drafting and verifying.
     #[arg(long)]
     stats: bool,
+    /// Speculative decoding with a Gemma 4 drafter ("assistant")
+    /// checkpoint made for this model: it proposes tokens, the model checks
+    /// them in one pass; the output is the model's own (greedy: the same
+    /// tokens; sampling: the same distribution).
+    #[arg(long, value_name = "DIR")]
+    draft_model: Option<PathBuf>,
+    /// Tokens the drafter proposes a round, with --draft-model (default 4).
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "draft_model",
+        allow_negative_numbers = true
+    )]
+    draft_tokens: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -223,6 +240,34 @@ impl AnyModel {
         match self {
             AnyModel::Cpu(m) => m.generate_streaming(prompt, opts, on_token),
             AnyModel::Wgpu(m) => m.generate_streaming(prompt, opts, on_token),
+        }
+    }
+
+    /// [`Drafter::generate`] with the drafter in `dir`, loaded for this
+    /// model.
+    pub fn generate_speculative(
+        &mut self,
+        dir: &std::path::Path,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        spec: &SpeculativeOptions,
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> turbospark::Result<(Generation, SpeculativeStats)> {
+        fn run<B: ComputeBackend>(
+            m: &mut OneSequence<B>,
+            dir: &std::path::Path,
+            prompt: &[u32],
+            opts: &GenerateOptions,
+            spec: &SpeculativeOptions,
+            on_token: impl FnMut(u32) -> ControlFlow<()>,
+        ) -> turbospark::Result<(Generation, SpeculativeStats)> {
+            let (model, seq) = m.parts();
+            let drafter = Drafter::load(model, dir)?;
+            drafter.generate(model, seq, prompt, opts, spec, on_token)
+        }
+        match self {
+            AnyModel::Cpu(m) => run(m, dir, prompt, opts, spec, on_token),
+            AnyModel::Wgpu(m) => run(m, dir, prompt, opts, spec, on_token),
         }
     }
 
@@ -463,9 +508,25 @@ pub fn run(a: Args) -> CliResult {
     // (the CPU backend reads its weights from the maps as it generates)
     crate::mapped::check_unchanged()?;
     let t0 = std::time::Instant::now();
-    let done = model.prefill_with_progress(&prompt)?;
-    let before = t0.elapsed().as_secs_f64();
-    let mut g = model.generate_streaming(&prompt[done..], &opts, &mut on_token)?;
+    let mut before = 0.0;
+    let (mut g, done, spec) = match &a.draft_model {
+        Some(dir) => {
+            let spec = SpeculativeOptions {
+                draft_tokens: a
+                    .draft_tokens
+                    .unwrap_or(turbospark::model::drafter::DEFAULT_DRAFT_TOKENS),
+                forced: None,
+            };
+            let (g, st) = model.generate_speculative(dir, &prompt, &opts, &spec, &mut on_token)?;
+            (g, 0, Some((spec.draft_tokens, st)))
+        }
+        None => {
+            let done = model.prefill_with_progress(&prompt)?;
+            before = t0.elapsed().as_secs_f64();
+            let g = model.generate_streaming(&prompt[done..], &opts, &mut on_token)?;
+            (g, done, None)
+        }
+    };
     if done > 0 && g.prefill_tok_s > 0.0 {
         // (the whole prompt's rate: its batches before the last, then the rest)
         let rest = (prompt.len() - done) as f64 / g.prefill_tok_s;
@@ -492,6 +553,9 @@ pub fn run(a: Args) -> CliResult {
         g.prefill_tok_s,
         g.decode_tok_s
     );
+    if let (true, Some((k, st))) = (a.stats, &spec) {
+        eprintln!("{}", speculative_line(*k, st));
+    }
     if a.stats {
         match model.take_stream_stats() {
             Some(st) => eprintln!(
@@ -502,6 +566,25 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// A speculative generation's counters, in one line.
+pub fn speculative_line(k: usize, st: &SpeculativeStats) -> String {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "speculative: {k} draft tokens a round, {} rounds; {} of {} drafts accepted ({:.1}%); \
+         {:.2} tokens a target pass; drafting {:.1} ms ({:.2} ms a round), verifying {:.1} ms \
+         ({:.2} ms a round)",
+        st.rounds,
+        st.accepted,
+        st.drafted,
+        100.0 * st.acceptance_rate(),
+        st.tokens_per_pass(),
+        ms(st.draft_time),
+        ms(st.draft_time) / st.rounds.max(1) as f64,
+        ms(st.verify_time),
+        ms(st.verify_time) / st.rounds.max(1) as f64,
+    )
 }
 
 /// The streamed experts' counters over `tokens` tokens, in one line.

@@ -434,3 +434,31 @@ fn the_main_job_runs_the_built_in_model_from_anywhere() {
     assert!(left.is_empty(), "the unpacked model is removed: {left:?}");
     let _ = std::fs::remove_dir_all(&cwd);
 }
+
+/// `--draft-model`: the same greedy tokens as without it, the drafts'
+/// counters under --stats; a drafter for another model, or --draft-tokens
+/// without one, is refused by name.
+#[test]
+fn generate_with_a_drafter_gives_the_same_tokens() {
+    let root = fixture().parent().unwrap().to_path_buf();
+    let drafter = root.join("tiny-text-assistant").display().to_string();
+    let out = generate_on_cpu(&[
+        "--max-new-tokens",
+        "8",
+        "--draft-model",
+        &drafter,
+        "--draft-tokens",
+        "3",
+        "--stats",
+        "--tokens",
+        "429,92,412,358,75,470,508,444,157,469",
+    ]);
+    let text = succeeds(&out);
+    assert_eq!(text.trim(), "w469 w469 w190 w310 w23 w278 w278 w485");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("drafts accepted"), "{err}");
+    let out = generate_on_cpu(&["--draft-model", &model(), "--tokens", "5,6"]);
+    fails_with(&out, "gemma4_assistant");
+    let out = generate_on_cpu(&["--draft-tokens", "2", "--tokens", "5,6"]);
+    fails_with(&out, "--draft-model");
+}
