@@ -462,3 +462,31 @@ fn generate_with_a_drafter_gives_the_same_tokens() {
     let out = generate_on_cpu(&["--draft-tokens", "2", "--tokens", "5,6"]);
     fails_with(&out, "--draft-model");
 }
+
+/// `bench --speculative` on the tiny synthetic model: verification
+/// against a decode step, and decode at each forced acceptance rate (the
+/// run checks that the tokens are plain decode's).
+#[test]
+fn bench_speculative_runs_on_the_tiny_model() {
+    let out = turbospark(&[
+        "bench",
+        "--synthetic",
+        "tiny",
+        "--speculative",
+        "--backend",
+        "cpu",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "24",
+        "--draft-layers",
+        "2",
+        "--draft-hidden",
+        "32",
+    ]);
+    succeeds(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in ["verify 5 tokens", "forced rate 0.5", "forced rate 0.9"] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}

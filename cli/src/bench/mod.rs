@@ -15,6 +15,7 @@ mod fidelity;
 mod measure;
 mod replay;
 mod report;
+mod speculative;
 mod streaming;
 
 use std::path::PathBuf;
@@ -130,6 +131,19 @@ pub struct Args {
     /// cpu`), and exit.
     #[arg(long, value_delimiter = ',')]
     pub stream_slots: Vec<usize>,
+    /// Speculative decoding on the `--synthetic` model, and exit: a
+    /// verification pass of k + 1 = 2..5 tokens against one decode step,
+    /// and decode with a synthetic drafter whose proposals are forced right
+    /// at rates 0.5, 0.7 and 0.9 (on the wgpu backend, or the CPU with
+    /// `--backend cpu`).
+    #[arg(long)]
+    pub speculative: bool,
+    /// --speculative: the synthetic drafter's layers (the last full).
+    #[arg(long, default_value_t = 4)]
+    pub draft_layers: usize,
+    /// --speculative: the synthetic drafter's hidden size (its MLP 4x).
+    #[arg(long, default_value_t = 1024)]
+    pub draft_hidden: usize,
     /// With --stream-slots: route the streamed runs by this routing trace
     /// (`generate --routing-trace`'s format, read from its first token again
     /// after its last) instead of the synthetic router's near-uniform
@@ -400,6 +414,9 @@ pub fn main(args: Args) -> ExitCode {
     if !args.stream_slots.is_empty() {
         return stream_main(&args);
     }
+    if args.speculative {
+        return speculative_main(&args);
+    }
     // A bad --synthetic / --layers fails before minutes of per-op cases.
     if let Some(name) = &args.synthetic {
         if let Err(e) = e2e::config(name, args.layers) {
@@ -615,6 +632,39 @@ fn stream_main(args: &Args) -> ExitCode {
         }
         Err(e) => {
             eprintln!("bench: --stream-slots: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `bench --speculative`: [`speculative::run`] on one backend, its lines
+/// printed (the report written with `--json`).
+fn speculative_main(args: &Args) -> ExitCode {
+    let Some(name) = &args.synthetic else {
+        eprintln!("bench: --speculative needs a synthetic model: pass --synthetic too");
+        return ExitCode::FAILURE;
+    };
+    let result = if args.backend == Which::Cpu {
+        speculative::run(turbospark_cpu::CpuBackend::new(), name, args)
+    } else {
+        WgpuBackend::new(&WgpuOptions {
+            adapter: args.adapter.clone(),
+            ..Default::default()
+        })
+        .and_then(|b| speculative::run(b, name, args))
+    };
+    match result {
+        Ok(v) => {
+            if let Some(out) = &args.json {
+                if let Err(e) = std::fs::write(out, v.to_string()) {
+                    eprintln!("bench: writing {}: {e}", out.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: --speculative: {e}");
             ExitCode::FAILURE
         }
     }

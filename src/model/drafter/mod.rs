@@ -24,6 +24,8 @@
 
 mod config;
 mod speculative;
+#[cfg(feature = "tools")]
+mod synthetic;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -241,8 +243,14 @@ impl<B: ComputeBackend> Drafter<B> {
     /// `target`, on its backend; an error names what does not fit.
     pub fn load(target: &Model<B>, dir: &Path) -> Result<Self> {
         let cfg = DrafterConfig::from_dir(dir)?;
-        let sources = cfg.fit(target.config())?;
+        cfg.fit(target.config())?;
         let t = DraftTensors::open(dir)?;
+        Self::build(target, cfg, &t)
+    }
+
+    /// The drafter of `cfg` from tensors `t` (checked against it).
+    fn build(target: &Model<B>, cfg: DrafterConfig, t: &DraftTensors) -> Result<Self> {
+        let sources = cfg.fit(target.config())?;
         let be = target.backend();
         let c = &cfg.text;
         let (h, bh, v) = (c.hidden, cfg.backbone_hidden, c.vocab);
