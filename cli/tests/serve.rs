@@ -845,3 +845,21 @@ fn soak() {
     assert_eq!(ran(), 95, "{}", s.log());
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }
+
+/// A server with a drafter gives `generate`'s greedy text, and says how
+/// many drafts it kept.
+#[test]
+fn a_drafter_gives_the_same_completions() {
+    let drafter = fixture().join("../tiny-text-assistant");
+    let s = Server::start(&[
+        "--draft-model",
+        drafter.to_str().unwrap(),
+        "--draft-tokens",
+        "3",
+    ]);
+    let want = generate(&["--prompt", "w10 w11 w12", "--max-new-tokens", "12"]);
+    let body = json!({"prompt": "w10 w11 w12", "max_tokens": 12});
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], want.as_str());
+}

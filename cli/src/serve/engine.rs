@@ -9,6 +9,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use turbospark::model::drafter::{Drafter, SpeculativeOptions};
 use turbospark::model::{GenerateOptions, Model, Sequence};
 use turbospark::ComputeBackend;
 
@@ -52,10 +53,12 @@ pub struct Done {
     pub cached_tokens: usize,
 }
 
-/// Serve `jobs` with `model` until the queue closes; `cache_size`
-/// sequences are kept for later prompts.
+/// Serve `jobs` with `model` (and `drafter`, speculative decoding, where
+/// given) until the queue closes; `cache_size` sequences are kept for
+/// later prompts.
 pub fn serve<B: ComputeBackend>(
     model: Model<B>,
+    drafter: Option<(Drafter<B>, SpeculativeOptions)>,
     tok: Arc<tokenizers::Tokenizer>,
     cache_size: usize,
     mut jobs: mpsc::Receiver<Job>,
@@ -75,7 +78,7 @@ pub fn serve<B: ComputeBackend>(
         // queue) fails its request, not the server; the cached sequences
         // may be half written and go with it.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run(&model, &mut cache, &tok, &eos, &job)
+            run(&model, drafter.as_ref(), &mut cache, &tok, &eos, &job)
         }));
         let ran = ran.unwrap_or_else(|_| {
             cache.seqs.clear();
@@ -164,6 +167,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 fn run<B: ComputeBackend>(
     model: &Model<B>,
+    drafter: Option<&(Drafter<B>, SpeculativeOptions)>,
     cache: &mut PromptCache<B>,
     tok: &tokenizers::Tokenizer,
     eos: &[u32],
@@ -176,7 +180,7 @@ fn run<B: ComputeBackend>(
     let mut text = TextOut::new(tok, job.special, &job.stops);
     let mut stopped = false;
     let mut failed = None;
-    let g = model.generate_streaming(&mut seq, &job.prompt[cached..], &job.opts, |id| {
+    let on_token = |id| {
         if eos.contains(&id) || job.stop_ids.contains(&id) {
             stopped = true;
             return ControlFlow::Break(());
@@ -201,7 +205,22 @@ fn run<B: ComputeBackend>(
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
-    });
+    };
+    let prompt = &job.prompt[cached..];
+    let g = match drafter {
+        Some((d, spec)) => d
+            .generate(model, &mut seq, prompt, &job.opts, spec, on_token)
+            .map(|(g, st)| {
+                eprintln!(
+                    "speculative: {} of {} drafts accepted, {:.2} tokens a target pass",
+                    st.accepted,
+                    st.drafted,
+                    st.tokens_per_pass()
+                );
+                g
+            }),
+        None => model.generate_streaming(&mut seq, prompt, &job.opts, on_token),
+    };
     // (on an error the sequence may be half written: dropped, not cached)
     let g = g?;
     if let Some(e) = failed {

@@ -18,6 +18,8 @@ use turbospark::model::Model;
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
+use turbospark::model::drafter::{Drafter, SpeculativeOptions, DEFAULT_DRAFT_TOKENS};
+
 use crate::common::{open_wgpu, tokenizer, BackendKind, CliResult};
 use crate::generate::{RunArgs, PROMPT_BYTES_PER_TOKEN, PROMPT_SLACK_BYTES};
 
@@ -42,6 +44,19 @@ pub struct Args {
     /// Seconds a SIGINT or SIGTERM waits for the responses in flight.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// Speculative decoding with this Gemma 4 drafter ("assistant")
+    /// checkpoint: the same replies, the model checking the drafter's
+    /// proposals in one pass each round.
+    #[arg(long, value_name = "DIR")]
+    draft_model: Option<PathBuf>,
+    /// Tokens the drafter proposes a round, with --draft-model (default 4).
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "draft_model",
+        allow_negative_numbers = true
+    )]
+    draft_tokens: Option<usize>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -110,20 +125,37 @@ fn start_engine(
     let run = a.run.clone();
     let dir = a.model.clone();
     let cache = a.cache_sequences;
+    let draft = a.draft_model.clone().map(|d| {
+        let spec = SpeculativeOptions {
+            draft_tokens: a.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS),
+            forced: None,
+        };
+        (d, spec)
+    });
     std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || {
             fn go<B: ComputeBackend>(
                 loaded: CliResult<(Model<B>, String)>,
-                ready: std::sync::mpsc::Sender<CliResult<String>>,
+                (ready, draft): (
+                    std::sync::mpsc::Sender<CliResult<String>>,
+                    Option<(PathBuf, SpeculativeOptions)>,
+                ),
                 tok: Arc<tokenizers::Tokenizer>,
                 cache: usize,
                 queue: mpsc::Receiver<engine::Job>,
             ) {
+                let loaded = loaded.and_then(|(model, device)| {
+                    let drafter = match draft {
+                        Some((dir, spec)) => Some((Drafter::load(&model, &dir)?, spec)),
+                        None => None,
+                    };
+                    Ok((model, drafter, device))
+                });
                 match loaded {
-                    Ok((model, device)) => {
+                    Ok((model, drafter, device)) => {
                         let _ = ready.send(Ok(device));
-                        engine::serve(model, tok, cache, queue);
+                        engine::serve(model, drafter, tok, cache, queue);
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -133,7 +165,7 @@ fn start_engine(
             match run.backend {
                 BackendKind::Cpu => go(
                     run.load_model(CpuBackend::new(), &dir, max_context),
-                    ready,
+                    (ready, draft),
                     tok,
                     cache,
                     queue,
@@ -141,7 +173,7 @@ fn start_engine(
                 BackendKind::Wgpu => match open_wgpu(run.adapter.clone()) {
                     Ok(b) => go(
                         run.load_model(b, &dir, max_context),
-                        ready,
+                        (ready, draft),
                         tok,
                         cache,
                         queue,
