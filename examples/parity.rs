@@ -1,5 +1,6 @@
 //! Runs the parity suite (every op, wgpu against the CPU reference) on any
-//! adapter: `cargo run --release --example parity -- [FILTER] [--full]`.
+//! adapter: `cargo run --release --example parity -- [FILTER] [--full]
+//! [--fast]` (`--fast`: every case at `Precision::Fast`).
 //! Pick the adapter with `TURBOSPARK_ADAPTER=<name substring>` and the API
 //! with `WGPU_BACKEND=vulkan|metal|dx12`; replay a run with `TURBOSPARK_SEED`.
 
@@ -11,6 +12,7 @@ use turbospark_wgpu::{WgpuBackend, WgpuOptions};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let full = args.iter().any(|a| a == "--full");
+    let fast = args.iter().any(|a| a == "--fast");
     let filter = args
         .iter()
         .find(|a| !a.starts_with("--"))
@@ -30,7 +32,13 @@ fn main() {
     );
     let seed = seed_from_env();
     println!("seed: {seed}");
-    let cases = if full { all_cases() } else { ci_cases() };
+    let mut cases = if full { all_cases() } else { ci_cases() };
+    if fast {
+        cases = cases
+            .into_iter()
+            .map(|c| c.with_precision(turbospark::Precision::Fast))
+            .collect();
+    }
     let outcomes = run_cases(
         &CpuBackend::parity_reference_for(&device),
         &device,

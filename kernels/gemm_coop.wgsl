@@ -31,6 +31,23 @@ enable wgpu_cooperative_matrix;
 //                 by at most 11 bits), so the sum is x's 22 bits times W
 //                 to f32 accumulation (src/parity/op.rs, SPLIT_INPUT_NMSE).
 //
+//   quantized     W an MLX affine weight (kernels/affine.wgsl), each value
+//                 w = scale * q + bias decoded in f32 as it is staged
+//                 (the CPU reference's value). w is not in general exact in
+//                 one f16, so with SPLIT (WSPLIT) it is staged as two parts
+//                 too, hi = f16(w) and lo = f16(w - hi) (w - hi exact in
+//                 f32; both rounded to nearest even in f32 bits, stage_w8),
+//                 lo's tile after hi's, and OUT = (HI W16^T + HI
+//                 WLO^T + LO W16^T) * XS, three products into the same f32
+//                 accumulators, each exact in f32. hi + lo is within 2^-22
+//                 |w| of w, or 2^-25 absolute where lo is below f16's
+//                 normal range; the product left out, LO WLO^T, is under
+//                 2^-22 of a term: the sum is x's 22 bits times w's 22 to
+//                 f32 accumulation, under the f32 GEMM's limit
+//                 (src/parity/case/rounding.rs, AFFINE_SPLIT_NMSE).
+//                 Without SPLIT (turbospark::Precision::Fast) w is one
+//                 f16, x one (AFFINE_F16_NMSE).
+//
 // X16 is laid out by tile (tile tm's rows are tm * BM ..), so a tile's
 // rows are contiguous. A step takes BK of k (SL slices of 16): the W tile
 // (BN rows) is staged in workgroup memory, decoded to f16 on the way, the
@@ -69,11 +86,15 @@ override TILED: u32 = 0u;
 // 1: X16 holds the split's hi rows then its lo rows (gemm_prep's SPLIT):
 // every A fragment is multiplied twice, hi then lo, into one accumulator.
 override SPLIT: u32 = 0u;
+// 1: a quantized W staged as hi and lo parts (with SPLIT, header above):
+// every A fragment of x's hi part is multiplied by both.
+override WSPLIT: u32 = 0u;
 
 // The tile (backends/wgpu/src/ops/gemm_coop.rs sets every one): warps
 // along the tile rows and along the weight rows, whether X16 is staged in
 // workgroup memory (1) or read by the fragment loads straight from memory,
-// one step ahead (0); WG = 32 * WM * WN, WSN = BN * BKP, XSN = BM * BKP (8
+// one step ahead (0); WG = 32 * WM * WN, WSN = BN * BKP (twice that with
+// WSPLIT, lo's tile after hi's), XSN = BM * BKP (8
 // when not staged; twice that with SPLIT, lo's tile after hi's), CSN =
 // 256 * WM * WN.
 override WM: u32 = 2u;
@@ -113,6 +134,15 @@ fn bm() -> u32 {
 fn bn() -> u32 {
     return 64u * WN;
 }
+// Where the W tile's lo parts start (WSPLIT).
+fn wlo() -> u32 {
+    return bn() * BKP;
+}
+
+// Word i of the weight (kernels/affine.wgsl).
+fn wword(i: u32) -> u32 {
+    return W[i >> 2u][i & 3u];
+}
 
 // find_tile, stage_tile: kernels/gemm_tiles.wgsl.
 
@@ -137,11 +167,16 @@ fn weight_row(mode: u32, jl: u32, nb: u32, expert: u32) -> vec2<u32> {
 
 // W vec4 (8 weights) `q` of the k step at k0 of the weight row whose first
 // vec4 is `row`; zero past k_hi (the end of k, or of this workgroup's
-// split of it).
-fn load_w(on: bool, row: u32, k0: u32, q: u32, k_hi: u32) -> vec4<u32> {
+// split of it). A quantized weight (never tiled; `row` counts the 16-bit
+// layout's vec4, so element 8 row) gives the eight values' words and their
+// group's scale and bias words (affine_load8), `qo` the header's offsets.
+fn load_w(on: bool, row: u32, k0: u32, q: u32, k_hi: u32, qo: vec2<u32>) -> vec4<u32> {
     let kc = k0 + 8u * q;
     if (!on || kc >= k_hi) {
         return vec4<u32>(0u);
+    }
+    if (QBITS != 0u) {
+        return affine_load8(8u * row + kc, qo);
     }
     return W[row + expert_step(kc / 8u, TILED == 1u && MODE != DENSE)];
 }
@@ -152,8 +187,16 @@ fn pair16(word: u32) -> vec2<f16> {
     return vec2<f16>(decode_pair(word));
 }
 
-fn stage_w(e: u32, v: vec4<u32>) {
+// Load `e` of the step (`v` as load_w gave it; `el` its first element when
+// quantized) to the W tile as f16.
+fn stage_w(e: u32, v: vec4<u32>, el: u32) {
     let o = (e / QW) * BKP + 8u * (e % QW);
+    if (QBITS != 0u) {
+        let sb = affine_sb8(v, el);
+        stage_w8(o, affine_pair8(v, el, sb, 0u), affine_pair8(v, el, sb, 1u),
+                 affine_pair8(v, el, sb, 2u), affine_pair8(v, el, sb, 3u));
+        return;
+    }
     let a = pair16(v.x);
     let b = pair16(v.y);
     let c = pair16(v.z);
@@ -166,6 +209,49 @@ fn stage_w(e: u32, v: vec4<u32>) {
     ws[o + 5u] = c.y;
     ws[o + 6u] = d.x;
     ws[o + 7u] = d.y;
+}
+
+// Eight decoded weights (pairs a..d) to the W tile at o: one f16 each, or
+// with WSPLIT hi there and lo wlo() on, both rounded in f32 bits
+// (kernels/f16_round.wgsl, as gemm_prep splits x), so the halves are the
+// CPU reference's (`split_half`) bit for bit. Taking lo as f16(w -
+// f32(f16(w))) instead, the H200 read one f16 rounding's error (NMSE 1e-8
+// to 4e-8 where w is not exact in f16: 5-8 bits, f16 scales), as if a
+// compiler had folded the round trip away.
+fn stage_w8(o: u32, a: vec2<f32>, b: vec2<f32>, c: vec2<f32>, d: vec2<f32>) {
+    if (WSPLIT == 1u) {
+        let v0 = vec4<f32>(a, b);
+        let v1 = vec4<f32>(c, d);
+        let h0 = half_grid4(v0);
+        let h1 = half_grid4(v1);
+        stage_w4(o, vec4<f16>(h0), vec4<f16>(h1));
+        stage_w4(o + wlo(), vec4<f16>(split_lo4(v0, h0)), vec4<f16>(split_lo4(v1, h1)));
+        return;
+    }
+    let ha = vec2<f16>(a);
+    let hb = vec2<f16>(b);
+    let hc = vec2<f16>(c);
+    let hd = vec2<f16>(d);
+    ws[o] = ha.x;
+    ws[o + 1u] = ha.y;
+    ws[o + 2u] = hb.x;
+    ws[o + 3u] = hb.y;
+    ws[o + 4u] = hc.x;
+    ws[o + 5u] = hc.y;
+    ws[o + 6u] = hd.x;
+    ws[o + 7u] = hd.y;
+}
+
+// Eight halves to the W tile at o.
+fn stage_w4(o: u32, p: vec4<f16>, q: vec4<f16>) {
+    ws[o] = p.x;
+    ws[o + 1u] = p.y;
+    ws[o + 2u] = p.z;
+    ws[o + 3u] = p.w;
+    ws[o + 4u] = q.x;
+    ws[o + 5u] = q.y;
+    ws[o + 6u] = q.z;
+    ws[o + 7u] = q.w;
 }
 
 // X16's 8 halves `e` of the step (tile row e / QW, eighth e % QW), as
@@ -280,12 +366,17 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     var w_row: array<u32, MAX_LD>;
     var w_on: array<bool, MAX_LD>;
     var wv: array<vec4<u32>, MAX_LD>;
+    // A quantized weight's header, read once a thread.
+    var qo = vec2<u32>(0u);
+    if (QBITS != 0u) {
+        qo = affine_offsets();
+    }
     for (var u = 0u; u < nld; u++) {
         let e = lid + WG * u;
         let r = weight_row(mode, e / QW, nb, info.x);
         w_row[u] = r.x;
         w_on[u] = r.y == 1u;
-        wv[u] = load_w(w_on[u], w_row[u], k_lo, e % QW, k_hi);
+        wv[u] = load_w(w_on[u], w_row[u], k_lo, e % QW, k_hi, qo);
     }
     // The X16 tile: tile rows tm * BM .. (staged: QW vec4 of a row a step).
     let nla = select(0u, QW / WN, STAGE_X == 1u);
@@ -361,7 +452,8 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
     for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < nld; u++) {
-            stage_w(lid + WG * u, wv[u]);
+            let e = lid + WG * u;
+            stage_w(e, wv[u], 8u * w_row[u] + k0 + 8u * (e % QW));
         }
         for (var u = 0u; u < nla; u++) {
             stage_x(lid + WG * u, 0u, xlo[u], xhi[u]);
@@ -373,7 +465,7 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         // The next step's tiles, loaded while this one multiplies.
         let k1 = k0 + BK;
         for (var u = 0u; u < nld; u++) {
-            wv[u] = load_w(w_on[u], w_row[u], k1, (lid + WG * u) % QW, k_hi);
+            wv[u] = load_w(w_on[u], w_row[u], k1, (lid + WG * u) % QW, k_hi, qo);
         }
         if (k1 < k_hi) {
             for (var u = 0u; u < nla; u++) {
@@ -457,6 +549,24 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
         c11 = coopMultiplyAdd(x01, b1, c11);
         c12 = coopMultiplyAdd(x01, b2, c12);
         c13 = coopMultiplyAdd(x01, b3, c13);
+        if (WSPLIT == 1u) {
+            let jb0 = wlo() + ib0;
+            let jb1 = wlo() + ib1;
+            let jb2 = wlo() + ib2;
+            let jb3 = wlo() + ib3;
+            let e0 = coopLoad<coop_mat16x16<f16, B>>(&ws[jb0], BKP);
+            let e1 = coopLoad<coop_mat16x16<f16, B>>(&ws[jb1], BKP);
+            let e2 = coopLoad<coop_mat16x16<f16, B>>(&ws[jb2], BKP);
+            let e3 = coopLoad<coop_mat16x16<f16, B>>(&ws[jb3], BKP);
+            c00 = coopMultiplyAdd(x00, e0, c00);
+            c01 = coopMultiplyAdd(x00, e1, c01);
+            c02 = coopMultiplyAdd(x00, e2, c02);
+            c03 = coopMultiplyAdd(x00, e3, c03);
+            c10 = coopMultiplyAdd(x01, e0, c10);
+            c11 = coopMultiplyAdd(x01, e1, c11);
+            c12 = coopMultiplyAdd(x01, e2, c12);
+            c13 = coopMultiplyAdd(x01, e3, c13);
+        }
         if (SPLIT == 1u) {
             c00 = coopMultiplyAdd(y00, b0, c00);
             c01 = coopMultiplyAdd(y00, b1, c01);
@@ -484,6 +594,24 @@ fn gemm_coop(@builtin(workgroup_id) wgid: vec3<u32>, @builtin(num_workgroups) nw
             c11 = coopMultiplyAdd(x11, d1, c11);
             c12 = coopMultiplyAdd(x11, d2, c12);
             c13 = coopMultiplyAdd(x11, d3, c13);
+            if (WSPLIT == 1u) {
+                let jd0 = wlo() + id0;
+                let jd1 = wlo() + id1;
+                let jd2 = wlo() + id2;
+                let jd3 = wlo() + id3;
+                let f0 = coopLoad<coop_mat16x16<f16, B>>(&ws[jd0], BKP);
+                let f1 = coopLoad<coop_mat16x16<f16, B>>(&ws[jd1], BKP);
+                let f2 = coopLoad<coop_mat16x16<f16, B>>(&ws[jd2], BKP);
+                let f3 = coopLoad<coop_mat16x16<f16, B>>(&ws[jd3], BKP);
+                c00 = coopMultiplyAdd(x10, f0, c00);
+                c01 = coopMultiplyAdd(x10, f1, c01);
+                c02 = coopMultiplyAdd(x10, f2, c02);
+                c03 = coopMultiplyAdd(x10, f3, c03);
+                c10 = coopMultiplyAdd(x11, f0, c10);
+                c11 = coopMultiplyAdd(x11, f1, c11);
+                c12 = coopMultiplyAdd(x11, f2, c12);
+                c13 = coopMultiplyAdd(x11, f3, c13);
+            }
             if (SPLIT == 1u) {
                 c00 = coopMultiplyAdd(y10, d0, c00);
                 c01 = coopMultiplyAdd(y10, d1, c01);

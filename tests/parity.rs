@@ -151,6 +151,9 @@ fn tensor_core_families_fast() {
         "moe_down",
         "attention",
         "qkv_post_attention",
+        "matmul_quantized",
+        "moe_gate_up_quantized",
+        "moe_down_quantized",
     ] {
         eprintln!("fast: {name}");
         family_at(name, &WgpuOptions::default(), turbospark::Precision::Fast);
@@ -587,4 +590,46 @@ fn rounded_attention_sets_the_limit_of_both_attention_ops() {
         fused > 0 && alone > 0,
         "cases at prefill sizes: {fused} fused, {alone} alone"
     );
+}
+
+/// The CPU reference's model of the tensor cores on quantized weights
+/// (`Weights::rounded_as`: x and w one f16 each at fast, both split at
+/// exact) stays within the limits derived for it
+/// (`turbospark::parity::AFFINE_F16_NMSE`; exact keeps the f32 limit) of
+/// the f32 reference, on the quantized GEMM families at every size: the
+/// arithmetic the device is held to, checked where no device is needed.
+#[test]
+fn rounding_reference_keeps_quantized_gemms_within_their_limits() {
+    use std::sync::Arc;
+    use turbospark::ops::OpKind;
+    use turbospark::Precision;
+    let rounding = CpuBackend::new().rounding_gemm_inputs_as(Arc::new(|k: &OpKind, m, _| {
+        !matches!(k, OpKind::Attention { .. }) && m >= 17
+    }));
+    let seed = seed_from_env();
+    for precision in [Precision::Fast, Precision::Exact] {
+        let cases: Vec<_> = ci_cases()
+            .into_iter()
+            .filter(|c| {
+                matches!(
+                    c.family(),
+                    "matmul_quantized" | "moe_gate_up_quantized" | "moe_down_quantized"
+                )
+            })
+            .map(|c| c.with_precision(precision))
+            .collect();
+        let outcomes = run_cases(&CpuBackend::new(), &rounding, &cases, "", seed, |_| {});
+        let failed: Vec<String> = outcomes
+            .iter()
+            .filter(|o| !o.passed())
+            .map(|o| o.to_string())
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{precision}: {} of {} failed (seed {seed}):\n{}",
+            failed.len(),
+            outcomes.len(),
+            failed.join("\n")
+        );
+    }
 }

@@ -16,7 +16,8 @@ mod compare;
 mod quantized_cases;
 
 pub use case::{
-    rounded_attention_nmse, Case, Op, F16_INPUT_NMSE, F16_PROBABILITY_NMSE, SPLIT_INPUT_NMSE,
+    rounded_attention_nmse, Case, Op, AFFINE_F16_NMSE, AFFINE_SPLIT_NMSE, F16_INPUT_NMSE,
+    F16_PROBABILITY_NMSE, SPLIT_INPUT_NMSE,
 };
 pub use cases::{all_cases, ci_cases};
 pub use compare::{nmse, Verdict};

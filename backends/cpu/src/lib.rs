@@ -450,7 +450,7 @@ impl ComputeBackend for CpuBackend {
             &wt,
         );
         ops::matmul(
-            &wt.rounded_to_f16(r.rounds()),
+            &wt.rounded_as(r),
             &ops::f16_rows(xr.f32(), p.k, r),
             out.write("matmul")?.f32(),
             p,
@@ -495,7 +495,7 @@ impl ComputeBackend for CpuBackend {
         let r = self.rounds(kind, (p.m, p.hidden, p.precision), &wt);
         ops::moe_gate_up(
             &ops::f16_rows(xr.f32(), p.hidden, r),
-            &wt.rounded_to_f16(r.rounds()),
+            &wt.rounded_as(r),
             ir.u32(),
             act.write("moe_gate_up")?.f32(),
             p,
@@ -520,7 +520,7 @@ impl ComputeBackend for CpuBackend {
         );
         ops::moe_down(
             &ops::f16_rows(ar.f32(), p.inter, r),
-            &wt.rounded_to_f16(r.rounds()),
+            &wt.rounded_as(r),
             ir.u32(),
             wr.f32(),
             out.write("moe_down")?.f32(),

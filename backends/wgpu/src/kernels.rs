@@ -55,6 +55,7 @@ pub const AFFINE_FAMILIES: &[&str] = &[
     "embed",
     "affine_gemv",
     "gemm",
+    "gemm_coop",
     "fused",
 ];
 
@@ -349,8 +350,8 @@ fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
             enables.push("enable f16;");
         }
         let mut appendix = match name {
-            "gemm" | "gemm_coop" => GEMM_TILES.to_string(),
-            "gemm_prep" => format!("{GEMM_TILES}\n{F16_ROUND}"),
+            "gemm" => GEMM_TILES.to_string(),
+            "gemm_prep" | "gemm_coop" => format!("{GEMM_TILES}\n{F16_ROUND}"),
             "attention" => format!("{ATTENTION_KEYS}\n{TAIL}"),
             "attention_coop" => format!("{ATTENTION_KEYS}\n{F16_ROUND}"),
             "router" | "moe_decode" => TOPK.to_string(),

@@ -337,7 +337,7 @@ impl WgpuBackend {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
-            fits_f16: false,
+            fits_f16: self.features.tensor_core_gemm && quant::fits_f16(a, s, rows * cols),
             tiles: None,
         })
     }

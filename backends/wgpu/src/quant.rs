@@ -4,6 +4,7 @@
 //! (kernels/affine.wgsl). The header spares every parameter block the
 //! offsets, and a chunk of rows needs no offsets into another chunk.
 
+use turbospark::dtype::decode_f32;
 use turbospark::quant::Affine;
 
 /// Header words before the packed values (`QHEAD` in kernels/affine.wgsl).
@@ -50,6 +51,21 @@ pub(crate) fn chunk(
     out.extend_from_slice(bytemuck::cast_slice(&head));
     out.extend_from_slice(&body);
     out
+}
+
+/// Whether every value `scale * q + bias` of a weight of `len` elements
+/// (host layout `host`) is within f16's range, so that the tensor-core
+/// GEMM may stage it as f16 (kernels/gemm_coop.wgsl): a value is linear in
+/// its code, so a group's extremes are at q = 0 and q = 2^bits - 1, and the
+/// check reads only the scales and biases. A NaN or inf fails it.
+pub(crate) fn fits_f16(a: Affine, host: &[u8], len: usize) -> bool {
+    let (_, scales, biases) = a.split(host, len);
+    let dt = a.scales.dtype();
+    let top = ((1u32 << a.bits) - 1) as f32;
+    (0..len / a.group as usize).all(|g| {
+        let (s, b) = (decode_f32(dt, scales, g), decode_f32(dt, biases, g));
+        b.abs() <= 65504.0 && (s * top + b).abs() <= 65504.0
+    })
 }
 
 #[cfg(test)]

@@ -203,3 +203,53 @@ fn cooperative_families_keep_workgroup_variables_16_byte_sized() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The tiled GEMMs' quantized loaders (kernels/affine.wgsl's eight-value
+/// helpers) resolve and translate at every width mlx writes, and the
+/// tensor-core GEMM with its W split in two (`WSPLIT`), whose branches the
+/// defaults (a plain weight) leave unresolved; its workgroup variables stay
+/// 16-byte sized there too.
+#[test]
+fn quantized_gemm_builds_translate_at_every_width() {
+    let mut failures = Vec::new();
+    for name in ["gemm", "gemm_coop"] {
+        let src = source(name, true, false).expect("registered");
+        let module = naga::front::wgsl::parse_str(&src).expect("parses (tested above)");
+        let caps = Capabilities::default()
+            | Capabilities::SUBGROUP
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::COOPERATIVE_MATRIX;
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .expect("validates (tested above)");
+        for bits in [2.0, 3.0, 4.0, 5.0, 6.0, 8.0] {
+            let mut constants = naga::back::PipelineConstants::default();
+            constants.insert("WDTYPE".to_string(), 2.0);
+            constants.insert("QBITS".to_string(), bits);
+            if name == "gemm_coop" {
+                constants.insert("SPLIT".to_string(), 1.0);
+                constants.insert("WSPLIT".to_string(), 1.0);
+                constants.insert("WSN".to_string(), 2.0 * 10240.0);
+            }
+            let resolved =
+                naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants);
+            let (m, i) = match resolved {
+                Ok(r) => r,
+                Err(e) => {
+                    failures.push(format!("{name} at {bits} bits: overrides: {e}"));
+                    continue;
+                }
+            };
+            if let Err(e) = spv::write_vec(&m, &i, &spv::Options::default(), None) {
+                failures.push(format!("{name} at {bits} bits: SPIR-V: {e:?}"));
+            }
+            for (_, var) in m.global_variables.iter() {
+                let size = m.types[var.ty].inner.size(m.to_ctx());
+                if var.space == naga::AddressSpace::WorkGroup && size % 16 != 0 {
+                    failures.push(format!("{name} at {bits} bits: a {size}-byte variable"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

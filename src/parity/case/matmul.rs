@@ -1,7 +1,7 @@
 //! The dense GEMM / GEMV.
 
 use super::inputs::weight;
-use super::rounding::{rounds, F16_INPUT_NMSE};
+use super::rounding::{rounded_nmse, rounds};
 use super::{weight_bytes, Case};
 use crate::backend::ComputeBackend;
 use crate::ops::{self, OpKind};
@@ -45,7 +45,7 @@ impl Case for Matmul {
 
     fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
         if rounds(device, self.p.precision, &self.kind(), (self.p.m, self.p.k)) {
-            self.limit().max(F16_INPUT_NMSE)
+            self.limit().max(rounded_nmse(self.w))
         } else {
             self.limit()
         }

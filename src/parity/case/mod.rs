@@ -30,8 +30,8 @@ pub use post_ffn::{MoeDownPairPostFfn, PostFfn};
 pub use qkv_post::{QkvPost, QkvPostAttention};
 pub use rope::Rope;
 pub use rounding::{
-    rounded_attention_nmse, F16_INPUT_NMSE, F16_PROBABILITY_NMSE, PROBABILITY_FLIPS,
-    SPLIT_INPUT_NMSE,
+    rounded_attention_nmse, AFFINE_F16_NMSE, AFFINE_SPLIT_NMSE, F16_INPUT_NMSE,
+    F16_PROBABILITY_NMSE, PROBABILITY_FLIPS, SPLIT_INPUT_NMSE,
 };
 pub use router::Router;
 pub use vocab::{Argmax, Embed};

@@ -4,7 +4,7 @@
 //! experts b).
 
 use super::inputs::{as_dense, expert_ids, experts};
-use super::rounding::{rounds, F16_INPUT_NMSE};
+use super::rounding::{rounded_nmse, rounds};
 use super::{weight_bytes, Case};
 use crate::backend::{ComputeBackend, DownArgs, ExpertStack, GateUpArgs};
 use crate::ops::{Moe, OpKind};
@@ -108,7 +108,7 @@ impl Case for MoeGateUp {
             &self.kind(),
             (self.p.m, self.p.hidden),
         ) {
-            self.limit().max(2.0 * F16_INPUT_NMSE)
+            self.limit().max(2.0 * rounded_nmse(self.w))
         } else {
             self.limit()
         }
@@ -190,7 +190,7 @@ impl Case for MoeDown {
             &self.kind(),
             (self.p.m, self.p.inter),
         ) {
-            self.limit().max(F16_INPUT_NMSE)
+            self.limit().max(rounded_nmse(self.w))
         } else {
             self.limit()
         }

@@ -25,6 +25,30 @@ pub const F16_INPUT_NMSE: f64 = 1.0 / (1u64 << 22) as f64;
 /// a split GEMM is held to that limit, as if it were f32.
 pub const SPLIT_INPUT_NMSE: f64 = 1.0 / (1u64 << 44) as f64;
 
+/// NMSE of a dot product whose x and w were each rounded once to f16: a
+/// quantized weight at `Precision::Fast`, whose dequantised values
+/// `scale * q + bias` are not in general exact in f16
+/// (kernels/gemm_coop.wgsl). A product carries (1 + d_x)(1 + d_w) with
+/// |d_x|, |d_w| <= 2^-11, a relative error of at most 2^-10 + 2^-22, so by
+/// [`F16_INPUT_NMSE`]'s argument the NMSE is at most its square (values of
+/// w below f16's normal range have an absolute error under 2^-25 instead,
+/// as in [`SPLIT_INPUT_NMSE`]).
+pub const AFFINE_F16_NMSE: f64 =
+    (1.0 / 1024.0 + 1.0 / 4194304.0) * (1.0 / 1024.0 + 1.0 / 4194304.0);
+
+/// NMSE of a dot product whose x and quantized w were each split into two
+/// f16 parts (`Precision::Exact`; kernels/gemm_coop.wgsl's WSPLIT), three
+/// partial products `x_hi w_hi + x_hi w_lo + x_lo w_hi`, each exact in f32:
+/// `x_hi + x_lo` and `w_hi + w_lo` are each within 2^-22 of their value,
+/// and the product left out, `x_lo w_lo`, is under 2^-22 of the term, so a
+/// term's relative error is under 3 * 2^-22 (and a hair) and the NMSE at
+/// most 9 * 2^-44. A `w_lo` below f16's normal range (|w| under about
+/// 2^-3) is within 2^-25 absolute instead: over weights of rms `r` that
+/// adds about 2^-50 / r^2 (7e-12 at the parity cases' smallest, 1 /
+/// sqrt(8192)). Both far under the f32 GEMM's limit ([`super::Case::limit`],
+/// 1e-9), which such a GEMM keeps.
+pub const AFFINE_SPLIT_NMSE: f64 = 9.0 * SPLIT_INPUT_NMSE;
+
 /// NMSE between two computations of an attention that each round its
 /// probabilities to f16 (tensor cores, `turbospark::GemmRounding`) from f32
 /// values that differ only by reduction order: a probability whose two f32
@@ -68,9 +92,32 @@ pub(super) fn rounds<B: ComputeBackend + ?Sized>(
     precision == crate::Precision::Fast && device.rounds_gemm_inputs(kind, m, k)
 }
 
+/// The NMSE of one product from f16-rounded inputs (`Precision::Fast`) over
+/// a weight of dtype `w`: x's rounding alone, or with a quantized weight's
+/// own ([`AFFINE_F16_NMSE`]).
+pub(super) fn rounded_nmse(w: crate::DType) -> f64 {
+    if w.is_quantized() {
+        AFFINE_F16_NMSE
+    } else {
+        F16_INPUT_NMSE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The quantized weights' rounding limits: a single rounding of both
+    /// operands above x's alone, the split's under the f32 GEMM's limit.
+    #[test]
+    fn affine_limits_follow_their_roundings() {
+        const {
+            assert!(AFFINE_F16_NMSE > 4.0 * F16_INPUT_NMSE);
+            assert!(AFFINE_F16_NMSE < 4.01 * F16_INPUT_NMSE);
+        }
+        let subnormal_lo = 2f64.powi(-50) * 8192.0;
+        assert!(AFFINE_SPLIT_NMSE + subnormal_lo < 1e-10);
+    }
 
     /// A few rows' rounded attention allows a few flips; many rows hold the
     /// average.

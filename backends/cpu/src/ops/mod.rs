@@ -27,6 +27,10 @@ pub struct Weights<'a> {
     /// Each value rounded to f16 as it is decoded (a tensor-core GEMM's
     /// view of the weight, `turbospark::GemmRounding`).
     pub f16: bool,
+    /// Each value as the two f16 parts that sum to it ([`split_half`]): a
+    /// quantized weight on the tensor cores at `Precision::Exact`
+    /// (kernels/gemm_coop.wgsl's WSPLIT).
+    pub split: bool,
     /// Elements held (a quantized weight's layout depends on it).
     len: usize,
 }
@@ -37,13 +41,31 @@ impl<'a> Weights<'a> {
             dtype,
             bytes,
             f16: false,
+            split: false,
             len: dtype.elements_in(bytes.len()).unwrap_or(0),
         }
     }
 
     /// The same weight, rounded to f16 as decoded when `on`.
     pub fn rounded_to_f16(self, on: bool) -> Self {
-        Weights { f16: on, ..self }
+        Weights {
+            f16: on,
+            split: false,
+            ..self
+        }
+    }
+
+    /// The same weight as a tensor-core GEMM whose activations reach it
+    /// rounded by `r` takes it: each value one f16, but a quantized one
+    /// (not exact in one f16) split in two where `r` splits the
+    /// activations too.
+    pub fn rounded_as(self, r: Rounding) -> Self {
+        let split = r == Rounding::Split && self.dtype.is_quantized();
+        Weights {
+            f16: r.rounds() && !split,
+            split,
+            ..self
+        }
     }
 
     /// Whether every value is within f16's range (finite, |w| <= 65504):
@@ -73,6 +95,9 @@ impl<'a> Weights<'a> {
 
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
+        if self.split {
+            return split_half(self.stored(i));
+        }
         to_f16_if(self.stored(i), self.f16)
     }
 
@@ -82,6 +107,11 @@ impl<'a> Weights<'a> {
         if self.f16 {
             for o in out.iter_mut() {
                 *o = to_f16_if(*o, true);
+            }
+        }
+        if self.split {
+            for o in out.iter_mut() {
+                *o = split_half(*o);
             }
         }
     }

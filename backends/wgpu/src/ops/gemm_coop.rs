@@ -79,7 +79,12 @@ impl CoopTile {
     /// staging area per warp, the row maps (BM each), the route slots' tile
     /// counts and the tile record.
     pub fn bytes(self) -> u32 {
-        2 * (self.bn() * Self::bkp(2) + self.xsn(true))
+        self.bytes_for(false)
+    }
+    /// [`Self::bytes`] for a weight that is `quantized` (its W tile twice
+    /// over at `Precision::Exact`, hi and lo parts: `WSPLIT`).
+    pub fn bytes_for(self, quantized: bool) -> u32 {
+        2 * ((1 + quantized as u32) * self.bn() * Self::bkp(2) + self.xsn(true))
             + 4 * 256 * self.wm * self.wn
             + 8 * self.bm()
             + 4 * 256
@@ -103,17 +108,25 @@ impl CoopTile {
         mode: u32,
         tiled: bool,
         split: bool,
-    ) -> [(&'static str, i64); 12] {
+    ) -> [(&'static str, i64); 15] {
+        let [wd, qbits, qgroup] = super::weight_constants(dtype);
+        let wsplit = split && dtype.is_quantized();
         [
-            super::wdtype(dtype)[0],
+            wd,
+            qbits,
+            qgroup,
             ("MODE", mode as i64),
             ("TILED", tiled as i64),
             ("SPLIT", split as i64),
+            ("WSPLIT", wsplit as i64),
             ("WM", self.wm as i64),
             ("WN", self.wn as i64),
             ("STAGE_X", self.stage_x as i64),
             ("WG", self.threads() as i64),
-            ("WSN", (self.bn() * Self::bkp(self.slices(mode))) as i64),
+            (
+                "WSN",
+                ((1 + wsplit as u32) * self.bn() * Self::bkp(self.slices(mode))) as i64,
+            ),
             ("XSN", self.xsn(split) as i64),
             ("CSN", (256 * self.wm * self.wn) as i64),
             ("SL", self.slices(mode) as i64),
@@ -238,9 +251,23 @@ pub(crate) enum XRows<'a> {
 /// weight `w`: the device has it, `w` was checked to fit f16, k is whole
 /// steps, and the tiles that would run it fit the device, as does its X16.
 /// Anything else stays on the f32 GEMM.
-pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>) -> bool {
+pub(crate) fn takes(
+    be: &WgpuBackend,
+    w: &WgpuBuffer,
+    k: usize,
+    rows: XRows<'_>,
+    precision: turbospark::Precision,
+) -> bool {
     let t = be.coop_tiles;
+    let quantized = w.dtype.is_quantized();
+    if quantized && !affine_takes(precision) {
+        return false;
+    }
     let (tiles, x16_rows): (&[CoopTile], usize) = match rows {
+        XRows::Dense(m) if quantized => (
+            &[t.narrow],
+            m.div_ceil(t.narrow.bm() as usize) * t.narrow.bm() as usize,
+        ),
         XRows::Dense(m) => {
             let bm = t.dense.bm().max(t.narrow.bm()) as usize;
             (&[t.dense, t.narrow], m.div_ceil(bm) * bm)
@@ -254,7 +281,7 @@ pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>)
     // GEMMs take the tensor cores does not depend on it)
     let x16_elems = 2 * (x16_rows * k) as u64;
     usable(be)
-        && tiles_fit(be, tiles)
+        && tiles_fit(be, tiles, quantized)
         && w.fits_f16
         && k.is_multiple_of(BK as usize)
         // X16 is indexed in 32 bits and bound whole.
@@ -267,14 +294,14 @@ pub(crate) fn takes(be: &WgpuBackend, w: &WgpuBuffer, k: usize, rows: XRows<'_>)
 /// not depend on the op).
 pub(crate) fn usable(be: &WgpuBackend) -> bool {
     let t = be.coop_tiles;
-    be.features.tensor_core_gemm && tiles_fit(be, &[t.dense, t.narrow, t.grouped])
+    be.features.tensor_core_gemm && tiles_fit(be, &[t.dense, t.narrow, t.grouped], false)
 }
 
-fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile]) -> bool {
+fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile], quantized: bool) -> bool {
     let l = &be.limits;
     tiles.iter().all(|t| {
         t.valid()
-            && t.bytes() <= l.max_compute_workgroup_storage_size
+            && t.bytes_for(quantized) <= l.max_compute_workgroup_storage_size
             && t.threads() <= l.max_compute_invocations_per_workgroup
     })
 }
@@ -299,9 +326,22 @@ pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
         OpKind::Matmul { w } | OpKind::MoeGateUp { w } | OpKind::MoeDown { w } => *w,
         _ => return false,
     };
-    // (quantized weights never take the tensor cores: `takes` wants
-    // weights exact in f16)
-    !w.is_quantized() && super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)
+    // (a quantized weight at `Precision::Exact` stays on the f32 GEMM,
+    // `affine_takes`, which the rule cannot see: a reference rounding as
+    // the rule says splits its x and w, 2^-44 of a product from f32)
+    super::gemm::fits(m, k, w) && k.is_multiple_of(BK as usize)
+}
+
+/// Whether MLX affine weights take the tensor cores at `precision`
+/// (kernels/gemm_coop.wgsl's header), where their values fit f16 (the
+/// upload's bound, `crate::quant::fits_f16`): at `Precision::Fast`, one f16
+/// each, which passed the quantized parity families on the H200
+/// (2026-12-03). At `Precision::Exact` they stay on the f32 GEMM: the
+/// split (`WSPLIT`) failed there with the round trip it took then (NMSE
+/// 1e-8 to 4e-8 at 5-8 bits against the 1e-9 limit), and its form in f32
+/// bits has not run on the device yet.
+fn affine_takes(precision: turbospark::Precision) -> bool {
+    precision == turbospark::Precision::Fast
 }
 
 /// Whether the tensor-core GEMMs split x in two f16 parts
@@ -434,7 +474,9 @@ pub(crate) fn dense(
         let (row0, rows) = super::chunk_rows(w, c, p.n);
         let wide =
             (p.m as u32).div_ceil(tiles.dense.bm()) * (rows as u32).div_ceil(tiles.dense.bn());
-        let t = if wide < NARROW_GROUPS {
+        // (a quantized weight's two W tiles leave the wide tile without
+        // the workgroup memory of a 48 KB device)
+        let t = if wide < NARROW_GROUPS || w.dtype.is_quantized() {
             tiles.narrow
         } else {
             tiles.dense

@@ -55,7 +55,7 @@ pub(crate) fn matmul(
         return gemv(be, w, xb, ob, p);
     }
     if super::gemm::fits(p.m, p.k, w.dtype) {
-        if super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m)) {
+        if super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m), p.precision) {
             return super::gemm_coop::dense(be, w, xb, ob, p);
         }
         return super::gemm::dense(be, w, xb, ob, p);

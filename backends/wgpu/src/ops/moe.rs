@@ -387,7 +387,13 @@ pub(crate) fn moe_gate_up(
     let (mut params, scratch) = route(be, ids, &p)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
         let args = (one(x), (wb, gu.dtype, gu.tiled()), one(&scratch), one(act));
-        if super::gemm_coop::takes(be, gu, p.hidden, super::gemm_coop::XRows::Grouped(&p)) {
+        if super::gemm_coop::takes(
+            be,
+            gu,
+            p.hidden,
+            super::gemm_coop::XRows::Grouped(&p),
+            p.precision,
+        ) {
             return super::gemm_coop::gate_up(be, args.0, args.1, args.2, args.3, &p);
         }
         return super::gemm::gate_up(be, args.0, args.1, args.2, args.3, &p);
@@ -664,7 +670,13 @@ pub(crate) fn moe_down(
     if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
         let lists = (one(&scratch), one(ids));
         let weights = (wb, d.dtype, d.tiled());
-        if super::gemm_coop::takes(be, d, p.inter, super::gemm_coop::XRows::Grouped(&p)) {
+        if super::gemm_coop::takes(
+            be,
+            d,
+            p.inter,
+            super::gemm_coop::XRows::Grouped(&p),
+            p.precision,
+        ) {
             return super::gemm_coop::down(be, one(act), weights, lists, one(w), one(out), &p);
         }
         return super::gemm::down(be, one(act), weights, lists, one(w), one(out), &p);
