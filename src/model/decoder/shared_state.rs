@@ -2,7 +2,7 @@
 //! embedding table, the final hidden state of the last pass, and a layer's
 //! KV caches. Read-only views; the drafter never writes the target's state.
 
-use super::{Model, Sequence};
+use super::{head_batch, Model, Sequence, Tail};
 use crate::backend::ComputeBackend;
 use crate::error::{Error, Result};
 
@@ -44,5 +44,27 @@ impl<B: ComputeBackend> Model<B> {
             v: &c.v,
             capacity: c.capacity,
         })
+    }
+
+    /// [`Model::logits`] of `tokens` (one pass: at most the head's rows)
+    /// reduced to each row's argmax on the device (first index on ties):
+    /// a greedy verification reads back 4 bytes a row, not the vocabulary.
+    pub(crate) fn greedy_rows(&self, seq: &mut Sequence<B>, tokens: &[u32]) -> Result<Vec<u32>> {
+        self.check_owned(seq)?;
+        self.check_request(seq, tokens, 0)?;
+        let m = tokens.len();
+        if m == 0 || m > head_batch(self.prefill_batch) {
+            return Err(Error::InvalidInput(format!(
+                "a verification pass of {m} tokens: 1 to {} fit one pass",
+                head_batch(self.prefill_batch)
+            )));
+        }
+        self.forward_chunk(seq, tokens, Tail::Head)?;
+        let s = self.scratch(m)?;
+        self.backend
+            .argmax(self.final_logits(s), &s.ids_next, m, self.cfg.vocab)?;
+        let ids = self.backend.download_u32(&s.ids_next)?;
+        seq.advance(tokens);
+        Ok(ids[..m].to_vec())
     }
 }

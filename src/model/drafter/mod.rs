@@ -85,6 +85,8 @@ struct DraftScratch<T> {
     dense: T,
     /// Plain head: `[vocab]`; centroid head: `[centroids]`.
     head: T,
+    /// The plain head's argmax.
+    arg: T,
     /// Centroid head: the scored tokens' ids, rows and logits.
     sel_ids: Option<T>,
     sel_rows: Option<T>,
@@ -380,6 +382,38 @@ impl<B: ComputeBackend> Drafter<B> {
         self.head(target.backend())
     }
 
+    /// [`Drafter::step`]'s argmax (first index on ties): the plain head's
+    /// on the device, 4 bytes read back.
+    pub fn step_greedy(
+        &self,
+        target: &Model<B>,
+        seq: &Sequence<B>,
+        p: usize,
+        token: u32,
+        hidden: DraftInput,
+    ) -> Result<u32> {
+        self.record_step(target, seq, p, token, hidden)?;
+        if self.cfg.centroids.is_some() {
+            return Ok(crate::model::sampling::argmax(
+                &self.head(target.backend())?,
+            ));
+        }
+        let (be, c, s) = (target.backend(), &self.cfg.text, &self.s);
+        be.matmul(
+            &self.embed,
+            &s.normed,
+            &s.head,
+            Matmul {
+                m: 1,
+                n: c.vocab,
+                k: c.hidden,
+                precision: self.precision,
+            },
+        )?;
+        be.argmax(&s.head, &s.arg, 1, c.vocab)?;
+        Ok(be.download_u32(&s.arg)?[0])
+    }
+
     /// Record a draft step up to the final norm (`s.normed`) and the
     /// projected state (`s.h_proj`).
     fn record_step(
@@ -667,6 +701,7 @@ impl<T> DraftScratch<T> {
                 cfg.centroids.map_or(c.vocab, |cc| cc.centroids),
                 "draft.head",
             )?,
+            arg: u(1, "draft.arg")?,
             sel_ids: sel.map(|n| u(n, "draft.sel_ids")).transpose()?,
             sel_rows: sel.map(|n| f(n * h, "draft.sel_rows")).transpose()?,
             sel_logits: sel.map(|n| f(n, "draft.sel_logits")).transpose()?,

@@ -18,7 +18,7 @@ use super::{DraftInput, Drafter};
 use crate::backend::ComputeBackend;
 use crate::error::{Error, Result};
 use crate::model::decoder::{GenerateOptions, Generation, Model, Sequence};
-use crate::model::sampling::{argmax, Sampler};
+use crate::model::sampling::Sampler;
 
 /// Drafted tokens a round when none are asked for (`--draft-tokens`).
 pub const DEFAULT_DRAFT_TOKENS: usize = 4;
@@ -148,11 +148,10 @@ impl<B: ComputeBackend> Drafter<B> {
             ));
         }
         target.prefill(seq, head)?;
-        let row = target.logits(seq, last)?;
         let mut tok = if greedy {
-            argmax(&row[0])
+            target.greedy_rows(seq, last)?[0]
         } else {
-            sampler.sample(&row[0])?
+            sampler.sample(&target.logits(seq, last)?[0])?
         };
         let prefill_tok_s = rate(prompt.len(), t0);
         let t1 = Instant::now();
@@ -168,14 +167,15 @@ impl<B: ComputeBackend> Drafter<B> {
             let mut cur = tok;
             for j in 0..kk {
                 let input = if j == 0 { hidden } else { DraftInput::Previous };
-                let logits = self.step(target, seq, p, cur, input)?;
                 let forced = spec
                     .forced
                     .as_ref()
                     .and_then(|f| f.get(tokens.len() + j).copied());
                 let d = if greedy {
-                    forced.unwrap_or_else(|| argmax(&logits))
+                    let d = self.step_greedy(target, seq, p, cur, input)?;
+                    forced.unwrap_or(d)
                 } else {
+                    let logits = self.step(target, seq, p, cur, input)?;
                     let q = sampler.distribution(&logits, &drafts)?;
                     let d = match forced {
                         Some(f) => f,
@@ -192,13 +192,12 @@ impl<B: ComputeBackend> Drafter<B> {
             let mut batch = Vec::with_capacity(kk + 1);
             batch.push(tok);
             batch.extend_from_slice(&drafts);
-            let rows = target.logits(seq, &batch)?;
             let (n, next) = if greedy {
-                let n = (0..kk)
-                    .take_while(|&i| drafts[i] == argmax(&rows[i]))
-                    .count();
-                (n, argmax(&rows[n]))
+                let best = target.greedy_rows(seq, &batch)?;
+                let n = (0..kk).take_while(|&i| drafts[i] == best[i]).count();
+                (n, best[n])
             } else {
+                let rows = target.logits(seq, &batch)?;
                 self.accept_sampled(&mut sampler, &rows, &q_rows, &drafts, spec.forced.is_some())?
             };
             target.truncate(seq, p + n + 1)?;
