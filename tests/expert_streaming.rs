@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use turbospark::model::expert_cache::Policy;
+use turbospark::model::experts::Policy;
 use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
@@ -280,7 +280,7 @@ fn the_backend_holds_the_bytes_info_counts() {
 /// resident experts, is refused by name.
 #[test]
 fn a_sequence_routes_by_a_trace() {
-    use turbospark::model::expert_cache::Trace;
+    use turbospark::model::experts::Trace;
     use turbospark::model::Model;
     let dir = fixture("tiny-text");
     let ck = Checkpoint::open(&dir).unwrap();

@@ -6,8 +6,8 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use turbospark::model::drafter::{Drafter, SpeculativeOptions, SpeculativeStats};
-use turbospark::model::expert_cache::Policy;
-use turbospark::model::expert_stream::StreamStats;
+use turbospark::model::experts::Policy;
+use turbospark::model::experts::StreamStats;
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
@@ -280,7 +280,7 @@ impl AnyModel {
     }
 
     /// [`OneSequence::take_routing`].
-    pub fn take_routing(&mut self) -> Option<turbospark::model::expert_cache::Trace> {
+    pub fn take_routing(&mut self) -> Option<turbospark::model::experts::Trace> {
         match self {
             AnyModel::Cpu(m) => m.take_routing(),
             AnyModel::Wgpu(m) => m.take_routing(),

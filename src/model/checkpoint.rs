@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::config::ModelConfig;
-use super::expert_stream::StoredExperts;
+use super::experts::stored::StoredExperts;
 use super::layer_state::{self, LayerHostState};
 use super::shard::{ckpt_err, RawTensor, Shard};
 use super::tensors::WeightBytes;

@@ -31,33 +31,40 @@
 //! scratch buffer; the residual stream needs no ping-pong because post_ffn
 //! reads `r`, not `x`.
 //!
-//! The generation loops over these passes (greedy, pipelined on the device,
-//! and sampled on the host) are in `decoder/generate.rs`.
+//! A layer ([`layer`]) is its input norm and two blocks that own their
+//! weights: attention ([`attention`]) and feed-forward ([`feed_forward`],
+//! with the routed experts of `model::experts` beside its dense MLP). Each
+//! block reads its named view of the activation scratch ([`scratch`]); the
+//! residual stream goes from layer to layer as an argument. The generation
+//! loops over these passes (greedy, pipelined on the device, and sampled on
+//! the host) are in `decoder/generate.rs`.
 
-use std::cell::{OnceCell, RefCell};
-use std::time::Instant;
+use std::cell::OnceCell;
 
-use crate::backend::{
-    ComputeBackend, DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs, RouterArgs, Support,
-};
+use crate::backend::{ComputeBackend, Support};
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
-use crate::model::expert_cache::{Policy, SlotCache, Trace};
-use crate::model::expert_stream::{self, SlotStacks, StreamStats, StreamedLayer, Streaming};
-use crate::model::weights::{LayerWeights, MoeWeights, TensorSource, Weights};
-use crate::ops::{Embed, Matmul, Moe, OpKind, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
+use crate::model::experts::slot_cache::Policy;
+use crate::model::experts::streaming::StreamPass;
+use crate::model::weights::{Loader, TensorSource};
+use crate::ops::{Embed, Matmul, OpKind};
 
+mod attention;
+mod feed_forward;
 mod generate;
+mod layer;
 mod one_sequence;
-mod scratch;
+mod pass;
+pub(crate) mod scratch;
 mod sequence;
 mod shared_state;
 pub use generate::{GenerateOptions, Generation};
+use layer::Layer;
 pub use one_sequence::OneSequence;
+use pass::Pass;
 pub use scratch::{scratch_bytes, stream_scratch_bytes};
-use scratch::{widest_layer, Scratch, WaveScratch};
-use sequence::KvCache;
+use scratch::{widest_layer, Scratch};
 pub use sequence::Sequence;
 
 /// Tokens one prefill batch carries by default. Large enough that each
@@ -97,7 +104,7 @@ pub struct ModelOptions {
     /// slots per layer (at least top_k; past the expert count, the expert
     /// count), instead of all of them resident
     /// (None, the default). Logits are bit-identical either way
-    /// (`model::expert_stream`).
+    /// (`model::experts`).
     pub expert_slots: Option<usize>,
     /// Which slot a streamed expert evicts.
     pub expert_policy: Policy,
@@ -142,7 +149,10 @@ pub struct Model<B: ComputeBackend> {
     id: u64,
     backend: B,
     cfg: ModelConfig,
-    weights: Weights<B>,
+    /// `[vocab, hidden]`: the embedding table and the tied LM head.
+    embed: B::Buffer,
+    final_norm: B::Buffer,
+    layers: Vec<Layer<B>>,
     /// One-row scratch: decode, and prefill of a single token.
     single: Scratch<B::Buffer>,
     /// `prefill_batch`-row scratch for batched prefill, created on first
@@ -155,9 +165,10 @@ pub struct Model<B: ComputeBackend> {
     /// them (prefill GEMMs and attention).
     precision: crate::Precision,
     embed_scale: f32,
-    /// Streamed experts' slot caches, when `ModelOptions::expert_slots` is
-    /// set: a cache of weights every sequence's passes share.
-    stream: Option<RefCell<Streaming>>,
+    /// Expert slots per layer, when `ModelOptions::expert_slots` streams
+    /// the experts (each layer's slot cache is its experts' own: a cache
+    /// of weights every sequence's passes share).
+    expert_slots: Option<usize>,
 }
 
 impl<B: ComputeBackend> Model<B> {
@@ -218,24 +229,22 @@ impl<B: ComputeBackend> Model<B> {
             (opts.max_context, prefill_batch, opts.kv_cache),
         )?;
         let slots = check_expert_slots(&cfg, opts.expert_slots)?;
-        let weights = Weights::load(&backend, source, slots)?;
-        let stream = match slots {
-            Some(n) => Some(RefCell::new(streaming(
-                &backend,
-                &cfg,
-                &weights,
-                n,
-                opts.expert_policy,
-            )?)),
-            None => None,
-        };
-        let single = Scratch::new(&backend, &cfg, (1, 1), stream.is_some())?;
-        let embed_scale = round_to(weights.embed_dtype, (cfg.hidden as f32).sqrt());
+        let ld = Loader::new(&backend, source)?;
+        let (embed, embed_dtype) = ld.embedding(cfg.vocab, cfg.hidden)?;
+        let final_norm = ld.norm("norm.weight", cfg.hidden)?;
+        let layers = (0..cfg.layers.len())
+            .map(|i| Layer::load(&ld, &cfg, i, slots.map(|n| (n, opts.expert_policy))))
+            .collect::<Result<Vec<_>>>()?;
+        ld.finish();
+        let single = Scratch::new(&backend, &cfg, (1, 1), slots.is_some())?;
+        let embed_scale = round_to(embed_dtype, (cfg.hidden as f32).sqrt());
         Ok(Model {
             id: sequence::next_model_id(),
             backend,
             cfg,
-            weights,
+            embed,
+            final_norm,
+            layers,
             single,
             batch: OnceCell::new(),
             prefill_batch,
@@ -243,7 +252,7 @@ impl<B: ComputeBackend> Model<B> {
             kv_cache: opts.kv_cache,
             precision: opts.precision,
             embed_scale,
-            stream,
+            expert_slots: slots,
         })
     }
 
@@ -254,7 +263,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// Expert slots per layer, when the experts are streamed.
     pub fn expert_slots(&self) -> Option<usize> {
-        self.stream.as_ref().map(|s| s.borrow().slots)
+        self.expert_slots
     }
 
     /// The arithmetic of the model's tensor-core products.
@@ -337,7 +346,7 @@ impl<B: ComputeBackend> Model<B> {
 
     /// The LM head (and softcap) for rows `r0 .. r0 + n` of `src`'s final
     /// hidden state into `dst`'s logits: the rows gathered into
-    /// `dst.head_x` through `embed` (a row gather; times 1.0, exact), then
+    /// `dst.head.x` through `embed` (a row gather; times 1.0, exact), then
     /// the head as for a pass.
     fn head_rows_into(
         &self,
@@ -348,11 +357,11 @@ impl<B: ComputeBackend> Model<B> {
     ) -> Result<()> {
         let be = &self.backend;
         let ids: Vec<u32> = (r0..r0 + n).map(|r| r as u32).collect();
-        be.write_u32(&dst.head_ids, 0, &ids)?;
+        be.write_u32(&dst.head.ids, 0, &ids)?;
         be.embed(
-            &dst.head_ids,
-            &src.normed,
-            &dst.head_x,
+            &dst.head.ids,
+            &src.residual.normed,
+            &dst.head.x,
             Embed {
                 m: n,
                 hidden: self.cfg.hidden,
@@ -360,7 +369,7 @@ impl<B: ComputeBackend> Model<B> {
                 scale: 1.0,
             },
         )?;
-        self.record_head(dst, &dst.head_x, n)
+        self.record_head(dst, &dst.head.x, n)
     }
 
     /// The first `m` rows of the final logits, read back.
@@ -437,7 +446,7 @@ impl<B: ComputeBackend> Model<B> {
                 &self.backend,
                 &self.cfg,
                 (self.prefill_batch, head_batch(self.prefill_batch)),
-                self.stream.is_some(),
+                self.expert_slots.is_some(),
             )?;
             // (set just above when empty: the cell is never full here)
             let _ = self.batch.set(batch);
@@ -452,9 +461,9 @@ impl<B: ComputeBackend> Model<B> {
     /// The buffer holding the final logits after the head ran.
     fn final_logits<'a>(&self, s: &'a Scratch<B::Buffer>) -> &'a B::Buffer {
         if self.cfg.final_softcap.is_some() {
-            &s.capped
+            &s.head.capped
         } else {
-            &s.logits
+            &s.head.logits
         }
     }
 
@@ -470,14 +479,21 @@ impl<B: ComputeBackend> Model<B> {
     ) -> Result<()> {
         debug_assert!(m <= s.rows && (tail != Tail::Head || m <= s.head_rows));
         let (be, cfg) = (&self.backend, &self.cfg);
-        let h = cfg.hidden;
+        let p = Pass {
+            be,
+            m,
+            hidden: cfg.hidden,
+            eps: cfg.eps,
+            precision: self.precision,
+        };
+        let res = &s.residual;
         be.embed(
             ids,
-            &self.weights.embed,
-            &s.x,
+            &self.embed,
+            &res.x,
             Embed {
                 m,
-                hidden: h,
+                hidden: cfg.hidden,
                 vocab: cfg.vocab,
                 scale: self.embed_scale,
             },
@@ -486,23 +502,28 @@ impl<B: ComputeBackend> Model<B> {
         // later norm of the residual stream (the next layer's input norm,
         // the final norm) ends the layer before it.
         be.rms_norm(
-            &s.x,
-            Some(&self.weights.layers[0].input_norm),
+            &res.x,
+            Some(&self.layers[0].input_norm),
             None,
-            &s.normed,
-            self.norm(m, h),
+            &res.normed,
+            p.norm(cfg.hidden),
         )?;
         let tracing = cfg.enable_moe && seq.routing.is_some();
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
-        for li in 0..cfg.layers.len() {
+        for (li, (layer, cache)) in self.layers.iter().zip(&seq.caches).enumerate() {
+            let next = match self.layers.get(li + 1) {
+                Some(next) => Some(&next.input_norm),
+                None if tail != Tail::Layers => Some(&self.final_norm),
+                None => None,
+            };
             let mut sp = StreamPass {
                 stats: &mut seq.stream,
                 trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
             };
-            self.record_layer(li, s, &seq.caches[li], &mut sp, m, tail != Tail::Layers)?;
+            layer.record(&p, res, next, s, cache, &mut sp)?;
             if tracing {
                 // (the readback rides after the layer's recorded ops)
-                let ids = be.download_u32(&s.route_ids)?;
+                let ids = be.download_u32(&s.experts.ids)?;
                 for (t, row) in pass.iter_mut().enumerate() {
                     row.push(ids[t * cfg.top_k..(t + 1) * cfg.top_k].to_vec());
                 }
@@ -523,7 +544,7 @@ impl<B: ComputeBackend> Model<B> {
             *row = (*row + m) % t.tokens.len();
         }
         if tail == Tail::Head {
-            self.record_head(s, &s.normed, m)?;
+            self.record_head(s, &s.residual.normed, m)?;
         }
         Ok(())
     }
@@ -533,9 +554,9 @@ impl<B: ComputeBackend> Model<B> {
     fn record_head(&self, s: &Scratch<B::Buffer>, x: &B::Buffer, m: usize) -> Result<()> {
         let (be, cfg) = (&self.backend, &self.cfg);
         be.matmul(
-            &self.weights.embed,
+            &self.embed,
             x,
-            &s.logits,
+            &s.head.logits,
             Matmul {
                 m,
                 n: cfg.vocab,
@@ -544,503 +565,10 @@ impl<B: ComputeBackend> Model<B> {
             },
         )?;
         if let Some(cap) = cfg.final_softcap {
-            be.softcap(&s.logits, &s.capped, m * cfg.vocab, cap)?;
+            be.softcap(&s.head.logits, &s.head.capped, m * cfg.vocab, cap)?;
         }
         Ok(())
     }
-
-    fn norm(&self, rows: usize, dim: usize) -> RmsNorm {
-        RmsNorm {
-            rows,
-            dim,
-            eps: self.cfg.eps,
-            scale: 1.0,
-        }
-    }
-
-    /// A streamed layer's routed experts for the `m` tokens of `s`, after
-    /// its router ran: the ids read back, placed in the layer's slots (the
-    /// misses written), the slot ids written. With one wave (always in
-    /// decode) the gate_up phase runs and None is returned: the caller runs
-    /// `slot_down`, as the resident layer runs its down phase. A batch
-    /// whose experts exceed the slots runs both phases per wave, weights
-    /// masked to the wave's tokens, and returns the buffer holding the
-    /// waves' sum.
-    #[allow(clippy::too_many_arguments)]
-    fn streamed_moe<'s>(
-        &self,
-        st: &mut Streaming,
-        sp: &mut StreamPass<'_>,
-        li: usize,
-        s: &'s Scratch<B::Buffer>,
-        ws: &'s WaveScratch<B::Buffer>,
-        gate_up: &GateUpArgs<'_, B::Buffer>,
-        slot_down: &DownArgs<'_, B::Buffer>,
-    ) -> Result<Option<&'s B::Buffer>> {
-        let be = &self.backend;
-        let (m, k) = (gate_up.p.m, gate_up.p.top_k);
-        let t0 = Instant::now();
-        let routed = be.download_u32(&s.route_ids)?;
-        // (a trace's ids, where the sequence routes by one: after the same
-        // wait for the router as its own ids)
-        let traced: Vec<u32> = match sp.trace {
-            Some((t, row)) => (0..m)
-                .flat_map(|i| t.tokens[(row + i) % t.tokens.len()][li].iter().copied())
-                .collect(),
-            None => Vec::new(),
-        };
-        let ids = if sp.trace.is_some() {
-            &traced[..]
-        } else {
-            &routed[..m * k]
-        };
-        let stats = &mut *sp.stats;
-        let Streaming { slots, layers } = st;
-        let layer = layers[li]
-            .as_mut()
-            .ok_or_else(|| Error::InvalidInput(format!("layer {li} has no streamed experts")))?;
-        let w = &self.weights.layers[li];
-        let moe = w.moe.as_ref().expect("a streamed layer has experts");
-        let stacks = SlotStacks::<B> {
-            gate_up: &moe.gate_up,
-            down: &moe.down,
-        };
-        let slot_gate_up = GateUpArgs {
-            gate_up: &moe.gate_up,
-            ids: &ws.slot_ids,
-            p: slot_down.p,
-            ..*gate_up
-        };
-        let waves = expert_stream::waves(ids, k, *slots);
-        if waves.len() == 1 {
-            let union = expert_stream::union(ids);
-            let at = layer.place(be, &stacks, &union, stats)?;
-            let slot_ids: Vec<u32> = ids.iter().map(|&e| slot_of(&union, &at, e)).collect();
-            be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
-            stats.host_wait += t0.elapsed();
-            slot_gate_up.run(be)?;
-            return Ok(None);
-        }
-        stats.extra_waves += 1;
-        let weights = be.download_f32(&s.route_w)?;
-        let (mut sum, mut other): (&B::Buffer, &B::Buffer) = (&s.moe_out, &ws.sum);
-        // (the first wave's wait includes the two readbacks)
-        let mut since = t0;
-        for (i, tokens) in waves.iter().enumerate() {
-            if i > 0 {
-                since = Instant::now();
-            }
-            let mine: Vec<u32> = tokens
-                .iter()
-                .flat_map(|&t| ids[t * k..(t + 1) * k].iter().copied())
-                .collect();
-            let union = expert_stream::union(&mine);
-            let at = layer.place(be, &stacks, &union, stats)?;
-            // Tokens outside the wave read slot at[0] with weight 0: their
-            // rows come out +0 and add nothing to the sum.
-            let (mut slot_ids, mut wave_w) = (vec![at[0]; m * k], vec![0f32; m * k]);
-            for &t in tokens {
-                for j in t * k..(t + 1) * k {
-                    slot_ids[j] = slot_of(&union, &at, ids[j]);
-                    wave_w[j] = weights[j];
-                }
-            }
-            be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
-            be.write_f32(&ws.weights, 0, &wave_w)?;
-            stats.host_wait += since.elapsed();
-            slot_gate_up.run(be)?;
-            let out = if i == 0 { sum } else { &ws.out };
-            DownArgs {
-                weights: &ws.weights,
-                out,
-                ..*slot_down
-            }
-            .run(be)?;
-            if i > 0 {
-                be.add(sum, &ws.out, other, m * self.cfg.hidden)?;
-                std::mem::swap(&mut sum, &mut other);
-            }
-        }
-        Ok(Some(sum))
-    }
-
-    /// The dense MLP of `m > 1` rows (prefill): gate|up GEMM, activation,
-    /// down GEMM, into `s.dense`.
-    fn dense_mlp(&self, s: &Scratch<B::Buffer>, w: &LayerWeights<B>, m: usize) -> Result<()> {
-        let (be, h, inter) = (&self.backend, self.cfg.hidden, self.cfg.intermediate);
-        be.matmul(
-            &w.mlp_gate_up,
-            &s.ff_in,
-            &s.gate_up,
-            Matmul {
-                m,
-                n: 2 * inter,
-                k: h,
-                precision: self.precision,
-            },
-        )?;
-        be.gelu_mul(&s.gate_up, &s.act, m, inter)?;
-        be.matmul(
-            &w.mlp_down,
-            &s.act,
-            &s.dense,
-            Matmul {
-                m,
-                n: h,
-                k: inter,
-                precision: self.precision,
-            },
-        )
-    }
-
-    /// One decoder layer for the `m` tokens of `s`: reads the residual
-    /// stream `s.x` and this layer's normed input `s.normed`, leaves the new
-    /// residual in `s.x` and the next layer's normed input (the final norm's
-    /// output after the last layer when `final_norm`) in `s.normed`.
-    fn record_layer(
-        &self,
-        li: usize,
-        s: &Scratch<B::Buffer>,
-        cache: &KvCache<B>,
-        sp: &mut StreamPass<'_>,
-        m: usize,
-        final_norm: bool,
-    ) -> Result<()> {
-        self.record_attention(li, s, cache, m)?;
-        self.record_feed_forward(li, s, sp, m, final_norm)
-    }
-
-    /// The attention block: `o = o_proj(attention(q, k, v))` of the normed
-    /// input `s.normed` into `s.o`. q|k|v in one matmul, then the queries'
-    /// and keys' norms, RoPE, the cache append and the attention in one
-    /// call (`qkv_post_attention`).
-    fn record_attention(
-        &self,
-        li: usize,
-        s: &Scratch<B::Buffer>,
-        cache: &KvCache<B>,
-        m: usize,
-    ) -> Result<()> {
-        let (be, cfg) = (&self.backend, &self.cfg);
-        let (spec, w) = (&cfg.layers[li], &self.weights.layers[li]);
-        let h = cfg.hidden;
-        let (nh, kvh, hd) = (cfg.heads, spec.kv_heads, spec.head_dim);
-        let qd = nh * hd;
-        let qkv_rows = spec.qkv_rows(nh);
-        be.matmul(
-            &w.qkv,
-            &s.normed,
-            &s.qkv,
-            Matmul {
-                m,
-                n: qkv_rows,
-                k: h,
-                precision: self.precision,
-            },
-        )?;
-        let qp = QkvPost {
-            m,
-            heads: nh,
-            kv_heads: kvh,
-            head_dim: hd,
-            rot_pairs: spec.rot_pairs,
-            theta: spec.rope_theta,
-            eps: cfg.eps,
-            capacity: cache.capacity,
-            // attention_k_eq_v: V is the raw K projection, before k_norm.
-            v_from_k: spec.k_eq_v,
-        };
-        let window = match spec.kind {
-            LayerKind::Sliding => cfg.sliding_window,
-            LayerKind::Full => 0,
-        };
-        // (q_norm and k_norm take the place of 1/sqrt(head_dim): scale 1)
-        let ap = qp.attention(window, 1.0, self.precision);
-        be.qkv_post_attention(
-            &s.qkv, &w.q_norm, &w.k_norm, &s.pos, &s.q, &cache.k, &cache.v, &s.attn, qp, ap,
-        )?;
-        be.matmul(
-            &w.o_proj,
-            &s.attn,
-            &s.o,
-            Matmul {
-                m,
-                n: h,
-                k: qd,
-                precision: self.precision,
-            },
-        )
-    }
-
-    /// The feed-forward block on the attention's output `s.o`:
-    /// `r = x + post_attention_layernorm(o)`, the dense MLP on
-    /// `pre_feedforward_layernorm(r)` and, with experts, the routed experts
-    /// on `pre_feedforward_layernorm_2(r)`, then
-    /// `x = (r + post_feedforward_layernorm(..)) * layer_scalar` and the
-    /// next norm of x into `s.normed` (none after the last layer unless
-    /// `final_norm`).
-    fn record_feed_forward(
-        &self,
-        li: usize,
-        s: &Scratch<B::Buffer>,
-        sp: &mut StreamPass<'_>,
-        m: usize,
-        final_norm: bool,
-    ) -> Result<()> {
-        let w = &self.weights.layers[li];
-        let next = match self.weights.layers.get(li + 1) {
-            Some(next) => Some((&next.input_norm, &s.normed)),
-            None if final_norm => Some((&self.weights.final_norm, &s.normed)),
-            None => None,
-        };
-        let ffn = FeedForward {
-            dense: self.one_expert_mlp(s, w, m),
-            post_ffn: PostFfnArgs {
-                dense: &s.dense,
-                w_dense: &w.post_ff_norm,
-                moe: None,
-                r: &s.r,
-                x: &s.x,
-                next,
-                p: PostFfn {
-                    rows: m,
-                    dim: self.cfg.hidden,
-                    eps: self.cfg.eps,
-                    scale: w.layer_scalar,
-                },
-            },
-        };
-        match (&w.moe, &w.post_ff1_norm) {
-            (Some(moe), Some(post_ff1)) => {
-                self.record_moe_feed_forward(li, s, sp, m, ffn, moe, post_ff1)
-            }
-            _ => self.record_dense_feed_forward(s, w, m, ffn),
-        }
-    }
-
-    /// `r = x + post_attention_layernorm(o)` over `rows` rows.
-    fn post_attention(&self, rows: usize) -> PostAttention {
-        PostAttention {
-            rows,
-            dim: self.cfg.hidden,
-            eps: self.cfg.eps,
-        }
-    }
-
-    /// The dense MLP as a one-expert MoE: in decode the MoE kernels read
-    /// expert 0's rows and apply the activation themselves (one dispatch
-    /// instead of a GEMV and gelu_mul), and with experts both branches run
-    /// as one launch per phase (`moe_*_pair`).
-    fn one_expert_mlp<'s>(
-        &self,
-        s: &'s Scratch<B::Buffer>,
-        w: &'s LayerWeights<B>,
-        m: usize,
-    ) -> (GateUpArgs<'s, B::Buffer>, DownArgs<'s, B::Buffer>) {
-        let one_expert = Moe {
-            m,
-            hidden: self.cfg.hidden,
-            inter: self.cfg.intermediate,
-            experts: 1,
-            top_k: 1,
-            precision: self.precision,
-        };
-        (
-            GateUpArgs {
-                x: &s.ff_in,
-                gate_up: &w.mlp_gate_up,
-                ids: &s.zero_ids,
-                act: &s.act,
-                p: one_expert,
-            },
-            DownArgs {
-                act: &s.act,
-                down: &w.mlp_down,
-                ids: &s.zero_ids,
-                weights: &s.one_w,
-                out: &s.dense,
-                p: one_expert,
-            },
-        )
-    }
-
-    /// The feed-forward block of a layer without experts:
-    /// `x = (r + post_feedforward_layernorm(mlp(pre_ff(r)))) * layer_scalar`.
-    fn record_dense_feed_forward(
-        &self,
-        s: &Scratch<B::Buffer>,
-        w: &LayerWeights<B>,
-        m: usize,
-        ffn: FeedForward<'_, B>,
-    ) -> Result<()> {
-        let be = &self.backend;
-        be.post_attention(
-            &s.o,
-            &s.x,
-            &w.post_attn_norm,
-            &w.pre_ff_norm,
-            &s.r,
-            &s.ff_in,
-            None,
-            self.post_attention(m),
-        )?;
-        if m == 1 {
-            let (gate_up, down) = ffn.dense;
-            gate_up.run(be)?;
-            down.run(be)?;
-        } else {
-            self.dense_mlp(s, w, m)?;
-        }
-        ffn.post_ffn.run(be)
-    }
-
-    /// The feed-forward block of a layer with experts: the router on r,
-    /// the dense MLP and the routed experts beside it, `x = (r +
-    /// post_ff(post_ff_1(dense) + post_ff_2(experts))) * layer_scalar`. In
-    /// decode the phases of both branches run as pairs; streamed experts
-    /// place the routed ones in their slots first ([`Self::streamed_moe`]).
-    #[allow(clippy::too_many_arguments)]
-    fn record_moe_feed_forward(
-        &self,
-        li: usize,
-        s: &Scratch<B::Buffer>,
-        sp: &mut StreamPass<'_>,
-        m: usize,
-        ffn: FeedForward<'_, B>,
-        moe: &MoeWeights<B>,
-        post_ff1: &B::Buffer,
-    ) -> Result<()> {
-        let (be, cfg) = (&self.backend, &self.cfg);
-        let w = &self.weights.layers[li];
-        // r and both branches' pre-norms of it
-        let pa_args = PostAttentionArgs {
-            o: &s.o,
-            x: &s.x,
-            w_post: &w.post_attn_norm,
-            w_ff: &w.pre_ff_norm,
-            r: &s.r,
-            ff: &s.ff_in,
-            moe: (&moe.pre_norm, &s.moe_in),
-            p: self.post_attention(m),
-        };
-        // (the router reads r, not a pre-norm, in the same call)
-        let router = RouterArgs {
-            eff_scale: &moe.eff_scale,
-            proj: &moe.router_proj,
-            per_expert_scale: &moe.per_expert_scale,
-            ids: &s.route_ids,
-            weights: &s.route_w,
-            p: Router {
-                m,
-                hidden: cfg.hidden,
-                experts: cfg.experts,
-                top_k: cfg.top_k,
-                eps: cfg.eps,
-            },
-        };
-        let mp = Moe {
-            m,
-            hidden: cfg.hidden,
-            inter: cfg.moe_inter,
-            experts: cfg.experts,
-            top_k: cfg.top_k,
-            precision: self.precision,
-        };
-        let routed_gate_up = GateUpArgs {
-            x: &s.moe_in,
-            gate_up: &moe.gate_up,
-            ids: &s.route_ids,
-            act: &s.moe_act,
-            p: mp,
-        };
-        let routed_down = DownArgs {
-            act: &s.moe_act,
-            down: &moe.down,
-            ids: &s.route_ids,
-            weights: &s.route_w,
-            out: &s.moe_out,
-            p: mp,
-        };
-        let (dense_gate_up, dense_down) = ffn.dense;
-        let post = PostFfnArgs {
-            w_dense: post_ff1,
-            moe: Some((&s.moe_out, &moe.post_norm, &w.post_ff_norm)),
-            ..ffn.post_ffn
-        };
-        if let Some(stream) = &self.stream {
-            be.post_attention_router(pa_args, router)?;
-            if m == 1 {
-                dense_gate_up.run(be)?;
-            } else {
-                self.dense_mlp(s, w, m)?;
-            }
-            let mut st = stream.borrow_mut();
-            let ws = s.waves.as_ref().ok_or_else(|| {
-                Error::InvalidInput("streamed experts without wave scratch".into())
-            })?;
-            let slot_p = Moe {
-                experts: st.slots,
-                ..mp
-            };
-            let slot_down = DownArgs {
-                ids: &ws.slot_ids,
-                p: slot_p,
-                ..routed_down
-            };
-            match self.streamed_moe(&mut st, sp, li, s, ws, &routed_gate_up, &slot_down)? {
-                // one wave: its gate_up ran, its down runs as resident
-                None if m == 1 => be.moe_down_pair_post_ffn(dense_down, slot_down, post),
-                None => {
-                    slot_down.run(be)?;
-                    post.run(be)
-                }
-                Some(sum) => {
-                    if m == 1 {
-                        dense_down.run(be)?;
-                    }
-                    PostFfnArgs {
-                        moe: Some((sum, &moe.post_norm, &w.post_ff_norm)),
-                        ..post
-                    }
-                    .run(be)
-                }
-            }
-        } else if m == 1 {
-            be.post_attention_gate_up((pa_args, router), dense_gate_up, routed_gate_up)?;
-            be.moe_down_pair_post_ffn(dense_down, routed_down, post)
-        } else {
-            be.post_attention_router(pa_args, router)?;
-            self.dense_mlp(s, w, m)?;
-            routed_gate_up.run(be)?;
-            routed_down.run(be)?;
-            post.run(be)
-        }
-    }
-}
-
-/// What a pass's streamed experts take from its sequence: its counters,
-/// and the trace whose ids replace the router's where it routes by one
-/// (with the row of the pass's first token).
-struct StreamPass<'a> {
-    stats: &'a mut StreamStats,
-    trace: Option<(&'a Trace, usize)>,
-}
-
-/// What both forms of a layer's feed-forward block share: the dense MLP
-/// as a one-expert MoE (gate_up, down), and the post-FFN of the dense
-/// branch alone (a layer with experts adds theirs).
-struct FeedForward<'s, B: ComputeBackend> {
-    dense: (GateUpArgs<'s, B::Buffer>, DownArgs<'s, B::Buffer>),
-    post_ffn: PostFfnArgs<'s, B::Buffer>,
-}
-
-/// The slot `at` gives expert `e` of `union` (the experts a placement was
-/// asked for, in order).
-fn slot_of(union: &[u32], at: &[u32], e: u32) -> u32 {
-    at[union
-        .iter()
-        .position(|&u| u == e)
-        .expect("every routed expert is in the union")]
 }
 
 /// The expert slots `requested`, checked against the config: at least
@@ -1062,39 +590,6 @@ fn check_expert_slots(cfg: &ModelConfig, requested: Option<usize>) -> Result<Opt
         )));
     }
     Ok(Some(n.min(cfg.experts)))
-}
-
-/// The slot caches of `weights`' streamed layers, after the backend said
-/// it can write their format into slots.
-fn streaming<B: ComputeBackend>(
-    be: &B,
-    cfg: &ModelConfig,
-    weights: &Weights<B>,
-    slots: usize,
-    policy: Policy,
-) -> Result<Streaming> {
-    let mut layers = Vec::with_capacity(weights.layers.len());
-    for l in &weights.layers {
-        let Some((gate_up, down)) = l.moe.as_ref().and_then(|m| m.stored.clone()) else {
-            layers.push(None);
-            continue;
-        };
-        for d in [gate_up.dtype, down.dtype] {
-            if let Support::No(reason) = be.supports(&OpKind::ExpertSlots { w: d }) {
-                return Err(Error::Unsupported {
-                    backend: be.info().backend.clone(),
-                    op: format!("streamed {d} experts"),
-                    reason,
-                });
-            }
-        }
-        layers.push(Some(StreamedLayer {
-            gate_up,
-            down,
-            cache: SlotCache::new(cfg.experts, slots, policy)?,
-        }));
-    }
-    Ok(Streaming { slots, layers })
 }
 
 /// Tokens per pass of [`Model::logits`] (rows of the batch scratch's logits):

@@ -14,7 +14,7 @@ use super::checkpoint::Checkpoint;
 use super::tensor_ref::TensorRef;
 use crate::backend::HostBytes;
 use crate::dtype::{decode_f32, encode_f32, DType};
-use crate::model::expert_stream::StoredExperts;
+use crate::model::experts::stored::StoredExperts;
 use crate::quant::{Affine, ScaleType};
 use crate::Result;
 

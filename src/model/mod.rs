@@ -3,10 +3,13 @@
 //! - [`config`]: the model's shape, parsed from `config.json`;
 //! - [`checkpoint`]: the memory-mapped safetensors checkpoint, checked against
 //!   the tensors the config implies ([`expected_tensors`]);
-//! - [`weights`]: per-layer device state built once at open;
+//! - [`weights`]: where weights come from and how they are uploaded, once
+//!   at open;
+//! - [`experts`]: the routed experts: stored, streamed through slots,
+//!   routing traces;
 //! - [`decoder`]: the model shared by its sequences ([`Sequence`]: one
-//!   conversation's caches and position); prefill, decode and logits on any
-//!   backend;
+//!   conversation's caches and position), its layers as attention and
+//!   feed-forward blocks; prefill, decode and logits on any backend;
 //! - [`drafter`]: Gemma 4's drafter and speculative decoding with it;
 //! - [`sampling`]: greedy / temperature / top-k / top-p on the host;
 //! - [`synthetic`]: seeded random weights for any config (tests, benchmarks).
@@ -15,8 +18,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decoder;
 pub mod drafter;
-pub mod expert_cache;
-pub mod expert_stream;
+pub mod experts;
 mod json;
 pub mod layer_state;
 mod mlx_layout;

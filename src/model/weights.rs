@@ -1,7 +1,9 @@
-//! Per-layer device state, built once when a model is opened.
+//! Where weights come from ([`TensorSource`]) and how they reach the device
+//! ([`Loader`]), once when a model is opened: each block of the model loads
+//! its own weights through the loader.
 //!
-//! Everything the decoder needs per layer is prepared here so a forward pass
-//! does no host work: projections and experts uploaded as weights, norms as
+//! Everything the decoder needs per layer is prepared at load so a forward
+//! pass does no host work: projections and experts uploaded as weights, norms as
 //! they are stored (the rms_norm op decodes any float dtype), the dense MLP's
 //! gate and up projections fused into one `[2 * inter, hidden]` matrix (one
 //! matmul + `gelu_mul` instead of two matmuls), the router's effective scale
@@ -18,7 +20,7 @@ use crate::dtype::{decode_f32, encode_f32, DType};
 use crate::error::{Error, Result};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::config::ModelConfig;
-use crate::model::expert_stream::StoredExperts;
+use crate::model::experts::stored::StoredExperts;
 use crate::model::tensor_ref::TensorRef;
 
 /// Where weights come from: a checkpoint on disk or a synthetic generator.
@@ -63,55 +65,6 @@ impl TensorSource for Checkpoint {
     }
 }
 
-/// The routed-expert half of a layer.
-pub struct MoeWeights<B: ComputeBackend> {
-    pub router_proj: B::Buffer,
-    /// f32 `[hidden]`: `router.scale * hidden^-1/2`.
-    pub eff_scale: B::Buffer,
-    /// f32 `[experts]`.
-    pub per_expert_scale: B::Buffer,
-    /// `[E * 2 * moe_inter, hidden]` (gate rows then up rows per expert).
-    pub gate_up: B::Buffer,
-    /// `[E * hidden, moe_inter]`.
-    pub down: B::Buffer,
-    /// With streamed experts, `gate_up` and `down` are stacks of slots and
-    /// these the stacks (gate_up, down) in the source.
-    pub stored: Option<(StoredExperts, StoredExperts)>,
-    pub pre_norm: B::Buffer,
-    pub post_norm: B::Buffer,
-}
-
-/// One decoder layer's device state.
-pub struct LayerWeights<B: ComputeBackend> {
-    pub input_norm: B::Buffer,
-    /// q_proj, k_proj and v_proj stacked by rows, `[q | k | v]`; on
-    /// `attention_k_eq_v` layers `[q | k]` (V is the raw K projection).
-    pub qkv: B::Buffer,
-    pub o_proj: B::Buffer,
-    pub q_norm: B::Buffer,
-    pub k_norm: B::Buffer,
-    pub post_attn_norm: B::Buffer,
-    pub pre_ff_norm: B::Buffer,
-    /// `[2 * intermediate, hidden]`: gate rows, then up rows.
-    pub mlp_gate_up: B::Buffer,
-    pub mlp_down: B::Buffer,
-    /// `post_feedforward_layernorm_1`; None without MoE (then the dense branch
-    /// goes straight into `post_feedforward_layernorm`).
-    pub post_ff1_norm: Option<B::Buffer>,
-    pub moe: Option<MoeWeights<B>>,
-    pub post_ff_norm: B::Buffer,
-    pub layer_scalar: f32,
-}
-
-/// All device state of a model's weights.
-pub struct Weights<B: ComputeBackend> {
-    /// `[vocab, hidden]`: the embedding table and the tied LM head.
-    pub embed: B::Buffer,
-    pub embed_dtype: DType,
-    pub final_norm: B::Buffer,
-    pub layers: Vec<LayerWeights<B>>,
-}
-
 fn checkpoint_err(name: &str, detail: String) -> Error {
     Error::Checkpoint {
         path: name.to_string(),
@@ -154,15 +107,49 @@ fn to_f32(t: &TensorRef) -> Vec<f32> {
     }
 }
 
-/// Uploads with a progress bar on a terminal (hidden otherwise).
-struct Loader<'a, B: ComputeBackend> {
-    backend: &'a B,
+/// Uploads with a progress bar on a terminal (hidden otherwise): each
+/// block of the model loads its own weights through it.
+pub(crate) struct Loader<'a, B: ComputeBackend> {
+    pub backend: &'a B,
     src: &'a dyn TensorSource,
     bar: ProgressBar,
 }
 
-impl<B: ComputeBackend> Loader<'_, B> {
-    fn weight(&self, name: &str, rows: usize, cols: usize) -> Result<B::Buffer> {
+impl<'a, B: ComputeBackend> Loader<'a, B> {
+    /// A loader of `src`'s weights onto `backend`, after the checks every
+    /// model's weights pass: a valid config, the LM head tied.
+    pub fn new(backend: &'a B, src: &'a dyn TensorSource) -> Result<Self> {
+        let cfg = src.config();
+        cfg.validate()?;
+        if !cfg.tie_embeddings {
+            return Err(Error::Config {
+                path: "config".into(),
+                detail: "untied LM head (tie_word_embeddings = false) is not supported; \
+                         Gemma 4 ties it to embed_tokens"
+                    .into(),
+            });
+        }
+        let bar = progress_bar(weight_bytes_estimate(cfg), "uploading weights");
+        Ok(Loader { backend, src, bar })
+    }
+
+    /// The tied embedding table and LM head, and its dtype.
+    pub fn embedding(&self, vocab: usize, hidden: usize) -> Result<(B::Buffer, DType)> {
+        let name = "embed_tokens.weight";
+        let t = fetch(self.src, name, &[vocab, hidden])?;
+        let buf = self
+            .backend
+            .upload_weight(t.dtype, vocab, hidden, t.bytes.clone(), name)?;
+        self.bar.inc(t.bytes.as_slice().len() as u64);
+        Ok((buf, t.dtype))
+    }
+
+    /// The progress bar cleared: every weight is up.
+    pub fn finish(self) {
+        self.bar.finish_and_clear();
+    }
+
+    pub fn weight(&self, name: &str, rows: usize, cols: usize) -> Result<B::Buffer> {
         let t = fetch(self.src, name, &[rows, cols])?;
         let buf = self
             .backend
@@ -174,7 +161,7 @@ impl<B: ComputeBackend> Loader<'_, B> {
     /// A layer's `[experts, rows, cols]` expert stack: uploaded whole
     /// (`upload_experts`), or with `slots` a device stack of that many
     /// slots (`alloc_experts`) and the stack left in the source.
-    fn experts(
+    pub fn experts(
         &self,
         name: &str,
         [e, rows, cols]: [usize; 3],
@@ -218,20 +205,20 @@ impl<B: ComputeBackend> Loader<'_, B> {
         Ok((buf, Some(st)))
     }
 
-    fn norm(&self, name: &str, dim: usize) -> Result<B::Buffer> {
+    pub fn norm(&self, name: &str, dim: usize) -> Result<B::Buffer> {
         let t = fetch(self.src, name, &[dim])?;
         let buf = self.backend.upload(t.dtype, t.bytes.clone(), name)?;
         self.bar.inc(t.bytes.as_slice().len() as u64);
         Ok(buf)
     }
 
-    fn host_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    pub fn host_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = fetch(self.src, name, shape)?;
         self.bar.inc(t.bytes.as_slice().len() as u64);
         Ok(to_f32(&t))
     }
 
-    fn upload_f32(&self, values: &[f32], label: &str) -> Result<B::Buffer> {
+    pub fn upload_f32(&self, values: &[f32], label: &str) -> Result<B::Buffer> {
         self.backend.upload(
             DType::F32,
             HostBytes::Slice(bytemuck::cast_slice(values)),
@@ -241,7 +228,7 @@ impl<B: ComputeBackend> Loader<'_, B> {
 
     /// Several `[rows_i, cols]` tensors stacked by rows into one weight (one
     /// GEMV reads them all): gate|up of the MLP, q|k|v of attention.
-    fn stacked(&self, parts: &[(String, usize)], cols: usize, label: &str) -> Result<B::Buffer> {
+    pub fn stacked(&self, parts: &[(String, usize)], cols: usize, label: &str) -> Result<B::Buffer> {
         let tensors = parts
             .iter()
             .map(|(name, rows)| fetch(self.src, name, &[*rows, cols]))
@@ -299,123 +286,4 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
 fn weight_bytes_estimate(cfg: &ModelConfig) -> u64 {
     // parameter_count is exact up to the dtype; assume 2-byte weights for the bar.
     cfg.parameter_count() * 2
-}
-
-impl<B: ComputeBackend> Weights<B> {
-    /// Upload every weight of `src`, checking each tensor's shape against the config.
-    /// With `expert_slots`, each MoE layer's experts get that many device
-    /// slots and stay in `src` ([`MoeWeights::stored`]).
-    pub fn load(backend: &B, src: &dyn TensorSource, expert_slots: Option<usize>) -> Result<Self> {
-        let cfg = src.config().clone();
-        cfg.validate()?;
-        if !cfg.tie_embeddings {
-            return Err(Error::Config {
-                path: "config".into(),
-                detail: "untied LM head (tie_word_embeddings = false) is not supported; \
-                         Gemma 4 ties it to embed_tokens"
-                    .into(),
-            });
-        }
-        let bar = progress_bar(weight_bytes_estimate(&cfg), "uploading weights");
-        let ld = Loader { backend, src, bar };
-        let h = cfg.hidden;
-        let embed_t = fetch(src, "embed_tokens.weight", &[cfg.vocab, h])?;
-        let embed_dtype = embed_t.dtype;
-        let embed = backend.upload_weight(
-            embed_t.dtype,
-            cfg.vocab,
-            h,
-            embed_t.bytes.clone(),
-            "embed_tokens.weight",
-        )?;
-        ld.bar.inc(embed_t.bytes.as_slice().len() as u64);
-        drop(embed_t);
-        let final_norm = ld.norm("norm.weight", h)?;
-        let inv_sqrt_h = 1.0 / (h as f32).sqrt();
-
-        let mut layers = Vec::with_capacity(cfg.layers.len());
-        for (i, spec) in cfg.layers.iter().enumerate() {
-            let p = format!("layers.{i}.");
-            let (hd, kvh) = (spec.head_dim, spec.kv_heads);
-            let qd = cfg.heads * hd;
-            let kd = kvh * hd;
-            let a = format!("{p}self_attn.");
-            let mut qkv = vec![
-                (format!("{a}q_proj.weight"), qd),
-                (format!("{a}k_proj.weight"), kd),
-            ];
-            if !spec.k_eq_v {
-                qkv.push((format!("{a}v_proj.weight"), kd));
-            }
-            let moe = if cfg.enable_moe {
-                let (e, mi) = (cfg.experts, cfg.moe_inter);
-                let scale = ld.host_f32(&format!("{p}router.scale"), &[h])?;
-                let eff: Vec<f32> = scale.iter().map(|s| s * inv_sqrt_h).collect();
-                let pes = ld.host_f32(&format!("{p}router.per_expert_scale"), &[e])?;
-                let (gate_up, stored_gu) = ld.experts(
-                    &format!("{p}experts.gate_up_proj"),
-                    [e, 2 * mi, h],
-                    true,
-                    expert_slots,
-                )?;
-                let (down, stored_down) = ld.experts(
-                    &format!("{p}experts.down_proj"),
-                    [e, h, mi],
-                    false,
-                    expert_slots,
-                )?;
-                Some(MoeWeights {
-                    router_proj: ld.weight(&format!("{p}router.proj.weight"), e, h)?,
-                    eff_scale: ld.upload_f32(&eff, &format!("{p}router.eff_scale"))?,
-                    per_expert_scale: ld
-                        .upload_f32(&pes, &format!("{p}router.per_expert_scale"))?,
-                    gate_up,
-                    down,
-                    stored: stored_gu.zip(stored_down),
-                    pre_norm: ld.norm(&format!("{p}pre_feedforward_layernorm_2.weight"), h)?,
-                    post_norm: ld.norm(&format!("{p}post_feedforward_layernorm_2.weight"), h)?,
-                })
-            } else {
-                None
-            };
-            let layer_scalar = ld
-                .host_f32(&format!("{p}layer_scalar"), &[1])?
-                .first()
-                .copied()
-                .unwrap_or(1.0);
-            layers.push(LayerWeights {
-                input_norm: ld.norm(&format!("{p}input_layernorm.weight"), h)?,
-                qkv: ld.stacked(&qkv, h, &format!("{a}qkv_proj"))?,
-                o_proj: ld.weight(&format!("{a}o_proj.weight"), h, qd)?,
-                q_norm: ld.norm(&format!("{a}q_norm.weight"), hd)?,
-                k_norm: ld.norm(&format!("{a}k_norm.weight"), hd)?,
-                post_attn_norm: ld.norm(&format!("{p}post_attention_layernorm.weight"), h)?,
-                pre_ff_norm: ld.norm(&format!("{p}pre_feedforward_layernorm.weight"), h)?,
-                mlp_gate_up: ld.stacked(
-                    &[
-                        (format!("{p}mlp.gate_proj.weight"), cfg.intermediate),
-                        (format!("{p}mlp.up_proj.weight"), cfg.intermediate),
-                    ],
-                    h,
-                    &format!("{p}mlp.gate_up"),
-                )?,
-                mlp_down: ld.weight(&format!("{p}mlp.down_proj.weight"), h, cfg.intermediate)?,
-                post_ff1_norm: if cfg.enable_moe {
-                    Some(ld.norm(&format!("{p}post_feedforward_layernorm_1.weight"), h)?)
-                } else {
-                    None
-                },
-                moe,
-                post_ff_norm: ld.norm(&format!("{p}post_feedforward_layernorm.weight"), h)?,
-                layer_scalar,
-            });
-        }
-        ld.bar.finish_and_clear();
-        Ok(Weights {
-            embed,
-            embed_dtype,
-            final_norm,
-            layers,
-        })
-    }
 }

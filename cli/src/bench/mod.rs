@@ -341,7 +341,7 @@ fn write_files(
 /// `bench --make-trace`: a generated trace of the `--synthetic` model's
 /// shape, written, its parameters and LFU hit rate at 16 slots printed.
 fn make_trace(args: &Args, path: &std::path::Path) -> turbospark::Result<()> {
-    use turbospark::model::expert_cache::{replay, Policy, Trace, TraceShape};
+    use turbospark::model::experts::{replay, Policy, Trace, TraceShape};
     let name = args.synthetic.as_deref().ok_or_else(|| {
         turbospark::Error::InvalidInput(
             "--make-trace takes the model's shape from --synthetic".into(),

@@ -7,7 +7,7 @@ use std::io::BufReader;
 use std::path::Path;
 
 use serde_json::{json, Value};
-use turbospark::model::expert_cache::{optimal, replay, Policy, Trace};
+use turbospark::model::experts::{optimal, replay, Policy, Trace};
 
 /// The replay's table on stdout and its figures as JSON.
 pub fn run(path: &Path, slots: &[usize], policies: &[String]) -> turbospark::Result<Value> {

@@ -12,14 +12,14 @@
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use turbospark::model::expert_stream::StreamStats;
+use turbospark::model::experts::StreamStats;
 use turbospark::model::{ModelOptions, OneSequence, SyntheticSource};
 use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType};
 
 use super::e2e::{self, Counters};
 use super::Args;
-use turbospark::model::expert_cache::Trace;
+use turbospark::model::experts::Trace;
 
 /// Hit rate the report carries the cost model to: LFU's at 16 slots a
 /// layer replayed from a real Gemma 4 26B-A4B decode trace (71.0%, as

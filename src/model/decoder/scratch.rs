@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::model::config::ModelConfig;
 
 /// One scratch buffer as [`Scratch::build`] lists it.
-pub(super) struct Spec {
+pub(crate) struct Spec {
     label: &'static str,
     dtype: DType,
     len: usize,
@@ -28,8 +28,11 @@ impl Spec {
 }
 
 /// Activation scratch for up to `rows` tokens at once (logits for up to
-/// `head_rows` of them); `T` is a backend's buffer.
-pub(super) struct Scratch<T> {
+/// `head_rows` of them); `T` is a backend's buffer. Each block of a layer
+/// has its named view ([`AttentionScratch`], [`FfnScratch`],
+/// [`ExpertScratch`]); the residual stream ([`Residual`]) goes from layer
+/// to layer.
+pub(crate) struct Scratch<T> {
     pub rows: usize,
     pub head_rows: usize,
     pub ids: T,
@@ -37,43 +40,78 @@ pub(super) struct Scratch<T> {
     /// its argmax writes the other.
     pub ids_next: T,
     pub pos: T,
-    /// The residual stream.
+    pub residual: Residual<T>,
+    pub attention: AttentionScratch<T>,
+    pub ffn: FfnScratch<T>,
+    pub experts: ExpertScratch<T>,
+    pub head: HeadScratch<T>,
+}
+
+/// The residual stream between layers.
+pub(crate) struct Residual<T> {
+    /// The stream itself.
     pub x: T,
     /// The current layer's normed input (then the final norm's output).
     pub normed: T,
+}
+
+/// The attention block's activations.
+pub(crate) struct AttentionScratch<T> {
     /// The fused q|k|v projection.
     pub qkv: T,
+    /// The queries after their norm and RoPE.
     pub q: T,
-    pub attn: T,
-    pub o: T,
+    /// The heads' attention output.
+    pub heads: T,
+    /// The block's output, o_proj of `heads`.
+    pub out: T,
+}
+
+/// The feed-forward block's activations, the dense MLP's among them.
+pub(crate) struct FfnScratch<T> {
+    /// `x + post_attention_layernorm(o)`: what post_ffn adds to.
     pub r: T,
+    /// The dense MLP's input, `pre_feedforward_layernorm(r)`.
     pub ff_in: T,
     pub gate_up: T,
     pub act: T,
+    /// The dense MLP's output.
     pub dense: T,
-    pub moe_in: T,
-    pub route_ids: T,
-    pub route_w: T,
     /// Expert id 0 for every row: the dense MLP run as a one-expert MoE.
     pub zero_ids: T,
     /// Weight 1.0 for every row: the dense down projection as a one-expert
     /// MoE phase 2 (multiplying by 1 is exact).
     pub one_w: T,
-    pub moe_act: T,
-    pub moe_out: T,
-    pub logits: T,
-    pub capped: T,
-    /// Rows of a final-normed batch gathered for the head (`head_ids`,
-    /// 0.. into a batch's `normed`) into `head_x`: teacher forcing's head
-    /// slices, and generate's last prompt row (into `single`'s).
-    pub head_ids: T,
-    pub head_x: T,
+}
+
+/// The routed experts' activations.
+pub(crate) struct ExpertScratch<T> {
+    /// The experts' input, `pre_feedforward_layernorm_2(r)`.
+    pub x: T,
+    /// The router's choice: `top_k` expert ids and weights a row.
+    pub ids: T,
+    pub weights: T,
+    pub act: T,
+    /// The weighted sum of the experts' outputs.
+    pub out: T,
     /// With streamed experts: the routes' slot ids, and a wave's routing
-    /// weights, output and running sum (`model::expert_stream`).
+    /// weights, output and running sum (`model::experts`).
     pub waves: Option<WaveScratch<T>>,
 }
 
-pub(super) struct WaveScratch<T> {
+/// The LM head's rows and logits.
+pub(crate) struct HeadScratch<T> {
+    pub logits: T,
+    /// The logits after the final softcap.
+    pub capped: T,
+    /// Rows of a final-normed batch gathered for the head (`ids`, 0.. into
+    /// a batch's `normed`) into `x`: teacher forcing's head slices, and
+    /// generate's last prompt row (into `single`'s).
+    pub ids: T,
+    pub x: T,
+}
+
+pub(crate) struct WaveScratch<T> {
     pub slot_ids: T,
     pub weights: T,
     pub out: T,
@@ -123,49 +161,76 @@ impl<T> Scratch<T> {
             fill: Some(bits),
             ..per_row(dtype, rows, 1, label)
         };
-        Ok(Scratch {
-            rows,
-            head_rows,
-            ids: make(u(1, "ids"))?,
-            ids_next: make(u(1, "ids_next"))?,
-            pos: make(u(1, "positions"))?,
+        // (made in the order listed: the labels' order on the device)
+        let ids = make(u(1, "ids"))?;
+        let ids_next = make(u(1, "ids_next"))?;
+        let pos = make(u(1, "positions"))?;
+        let residual = Residual {
             x: make(f(h, "x"))?,
             normed: make(f(h, "normed"))?,
+        };
+        let attention = AttentionScratch {
             qkv: make(f(max_qkv, "qkv"))?,
             q: make(f(qd, "q"))?,
-            attn: make(f(qd, "attn"))?,
-            o: make(f(h, "o"))?,
-            r: make(f(h, "r"))?,
-            ff_in: make(f(h, "ff_in"))?,
-            gate_up: make(f(2 * cfg.intermediate, "mlp_gate_up"))?,
-            act: make(f(cfg.intermediate, "mlp_act"))?,
-            dense: make(f(h, "dense"))?,
-            moe_in: make(f(h, "moe_in"))?,
-            route_ids: make(u(k_, "route_ids"))?,
-            route_w: make(f(k_, "route_w"))?,
+            heads: make(f(qd, "attn"))?,
+            out: make(f(h, "o"))?,
+        };
+        let (r, ff_in) = (make(f(h, "r"))?, make(f(h, "ff_in"))?);
+        let gate_up = make(f(2 * cfg.intermediate, "mlp_gate_up"))?;
+        let act = make(f(cfg.intermediate, "mlp_act"))?;
+        let dense = make(f(h, "dense"))?;
+        let moe_in = make(f(h, "moe_in"))?;
+        let route_ids = make(u(k_, "route_ids"))?;
+        let route_w = make(f(k_, "route_w"))?;
+        let ffn = FfnScratch {
+            r,
+            ff_in,
+            gate_up,
+            act,
+            dense,
             zero_ids: make(filled(DType::U32, 0, "zero_ids"))?,
             one_w: make(filled(DType::F32, 1.0f32.to_bits(), "one_w"))?,
-            moe_act: make(f(k_ * mi, "moe_act"))?,
-            moe_out: make(f(h, "moe_out"))?,
+        };
+        let (moe_act, moe_out) = (make(f(k_ * mi, "moe_act"))?, make(f(h, "moe_out"))?);
+        let head = HeadScratch {
             logits: make(logits("logits"))?,
             capped: make(logits("logits_capped"))?,
-            head_ids: make(Spec {
+            ids: make(Spec {
                 label: "head_ids",
                 dtype: DType::U32,
                 len: head_rows,
                 fill: None,
             })?,
-            head_x: make(Spec {
+            x: make(Spec {
                 label: "head_x",
                 dtype: DType::F32,
                 len: head_rows * h,
                 fill: None,
             })?,
+        };
+        let experts = ExpertScratch {
+            x: moe_in,
+            ids: route_ids,
+            weights: route_w,
+            act: moe_act,
+            out: moe_out,
             waves: if streamed {
                 Some(WaveScratch::build(cfg, rows, &mut make)?)
             } else {
                 None
             },
+        };
+        Ok(Scratch {
+            rows,
+            head_rows,
+            ids,
+            ids_next,
+            pos,
+            residual,
+            attention,
+            ffn,
+            experts,
+            head,
         })
     }
 }
@@ -210,7 +275,7 @@ fn moe_widths(cfg: &ModelConfig) -> (usize, usize) {
 }
 
 /// The largest head_dim and q|k|v row count over the layers.
-pub(super) fn widest_layer(cfg: &ModelConfig) -> (usize, usize) {
+pub(crate) fn widest_layer(cfg: &ModelConfig) -> (usize, usize) {
     let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
     let max_qkv = cfg
         .layers

@@ -23,8 +23,8 @@ use super::{Model, Tail};
 use crate::backend::ComputeBackend;
 use crate::error::{Error, Result};
 use crate::model::config::LayerKind;
-use crate::model::expert_cache::Trace;
-use crate::model::expert_stream::StreamStats;
+use crate::model::experts::trace::Trace;
+use crate::model::experts::streaming::StreamStats;
 
 /// Per-layer KV cache, `[kv_heads, capacity, head_dim]` for K and for V, of
 /// `ModelOptions::kv_cache` (f32 or f16).
@@ -233,7 +233,7 @@ impl<B: ComputeBackend> Model<B> {
             seq.route_by = None;
             return Ok(());
         };
-        if self.stream.is_none() {
+        if self.expert_slots.is_none() {
             return Err(Error::InvalidInput(
                 "routing by a trace needs streamed experts (--expert-slots): resident \
                  experts read the router's ids on the device"

@@ -17,7 +17,7 @@ impl<B: ComputeBackend> Model<B> {
     /// The tied embedding table `[vocab, hidden]` and the scale `embed`
     /// multiplies its rows by (sqrt(hidden), rounded to the table's dtype).
     pub(crate) fn embedding(&self) -> (&B::Buffer, f32) {
-        (&self.weights.embed, self.embed_scale)
+        (&self.embed, self.embed_scale)
     }
 
     /// The final-normed hidden state of the last pass of `m` tokens
@@ -25,7 +25,7 @@ impl<B: ComputeBackend> Model<B> {
     /// what the LM head read. Valid until the next pass.
     pub(crate) fn final_hidden(&self, m: usize) -> Result<(&B::Buffer, usize)> {
         let s = self.scratch(m)?;
-        Ok((&s.normed, s.rows))
+        Ok((&s.residual.normed, s.rows))
     }
 
     /// Layer `li`'s KV caches in `seq`.

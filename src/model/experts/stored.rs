@@ -1,30 +1,11 @@
-//! Routed experts streamed from the checkpoint into a bounded number of
-//! device slots per layer (`ModelOptions::expert_slots`).
-//!
-//! A streamed layer's experts stay in the memory-mapped checkpoint
-//! ([`StoredExperts`]); the device holds `slots` of them per layer, in a
-//! stack of the checkpoint's format ([`crate::ComputeBackend::alloc_experts`]).
-//! After a layer's router runs, its expert ids are read back (one readback a
-//! layer), the layer's [`SlotCache`] places them (hits stay, misses evict the
-//! policy's victims), each miss is written from the mapping into its slot
-//! ([`crate::ComputeBackend::write_experts`]), and the MoE ops run on the slot
-//! stack with the ids replaced by slot indices. The slot table thus lives on
-//! the host and the MoE kernels see an `slots`-expert stack: every backend's
-//! MoE ops (and its fusions of them) serve streaming unchanged.
-//!
-//! A prefill batch whose experts do not all fit the slots runs in waves
-//! (`waves`): each wave's tokens keep their routing weights, the others
-//! get weight 0 (their rows come out exactly +0), and the waves' outputs are
-//! summed, so each token's row is the one the resident run computes (x + 0 =
-//! x), bit for bit.
+//! A layer's expert stack left where the checkpoint holds it (memory-mapped),
+//! read one expert at a time into a streamed layer's slots.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::backend::{ComputeBackend, ExpertBytes, ExpertStack, HostBytes};
+use crate::backend::{ExpertBytes, ExpertStack, HostBytes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::model::expert_cache::{Counts, SlotCache};
 use crate::model::shard::MappedFile;
 use crate::model::tensor_ref::TensorRef;
 
@@ -154,7 +135,7 @@ impl StoredExperts {
 
     /// Whether this stack's reads are checked against the same files as
     /// `other`'s (both from one checkpoint): one check serves both.
-    fn maps_the_files_of(&self, other: &StoredExperts) -> bool {
+    pub(super) fn maps_the_files_of(&self, other: &StoredExperts) -> bool {
         self.files.len() == other.files.len()
             && self
                 .files
@@ -204,146 +185,9 @@ fn three(t: &TensorRef) -> Result<[usize; 3]> {
     })
 }
 
-/// The device side of one streamed layer: its two slot stacks' shapes and
-/// the stored experts they are filled from.
-pub(crate) struct StreamedLayer {
-    pub gate_up: StoredExperts,
-    pub down: StoredExperts,
-    pub cache: SlotCache,
-}
-
-/// Counters of the streamed experts since the model was opened (or since
-/// [`crate::model::Sequence::take_stream_stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StreamStats {
-    /// Expert lookups that found their expert in a slot, and that did not.
-    pub counts: Counts,
-    /// Bytes written into slots.
-    pub bytes: u64,
-    /// Time the host spent between a layer's routing and its MoE launches:
-    /// waiting for the ids, placing them, writing the misses.
-    pub host_wait: Duration,
-    /// Layer passes that ran in more than one wave (prefill).
-    pub extra_waves: u64,
-}
-
-/// Every streamed layer's state (None for a layer without experts).
-pub(crate) struct Streaming {
-    pub slots: usize,
-    pub layers: Vec<Option<StreamedLayer>>,
-}
-
-/// The slot stacks' device buffers a placement writes into.
-pub(crate) struct SlotStacks<'a, B: ComputeBackend> {
-    pub gate_up: &'a B::Buffer,
-    pub down: &'a B::Buffer,
-}
-
-impl StreamedLayer {
-    /// Place `experts` (distinct) in the slots, writing each miss from the
-    /// mapping into its slot; the slot of each, in order.
-    pub fn place<B: ComputeBackend>(
-        &mut self,
-        be: &B,
-        stacks: &SlotStacks<'_, B>,
-        experts: &[u32],
-        stats: &mut StreamStats,
-    ) -> Result<Vec<u32>> {
-        let before = self.cache.counts();
-        let placed = self.cache.place(experts)?;
-        if !placed.loads.is_empty() {
-            self.gate_up.check_unchanged()?;
-            if !self.down.maps_the_files_of(&self.gate_up) {
-                self.down.check_unchanged()?;
-            }
-        }
-        let n = self.cache.slots();
-        for (stored, buf, gate_up) in [
-            (&self.gate_up, stacks.gate_up, true),
-            (&self.down, stacks.down, false),
-        ] {
-            let writes: Vec<(usize, ExpertBytes<'_>)> = placed
-                .loads
-                .iter()
-                .map(|&(e, slot)| (slot as usize, stored.expert(e as usize)))
-                .collect();
-            if writes.is_empty() {
-                continue;
-            }
-            be.write_experts(
-                buf,
-                stored.dtype,
-                ExpertStack {
-                    experts: n,
-                    gate_up,
-                },
-                (n * stored.rows, stored.cols),
-                &writes,
-            )?;
-            stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
-        }
-        let after = self.cache.counts();
-        stats.counts.hits += after.hits - before.hits;
-        stats.counts.misses += after.misses - before.misses;
-        Ok(placed.slots)
-    }
-}
-
-/// The distinct experts of `ids`, in order of first use.
-pub(crate) fn union(ids: &[u32]) -> Vec<u32> {
-    let mut out: Vec<u32> = Vec::new();
-    for &e in ids {
-        if !out.contains(&e) {
-            out.push(e);
-        }
-    }
-    out
-}
-
-/// The tokens of a batch (`ids`: `top_k` experts per token) split into
-/// waves whose experts fit `slots`: each token joins the first wave its
-/// experts fit, in token order. One wave when the batch's union fits.
-pub(crate) fn waves(ids: &[u32], top_k: usize, slots: usize) -> Vec<Vec<usize>> {
-    let mut waves: Vec<(Vec<usize>, Vec<u32>)> = Vec::new();
-    for (t, row) in ids.chunks(top_k).enumerate() {
-        let joined = |u: &[u32]| union(&[u, row].concat());
-        match waves
-            .iter_mut()
-            .map(|(tokens, u)| (joined(u), tokens, u))
-            .find(|(j, ..)| j.len() <= slots)
-        {
-            Some((j, tokens, u)) => {
-                tokens.push(t);
-                *u = j;
-            }
-            None => waves.push((vec![t], union(row))),
-        }
-    }
-    waves.into_iter().map(|(t, _)| t).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn waves_fit_the_slots_and_cover_every_token_once() {
-        // 4 tokens, top 2, 3 slots.
-        let ids = [0, 1, 2, 3, 0, 2, 1, 0];
-        let w = waves(&ids, 2, 3);
-        let mut seen: Vec<usize> = w.iter().flatten().copied().collect();
-        seen.sort();
-        assert_eq!(seen, vec![0, 1, 2, 3]);
-        for wave in &w {
-            let ex: Vec<u32> = wave
-                .iter()
-                .flat_map(|&t| ids[2 * t..2 * t + 2].to_vec())
-                .collect();
-            assert!(union(&ex).len() <= 3, "{wave:?}");
-        }
-        assert_eq!(w, vec![vec![0, 2, 3], vec![1]]);
-        assert_eq!(waves(&ids, 2, 4), vec![vec![0, 1, 2, 3]]);
-    }
 
     #[test]
     fn an_expert_reads_its_slices_of_every_segment() {

@@ -1,0 +1,277 @@
+//! Routed experts streamed from the checkpoint into a bounded number of
+//! device slots per layer (`ModelOptions::expert_slots`).
+//!
+//! A streamed layer's experts stay in the memory-mapped checkpoint
+//! ([`StoredExperts`]); the device holds `slots` of them per layer, in a
+//! stack of the checkpoint's format ([`crate::ComputeBackend::alloc_experts`]).
+//! After a layer's router runs, its expert ids are read back (one readback a
+//! layer), the layer's [`SlotCache`] places them (hits stay, misses evict the
+//! policy's victims), each miss is written from the mapping into its slot
+//! ([`crate::ComputeBackend::write_experts`]), and the MoE ops run on the slot
+//! stack with the ids replaced by slot indices. The slot table thus lives on
+//! the host and the MoE kernels see an `slots`-expert stack: every backend's
+//! MoE ops (and its fusions of them) serve streaming unchanged.
+//!
+//! A prefill batch whose experts do not all fit the slots runs in waves
+//! (`waves`): each wave's tokens keep their routing weights, the others
+//! get weight 0 (their rows come out exactly +0), and the waves' outputs are
+//! summed, so each token's row is the one the resident run computes (x + 0 =
+//! x), bit for bit.
+
+use std::time::{Duration, Instant};
+
+use super::slot_cache::{Counts, SlotCache};
+use super::stored::StoredExperts;
+use super::trace::Trace;
+use crate::backend::{ComputeBackend, DownArgs, ExpertBytes, ExpertStack, GateUpArgs};
+use crate::error::Result;
+use crate::model::decoder::scratch::{ExpertScratch, WaveScratch};
+
+/// The device side of one streamed layer: its two slot stacks' shapes and
+/// the stored experts they are filled from.
+pub(crate) struct StreamedLayer {
+    pub gate_up: StoredExperts,
+    pub down: StoredExperts,
+    pub cache: SlotCache,
+}
+
+/// Counters of the streamed experts since the model was opened (or since
+/// [`crate::model::Sequence::take_stream_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StreamStats {
+    /// Expert lookups that found their expert in a slot, and that did not.
+    pub counts: Counts,
+    /// Bytes written into slots.
+    pub bytes: u64,
+    /// Time the host spent between a layer's routing and its MoE launches:
+    /// waiting for the ids, placing them, writing the misses.
+    pub host_wait: Duration,
+    /// Layer passes that ran in more than one wave (prefill).
+    pub extra_waves: u64,
+}
+
+/// What a pass's streamed experts take from its sequence: its counters,
+/// and the trace whose ids replace the router's where it routes by one
+/// (with the row of the pass's first token).
+pub(crate) struct StreamPass<'a> {
+    pub stats: &'a mut StreamStats,
+    pub trace: Option<(&'a Trace, usize)>,
+}
+
+/// The slot stacks' device buffers a placement writes into.
+pub(crate) struct SlotStacks<'a, B: ComputeBackend> {
+    pub gate_up: &'a B::Buffer,
+    pub down: &'a B::Buffer,
+}
+
+impl StreamedLayer {
+    /// Place `experts` (distinct) in the slots, writing each miss from the
+    /// mapping into its slot; the slot of each, in order.
+    pub fn place<B: ComputeBackend>(
+        &mut self,
+        be: &B,
+        stacks: &SlotStacks<'_, B>,
+        experts: &[u32],
+        stats: &mut StreamStats,
+    ) -> Result<Vec<u32>> {
+        let before = self.cache.counts();
+        let placed = self.cache.place(experts)?;
+        if !placed.loads.is_empty() {
+            self.gate_up.check_unchanged()?;
+            if !self.down.maps_the_files_of(&self.gate_up) {
+                self.down.check_unchanged()?;
+            }
+        }
+        let n = self.cache.slots();
+        for (stored, buf, gate_up) in [
+            (&self.gate_up, stacks.gate_up, true),
+            (&self.down, stacks.down, false),
+        ] {
+            let writes: Vec<(usize, ExpertBytes<'_>)> = placed
+                .loads
+                .iter()
+                .map(|&(e, slot)| (slot as usize, stored.expert(e as usize)))
+                .collect();
+            if writes.is_empty() {
+                continue;
+            }
+            be.write_experts(
+                buf,
+                stored.dtype,
+                ExpertStack {
+                    experts: n,
+                    gate_up,
+                },
+                (n * stored.rows, stored.cols),
+                &writes,
+            )?;
+            stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+        }
+        let after = self.cache.counts();
+        stats.counts.hits += after.hits - before.hits;
+        stats.counts.misses += after.misses - before.misses;
+        Ok(placed.slots)
+    }
+}
+
+/// Layer `li`'s routed experts for the `m` tokens of `s`, after its
+/// router ran: the ids read back, placed in the layer's slots (the misses
+/// written), the slot ids written. With one wave (always in decode) the
+/// gate_up phase runs and None is returned: the caller runs `slot_down`,
+/// as the resident layer runs its down phase. A batch whose experts exceed
+/// the slots runs both phases per wave, weights masked to the wave's
+/// tokens, and returns the buffer holding the waves' sum.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run<'s, B: ComputeBackend>(
+    be: &B,
+    layer: &mut StreamedLayer,
+    li: usize,
+    sp: &mut StreamPass<'_>,
+    stacks: SlotStacks<'_, B>,
+    s: &'s ExpertScratch<B::Buffer>,
+    ws: &'s WaveScratch<B::Buffer>,
+    gate_up: &GateUpArgs<'_, B::Buffer>,
+    slot_down: &DownArgs<'_, B::Buffer>,
+) -> Result<Option<&'s B::Buffer>> {
+    let (m, k) = (gate_up.p.m, gate_up.p.top_k);
+    let t0 = Instant::now();
+    let routed = be.download_u32(&s.ids)?;
+    // (a trace's ids, where the sequence routes by one: after the same
+    // wait for the router as its own ids)
+    let traced: Vec<u32> = match sp.trace {
+        Some((t, row)) => (0..m)
+            .flat_map(|i| t.tokens[(row + i) % t.tokens.len()][li].iter().copied())
+            .collect(),
+        None => Vec::new(),
+    };
+    let ids = if sp.trace.is_some() {
+        &traced[..]
+    } else {
+        &routed[..m * k]
+    };
+    let stats = &mut *sp.stats;
+    let slot_gate_up = GateUpArgs {
+        gate_up: stacks.gate_up,
+        ids: &ws.slot_ids,
+        p: slot_down.p,
+        ..*gate_up
+    };
+    let waves = waves(ids, k, layer.cache.slots());
+    if waves.len() == 1 {
+        let union = union(ids);
+        let at = layer.place(be, &stacks, &union, stats)?;
+        let slot_ids: Vec<u32> = ids.iter().map(|&e| slot_of(&union, &at, e)).collect();
+        be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
+        stats.host_wait += t0.elapsed();
+        slot_gate_up.run(be)?;
+        return Ok(None);
+    }
+    stats.extra_waves += 1;
+    let weights = be.download_f32(&s.weights)?;
+    let (mut sum, mut other): (&B::Buffer, &B::Buffer) = (&s.out, &ws.sum);
+    let hidden = slot_down.p.hidden;
+    // (the first wave's wait includes the two readbacks)
+    let mut since = t0;
+    for (i, tokens) in waves.iter().enumerate() {
+        if i > 0 {
+            since = Instant::now();
+        }
+        let mine: Vec<u32> = tokens
+            .iter()
+            .flat_map(|&t| ids[t * k..(t + 1) * k].iter().copied())
+            .collect();
+        let union = union(&mine);
+        let at = layer.place(be, &stacks, &union, stats)?;
+        // Tokens outside the wave read slot at[0] with weight 0: their
+        // rows come out +0 and add nothing to the sum.
+        let (mut slot_ids, mut wave_w) = (vec![at[0]; m * k], vec![0f32; m * k]);
+        for &t in tokens {
+            for j in t * k..(t + 1) * k {
+                slot_ids[j] = slot_of(&union, &at, ids[j]);
+                wave_w[j] = weights[j];
+            }
+        }
+        be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
+        be.write_f32(&ws.weights, 0, &wave_w)?;
+        stats.host_wait += since.elapsed();
+        slot_gate_up.run(be)?;
+        let out = if i == 0 { sum } else { &ws.out };
+        DownArgs {
+            weights: &ws.weights,
+            out,
+            ..*slot_down
+        }
+        .run(be)?;
+        if i > 0 {
+            be.add(sum, &ws.out, other, m * hidden)?;
+            std::mem::swap(&mut sum, &mut other);
+        }
+    }
+    Ok(Some(sum))
+}
+
+/// The slot `at` gives expert `e` of `union` (the experts a placement was
+/// asked for, in order).
+fn slot_of(union: &[u32], at: &[u32], e: u32) -> u32 {
+    at[union
+        .iter()
+        .position(|&u| u == e)
+        .expect("every routed expert is in the union")]
+}
+
+/// The distinct experts of `ids`, in order of first use.
+fn union(ids: &[u32]) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    for &e in ids {
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// The tokens of a batch (`ids`: `top_k` experts per token) split into
+/// waves whose experts fit `slots`: each token joins the first wave its
+/// experts fit, in token order. One wave when the batch's union fits.
+fn waves(ids: &[u32], top_k: usize, slots: usize) -> Vec<Vec<usize>> {
+    let mut waves: Vec<(Vec<usize>, Vec<u32>)> = Vec::new();
+    for (t, row) in ids.chunks(top_k).enumerate() {
+        let joined = |u: &[u32]| union(&[u, row].concat());
+        match waves
+            .iter_mut()
+            .map(|(tokens, u)| (joined(u), tokens, u))
+            .find(|(j, ..)| j.len() <= slots)
+        {
+            Some((j, tokens, u)) => {
+                tokens.push(t);
+                *u = j;
+            }
+            None => waves.push((vec![t], union(row))),
+        }
+    }
+    waves.into_iter().map(|(t, _)| t).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_fit_the_slots_and_cover_every_token_once() {
+        // 4 tokens, top 2, 3 slots.
+        let ids = [0, 1, 2, 3, 0, 2, 1, 0];
+        let w = waves(&ids, 2, 3);
+        let mut seen: Vec<usize> = w.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2, 3]);
+        for wave in &w {
+            let ex: Vec<u32> = wave
+                .iter()
+                .flat_map(|&t| ids[2 * t..2 * t + 2].to_vec())
+                .collect();
+            assert!(union(&ex).len() <= 3, "{wave:?}");
+        }
+        assert_eq!(w, vec![vec![0, 2, 3], vec![1]]);
+        assert_eq!(waves(&ids, 2, 4), vec![vec![0, 1, 2, 3]]);
+    }
+}
