@@ -34,7 +34,7 @@
 //! A layer ([`layer`]) is its input norm and two blocks that own their
 //! weights: attention ([`attention`]) and feed-forward ([`feed_forward`],
 //! with the routed experts of `model::experts` beside its dense MLP). Each
-//! block reads its named view of the activation scratch ([`scratch`]); the
+//! block reads its named view of the activation scratch (`model::scratch`); the
 //! residual stream goes from layer to layer as an argument. The generation
 //! loops over these passes (greedy, pipelined on the device, and sampled on
 //! the host) are in `decoder/generate.rs`.
@@ -47,6 +47,8 @@ use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::experts::slot_cache::Policy;
 use crate::model::experts::streaming::StreamPass;
+pub use crate::model::scratch::{scratch_bytes, stream_scratch_bytes};
+use crate::model::scratch::{widest_layer, Scratch};
 use crate::model::weights::{Loader, TensorSource};
 use crate::ops::{Embed, Matmul, OpKind};
 
@@ -56,15 +58,12 @@ mod generate;
 mod layer;
 mod one_sequence;
 mod pass;
-pub(crate) mod scratch;
 mod sequence;
 mod shared_state;
 pub use generate::{GenerateOptions, Generation};
 use layer::Layer;
 pub use one_sequence::OneSequence;
 use pass::Pass;
-pub use scratch::{scratch_bytes, stream_scratch_bytes};
-use scratch::{widest_layer, Scratch};
 pub use sequence::Sequence;
 
 /// Tokens one prefill batch carries by default. Large enough that each

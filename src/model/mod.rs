@@ -26,6 +26,7 @@ mod mlx_layout;
 pub mod mlx_writer;
 pub mod quantization;
 pub mod sampling;
+pub(crate) mod scratch;
 mod shard;
 #[cfg(feature = "tools")]
 pub mod synthetic;

@@ -228,7 +228,12 @@ impl<'a, B: ComputeBackend> Loader<'a, B> {
 
     /// Several `[rows_i, cols]` tensors stacked by rows into one weight (one
     /// GEMV reads them all): gate|up of the MLP, q|k|v of attention.
-    pub fn stacked(&self, parts: &[(String, usize)], cols: usize, label: &str) -> Result<B::Buffer> {
+    pub fn stacked(
+        &self,
+        parts: &[(String, usize)],
+        cols: usize,
+        label: &str,
+    ) -> Result<B::Buffer> {
         let tensors = parts
             .iter()
             .map(|(name, rows)| fetch(self.src, name, &[*rows, cols]))

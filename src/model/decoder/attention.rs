@@ -2,11 +2,11 @@
 //! k, v))` of the layer's normed input, on its sequence's KV cache.
 
 use super::pass::Pass;
-use super::scratch::AttentionScratch;
 use super::sequence::KvCache;
 use crate::backend::ComputeBackend;
 use crate::error::Result;
 use crate::model::config::{LayerKind, LayerSpec, ModelConfig};
+use crate::model::scratch::AttentionScratch;
 use crate::model::weights::Loader;
 use crate::ops::{Matmul, QkvPost};
 

@@ -7,12 +7,12 @@
 //! prefill, slots for streamed experts) is decided here.
 
 use super::pass::Pass;
-use super::scratch::{ExpertScratch, FfnScratch, Residual};
 use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
 use crate::model::experts::routed::{MoeBlock, Placed};
 use crate::model::experts::streaming::StreamPass;
+use crate::model::scratch::{ExpertScratch, FfnScratch, Residual};
 use crate::model::weights::Loader;
 use crate::ops::{Matmul, Moe, PostFfn, Router};
 

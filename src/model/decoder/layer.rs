@@ -5,7 +5,6 @@
 use super::attention::AttentionBlock;
 use super::feed_forward::FeedForward;
 use super::pass::Pass;
-use super::scratch::{Residual, Scratch};
 use super::sequence::KvCache;
 use crate::backend::ComputeBackend;
 use crate::error::Result;
@@ -13,6 +12,7 @@ use crate::model::config::ModelConfig;
 use crate::model::experts::routed::MoeBlock;
 use crate::model::experts::slot_cache::Policy;
 use crate::model::experts::streaming::StreamPass;
+use crate::model::scratch::{Residual, Scratch};
 use crate::model::weights::Loader;
 
 /// A decoder layer's weights, in its two blocks.

@@ -8,8 +8,8 @@ use super::{GenerateOptions, Generation, Model, ModelOptions, Sequence};
 use crate::backend::ComputeBackend;
 use crate::error::Result;
 use crate::model::config::ModelConfig;
-use crate::model::experts::trace::Trace;
 use crate::model::experts::streaming::StreamStats;
+use crate::model::experts::trace::Trace;
 use crate::model::weights::TensorSource;
 
 /// A [`Model`] and one [`Sequence`] on it.

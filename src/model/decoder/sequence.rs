@@ -23,8 +23,8 @@ use super::{Model, Tail};
 use crate::backend::ComputeBackend;
 use crate::error::{Error, Result};
 use crate::model::config::LayerKind;
-use crate::model::experts::trace::Trace;
 use crate::model::experts::streaming::StreamStats;
+use crate::model::experts::trace::Trace;
 
 /// Per-layer KV cache, `[kv_heads, capacity, head_dim]` for K and for V, of
 /// `ModelOptions::kv_cache` (f32 or f16).

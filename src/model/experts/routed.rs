@@ -11,7 +11,7 @@ use super::streaming::{self, SlotStacks, StreamPass, StreamedLayer};
 use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, RouterArgs, Support};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::decoder::scratch::ExpertScratch;
+use crate::model::scratch::ExpertScratch;
 use crate::model::weights::Loader;
 use crate::ops::{Moe, OpKind, Router};
 
@@ -129,7 +129,11 @@ impl<B: ComputeBackend> MoeBlock<B> {
     }
 
     /// The routed gate_up phase of `s`'s input.
-    pub fn gate_up<'s>(&'s self, s: &'s ExpertScratch<B::Buffer>, p: Moe) -> GateUpArgs<'s, B::Buffer> {
+    pub fn gate_up<'s>(
+        &'s self,
+        s: &'s ExpertScratch<B::Buffer>,
+        p: Moe,
+    ) -> GateUpArgs<'s, B::Buffer> {
         GateUpArgs {
             x: &s.x,
             gate_up: &self.gate_up,
@@ -168,9 +172,10 @@ impl<B: ComputeBackend> MoeBlock<B> {
             .as_ref()
             .ok_or_else(|| Error::InvalidInput(format!("layer {li} has no streamed experts")))?
             .borrow_mut();
-        let ws = s.waves.as_ref().ok_or_else(|| {
-            Error::InvalidInput("streamed experts without wave scratch".into())
-        })?;
+        let ws = s
+            .waves
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput("streamed experts without wave scratch".into()))?;
         let slot_down = DownArgs {
             ids: &ws.slot_ids,
             p: Moe {

@@ -25,7 +25,7 @@ use super::stored::StoredExperts;
 use super::trace::Trace;
 use crate::backend::{ComputeBackend, DownArgs, ExpertBytes, ExpertStack, GateUpArgs};
 use crate::error::Result;
-use crate::model::decoder::scratch::{ExpertScratch, WaveScratch};
+use crate::model::scratch::{ExpertScratch, WaveScratch};
 
 /// The device side of one streamed layer: its two slot stacks' shapes and
 /// the stored experts they are filled from.
