@@ -31,8 +31,8 @@
 //! scratch buffer; the residual stream needs no ping-pong because post_ffn
 //! reads `r`, not `x`.
 //!
-//! A layer ([`layer`]) is its input norm and two blocks that own their
-//! weights: attention ([`attention`]) and feed-forward ([`feed_forward`],
+//! A layer (`layer`) is its input norm and two blocks that own their
+//! weights: attention (`attention`) and feed-forward (`feed_forward`,
 //! with the routed experts of `model::experts` beside its dense MLP). Each
 //! block reads its named view of the activation scratch (`model::scratch`); the
 //! residual stream goes from layer to layer as an argument. The generation

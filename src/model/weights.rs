@@ -1,5 +1,5 @@
 //! Where weights come from ([`TensorSource`]) and how they reach the device
-//! ([`Loader`]), once when a model is opened: each block of the model loads
+//! (`Loader`), once when a model is opened: each block of the model loads
 //! its own weights through the loader.
 //!
 //! Everything the decoder needs per layer is prepared at load so a forward

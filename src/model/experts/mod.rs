@@ -1,7 +1,7 @@
 //! A model's routed experts: where they are stored, which of them sit in a
 //! streamed layer's device slots, and how a layer runs them.
 //!
-//! - [`routed`]: a layer's experts ([`MoeBlock`]: the router, the expert
+//! - `routed`: a layer's experts (`MoeBlock`: the router, the expert
 //!   stacks and their norms) and the MoE ops' arguments over them;
 //! - [`stored`]: an expert stack left in the memory-mapped checkpoint
 //!   ([`StoredExperts`]), read one expert at a time;
