@@ -81,6 +81,11 @@ fi
 echo "== cargo doc --workspace --no-deps (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet 2>&1 | tee -a "$log" || status=1
 
+# No two files import each other, through any chain (a circle ties them
+# into one unit nobody can read or change alone).
+echo "== import circles between files"
+python3 scripts/import-circles.py 2>&1 | tee -a "$log" || status=1
+
 # One closing line over every test binary (cargo prints one per binary, the
 # last of them for doc-tests, which this workspace has none of), the Tint
 # check counted as one.
