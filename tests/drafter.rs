@@ -460,9 +460,36 @@ fn a_drafter_that_does_not_fit_is_named() {
         assert!(e.contains(want), "{to}: {e}");
     }
     let dir = TempDir::copy_of(&fixture(DRAFTERS[0]), "drafter");
-    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let weights = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Drafter::load(&model, dir.path()).err().unwrap().to_string();
+    assert!(e.contains("not a safetensors file"), "{e}");
+    std::fs::remove_file(&weights).unwrap();
     let e = Drafter::load(&model, dir.path()).err().unwrap().to_string();
     assert!(e.contains("model.safetensors"), "{e}");
+    // A third layer the weights lack: named.
+    let dir3 = TempDir::copy_of(&fixture(DRAFTERS[0]), "drafter");
+    let path = dir3.path().join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["text_config"]["num_hidden_layers"] = 3.into();
+    cfg["text_config"]["layer_types"] =
+        serde_json::json!(["sliding_attention", "full_attention", "full_attention"]);
+    cfg["text_config"]["num_kv_shared_layers"] = 3.into();
+    cfg["text_config"]["per_layer_config"] = serde_json::json!({"1": {"head_dim": 64, "num_key_value_heads": 1},
+                           "2": {"head_dim": 64, "num_key_value_heads": 1}});
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let e = Drafter::load(&model, dir3.path())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("model.layers.2.") && e.contains("missing"),
+        "{e}"
+    );
+    std::fs::write(dir.path().join("config.json"), "{ not json").unwrap();
+    let e = Drafter::load(&model, dir.path()).err().unwrap().to_string();
+    assert!(e.contains("config.json"), "{e}");
     let k = SpeculativeOptions {
         draft_tokens: 0,
         forced: None,
@@ -476,5 +503,17 @@ fn a_drafter_that_does_not_fit_is_named() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("at least 1"), "{e}");
+    assert!(e.contains("1 to 15"), "{e}");
+    let k = SpeculativeOptions {
+        draft_tokens: usize::MAX,
+        forced: None,
+    };
+    let e = drafter
+        .generate(&model, &mut seq, &[5], &greedy(4), &k, |_| {
+            ControlFlow::Continue(())
+        })
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("1 to 15"), "{e}");
 }

@@ -457,7 +457,7 @@ impl<B: ComputeBackend> Drafter<B> {
         let h_in = match hidden {
             DraftInput::Target { m, row } => {
                 let (normed, rows) = target.final_hidden(m)?;
-                if row >= m {
+                if row >= m || row >= rows {
                     return Err(Error::InvalidInput(format!(
                         "hidden row {row} of a pass of {m} tokens"
                     )));

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::{DraftInput, Drafter};
 use crate::backend::ComputeBackend;
 use crate::error::{Error, Result};
-use crate::model::decoder::{GenerateOptions, Generation, Model, Sequence};
+use crate::model::decoder::{GenerateOptions, Generation, Model, Sequence, LOGITS_BATCH};
 use crate::model::sampling::Sampler;
 
 /// Drafted tokens a round when none are asked for (`--draft-tokens`).
@@ -95,10 +95,12 @@ impl<B: ComputeBackend> Drafter<B> {
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<(Generation, SpeculativeStats)> {
         let k = spec.draft_tokens;
-        if k == 0 {
-            return Err(Error::InvalidInput(
-                "draft tokens must be at least 1".into(),
-            ));
+        // (a verification pass is one batch and its logits one head pass)
+        if !(1..LOGITS_BATCH).contains(&k) {
+            return Err(Error::InvalidInput(format!(
+                "{k} draft tokens: 1 to {} (one pass checks k + 1 tokens)",
+                LOGITS_BATCH - 1
+            )));
         }
         if prompt.is_empty() {
             return Err(Error::InvalidInput("empty prompt".into()));
