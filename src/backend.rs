@@ -645,6 +645,19 @@ pub trait ComputeBackend {
     /// [`ComputeBackend::copy_buffer`] after its checks.
     fn record_copy_buffer(&self, src: &Self::Buffer, dst: &Self::Buffer) -> Result<()>;
 
+    /// Copy `p.len` elements of `src` from element `p.src_offset` into `dst`
+    /// from element `p.dst_offset` (f32 or u32, one dtype, not the same
+    /// storage), recorded like an op: after the ops recorded before it,
+    /// before those after it. A batched decode step moves each sequence's
+    /// row of q|k|v to its attention and the result back this way.
+    fn copy_range(&self, src: &Self::Buffer, dst: &Self::Buffer, p: CopyRange) -> Result<()> {
+        p.validate(src, dst)?;
+        self.record_copy_range(src, dst, p)
+    }
+    /// [`ComputeBackend::copy_range`] after its checks.
+    fn record_copy_range(&self, src: &Self::Buffer, dst: &Self::Buffer, p: CopyRange)
+        -> Result<()>;
+
     /// Submit the recorded batch without waiting for it.
     fn flush(&self) -> Result<()>;
     /// Submit the recorded batch and wait until the device is idle.

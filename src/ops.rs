@@ -68,6 +68,8 @@ pub enum OpKind {
     KvCache {
         dtype: DType,
     },
+    /// [`crate::ComputeBackend::copy_range`]: a copy command, not a kernel.
+    CopyRange,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -469,6 +471,57 @@ pub fn check_copy<B: DeviceBuffer>(src: &B, dst: &B) -> Result<()> {
         ));
     }
     no_alias("copy_buffer", dst, &[Some(src)])
+}
+
+/// [`crate::ComputeBackend::copy_range`]'s parameters: `len` elements of
+/// `src` from element `src_offset` into `dst` from element `dst_offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyRange {
+    pub src_offset: usize,
+    pub dst_offset: usize,
+    pub len: usize,
+}
+
+impl CopyRange {
+    /// One dtype, f32 or u32 on both sides (four-byte elements: every
+    /// offset a GPU copy command may take), both ranges inside their
+    /// buffers, two storages.
+    pub fn validate<B: DeviceBuffer>(&self, src: &B, dst: &B) -> Result<()> {
+        const COPIED: [DType; 2] = [DType::F32, DType::U32];
+        let end = |offset: usize, name: &str| {
+            offset.checked_add(self.len).ok_or_else(|| {
+                Error::shape(
+                    "copy_range",
+                    format!("`{name}` offset {offset} + {} overflows", self.len),
+                )
+            })
+        };
+        check_buf(
+            "copy_range",
+            "src",
+            src,
+            &COPIED,
+            end(self.src_offset, "src")?,
+        )?;
+        check_buf(
+            "copy_range",
+            "dst",
+            dst,
+            &COPIED,
+            end(self.dst_offset, "dst")?,
+        )?;
+        if dst.dtype() != src.dtype() {
+            return Err(Error::shape(
+                "copy_range",
+                format!(
+                    "`dst` is {}, `src` {}: a copy needs one dtype",
+                    dst.dtype(),
+                    src.dtype()
+                ),
+            ));
+        }
+        no_alias("copy_range", dst, &[Some(src)])
+    }
 }
 
 /// Checks a weight argument: a float dtype, plain or quantized, and

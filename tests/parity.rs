@@ -322,6 +322,10 @@ fn embed() {
 fn argmax() {
     family("argmax");
 }
+#[test]
+fn copy_range() {
+    family("copy_range");
+}
 
 #[test]
 fn post_attention() {

@@ -53,6 +53,7 @@ use crate::model::weights::{Loader, TensorSource};
 use crate::ops::{Embed, Matmul, OpKind};
 
 mod attention;
+mod batch;
 mod feed_forward;
 mod generate;
 mod layer;
@@ -60,6 +61,7 @@ mod one_sequence;
 mod pass;
 mod sequence;
 mod shared_state;
+use attention::Kv;
 pub use generate::{GenerateOptions, Generation};
 use layer::Layer;
 pub use one_sequence::OneSequence;
@@ -157,6 +159,9 @@ pub struct Model<B: ComputeBackend> {
     /// `prefill_batch`-row scratch for batched prefill, created on first
     /// use so a decode-only run allocates none of it.
     batch: OnceCell<Scratch<B::Buffer>>,
+    /// One position a row of a batched decode step ([`Model::decode_batch`]),
+    /// each row's attention reading its own; created on first use.
+    row_positions: OnceCell<Vec<B::Buffer>>,
     prefill_batch: usize,
     max_context: usize,
     kv_cache: DType,
@@ -246,6 +251,7 @@ impl<B: ComputeBackend> Model<B> {
             layers,
             single,
             batch: OnceCell::new(),
+            row_positions: OnceCell::new(),
             prefill_batch,
             max_context: opts.max_context,
             kv_cache: opts.kv_cache,
@@ -436,11 +442,9 @@ impl<B: ComputeBackend> Model<B> {
             .ok_or_else(|| Error::InvalidInput("batched scratch not allocated".into()))
     }
 
-    /// Write ids and positions for `chunk` at `seq`'s position and record
-    /// its pass (the caller advances `seq` past it).
-    fn forward_chunk(&self, seq: &mut Sequence<B>, chunk: &[u32], tail: Tail) -> Result<()> {
-        let m = chunk.len();
-        if m > 1 && self.batch.get().is_none() {
+    /// The `prefill_batch`-row scratch, created on first use.
+    fn batch_scratch(&self) -> Result<&Scratch<B::Buffer>> {
+        if self.batch.get().is_none() {
             let batch = Scratch::new(
                 &self.backend,
                 &self.cfg,
@@ -449,6 +453,16 @@ impl<B: ComputeBackend> Model<B> {
             )?;
             // (set just above when empty: the cell is never full here)
             let _ = self.batch.set(batch);
+        }
+        self.scratch(2)
+    }
+
+    /// Write ids and positions for `chunk` at `seq`'s position and record
+    /// its pass (the caller advances `seq` past it).
+    fn forward_chunk(&self, seq: &mut Sequence<B>, chunk: &[u32], tail: Tail) -> Result<()> {
+        let m = chunk.len();
+        if m > 1 {
+            self.batch_scratch()?;
         }
         let s = self.scratch(m)?;
         let positions: Vec<u32> = (seq.pos..seq.pos + m).map(|p| p as u32).collect();
@@ -486,40 +500,16 @@ impl<B: ComputeBackend> Model<B> {
             precision: self.precision,
         };
         let res = &s.residual;
-        be.embed(
-            ids,
-            &self.embed,
-            &res.x,
-            Embed {
-                m,
-                hidden: cfg.hidden,
-                vocab: cfg.vocab,
-                scale: self.embed_scale,
-            },
-        )?;
-        // Layer 0's input norm (a config has at least one layer); every
-        // later norm of the residual stream (the next layer's input norm,
-        // the final norm) ends the layer before it.
-        be.rms_norm(
-            &res.x,
-            Some(&self.layers[0].input_norm),
-            None,
-            &res.normed,
-            p.norm(cfg.hidden),
-        )?;
+        self.record_embedding(&p, res, ids)?;
         let tracing = cfg.enable_moe && seq.routing.is_some();
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
         for (li, (layer, cache)) in self.layers.iter().zip(&seq.caches).enumerate() {
-            let next = match self.layers.get(li + 1) {
-                Some(next) => Some(&next.input_norm),
-                None if tail != Tail::Layers => Some(&self.final_norm),
-                None => None,
-            };
+            let next = self.norm_after(li, tail);
             let mut sp = StreamPass {
                 stats: &mut seq.stream,
                 trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
             };
-            layer.record(&p, res, next, s, cache, &mut sp)?;
+            layer.record(&p, res, next, s, &Kv::One(cache), &mut sp)?;
             if tracing {
                 // (the readback rides after the layer's recorded ops)
                 let ids = be.download_u32(&s.experts.ids)?;
@@ -546,6 +536,48 @@ impl<B: ComputeBackend> Model<B> {
             self.record_head(s, &s.residual.normed, m)?;
         }
         Ok(())
+    }
+
+    /// The embedding of the pass's `ids` into `res.x` and layer 0's input
+    /// norm of it into `res.normed` (a config has at least one layer; every
+    /// later norm of the residual stream, the next layer's input norm or
+    /// the final norm, ends the layer before it).
+    fn record_embedding(
+        &self,
+        p: &Pass<'_, B>,
+        res: &crate::model::scratch::Residual<B::Buffer>,
+        ids: &B::Buffer,
+    ) -> Result<()> {
+        let (be, cfg) = (&self.backend, &self.cfg);
+        be.embed(
+            ids,
+            &self.embed,
+            &res.x,
+            Embed {
+                m: p.m,
+                hidden: cfg.hidden,
+                vocab: cfg.vocab,
+                scale: self.embed_scale,
+            },
+        )?;
+        be.rms_norm(
+            &res.x,
+            Some(&self.layers[0].input_norm),
+            None,
+            &res.normed,
+            p.norm(cfg.hidden),
+        )
+    }
+
+    /// The norm a layer's post_ffn leaves in `normed` after layer `li`:
+    /// the next layer's input norm, after the last the final norm (where
+    /// the pass ends with `tail` other than [`Tail::Layers`]), else none.
+    fn norm_after(&self, li: usize, tail: Tail) -> Option<&B::Buffer> {
+        match self.layers.get(li + 1) {
+            Some(next) => Some(&next.input_norm),
+            None if tail != Tail::Layers => Some(&self.final_norm),
+            None => None,
+        }
     }
 
     /// The tied LM head and the softcap for the `m` final-normed rows of `x`

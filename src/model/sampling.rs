@@ -135,6 +135,12 @@ impl Sampler {
         })
     }
 
+    /// Whether it picks the highest logit (what the device's argmax gives:
+    /// [`Sampling::is_greedy`]).
+    pub fn is_greedy(&self) -> bool {
+        self.sampling.is_greedy()
+    }
+
     /// Tokens already in the context (the prompt), which the repetition
     /// penalty counts as seen.
     pub fn observe(&mut self, ids: &[u32]) {

@@ -6,7 +6,8 @@
 
 use super::{case, Op};
 use crate::ops::{
-    Attention, Embed, KvAppend, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Rope, Router,
+    Attention, CopyRange, Embed, KvAppend, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm,
+    Rope, Router,
 };
 use crate::DType::{BF16, F16, F32};
 
@@ -454,6 +455,26 @@ fn glue() -> Vec<Op> {
         }),
         Op::Argmax(case::Argmax { rows: 1, n: 262144 }),
         Op::Argmax(case::Argmax { rows: 5, n: 1001 }),
+        // A row of q|k|v out of a batch's (an odd width, a row past the
+        // first) and a head row back into one, both bounded by guards.
+        Op::CopyRange(case::CopyRange {
+            p: CopyRange {
+                src_offset: 2 * 137,
+                dst_offset: 0,
+                len: 137,
+            },
+            src_len: 4 * 137,
+            dst_len: 137,
+        }),
+        Op::CopyRange(case::CopyRange {
+            p: CopyRange {
+                src_offset: 0,
+                dst_offset: 3 * 4096,
+                len: 4096,
+            },
+            src_len: 4096,
+            dst_len: 16 * 4096,
+        }),
     ]
 }
 
@@ -711,7 +732,7 @@ mod tests {
 
     /// Every family `tests/parity.rs` runs by name: the ops, then those
     /// with quantized weights.
-    const FAMILIES: [&str; 33] = [
+    const FAMILIES: [&str; 34] = [
         "rms_norm",
         "matmul",
         "router",
@@ -729,6 +750,7 @@ mod tests {
         "softcap",
         "embed",
         "argmax",
+        "copy_range",
         "post_attention",
         "post_attention_router",
         "post_attention_gate_up",

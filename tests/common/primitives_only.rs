@@ -10,7 +10,9 @@
 use std::sync::Mutex;
 
 use turbospark::backend::BackendInfo;
-use turbospark::ops::{Attention, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router};
+use turbospark::ops::{
+    Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router,
+};
 use turbospark::{
     ComputeBackend, DType, ExpertBytes, ExpertStack, HostBytes, ReadTicket, Result, Support,
 };
@@ -90,6 +92,9 @@ impl ComputeBackend for PrimitivesOnly {
     }
     fn record_copy_buffer(&self, src: &CpuBuffer, dst: &CpuBuffer) -> Result<()> {
         self.cpu.record_copy_buffer(src, dst)
+    }
+    fn record_copy_range(&self, src: &CpuBuffer, dst: &CpuBuffer, p: CopyRange) -> Result<()> {
+        self.cpu.record_copy_range(src, dst, p)
     }
     fn flush(&self) -> Result<()> {
         self.cpu.flush()

@@ -13,8 +13,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use turbospark::backend::{BackendInfo, Limits};
 use turbospark::ops::{
-    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost, RmsNorm,
-    Rope, Router,
+    self as v, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost,
+    RmsNorm, Rope, Router,
 };
 use turbospark::{
     ComputeBackend, DType, DeviceBuffer, DeviceType, Error, ExpertBytes, ExpertStack, GemmRounding,
@@ -376,6 +376,14 @@ impl ComputeBackend for CpuBackend {
         dst.write("copy_buffer")?
             .bytes()
             .copy_from_slice(from.bytes());
+        Ok(())
+    }
+
+    fn record_copy_range(&self, src: &CpuBuffer, dst: &CpuBuffer, p: CopyRange) -> Result<()> {
+        // (f32 and u32 only: four bytes an element)
+        let (s, d, n) = (p.src_offset * 4, p.dst_offset * 4, p.len * 4);
+        let from = src.read();
+        dst.write("copy_range")?.bytes()[d..d + n].copy_from_slice(&from.bytes()[s..s + n]);
         Ok(())
     }
 

@@ -42,10 +42,15 @@ impl Batch {
         }
     }
 
-    /// Record a copy of `bytes` from `s` to `d` into the batch's encoder,
-    /// after everything recorded so far (the pass ends; the next dispatch
-    /// begins one); it runs with the next submit.
-    pub fn copy(&mut self, be: &WgpuBackend, (s, d): (&wgpu::Buffer, &wgpu::Buffer), bytes: u64) {
+    /// Record a copy of `bytes` from `s` at byte `from` to `d` at byte `to`
+    /// into the batch's encoder, after everything recorded so far (the pass
+    /// ends; the next dispatch begins one); it runs with the next submit.
+    pub fn copy(
+        &mut self,
+        be: &WgpuBackend,
+        (s, d): (&wgpu::Buffer, &wgpu::Buffer),
+        (from, to, bytes): (u64, u64, u64),
+    ) {
         drop(self.pass.take());
         let enc = self.encoder.get_or_insert_with(|| {
             be.device
@@ -53,7 +58,7 @@ impl Batch {
                     label: Some("turbospark batch"),
                 })
         });
-        enc.copy_buffer_to_buffer(s, 0, d, 0, bytes);
+        enc.copy_buffer_to_buffer(s, from, d, to, bytes);
     }
 
     /// End the pass, let `extra` record after it (a readback copy), and

@@ -23,8 +23,8 @@ mod timing;
 use std::sync::{Arc, Mutex};
 
 use turbospark::ops::{
-    self as v, Attention, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost, RmsNorm,
-    Rope, Router,
+    self as v, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost,
+    RmsNorm, Rope, Router,
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertBytes, ExpertStack, GateUpArgs,
@@ -901,7 +901,25 @@ impl ComputeBackend for WgpuBackend {
         let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         // (no submit of its own: a fork's caches, two buffers a layer, go
         // with the next one)
-        b.copy(self, (s, d), bytes);
+        b.copy(self, (s, d), (0, 0, bytes));
+        Ok(())
+    }
+
+    fn record_copy_range(&self, src: &WgpuBuffer, dst: &WgpuBuffer, p: CopyRange) -> Result<()> {
+        whole("copy_range", &[Some(src), Some(dst)])?;
+        let (s, d) = (
+            src.single().expect("checked whole"),
+            dst.single().expect("checked whole"),
+        );
+        // (four-byte elements: every offset and size is a multiple of
+        // COPY_BUFFER_ALIGNMENT)
+        let at = |elements: usize| (elements * 4) as u64;
+        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        b.copy(
+            self,
+            (s, d),
+            (at(p.src_offset), at(p.dst_offset), at(p.len)),
+        );
         Ok(())
     }
 

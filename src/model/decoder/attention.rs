@@ -8,7 +8,24 @@ use crate::error::Result;
 use crate::model::config::{LayerKind, LayerSpec, ModelConfig};
 use crate::model::scratch::AttentionScratch;
 use crate::model::weights::Loader;
-use crate::ops::{Matmul, QkvPost};
+use crate::ops::{CopyRange, Matmul, QkvPost};
+
+/// Where a pass's attention keeps its keys and values.
+pub(super) enum Kv<'a, B: ComputeBackend> {
+    /// One sequence's cache: the pass's rows are its tokens, at the
+    /// positions in the pass's `pos`.
+    One(&'a KvCache<B>),
+    /// Row i is the next token of a sequence of its own (a batched decode
+    /// step): `caches[i]` is that sequence's cache of this layer and
+    /// `positions[i]` a one-element buffer holding its position; each row
+    /// is moved into the one-row scratch `row`, attends there and its
+    /// heads are moved back.
+    Rows {
+        caches: &'a [&'a KvCache<B>],
+        positions: &'a [B::Buffer],
+        row: &'a AttentionScratch<B::Buffer>,
+    },
+}
 
 /// The attention half of a layer: its projections and norms, and its shape.
 pub(super) struct AttentionBlock<B: ComputeBackend> {
@@ -58,29 +75,79 @@ impl<B: ComputeBackend> AttentionBlock<B> {
     /// The block on `normed` (the layer's normed input, at the positions
     /// in `pos`) into `s.out`. q|k|v in one matmul, then the queries' and
     /// keys' norms, RoPE, the cache append and the attention in one call
-    /// (`qkv_post_attention`).
+    /// (`qkv_post_attention`) on `kv`: the pass's one cache, or each row's
+    /// own, then o_proj over every row.
     pub fn record(
         &self,
         p: &Pass<'_, B>,
         normed: &B::Buffer,
         pos: &B::Buffer,
         s: &AttentionScratch<B::Buffer>,
-        cache: &KvCache<B>,
+        kv: &Kv<'_, B>,
     ) -> Result<()> {
         let (be, m, h) = (p.be, p.m, p.hidden);
         let (nh, spec) = (self.heads, &self.spec);
         let hd = spec.head_dim;
+        let qkv_rows = spec.qkv_rows(nh);
         be.matmul(
             &self.qkv,
             normed,
             &s.qkv,
             Matmul {
                 m,
-                n: spec.qkv_rows(nh),
+                n: qkv_rows,
                 k: h,
                 precision: p.precision,
             },
         )?;
+        match kv {
+            Kv::One(cache) => self.attend(p, m, (&s.qkv, pos, &s.q, &s.heads), cache)?,
+            Kv::Rows {
+                caches,
+                positions,
+                row,
+            } => {
+                // One attention a row, each on its own sequence's cache at
+                // its own position: the rows' caches are apart, so no one
+                // launch reads them all (a row's q|k|v in and its heads out
+                // are two copies; the weights are still read once a pass).
+                let heads = nh * hd;
+                for (i, (cache, at)) in caches.iter().zip(positions.iter()).enumerate() {
+                    let copy = |src_offset, dst_offset, len| CopyRange {
+                        src_offset,
+                        dst_offset,
+                        len,
+                    };
+                    be.copy_range(&s.qkv, &row.qkv, copy(i * qkv_rows, 0, qkv_rows))?;
+                    self.attend(p, 1, (&row.qkv, at, &row.q, &row.heads), cache)?;
+                    be.copy_range(&row.heads, &s.heads, copy(0, i * heads, heads))?;
+                }
+            }
+        }
+        be.matmul(
+            &self.o_proj,
+            &s.heads,
+            &s.out,
+            Matmul {
+                m,
+                n: h,
+                k: nh * hd,
+                precision: p.precision,
+            },
+        )
+    }
+
+    /// `qkv_post_attention` of `m` rows of q|k|v in `qkv` at the positions
+    /// in `pos` on `cache`, the queries through `q`, the heads into `heads`.
+    fn attend(
+        &self,
+        p: &Pass<'_, B>,
+        m: usize,
+        (qkv, pos, q, heads): (&B::Buffer, &B::Buffer, &B::Buffer, &B::Buffer),
+        cache: &KvCache<B>,
+    ) -> Result<()> {
+        let (nh, spec) = (self.heads, &self.spec);
+        let hd = spec.head_dim;
         let qp = QkvPost {
             m,
             heads: nh,
@@ -95,28 +162,17 @@ impl<B: ComputeBackend> AttentionBlock<B> {
         };
         // (q_norm and k_norm take the place of 1/sqrt(head_dim): scale 1)
         let ap = qp.attention(self.window, 1.0, p.precision);
-        be.qkv_post_attention(
-            &s.qkv,
+        p.be.qkv_post_attention(
+            qkv,
             &self.q_norm,
             &self.k_norm,
             pos,
-            &s.q,
+            q,
             &cache.k,
             &cache.v,
-            &s.heads,
+            heads,
             qp,
             ap,
-        )?;
-        be.matmul(
-            &self.o_proj,
-            &s.heads,
-            &s.out,
-            Matmul {
-                m,
-                n: h,
-                k: nh * hd,
-                precision: p.precision,
-            },
         )
     }
 }

@@ -2,10 +2,9 @@
 //! its feed-forward block, each owning its weights, run on the residual
 //! stream.
 
-use super::attention::AttentionBlock;
+use super::attention::{AttentionBlock, Kv};
 use super::feed_forward::FeedForward;
 use super::pass::Pass;
-use super::sequence::KvCache;
 use crate::backend::ComputeBackend;
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -55,18 +54,18 @@ impl<B: ComputeBackend> Layer<B> {
     /// and this layer's normed input `res.normed`, leaves the new residual
     /// in `res.x` and its norm `next` (the next layer's input norm, or the
     /// final norm; none after the last layer of a pass without a head) in
-    /// `res.normed`.
+    /// `res.normed`. Attention keeps its keys and values in `kv`.
     pub fn record(
         &self,
         p: &Pass<'_, B>,
         res: &Residual<B::Buffer>,
         next: Option<&B::Buffer>,
         s: &Scratch<B::Buffer>,
-        cache: &KvCache<B>,
+        kv: &Kv<'_, B>,
         sp: &mut StreamPass<'_>,
     ) -> Result<()> {
         self.attention
-            .record(p, &res.normed, &s.pos, &s.attention, cache)?;
+            .record(p, &res.normed, &s.pos, &s.attention, kv)?;
         self.feed_forward
             .record(p, res, next, &s.attention.out, &s.ffn, &s.experts, sp)
     }

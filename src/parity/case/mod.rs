@@ -5,6 +5,7 @@
 //! holds a case of any family.
 
 mod attention;
+mod copy;
 mod elementwise;
 mod inputs;
 mod kv_append;
@@ -20,6 +21,7 @@ mod router;
 mod vocab;
 
 pub use attention::Attention;
+pub use copy::CopyRange;
 pub use elementwise::{Add, GeluMul, Scale, Softcap};
 pub use kv_append::KvAppend;
 pub use matmul::Matmul;
@@ -254,6 +256,7 @@ families!(
     Softcap,
     Embed,
     Argmax,
+    CopyRange,
     PostAttention,
     PostAttentionRouter,
     PostAttentionGateUp,

@@ -1,0 +1,326 @@
+//! Batched decode (`Model::decode_batch`): several sequences, each at its
+//! own position with its own caches, stepped in one forward pass, give
+//! what each gives alone: the same greedy tokens, the same seeded samples,
+//! and with sequences joining and leaving between steps.
+//!
+//! The logits: a batched pass runs the weight-reading ops over m rows
+//! where a lone step runs one (on a GPU, `gemv_rows` and the MoE kernels
+//! with a token dimension instead of the decode pairs), and the dense MLP
+//! as matmul, gelu_mul, matmul instead of a one-expert MoE. On the CPU
+//! reference each row is the same sums in the same order either way, so
+//! the rows are held bit for bit. On the wgpu backend the m-row kernels
+//! split and order a row's sums their own way: the rows are held to
+//! `SAME_PATH_NMSE`, the bound `tests/decoder.rs` holds a backend's
+//! batched rows to its one-row ones (f32 sums of a few hundred terms
+//! reordered, through a few layers), and the tokens exactly.
+
+mod common;
+
+use turbospark::model::sampling::Sampler;
+use turbospark::model::synthetic::{tiny_config, SyntheticSource};
+use turbospark::model::{
+    Checkpoint, GenerateOptions, Model, ModelOptions, Sampling, Sequence, TensorSource,
+};
+use turbospark::ComputeBackend;
+use turbospark_cpu::CpuBackend;
+
+/// As in tests/decoder.rs: one backend's batched rows against its one-row
+/// rows.
+const SAME_PATH_NMSE: f64 = 1e-10;
+
+/// Prefill batches of 4: the batched decode passes carry at most 4 rows,
+/// so 6 sequences take two passes.
+const BATCH: usize = 4;
+
+fn opts() -> ModelOptions {
+    ModelOptions {
+        max_context: 64,
+        prefill_batch: BATCH,
+        ..Default::default()
+    }
+}
+
+fn synthetic<B: ComputeBackend>(be: B) -> Model<B> {
+    let src = SyntheticSource::new(tiny_config(), 42).unwrap();
+    Model::load(be, &src, opts()).unwrap()
+}
+
+fn fixture<B: ComputeBackend>(be: B, name: &str) -> Model<B> {
+    let dir = common::repo_root().join("tests/fixtures").join(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let src: &dyn TensorSource = &ck;
+    Model::load(be, src, opts()).unwrap()
+}
+
+fn prompt(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 37 + 11 + salt * 13) % vocab.min(97)) as u32)
+        .collect()
+}
+
+fn sampling(seed: Option<u64>) -> Sampling {
+    match seed {
+        None => Sampling::Greedy,
+        Some(seed) => Sampling::Random {
+            temperature: 0.9,
+            top_k: Some(20),
+            top_p: Some(0.95),
+            min_p: None,
+            repetition_penalty: None,
+            seed,
+        },
+    }
+}
+
+/// A generation alone: its `n` tokens ([`Model::generate`]) and the logits
+/// of each decode step after the first token (teacher-forced one token at
+/// a time: the one-row decode pass).
+fn alone<B: ComputeBackend>(
+    m: &Model<B>,
+    p: &[u32],
+    n: usize,
+    seed: Option<u64>,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let o = GenerateOptions {
+        max_new_tokens: n,
+        sampling: sampling(seed),
+        stop_at_eos: false,
+    };
+    let mut s = m.new_sequence().unwrap();
+    let tokens = m.generate(&mut s, p, &o).unwrap().tokens;
+    let mut s = m.new_sequence().unwrap();
+    m.prefill(&mut s, p).unwrap();
+    let rows = tokens[..n - 1]
+        .iter()
+        .map(|&t| m.logits(&mut s, &[t]).unwrap().remove(0))
+        .collect();
+    (tokens, rows)
+}
+
+/// One generation of a batch: its sequence, sampler, tokens so far, and
+/// the step it joins at.
+struct Stream<B: ComputeBackend> {
+    seq: Sequence<B>,
+    sampler: Sampler,
+    tokens: Vec<u32>,
+    rows: Vec<Vec<f32>>,
+    joins: usize,
+    n: usize,
+}
+
+/// Runs `streams` (prompt, tokens, seed, the step it joins at): each
+/// prefills alone when it joins, then steps batched with the others
+/// active until it has its tokens and leaves. Each step is one
+/// `decode_batch` (tokens) or `decode_batch_logits` (rows, greedy only).
+fn together<B: ComputeBackend>(
+    m: &Model<B>,
+    streams: &[(Vec<u32>, usize, Option<u64>, usize)],
+    logits: bool,
+) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let mut all: Vec<Stream<B>> = streams
+        .iter()
+        .map(|(_, n, seed, joins)| Stream {
+            seq: m.new_sequence().unwrap(),
+            sampler: Sampler::new(&sampling(*seed)).unwrap(),
+            tokens: Vec::new(),
+            rows: Vec::new(),
+            joins: *joins,
+            n: *n,
+        })
+        .collect();
+    let mut widths = Vec::new();
+    for step in 0.. {
+        for (st, (p, ..)) in all.iter_mut().zip(streams) {
+            if st.joins == step {
+                st.sampler.observe(p);
+                let t = m
+                    .prefill_next(&mut st.seq, p, &mut st.sampler, st.n)
+                    .unwrap();
+                st.tokens.push(t);
+            }
+        }
+        let mut active: Vec<&mut Stream<B>> = all
+            .iter_mut()
+            .filter(|s| s.joins <= step && s.tokens.len() < s.n)
+            .collect();
+        if active.is_empty() {
+            if all.iter().all(|s| s.tokens.len() == s.n) {
+                break;
+            }
+            continue;
+        }
+        widths.push(active.len());
+        let last: Vec<u32> = active.iter().map(|s| *s.tokens.last().unwrap()).collect();
+        let mut seqs: Vec<&mut Sequence<B>> = Vec::new();
+        let mut samplers: Vec<&mut Sampler> = Vec::new();
+        let mut outs: Vec<(&mut Vec<u32>, &mut Vec<Vec<f32>>)> = Vec::new();
+        for s in active.iter_mut() {
+            let Stream {
+                seq,
+                sampler,
+                tokens,
+                rows,
+                ..
+            } = &mut **s;
+            seqs.push(seq);
+            samplers.push(sampler);
+            outs.push((tokens, rows));
+        }
+        if logits {
+            let got = m.decode_batch_logits(&mut seqs, &last).unwrap();
+            for ((tokens, rows), row) in outs.into_iter().zip(got) {
+                tokens.push(turbospark::model::sampling::argmax(&row));
+                rows.push(row);
+            }
+        } else {
+            let got = m.decode_batch(&mut seqs, &last, &mut samplers).unwrap();
+            for ((tokens, _), t) in outs.into_iter().zip(got) {
+                tokens.push(t);
+            }
+        }
+    }
+    eprintln!("rows a step: {widths:?}");
+    all.into_iter().map(|s| (s.tokens, s.rows)).collect()
+}
+
+/// `got` rows against `want`: bit for bit on an exact backend's CPU
+/// reference, else within [`SAME_PATH_NMSE`].
+fn same_rows(got: &[Vec<f32>], want: &[Vec<f32>], bits: bool, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: row count");
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.iter().all(|x| x.is_finite()),
+            "{what}: row {r} not finite"
+        );
+        if bits {
+            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}: row {r} differs");
+        } else {
+            let e = common::nmse(g, w);
+            assert!(e < SAME_PATH_NMSE, "{what}: row {r} NMSE {e:e}");
+        }
+    }
+}
+
+/// Sequences of different prompt lengths, together from the start, then
+/// joining and leaving between steps (1 to 6 rows a step: past the 4 of a
+/// pass, two passes), greedy and seeded: each gives its tokens alone, and
+/// (greedy, logits read) its rows.
+fn together_as_alone<B: ComputeBackend>(m: &Model<B>, bits: bool) {
+    let vocab = m.config().vocab;
+    let p = |n, salt| prompt(n, salt, vocab);
+    // (prompt, tokens, seed, joins at step)
+    let plans: [Vec<(Vec<u32>, usize, Option<u64>, usize)>; 3] = [
+        vec![
+            (p(3, 1), 8, None, 0),
+            (p(7, 2), 8, None, 0),
+            (p(12, 3), 8, None, 0),
+        ],
+        vec![
+            (p(5, 4), 9, None, 0),
+            (p(2, 5), 4, None, 2),
+            (p(9, 6), 7, None, 3),
+            (p(1, 7), 3, None, 3),
+            (p(6, 8), 5, None, 4),
+            (p(4, 9), 5, None, 4),
+            (p(8, 10), 6, None, 4),
+        ],
+        vec![
+            (p(4, 11), 8, Some(7), 0),
+            (p(10, 12), 6, Some(8), 1),
+            (p(3, 13), 8, None, 1),
+            (p(6, 14), 5, Some(9), 2),
+        ],
+    ];
+    for (k, plan) in plans.iter().enumerate() {
+        let want: Vec<_> = plan
+            .iter()
+            .map(|(pr, n, seed, _)| alone(m, pr, *n, *seed))
+            .collect();
+        let got = together(m, plan, false);
+        for (i, ((g, _), (w, _))) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "plan {k}, stream {i}: tokens");
+        }
+        if plan.iter().all(|s| s.2.is_none()) {
+            let got = together(m, plan, true);
+            for (i, ((gt, gr), (wt, wr))) in got.iter().zip(&want).enumerate() {
+                assert_eq!(gt, wt, "plan {k}, stream {i}: tokens from the rows");
+                same_rows(gr, wr, bits, &format!("plan {k}, stream {i}"));
+            }
+        }
+    }
+}
+
+/// Bad batches are refused by name before anything runs.
+fn refusals<B: ComputeBackend>(m: &Model<B>, other: &Model<B>) {
+    let mut a = m.new_sequence().unwrap();
+    let mut b = m.new_sequence().unwrap();
+    m.prefill(&mut a, &[1, 2]).unwrap();
+    let mut g = Sampler::new(&Sampling::Greedy).unwrap();
+    let e = m
+        .decode_batch(&mut [&mut a, &mut b], &[1], &mut [&mut g])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("1 samplers for 2 sequences"), "{e}");
+    let e = m
+        .decode_batch_logits(&mut [&mut a, &mut b], &[1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("1 tokens for 2 sequences"), "{e}");
+    let e = m
+        .decode_batch_logits(&mut [&mut a, &mut b], &[1, 1 << 30])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sequence 1") && e.contains("past the vocabulary"),
+        "{e}"
+    );
+    assert_eq!((a.position(), b.position()), (2, 0), "nothing ran");
+    let mut c = other.new_sequence().unwrap();
+    let e = m
+        .decode_batch_logits(&mut [&mut a, &mut c], &[1, 1])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sequence 1") && e.contains("another model"),
+        "{e}"
+    );
+    let e = m
+        .prefill_next(&mut b, &[], &mut g, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("empty prompt"), "{e}");
+}
+
+#[test]
+fn cpu_batched_decode_equals_each_alone() {
+    together_as_alone(&synthetic(CpuBackend::new()), true);
+}
+
+#[test]
+fn cpu_batched_decode_of_the_fixtures() {
+    for name in ["tiny-text", "tiny-text-q4"] {
+        together_as_alone(&fixture(CpuBackend::new(), name), true);
+    }
+}
+
+#[test]
+fn cpu_bad_batches_are_refused() {
+    refusals(&synthetic(CpuBackend::new()), &synthetic(CpuBackend::new()));
+}
+
+#[test]
+fn wgpu_batched_decode_equals_each_alone() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    together_as_alone(&synthetic(be), false);
+}
+
+#[test]
+fn wgpu_batched_decode_of_a_fixture() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    together_as_alone(&fixture(be, "tiny-text"), false);
+}
