@@ -298,3 +298,58 @@ fn quick_bench_with_f16_kv_caches() {
         "decode at context 40 with f16 caches",
     );
 }
+
+/// `--parallel 1,3,6`: aggregate and per-stream decode rates of streams
+/// stepped together on the tiny synthetic model (6 streams: two passes a
+/// step at its prefill batch of 4), in the JSON.
+#[test]
+fn parallel_decode_throughput_on_cpu() {
+    let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-parallel-cpu.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(["bench", "--backend", "cpu", "--synthetic", "tiny"])
+        .args(["--prompt-tokens", "6", "--decode-tokens", "4"])
+        .args(["--prefill-batch", "4", "--parallel", "1,3,6", "--json"])
+        .arg(&json)
+        .output()
+        .expect("turbospark runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).expect("JSON");
+    let runs = v["parallel"].as_array().expect("parallel runs");
+    let streams: Vec<u64> = runs.iter().filter_map(|r| r["streams"].as_u64()).collect();
+    assert_eq!(streams, [1, 3, 6], "{v}");
+    for r in runs {
+        positive(&r["aggregate_tok_s"], "aggregate tok/s");
+        positive(&r["per_stream_tok_s"], "per-stream tok/s");
+        let (agg, one) = (
+            r["aggregate_tok_s"].as_f64(),
+            r["per_stream_tok_s"].as_f64(),
+        );
+        let n = r["streams"].as_f64().unwrap();
+        assert!(
+            (agg.unwrap() - n * one.unwrap()).abs() <= 1e-6 * agg.unwrap(),
+            "{r}"
+        );
+    }
+    assert_eq!(runs[2]["passes_a_step"], 2, "{v}");
+    // (a stream count of 0 is refused by name)
+    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args([
+            "bench",
+            "--backend",
+            "cpu",
+            "--synthetic",
+            "tiny",
+            "--parallel",
+            "0",
+        ])
+        .output()
+        .expect("turbospark runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--parallel"), "{err}");
+}

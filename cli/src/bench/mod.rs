@@ -13,6 +13,7 @@ mod clock;
 mod e2e;
 mod fidelity;
 mod measure;
+mod parallel;
 mod replay;
 mod report;
 mod speculative;
@@ -138,6 +139,13 @@ pub struct Args {
     /// `--backend cpu`).
     #[arg(long)]
     pub speculative: bool,
+    /// Aggregate decode throughput on the `--synthetic` model at these
+    /// stream counts (`,`-separated, e.g. 1,4,16), and exit: that many
+    /// sequences stepped together by `Model::decode_batch` (as `serve
+    /// --parallel` runs them), aggregate and per-stream tok/s (on the wgpu
+    /// backend, or the CPU with `--backend cpu`).
+    #[arg(long, value_delimiter = ',', value_name = "N,..")]
+    pub parallel: Vec<usize>,
     /// --speculative: the synthetic drafter's layers (the last full).
     #[arg(long, default_value_t = 4)]
     pub draft_layers: usize,
@@ -417,6 +425,9 @@ pub fn main(args: Args) -> ExitCode {
     if args.speculative {
         return speculative_main(&args);
     }
+    if !args.parallel.is_empty() {
+        return parallel_main(&args);
+    }
     // A bad --synthetic / --layers fails before minutes of per-op cases.
     if let Some(name) = &args.synthetic {
         if let Err(e) = e2e::config(name, args.layers) {
@@ -639,6 +650,38 @@ fn stream_main(args: &Args) -> ExitCode {
 
 /// `bench --speculative`: [`speculative::run`] on one backend, its lines
 /// printed (the report written with `--json`).
+/// `bench --parallel`: on the wgpu backend, or the CPU with `--backend cpu`.
+fn parallel_main(args: &Args) -> ExitCode {
+    let Some(name) = &args.synthetic else {
+        eprintln!("bench: --parallel needs a synthetic model: pass --synthetic too");
+        return ExitCode::FAILURE;
+    };
+    let result = if args.backend == Which::Cpu {
+        parallel::run(CpuBackend::new(), name, args)
+    } else {
+        WgpuBackend::new(&WgpuOptions {
+            adapter: args.adapter.clone(),
+            ..Default::default()
+        })
+        .and_then(|b| parallel::run(b, name, args))
+    };
+    match result {
+        Ok(v) => {
+            if let Some(out) = &args.json {
+                if let Err(e) = std::fs::write(out, v.to_string()) {
+                    eprintln!("bench: writing {}: {e}", out.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: --parallel: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn speculative_main(args: &Args) -> ExitCode {
     let Some(name) = &args.synthetic else {
         eprintln!("bench: --speculative needs a synthetic model: pass --synthetic too");

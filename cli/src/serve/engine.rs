@@ -1,15 +1,21 @@
 //! The engine thread: it owns the model (not `Sync`: its activation
 //! scratch is shared by every pass) and runs the requests of a bounded
-//! queue one at a time, streaming each one's text back as it is generated.
-//! It keeps the sequences of recent requests (a prompt cache): a prompt
-//! that extends one's tokens starts from a copy of it and prefills only
-//! what is new.
+//! queue, streaming each one's text back as it is generated. Up to
+//! `--parallel` generations run at once (continuous batching): a request
+//! joins after its prompt's prefill, which runs alone, each step is one
+//! batched pass over the active generations (`Model::decode_batch`), and a
+//! generation leaves between steps when it ends (its token limit, an
+//! end-of-sequence token, a stop string, its client gone). Speculative
+//! decoding runs one request at a time. The engine keeps the sequences of
+//! recent requests (a prompt cache): a prompt that extends one's tokens
+//! starts from a copy of it and prefills only what is new.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use turbospark::model::drafter::{Drafter, SpeculativeOptions};
+use turbospark::model::sampling::Sampler;
 use turbospark::model::{GenerateOptions, Model, Sequence};
 use turbospark::ComputeBackend;
 
@@ -51,60 +57,277 @@ pub struct Done {
     pub completion_tokens: usize,
     /// Prompt tokens taken from a cached sequence, not run again.
     pub cached_tokens: usize,
+    /// The most generations one decode step of this one carried.
+    pub widest_batch: usize,
 }
 
-/// Serve `jobs` with `model` (and `drafter`, speculative decoding, where
-/// given) until the queue closes; `cache_size` sequences are kept for
-/// later prompts.
-pub fn serve<B: ComputeBackend>(
-    model: Model<B>,
-    drafter: Option<(Drafter<B>, SpeculativeOptions)>,
-    tok: Arc<tokenizers::Tokenizer>,
-    cache_size: usize,
-    mut jobs: mpsc::Receiver<Job>,
-) {
+/// What the engine runs: the model, a drafter for speculative decoding
+/// where given, the tokenizer, and how many generations run at once.
+pub struct Engine<B: ComputeBackend> {
+    pub model: Model<B>,
+    pub drafter: Option<(Drafter<B>, SpeculativeOptions)>,
+    pub tok: Arc<tokenizers::Tokenizer>,
+    /// Sequences kept for later prompts.
+    pub cache_size: usize,
+    /// Generations stepped together (1 with a drafter).
+    pub parallel: usize,
+}
+
+/// Serve `jobs` until the queue closes: with a drafter one request at a
+/// time, else up to `parallel` generations batched.
+pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
     let mut cache = PromptCache {
         seqs: Vec::new(),
-        size: cache_size,
+        size: e.cache_size,
     };
-    let eos = model.config().eos_token_ids.clone();
-    while let Some(job) = jobs.blocking_recv() {
-        // (a client that left while its request waited)
-        if job.events.is_closed() {
-            eprintln!("request skipped: the client went while it waited");
-            continue;
+    let eos = e.model.config().eos_token_ids.clone();
+    let (model, tok) = (&e.model, &*e.tok);
+    if e.drafter.is_some() {
+        while let Some(job) = jobs.blocking_recv() {
+            if skipped(&job) {
+                continue;
+            }
+            let ran = guarded(&mut cache, |cache| {
+                run(model, e.drafter.as_ref(), cache, tok, &eos, &job)
+            });
+            report(&job, ran);
         }
-        // A panic (a bug, never bad input: requests are checked before they
-        // queue) fails its request, not the server; the cached sequences
-        // may be half written and go with it.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run(&model, drafter.as_ref(), &mut cache, &tok, &eos, &job)
-        }));
-        let ran = ran.unwrap_or_else(|_| {
-            cache.seqs.clear();
-            Err("the engine failed on this request (a panic): see the server's log".into())
-        });
-        let event = match ran {
-            Ok(done) => {
-                let how = if job.events.is_closed() {
-                    "the client went"
-                } else if done.stopped {
-                    "stop"
-                } else {
-                    "length"
-                };
-                eprintln!(
-                    "request: {} prompt tokens ({} cached), {} new; {how}",
-                    done.prompt_tokens, done.cached_tokens, done.completion_tokens
-                );
-                Event::Done(done)
+        return;
+    }
+    let mut active: Vec<Active<'_, B>> = Vec::new();
+    loop {
+        // Join: waiting for a request only while none runs.
+        while active.len() < e.parallel.max(1) {
+            let job = if active.is_empty() {
+                match jobs.blocking_recv() {
+                    Some(job) => job,
+                    None => return,
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
+            if skipped(&job) {
+                continue;
             }
-            Err(e) => {
-                eprintln!("request failed: {e}");
-                Event::Error(e.to_string())
+            if job.opts.max_new_tokens == 0 {
+                // (a prefill alone: nothing to step)
+                let ran = guarded(&mut cache, |cache| run(model, None, cache, tok, &eos, &job));
+                report(&job, ran);
+                continue;
             }
-        };
-        let _ = job.events.send(event);
+            match guarded(&mut cache, |cache| start(model, cache, tok, &eos, &job)) {
+                Ok((gen, false)) => active.push(Active { job, gen }),
+                Ok((gen, true)) => {
+                    let done = gen.finish(&job, &mut cache);
+                    report(&job, done);
+                }
+                Err(err) => report(&job, Err(err)),
+            }
+        }
+        if !active.is_empty() {
+            step(model, &mut active, &mut cache, &eos);
+        }
+    }
+}
+
+/// A request whose client left while it waited.
+fn skipped(job: &Job) -> bool {
+    let gone = job.events.is_closed();
+    if gone {
+        eprintln!("request skipped: the client went while it waited");
+    }
+    gone
+}
+
+/// `f` run so that a panic (a bug, never bad input: requests are checked
+/// before they queue) fails its request, not the server; the cached
+/// sequences may be half written and go with it.
+fn guarded<B: ComputeBackend, T>(
+    cache: &mut PromptCache<B>,
+    f: impl FnOnce(&mut PromptCache<B>) -> CliResult<T>,
+) -> CliResult<T> {
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(cache)));
+    ran.unwrap_or_else(|_| {
+        cache.seqs.clear();
+        Err("the engine failed on this request (a panic): see the server's log".into())
+    })
+}
+
+/// The log line of a request and its last event.
+fn report(job: &Job, ran: CliResult<Done>) {
+    let event = match ran {
+        Ok(done) => {
+            let how = if job.events.is_closed() {
+                "the client went"
+            } else if done.stopped {
+                "stop"
+            } else {
+                "length"
+            };
+            eprintln!(
+                "request: {} prompt tokens ({} cached), {} new, up to {} at once; {how}",
+                done.prompt_tokens, done.cached_tokens, done.completion_tokens, done.widest_batch
+            );
+            Event::Done(done)
+        }
+        Err(e) => {
+            eprintln!("request failed: {e}");
+            Event::Error(e.to_string())
+        }
+    };
+    let _ = job.events.send(event);
+}
+
+/// A request being generated: its job and where its generation stands.
+struct Active<'t, B: ComputeBackend> {
+    job: Job,
+    gen: Generating<'t, B>,
+}
+
+/// A generation between steps.
+struct Generating<'t, B: ComputeBackend> {
+    seq: Sequence<B>,
+    sampler: Sampler,
+    text: TextOut<'t>,
+    cached: usize,
+    /// Tokens generated so far.
+    tokens: usize,
+    /// The last of them: the next step's input.
+    last: u32,
+    /// Ended by an end-of-sequence or stop token.
+    stopped: bool,
+    /// The most generations a step of this one carried.
+    widest: usize,
+}
+
+/// A request's start: its sequence (from the prompt cache where it can),
+/// its prompt's prefill alone and its first token, handed over. The
+/// generation, and whether it has ended already.
+fn start<'t, B: ComputeBackend>(
+    model: &Model<B>,
+    cache: &mut PromptCache<B>,
+    tok: &'t tokenizers::Tokenizer,
+    eos: &[u32],
+    job: &Job,
+) -> CliResult<(Generating<'t, B>, bool)> {
+    // The CPU backend reads its weights from the checkpoint's maps: a file
+    // changed since the server started is an error, not a fault.
+    crate::mapped::check_unchanged()?;
+    let mut sampler = Sampler::new(&job.opts.sampling)?;
+    // (the whole prompt is seen, however much of it the cache held: a
+    // reply does not depend on what ran before it)
+    sampler.observe(&job.prompt);
+    let (mut seq, cached) = cache.take(model, &job.prompt)?;
+    let first = model.prefill_next(
+        &mut seq,
+        &job.prompt[cached..],
+        &mut sampler,
+        job.opts.max_new_tokens,
+    )?;
+    let mut gen = Generating {
+        seq,
+        sampler,
+        text: TextOut::new(tok, job.special, job.stops.clone()),
+        cached,
+        tokens: 0,
+        last: first,
+        stopped: false,
+        widest: 1,
+    };
+    let ends = gen.take(first, job, eos)?;
+    Ok((gen, ends))
+}
+
+/// One batched step of every active generation; those that end leave
+/// (each answered), the rest stay for the next.
+fn step<B: ComputeBackend>(
+    model: &Model<B>,
+    active: &mut Vec<Active<'_, B>>,
+    cache: &mut PromptCache<B>,
+    eos: &[u32],
+) {
+    let last: Vec<u32> = active.iter().map(|a| a.gen.last).collect();
+    for a in active.iter_mut() {
+        a.gen.widest = a.gen.widest.max(last.len());
+    }
+    let (mut seqs, mut samplers): (Vec<_>, Vec<_>) = active
+        .iter_mut()
+        .map(|a| (&mut a.gen.seq, &mut a.gen.sampler))
+        .unzip();
+    let stepped = guarded(cache, |_| {
+        Ok(model.decode_batch(&mut seqs, &last, &mut samplers)?)
+    });
+    let ids = match stepped {
+        Ok(ids) => ids,
+        Err(e) => {
+            // (every sequence of the pass may be half written: none is kept)
+            let msg = e.to_string();
+            for a in active.drain(..) {
+                report(&a.job, Err(msg.clone().into()));
+            }
+            return;
+        }
+    };
+    for (mut a, id) in std::mem::take(active).into_iter().zip(ids) {
+        match a.gen.take(id, &a.job, eos) {
+            Ok(false) => active.push(a),
+            Ok(true) => {
+                let done = a.gen.finish(&a.job, cache);
+                report(&a.job, done);
+            }
+            Err(e) => report(&a.job, Err(e)),
+        }
+    }
+}
+
+impl<B: ComputeBackend> Generating<'_, B> {
+    /// Token `id` handed over (its text sent); whether generation ends
+    /// after it, as `Model::generate_streaming` would end it.
+    fn take(&mut self, id: u32, job: &Job, eos: &[u32]) -> CliResult<bool> {
+        self.tokens += 1;
+        self.last = id;
+        let brk = self.hand_over(id, job, eos)?;
+        Ok(brk
+            || (job.opts.stop_at_eos && eos.contains(&id))
+            || self.tokens >= job.opts.max_new_tokens)
+    }
+
+    /// What `run`'s callback does with a token: whether it breaks.
+    fn hand_over(&mut self, id: u32, job: &Job, eos: &[u32]) -> CliResult<bool> {
+        if eos.contains(&id) || job.stop_ids.contains(&id) {
+            self.stopped = true;
+            return Ok(true);
+        }
+        let delta = self.text.push(id)?;
+        if !delta.is_empty() && job.events.send(Event::Text(delta)).is_err() {
+            return Ok(true);
+        }
+        if self.text.stopped {
+            self.stopped = true;
+            return Ok(true);
+        }
+        // (the client has gone: its generation ends here)
+        Ok(job.events.is_closed())
+    }
+
+    /// The generation ended: the rest of its text sent, its sequence kept
+    /// in the cache.
+    fn finish(mut self, job: &Job, cache: &mut PromptCache<B>) -> CliResult<Done> {
+        let rest = self.text.finish()?;
+        if !rest.is_empty() {
+            let _ = job.events.send(Event::Text(rest));
+        }
+        cache.put(self.seq);
+        Ok(Done {
+            stopped: self.stopped || self.text.stopped,
+            prompt_tokens: job.prompt.len(),
+            completion_tokens: self.tokens,
+            cached_tokens: self.cached,
+            widest_batch: self.widest,
+        })
     }
 }
 
@@ -165,6 +388,8 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// A request run alone, start to end: speculative decoding with the
+/// drafter, or a prompt's prefill without new tokens.
 fn run<B: ComputeBackend>(
     model: &Model<B>,
     drafter: Option<&(Drafter<B>, SpeculativeOptions)>,
@@ -177,7 +402,7 @@ fn run<B: ComputeBackend>(
     // changed since the server started is an error, not a fault.
     crate::mapped::check_unchanged()?;
     let (mut seq, cached) = cache.take(model, &job.prompt)?;
-    let mut text = TextOut::new(tok, job.special, &job.stops);
+    let mut text = TextOut::new(tok, job.special, job.stops.clone());
     let mut stopped = false;
     let mut failed = None;
     let on_token = |id| {
@@ -236,6 +461,7 @@ fn run<B: ComputeBackend>(
         prompt_tokens: job.prompt.len(),
         completion_tokens: g.tokens.len(),
         cached_tokens: cached,
+        widest_batch: 1,
     })
 }
 
@@ -245,7 +471,7 @@ fn run<B: ComputeBackend>(
 struct TextOut<'a> {
     tok: &'a tokenizers::Tokenizer,
     special: bool,
-    stops: &'a [String],
+    stops: Vec<String>,
     /// The text of the lines before `line`, decoded.
     done: String,
     /// The tokens since the last line break (decoded again at each token,
@@ -260,7 +486,7 @@ struct TextOut<'a> {
 }
 
 impl<'a> TextOut<'a> {
-    fn new(tok: &'a tokenizers::Tokenizer, special: bool, stops: &'a [String]) -> Self {
+    fn new(tok: &'a tokenizers::Tokenizer, special: bool, stops: Vec<String>) -> Self {
         TextOut {
             tok,
             special,
@@ -389,7 +615,7 @@ mod tests {
                 whole[..whole.find("w13").unwrap()].to_string(),
             ),
         ] {
-            let mut out = TextOut::new(&tok, false, &stops);
+            let mut out = TextOut::new(&tok, false, stops.clone());
             let mut got = String::new();
             for &id in &ids {
                 got.push_str(&out.push(id).unwrap());

@@ -554,6 +554,7 @@ mod tests {
         prompt_tokens: 3,
         completion_tokens: 9,
         cached_tokens: 0,
+        widest_batch: 1,
     };
 
     /// Gemma 4's thinking and tool calls become OpenAI's

@@ -1,7 +1,8 @@
 //! `turbospark serve`: an OpenAI-compatible HTTP server (axum on tokio).
 //! One engine thread owns the model and runs the requests of a bounded
-//! queue one at a time (`engine.rs`); the HTTP side renders and tokenizes
-//! prompts, checks requests and streams the replies (`http.rs`).
+//! queue, up to `--parallel` at once in batched decode steps (`engine.rs`);
+//! the HTTP side renders and tokenizes prompts, checks requests and
+//! streams the replies (`http.rs`).
 
 mod engine;
 mod http;
@@ -34,9 +35,17 @@ pub struct Args {
     /// Port to listen on (0: any free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Requests that may wait while one runs; past that a request gets 429.
+    /// Requests that may wait while --parallel run; past that a request
+    /// gets 429.
     #[arg(long, default_value_t = 16)]
     queue: usize,
+    /// Generations run at once (continuous batching): each decode step is
+    /// one pass over them all, reading the weights once; a request joins
+    /// after its prompt's prefill and leaves when it ends. Default 4; with
+    /// --draft-model 1, the only value it takes (speculative decoding runs
+    /// one request at a time).
+    #[arg(long, value_name = "N")]
+    parallel: Option<usize>,
     /// Sequences of recent requests kept, for prompts that extend them (a
     /// conversation's next turn, a shared system prompt): 0 keeps none.
     #[arg(long, default_value_t = 4)]
@@ -65,6 +74,7 @@ pub fn run(a: Args) -> CliResult {
     if a.queue == 0 {
         return Err("--queue must be at least 1".into());
     }
+    let parallel = parallel(&a)?;
     let tok = Arc::new(tokenizer(&a.model)?.ok_or_else(|| {
         format!(
             "{} has no tokenizer.json, which serve needs",
@@ -74,7 +84,7 @@ pub fn run(a: Args) -> CliResult {
     let renderer = prompt::Renderer::load(&a.model, &tok)?;
     let max_context = a.run.context(&a.model)?;
     let (jobs, queue) = mpsc::channel(a.queue);
-    let device = start_engine(&a, max_context, tok.clone(), queue)?;
+    let device = start_engine(&a, (max_context, parallel), tok.clone(), queue)?;
     let chat_stop_ids = turbospark_cli::reply::STOP_MARKERS
         .iter()
         .filter_map(|t| tok.token_to_id(t))
@@ -84,7 +94,7 @@ pub fn run(a: Args) -> CliResult {
         |n| n.to_string_lossy().into(),
     );
     eprintln!(
-        "{device}: {model_name}, {max_context}-token context; {}",
+        "{device}: {model_name}, {max_context}-token context, {parallel} at once; {}",
         renderer.describe()
     );
     let app = Arc::new(http::App {
@@ -113,11 +123,30 @@ pub fn run(a: Args) -> CliResult {
     runtime.block_on(listen(&a.host, a.port, router, grace))
 }
 
+/// Generations run at once: `--parallel` (4 by default), 1 with a drafter,
+/// which runs one request at a time and refuses more by name.
+fn parallel(a: &Args) -> CliResult<usize> {
+    match (a.parallel, &a.draft_model) {
+        (Some(0), _) => Err("--parallel must be at least 1".into()),
+        (Some(n), Some(_)) if n > 1 => Err(format!(
+            "--parallel {n} with --draft-model: speculative decoding runs one request at a \
+             time (leave --parallel out, or 1)"
+        )
+        .into()),
+        (Some(n), _) => Ok(n),
+        (None, Some(_)) => Ok(1),
+        (None, None) => Ok(DEFAULT_PARALLEL),
+    }
+}
+
+/// Generations `serve` runs at once unless told.
+const DEFAULT_PARALLEL: usize = 4;
+
 /// Load the model on the engine thread (it stays there: `Model` is not
 /// `Sync`) and start serving `queue` there; the device's name once loaded.
 fn start_engine(
     a: &Args,
-    max_context: usize,
+    (max_context, parallel): (usize, usize),
     tok: Arc<tokenizers::Tokenizer>,
     queue: mpsc::Receiver<engine::Job>,
 ) -> CliResult<String> {
@@ -142,7 +171,7 @@ fn start_engine(
                     Option<(PathBuf, SpeculativeOptions)>,
                 ),
                 tok: Arc<tokenizers::Tokenizer>,
-                cache: usize,
+                (cache_size, parallel): (usize, usize),
                 queue: mpsc::Receiver<engine::Job>,
             ) {
                 let loaded = loaded.and_then(|(model, device)| {
@@ -155,7 +184,14 @@ fn start_engine(
                 match loaded {
                     Ok((model, drafter, device)) => {
                         let _ = ready.send(Ok(device));
-                        engine::serve(model, drafter, tok, cache, queue);
+                        let e = engine::Engine {
+                            model,
+                            drafter,
+                            tok,
+                            cache_size,
+                            parallel,
+                        };
+                        engine::serve(e, queue);
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -167,7 +203,7 @@ fn start_engine(
                     run.load_model(CpuBackend::new(), &dir, max_context),
                     (ready, draft),
                     tok,
-                    cache,
+                    (cache, parallel),
                     queue,
                 ),
                 BackendKind::Wgpu => match open_wgpu(run.adapter.clone()) {
@@ -175,7 +211,7 @@ fn start_engine(
                         run.load_model(b, &dir, max_context),
                         (ready, draft),
                         tok,
-                        cache,
+                        (cache, parallel),
                         queue,
                     ),
                     Err(e) => {
