@@ -86,13 +86,23 @@ impl Server {
 
     /// A server of the checkpoint `dir`.
     fn start_on(dir: &std::path::Path, context: &str, extra: &[&str]) -> Server {
+        Self::start_on_backend(dir, "cpu", context, extra)
+    }
+
+    /// A server of the checkpoint `dir` on `backend`.
+    fn start_on_backend(
+        dir: &std::path::Path,
+        backend: &str,
+        context: &str,
+        extra: &[&str],
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turbospark"))
             .args([
                 "serve",
                 "--model",
                 dir.to_str().unwrap(),
                 "--backend",
-                "cpu",
+                backend,
             ])
             .args([
                 "--host",
@@ -901,12 +911,12 @@ enum Kind {
     Malformed,
 }
 
-/// Requests the soak sends: `TURBOSPARK_SOAK_REQUESTS`, else 1000.
-fn soak_requests() -> usize {
+/// Requests a soak sends: `TURBOSPARK_SOAK_REQUESTS`, else `default`.
+fn soak_requests(default: usize) -> usize {
     std::env::var("TURBOSPARK_SOAK_REQUESTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+        .unwrap_or(default)
 }
 
 /// The server's resident memory in bytes (`/proc/PID/statm`'s second field,
@@ -927,14 +937,32 @@ fn rss(s: &Server) -> Option<u64> {
 const RSS_GROWTH: u64 = 8 << 20;
 
 /// 1000 requests (`TURBOSPARK_SOAK_REQUESTS` for another count), 16
-/// clients at a time on the default `--parallel 4`: a tenth leave
-/// mid-stream, a tenth are malformed, half the rest sample with a seed. No
-/// crash, bad input refused with a 400 (never a 5xx), every completed reply
-/// the one the same request gets alone, and the server's resident memory
-/// flat after the warm-up (within [`RSS_GROWTH`]).
+/// clients at a time on the default `--parallel 4`, on the CPU backend:
+/// a tenth leave mid-stream, a tenth are malformed, half the rest sample
+/// with a seed. No crash, bad input refused with a 400 (never a 5xx),
+/// every completed reply the one the same request gets alone, and the
+/// server's resident memory flat after the warm-up (within
+/// [`RSS_GROWTH`]). About 3 s on two cores.
 #[test]
 fn soak() {
-    let total = soak_requests();
+    soak_on("cpu", soak_requests(1000));
+}
+
+/// [`soak`] on the wgpu backend (lavapipe in CI; about 4 s on two cores).
+#[test]
+fn soak_on_wgpu() {
+    if let Err(e) = turbospark_wgpu::WgpuBackend::new(&Default::default()) {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("CI=true but the wgpu backend could not start: {e}");
+        }
+        eprintln!("skipping: no wgpu adapter: {e}");
+        return;
+    }
+    soak_on("wgpu", soak_requests(1000));
+}
+
+/// The soak: `total` requests to a server on `backend`.
+fn soak_on(backend: &str, total: usize) {
     let s = Arc::new(Server::start(&[]));
     // (prompt, seed): five prompts, greedy and seeded
     let variants: Vec<(String, Option<u64>)> = (0..10)
