@@ -5,7 +5,9 @@ mod common;
 mod primitives_only;
 
 use primitives_only::PrimitivesOnly;
-use turbospark::ops::{Attention, KvAppend, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router};
+use turbospark::ops::{
+    Attention, CopyRange, KvAppend, Moe, PostAttention, PostFfn, QkvPost, RmsNorm, Router,
+};
 use turbospark::{
     ComputeBackend, DType, Error, GateUpArgs, HostBytes, PostAttentionArgs, PostFfnArgs, RouterArgs,
 };
@@ -39,6 +41,35 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     let ids = b.alloc(DType::U32, 8, "ids").unwrap();
     let e = b.scale(&ids, &c, 8, 2.0).unwrap_err();
     assert!(e.to_string().contains("dtype u32"), "{e}");
+    // A copied range past its buffer, of two dtypes, onto its source.
+    let range = |src_offset, dst_offset, len| CopyRange {
+        src_offset,
+        dst_offset,
+        len,
+    };
+    shape_error(
+        b.copy_range(&a, &c, range(5, 0, 4)),
+        "copy_range",
+        "needs 9",
+    );
+    shape_error(
+        b.copy_range(&a, &c, range(0, usize::MAX, 1)),
+        "copy_range",
+        "overflows",
+    );
+    shape_error(
+        b.copy_range(&a, &ids, range(0, 0, 4)),
+        "copy_range",
+        "one dtype",
+    );
+    shape_error(
+        b.copy_range(&a, &a, range(0, 4, 4)),
+        "copy_range",
+        "aliases",
+    );
+    b.copy_range(&a, &c, range(6, 1, 2)).unwrap();
+    let got = b.download_f32(&c).unwrap();
+    assert_eq!(got[..4], [0.5, 6.5, 7.5, 3.5], "copied, the rest left");
     // Fused ops: two outputs that are one buffer, an output over an input.
     let w = b
         .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "w")
