@@ -118,7 +118,13 @@ pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
                 report(&job, ran);
                 continue;
             }
-            match guarded(&mut cache, |cache| start(model, cache, tok, &eos, &job)) {
+            // (alone, a greedy request decodes pipelined until another
+            // waits to join it; with --parallel 1 none ever joins)
+            let waiting = || e.parallel > 1 && !jobs.is_empty();
+            let alone = active.is_empty().then_some(&waiting as &dyn Fn() -> bool);
+            match guarded(&mut cache, |cache| {
+                start(model, cache, (tok, &eos), &job, alone)
+            }) {
                 Ok((gen, false)) => active.push(Active { job, gen }),
                 Ok((gen, true)) => {
                     let done = gen.finish(&job, &mut cache);
@@ -187,9 +193,14 @@ struct Active<'t, B: ComputeBackend> {
     gen: Generating<'t, B>,
 }
 
-/// A generation between steps.
+/// A generation between steps: its sequence and its progress.
 struct Generating<'t, B: ComputeBackend> {
     seq: Sequence<B>,
+    p: Progress<'t>,
+}
+
+/// Where a generation stands, apart from its sequence.
+struct Progress<'t> {
     sampler: Sampler,
     text: TextOut<'t>,
     cached: usize,
@@ -206,12 +217,18 @@ struct Generating<'t, B: ComputeBackend> {
 /// A request's start: its sequence (from the prompt cache where it can),
 /// its prompt's prefill alone and its first token, handed over. The
 /// generation, and whether it has ended already.
+///
+/// With `alone` (no other generation runs) a greedy request runs
+/// `Model::generate_streaming`'s pipelined decode (a step recorded before
+/// the previous one's token is read) until it ends or `alone` says a
+/// request waits to join; then it goes on in batched steps from where it
+/// stopped (the same tokens: the context holds all but its last).
 fn start<'t, B: ComputeBackend>(
     model: &Model<B>,
     cache: &mut PromptCache<B>,
-    tok: &'t tokenizers::Tokenizer,
-    eos: &[u32],
+    (tok, eos): (&'t tokenizers::Tokenizer, &[u32]),
     job: &Job,
+    alone: Option<&dyn Fn() -> bool>,
 ) -> CliResult<(Generating<'t, B>, bool)> {
     // The CPU backend reads its weights from the checkpoint's maps: a file
     // changed since the server started is an error, not a fault.
@@ -221,24 +238,41 @@ fn start<'t, B: ComputeBackend>(
     // reply does not depend on what ran before it)
     sampler.observe(&job.prompt);
     let (mut seq, cached) = cache.take(model, &job.prompt)?;
-    let first = model.prefill_next(
-        &mut seq,
-        &job.prompt[cached..],
-        &mut sampler,
-        job.opts.max_new_tokens,
-    )?;
-    let mut gen = Generating {
-        seq,
+    let mut p = Progress {
         sampler,
         text: TextOut::new(tok, job.special, job.stops.clone()),
         cached,
         tokens: 0,
-        last: first,
+        last: 0,
         stopped: false,
         widest: 1,
     };
-    let ends = gen.take(first, job, eos)?;
-    Ok((gen, ends))
+    let prompt = &job.prompt[cached..];
+    if let Some(joins) = alone.filter(|_| job.opts.sampling.is_greedy()) {
+        let (mut ends, mut failed) = (false, None);
+        model.generate_streaming(&mut seq, prompt, &job.opts, |id| {
+            match p.take(id, job, eos) {
+                Ok(false) if !joins() => ControlFlow::Continue(()),
+                // (a request waits: on in batched steps)
+                Ok(false) => ControlFlow::Break(()),
+                Ok(true) => {
+                    ends = true;
+                    ControlFlow::Break(())
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        return Ok((Generating { seq, p }, ends));
+    }
+    let first = model.prefill_next(&mut seq, prompt, &mut p.sampler, job.opts.max_new_tokens)?;
+    let ends = p.take(first, job, eos)?;
+    Ok((Generating { seq, p }, ends))
 }
 
 /// One batched step of every active generation; those that end leave
@@ -249,13 +283,13 @@ fn step<B: ComputeBackend>(
     cache: &mut PromptCache<B>,
     eos: &[u32],
 ) {
-    let last: Vec<u32> = active.iter().map(|a| a.gen.last).collect();
+    let last: Vec<u32> = active.iter().map(|a| a.gen.p.last).collect();
     for a in active.iter_mut() {
-        a.gen.widest = a.gen.widest.max(last.len());
+        a.gen.p.widest = a.gen.p.widest.max(last.len());
     }
     let (mut seqs, mut samplers): (Vec<_>, Vec<_>) = active
         .iter_mut()
-        .map(|a| (&mut a.gen.seq, &mut a.gen.sampler))
+        .map(|a| (&mut a.gen.seq, &mut a.gen.p.sampler))
         .unzip();
     let stepped = guarded(cache, |_| {
         Ok(model.decode_batch(&mut seqs, &last, &mut samplers)?)
@@ -272,7 +306,7 @@ fn step<B: ComputeBackend>(
         }
     };
     for (mut a, id) in std::mem::take(active).into_iter().zip(ids) {
-        match a.gen.take(id, &a.job, eos) {
+        match a.gen.p.take(id, &a.job, eos) {
             Ok(false) => active.push(a),
             Ok(true) => {
                 let done = a.gen.finish(&a.job, cache);
@@ -283,7 +317,7 @@ fn step<B: ComputeBackend>(
     }
 }
 
-impl<B: ComputeBackend> Generating<'_, B> {
+impl Progress<'_> {
     /// Token `id` handed over (its text sent); whether generation ends
     /// after it, as `Model::generate_streaming` would end it.
     fn take(&mut self, id: u32, job: &Job, eos: &[u32]) -> CliResult<bool> {
@@ -312,21 +346,24 @@ impl<B: ComputeBackend> Generating<'_, B> {
         // (the client has gone: its generation ends here)
         Ok(job.events.is_closed())
     }
+}
 
+impl<B: ComputeBackend> Generating<'_, B> {
     /// The generation ended: the rest of its text sent, its sequence kept
     /// in the cache.
-    fn finish(mut self, job: &Job, cache: &mut PromptCache<B>) -> CliResult<Done> {
-        let rest = self.text.finish()?;
+    fn finish(self, job: &Job, cache: &mut PromptCache<B>) -> CliResult<Done> {
+        let Generating { seq, mut p } = self;
+        let rest = p.text.finish()?;
         if !rest.is_empty() {
             let _ = job.events.send(Event::Text(rest));
         }
-        cache.put(self.seq);
+        cache.put(seq);
         Ok(Done {
-            stopped: self.stopped || self.text.stopped,
+            stopped: p.stopped || p.text.stopped,
             prompt_tokens: job.prompt.len(),
-            completion_tokens: self.tokens,
-            cached_tokens: self.cached,
-            widest_batch: self.widest,
+            completion_tokens: p.tokens,
+            cached_tokens: p.cached,
+            widest_batch: p.widest,
         })
     }
 }
