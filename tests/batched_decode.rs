@@ -97,6 +97,10 @@ fn alone<B: ComputeBackend>(
     (tokens, rows)
 }
 
+/// A planned generation: its prompt, its token count, its seed (None:
+/// greedy) and the step it joins at.
+type Plan = (Vec<u32>, usize, Option<u64>, usize);
+
 /// One generation of a batch: its sequence, sampler, tokens so far, and
 /// the step it joins at.
 struct Stream<B: ComputeBackend> {
@@ -114,7 +118,7 @@ struct Stream<B: ComputeBackend> {
 /// `decode_batch` (tokens) or `decode_batch_logits` (rows, greedy only).
 fn together<B: ComputeBackend>(
     m: &Model<B>,
-    streams: &[(Vec<u32>, usize, Option<u64>, usize)],
+    streams: &[Plan],
     logits: bool,
 ) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     let mut all: Vec<Stream<B>> = streams
@@ -210,7 +214,7 @@ fn together_as_alone<B: ComputeBackend>(m: &Model<B>, bits: bool) {
     let vocab = m.config().vocab;
     let p = |n, salt| prompt(n, salt, vocab);
     // (prompt, tokens, seed, joins at step)
-    let plans: [Vec<(Vec<u32>, usize, Option<u64>, usize)>; 3] = [
+    let plans: [Vec<Plan>; 3] = [
         vec![
             (p(3, 1), 8, None, 0),
             (p(7, 2), 8, None, 0),

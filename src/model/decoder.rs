@@ -37,7 +37,9 @@
 //! block reads its named view of the activation scratch (`model::scratch`); the
 //! residual stream goes from layer to layer as an argument. The generation
 //! loops over these passes (greedy, pipelined on the device, and sampled on
-//! the host) are in `decoder/generate.rs`.
+//! the host) are in `decoder/generate.rs`; a decode step of several
+//! sequences in one pass (each row's attention on its own sequence's
+//! caches) in `decoder/batch.rs`.
 
 use std::cell::OnceCell;
 
