@@ -1074,6 +1074,31 @@ fn soak_on(backend: &str, total: usize) {
     }
 }
 
+/// `--parallel 0`, and more than one with a drafter (speculative decoding
+/// runs one request at a time), are refused by name before the model loads.
+#[test]
+fn bad_parallel_is_refused_by_name() {
+    let drafter = fixture().join("../tiny-text-assistant");
+    let model = chat_fixture();
+    for (extra, says) in [
+        (vec!["--parallel", "0"], "--parallel must be at least 1"),
+        (
+            vec!["--parallel", "2", "--draft-model", drafter.to_str().unwrap()],
+            "--parallel 2 with --draft-model",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .args(&extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the turbospark binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{extra:?}: {err}");
+        assert!(out.stdout.is_empty(), "{extra:?}: listened");
+    }
+}
+
 /// A server with a drafter gives `generate`'s greedy text, and says how
 /// many drafts it kept.
 #[test]
