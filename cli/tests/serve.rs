@@ -1083,7 +1083,12 @@ fn bad_parallel_is_refused_by_name() {
     for (extra, says) in [
         (vec!["--parallel", "0"], "--parallel must be at least 1"),
         (
-            vec!["--parallel", "2", "--draft-model", drafter.to_str().unwrap()],
+            vec![
+                "--parallel",
+                "2",
+                "--draft-model",
+                drafter.to_str().unwrap(),
+            ],
             "--parallel 2 with --draft-model",
         ),
     ] {
@@ -1094,7 +1099,10 @@ fn bad_parallel_is_refused_by_name() {
             .output()
             .expect("the turbospark binary runs");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(says), "{extra:?}: {err}");
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{extra:?}: {err}"
+        );
         assert!(out.stdout.is_empty(), "{extra:?}: listened");
     }
 }
