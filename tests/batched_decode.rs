@@ -46,10 +46,26 @@ fn synthetic<B: ComputeBackend>(be: B) -> Model<B> {
 }
 
 fn fixture<B: ComputeBackend>(be: B, name: &str) -> Model<B> {
+    fixture_with(be, name, opts())
+}
+
+fn fixture_with<B: ComputeBackend>(be: B, name: &str, o: ModelOptions) -> Model<B> {
     let dir = common::repo_root().join("tests/fixtures").join(name);
     let ck = Checkpoint::open(&dir).unwrap();
     let src: &dyn TensorSource = &ck;
-    Model::load(be, src, opts()).unwrap()
+    Model::load(be, src, o).unwrap()
+}
+
+/// Experts streamed through 3 slots a layer (of 8; top-2): a batched
+/// pass's rows (up to 4, so up to 8 experts) can need more experts than
+/// the slots hold, its MoE then in waves; each sequence still gets its
+/// lone tokens and rows.
+fn streamed<B: ComputeBackend>(be: B) -> Model<B> {
+    let o = ModelOptions {
+        expert_slots: Some(3),
+        ..opts()
+    };
+    fixture_with(be, "tiny-text", o)
 }
 
 fn prompt(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
@@ -306,6 +322,19 @@ fn cpu_batched_decode_of_the_fixtures() {
     for name in ["tiny-text", "tiny-text-q4"] {
         together_as_alone(&fixture(CpuBackend::new(), name), true);
     }
+}
+
+#[test]
+fn cpu_batched_decode_with_streamed_experts() {
+    together_as_alone(&streamed(CpuBackend::new()), true);
+}
+
+#[test]
+fn wgpu_batched_decode_with_streamed_experts() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    together_as_alone(&streamed(be), false);
 }
 
 #[test]
