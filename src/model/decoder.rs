@@ -39,18 +39,19 @@
 //! loops over these passes (greedy, pipelined on the device, and sampled on
 //! the host) are in `decoder/generate.rs`.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
+use std::time::Instant;
 
 use crate::backend::{ComputeBackend, Support};
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::experts::slot_cache::Policy;
-use crate::model::experts::streaming::StreamPass;
+use crate::model::experts::streaming::{Optimism, StreamPass};
 pub use crate::model::scratch::{scratch_bytes, stream_scratch_bytes};
-use crate::model::scratch::{widest_layer, Scratch};
+use crate::model::scratch::{widest_layer, Residual, Scratch};
 use crate::model::weights::{Loader, TensorSource};
-use crate::ops::{Embed, Matmul, OpKind};
+use crate::ops::{Embed, Matmul, OpKind, SLOT_MISSED};
 
 mod attention;
 mod feed_forward;
@@ -107,6 +108,9 @@ pub struct ModelOptions {
     pub expert_slots: Option<usize>,
     /// Which slot a streamed expert evicts.
     pub expert_policy: Policy,
+    /// When a decode pass of streamed experts looks its slots up on the
+    /// device instead of waiting for each layer's ids ([`Optimism`]).
+    pub expert_optimism: Optimism,
     /// The arithmetic of the tensor-core products (prefill GEMMs and
     /// attention; [`crate::Precision`]): exact (the default, the f32 floor)
     /// or fast (activations rounded once to f16). The model's own, passed
@@ -122,6 +126,7 @@ impl Default for ModelOptions {
             kv_cache: DType::F32,
             expert_slots: None,
             expert_policy: Policy::Lfu,
+            expert_optimism: Optimism::AfterHit,
             precision: crate::Precision::Exact,
         }
     }
@@ -168,6 +173,10 @@ pub struct Model<B: ComputeBackend> {
     /// the experts (each layer's slot cache is its experts' own: a cache
     /// of weights every sequence's passes share).
     expert_slots: Option<usize>,
+    expert_optimism: Optimism,
+    /// Whether the last pass found every expert in its slot (with
+    /// `Optimism::AfterHit`, the next decode pass is optimistic).
+    hit_last: Cell<bool>,
 }
 
 impl<B: ComputeBackend> Model<B> {
@@ -252,6 +261,8 @@ impl<B: ComputeBackend> Model<B> {
             precision: opts.precision,
             embed_scale,
             expert_slots: slots,
+            expert_optimism: opts.expert_optimism,
+            hit_last: Cell::new(false),
         })
     }
 
@@ -485,11 +496,29 @@ impl<B: ComputeBackend> Model<B> {
             eps: cfg.eps,
             precision: self.precision,
         };
-        let res = &s.residual;
+        let tracing = cfg.enable_moe && seq.routing.is_some();
+        // One decode row of streamed experts, routed by the router: the
+        // whole pass at once, slots looked up on the device, where the
+        // policy says so.
+        let optimistic = m == 1
+            && !tracing
+            && seq.route_by.is_none()
+            && self.expert_slots.is_some()
+            && match self.expert_optimism {
+                Optimism::Never => false,
+                Optimism::AfterHit => self.hit_last.get(),
+                Optimism::Always => true,
+            };
+        let chain = match &s.experts.waves {
+            Some(w) if optimistic && w.chain.len() == self.layers.len() => Some(&w.chain[..]),
+            _ => None,
+        };
+        let misses = seq.stream.counts.misses;
+        let input = chain.map_or(&s.residual, |c| &c[0]);
         be.embed(
             ids,
             &self.embed,
-            &res.x,
+            &input.x,
             Embed {
                 m,
                 hidden: cfg.hidden,
@@ -501,25 +530,15 @@ impl<B: ComputeBackend> Model<B> {
         // later norm of the residual stream (the next layer's input norm,
         // the final norm) ends the layer before it.
         be.rms_norm(
-            &res.x,
+            &input.x,
             Some(&self.layers[0].input_norm),
             None,
-            &res.normed,
+            &input.normed,
             p.norm(cfg.hidden),
         )?;
-        let tracing = cfg.enable_moe && seq.routing.is_some();
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
-        for (li, (layer, cache)) in self.layers.iter().zip(&seq.caches).enumerate() {
-            let next = match self.layers.get(li + 1) {
-                Some(next) => Some(&next.input_norm),
-                None if tail != Tail::Layers => Some(&self.final_norm),
-                None => None,
-            };
-            let mut sp = StreamPass {
-                stats: &mut seq.stream,
-                trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
-            };
-            layer.record(&p, res, next, s, cache, &mut sp)?;
+        for li in 0..self.layers.len() {
+            self.record_layer(seq, s, &p, li, (chain, tail), chain.is_some())?;
             if tracing {
                 // (the readback rides after the layer's recorded ops)
                 let ids = be.download_u32(&s.experts.ids)?;
@@ -535,6 +554,12 @@ impl<B: ComputeBackend> Model<B> {
                 be.flush()?;
             }
         }
+        if let Some(chain) = chain {
+            self.settle(seq, s, &p, chain, tail)?;
+        }
+        if self.expert_slots.is_some() {
+            self.hit_last.set(seq.stream.counts.misses == misses);
+        }
         if let (true, Some(trace)) = (tracing, seq.routing.as_mut()) {
             trace.extend(pass);
         }
@@ -544,6 +569,87 @@ impl<B: ComputeBackend> Model<B> {
         }
         if tail == Tail::Head {
             self.record_head(s, &s.residual.normed, m)?;
+        }
+        Ok(())
+    }
+
+    /// Record layer `li` of the pass; with a `chain` (an optimistic decode
+    /// pass, or its rerun) it reads its input from `chain[li]` and writes
+    /// the next layer's there, the last layer the scratch's residual.
+    fn record_layer(
+        &self,
+        seq: &mut Sequence<B>,
+        s: &Scratch<B::Buffer>,
+        p: &Pass<'_, B>,
+        li: usize,
+        (chain, tail): (Option<&[Residual<B::Buffer>]>, Tail),
+        optimistic: bool,
+    ) -> Result<Vec<u32>> {
+        let layer = &self.layers[li];
+        let next = match self.layers.get(li + 1) {
+            Some(next) => Some(&next.input_norm),
+            None if tail != Tail::Layers => Some(&self.final_norm),
+            None => None,
+        };
+        let (input, output) = match chain {
+            Some(c) => (&c[li], c.get(li + 1).unwrap_or(&s.residual)),
+            None => (&s.residual, &s.residual),
+        };
+        let mut sp = StreamPass {
+            stats: &mut seq.stream,
+            trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
+            optimistic,
+            placed: Vec::new(),
+        };
+        layer.record(p, input, output, next, s, &seq.caches[li], &mut sp)?;
+        Ok(sp.placed)
+    }
+
+    /// An optimistic decode pass's end: its log read back (its one wait);
+    /// the layers before the first that missed placed on the host as the
+    /// per-layer path places them (hits all), and from that layer on the
+    /// pass recorded again on the per-layer path, from its input in the
+    /// chain (every layer before it hit, so the input is the true one).
+    fn settle(
+        &self,
+        seq: &mut Sequence<B>,
+        s: &Scratch<B::Buffer>,
+        p: &Pass<'_, B>,
+        chain: &[Residual<B::Buffer>],
+        tail: Tail,
+    ) -> Result<()> {
+        let (be, k, n) = (&self.backend, self.cfg.top_k, self.layers.len());
+        let Some(ws) = &s.experts.waves else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let log = be.download_u32(&ws.log)?;
+        let st = &mut seq.stream;
+        st.host_wait += t0.elapsed();
+        st.waits += 1;
+        st.optimistic += 1;
+        let ids = |li: usize| &log[li * k..(li + 1) * k];
+        let first = (0..n).find(|&li| ids(li).iter().any(|&v| v & SLOT_MISSED != 0));
+        for li in 0..first.unwrap_or(n) {
+            if let Some(moe) = self.layers[li].experts() {
+                if let Some(layer) = &moe.streamed {
+                    layer
+                        .borrow_mut()
+                        .place_hits(be, &moe.stacks()?, ids(li), &mut seq.stream)?;
+                }
+            }
+        }
+        let Some(first) = first else {
+            seq.stream.stood += 1;
+            return Ok(());
+        };
+        for li in first..n {
+            let placed = self.record_layer(seq, s, p, li, (Some(chain), tail), false)?;
+            seq.stream.rerun_layers += 1;
+            let logged: Vec<u32> = ids(li).iter().map(|&v| v & !SLOT_MISSED).collect();
+            if li > first && placed != logged {
+                seq.stream.rerouted_layers += 1;
+            }
         }
         Ok(())
     }
