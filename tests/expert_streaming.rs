@@ -110,6 +110,7 @@ fn streams_like_resident<B: ComputeBackend>(
     let mut model = OneSequence::load(backend, &ck, options(None, Policy::Lfu, batch)).unwrap();
     let resident = run(&mut model, &toks, prompt);
     backend = model.into_backend();
+    let mut per_layer = None;
     for (slots, policy, optimism) in (k..=e).flat_map(|n| {
         [Policy::Lfu, Policy::Lru]
             .into_iter()
@@ -157,6 +158,13 @@ fn streams_like_resident<B: ComputeBackend>(
                     "{what}: no prefill ran in waves: {st:?}"
                 );
             }
+            // The slots as the per-layer path places them: its hits,
+            // misses and bytes (every optimism runs after Never).
+            if optimism == Optimism::Never {
+                per_layer = Some(st);
+            }
+            let pl = per_layer.expect("Never runs first");
+            assert_eq!((st.counts, st.bytes), (pl.counts, pl.bytes), "{what}");
             match optimism {
                 Optimism::Never => assert_eq!(st.optimistic, 0, "{what}: {st:?}"),
                 Optimism::Always => assert!(st.optimistic > 0, "{what}: {st:?}"),
@@ -484,4 +492,104 @@ fn wgpu_optimistic_passes_settle_as_the_policy() {
     for name in ["tiny-text-q4", "tiny-multimodal-g32"] {
         be = optimistic_passes_settle_as_the_policy(be, name);
     }
+}
+
+/// Pipelined greedy decode with every expert in its slot (the slots warmed
+/// by another sequence routed over every expert): no step waits for
+/// anything, every optimistic pass stands, the tokens are the resident
+/// run's. Stopped early by the caller, the steps recorded past the stop
+/// are settled as the per-layer path placed them.
+fn greedy_steps_that_hit_wait_for_nothing<B: ComputeBackend>(mut backend: B, name: &str) -> B {
+    use std::ops::ControlFlow;
+    use turbospark::model::experts::Trace;
+    use turbospark::model::Model;
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, prompt) = tokens(&dir);
+    let cfg = ck.config().clone();
+    let (k, e, n) = (cfg.top_k, cfg.experts, cfg.layers.len());
+    let greedy = |m: &Model<B>, seq: &mut turbospark::model::Sequence<B>, stop: usize| {
+        m.logits(seq, &toks[..prompt - 1]).unwrap();
+        let mut seen = 0;
+        m.generate_streaming(
+            seq,
+            &toks[prompt - 1..prompt],
+            &GenerateOptions {
+                max_new_tokens: 12,
+                ..Default::default()
+            },
+            |_| {
+                seen += 1;
+                if seen == stop {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )
+        .unwrap()
+        .tokens
+    };
+    let resident = Model::load(backend, &ck, options(None, Policy::Lfu, 512)).unwrap();
+    let mut r = resident.new_sequence().unwrap();
+    let want = greedy(&resident, &mut r, 0);
+    backend = resident.into_backend();
+    // Every expert of every layer, top_k a token.
+    let all = Trace {
+        experts: e,
+        tokens: (0..e / k)
+            .map(|t| vec![(t * k..(t + 1) * k).map(|x| x as u32).collect(); n])
+            .collect(),
+    };
+    let mut counts = Vec::new();
+    for optimism in [Optimism::Never, Optimism::Always] {
+        let o = ModelOptions {
+            expert_optimism: optimism,
+            ..options(Some(e), Policy::Lfu, 512)
+        };
+        let model = Model::load(backend, &ck, o).unwrap();
+        let mut w = model.new_sequence().unwrap();
+        model.route_by(&mut w, Some(all.clone())).unwrap();
+        model.logits(&mut w, &toks[..e / k]).unwrap();
+        let mut seq = model.new_sequence().unwrap();
+        let got = greedy(&model, &mut seq, 0);
+        assert_eq!(got, want, "{name}, {}: greedy tokens", optimism.name());
+        let st = seq.take_stream_stats();
+        assert_eq!(st.counts.misses, 0, "{st:?}");
+        if optimism == Optimism::Always {
+            // The prompt's batch waits a layer (the per-layer path); the
+            // first token's pass is the prompt's last (settled at once:
+            // one wait); the other 11 are pipelined and wait for nothing.
+            assert_eq!((st.optimistic, st.stood), (12, 12), "{st:?}");
+            assert_eq!(st.waits, n as u64 + 1, "{name}: {st:?}");
+        }
+        // Stopped after 3 tokens: the steps run past the stop are settled
+        // as the per-layer path placed them when it recorded them (hits,
+        // here: the same count either way).
+        let mut stopped = model.new_sequence().unwrap();
+        let got = greedy(&model, &mut stopped, 3);
+        assert_eq!(got, want[..3], "{name}, {}: stopped", optimism.name());
+        counts.push(stopped.take_stream_stats());
+        backend = model.into_backend();
+    }
+    assert_eq!(
+        (counts[0].counts, counts[0].bytes),
+        (counts[1].counts, counts[1].bytes),
+        "{name}: the slots after a stop: {counts:?}"
+    );
+    backend
+}
+
+#[test]
+fn cpu_greedy_steps_that_hit_wait_for_nothing() {
+    let be = CpuBackend::new();
+    greedy_steps_that_hit_wait_for_nothing(be, "tiny-text");
+}
+
+#[test]
+fn wgpu_greedy_steps_that_hit_wait_for_nothing() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    greedy_steps_that_hit_wait_for_nothing(be, "tiny-text-q4");
 }

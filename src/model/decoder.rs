@@ -47,23 +47,25 @@ use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::experts::slot_cache::Policy;
-use crate::model::experts::streaming::{Optimism, StreamPass};
+use crate::model::experts::streaming::Optimism;
 pub use crate::model::scratch::{scratch_bytes, stream_scratch_bytes};
-use crate::model::scratch::{widest_layer, Residual, Scratch};
+use crate::model::scratch::{widest_layer, Scratch};
 use crate::model::weights::{Loader, TensorSource};
-use crate::ops::{Embed, Matmul, OpKind, SLOT_MISSED};
+use crate::ops::{Embed, Matmul, OpKind};
 
 mod attention;
 mod feed_forward;
 mod generate;
 mod layer;
 mod one_sequence;
+mod optimistic;
 mod pass;
 mod sequence;
 mod shared_state;
 pub use generate::{GenerateOptions, Generation};
 use layer::Layer;
 pub use one_sequence::OneSequence;
+use optimistic::Unsettled;
 use pass::Pass;
 pub use sequence::Sequence;
 
@@ -478,7 +480,8 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// Record embedding, every layer and `tail` for the `m` tokens whose ids
-    /// and positions are in `s`.
+    /// and positions are in `s` (an optimistic pass settled before it
+    /// returns).
     fn record_forward(
         &self,
         seq: &mut Sequence<B>,
@@ -487,6 +490,22 @@ impl<B: ComputeBackend> Model<B> {
         m: usize,
         tail: Tail,
     ) -> Result<()> {
+        self.record_pass(seq, s, ids, m, tail, None).map(drop)
+    }
+
+    /// [`Self::record_forward`]; an optimistic pass with `ahead` =
+    /// Some(half) (pipelined greedy decode) uses that half of the chain,
+    /// records its head unsettled and comes back to be settled later
+    /// (`optimistic::Unsettled`).
+    fn record_pass(
+        &self,
+        seq: &mut Sequence<B>,
+        s: &Scratch<B::Buffer>,
+        ids: &B::Buffer,
+        m: usize,
+        tail: Tail,
+        ahead: Option<usize>,
+    ) -> Result<Option<Unsettled>> {
         debug_assert!(m <= s.rows && (tail != Tail::Head || m <= s.head_rows));
         let (be, cfg) = (&self.backend, &self.cfg);
         let p = Pass {
@@ -500,18 +519,10 @@ impl<B: ComputeBackend> Model<B> {
         // One decode row of streamed experts, routed by the router: the
         // whole pass at once, slots looked up on the device, where the
         // policy says so.
-        let optimistic = m == 1
-            && !tracing
-            && seq.route_by.is_none()
-            && self.expert_slots.is_some()
-            && match self.expert_optimism {
-                Optimism::Never => false,
-                Optimism::AfterHit => self.hit_last.get(),
-                Optimism::Always => true,
-            };
-        let chain = match &s.experts.waves {
-            Some(w) if optimistic && w.chain.len() == self.layers.len() => Some(&w.chain[..]),
-            _ => None,
+        let chain = if self.optimistic_for(seq, m) {
+            self.chain(s, ahead.unwrap_or(0))
+        } else {
+            None
         };
         let misses = seq.stream.counts.misses;
         let input = chain.map_or(&s.residual, |c| &c[0]);
@@ -554,12 +565,6 @@ impl<B: ComputeBackend> Model<B> {
                 be.flush()?;
             }
         }
-        if let Some(chain) = chain {
-            self.settle(seq, s, &p, chain, tail)?;
-        }
-        if self.expert_slots.is_some() {
-            self.hit_last.set(seq.stream.counts.misses == misses);
-        }
         if let (true, Some(trace)) = (tracing, seq.routing.as_mut()) {
             trace.extend(pass);
         }
@@ -567,91 +572,25 @@ impl<B: ComputeBackend> Model<B> {
         if let Some((t, row)) = seq.route_by.as_mut() {
             *row = (*row + m) % t.tokens.len();
         }
+        let unsettled = match (chain, ahead) {
+            (Some(_), Some(half)) => Some(self.unsettled(seq, s, half)?),
+            (Some(chain), None) => {
+                let t0 = Instant::now();
+                let log = be.download_u32(&Self::waves(s)?.log)?;
+                seq.stream.host_wait += t0.elapsed();
+                seq.stream.waits += 1;
+                self.settle(seq, s, chain, tail, &log)?;
+                None
+            }
+            (None, _) => None,
+        };
+        if unsettled.is_none() && self.expert_slots.is_some() {
+            self.hit_last.set(seq.stream.counts.misses == misses);
+        }
         if tail == Tail::Head {
             self.record_head(s, &s.residual.normed, m)?;
         }
-        Ok(())
-    }
-
-    /// Record layer `li` of the pass; with a `chain` (an optimistic decode
-    /// pass, or its rerun) it reads its input from `chain[li]` and writes
-    /// the next layer's there, the last layer the scratch's residual.
-    fn record_layer(
-        &self,
-        seq: &mut Sequence<B>,
-        s: &Scratch<B::Buffer>,
-        p: &Pass<'_, B>,
-        li: usize,
-        (chain, tail): (Option<&[Residual<B::Buffer>]>, Tail),
-        optimistic: bool,
-    ) -> Result<Vec<u32>> {
-        let layer = &self.layers[li];
-        let next = match self.layers.get(li + 1) {
-            Some(next) => Some(&next.input_norm),
-            None if tail != Tail::Layers => Some(&self.final_norm),
-            None => None,
-        };
-        let (input, output) = match chain {
-            Some(c) => (&c[li], c.get(li + 1).unwrap_or(&s.residual)),
-            None => (&s.residual, &s.residual),
-        };
-        let mut sp = StreamPass {
-            stats: &mut seq.stream,
-            trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
-            optimistic,
-            placed: Vec::new(),
-        };
-        layer.record(p, input, output, next, s, &seq.caches[li], &mut sp)?;
-        Ok(sp.placed)
-    }
-
-    /// An optimistic decode pass's end: its log read back (its one wait);
-    /// the layers before the first that missed placed on the host as the
-    /// per-layer path places them (hits all), and from that layer on the
-    /// pass recorded again on the per-layer path, from its input in the
-    /// chain (every layer before it hit, so the input is the true one).
-    fn settle(
-        &self,
-        seq: &mut Sequence<B>,
-        s: &Scratch<B::Buffer>,
-        p: &Pass<'_, B>,
-        chain: &[Residual<B::Buffer>],
-        tail: Tail,
-    ) -> Result<()> {
-        let (be, k, n) = (&self.backend, self.cfg.top_k, self.layers.len());
-        let Some(ws) = &s.experts.waves else {
-            return Ok(());
-        };
-        let t0 = Instant::now();
-        let log = be.download_u32(&ws.log)?;
-        let st = &mut seq.stream;
-        st.host_wait += t0.elapsed();
-        st.waits += 1;
-        st.optimistic += 1;
-        let ids = |li: usize| &log[li * k..(li + 1) * k];
-        let first = (0..n).find(|&li| ids(li).iter().any(|&v| v & SLOT_MISSED != 0));
-        for li in 0..first.unwrap_or(n) {
-            if let Some(moe) = self.layers[li].experts() {
-                if let Some(layer) = &moe.streamed {
-                    layer
-                        .borrow_mut()
-                        .place_hits(be, &moe.stacks()?, ids(li), &mut seq.stream)?;
-                }
-            }
-        }
-        let Some(first) = first else {
-            seq.stream.stood += 1;
-            return Ok(());
-        };
-        for li in first..n {
-            let placed = self.record_layer(seq, s, p, li, (Some(chain), tail), false)?;
-            seq.stream.rerun_layers += 1;
-            let logged: Vec<u32> = ids(li).iter().map(|&v| v & !SLOT_MISSED).collect();
-            if li > first && placed != logged {
-                seq.stream.rerouted_layers += 1;
-            }
-        }
-        Ok(())
+        Ok(unsettled)
     }
 
     /// The tied LM head and the softcap for the `m` final-normed rows of `x`

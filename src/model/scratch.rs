@@ -119,7 +119,8 @@ pub(crate) struct WaveScratch<T> {
     /// One-row scratch only: each layer's input residual of a decode pass
     /// recorded with its slots looked up on the device (layer i reads
     /// `chain[i]` and writes `chain[i + 1]`, the last layer the scratch's
-    /// own), so a pass that missed in layer i reruns from there.
+    /// own), so a pass that missed in layer i reruns from there; two such
+    /// chains, one after the other.
     pub chain: Vec<Residual<T>>,
     /// Every layer's routed ids of such a pass, a miss flagged
     /// (`ComputeBackend::slot_lookup`'s log), read back once a pass.
@@ -263,7 +264,9 @@ impl<T> WaveScratch<T> {
         );
         let mut chain = Vec::new();
         if rows == 1 {
-            for _ in 0..cfg.layers.len() {
+            // (two halves: pipelined decode records a pass before the one
+            // ahead of it is settled)
+            for _ in 0..2 * cfg.layers.len() {
                 chain.push(Residual {
                     x: make(f(cfg.hidden, "chain_x"))?,
                     normed: make(f(cfg.hidden, "chain_normed"))?,
