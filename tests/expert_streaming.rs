@@ -14,7 +14,7 @@ mod primitives_only;
 use std::path::{Path, PathBuf};
 
 use turbospark::model::experts::{Counts, Optimism, Policy, SlotCache};
-use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence};
+use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, TensorSource};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
@@ -379,11 +379,11 @@ fn a_sequence_routes_by_a_trace() {
 /// time, and its routing.
 fn resident_rows<B: ComputeBackend>(
     backend: B,
-    ck: &Checkpoint,
+    src: &dyn TensorSource,
     toks: &[u32],
 ) -> (Vec<Vec<u32>>, turbospark::model::experts::Trace, B) {
     use turbospark::model::Model;
-    let resident = Model::load(backend, ck, options(None, Policy::Lfu, 512)).unwrap();
+    let resident = Model::load(backend, src, options(None, Policy::Lfu, 512)).unwrap();
     let mut r = resident.new_sequence().unwrap();
     r.record_routing(true);
     let rows = toks
@@ -403,21 +403,20 @@ fn resident_rows<B: ComputeBackend>(
 /// a token (placement and LFU counts as the per-layer path's), a pass that
 /// stands exactly where every expert hit, a rerun of exactly the layers
 /// from the first that missed (one wait for the log, one per rerun layer).
-/// Over the slot counts and policies the passes cover every expert missing
-/// (the cold first token), every expert hitting, a miss in the last layer
-/// only, and a rerun layer whose experts differ from the optimistic
-/// pass's (its input was computed from a wrong expert's slot).
-fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(mut backend: B, name: &str) -> B {
+/// Which cases the passes met: every expert missing, every expert hitting,
+/// a miss in the last layer only, a rerun layer whose experts differ from
+/// the optimistic pass's (its input computed from a wrong expert's slot).
+fn optimistic_passes_settle<B: ComputeBackend>(
+    mut backend: B,
+    src: &dyn TensorSource,
+    toks: &[u32],
+    name: &str,
+) -> ([bool; 4], B) {
     use turbospark::model::Model;
-    let dir = fixture(name);
-    let ck = Checkpoint::open(&dir).unwrap();
-    let toks: Vec<u32> = tokens(&dir).0.into_iter().cycle().take(60).collect();
-    let cfg = ck.config().clone();
+    let cfg = src.config().clone();
     let (k, e, n) = (cfg.top_k, cfg.experts, cfg.layers.len());
-    let (want, trace, b) = resident_rows(backend, &ck, &toks);
+    let (want, trace, b) = resident_rows(backend, src, toks);
     backend = b;
-    // every expert missed, every expert hit, only the last layer missed,
-    // a rerun layer rerouted
     let mut seen = [false; 4];
     for slots in k..=e {
         for policy in [Policy::Lfu, Policy::Lru] {
@@ -426,7 +425,7 @@ fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(mut backend: B, nam
                 expert_optimism: Optimism::Always,
                 ..options(Some(slots), policy, 512)
             };
-            let model = Model::load(backend, &ck, o).unwrap();
+            let model = Model::load(backend, src, o).unwrap();
             let mut seq = model.new_sequence().unwrap();
             let mut caches: Vec<SlotCache> = (0..n)
                 .map(|_| SlotCache::new(e, slots, policy).unwrap())
@@ -460,6 +459,16 @@ fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(mut backend: B, nam
             backend = model.into_backend();
         }
     }
+    (seen, backend)
+}
+
+/// [`optimistic_passes_settle`] on fixture `name`'s tokens, repeated to 60:
+/// over the slot counts and policies the passes meet every case.
+fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(backend: B, name: &str) -> B {
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let toks: Vec<u32> = tokens(&dir).0.into_iter().cycle().take(60).collect();
+    let (seen, backend) = optimistic_passes_settle(backend, &ck, &toks, name);
     assert_eq!(
         seen, [true; 4],
         "{name}: all missed, all hit, last layer only, rerouted"
@@ -480,6 +489,34 @@ fn cpu_optimistic_passes_settle_as_the_policy() {
 #[test]
 fn primitives_only_optimistic_passes_settle_as_the_policy() {
     optimistic_passes_settle_as_the_policy(primitives_only::PrimitivesOnly::new(), "tiny-text");
+}
+
+/// Slot stacks in tile order (backends/wgpu/src/expert_tiles.rs, on by
+/// default where tensor cores are): a shape that takes them (hidden 64,
+/// moe_inter 32: whole 64-row blocks), synthetic weights.
+#[test]
+fn wgpu_optimistic_passes_settle_on_tiled_slots() {
+    let Some(be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
+        expert_tiles: Some(true),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let cfg = turbospark::model::ModelConfig {
+        hidden: 64,
+        moe_inter: 32,
+        ..turbospark::model::synthetic::tiny_config()
+    };
+    let src = turbospark::model::SyntheticSource::new(cfg.clone(), 7).unwrap();
+    let mut rng = turbospark::rng::Rng::new(3);
+    let toks: Vec<u32> = (0..40)
+        .map(|_| rng.below(cfg.vocab as u64) as u32)
+        .collect();
+    let (seen, _) = optimistic_passes_settle(be, &src, &toks, "tiled synthetic");
+    assert!(
+        seen[0] && seen[1],
+        "tiled: a pass missed and one hit: {seen:?}"
+    );
 }
 
 #[test]
