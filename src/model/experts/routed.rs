@@ -48,6 +48,9 @@ pub(crate) struct MoeBlock<B: ComputeBackend> {
     pub slot_table: Option<B::Buffer>,
 }
 
+/// A routed layer's two phases' arguments (gate_up, down).
+pub(crate) type Phases<'s, T> = (GateUpArgs<'s, T>, DownArgs<'s, T>);
+
 /// Where a streamed layer's routed experts left their output
 /// ([`MoeBlock::place`]).
 pub(crate) enum Placed<'s, T> {
@@ -226,7 +229,7 @@ impl<B: ComputeBackend> MoeBlock<B> {
         s: &'s ExpertScratch<B::Buffer>,
         gate_up: &GateUpArgs<'s, B::Buffer>,
         down: &DownArgs<'s, B::Buffer>,
-    ) -> Result<(GateUpArgs<'s, B::Buffer>, DownArgs<'s, B::Buffer>)> {
+    ) -> Result<Phases<'s, B::Buffer>> {
         let li = self.layer;
         let slots = self
             .streamed

@@ -60,7 +60,7 @@ impl Case for SlotLookup {
         };
         let order = shuffled(rng, p.experts);
         let slots = shuffled(rng, p.slots);
-        let held = (p.slots + 1) / 2;
+        let held = p.slots.div_ceil(2);
         let mut table = vec![ops::NO_SLOT; p.experts];
         for (e, s) in order.iter().zip(&slots).take(held) {
             table[*e as usize] = *s;
