@@ -11,7 +11,7 @@ use crate::Result;
 
 /// `slot_lookup` of `p.n` ids, some held in `p.slots` slots (the table
 /// drawn afresh: about half the slots filled, some ids past the table).
-/// The log's first `p.at` elements are written with [`LOG_FILL`] before
+/// The log's first `p.at` elements are written with `LOG_FILL` before
 /// the op, which must leave them.
 #[derive(Clone, Copy, Debug)]
 pub struct SlotLookup {
@@ -19,7 +19,7 @@ pub struct SlotLookup {
 }
 
 /// What the log holds before the op writes at `at` (no id, flagged or not).
-pub const LOG_FILL: u32 = 0x5a5a_5a5a;
+const LOG_FILL: u32 = 0x5a5a_5a5a;
 
 impl Case for SlotLookup {
     fn op_name(&self) -> &'static str {
