@@ -43,9 +43,10 @@ pub struct StreamStats {
     pub counts: Counts,
     /// Bytes written into slots.
     pub bytes: u64,
-    /// Host time in [`ComputeBackend::write_experts`] for those bytes (the
-    /// copies out of the mapping; the device's own transfer follows at
-    /// submit).
+    /// Host time in [`ComputeBackend::write_experts`] for those bytes: the
+    /// copies out of the mapping, and (wgpu) the submit of the work
+    /// recorded before them; the device's own transfer follows at the next
+    /// submit.
     pub write_time: Duration,
     /// Time the host spent between a layer's routing and its MoE launches:
     /// waiting for the ids, placing them, writing the misses; and waiting
