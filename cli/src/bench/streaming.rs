@@ -156,7 +156,10 @@ pub fn run<B: ComputeBackend + Counters>(
         .zip(all)
         .map(|(r, a)| r.decode_tok_s / a.decode_tok_s - 1.0);
     // Decode at the trace's hit rate with 16 slots: the all-hit step plus
-    // that share of misses at the miss time measured at 16 slots.
+    // that share of misses at the miss time measured at 16 slots. (The
+    // all-hit step may run optimistically, a missing one on the per-layer
+    // path: a miss's time includes the optimism lost, so this is an
+    // estimate; --route-by-trace measures the rate itself.)
     let predicted = all
         .zip(rows.iter().find(|r| r["expert_slots"] == json!(16)))
         .and_then(|(a, r)| {
