@@ -39,6 +39,40 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     let ids = b.alloc(DType::U32, 8, "ids").unwrap();
     let e = b.scale(&ids, &c, 8, 2.0).unwrap_err();
     assert!(e.to_string().contains("dtype u32"), "{e}");
+    // The slot lookup: a log too short for its offset, a table of more
+    // slots than experts, slot ids written over the ids.
+    let (table, slots, log) = (
+        b.alloc(DType::U32, 8, "table").unwrap(),
+        b.alloc(DType::U32, 8, "slots").unwrap(),
+        b.alloc(DType::U32, 8, "log").unwrap(),
+    );
+    let lookup = turbospark::ops::SlotLookup {
+        n: 2,
+        experts: 8,
+        slots: 4,
+        at: 7,
+    };
+    shape_error(
+        b.slot_lookup(&ids, &table, &slots, &log, lookup),
+        "slot_lookup",
+        "`log` holds 8 elements, needs 9",
+    );
+    let too_many = turbospark::ops::SlotLookup {
+        slots: 9,
+        at: 0,
+        ..lookup
+    };
+    shape_error(
+        b.slot_lookup(&ids, &table, &slots, &log, too_many),
+        "slot_lookup",
+        "9 slots of 8 experts",
+    );
+    let at0 = turbospark::ops::SlotLookup { at: 0, ..lookup };
+    shape_error(
+        b.slot_lookup(&ids, &table, &ids, &log, at0),
+        "slot_lookup",
+        "aliases",
+    );
     // Fused ops: two outputs that are one buffer, an output over an input.
     let w = b
         .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "w")

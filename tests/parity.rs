@@ -322,6 +322,10 @@ fn embed() {
 fn argmax() {
     family("argmax");
 }
+#[test]
+fn slot_lookup() {
+    family("slot_lookup");
+}
 
 #[test]
 fn post_attention() {

@@ -17,6 +17,7 @@ mod qkv_post;
 mod rope;
 mod rounding;
 mod router;
+mod slots;
 mod vocab;
 
 pub use attention::Attention;
@@ -34,6 +35,7 @@ pub use rounding::{
     F16_PROBABILITY_NMSE, PROBABILITY_FLIPS, SPLIT_INPUT_NMSE,
 };
 pub use router::Router;
+pub use slots::SlotLookup;
 pub use vocab::{Argmax, Embed};
 
 use super::{compare, HostTensor, OutSpec, Verdict};
@@ -254,6 +256,7 @@ families!(
     Softcap,
     Embed,
     Argmax,
+    SlotLookup,
     PostAttention,
     PostAttentionRouter,
     PostAttentionGateUp,
