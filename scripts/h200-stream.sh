@@ -4,8 +4,11 @@
 # 26B-A4B resident and through SLOTS expert slots a layer (default
 # 16,32,64,128), in WEIGHTS (q4 by default; bf16 for bfloat16 weights),
 # a PROMPT-token prompt (16: a prefill past the slots runs in waves) and
-# DECODE decoded tokens (32). Writes stream-<weights>.json and stream.log
-# into $OUT (./bench-out when OUT is unset).
+# DECODE decoded tokens (32), decode passes optimistic as OPTIMISM says
+# (never, after-hit: the default, always), routed by the trace TRACE where
+# set (`bench --make-trace` writes one). Writes
+# stream-<weights>-<optimism>.json and stream-<optimism>.log into $OUT
+# (./bench-out when OUT is unset).
 set -uo pipefail
 
 OUT=${OUT:-$PWD/bench-out}
@@ -14,9 +17,14 @@ mkdir -p "$OUT"
 require_bin
 gpu_info "$OUT/gpu.txt"
 weights=${WEIGHTS:-q4}
+optimism=${OPTIMISM:-after-hit}
 quant=()
 [ "$weights" != bf16 ] && quant=(--quant "$weights")
+trace=()
+[ -n "${TRACE:-}" ] && trace=(--route-by-trace "$TRACE")
+log="$OUT/stream-$optimism.log"
 timeout "${STREAM_TIMEOUT:-480}" "$BIN" bench --backend wgpu "${quant[@]}" --synthetic gemma-4-26b-a4b \
     --stream-slots "${SLOTS:-16,32,64,128}" --prompt-tokens "${PROMPT:-16}" --decode-tokens "${DECODE:-32}" \
-    --json "$OUT/stream-$weights.json" >"$OUT/stream.log" 2>&1
-echo "exit status $?" >>"$OUT/stream.log"
+    --expert-optimism "$optimism" "${trace[@]}" \
+    --json "$OUT/stream-$weights-$optimism.json" >"$log" 2>&1
+echo "exit status $?" >>"$log"

@@ -909,6 +909,27 @@ pub trait ComputeBackend {
         self.record_argmax(x, out, rows, n)
     }
 
+    /// A streamed layer's slot lookup: for each of the `p.n` routed ids,
+    /// `slot_ids[i] = table[ids[i]]` (the slot of a `p.slots`-expert stack
+    /// holding that expert) and `log[p.at + i] = ids[i]`; where the table
+    /// holds no slot for it ([`crate::ops::NO_SLOT`], an entry of `p.slots`
+    /// or more, an id past the table), `slot_ids[i] = 0` and the logged id
+    /// has [`crate::ops::SLOT_MISSED`] set. The MoE ops then run on the slot
+    /// stack with no host round trip; the host reads the log to learn
+    /// whether the pass may stand ([`crate::ops::slot_lookup`] is the
+    /// reference).
+    fn slot_lookup(
+        &self,
+        ids: &Self::Buffer,
+        table: &Self::Buffer,
+        slot_ids: &Self::Buffer,
+        log: &Self::Buffer,
+        p: SlotLookup,
+    ) -> Result<()> {
+        p.validate(ids, table, slot_ids, log)?;
+        self.record_slot_lookup(ids, table, slot_ids, log, p)
+    }
+
     // ---- fused decoder steps (primitive ops as one call) ------------------
 
     /// [`PostAttention`]: `r = x + rmsnorm(o) * w_post`,
@@ -1151,6 +1172,24 @@ pub trait ComputeBackend {
         rows: usize,
         n: usize,
     ) -> Result<()>;
+
+    /// [`ComputeBackend::slot_lookup`] on checked arguments. By default on
+    /// the host: the ids and the table read back (a wait, as the per-layer
+    /// path's own), [`crate::ops::slot_lookup`], the results written.
+    fn record_slot_lookup(
+        &self,
+        ids: &Self::Buffer,
+        table: &Self::Buffer,
+        slot_ids: &Self::Buffer,
+        log: &Self::Buffer,
+        p: SlotLookup,
+    ) -> Result<()> {
+        let (ids_h, table_h) = (self.download_u32(ids)?, self.download_u32(table)?);
+        let (slots, logged) =
+            crate::ops::slot_lookup(&ids_h[..p.n], &table_h[..p.experts], p.slots);
+        self.write_u32(slot_ids, 0, &slots)?;
+        self.write_u32(log, p.at, &logged)
+    }
 
     /// [`ComputeBackend::moe_gate_up_pair`] on checked arguments. By
     /// default, [`ComputeBackend::moe_gate_up`] on `a`, then on `b`.

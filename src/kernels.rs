@@ -33,5 +33,6 @@ pub const RMSNORM: &str = include_str!("../kernels/rmsnorm.wgsl");
 pub const ROPE: &str = include_str!("../kernels/rope.wgsl");
 pub const ROPE_ANGLE: &str = include_str!("../kernels/rope_angle.wgsl");
 pub const ROUTER: &str = include_str!("../kernels/router.wgsl");
+pub const SLOTS: &str = include_str!("../kernels/slots.wgsl");
 pub const TAIL: &str = include_str!("../kernels/tail.wgsl");
 pub const TOPK: &str = include_str!("../kernels/topk.wgsl");

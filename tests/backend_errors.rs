@@ -70,6 +70,40 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
     b.copy_range(&a, &c, range(6, 1, 2)).unwrap();
     let got = b.download_f32(&c).unwrap();
     assert_eq!(got[..4], [0.5, 6.5, 7.5, 3.5], "copied, the rest left");
+    // The slot lookup: a log too short for its offset, a table of more
+    // slots than experts, slot ids written over the ids.
+    let (table, slots, log) = (
+        b.alloc(DType::U32, 8, "table").unwrap(),
+        b.alloc(DType::U32, 8, "slots").unwrap(),
+        b.alloc(DType::U32, 8, "log").unwrap(),
+    );
+    let lookup = turbospark::ops::SlotLookup {
+        n: 2,
+        experts: 8,
+        slots: 4,
+        at: 7,
+    };
+    shape_error(
+        b.slot_lookup(&ids, &table, &slots, &log, lookup),
+        "slot_lookup",
+        "`log` holds 8 elements, needs 9",
+    );
+    let too_many = turbospark::ops::SlotLookup {
+        slots: 9,
+        at: 0,
+        ..lookup
+    };
+    shape_error(
+        b.slot_lookup(&ids, &table, &slots, &log, too_many),
+        "slot_lookup",
+        "9 slots of 8 experts",
+    );
+    let at0 = turbospark::ops::SlotLookup { at: 0, ..lookup };
+    shape_error(
+        b.slot_lookup(&ids, &table, &ids, &log, at0),
+        "slot_lookup",
+        "aliases",
+    );
     // Fused ops: two outputs that are one buffer, an output over an input.
     let w = b
         .upload(DType::F32, HostBytes::Slice(bytemuck::cast_slice(&v)), "w")

@@ -8,11 +8,13 @@
 //! and run the prefill batch in waves.
 
 mod common;
+#[path = "common/primitives_only.rs"]
+mod primitives_only;
 
 use std::path::{Path, PathBuf};
 
-use turbospark::model::experts::Policy;
-use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence};
+use turbospark::model::experts::{Counts, Optimism, Policy, SlotCache};
+use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, TensorSource};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
 
@@ -43,6 +45,8 @@ fn options(slots: Option<usize>, policy: Policy, prefill_batch: usize) -> ModelO
         ..Default::default()
     }
 }
+
+const OPTIMISMS: [Optimism; 3] = [Optimism::Never, Optimism::AfterHit, Optimism::Always];
 
 /// What a run produces: teacher-forced logits (as bits) over the tokens in
 /// two calls (the second continues the first's caches, as chat does), and
@@ -106,11 +110,23 @@ fn streams_like_resident<B: ComputeBackend>(
     let mut model = OneSequence::load(backend, &ck, options(None, Policy::Lfu, batch)).unwrap();
     let resident = run(&mut model, &toks, prompt);
     backend = model.into_backend();
-    for slots in k..=e {
-        for policy in [Policy::Lfu, Policy::Lru] {
-            let what = format!("{name}, {slots} slots, {}, batch {batch}", policy.name());
-            let mut model =
-                OneSequence::load(backend, &ck, options(Some(slots), policy, batch)).unwrap();
+    let mut per_layer = None;
+    for (slots, policy, optimism) in (k..=e).flat_map(|n| {
+        [Policy::Lfu, Policy::Lru]
+            .into_iter()
+            .flat_map(move |p| OPTIMISMS.map(|o| (n, p, o)))
+    }) {
+        {
+            let what = format!(
+                "{name}, {slots} slots, {}, optimism {}, batch {batch}",
+                policy.name(),
+                optimism.name()
+            );
+            let o = ModelOptions {
+                expert_optimism: optimism,
+                ..options(Some(slots), policy, batch)
+            };
+            let mut model = OneSequence::load(backend, &ck, o).unwrap();
             let got = run(&mut model, &toks, prompt);
             for (i, (a, b)) in got.logits.iter().zip(&resident.logits).enumerate() {
                 match nmse {
@@ -142,6 +158,22 @@ fn streams_like_resident<B: ComputeBackend>(
                     "{what}: no prefill ran in waves: {st:?}"
                 );
             }
+            // The slots as the per-layer path places them: its hits,
+            // misses and bytes (every optimism runs after Never).
+            if optimism == Optimism::Never {
+                per_layer = Some(st);
+            }
+            let pl = per_layer.expect("Never runs first");
+            assert_eq!((st.counts, st.bytes), (pl.counts, pl.bytes), "{what}");
+            match optimism {
+                Optimism::Never => assert_eq!(st.optimistic, 0, "{what}: {st:?}"),
+                Optimism::Always => assert!(st.optimistic > 0, "{what}: {st:?}"),
+                Optimism::AfterHit => {}
+            }
+            if slots == e && optimism != Optimism::Never {
+                // (every expert in a slot once used: decode ends up hitting)
+                assert!(st.stood > 0, "{what}: no optimistic pass stood: {st:?}");
+            }
             backend = model.into_backend();
         }
     }
@@ -162,7 +194,10 @@ fn cpu_streams_bit_identically() {
         be = streams_bit_identically(be, name, 512);
     }
     // Prefill in batches of 3: waves within each, and decode after.
-    streams_bit_identically(be, "tiny-text", 3);
+    be = streams_bit_identically(be, "tiny-text", 3);
+    // Batches of 1: a sliding ring of just the window, where pipelined
+    // decode settles each optimistic step before recording the next.
+    streams_bit_identically(be, "tiny-text", 1);
 }
 
 #[test]
@@ -263,11 +298,13 @@ fn the_backend_holds_the_bytes_info_counts() {
     for slots in [cfg.top_k, 5, cfg.experts] {
         let (streamed, b) = loaded(be, Some(slots));
         be = b;
-        let want = ck.device_weight_bytes(None) - ck.device_weight_bytes(Some(slots));
+        // (at every expert a slot, the slot tables make the streamed
+        // weights the larger)
+        let want = ck.device_weight_bytes(None) as i64 - ck.device_weight_bytes(Some(slots)) as i64;
         let extra = turbospark::model::decoder::stream_scratch_bytes(&cfg, 1);
         assert_eq!(
             resident as i64 - streamed as i64,
-            want as i64 - extra as i64,
+            want - extra as i64,
             "{slots} slots: the backend holds {streamed} bytes, resident {resident}"
         );
     }
@@ -316,6 +353,16 @@ fn a_sequence_routes_by_a_trace() {
     // (a pass looks each of its distinct experts up once: 5 tokens in
     // batches of 4 are two passes, each of experts 0 and 1 in each layer)
     assert_eq!(later.counts.hits, (2 * 2 * cfg.layers.len()) as u64);
+    // The trace's ids are the host's before the pass: a pass of one row
+    // (a decode step) waits for no readback, misses or not.
+    s.take_stream_stats();
+    for &t in &toks[6..9] {
+        streamed.logits(&mut s, &[t]).unwrap();
+        streamed.logits(&mut f, &[t]).unwrap();
+    }
+    for st in [s.take_stream_stats(), f.take_stream_stats()] {
+        assert_eq!((st.waits, st.optimistic), (0, 0), "{st:?}");
+    }
 
     let mut wrong = fixed.clone();
     wrong.tokens[0][0] = vec![0, 0];
@@ -329,4 +376,260 @@ fn a_sequence_routes_by_a_trace() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("needs streamed experts"), "{e}");
+}
+
+/// The resident run's logits (as bits) of `toks` decoded one row at a
+/// time, and its routing.
+fn resident_rows<B: ComputeBackend>(
+    backend: B,
+    src: &dyn TensorSource,
+    toks: &[u32],
+) -> (Vec<Vec<u32>>, turbospark::model::experts::Trace, B) {
+    use turbospark::model::Model;
+    let resident = Model::load(backend, src, options(None, Policy::Lfu, 512)).unwrap();
+    let mut r = resident.new_sequence().unwrap();
+    r.record_routing(true);
+    let rows = toks
+        .iter()
+        .map(|&t| {
+            let row = resident.logits(&mut r, &[t]).unwrap().remove(0);
+            row.into_iter().map(f32::to_bits).collect()
+        })
+        .collect();
+    let trace = r.take_routing().unwrap();
+    (rows, trace, resident.into_backend())
+}
+
+/// Optimistic decode passes (`Optimism::Always`, one row a pass) against
+/// the resident rows bit for bit, and each pass's counters against the
+/// slot policy replayed on the router's own ids: the same hits and misses
+/// a token (placement and LFU counts as the per-layer path's), a pass that
+/// stands exactly where every expert hit, a rerun of exactly the layers
+/// from the first that missed (one wait for the log, one per rerun layer).
+/// Which cases the passes met: every expert missing, every expert hitting,
+/// a miss in the last layer only, a rerun layer whose experts differ from
+/// the optimistic pass's (its input computed from a wrong expert's slot).
+fn optimistic_passes_settle<B: ComputeBackend>(
+    mut backend: B,
+    src: &dyn TensorSource,
+    toks: &[u32],
+    name: &str,
+) -> ([bool; 4], B) {
+    use turbospark::model::Model;
+    let cfg = src.config().clone();
+    let (k, e, n) = (cfg.top_k, cfg.experts, cfg.layers.len());
+    let (want, trace, b) = resident_rows(backend, src, toks);
+    backend = b;
+    let mut seen = [false; 4];
+    for slots in k..=e {
+        for policy in [Policy::Lfu, Policy::Lru] {
+            let what = format!("{name}, {slots} slots, {}", policy.name());
+            let o = ModelOptions {
+                expert_optimism: Optimism::Always,
+                ..options(Some(slots), policy, 512)
+            };
+            let model = Model::load(backend, src, o).unwrap();
+            let mut seq = model.new_sequence().unwrap();
+            let mut caches: Vec<SlotCache> = (0..n)
+                .map(|_| SlotCache::new(e, slots, policy).unwrap())
+                .collect();
+            for (t, &tok) in toks.iter().enumerate() {
+                let row = model.logits(&mut seq, &[tok]).unwrap().remove(0);
+                let got: Vec<u32> = row.into_iter().map(f32::to_bits).collect();
+                assert!(got == want[t], "{what}: token {t}'s logits differ");
+                let st = seq.take_stream_stats();
+                let (mut c, mut first) = (Counts::default(), None);
+                for (li, cache) in caches.iter_mut().enumerate() {
+                    let loads = cache.place(&trace.tokens[t][li]).unwrap().loads.len() as u64;
+                    c.hits += k as u64 - loads;
+                    c.misses += loads;
+                    if loads > 0 && first.is_none() {
+                        first = Some(li);
+                    }
+                }
+                let what = format!("{what}, token {t}: {st:?}");
+                assert_eq!(st.counts, c, "{what}");
+                assert_eq!(st.optimistic, 1, "{what}");
+                assert_eq!(st.stood, u64::from(first.is_none()), "{what}");
+                let rerun = first.map_or(0, |f| (n - f) as u64);
+                assert_eq!(st.rerun_layers, rerun, "{what}");
+                assert_eq!(st.waits, 1 + rerun, "{what}");
+                seen[0] |= c.hits == 0;
+                seen[1] |= first.is_none();
+                seen[2] |= first == Some(n - 1);
+                seen[3] |= st.rerouted_layers > 0;
+            }
+            backend = model.into_backend();
+        }
+    }
+    (seen, backend)
+}
+
+/// [`optimistic_passes_settle`] on fixture `name`'s tokens, repeated to 60:
+/// over the slot counts and policies the passes meet every case.
+fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(backend: B, name: &str) -> B {
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let toks: Vec<u32> = tokens(&dir).0.into_iter().cycle().take(60).collect();
+    let (seen, backend) = optimistic_passes_settle(backend, &ck, &toks, name);
+    assert_eq!(
+        seen, [true; 4],
+        "{name}: all missed, all hit, last layer only, rerouted"
+    );
+    backend
+}
+
+#[test]
+fn cpu_optimistic_passes_settle_as_the_policy() {
+    let mut be = CpuBackend::new();
+    for name in ["tiny-text", "tiny-text-q4"] {
+        be = optimistic_passes_settle_as_the_policy(be, name);
+    }
+}
+
+/// A backend of primitives only takes `slot_lookup`'s default body (the
+/// ids read back and looked up on the host): the same passes.
+#[test]
+fn primitives_only_optimistic_passes_settle_as_the_policy() {
+    optimistic_passes_settle_as_the_policy(primitives_only::PrimitivesOnly::new(), "tiny-text");
+}
+
+/// Slot stacks in tile order (backends/wgpu/src/expert_tiles.rs, on by
+/// default where tensor cores are): a shape that takes them (hidden 64,
+/// moe_inter 32: whole 64-row blocks), synthetic weights.
+#[test]
+fn wgpu_optimistic_passes_settle_on_tiled_slots() {
+    let Some(be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
+        expert_tiles: Some(true),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let cfg = turbospark::model::ModelConfig {
+        hidden: 64,
+        moe_inter: 32,
+        ..turbospark::model::synthetic::tiny_config()
+    };
+    let src = turbospark::model::SyntheticSource::new(cfg.clone(), 7).unwrap();
+    let mut rng = turbospark::rng::Rng::new(3);
+    let toks: Vec<u32> = (0..40)
+        .map(|_| rng.below(cfg.vocab as u64) as u32)
+        .collect();
+    let (seen, _) = optimistic_passes_settle(be, &src, &toks, "tiled synthetic");
+    assert!(
+        seen[0] && seen[1],
+        "tiled: a pass missed and one hit: {seen:?}"
+    );
+}
+
+#[test]
+fn wgpu_optimistic_passes_settle_as_the_policy() {
+    let Some(mut be) = common::wgpu_backend() else {
+        return;
+    };
+    // (moe_inter 64 and 32: streamed experts sum in route order, bit for
+    // bit the resident run)
+    for name in ["tiny-text-q4", "tiny-multimodal-g32"] {
+        be = optimistic_passes_settle_as_the_policy(be, name);
+    }
+}
+
+/// Pipelined greedy decode with every expert in its slot (the slots warmed
+/// by another sequence routed over every expert): no step waits for
+/// anything, every optimistic pass stands, the tokens are the resident
+/// run's. Stopped early by the caller, the steps recorded past the stop
+/// are settled as the per-layer path placed them.
+fn greedy_steps_that_hit_wait_for_nothing<B: ComputeBackend>(mut backend: B, name: &str) -> B {
+    use std::ops::ControlFlow;
+    use turbospark::model::experts::Trace;
+    use turbospark::model::Model;
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, prompt) = tokens(&dir);
+    let cfg = ck.config().clone();
+    let (k, e, n) = (cfg.top_k, cfg.experts, cfg.layers.len());
+    let greedy = |m: &Model<B>, seq: &mut turbospark::model::Sequence<B>, stop: usize| {
+        m.logits(seq, &toks[..prompt - 1]).unwrap();
+        let mut seen = 0;
+        m.generate_streaming(
+            seq,
+            &toks[prompt - 1..prompt],
+            &GenerateOptions {
+                max_new_tokens: 12,
+                ..Default::default()
+            },
+            |_| {
+                seen += 1;
+                if seen == stop {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )
+        .unwrap()
+        .tokens
+    };
+    let resident = Model::load(backend, &ck, options(None, Policy::Lfu, 512)).unwrap();
+    let mut r = resident.new_sequence().unwrap();
+    let want = greedy(&resident, &mut r, 0);
+    backend = resident.into_backend();
+    // Every expert of every layer, top_k a token.
+    let all = Trace {
+        experts: e,
+        tokens: (0..e / k)
+            .map(|t| vec![(t * k..(t + 1) * k).map(|x| x as u32).collect(); n])
+            .collect(),
+    };
+    let mut counts = Vec::new();
+    for optimism in [Optimism::Never, Optimism::Always] {
+        let o = ModelOptions {
+            expert_optimism: optimism,
+            ..options(Some(e), Policy::Lfu, 512)
+        };
+        let model = Model::load(backend, &ck, o).unwrap();
+        let mut w = model.new_sequence().unwrap();
+        model.route_by(&mut w, Some(all.clone())).unwrap();
+        model.logits(&mut w, &toks[..e / k]).unwrap();
+        let mut seq = model.new_sequence().unwrap();
+        let got = greedy(&model, &mut seq, 0);
+        assert_eq!(got, want, "{name}, {}: greedy tokens", optimism.name());
+        let st = seq.take_stream_stats();
+        assert_eq!(st.counts.misses, 0, "{st:?}");
+        if optimism == Optimism::Always {
+            // The prompt's batch waits a layer (the per-layer path); the
+            // first token's pass is the prompt's last (settled at once:
+            // one wait); the other 11 are pipelined and wait for nothing.
+            assert_eq!((st.optimistic, st.stood), (12, 12), "{st:?}");
+            assert_eq!(st.waits, n as u64 + 1, "{name}: {st:?}");
+        }
+        // Stopped after 3 tokens: the steps run past the stop are settled
+        // as the per-layer path placed them when it recorded them (hits,
+        // here: the same count either way).
+        let mut stopped = model.new_sequence().unwrap();
+        let got = greedy(&model, &mut stopped, 3);
+        assert_eq!(got, want[..3], "{name}, {}: stopped", optimism.name());
+        counts.push(stopped.take_stream_stats());
+        backend = model.into_backend();
+    }
+    assert_eq!(
+        (counts[0].counts, counts[0].bytes),
+        (counts[1].counts, counts[1].bytes),
+        "{name}: the slots after a stop: {counts:?}"
+    );
+    backend
+}
+
+#[test]
+fn cpu_greedy_steps_that_hit_wait_for_nothing() {
+    let be = CpuBackend::new();
+    greedy_steps_that_hit_wait_for_nothing(be, "tiny-text");
+}
+
+#[test]
+fn wgpu_greedy_steps_that_hit_wait_for_nothing() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    greedy_steps_that_hit_wait_for_nothing(be, "tiny-text-q4");
 }

@@ -326,6 +326,10 @@ fn argmax() {
 fn copy_range() {
     family("copy_range");
 }
+#[test]
+fn slot_lookup() {
+    family("slot_lookup");
+}
 
 #[test]
 fn post_attention() {

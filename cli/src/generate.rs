@@ -6,8 +6,8 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use turbospark::model::drafter::{Drafter, SpeculativeOptions, SpeculativeStats};
-use turbospark::model::experts::Policy;
 use turbospark::model::experts::StreamStats;
+use turbospark::model::experts::{Optimism, Policy};
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
@@ -67,7 +67,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     routing_trace: Option<PathBuf>,
     /// Print the streamed experts' counters (with --expert-slots): hits,
-    /// misses, bytes streamed and host wait, per token; with
+    /// misses, bytes streamed and their copy rate, the host's waits and
+    /// their time per token, the optimistic decode passes that stood; with
     /// --draft-model, the drafts' acceptance, tokens per target pass and
     /// the time drafting and verifying.
     #[arg(long)]
@@ -134,10 +135,21 @@ pub struct ExpertArgs {
     /// recent) or lru.
     #[arg(long, default_value = "lfu", value_parser = parse_policy)]
     pub expert_policy: Policy,
+    /// When a decode step of streamed experts runs every layer at once,
+    /// its slots looked up on the device and its experts' ids read back
+    /// once at its end (a step that missed reruns from the layer that
+    /// missed): never (a readback a layer), after-hit (after a step in
+    /// which every expert hit) or always.
+    #[arg(long, default_value = "after-hit", value_parser = parse_optimism)]
+    pub expert_optimism: Optimism,
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
     Policy::parse(s).map_err(|e| e.to_string())
+}
+
+pub fn parse_optimism(s: &str) -> Result<Optimism, String> {
+    Optimism::parse(s).map_err(|e| e.to_string())
 }
 
 impl ExpertArgs {
@@ -146,6 +158,7 @@ impl ExpertArgs {
         ModelOptions {
             expert_slots: self.expert_slots,
             expert_policy: self.expert_policy,
+            expert_optimism: self.expert_optimism,
             ..opts
         }
     }
@@ -590,16 +603,36 @@ pub fn speculative_line(k: usize, st: &SpeculativeStats) -> String {
 /// The streamed experts' counters over `tokens` tokens, in one line.
 pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> String {
     let per = |v: f64| v / tokens.max(1) as f64;
+    let write_s = st.write_time.as_secs_f64();
     format!(
         "experts: {} slots a layer; {} hits, {} misses ({:.1}% hit); {} streamed \
-         ({} a token); host wait {:.2} ms a token; {} prefill layer passes in waves",
+         ({} a token, copied from the mapping at {}); {:.2} host waits a token, \
+         host wait {:.2} ms a token; {} optimistic decode passes, {} stood{}; {} \
+         prefill layer passes in waves",
         slots.map_or("?".into(), |n| n.to_string()),
         st.counts.hits,
         st.counts.misses,
         100.0 * st.counts.hit_rate(),
         crate::common::human_bytes(st.bytes),
         crate::common::human_bytes(per(st.bytes as f64) as u64),
+        if write_s > 0.0 {
+            format!("{:.2} GB/s", st.bytes as f64 / write_s / 1e9)
+        } else {
+            "-".into()
+        },
+        per(st.waits as f64),
         per(st.host_wait.as_secs_f64() * 1e3),
+        st.optimistic,
+        st.stood,
+        if st.optimistic > 0 {
+            format!(
+                " ({:.1}%; {} layers rerun)",
+                100.0 * st.stood as f64 / st.optimistic as f64,
+                st.rerun_layers
+            )
+        } else {
+            String::new()
+        },
         st.extra_waves
     )
 }

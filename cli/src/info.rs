@@ -76,7 +76,8 @@ pub fn run(a: Args) -> CliResult {
             let batch = a.prefill_batch.min(max_context);
             let weights = ck.device_weight_bytes(Some(n));
             let run = runtime_bytes(cfg, max_context, batch, a.kv_cache.dtype())
-                + stream_scratch_bytes(cfg, 1 + batch);
+                + stream_scratch_bytes(cfg, 1)
+                + stream_scratch_bytes(cfg, batch);
             println!(
                 "  with --expert-slots {n} ({n} of {} experts a layer on the device, the rest \
                  streamed from the checkpoint): {} weights + {} KV caches and scratch = {}",

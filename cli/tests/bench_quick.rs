@@ -80,6 +80,10 @@ fn check(backend: &str, allow_unsupported: bool) -> usize {
     positive(&b["ceiling"]["gbps"], "ceiling gbps");
     positive(&b["ceiling"]["bytes"], "ceiling bytes");
     check_timing(&b["ceiling"]["timing"], "ceiling");
+    // The host-to-device copy ceiling beside it.
+    let up = &b["ceiling"]["host_to_device"];
+    positive(&up["gbps"], "host-to-device gbps");
+    check_timing(&up["timing"], "host to device");
     // The streaming kernels at op sizes: the GPU's only (the CPU reference's
     // ceiling is one thread's).
     let sizes = b["ceiling"]["at_sizes"].as_array().expect("at_sizes");

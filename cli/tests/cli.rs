@@ -104,9 +104,64 @@ fn bench_streams_routed_by_a_trace() {
         .expect("the 3-slot point");
     assert_eq!(streamed["decode_hit_rate"], 1.0, "{streamed}");
     assert_eq!(streamed["decode_misses_per_token"], 0.0, "{streamed}");
+    // (the trace's ids are the host's before each pass: no readback)
+    assert_eq!(streamed["decode_host_waits_per_token"], 0.0, "{streamed}");
+    assert!(v["host_to_device_gbps"].as_f64().unwrap() > 0.0, "{v}");
 
     std::fs::write(&trace, "experts 8\n0,1;0,1;0,1\n").unwrap();
     fails_with(&run(&trace), "routing trace: 8 experts, the model has 6");
+}
+
+/// `bench --stream-slots --expert-optimism always`: every decode step of
+/// the streamed runs is optimistic, and the report counts them, those that
+/// stood, the host's waits and the bytes against the copy ceiling.
+#[test]
+fn bench_streams_optimistically() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stream-optimism");
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("stream.json");
+    let out = turbospark(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--synthetic",
+        "tiny",
+        "--stream-slots",
+        "3,6",
+        "--expert-optimism",
+        "always",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "6",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    succeeds(&out);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["expert_optimism"], "always", "{v}");
+    for slots in [3, 6] {
+        let p = v["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["expert_slots"] == slots)
+            .unwrap_or_else(|| panic!("the {slots}-slot point: {v}"));
+        // (the decode run's passes: its first token's and each step's)
+        assert_eq!(p["optimistic_passes"], 6, "{p}");
+        let (stood, waits) = (
+            p["optimistic_stood"].as_u64().unwrap(),
+            p["decode_host_waits_per_token"].as_f64().unwrap(),
+        );
+        assert!(stood <= 6 && waits >= 0.0, "{p}");
+        assert!(p["decode_stream_over_copy_ceiling"].is_number(), "{p}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("host waits a token") && err.contains("copy ceiling"),
+        "{err}"
+    );
 }
 
 /// `bench --make-trace`: a generated trace of the synthetic model's shape,

@@ -41,14 +41,15 @@
 //! sequences in one pass (each row's attention on its own sequence's
 //! caches) in `decoder/batch.rs`.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
+use std::time::Instant;
 
 use crate::backend::{ComputeBackend, Support};
 use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::experts::slot_cache::Policy;
-use crate::model::experts::streaming::StreamPass;
+use crate::model::experts::streaming::Optimism;
 pub use crate::model::scratch::{scratch_bytes, stream_scratch_bytes};
 use crate::model::scratch::{widest_layer, Scratch};
 use crate::model::weights::{Loader, TensorSource};
@@ -60,6 +61,7 @@ mod feed_forward;
 mod generate;
 mod layer;
 mod one_sequence;
+mod optimistic;
 mod pass;
 mod sequence;
 mod shared_state;
@@ -67,6 +69,7 @@ use attention::Kv;
 pub use generate::{GenerateOptions, Generation};
 use layer::Layer;
 pub use one_sequence::OneSequence;
+use optimistic::Unsettled;
 use pass::Pass;
 pub use sequence::Sequence;
 
@@ -111,6 +114,9 @@ pub struct ModelOptions {
     pub expert_slots: Option<usize>,
     /// Which slot a streamed expert evicts.
     pub expert_policy: Policy,
+    /// When a decode pass of streamed experts looks its slots up on the
+    /// device instead of waiting for each layer's ids ([`Optimism`]).
+    pub expert_optimism: Optimism,
     /// The arithmetic of the tensor-core products (prefill GEMMs and
     /// attention; [`crate::Precision`]): exact (the default, the f32 floor)
     /// or fast (activations rounded once to f16). The model's own, passed
@@ -126,6 +132,7 @@ impl Default for ModelOptions {
             kv_cache: DType::F32,
             expert_slots: None,
             expert_policy: Policy::Lfu,
+            expert_optimism: Optimism::AfterHit,
             precision: crate::Precision::Exact,
         }
     }
@@ -175,6 +182,10 @@ pub struct Model<B: ComputeBackend> {
     /// the experts (each layer's slot cache is its experts' own: a cache
     /// of weights every sequence's passes share).
     expert_slots: Option<usize>,
+    expert_optimism: Optimism,
+    /// Whether the last pass found every expert in its slot (with
+    /// `Optimism::AfterHit`, the next decode pass is optimistic).
+    hit_last: Cell<bool>,
 }
 
 impl<B: ComputeBackend> Model<B> {
@@ -260,6 +271,8 @@ impl<B: ComputeBackend> Model<B> {
             precision: opts.precision,
             embed_scale,
             expert_slots: slots,
+            expert_optimism: opts.expert_optimism,
+            hit_last: Cell::new(false),
         })
     }
 
@@ -483,7 +496,8 @@ impl<B: ComputeBackend> Model<B> {
     }
 
     /// Record embedding, every layer and `tail` for the `m` tokens whose ids
-    /// and positions are in `s`.
+    /// and positions are in `s` (an optimistic pass settled before it
+    /// returns).
     fn record_forward(
         &self,
         seq: &mut Sequence<B>,
@@ -492,6 +506,22 @@ impl<B: ComputeBackend> Model<B> {
         m: usize,
         tail: Tail,
     ) -> Result<()> {
+        self.record_pass(seq, s, ids, m, tail, None).map(drop)
+    }
+
+    /// [`Self::record_forward`]; an optimistic pass with `ahead` =
+    /// Some(half) (pipelined greedy decode) uses that half of the chain,
+    /// records its head unsettled and comes back to be settled later
+    /// (`optimistic::Unsettled`).
+    fn record_pass(
+        &self,
+        seq: &mut Sequence<B>,
+        s: &Scratch<B::Buffer>,
+        ids: &B::Buffer,
+        m: usize,
+        tail: Tail,
+        ahead: Option<usize>,
+    ) -> Result<Option<Unsettled>> {
         debug_assert!(m <= s.rows && (tail != Tail::Head || m <= s.head_rows));
         let (be, cfg) = (&self.backend, &self.cfg);
         let p = Pass {
@@ -501,17 +531,21 @@ impl<B: ComputeBackend> Model<B> {
             eps: cfg.eps,
             precision: self.precision,
         };
-        let res = &s.residual;
-        self.record_embedding(&p, res, ids)?;
         let tracing = cfg.enable_moe && seq.routing.is_some();
+        // One decode row of streamed experts, routed by the router: the
+        // whole pass at once, slots looked up on the device, where the
+        // policy says so.
+        let chain = if self.optimistic_for(seq, m) {
+            self.chain(s, ahead.unwrap_or(0))
+        } else {
+            None
+        };
+        let misses = seq.stream.counts.misses;
+        let input = chain.map_or(&s.residual, |c| &c[0]);
+        self.record_embedding(&p, input, ids)?;
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
-        for (li, (layer, cache)) in self.layers.iter().zip(&seq.caches).enumerate() {
-            let next = self.norm_after(li, tail);
-            let mut sp = StreamPass {
-                stats: &mut seq.stream,
-                trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
-            };
-            layer.record(&p, res, next, s, &Kv::One(cache), &mut sp)?;
+        for li in 0..self.layers.len() {
+            self.record_layer(seq, s, &p, li, (chain, tail), chain.is_some())?;
             if tracing {
                 // (the readback rides after the layer's recorded ops)
                 let ids = be.download_u32(&s.experts.ids)?;
@@ -534,10 +568,25 @@ impl<B: ComputeBackend> Model<B> {
         if let Some((t, row)) = seq.route_by.as_mut() {
             *row = (*row + m) % t.tokens.len();
         }
+        let unsettled = match (chain, ahead) {
+            (Some(_), Some(half)) => Some(self.unsettled(seq, s, half)?),
+            (Some(chain), None) => {
+                let t0 = Instant::now();
+                let log = be.download_u32(&Self::waves(s)?.log)?;
+                seq.stream.host_wait += t0.elapsed();
+                seq.stream.waits += 1;
+                self.settle(seq, s, chain, tail, &log)?;
+                None
+            }
+            (None, _) => None,
+        };
+        if unsettled.is_none() && self.expert_slots.is_some() {
+            self.hit_last.set(seq.stream.counts.misses == misses);
+        }
         if tail == Tail::Head {
             self.record_head(s, &s.residual.normed, m)?;
         }
-        Ok(())
+        Ok(unsettled)
     }
 
     /// The embedding of the pass's `ids` into `res.x` and layer 0's input

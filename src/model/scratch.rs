@@ -116,6 +116,15 @@ pub(crate) struct WaveScratch<T> {
     pub weights: T,
     pub out: T,
     pub sum: T,
+    /// One-row scratch only: each layer's input residual of a decode pass
+    /// recorded with its slots looked up on the device (layer i reads
+    /// `chain[i]` and writes `chain[i + 1]`, the last layer the scratch's
+    /// own), so a pass that missed in layer i reruns from there; two such
+    /// chains, one after the other.
+    pub chain: Vec<Residual<T>>,
+    /// Every layer's routed ids of such a pass, a miss flagged
+    /// (`ComputeBackend::slot_lookup`'s log), read back once a pass.
+    pub log: T,
 }
 
 impl<T> Scratch<T> {
@@ -245,11 +254,33 @@ impl<T> WaveScratch<T> {
     ) -> std::result::Result<Self, E> {
         let (k_, _) = moe_widths(cfg);
         let f = |n: usize, label| per_row(DType::F32, rows, n, label);
+        let (slot_ids, weights) = (
+            make(per_row(DType::U32, rows, k_, "slot_ids"))?,
+            make(f(k_, "wave_weights"))?,
+        );
+        let (out, sum) = (
+            make(f(cfg.hidden, "wave_out"))?,
+            make(f(cfg.hidden, "wave_sum"))?,
+        );
+        let mut chain = Vec::new();
+        if rows == 1 {
+            // (two halves: pipelined decode records a pass before the one
+            // ahead of it is settled)
+            for _ in 0..2 * cfg.layers.len() {
+                chain.push(Residual {
+                    x: make(f(cfg.hidden, "chain_x"))?,
+                    normed: make(f(cfg.hidden, "chain_normed"))?,
+                });
+            }
+        }
+        let log = make(per_row(DType::U32, 1, cfg.layers.len() * k_, "slot_log"))?;
         Ok(WaveScratch {
-            slot_ids: make(per_row(DType::U32, rows, k_, "slot_ids"))?,
-            weights: make(f(k_, "wave_weights"))?,
-            out: make(f(cfg.hidden, "wave_out"))?,
-            sum: make(f(cfg.hidden, "wave_sum"))?,
+            slot_ids,
+            weights,
+            out,
+            sum,
+            chain,
+            log,
         })
     }
 }
@@ -301,7 +332,8 @@ pub fn scratch_bytes(cfg: &ModelConfig, rows: usize, head_rows: usize) -> u64 {
 
 /// Device bytes of the scratch streamed experts add to a scratch of `rows`
 /// rows (`WaveScratch`: slot ids and a wave's weights per route, a wave's
-/// output and the waves' sum per row).
+/// output and the waves' sum per row, the slot lookups' log and, for one
+/// row, each layer's input residual).
 pub fn stream_scratch_bytes(cfg: &ModelConfig, rows: usize) -> u64 {
     let mut bytes = 0;
     let Ok(_) = WaveScratch::<()>::build::<Infallible>(cfg, rows, &mut |b| {

@@ -99,11 +99,13 @@ impl WeightBytes {
 
     /// Weight bytes on the device with the routed experts streamed through
     /// `slots` slots a layer (None: all resident): every tensor but the
-    /// experts, and `slots` of each layer's experts.
+    /// experts, `slots` of each layer's experts, and each layer's slot
+    /// table (a u32 an expert).
     pub fn with_slots(&self, c: &ModelConfig, slots: Option<usize>) -> u64 {
         match slots {
             Some(n) if c.enable_moe && c.experts > 0 => {
-                self.total - self.experts + self.experts / c.experts as u64 * n as u64
+                let tables = (c.layers.len() * c.experts * 4) as u64;
+                self.total - self.experts + self.experts / c.experts as u64 * n as u64 + tables
             }
             _ => self.total,
         }

@@ -7,7 +7,7 @@
 use super::{case, Op};
 use crate::ops::{
     Attention, CopyRange, Embed, KvAppend, Matmul, Moe, PostAttention, PostFfn, QkvPost, RmsNorm,
-    Rope, Router,
+    Rope, Router, SlotLookup,
 };
 use crate::DType::{BF16, F16, F32};
 
@@ -475,7 +475,24 @@ fn glue() -> Vec<Op> {
             src_len: 4096,
             dst_len: 16 * 4096,
         }),
+        // The 26B-A4B's decode (the last of 30 layers' log) and a prefill
+        // batch's ids over many workgroups; the fixtures' 8 experts.
+        slot_lookup(8, 128, 16, 29 * 8),
+        slot_lookup(512 * 8 + 3, 128, 128, 0),
+        slot_lookup(2, 8, 3, 6),
+        slot_lookup(1, 1, 1, 0),
     ]
+}
+
+fn slot_lookup(n: usize, experts: usize, slots: usize, at: usize) -> Op {
+    Op::SlotLookup(case::SlotLookup {
+        p: SlotLookup {
+            n,
+            experts,
+            slots,
+            at,
+        },
+    })
 }
 
 /// The fused decoder steps at Gemma 4 shapes and odd ones, each weight dtype.
@@ -732,7 +749,7 @@ mod tests {
 
     /// Every family `tests/parity.rs` runs by name: the ops, then those
     /// with quantized weights.
-    const FAMILIES: [&str; 34] = [
+    const FAMILIES: [&str; 35] = [
         "rms_norm",
         "matmul",
         "router",
@@ -751,6 +768,7 @@ mod tests {
         "embed",
         "argmax",
         "copy_range",
+        "slot_lookup",
         "post_attention",
         "post_attention_router",
         "post_attention_gate_up",

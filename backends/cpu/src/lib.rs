@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use turbospark::backend::{BackendInfo, Limits};
 use turbospark::ops::{
     self as v, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost,
-    RmsNorm, Rope, Router,
+    RmsNorm, Rope, Router, SlotLookup,
 };
 use turbospark::{
     ComputeBackend, DType, DeviceBuffer, DeviceType, Error, ExpertBytes, ExpertStack, GemmRounding,
@@ -639,6 +639,21 @@ impl ComputeBackend for CpuBackend {
     fn record_argmax(&self, x: &CpuBuffer, out: &CpuBuffer, rows: usize, n: usize) -> Result<()> {
         let xr = x.read();
         ops::argmax(xr.f32(), out.write("argmax")?.u32(), rows, n);
+        Ok(())
+    }
+
+    fn record_slot_lookup(
+        &self,
+        ids: &CpuBuffer,
+        table: &CpuBuffer,
+        slot_ids: &CpuBuffer,
+        log: &CpuBuffer,
+        p: SlotLookup,
+    ) -> Result<()> {
+        let (ir, tr) = (ids.read(), table.read());
+        let (slots, logged) = v::slot_lookup(&ir.u32()[..p.n], &tr.u32()[..p.experts], p.slots);
+        slot_ids.write("slot_lookup")?.u32()[..p.n].copy_from_slice(&slots);
+        log.write("slot_lookup")?.u32()[p.at..p.at + p.n].copy_from_slice(&logged);
         Ok(())
     }
 

@@ -238,6 +238,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     // 264 -> 268; other devices have no figure yet).
     let expert_tiles =
         switch_or_env(opts.expert_tiles, "TURBOSPARK_EXPERT_TILES")?.unwrap_or(coop_gemm);
+    let affine_split = coop_gemm && switch_or_env(None, "TURBOSPARK_AFFINE_SPLIT")? == Some(true);
     if tensor_cores == Some(true) && !coop_gemm {
         return Err(Error::Unsupported {
             backend: "wgpu".into(),
@@ -287,6 +288,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         cooperative_matrix: coop,
         tensor_core_gemm: coop_gemm,
         expert_tiles,
+        affine_split,
         coherent_storage: required_features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
     };
     let info = BackendInfo {

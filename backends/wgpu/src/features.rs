@@ -24,6 +24,11 @@ pub struct WgpuFeatures {
     /// Expert stacks uploaded with `upload_experts` are stored in the
     /// backend's tile order where their shape allows; false: as uploaded.
     pub expert_tiles: bool,
+    /// MLX affine weights take the tensor-core GEMM at `Precision::Exact`
+    /// too, split in two f16 parts (`WSPLIT`): only when asked
+    /// (`TURBOSPARK_AFFINE_SPLIT=1`) until the split has passed the
+    /// quantized parity families on a device with tensor cores.
+    pub affine_split: bool,
     /// Storage buffers are declared coherent (wgpu's
     /// `MEMORY_DECORATION_COHERENT`: Vulkan, DX12, Metal 3.2; the backend
     /// asks for it on Vulkan unless told otherwise): one workgroup's writes,
@@ -53,6 +58,7 @@ impl WgpuFeatures {
             ("cooperative_matrix", coop),
             ("tensor_core_gemm", yes(self.tensor_core_gemm)),
             ("expert_tiles", yes(self.expert_tiles)),
+            ("affine_split", yes(self.affine_split)),
             ("coherent_storage", yes(self.coherent_storage)),
         ]
         .into_iter()

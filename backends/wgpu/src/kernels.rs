@@ -103,6 +103,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("elementwise", turbospark::kernels::ELEMENTWISE),
     ("embed", turbospark::kernels::EMBED),
     ("argmax", turbospark::kernels::ARGMAX),
+    ("slots", turbospark::kernels::SLOTS),
     ("matmul", turbospark::kernels::MATMUL),
     ("gemv", turbospark::kernels::GEMV),
     ("affine_gemv", turbospark::kernels::AFFINE_GEMV),

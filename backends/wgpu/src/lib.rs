@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use turbospark::ops::{
     self as v, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost,
-    RmsNorm, Rope, Router,
+    RmsNorm, Rope, Router, SlotLookup,
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertBytes, ExpertStack, GateUpArgs,
@@ -1119,6 +1119,21 @@ impl ComputeBackend for WgpuBackend {
     fn record_argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(self, x, out, rows, n)
+    }
+
+    fn record_slot_lookup(
+        &self,
+        ids: &WgpuBuffer,
+        table: &WgpuBuffer,
+        slot_ids: &WgpuBuffer,
+        log: &WgpuBuffer,
+        p: SlotLookup,
+    ) -> Result<()> {
+        whole(
+            "slot_lookup",
+            &[Some(ids), Some(table), Some(slot_ids), Some(log)],
+        )?;
+        ops::elementwise::slot_lookup(self, ids, table, slot_ids, log, p)
     }
 
     fn record_post_attention(

@@ -71,6 +71,49 @@ pub struct Ceiling {
     /// at that size, launch and drain included. Empty where not measured
     /// (the CPU reference, whose ceiling is one thread's).
     pub at_sizes: Vec<SizedStream>,
+    /// The host-to-device copy ceiling beside it ([`Upload`]).
+    pub upload: Option<Upload>,
+}
+
+/// The host-to-device copy ceiling: writes of `bytes` from host memory into
+/// a device buffer through the backend's `write_f32` (on wgpu,
+/// `Queue::write_buffer`: a copy into staging memory, then the device's
+/// transfer), each timed to the device's idle: what a streamed expert's
+/// miss can move at best. None where the measurement failed.
+#[derive(Clone, Debug)]
+pub struct Upload {
+    pub bytes: u64,
+    pub stats: Stats,
+}
+
+impl Upload {
+    pub fn gbps(&self) -> f64 {
+        gbps(self.bytes, self.stats.median)
+    }
+}
+
+/// Bytes a host-to-device sample writes (within WebGPU's smallest largest
+/// binding, 128 MiB).
+pub const UPLOAD_BYTES: usize = 64 << 20;
+
+/// [`Upload`] on `be`: one untimed write, then `reps` timed ones.
+pub fn host_to_device<B: ComputeBackend + ?Sized>(be: &B, reps: usize) -> Result<Upload> {
+    let n = UPLOAD_BYTES / 4;
+    let buf = be.alloc(DType::F32, n, "host to device probe")?;
+    let data = vec![1.0f32; n];
+    be.write_f32(&buf, 0, &data)?;
+    be.sync()?;
+    let mut samples = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        be.write_f32(&buf, 0, &data)?;
+        be.sync()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    Ok(Upload {
+        bytes: UPLOAD_BYTES as u64,
+        stats: Stats::of(&samples),
+    })
 }
 
 /// A streaming kernel over `bytes` a call, rotating over `sets` buffers.
@@ -285,6 +328,7 @@ impl Bench for CpuBackend {
                 (words * 8) >> 20
             ),
             at_sizes: Vec::new(),
+            upload: upload(self),
         })
     }
 }
@@ -346,12 +390,21 @@ impl Bench for WgpuBackend {
                 bytes >> 20
             ),
             at_sizes,
+            upload: upload(self),
         })
     }
 }
 
 /// A u32 buffer of `words` filled with a pattern (zero pages could be
 /// special-cased by a driver).
+/// [`host_to_device`] over 5 writes, or None (said) where it fails: the
+/// read ceiling stands without it.
+fn upload<B: ComputeBackend>(be: &B) -> Option<Upload> {
+    host_to_device(be, 5)
+        .map_err(|e| eprintln!("bench: the host-to-device copy: {e}"))
+        .ok()
+}
+
 fn stream_buffer(b: &WgpuBackend, words: usize) -> Result<WgpuBuffer> {
     let src = b.alloc(DType::U32, words, "bench stream")?;
     let chunk = (16usize << 20).min(words);
@@ -543,6 +596,7 @@ mod tests {
             stats: Stats::of(&[1e-3, 1e-3, 1e-3]),
             method: "test",
             how: String::new(),
+            upload: None,
             at_sizes: sizes
                 .iter()
                 .map(|&b| SizedStream {

@@ -159,6 +159,12 @@ pub struct Args {
     /// slots miss, evict and upload as that routing makes them.
     #[arg(long)]
     pub route_by_trace: Option<std::path::PathBuf>,
+    /// With --stream-slots: when a decode step runs every layer at once
+    /// with its slots looked up on the device, its experts' ids read back
+    /// once at its end (never: a readback a layer; after-hit: after a step
+    /// in which every expert hit; always).
+    #[arg(long, default_value = "after-hit", value_parser = crate::generate::parse_optimism)]
+    pub expert_optimism: turbospark::model::experts::Optimism,
     /// Write a generated routing trace for the `--synthetic` model's shape
     /// to this file (for --route-by-trace), print its parameters and its
     /// LFU hit rate at 16 slots, and exit.
@@ -272,10 +278,15 @@ fn open_run<B: Bench>(b: &B, budget: Budget, extra: serde_json::Value) -> Run {
     let ceiling = b.ceiling(&budget).map_err(|e| e.to_string());
     match &ceiling {
         Ok(c) => eprintln!(
-            "bench: {} ceiling {:.1} GB/s ({})",
+            "bench: {} ceiling {:.1} GB/s ({}); host to device {}",
             b.name(),
             c.gbps(),
-            c.how
+            c.how,
+            c.upload.as_ref().map_or("not measured".into(), |u| format!(
+                "{:.1} GB/s ({} MiB writes)",
+                u.gbps(),
+                u.bytes >> 20
+            ))
         ),
         Err(e) => eprintln!("bench: {} ceiling failed: {e}", b.name()),
     }

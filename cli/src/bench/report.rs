@@ -127,10 +127,13 @@ impl Report<'_> {
             let i = &r.info;
             let ceiling = match &r.ceiling {
                 Ok(c) => format!(
-                    "ceiling {:.1} GB/s read ({}; {})",
+                    "ceiling {:.1} GB/s read ({}; {}); host to device {}",
                     c.gbps(),
                     c.how,
-                    c.method
+                    c.method,
+                    c.upload
+                        .as_ref()
+                        .map_or("not measured".into(), |u| format!("{:.1} GB/s", u.gbps()))
                 ),
                 Err(e) => format!("ceiling FAILED: {e}"),
             };
@@ -309,6 +312,11 @@ impl Report<'_> {
                             "timing": stats_json(&c.stats),
                             "method": c.method,
                             "how": c.how,
+                            "host_to_device": c.upload.as_ref().map(|u| json!({
+                                "bytes": u.bytes,
+                                "gbps": u.gbps(),
+                                "timing": stats_json(&u.stats),
+                            })),
                             "at_sizes": c.at_sizes.iter().map(|z| json!({
                                 "kernel": z.kernel,
                                 "bytes": z.bytes,

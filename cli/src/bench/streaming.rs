@@ -9,13 +9,11 @@
 //! the cost model carries the figures over to a real trace's hit rate
 //! (`bench --replay-trace`).
 
-use std::time::Instant;
-
 use serde_json::{json, Value};
 use turbospark::model::experts::StreamStats;
 use turbospark::model::{ModelOptions, OneSequence, SyntheticSource};
 use turbospark::rng::Rng;
-use turbospark::{ComputeBackend, DType};
+use turbospark::ComputeBackend;
 
 use super::e2e::{self, Counters};
 use super::Args;
@@ -25,10 +23,6 @@ use turbospark::model::experts::Trace;
 /// layer replayed from a real Gemma 4 26B-A4B decode trace (71.0%, as
 /// measured elsewhere and cited in docs/decisions.md).
 pub const TRACE_HIT_RATE: f64 = 0.71;
-
-/// Bytes of the buffer the host-to-device bandwidth is timed on (within
-/// WebGPU's smallest largest binding, 128 MiB).
-const BANDWIDTH_BYTES: usize = 64 << 20;
 
 /// Prompt tokens that fill every slot at all-hits (a random prompt of this
 /// many routes to each of 128 experts a layer with near certainty).
@@ -58,8 +52,14 @@ pub fn run<B: ComputeBackend + Counters>(
         None => SyntheticSource::new(cfg.clone(), args.seed)?,
     };
     let device = backend.info().device_name.clone();
-    let h2d_gbps = bandwidth(&backend)?;
-    eprintln!("bench: streaming: host to device {h2d_gbps:.1} GB/s on {device}");
+    let h2d = super::measure::host_to_device(&backend, 5)?;
+    let h2d_gbps = h2d.gbps();
+    eprintln!(
+        "bench: streaming: host to device {h2d_gbps:.1} GB/s on {device} (the copy ceiling: \
+         {} MiB writes, median of {})",
+        h2d.bytes >> 20,
+        h2d.stats.n
+    );
     let mut rng = Rng::new(args.seed);
     let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
         .map(|_| rng.below(cfg.vocab as u64) as u32)
@@ -94,6 +94,19 @@ pub fn run<B: ComputeBackend + Counters>(
             p.prefill_tok_s,
             100.0 * p.decode.counts.hit_rate()
         );
+        if n.is_some() {
+            let tokens = args.decode_tokens.max(2);
+            eprintln!(
+                "bench: streaming:   {}",
+                crate::generate::stats_line(&p.decode, tokens, n)
+            );
+            let streamed = p.decode.bytes as f64 / tokens as f64 * p.decode_tok_s / 1e9;
+            eprintln!(
+                "bench: streaming:   decode streams {streamed:.2} GB/s, {:.1}% of the \
+                 {h2d_gbps:.1} GB/s copy ceiling",
+                100.0 * streamed / h2d_gbps
+            );
+        }
         points.push(p);
     }
     let moe_layers = if cfg.enable_moe { cfg.layers.len() } else { 0 };
@@ -117,6 +130,20 @@ pub fn run<B: ComputeBackend + Counters>(
                 "decode_misses_per_token": misses,
                 "decode_bytes_streamed_per_token": p.decode.bytes as f64 / tokens,
                 "decode_host_wait_ms_per_token": p.decode.host_wait.as_secs_f64() * 1e3 / tokens,
+                "decode_host_waits_per_token": p.decode.waits as f64 / tokens,
+                // (the host's copies out of the mapping into staging)
+                "decode_copy_gbps": (p.decode.write_time.as_secs_f64() > 0.0)
+                    .then(|| p.decode.bytes as f64 / p.decode.write_time.as_secs_f64() / 1e9),
+                // (bytes moved over the decode's wall clock)
+                "decode_stream_gbps": p.decode.bytes as f64 / tokens * p.decode_tok_s / 1e9,
+                "decode_stream_over_copy_ceiling":
+                    p.decode.bytes as f64 / tokens * p.decode_tok_s / 1e9 / h2d_gbps,
+                "optimistic_passes": p.decode.optimistic,
+                "optimistic_stood": p.decode.stood,
+                // (prediction accuracy: optimistic passes that stood)
+                "optimistic_stood_rate": (p.decode.optimistic > 0)
+                    .then(|| p.decode.stood as f64 / p.decode.optimistic as f64),
+                "rerun_layers_per_token": p.decode.rerun_layers as f64 / tokens,
                 "device_bytes_loaded": p.loaded_bytes,
                 "device_bytes_peak": p.peak_bytes,
                 "miss_us": miss_s.map(|s| s * 1e6),
@@ -129,7 +156,10 @@ pub fn run<B: ComputeBackend + Counters>(
         .zip(all)
         .map(|(r, a)| r.decode_tok_s / a.decode_tok_s - 1.0);
     // Decode at the trace's hit rate with 16 slots: the all-hit step plus
-    // that share of misses at the miss time measured at 16 slots.
+    // that share of misses at the miss time measured at 16 slots. (The
+    // all-hit step may run optimistically, a missing one on the per-layer
+    // path: a miss's time includes the optimism lost, so this is an
+    // estimate; --route-by-trace measures the rate itself.)
     let predicted = all
         .zip(rows.iter().find(|r| r["expert_slots"] == json!(16)))
         .and_then(|(a, r)| {
@@ -144,26 +174,19 @@ pub fn run<B: ComputeBackend + Counters>(
         "prompt_tokens": prompt.len(),
         "decode_tokens": args.decode_tokens,
         "host_to_device_gbps": h2d_gbps,
+        "host_to_device_timing_s": {
+            "median": h2d.stats.median,
+            "min": h2d.stats.min,
+            "max": h2d.stats.max,
+            "n": h2d.stats.n,
+        },
+        "expert_optimism": args.expert_optimism.name(),
         "expert_bytes": expert_bytes,
         "points": rows,
         "slot_path_cost_at_all_hits": slot_path_cost,
         "trace_hit_rate": TRACE_HIT_RATE,
         "decode_tok_s_at_trace_hit_rate_16_slots": predicted,
     }))
-}
-
-/// Host-to-device bandwidth: one write of [`BANDWIDTH_BYTES`], timed to the
-/// device's idle (after one untimed write).
-fn bandwidth<B: ComputeBackend>(be: &B) -> turbospark::Result<f64> {
-    let n = BANDWIDTH_BYTES / 4;
-    let buf = be.alloc(DType::F32, n, "bandwidth probe")?;
-    let data = vec![1.0f32; n];
-    be.write_f32(&buf, 0, &data)?;
-    be.sync()?;
-    let t = Instant::now();
-    be.write_f32(&buf, 0, &data)?;
-    be.sync()?;
-    Ok(BANDWIDTH_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
 fn point<B: ComputeBackend + Counters>(
@@ -186,6 +209,7 @@ fn point<B: ComputeBackend + Counters>(
             prefill_batch: args.prefill_batch,
             kv_cache: args.kv_cache.dtype(),
             expert_slots: slots,
+            expert_optimism: args.expert_optimism,
             ..Default::default()
         },
     )?;

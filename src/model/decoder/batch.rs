@@ -181,8 +181,11 @@ impl<B: ComputeBackend> Model<B> {
             let mut sp = StreamPass {
                 stats: &mut stats,
                 trace: None,
+                optimistic: false,
+                placed: Vec::new(),
             };
-            recorded = layer.record(&p, res, self.norm_after(li, Tail::Head), s, &kv, &mut sp);
+            let next = self.norm_after(li, Tail::Head);
+            recorded = layer.record(&p, res, res, next, s, &kv, &mut sp);
             if recorded.is_err() {
                 break;
             }

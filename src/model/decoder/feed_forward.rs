@@ -65,14 +65,20 @@ impl<B: ComputeBackend> FeedForward<B> {
         })
     }
 
+    /// The layer's routed experts, where it has them.
+    pub fn experts(&self) -> Option<&MoeBlock<B>> {
+        self.experts.as_ref()
+    }
+
     /// The block on the attention's output `o`: reads the residual stream
-    /// `res.x`, leaves the new one in `res.x` and the norm `next` of it
-    /// (the next layer's input norm, or the final norm) in `res.normed`.
+    /// `input.x`, leaves the new one in `res.x` and the norm `next` of it
+    /// (the next layer's input norm, or the final norm) in `res.normed`
+    /// (`res` may be `input`).
     #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         p: &Pass<'_, B>,
-        res: &Residual<B::Buffer>,
+        (input, res): (&Residual<B::Buffer>, &Residual<B::Buffer>),
         next: Option<&B::Buffer>,
         o: &B::Buffer,
         s: &FfnScratch<B::Buffer>,
@@ -95,8 +101,8 @@ impl<B: ComputeBackend> FeedForward<B> {
         };
         let dense = self.one_expert_mlp(p, s);
         match &self.experts {
-            Some(moe) => self.record_with_experts(p, res, o, s, e, sp, dense, post_ffn, moe),
-            None => self.record_dense(p, res, o, s, dense, post_ffn),
+            Some(moe) => self.record_with_experts(p, &input.x, o, s, e, sp, dense, post_ffn, moe),
+            None => self.record_dense(p, &input.x, o, s, dense, post_ffn),
         }
     }
 
@@ -105,7 +111,7 @@ impl<B: ComputeBackend> FeedForward<B> {
     fn record_dense(
         &self,
         p: &Pass<'_, B>,
-        res: &Residual<B::Buffer>,
+        x: &B::Buffer,
         o: &B::Buffer,
         s: &FfnScratch<B::Buffer>,
         (gate_up, down): OneExpert<'_, B::Buffer>,
@@ -114,7 +120,7 @@ impl<B: ComputeBackend> FeedForward<B> {
         let be = p.be;
         be.post_attention(
             o,
-            &res.x,
+            x,
             &self.post_attn_norm,
             &self.pre_ff_norm,
             &s.r,
@@ -140,7 +146,7 @@ impl<B: ComputeBackend> FeedForward<B> {
     fn record_with_experts(
         &self,
         p: &Pass<'_, B>,
-        res: &Residual<B::Buffer>,
+        x: &B::Buffer,
         o: &B::Buffer,
         s: &FfnScratch<B::Buffer>,
         e: &ExpertScratch<B::Buffer>,
@@ -153,7 +159,7 @@ impl<B: ComputeBackend> FeedForward<B> {
         // r and both branches' pre-norms of it
         let pa_args = PostAttentionArgs {
             o,
-            x: &res.x,
+            x,
             w_post: &self.post_attn_norm,
             w_ff: &self.pre_ff_norm,
             r: &s.r,
@@ -187,7 +193,14 @@ impl<B: ComputeBackend> FeedForward<B> {
             moe: Some((&e.out, &moe.post_norm, &self.post_ff_norm)),
             ..post_ffn
         };
-        if moe.streamed.is_some() {
+        if moe.streamed.is_some() && sp.optimistic && m == 1 {
+            // Slots looked up on the device: no wait; the pass's log tells
+            // the host afterwards whether it stands.
+            be.post_attention_router(pa_args, router)?;
+            let (slot_gate_up, slot_down) = moe.lookup(be, e, &routed_gate_up, &routed_down)?;
+            be.moe_gate_up_pair(dense_gate_up, slot_gate_up)?;
+            be.moe_down_pair_post_ffn(dense_down, slot_down, post)
+        } else if moe.streamed.is_some() {
             be.post_attention_router(pa_args, router)?;
             if m == 1 {
                 dense_gate_up.run(be)?;

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use super::optimistic::Unsettled;
 use super::{Model, Sequence, Tail};
 use crate::backend::{ComputeBackend, ReadTicket};
 use crate::error::{Error, Result};
@@ -156,7 +157,9 @@ impl<B: ComputeBackend> Model<B> {
     /// is waited for, and the device never idles while the host records a
     /// step. The first token comes from the prompt's prefill
     /// ([`Self::prefill_with_head`]); each later one is a decode step, one
-    /// submit per token.
+    /// submit per token. A step of streamed experts recorded optimistically
+    /// is settled when its token comes back (`decoder::optimistic`): one
+    /// that missed reruns and the steps behind it are recorded again.
     fn generate_greedy(
         &self,
         seq: &mut Sequence<B>,
@@ -169,17 +172,28 @@ impl<B: ComputeBackend> Model<B> {
         /// Steps recorded ahead of the token the host waits for.
         const AHEAD: usize = 2;
         let prompt_len = prompt.len();
-        let mut in_flight = VecDeque::with_capacity(AHEAD);
+        let mut in_flight: VecDeque<Step> = VecDeque::with_capacity(AHEAD);
         // The first token into `single.ids`, which the first step embeds.
         self.prefill_with_head(seq, prompt)?;
         let s = &self.single;
         self.backend
             .argmax(self.final_logits(s), &s.ids, 1, self.cfg.vocab)?;
-        in_flight.push_back(self.backend.begin_read_u32(&self.single.ids)?);
+        in_flight.push_back(Step {
+            id: self.backend.begin_read_u32(&self.single.ids)?,
+            unsettled: None,
+        });
         let (mut recorded, mut flip) = (1, false);
         let (mut prefill_tok_s, mut t1) = (0.0, Instant::now());
+        let ahead = self.can_run_ahead();
         while tokens.len() < n {
             while recorded < n && in_flight.len() < AHEAD {
+                // A step not settled yet holds back any step that would
+                // place experts on the host before it is settled.
+                if in_flight.iter().any(|f| f.unsettled.is_some())
+                    && !(ahead && self.optimistic_for(seq, 1))
+                {
+                    break;
+                }
                 let s = &self.single;
                 let (cur, next) = if flip {
                     (&s.ids_next, &s.ids)
@@ -187,33 +201,65 @@ impl<B: ComputeBackend> Model<B> {
                     (&s.ids, &s.ids_next)
                 };
                 self.backend.write_u32(&s.pos, 0, &[seq.pos as u32])?;
-                if let Err(e) = self.record_forward(seq, s, cur, 1, Tail::Head) {
+                let half = ahead.then_some(usize::from(flip));
+                let unsettled = match self.record_pass(seq, s, cur, 1, Tail::Head, half) {
+                    Ok(u) => u,
                     // A step embeds the token before the host reads it: a
                     // backend that checks ids refuses NO_ARGMAX here first.
-                    return Err(self
-                        .no_token_in_flight(&mut in_flight, tokens.len())?
-                        .unwrap_or(e));
-                }
+                    Err(e) => {
+                        return Err(self
+                            .no_token_in_flight(&mut in_flight, tokens.len())?
+                            .unwrap_or(e))
+                    }
+                };
                 self.backend
                     .argmax(self.final_logits(s), next, 1, self.cfg.vocab)?;
-                in_flight.push_back(self.backend.begin_read_u32(next)?);
+                in_flight.push_back(Step {
+                    id: self.backend.begin_read_u32(next)?,
+                    unsettled,
+                });
                 seq.pos += 1;
                 recorded += 1;
                 flip = !flip;
             }
-            let ticket = in_flight
+            let step = in_flight
                 .pop_front()
                 .ok_or_else(|| Error::Gpu("no decode step in flight".into()))?;
-            let ids = self.backend.finish_read_u32(ticket)?;
-            let tok = *ids
+            let ids = self.backend.finish_read_u32(step.id)?;
+            let mut tok = *ids
                 .first()
                 .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?;
+            if let Some(u) = step.unsettled {
+                // (the data is there: it came with the token)
+                let behind = in_flight.len();
+                let stood = self.settle_unsettled(seq, u)?;
+                if !stood {
+                    // The steps behind read a wrong token's pass: dropped
+                    // unsettled, and recorded again after the rerun's token.
+                    for f in in_flight.drain(..) {
+                        self.backend.finish_read_u32(f.id)?;
+                        if let Some(u) = f.unsettled {
+                            self.backend.finish_read_u32(u.log)?;
+                        }
+                    }
+                    let s = &self.single;
+                    self.record_head(s, &s.residual.normed, 1)?;
+                    self.backend
+                        .argmax(self.final_logits(s), &s.ids, 1, self.cfg.vocab)?;
+                    let ids = self.backend.download_u32(&s.ids)?;
+                    seq.stream.waits += 1;
+                    tok = *ids
+                        .first()
+                        .ok_or_else(|| Error::Gpu("empty readback of the sampled id".into()))?;
+                    recorded -= behind;
+                    // (the next step embeds `ids`, which holds the token)
+                    flip = false;
+                }
+            }
             if tok == crate::ops::NO_ARGMAX {
                 // (the steps in flight behind it read the same broken model)
                 seq.pos -= in_flight.len();
-                for t in in_flight.drain(..) {
-                    self.backend.finish_read_u32(t)?;
-                }
+                self.no_token_in_flight(&mut in_flight, 0)?;
                 return Err(Error::NonFinite(format!(
                     "every logit of generated token {} is NaN or -inf",
                     tokens.len() + 1
@@ -225,30 +271,54 @@ impl<B: ComputeBackend> Model<B> {
                 t1 = Instant::now();
             }
             if ends(tok) {
-                // Steps recorded past the stop token never happened: drain
-                // their readbacks and take their positions back (their cache
-                // entries are overwritten by whatever comes next).
-                seq.pos -= in_flight.len();
-                for t in in_flight.drain(..) {
-                    self.backend.finish_read_u32(t)?;
-                }
+                // Steps recorded past the stop token never happened: their
+                // positions taken back (their cache entries are overwritten
+                // by whatever comes next), each settled as it ran, so the
+                // slots see what the per-layer path would have placed.
+                self.drop_in_flight(seq, &mut in_flight)?;
                 break;
             }
         }
         Ok(Generation::timed(std::mem::take(tokens), prefill_tok_s, t1))
     }
 
-    /// The steps in flight read back; the non-finite-logits error of the
-    /// first that found no token (`ops::NO_ARGMAX`), if one did. `done`
-    /// tokens were generated before them.
+    /// The steps in flight read back and their positions taken back; each
+    /// optimistic one settled (its experts placed, a miss rerun) as the
+    /// per-layer path would have placed them when it was recorded.
+    fn drop_in_flight(&self, seq: &mut Sequence<B>, in_flight: &mut VecDeque<Step>) -> Result<()> {
+        let back = seq.pos - in_flight.len();
+        while let Some(f) = in_flight.pop_front() {
+            self.backend.finish_read_u32(f.id)?;
+            if let Some(u) = f.unsettled {
+                if !self.settle_unsettled(seq, u)? {
+                    // (a step behind a rerun read a wrong token's pass)
+                    for f in in_flight.drain(..) {
+                        self.backend.finish_read_u32(f.id)?;
+                        if let Some(u) = f.unsettled {
+                            self.backend.finish_read_u32(u.log)?;
+                        }
+                    }
+                }
+            }
+        }
+        seq.pos = back;
+        Ok(())
+    }
+
+    /// The steps in flight read back; the non-finite-logits error of the first that found no token
+    /// (`ops::NO_ARGMAX`), if one did. `done` tokens were generated before
+    /// them.
     fn no_token_in_flight(
         &self,
-        in_flight: &mut VecDeque<ReadTicket>,
+        in_flight: &mut VecDeque<Step>,
         done: usize,
     ) -> Result<Option<Error>> {
         let mut found = None;
-        for (i, t) in in_flight.drain(..).enumerate() {
-            let ids = self.backend.finish_read_u32(t)?;
+        for (i, f) in in_flight.drain(..).enumerate() {
+            let ids = self.backend.finish_read_u32(f.id)?;
+            if let Some(u) = f.unsettled {
+                self.backend.finish_read_u32(u.log)?;
+            }
             if found.is_none() && ids.first() == Some(&crate::ops::NO_ARGMAX) {
                 found = Some(Error::NonFinite(format!(
                     "every logit of generated token {} is NaN or -inf",
@@ -275,6 +345,13 @@ impl<B: ComputeBackend> Model<B> {
         let row = self.backend.download_f32(self.final_logits(&self.single))?;
         sampler.sample(&row[..self.cfg.vocab.min(row.len())])
     }
+}
+
+/// A greedy decode step in flight: its token's readback and, recorded
+/// optimistically, the pass to settle when the token comes.
+struct Step {
+    id: ReadTicket,
+    unsettled: Option<Unsettled>,
 }
 
 fn rate(n: usize, since: Instant) -> f64 {

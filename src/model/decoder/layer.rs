@@ -50,14 +50,17 @@ impl<B: ComputeBackend> Layer<B> {
         })
     }
 
-    /// The layer for the pass's tokens: reads the residual stream `res.x`
-    /// and this layer's normed input `res.normed`, leaves the new residual
-    /// in `res.x` and its norm `next` (the next layer's input norm, or the
-    /// final norm; none after the last layer of a pass without a head) in
-    /// `res.normed`. Attention keeps its keys and values in `kv`.
+    /// The layer for the pass's tokens: reads the residual stream
+    /// `input.x` and this layer's normed input `input.normed`, leaves the
+    /// new residual in `res.x` and its norm `next` (the next layer's input
+    /// norm, or the final norm; none after the last layer of a pass without
+    /// a head) in `res.normed` (`res` may be `input`). Attention keeps its
+    /// keys and values in `kv`.
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         p: &Pass<'_, B>,
+        input: &Residual<B::Buffer>,
         res: &Residual<B::Buffer>,
         next: Option<&B::Buffer>,
         s: &Scratch<B::Buffer>,
@@ -65,8 +68,20 @@ impl<B: ComputeBackend> Layer<B> {
         sp: &mut StreamPass<'_>,
     ) -> Result<()> {
         self.attention
-            .record(p, &res.normed, &s.pos, &s.attention, kv)?;
-        self.feed_forward
-            .record(p, res, next, &s.attention.out, &s.ffn, &s.experts, sp)
+            .record(p, &input.normed, &s.pos, &s.attention, kv)?;
+        self.feed_forward.record(
+            p,
+            (input, res),
+            next,
+            &s.attention.out,
+            &s.ffn,
+            &s.experts,
+            sp,
+        )
+    }
+
+    /// The layer's routed experts, where it has them.
+    pub fn experts(&self) -> Option<&MoeBlock<B>> {
+        self.feed_forward.experts()
     }
 }

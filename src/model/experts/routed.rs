@@ -8,12 +8,12 @@ use std::cell::RefCell;
 
 use super::slot_cache::{Policy, SlotCache};
 use super::streaming::{self, SlotStacks, StreamPass, StreamedLayer};
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, RouterArgs, Support};
+use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, HostBytes, RouterArgs, Support};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::scratch::ExpertScratch;
 use crate::model::weights::Loader;
-use crate::ops::{Moe, OpKind, Router};
+use crate::ops::{Moe, OpKind, Router, SlotLookup};
 
 /// The routed-expert half of a layer's feed-forward block.
 pub(crate) struct MoeBlock<B: ComputeBackend> {
@@ -42,7 +42,14 @@ pub(crate) struct MoeBlock<B: ComputeBackend> {
     pub dense_post_norm: B::Buffer,
     /// With streamed experts: the stacks in the source and the slots' cache.
     pub streamed: Option<RefCell<StreamedLayer>>,
+    /// With streamed experts: the slot cache's table on the device (u32
+    /// `[experts]`, each expert's slot or `ops::NO_SLOT`), which
+    /// `slot_lookup` reads and every placement that loads rewrites.
+    pub slot_table: Option<B::Buffer>,
 }
+
+/// A routed layer's two phases' arguments (gate_up, down).
+pub(crate) type Phases<'s, T> = (GateUpArgs<'s, T>, DownArgs<'s, T>);
 
 /// Where a streamed layer's routed experts left their output
 /// ([`MoeBlock::place`]).
@@ -95,6 +102,14 @@ impl<B: ComputeBackend> MoeBlock<B> {
             }
             _ => None,
         };
+        let slot_table = match &streamed {
+            Some(_) => Some(ld.backend.upload(
+                crate::DType::U32,
+                HostBytes::Slice(bytemuck::cast_slice(&vec![crate::ops::NO_SLOT; e])),
+                &format!("{p}slot_table"),
+            )?),
+            None => None,
+        };
         Ok(MoeBlock {
             layer,
             experts: e,
@@ -109,6 +124,7 @@ impl<B: ComputeBackend> MoeBlock<B> {
             post_norm: ld.norm(&format!("{p}post_feedforward_layernorm_2.weight"), h)?,
             dense_post_norm: ld.norm(&format!("{p}post_feedforward_layernorm_1.weight"), h)?,
             streamed,
+            slot_table,
         })
     }
 
@@ -184,13 +200,77 @@ impl<B: ComputeBackend> MoeBlock<B> {
             },
             ..*down
         };
-        let stacks = SlotStacks::<B> {
-            gate_up: &self.gate_up,
-            down: &self.down,
-        };
+        let stacks = self.stacks()?;
         match streaming::run(be, &mut layer, li, sp, stacks, s, ws, gate_up, &slot_down)? {
             None => Ok(Placed::OneWave(slot_down)),
             Some(sum) => Ok(Placed::Waves(sum)),
         }
+    }
+
+    /// The slot stacks and the device's slot table of a streamed layer.
+    pub fn stacks(&self) -> Result<SlotStacks<'_, B>> {
+        let table = self.slot_table.as_ref().ok_or_else(|| {
+            Error::InvalidInput(format!("layer {} has no streamed experts", self.layer))
+        })?;
+        Ok(SlotStacks {
+            gate_up: &self.gate_up,
+            down: &self.down,
+            table,
+        })
+    }
+
+    /// A streamed layer's routed phases recorded optimistically, after its
+    /// router ran: the ids looked up in the device's slot table into the
+    /// wave scratch's slot ids and logged at this layer's place in the
+    /// pass's log (`slot_lookup`); the two phases' arguments on the slots.
+    pub fn lookup<'s>(
+        &'s self,
+        be: &B,
+        s: &'s ExpertScratch<B::Buffer>,
+        gate_up: &GateUpArgs<'s, B::Buffer>,
+        down: &DownArgs<'s, B::Buffer>,
+    ) -> Result<Phases<'s, B::Buffer>> {
+        let li = self.layer;
+        let slots = self
+            .streamed
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput(format!("layer {li} has no streamed experts")))?
+            .borrow()
+            .cache
+            .slots();
+        let ws = s
+            .waves
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput("streamed experts without wave scratch".into()))?;
+        let table = self.stacks()?.table;
+        let k = gate_up.p.top_k;
+        be.slot_lookup(
+            &s.ids,
+            table,
+            &ws.slot_ids,
+            &ws.log,
+            SlotLookup {
+                n: gate_up.p.m * k,
+                experts: self.experts,
+                slots,
+                at: li * k,
+            },
+        )?;
+        let p = Moe {
+            experts: slots,
+            ..down.p
+        };
+        Ok((
+            GateUpArgs {
+                ids: &ws.slot_ids,
+                p,
+                ..*gate_up
+            },
+            DownArgs {
+                ids: &ws.slot_ids,
+                p,
+                ..*down
+            },
+        ))
     }
 }

@@ -120,6 +120,15 @@ impl SlotCache {
         self.held.get(slot).copied().flatten()
     }
 
+    /// The slot of each expert, [`crate::ops::NO_SLOT`] where it holds
+    /// none: the table [`crate::ComputeBackend::slot_lookup`] reads.
+    pub fn table(&self) -> Vec<u32> {
+        self.slot_of
+            .iter()
+            .map(|s| s.unwrap_or(crate::ops::NO_SLOT))
+            .collect()
+    }
+
     /// Place one lookup's experts (distinct ids: a token's top-k, or a
     /// wave's union): hits stay, each miss takes a free slot or the
     /// policy's victim among the slots this lookup does not use.

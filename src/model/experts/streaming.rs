@@ -43,25 +43,90 @@ pub struct StreamStats {
     pub counts: Counts,
     /// Bytes written into slots.
     pub bytes: u64,
+    /// Host time in [`ComputeBackend::write_experts`] for those bytes: the
+    /// copies out of the mapping, and (wgpu) the submit of the work
+    /// recorded before them; the device's own transfer follows at the next
+    /// submit.
+    pub write_time: Duration,
     /// Time the host spent between a layer's routing and its MoE launches:
-    /// waiting for the ids, placing them, writing the misses.
+    /// waiting for the ids, placing them, writing the misses; and waiting
+    /// for an optimistic pass's log.
     pub host_wait: Duration,
+    /// Readbacks the streamed experts waited on: a layer's ids, an
+    /// optimistic pass's log, a batch's weights for its waves.
+    pub waits: u64,
     /// Layer passes that ran in more than one wave (prefill).
     pub extra_waves: u64,
+    /// Decode passes recorded optimistically ([`Optimism`]: slots looked up
+    /// on the device, every layer's ids read back once at the end), and
+    /// those of them in which every expert hit, which stood as recorded.
+    pub optimistic: u64,
+    pub stood: u64,
+    /// Layers of optimistic passes rerun on the per-layer path (from the
+    /// first layer that missed), and those of them, past that first one,
+    /// whose experts on the rerun differ from the optimistic pass's.
+    pub rerun_layers: u64,
+    pub rerouted_layers: u64,
+}
+
+/// When a decode pass of streamed experts is recorded optimistically: each
+/// layer's ids translated to slots on the device
+/// ([`ComputeBackend::slot_lookup`]) against the slot table as it stands,
+/// the whole pass submitted at once, its log of ids read back at the end.
+/// A pass in which every expert hit stands (no wait a layer); one that
+/// missed reruns from its first layer that missed on the per-layer path
+/// (the ids read back a layer, the misses written), whose input the
+/// optimistic pass left intact. The logits are the same either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Optimism {
+    /// Always the per-layer path.
+    Never,
+    /// Optimistic after a decode pass in which every expert hit (the
+    /// default): a run that keeps missing pays no discarded passes.
+    #[default]
+    AfterHit,
+    /// Every decode pass optimistic.
+    Always,
+}
+
+impl Optimism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimism::Never => "never",
+            Optimism::AfterHit => "after-hit",
+            Optimism::Always => "always",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Optimism> {
+        match s {
+            "never" => Ok(Optimism::Never),
+            "after-hit" => Ok(Optimism::AfterHit),
+            "always" => Ok(Optimism::Always),
+            other => Err(crate::Error::InvalidInput(format!(
+                "optimism {other:?}: never, after-hit or always"
+            ))),
+        }
+    }
 }
 
 /// What a pass's streamed experts take from its sequence: its counters,
 /// and the trace whose ids replace the router's where it routes by one
-/// (with the row of the pass's first token).
+/// (with the row of the pass's first token); whether the layer is recorded
+/// optimistically, and the ids the per-layer path placed (one wave).
 pub(crate) struct StreamPass<'a> {
     pub stats: &'a mut StreamStats,
     pub trace: Option<(&'a Trace, usize)>,
+    pub optimistic: bool,
+    pub placed: Vec<u32>,
 }
 
-/// The slot stacks' device buffers a placement writes into.
+/// The slot stacks' device buffers a placement writes into, and the slot
+/// table the device looks ids up in.
 pub(crate) struct SlotStacks<'a, B: ComputeBackend> {
     pub gate_up: &'a B::Buffer,
     pub down: &'a B::Buffer,
+    pub table: &'a B::Buffer,
 }
 
 impl StreamedLayer {
@@ -95,6 +160,7 @@ impl StreamedLayer {
             if writes.is_empty() {
                 continue;
             }
+            let t0 = Instant::now();
             be.write_experts(
                 buf,
                 stored.dtype,
@@ -105,7 +171,12 @@ impl StreamedLayer {
                 (n * stored.rows, stored.cols),
                 &writes,
             )?;
+            stats.write_time += t0.elapsed();
             stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+        }
+        if !placed.loads.is_empty() {
+            // (ordered after the passes that read the old table)
+            be.write_u32(stacks.table, 0, &self.cache.table())?;
         }
         let after = self.cache.counts();
         stats.counts.hits += after.hits - before.hits;
@@ -135,20 +206,19 @@ pub(crate) fn run<'s, B: ComputeBackend>(
 ) -> Result<Option<&'s B::Buffer>> {
     let (m, k) = (gate_up.p.m, gate_up.p.top_k);
     let t0 = Instant::now();
-    let routed = be.download_u32(&s.ids)?;
-    // (a trace's ids, where the sequence routes by one: after the same
-    // wait for the router as its own ids)
-    let traced: Vec<u32> = match sp.trace {
+    // A trace's ids are the host's already: no wait for the router's.
+    let ids: Vec<u32> = match sp.trace {
         Some((t, row)) => (0..m)
             .flat_map(|i| t.tokens[(row + i) % t.tokens.len()][li].iter().copied())
             .collect(),
-        None => Vec::new(),
+        None => {
+            sp.stats.waits += 1;
+            let mut routed = be.download_u32(&s.ids)?;
+            routed.truncate(m * k);
+            routed
+        }
     };
-    let ids = if sp.trace.is_some() {
-        &traced[..]
-    } else {
-        &routed[..m * k]
-    };
+    let ids = &ids[..];
     let stats = &mut *sp.stats;
     let slot_gate_up = GateUpArgs {
         gate_up: stacks.gate_up,
@@ -163,10 +233,12 @@ pub(crate) fn run<'s, B: ComputeBackend>(
         let slot_ids: Vec<u32> = ids.iter().map(|&e| slot_of(&union, &at, e)).collect();
         be.write_u32(&ws.slot_ids, 0, &slot_ids)?;
         stats.host_wait += t0.elapsed();
+        sp.placed = ids.to_vec();
         slot_gate_up.run(be)?;
         return Ok(None);
     }
     stats.extra_waves += 1;
+    stats.waits += 1;
     let weights = be.download_f32(&s.weights)?;
     let (mut sum, mut other): (&B::Buffer, &B::Buffer) = (&s.out, &ws.sum);
     let hidden = slot_down.p.hidden;
@@ -208,6 +280,28 @@ pub(crate) fn run<'s, B: ComputeBackend>(
         }
     }
     Ok(Some(sum))
+}
+
+impl StreamedLayer {
+    /// Place the experts an optimistic pass logged for this layer (a
+    /// token's top_k, each of which hit: the device found it in its slot),
+    /// as the per-layer path places them, so the policy sees every use.
+    pub fn place_hits<B: ComputeBackend>(
+        &mut self,
+        be: &B,
+        stacks: &SlotStacks<'_, B>,
+        ids: &[u32],
+        stats: &mut StreamStats,
+    ) -> Result<()> {
+        let before = stats.counts.misses;
+        self.place(be, stacks, &union(ids), stats)?;
+        if stats.counts.misses != before {
+            return Err(crate::Error::Gpu(
+                "an expert the device found in its slot was not in the host's slot table".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The slot `at` gives expert `e` of `union` (the experts a placement was

@@ -18,6 +18,7 @@ mod qkv_post;
 mod rope;
 mod rounding;
 mod router;
+mod slots;
 mod vocab;
 
 pub use attention::Attention;
@@ -36,6 +37,7 @@ pub use rounding::{
     F16_PROBABILITY_NMSE, PROBABILITY_FLIPS, SPLIT_INPUT_NMSE,
 };
 pub use router::Router;
+pub use slots::SlotLookup;
 pub use vocab::{Argmax, Embed};
 
 use super::{compare, HostTensor, OutSpec, Verdict};
@@ -257,6 +259,7 @@ families!(
     Embed,
     Argmax,
     CopyRange,
+    SlotLookup,
     PostAttention,
     PostAttentionRouter,
     PostAttentionGateUp,

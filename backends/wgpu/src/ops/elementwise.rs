@@ -1,5 +1,5 @@
 use bytemuck::{Pod, Zeroable};
-use turbospark::ops::Embed;
+use turbospark::ops::{Embed, SlotLookup};
 use turbospark::{DType, Result};
 
 use super::one;
@@ -153,6 +153,45 @@ pub(crate) fn embed(
     })
 }
 
+/// kernels/slots.wgsl's parameter block.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SlotParams {
+    n: u32,
+    experts: u32,
+    slots: u32,
+    at: u32,
+}
+
+pub(crate) fn slot_lookup(
+    be: &WgpuBackend,
+    ids: &WgpuBuffer,
+    table: &WgpuBuffer,
+    slot_ids: &WgpuBuffer,
+    log: &WgpuBuffer,
+    p: SlotLookup,
+) -> Result<()> {
+    let params = SlotParams {
+        n: p.n as u32,
+        experts: p.experts as u32,
+        slots: p.slots as u32,
+        at: p.at as u32,
+    };
+    be.launch(Launch {
+        kernel: "slots",
+        entry: "slot_lookup",
+        constants: &[],
+        params: bytemuck::bytes_of(&params),
+        buffers: &[
+            (one(ids), true),
+            (one(table), true),
+            (one(slot_ids), false),
+            (one(log), false),
+        ],
+        groups: be.grid((p.n as u32).div_ceil(64)),
+    })
+}
+
 /// Elements per workgroup of `argmax_partial` to aim for, and most chunks
 /// per row (`argmax_final` reduces them with one workgroup).
 const ARGMAX_CHUNK: usize = 2048;
@@ -225,6 +264,12 @@ mod layout_tests {
             std::mem::size_of::<Params>(),
             fields!(Params; n, rows, s, count),
             &[("count", "chunks")],
+        );
+        check(
+            ("slots", "Params"),
+            std::mem::size_of::<SlotParams>(),
+            fields!(SlotParams; n, experts, slots, at),
+            &[],
         );
     }
 }

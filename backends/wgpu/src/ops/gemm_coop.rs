@@ -260,7 +260,7 @@ pub(crate) fn takes(
 ) -> bool {
     let t = be.coop_tiles;
     let quantized = w.dtype.is_quantized();
-    if quantized && !affine_takes(precision) {
+    if quantized && !affine_takes(be, precision) {
         return false;
     }
     let (tiles, x16_rows): (&[CoopTile], usize) = match rows {
@@ -339,9 +339,10 @@ pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
 /// (2026-12-03). At `Precision::Exact` they stay on the f32 GEMM: the
 /// split (`WSPLIT`) failed there with the round trip it took then (NMSE
 /// 1e-8 to 4e-8 at 5-8 bits against the 1e-9 limit), and its form in f32
-/// bits has not run on the device yet.
-fn affine_takes(precision: turbospark::Precision) -> bool {
-    precision == turbospark::Precision::Fast
+/// bits has not run on the device yet: it is taken only when asked
+/// (`WgpuFeatures::affine_split`).
+fn affine_takes(be: &WgpuBackend, precision: turbospark::Precision) -> bool {
+    precision == turbospark::Precision::Fast || be.features.affine_split
 }
 
 /// Whether the tensor-core GEMMs split x in two f16 parts
