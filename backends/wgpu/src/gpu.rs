@@ -203,7 +203,7 @@ impl Gpu {
     }
 
     /// A storage buffer as rows `start .. start + rows` of a tensor,
-    /// counted in [`WgpuBackend::memory`] while it lives.
+    /// counted in [`crate::WgpuBackend::memory`] while it lives.
     pub(crate) fn chunk(&self, buffer: wgpu::Buffer, rows: (usize, usize)) -> Chunk {
         Chunk::new(buffer, rows, self.binds.reaper(), self.memory.clone())
     }
