@@ -1,4 +1,5 @@
-//! Launchers: one module per kernel family. Each binds buffers, fills the
+//! Launchers: one module per kernel family, each recording into the device
+//! context (`crate::gpu::Gpu`). Each binds buffers, fills the
 //! parameter block and dispatches; shape checks happened in the trait impl.
 
 pub(crate) mod affine;
