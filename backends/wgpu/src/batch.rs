@@ -25,6 +25,8 @@ pub(crate) struct Submit<'a> {
 /// parameter blocks of its dispatches (written to the arena at submit).
 #[derive(Default)]
 pub(crate) struct Batch {
+    /// The open pass, its encoder and the dispatches' parameter blocks, which
+    /// `Gpu::launch` records into.
     pub pass: Option<wgpu::ComputePass<'static>>,
     pub encoder: Option<wgpu::CommandEncoder>,
     pub params: Vec<u8>,
@@ -51,19 +53,19 @@ impl Batch {
     }
 
     /// End the pass and submit what was recorded (nothing if empty).
-    pub fn submit(&mut self, be: &Submit<'_>) {
+    pub fn submit(&mut self, dev: &Submit<'_>) {
         if self.encoder.is_some() {
-            self.submit_with(be, |_| {});
+            self.submit_with(dev, |_| {});
         }
     }
 
     /// Record a copy of `bytes` from `s` to `d` into the batch's encoder,
     /// after everything recorded so far (the pass ends; the next dispatch
     /// begins one); it runs with the next submit.
-    pub fn copy(&mut self, be: &Submit<'_>, (s, d): (&wgpu::Buffer, &wgpu::Buffer), bytes: u64) {
+    pub fn copy(&mut self, dev: &Submit<'_>, (s, d): (&wgpu::Buffer, &wgpu::Buffer), bytes: u64) {
         drop(self.pass.take());
         let enc = self.encoder.get_or_insert_with(|| {
-            be.device
+            dev.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("turbospark batch"),
                 })
@@ -75,28 +77,28 @@ impl Batch {
     /// submit everything as one submission; returns its index.
     pub fn submit_with(
         &mut self,
-        be: &Submit<'_>,
+        dev: &Submit<'_>,
         extra: impl FnOnce(&mut wgpu::CommandEncoder),
     ) -> wgpu::SubmissionIndex {
         // The pass must end before its encoder can finish.
         drop(self.pass.take());
         let mut enc = self.encoder.take().unwrap_or_else(|| {
-            be.device
+            dev.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("turbospark batch"),
                 })
         });
         if !self.params.is_empty() {
-            be.queue.write_buffer(be.params, 0, &self.params);
+            dev.queue.write_buffer(dev.params, 0, &self.params);
             self.params.clear();
         }
         let timed = self.timing.as_ref().is_some_and(|t| t.resolve(&mut enc));
         extra(&mut enc);
-        let index = be.queue.submit([enc.finish()]);
+        let index = dev.queue.submit([enc.finish()]);
         self.submits += 1;
         if timed {
             if let Some(t) = self.timing.as_mut() {
-                t.collect(be.device, be.errors);
+                t.collect(dev.device, dev.errors);
             }
         }
         index
