@@ -1,18 +1,35 @@
 //! Recording dispatches into one compute pass and submitting them together.
 
-use turbospark::Result;
+use std::sync::Mutex;
 
-use crate::kernels::PipelineKey;
 use crate::timing::Timing;
-use crate::{WgpuBackend, PARAM_SLOT, PARAM_SLOTS};
+
+/// Size of one parameter slot in the per-batch arena. Every op's parameter
+/// block fits; it is also a multiple of every adapter's uniform offset alignment.
+pub(crate) const PARAM_SLOT: u64 = 256;
+/// Slots per batch: a batch that would exceed it is flushed first.
+pub(crate) const PARAM_SLOTS: u64 = 4096;
+
+/// What recording and submitting a batch needs of the device
+/// (`Gpu::submit`).
+pub(crate) struct Submit<'a> {
+    pub device: &'a wgpu::Device,
+    pub queue: &'a wgpu::Queue,
+    /// The parameter arena the batch's blocks are written to at submit.
+    pub params: &'a wgpu::Buffer,
+    /// Where a timed batch's failed readback is reported.
+    pub errors: &'a Mutex<Vec<String>>,
+}
 
 /// The batch being recorded: one encoder, one open compute pass, and the
 /// parameter blocks of its dispatches (written to the arena at submit).
 #[derive(Default)]
 pub(crate) struct Batch {
-    pass: Option<wgpu::ComputePass<'static>>,
-    encoder: Option<wgpu::CommandEncoder>,
-    params: Vec<u8>,
+    /// The open pass, its encoder and the dispatches' parameter blocks, which
+    /// `Gpu::launch` records into.
+    pub pass: Option<wgpu::ComputePass<'static>>,
+    pub encoder: Option<wgpu::CommandEncoder>,
+    pub params: Vec<u8>,
     /// Dispatches recorded and submits made since the backend opened.
     pub dispatches: u64,
     pub submits: u64,
@@ -36,9 +53,9 @@ impl Batch {
     }
 
     /// End the pass and submit what was recorded (nothing if empty).
-    pub fn submit(&mut self, be: &WgpuBackend) {
+    pub fn submit(&mut self, dev: &Submit<'_>) {
         if self.encoder.is_some() {
-            self.submit_with(be, |_| {});
+            self.submit_with(dev, |_| {});
         }
     }
 
@@ -47,13 +64,13 @@ impl Batch {
     /// ends; the next dispatch begins one); it runs with the next submit.
     pub fn copy(
         &mut self,
-        be: &WgpuBackend,
+        dev: &Submit<'_>,
         (s, d): (&wgpu::Buffer, &wgpu::Buffer),
         (from, to, bytes): (u64, u64, u64),
     ) {
         drop(self.pass.take());
         let enc = self.encoder.get_or_insert_with(|| {
-            be.device
+            dev.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("turbospark batch"),
                 })
@@ -65,28 +82,28 @@ impl Batch {
     /// submit everything as one submission; returns its index.
     pub fn submit_with(
         &mut self,
-        be: &WgpuBackend,
+        dev: &Submit<'_>,
         extra: impl FnOnce(&mut wgpu::CommandEncoder),
     ) -> wgpu::SubmissionIndex {
         // The pass must end before its encoder can finish.
         drop(self.pass.take());
         let mut enc = self.encoder.take().unwrap_or_else(|| {
-            be.device
+            dev.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("turbospark batch"),
                 })
         });
         if !self.params.is_empty() {
-            be.queue.write_buffer(&be.params_buffer, 0, &self.params);
+            dev.queue.write_buffer(dev.params, 0, &self.params);
             self.params.clear();
         }
         let timed = self.timing.as_ref().is_some_and(|t| t.resolve(&mut enc));
         extra(&mut enc);
-        let index = be.queue.submit([enc.finish()]);
+        let index = dev.queue.submit([enc.finish()]);
         self.submits += 1;
         if timed {
             if let Some(t) = self.timing.as_mut() {
-                t.collect(be);
+                t.collect(dev.device, dev.errors);
             }
         }
         index
@@ -105,91 +122,4 @@ pub(crate) struct Launch<'a> {
     /// pipeline layout's).
     pub buffers: &'a [(&'a wgpu::Buffer, bool)],
     pub groups: [u32; 3],
-}
-
-impl WgpuBackend {
-    /// Record one dispatch into the current batch.
-    pub(crate) fn launch(&self, l: Launch<'_>) -> Result<()> {
-        debug_assert!(l.params.len() as u64 <= PARAM_SLOT);
-        let key = PipelineKey::new(
-            l.kernel,
-            l.entry,
-            l.constants,
-            l.buffers.iter().map(|(_, ro)| *ro),
-        );
-        let pipe = self.cache.get(&self.device, &self.params_layout, &key)?;
-        let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
-        let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        let b = &mut *guard;
-        if b.omitted.iter().any(|e| e == l.entry) {
-            return Ok(());
-        }
-        // Queries are taken when a pass begins (every dispatch when
-        // profiling), so only then can they run out.
-        let profiling = b.timing.as_ref().is_some_and(|t| t.labels.is_some());
-        let new_pass = b.pass.is_none() || profiling;
-        if b.params.len() as u64 + PARAM_SLOT > PARAM_SLOT * PARAM_SLOTS
-            || (new_pass && b.timing.as_ref().is_some_and(Timing::full))
-        {
-            b.submit(self);
-        }
-        // Profiling: this dispatch gets a pass of its own, its entry noted.
-        if let Some(labels) = b.timing.as_mut().and_then(|t| t.labels.as_mut()) {
-            labels.push(l.entry);
-            drop(b.pass.take());
-        }
-        let offset = b.params.len() as u32;
-        b.params.extend_from_slice(l.params);
-        b.params.resize(offset as usize + PARAM_SLOT as usize, 0);
-        if b.encoder.is_none() {
-            b.encoder = Some(
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("turbospark batch"),
-                    }),
-            );
-        }
-        if b.pass.is_none() {
-            let timestamp_writes = b.timing.as_mut().map(Timing::next_pass);
-            let pass = b
-                .encoder
-                .as_mut()
-                .expect("encoder created above")
-                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("turbospark ops"),
-                    timestamp_writes,
-                })
-                .forget_lifetime();
-            b.pass = Some(pass);
-        }
-        let pass = b.pass.as_mut().expect("pass begun above");
-        pass.set_pipeline(&pipe.pipeline);
-        pass.set_bind_group(
-            0,
-            &self.params_groups[offset as usize / PARAM_SLOT as usize],
-            &[],
-        );
-        pass.set_bind_group(1, &bind, &[]);
-        pass.dispatch_workgroups(l.groups[0], l.groups[1], l.groups[2]);
-        b.dispatches += 1;
-        Ok(())
-    }
-
-    /// Spread `n` workgroups over x and y so no dimension passes the device
-    /// limit; kernels recover the linear id with `linear_group(wg, nwg)`.
-    pub(crate) fn grid(&self, n: u32) -> [u32; 3] {
-        let max = self.limits.max_compute_workgroups_per_dimension.max(1);
-        if n <= max {
-            [n.max(1), 1, 1]
-        } else {
-            [max, n.div_ceil(max), 1]
-        }
-    }
-
-    /// Dispatches recorded and submits made so far (for tools and tests that
-    /// check a decode step is one submit).
-    pub fn counters(&self) -> (u64, u64) {
-        let b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        (b.dispatches, b.submits)
-    }
 }

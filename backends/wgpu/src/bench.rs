@@ -21,7 +21,7 @@ impl WgpuBackend {
     /// Whether [`WgpuBackend::time_ops`] can time on the GPU (the adapter has
     /// `TIMESTAMP_QUERY`).
     pub fn has_timestamps(&self) -> bool {
-        self.features.timestamps
+        self.gpu.features.timestamps
     }
 
     /// GPU time per call, in seconds, of `f` called about `reps` times (call
@@ -45,7 +45,7 @@ impl WgpuBackend {
             return Ok(None);
         }
         turbospark::ComputeBackend::flush(self)?;
-        self.batch_lock().timing = Some(Timing::new(&self.device));
+        self.gpu.batch_lock().timing = Some(Timing::new(&self.gpu.device));
         let per = (reps / 10).max(1);
         let samples = (reps / per).max(1);
         let mut spans = Vec::with_capacity(samples);
@@ -55,13 +55,13 @@ impl WgpuBackend {
         let run = (|| {
             for smp in 0..samples {
                 let (queries_full, params_used) = {
-                    let b = self.batch_lock();
+                    let b = self.gpu.batch_lock();
                     (
                         b.timing.as_ref().is_some_and(Timing::full),
                         b.params_slots(),
                     )
                 };
-                if queries_full || params_used + per_call * per as u64 > crate::PARAM_SLOTS {
+                if queries_full || params_used + per_call * per as u64 > crate::batch::PARAM_SLOTS {
                     turbospark::ComputeBackend::flush(self)?;
                 }
                 let (d0, _) = self.counters();
@@ -70,7 +70,7 @@ impl WgpuBackend {
                     f(smp * per + j)?;
                 }
                 // End the sample's pass: its end timestamp closes the span.
-                self.batch_lock().end_pass();
+                self.gpu.batch_lock().end_pass();
                 let end = self.timing_position();
                 let (d1, _) = self.counters();
                 per_call = per_call.max((d1 - d0).div_ceil(per as u64));
@@ -78,11 +78,11 @@ impl WgpuBackend {
             }
             turbospark::ComputeBackend::flush(self)
         })();
-        let timing = self.batch_lock().timing.take();
+        let timing = self.gpu.batch_lock().timing.take();
         run?;
-        self.check_errors()?;
+        self.gpu.check_errors()?;
         let ticks = timing.map(|t| t.ticks).unwrap_or_default();
-        let period_s = self.queue.get_timestamp_period() as f64 * 1e-9;
+        let period_s = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
         spans
             .iter()
             .map(|&(s, e)| {
@@ -107,9 +107,9 @@ impl WgpuBackend {
             return Ok(false);
         }
         turbospark::ComputeBackend::flush(self)?;
-        let mut t = Timing::new(&self.device);
+        let mut t = Timing::new(&self.gpu.device);
         t.labels = Some(Vec::new());
-        self.batch_lock().timing = Some(t);
+        self.gpu.batch_lock().timing = Some(t);
         Ok(true)
     }
 
@@ -118,11 +118,11 @@ impl WgpuBackend {
     /// adds its own overhead, so read the figures as shares of a step.
     pub fn profile_stop(&self) -> Result<Vec<(&'static str, f64)>> {
         turbospark::ComputeBackend::flush(self)?;
-        let Some(t) = self.batch_lock().timing.take() else {
+        let Some(t) = self.gpu.batch_lock().timing.take() else {
             return Ok(Vec::new());
         };
-        self.check_errors()?;
-        let period_s = self.queue.get_timestamp_period() as f64 * 1e-9;
+        self.gpu.check_errors()?;
+        let period_s = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
         Ok(t.labels
             .unwrap_or_default()
             .into_iter()
@@ -139,13 +139,14 @@ impl WgpuBackend {
     /// then reset the model.
     pub fn omit_dispatches(&self, entries: &[&str]) -> Result<()> {
         turbospark::ComputeBackend::flush(self)?;
-        self.batch_lock().omitted = entries.iter().map(|e| e.to_string()).collect();
+        self.gpu.batch_lock().omitted = entries.iter().map(|e| e.to_string()).collect();
         Ok(())
     }
 
     /// Global index of the next timestamp query of the running timing.
     fn timing_position(&self) -> usize {
-        self.batch_lock()
+        self.gpu
+            .batch_lock()
             .timing
             .as_ref()
             .map_or(0, Timing::position)
@@ -192,31 +193,20 @@ impl WgpuBackend {
         turbospark::ops::check_buf(entry, "sink", sink, &turbospark::ops::U32, 256)?;
         let vec4s = (src.len() / 4) as u32;
         let params: [u32; 4] = [vec4s, 0x9e37_79b9, 0, 0];
-        self.launch(Launch {
+        self.gpu.launch(Launch {
             kernel: "bench",
             entry,
             constants,
             params: bytemuck::cast_slice(&params),
             buffers: &[(s, true), (k, false)],
-            groups: self.grid(groups(vec4s)),
+            groups: self.gpu.grid(groups(vec4s)),
         })
     }
 
     /// Largest buffer `stream_read` / `stream_read_fixed` may read, in
     /// bytes: one binding.
     pub fn max_stream_bytes(&self) -> u64 {
-        self.max_binding() & !15
-    }
-
-    fn batch_lock(&self) -> std::sync::MutexGuard<'_, crate::batch::Batch> {
-        self.batch.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn report_error(&self, e: String) {
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(e);
+        self.gpu.max_binding() & !15
     }
 }
 

@@ -7,7 +7,8 @@
 use turbospark::{DType, Error, ExpertBytes, ExpertStack, Result};
 
 use crate::buffer::WgpuBuffer;
-use crate::{expert_tiles, quant, WgpuBackend};
+use crate::gpu::Gpu;
+use crate::{expert_tiles, quant};
 
 /// Bytes one row of the stack takes in each part: packed words, scales and
 /// biases of an affine weight, or a float row and nothing.
@@ -70,7 +71,7 @@ struct SlotCopy<'a> {
 /// filled on several threads (a miss's bytes are a host copy each, and a
 /// layer's misses are many).
 pub(crate) fn write_experts(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     buf: &WgpuBuffer,
     dtype: DType,
     stack: ExpertStack,
@@ -156,12 +157,12 @@ pub(crate) fn write_experts(
         });
     }
     // Ops recorded earlier read the slots' old experts: submit them first.
-    turbospark::ComputeBackend::flush(be)?;
+    gpu.flush()?;
     let mut views = Vec::with_capacity(copies.len());
     for c in &copies {
         let size = std::num::NonZeroU64::new(c.len as u64)
             .ok_or_else(|| Error::shape(OP, "an empty copy".to_string()))?;
-        let view = be
+        let view = gpu
             .queue
             .write_buffer_with(c.buffer, c.at, size)
             .ok_or_else(|| Error::Gpu(format!("{OP}: no staging memory for {} bytes", c.len)))?;

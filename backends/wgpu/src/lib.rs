@@ -9,18 +9,23 @@
 mod batch;
 mod bench;
 mod buffer;
+mod coop_tiles;
 mod device;
 mod expert_slots;
 mod expert_tiles;
 mod features;
+mod gemm_tiles;
+mod gpu;
 pub mod kernels;
 mod limits;
 mod ops;
 mod quant;
 mod readback;
+mod scratch;
 mod timing;
+mod wait;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use turbospark::ops::{
     self as v, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost,
@@ -38,351 +43,34 @@ pub use limits::LimitsProfile;
 pub use ops::matmul::gemv_constants;
 pub use ops::PREFILL_MIN_M;
 
-use batch::Batch;
-use buffer::Chunk;
-
-/// Size of one parameter slot in the per-batch arena. Every op's parameter
-/// block fits; it is also a multiple of every adapter's uniform offset alignment.
-const PARAM_SLOT: u64 = 256;
-/// Slots per batch: a batch that would exceed it is flushed first.
-const PARAM_SLOTS: u64 = 4096;
-
-/// The longest the host waits for the device to finish what it was given
-/// (a decode step, a layer of a prefill batch: milliseconds on a real GPU,
-/// seconds on lavapipe) before it reports the device hung, rather than
-/// waiting for ever (a test binary once waited 300 s on the H200, 2026-12-01,
-/// with nothing to say where).
-const GPU_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// A failed wait on the device, saying how long it waited where it timed
-/// out.
-fn poll_error(e: wgpu::PollError) -> Error {
-    match e {
-        wgpu::PollError::Timeout => Error::Gpu(format!(
-            "the device did not finish its work within {} s: it may be hung",
-            GPU_WAIT.as_secs()
-        )),
-        e => Error::Gpu(format!("poll: {e}")),
-    }
-}
+use gpu::Gpu;
 
 /// A wgpu device with turbospark's kernels.
 pub struct WgpuBackend {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
-    info: BackendInfo,
-    features: WgpuFeatures,
-    limits: wgpu::Limits,
-    cache: kernels::Cache,
-    binds: kernels::BindCache,
-    /// Storage bytes held (`WgpuBackend::memory`).
-    memory: Arc<buffer::MemoryUse>,
-    params_layout: wgpu::BindGroupLayout,
-    params_buffer: wgpu::Buffer,
-    /// One bind group per parameter slot of the arena (static offsets rather
-    /// than one bind group with a dynamic offset; docs/decisions.md).
-    params_groups: Vec<wgpu::BindGroup>,
-    batch: Mutex<Batch>,
-    /// Errors wgpu reported outside an error scope (validation, OOM, loss).
-    errors: Arc<Mutex<Vec<String>>>,
-    /// Scratch kept across calls, created on first use (e.g. attention split-K).
-    scratch: Mutex<ops::Scratch>,
-    /// Readbacks in flight (`begin_read_u32`, downloads), their staging pool.
-    reads: Mutex<readback::Reads>,
-    /// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`).
-    gemm_tiles: ops::gemm::Overrides,
-    /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
-    coop_tiles: ops::gemm_coop::CoopTiles,
+    /// The device context the launchers take (`gpu.rs`).
+    gpu: Gpu,
 }
 
 impl WgpuBackend {
     /// Open the preferred adapter (see [`WgpuOptions`]).
     pub fn new(opts: &WgpuOptions) -> Result<Self> {
-        let tiles = |opt, var| device::option_or_env(opt, var).unwrap_or_default();
-        let o = device::open(opts)?;
-        let gemm_tiles = ops::gemm::Overrides::parse(
-            &tiles(&opts.gemm_tiles, "TURBOSPARK_GEMM_TILES"),
-            o.limits.max_compute_workgroup_storage_size,
-        )?;
-        let coop_tiles = ops::gemm_coop::CoopTiles::parse(
-            &tiles(&opts.coop_tiles, "TURBOSPARK_COOP_TILES"),
-            o.limits.max_compute_workgroup_storage_size,
-            o.limits.max_compute_invocations_per_workgroup,
-        )?;
-        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-        let sink = errors.clone();
-        o.device
-            .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(e.to_string());
-            }));
-        let lost = errors.clone();
-        o.device.set_device_lost_callback(move |reason, msg| {
-            lost.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(format!("device lost ({reason:?}): {msg}"));
-        });
-        let params_layout = o
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("params"),
-                entries: &[wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                }],
-            });
-        let params_buffer = o.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("params arena"),
-            size: PARAM_SLOT * PARAM_SLOTS,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let params_groups = (0..PARAM_SLOTS)
-            .map(|slot| {
-                o.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("params"),
-                    layout: &params_layout,
-                    entries: &[wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &params_buffer,
-                            offset: slot * PARAM_SLOT,
-                            size: wgpu::BufferSize::new(PARAM_SLOT),
-                        }),
-                    }],
-                })
-            })
-            .collect();
-        let subgroups = o.features.subgroups;
-        let coherent = o.features.coherent_storage;
         Ok(WgpuBackend {
-            device: o.device,
-            queue: o.queue,
-            info: o.info,
-            features: o.features,
-            limits: o.limits,
-            cache: kernels::Cache::new(subgroups, coherent),
-            binds: kernels::BindCache::default(),
-            memory: Default::default(),
-            params_layout,
-            params_buffer,
-            params_groups,
-            batch: Mutex::new(Batch::default()),
-            errors,
-            scratch: Mutex::default(),
-            reads: Mutex::default(),
-            gemm_tiles,
-            coop_tiles,
+            gpu: Gpu::open(opts)?,
         })
     }
 
     /// What the adapter offers that the kernels use (shown to callers of
     /// the trait as `BackendInfo::capabilities`).
     pub fn features(&self) -> &WgpuFeatures {
-        &self.features
+        &self.gpu.features
     }
 
     pub fn device(&self) -> &wgpu::Device {
-        &self.device
+        &self.gpu.device
     }
 
     pub fn queue(&self) -> &wgpu::Queue {
-        &self.queue
-    }
-
-    /// Turn errors wgpu reported asynchronously into a `Result`.
-    fn check_errors(&self) -> Result<()> {
-        let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-        if errs.is_empty() {
-            return Ok(());
-        }
-        let all = std::mem::take(&mut *errs).join("; ");
-        Err(if all.contains("device lost") {
-            Error::DeviceLost(all)
-        } else if all.to_lowercase().contains("out of memory") {
-            Error::OutOfMemory(all)
-        } else {
-            Error::Gpu(all)
-        })
-    }
-
-    fn create_buffer(
-        &self,
-        bytes: u64,
-        label: &str,
-        max_bytes: u64,
-        limit_name: &'static str,
-    ) -> Result<wgpu::Buffer> {
-        if bytes > max_bytes {
-            return Err(Error::DeviceLimit {
-                what: format!("buffer `{label}`"),
-                bytes,
-                limit: max_bytes,
-                limit_name,
-            });
-        }
-        // Memory of dropped buffers still held by cached bind groups goes first.
-        self.binds.purge();
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            // wgpu wants sizes in whole words; tensors of odd 16-bit counts are padded.
-            size: bytes.div_ceil(4).max(1) * 4,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::OutOfMemory(format!(
-                "buffer `{label}` of {bytes} bytes: {e}"
-            )));
-        }
-        Ok(b)
-    }
-
-    fn max_binding(&self) -> u64 {
-        self.limits
-            .max_storage_buffer_binding_size
-            .min(self.limits.max_buffer_size)
-    }
-
-    /// `WgpuBuffer::fits_f16` for host bytes being uploaded: scanned only on
-    /// a device with the tensor-core GEMM (the only reader).
-    fn scan_fits_f16(&self, dtype: DType, bytes: &[u8]) -> bool {
-        self.features.tensor_core_gemm && crate::buffer::fits_f16(dtype, bytes)
-    }
-
-    /// A storage buffer as rows `start .. start + rows` of a tensor,
-    /// counted in [`WgpuBackend::memory`] while it lives.
-    fn chunk(&self, buffer: wgpu::Buffer, rows: (usize, usize)) -> Chunk {
-        Chunk::new(buffer, rows, self.binds.reaper(), self.memory.clone())
-    }
-
-    /// Quantized data is a weight's alone (`upload_weight`,
-    /// `upload_experts`): an activation, cache or plain upload of it is
-    /// refused by name.
-    fn plain(&self, dtype: DType, label: &str) -> Result<()> {
-        if dtype.is_quantized() {
-            return Err(Error::Unsupported {
-                backend: "wgpu".into(),
-                op: format!("buffer `{label}`"),
-                reason: format!("{dtype} is a weight format: upload it with upload_weight"),
-            });
-        }
-        Ok(())
-    }
-
-    /// A quantized weight, split by rows where one binding cannot hold it,
-    /// each chunk its rows' own buffer (`quant::chunk`).
-    fn upload_affine(
-        &self,
-        a: turbospark::quant::Affine,
-        (rows, cols): (usize, usize),
-        s: &[u8],
-        label: &str,
-    ) -> Result<WgpuBuffer> {
-        let dtype = DType::Affine(a);
-        if rows == 0 || !a.fits_cols(cols) || s.len() != dtype.bytes_for(rows * cols) {
-            return Err(Error::shape(
-                "upload_weight",
-                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
-            ));
-        }
-        let max = self.max_binding() as usize;
-        let per = (1..=rows)
-            .rev()
-            .find(|&n| quant::device_bytes(a, n, cols) <= max)
-            .map(|n| {
-                if n < rows {
-                    rows.div_ceil(rows.div_ceil(n))
-                } else {
-                    n
-                }
-            });
-        let Some(per) = per else {
-            return Err(Error::DeviceLimit {
-                what: format!("one row of weight `{label}`"),
-                bytes: quant::device_bytes(a, 1, cols) as u64,
-                limit: self.max_binding(),
-                limit_name: "max_storage_buffer_binding_size",
-            });
-        };
-        let mut chunks = Vec::new();
-        for r in (0..rows).step_by(per) {
-            let n = per.min(rows - r);
-            let name = if n == rows {
-                label.to_string()
-            } else {
-                format!("{label}[rows {r}..{}]", r + n)
-            };
-            let bytes = quant::chunk(a, s, (rows, cols), r, n);
-            let buffer = self.create_buffer(
-                bytes.len() as u64,
-                &name,
-                self.max_binding(),
-                "max_storage_buffer_binding_size",
-            )?;
-            self.write_bytes(&buffer, 0, &bytes);
-            chunks.push(self.chunk(buffer, (r, n)));
-        }
-        Ok(WgpuBuffer {
-            chunks: Arc::new(chunks),
-            dtype,
-            len: rows * cols,
-            fits_f16: self.features.tensor_core_gemm && quant::fits_f16(a, s, rows * cols),
-            tiles: None,
-        })
-    }
-
-    fn single_buffer(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
-        self.plain(dtype, label)?;
-        let bytes = (len * dtype.size()) as u64;
-        let buffer = self.create_buffer(
-            bytes,
-            label,
-            self.max_binding(),
-            "max_storage_buffer_binding_size",
-        )?;
-        Ok(WgpuBuffer {
-            chunks: Arc::new(vec![self.chunk(buffer, (0, 1))]),
-            dtype,
-            len,
-            fits_f16: false,
-            tiles: None,
-        })
-    }
-
-    fn write_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
-        // queue.write_buffer wants whole words; pad the tail.
-        if bytes.len().is_multiple_of(4) {
-            self.queue.write_buffer(buf, offset, bytes);
-        } else {
-            let mut v = bytes.to_vec();
-            v.resize(bytes.len().div_ceil(4) * 4, 0);
-            self.queue.write_buffer(buf, offset, &v);
-        }
-    }
-
-    /// A buffer's bytes: a readback begun and finished at once (the copy
-    /// rides in the same submission as the recorded ops).
-    fn download_bytes(&self, buf: &WgpuBuffer) -> Result<Vec<u8>> {
-        let ticket = self.begin_read(buf, "download")?;
-        let mut data = self.finish_read_bytes(ticket)?;
-        data.truncate(buf.len * buf.dtype.size());
-        Ok(data)
-    }
-
-    fn wait(&self) -> Result<()> {
-        self.wait_for(None)?;
-        self.check_errors()
+        &self.gpu.queue
     }
 
     /// Device bytes held in storage buffers (tensors and the backend's
@@ -391,12 +79,12 @@ impl WgpuBackend {
     /// A dropped buffer counts as given back at once; wgpu frees it when no
     /// recorded work and no cached bind group holds it any more.
     pub fn memory(&self) -> (u64, u64) {
-        self.memory.get()
+        self.gpu.memory.get()
     }
 
     /// Start [`WgpuBackend::memory`]'s peak again from what is held now.
     pub fn reset_peak_memory(&self) {
-        self.memory.reset_peak()
+        self.gpu.memory.reset_peak()
     }
 
     /// Let go of the ops' scratch buffers (each is made again, as large as
@@ -404,30 +92,23 @@ impl WgpuBackend {
     /// after other work on the same backend, whose scratch would otherwise
     /// be held already and left out of the model's peak.
     pub fn release_scratch(&self) {
-        *self.scratch.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
+        *self.gpu.scratch.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
     }
 
     /// The limits the device was opened with: the adapter's, or the smaller
     /// of them and a limits profile's (for tools).
     pub fn wgpu_limits(&self) -> &wgpu::Limits {
-        &self.limits
+        &self.gpu.limits
+    }
+
+    /// Dispatches recorded and submits made so far (for tools and tests that
+    /// check a decode step is one submit).
+    pub fn counters(&self) -> (u64, u64) {
+        self.gpu.counters()
     }
 }
 
 impl WgpuBackend {
-    /// Wait until the device has finished `submission` (None: all it was
-    /// given), for at most GPU_WAIT: every wait on the device goes through
-    /// here, so none is unbounded.
-    pub(crate) fn wait_for(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: submission,
-                timeout: Some(GPU_WAIT),
-            })
-            .map(|_| ())
-            .map_err(poll_error)
-    }
-
     /// The compiled pipeline the backend uses for a kernel entry point, for
     /// tools that time a kernel outside the backend (examples/kernel_lab).
     pub fn pipeline(
@@ -437,12 +118,7 @@ impl WgpuBackend {
         constants: &[(&'static str, i64)],
         read_only: &[bool],
     ) -> Result<wgpu::ComputePipeline> {
-        let key = kernels::PipelineKey::new(kernel, entry, constants, read_only.iter().copied());
-        Ok(self
-            .cache
-            .get(&self.device, &self.params_layout, &key)?
-            .pipeline
-            .clone())
+        self.gpu.pipeline(kernel, entry, constants, read_only)
     }
 
     /// The wgpu backend's own checks of a qkv_post call (one binding each,
@@ -503,7 +179,7 @@ impl WgpuBackend {
         match ComputeBackend::supports(self, &kind) {
             Support::Yes => Ok(()),
             Support::No(reason) => Err(Error::Unsupported {
-                backend: self.info.backend.clone(),
+                backend: self.gpu.info.backend.clone(),
                 op: op.into(),
                 reason,
             }),
@@ -675,13 +351,15 @@ impl WgpuBackend {
         pa: &PostAttentionArgs<'_, WgpuBuffer>,
         r: &RouterArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        if ops::fused::post_attention_router(self, pa, r)? {
+        if ops::fused::post_attention_router(&self.gpu, pa, r)? {
             return Ok(());
         }
         let moe = Some(pa.moe);
-        ops::fused::post_attention(self, pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
+        ops::fused::post_attention(
+            &self.gpu, pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p,
+        )?;
         let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
-        ops::moe::router(self, pa.r, s, proj, pes, r.ids, r.weights, r.p)
+        ops::moe::router(&self.gpu, pa.r, s, proj, pes, r.ids, r.weights, r.p)
     }
 
     /// The wgpu backend's own checks of post_attention: one binding each,
@@ -711,11 +389,11 @@ impl ComputeBackend for WgpuBackend {
     type Buffer = WgpuBuffer;
 
     fn info(&self) -> &BackendInfo {
-        &self.info
+        &self.gpu.info
     }
 
     fn supports(&self, op: &OpKind) -> Support {
-        ops::supports(self, op)
+        ops::supports(&self.gpu, op)
     }
 
     fn gemm_rounding(&self) -> Option<turbospark::GemmRounding> {
@@ -726,15 +404,15 @@ impl ComputeBackend for WgpuBackend {
             }
             _ => ops::gemm_coop::rounds_inputs(op, m, k),
         });
-        ops::gemm_coop::usable(self).then_some(rule)
+        ops::gemm_coop::usable(&self.gpu).then_some(rule)
     }
 
     fn alloc(&self, dtype: DType, len: usize, label: &str) -> Result<WgpuBuffer> {
-        self.single_buffer(dtype, len, label)
+        self.gpu.single_buffer(dtype, len, label)
     }
 
     fn upload(&self, dtype: DType, bytes: HostBytes<'_>, label: &str) -> Result<WgpuBuffer> {
-        self.plain(dtype, label)?;
+        self.gpu.plain(dtype, label)?;
         let s = bytes.as_slice();
         if !s.len().is_multiple_of(dtype.size()) {
             return Err(Error::shape(
@@ -745,9 +423,11 @@ impl ComputeBackend for WgpuBackend {
                 ),
             ));
         }
-        let mut b = self.single_buffer(dtype, s.len() / dtype.size(), label)?;
-        self.write_bytes(&b.chunks[0].buffer, 0, s);
-        b.fits_f16 = self.scan_fits_f16(dtype, s);
+        let mut b = self
+            .gpu
+            .single_buffer(dtype, s.len() / dtype.size(), label)?;
+        self.gpu.write_bytes(&b.chunks[0].buffer, 0, s);
+        b.fits_f16 = self.gpu.scan_fits_f16(dtype, s);
         Ok(b)
     }
 
@@ -761,7 +441,7 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<WgpuBuffer> {
         let s = bytes.as_slice();
         if let DType::Affine(a) = dtype {
-            return self.upload_affine(a, (rows, cols), s, label);
+            return self.gpu.upload_affine(a, (rows, cols), s, label);
         }
         let row_bytes = cols * dtype.size();
         if s.len() != rows * row_bytes || rows == 0 || cols == 0 {
@@ -772,14 +452,14 @@ impl ComputeBackend for WgpuBackend {
         }
         // Rows per chunk: as many as one binding holds, kept even so every
         // chunk starts on a whole 32-bit word for 16-bit weights.
-        let per = ((self.max_binding() as usize / row_bytes) & !1)
+        let per = ((self.gpu.max_binding() as usize / row_bytes) & !1)
             .max(1)
             .min(rows);
-        if (per * row_bytes) as u64 > self.max_binding() {
+        if (per * row_bytes) as u64 > self.gpu.max_binding() {
             return Err(Error::DeviceLimit {
                 what: format!("one row of weight `{label}`"),
                 bytes: row_bytes as u64,
-                limit: self.max_binding(),
+                limit: self.gpu.max_binding(),
                 limit_name: "max_storage_buffer_binding_size",
             });
         }
@@ -792,21 +472,22 @@ impl ComputeBackend for WgpuBackend {
             } else {
                 format!("{label}[rows {r}..{}]", r + n)
             };
-            let buffer = self.create_buffer(
+            let buffer = self.gpu.create_buffer(
                 (n * row_bytes) as u64,
                 &name,
-                self.max_binding(),
+                self.gpu.max_binding(),
                 "max_storage_buffer_binding_size",
             )?;
-            self.write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
-            chunks.push(self.chunk(buffer, (r, n)));
+            self.gpu
+                .write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
+            chunks.push(self.gpu.chunk(buffer, (r, n)));
             r += n;
         }
         Ok(WgpuBuffer {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
-            fits_f16: self.scan_fits_f16(dtype, s),
+            fits_f16: self.gpu.scan_fits_f16(dtype, s),
             tiles: None,
         })
     }
@@ -824,10 +505,10 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<WgpuBuffer> {
         let s = bytes.as_slice();
         if dtype.is_quantized()
-            || !self.features.expert_tiles
+            || !self.gpu.features.expert_tiles
             || !expert_tiles::fits(dtype, stack, rows, cols)
             || s.len() != rows * cols * dtype.size()
-            || s.len() as u64 > self.max_binding()
+            || s.len() as u64 > self.gpu.max_binding()
         {
             return self.upload_weight(dtype, rows, cols, bytes, label);
         }
@@ -862,15 +543,15 @@ impl ComputeBackend for WgpuBackend {
         shape: (usize, usize),
         writes: &[(usize, ExpertBytes<'_>)],
     ) -> Result<()> {
-        expert_slots::write_experts(self, buf, dtype, stack, shape, writes)
+        expert_slots::write_experts(&self.gpu, buf, dtype, stack, shape, writes)
     }
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
         v::check_buf("write_f32", "buf", buf, &v::F32, offset + data.len())?;
         whole("write_f32", &[Some(buf)])?;
         // Ops recorded earlier must see the old contents: submit them first.
-        self.flush()?;
-        self.write_bytes(
+        self.gpu.flush()?;
+        self.gpu.write_bytes(
             buf.single().expect("activations are one buffer"),
             (offset * 4) as u64,
             bytemuck::cast_slice(data),
@@ -881,8 +562,8 @@ impl ComputeBackend for WgpuBackend {
     fn write_u32(&self, buf: &WgpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
         v::check_buf("write_u32", "buf", buf, &v::U32, offset + data.len())?;
         whole("write_u32", &[Some(buf)])?;
-        self.flush()?;
-        self.write_bytes(
+        self.gpu.flush()?;
+        self.gpu.write_bytes(
             buf.single().expect("id buffers are one buffer"),
             (offset * 4) as u64,
             bytemuck::cast_slice(data),
@@ -898,10 +579,11 @@ impl ComputeBackend for WgpuBackend {
         );
         // (one dtype and length: the same padded size, a multiple of 4)
         let bytes = s.size().min(d.size());
-        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         // (no submit of its own: a fork's caches, two buffers a layer, go
         // with the next one)
-        b.copy(self, (s, d), (0, 0, bytes));
+        self.gpu
+            .batch_lock()
+            .copy(&self.gpu.submit(), (s, d), (0, 0, bytes));
         Ok(())
     }
 
@@ -914,9 +596,8 @@ impl ComputeBackend for WgpuBackend {
         // (four-byte elements: every offset and size is a multiple of
         // COPY_BUFFER_ALIGNMENT)
         let at = |elements: usize| (elements * 4) as u64;
-        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        b.copy(
-            self,
+        self.gpu.batch_lock().copy(
+            &self.gpu.submit(),
             (s, d),
             (at(p.src_offset), at(p.dst_offset), at(p.len)),
         );
@@ -924,20 +605,16 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn flush(&self) -> Result<()> {
-        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        b.submit(self);
-        drop(b);
-        self.check_errors()
+        self.gpu.flush()
     }
 
     fn sync(&self) -> Result<()> {
-        self.flush()?;
-        self.wait()
+        self.gpu.sync()
     }
 
     fn download_f32(&self, buf: &WgpuBuffer) -> Result<Vec<f32>> {
         v::check_buf("download_f32", "buf", buf, &v::CACHES, 0)?;
-        let bytes = self.download_bytes(buf)?;
+        let bytes = self.gpu.download_bytes(buf)?;
         Ok(match buf.dtype {
             DType::F16 => bytes
                 .chunks_exact(2)
@@ -949,16 +626,16 @@ impl ComputeBackend for WgpuBackend {
 
     fn download_u32(&self, buf: &WgpuBuffer) -> Result<Vec<u32>> {
         v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
-        Ok(bytemuck::pod_collect_to_vec(&self.download_bytes(buf)?))
+        Ok(bytemuck::pod_collect_to_vec(&self.gpu.download_bytes(buf)?))
     }
 
     fn begin_read_u32(&self, buf: &WgpuBuffer) -> Result<ReadTicket> {
         v::check_buf("begin_read_u32", "buf", buf, &v::U32, 0)?;
-        self.begin_read(buf, "begin_read_u32")
+        self.gpu.begin_read(buf, "begin_read_u32")
     }
 
     fn finish_read_u32(&self, ticket: ReadTicket) -> Result<Vec<u32>> {
-        self.finish_read(ticket)
+        self.gpu.finish_read(ticket)
     }
 
     fn record_rms_norm(
@@ -970,7 +647,7 @@ impl ComputeBackend for WgpuBackend {
         p: RmsNorm,
     ) -> Result<()> {
         whole("rms_norm", &[Some(x), w, res, Some(out)])?;
-        ops::norm::rms_norm(self, x, w, res, out, p)
+        ops::norm::rms_norm(&self.gpu, x, w, res, out, p)
     }
 
     fn record_matmul(
@@ -982,7 +659,7 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         not_tiled("matmul", w)?;
         whole("matmul", &[Some(x), Some(out)])?;
-        ops::matmul::matmul(self, w, x, out, p)
+        ops::matmul::matmul(&self.gpu, w, x, out, p)
     }
 
     fn record_router(
@@ -996,7 +673,7 @@ impl ComputeBackend for WgpuBackend {
         p: Router,
     ) -> Result<()> {
         check_router(x, scale, proj, pes, ids, wts)?;
-        ops::moe::router(self, x, scale, proj, pes, ids, wts, p)
+        ops::moe::router(&self.gpu, x, scale, proj, pes, ids, wts, p)
     }
 
     fn record_moe_gate_up(
@@ -1008,7 +685,7 @@ impl ComputeBackend for WgpuBackend {
         p: Moe,
     ) -> Result<()> {
         check_gate_up(x, gate_up, ids, act, p)?;
-        ops::moe::moe_gate_up(self, x, gate_up, ids, act, p)
+        ops::moe::moe_gate_up(&self.gpu, x, gate_up, ids, act, p)
     }
 
     fn record_moe_down(
@@ -1021,7 +698,7 @@ impl ComputeBackend for WgpuBackend {
         p: Moe,
     ) -> Result<()> {
         check_down(act, down, ids, wts, out, p)?;
-        ops::moe::moe_down(self, act, down, ids, wts, out, p)
+        ops::moe::moe_down(&self.gpu, act, down, ids, wts, out, p)
     }
 
     fn record_moe_gate_up_pair(
@@ -1030,7 +707,7 @@ impl ComputeBackend for WgpuBackend {
         b: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         check_gate_up_pair(&a, &b)?;
-        ops::moe::moe_gate_up_pair(self, &a, &b)
+        ops::moe::moe_gate_up_pair(&self.gpu, &a, &b)
     }
 
     fn record_moe_down_pair(
@@ -1039,12 +716,12 @@ impl ComputeBackend for WgpuBackend {
         b: DownArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         check_down_pair(&a, &b)?;
-        ops::moe::moe_down_pair(self, &a, &b)
+        ops::moe::moe_down_pair(&self.gpu, &a, &b)
     }
 
     fn record_rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
         whole("rope", &[Some(x), Some(positions)])?;
-        ops::attention::rope(self, x, positions, p)
+        ops::attention::rope(&self.gpu, x, positions, p)
     }
 
     fn record_kv_append(
@@ -1061,7 +738,7 @@ impl ComputeBackend for WgpuBackend {
             &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
         )?;
         self.require("kv_append", OpKind::KvCache { dtype: kc.dtype })?;
-        ops::attention::kv_append(self, k, vb, kc, vc, positions, p)
+        ops::attention::kv_append(&self.gpu, k, vb, kc, vc, positions, p)
     }
 
     fn record_attention(
@@ -1075,17 +752,17 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         check_attention(q, kc, vc, positions, out)?;
         self.require("attention", OpKind::KvCache { dtype: kc.dtype })?;
-        ops::attention::attention(self, q, kc, vc, positions, out, p)
+        ops::attention::attention(&self.gpu, q, kc, vc, positions, out, p)
     }
 
     fn record_add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
         whole("add", &[Some(a), Some(b), Some(out)])?;
-        ops::elementwise::add(self, a, b, out, n)
+        ops::elementwise::add(&self.gpu, a, b, out, n)
     }
 
     fn record_scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
         whole("scale", &[Some(x), Some(out)])?;
-        ops::elementwise::scale(self, x, out, n, s)
+        ops::elementwise::scale(&self.gpu, x, out, n, s)
     }
 
     fn record_gelu_mul(
@@ -1096,12 +773,12 @@ impl ComputeBackend for WgpuBackend {
         n: usize,
     ) -> Result<()> {
         whole("gelu_mul", &[Some(x), Some(out)])?;
-        ops::elementwise::gelu_mul(self, x, out, rows, n)
+        ops::elementwise::gelu_mul(&self.gpu, x, out, rows, n)
     }
 
     fn record_softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
         whole("softcap", &[Some(x), Some(out)])?;
-        ops::elementwise::softcap(self, x, out, n, cap)
+        ops::elementwise::softcap(&self.gpu, x, out, n, cap)
     }
 
     fn record_embed(
@@ -1113,12 +790,12 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         not_tiled("embed", table)?;
         whole("embed", &[Some(ids), Some(out)])?;
-        ops::elementwise::embed(self, ids, table, out, p)
+        ops::elementwise::embed(&self.gpu, ids, table, out, p)
     }
 
     fn record_argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
         whole("argmax", &[Some(x), Some(out)])?;
-        ops::elementwise::argmax(self, x, out, rows, n)
+        ops::elementwise::argmax(&self.gpu, x, out, rows, n)
     }
 
     fn record_slot_lookup(
@@ -1133,7 +810,7 @@ impl ComputeBackend for WgpuBackend {
             "slot_lookup",
             &[Some(ids), Some(table), Some(slot_ids), Some(log)],
         )?;
-        ops::elementwise::slot_lookup(self, ids, table, slot_ids, log, p)
+        ops::elementwise::slot_lookup(&self.gpu, ids, table, slot_ids, log, p)
     }
 
     fn record_post_attention(
@@ -1148,7 +825,7 @@ impl ComputeBackend for WgpuBackend {
         p: PostAttention,
     ) -> Result<()> {
         self.check_post_attention(o, x, w_post, w_ff, r, ff, moe, p)?;
-        ops::fused::post_attention(self, o, x, w_post, w_ff, r, ff, moe, p)
+        ops::fused::post_attention(&self.gpu, o, x, w_post, w_ff, r, ff, moe, p)
     }
 
     fn record_post_attention_router(
@@ -1171,16 +848,16 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         self.check_post_attention_router(&pa, &router)?;
         check_gate_up_pair(&dense, &routed)?;
-        if ops::fused::post_attention_gate_up(self, (&pa, &router), &dense, &routed)? {
+        if ops::fused::post_attention_gate_up(&self.gpu, (&pa, &router), &dense, &routed)? {
             return Ok(());
         }
         self.run_post_attention_router(&pa, &router)?;
-        ops::moe::moe_gate_up_pair(self, &dense, &routed)
+        ops::moe::moe_gate_up_pair(&self.gpu, &dense, &routed)
     }
 
     fn record_post_ffn(&self, a: PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
         self.check_post_ffn(&a)?;
-        ops::fused::post_ffn(self, &a)
+        ops::fused::post_ffn(&self.gpu, &a)
     }
 
     fn record_qkv_post(
@@ -1195,7 +872,7 @@ impl ComputeBackend for WgpuBackend {
         p: QkvPost,
     ) -> Result<()> {
         self.check_qkv_post(&p, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
-        ops::attention::qkv_post(self, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
+        ops::attention::qkv_post(&self.gpu, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 
     fn record_qkv_post_attention(
@@ -1215,7 +892,7 @@ impl ComputeBackend for WgpuBackend {
         self.check_qkv_post(&qp, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
         check_attention(q, k_cache, v_cache, positions, out)?;
         ops::attention::qkv_attention(
-            self,
+            &self.gpu,
             raw,
             (w_q, w_k),
             positions,
@@ -1289,7 +966,8 @@ pub(crate) mod tests {
     fn released_scratch_leaves_the_count() {
         let Some(be) = backend() else { return };
         let (live0, _) = be.memory();
-        let get = || ops::scratch_buffer(&be, |s| &mut s.router, DType::F32, 1000, 0, "t").unwrap();
+        let get =
+            || ops::scratch_buffer(&be.gpu, |s| &mut s.router, DType::F32, 1000, 0, "t").unwrap();
         drop(get());
         assert_eq!(be.memory().0, live0 + 4000, "the scratch stays held");
         be.release_scratch();
@@ -1309,11 +987,15 @@ pub(crate) mod tests {
         be.add(&a, &b, &out, 64).unwrap();
         be.add(&a, &b, &out, 64).unwrap();
         be.sync().unwrap();
-        assert_eq!(be.binds.len(), 1, "the same buffers share one bind group");
+        assert_eq!(
+            be.gpu.binds.len(),
+            1,
+            "the same buffers share one bind group"
+        );
         drop(a);
         let _c = be.alloc(DType::F32, 64, "c").unwrap();
         assert_eq!(
-            be.binds.len(),
+            be.gpu.binds.len(),
             0,
             "a dropped buffer's bind group is released"
         );

@@ -2,9 +2,9 @@
 //! bench` reports per op (crate::bench) and that a timed batch records
 //! (crate::batch).
 
-/// Queries per query set (wgpu's maximum); two per timed pass.
-use crate::WgpuBackend;
+use std::sync::Mutex;
 
+/// Queries per query set (wgpu's maximum); two per timed pass.
 const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 
 /// Timestamp state of a timed batch.
@@ -16,7 +16,7 @@ pub(crate) struct Timing {
     next: u32,
     /// Raw ticks of the batches already submitted, in query order.
     pub(crate) ticks: Vec<u64>,
-    /// Profiling ([`WgpuBackend::profile_start`]): every dispatch gets a pass
+    /// Profiling ([`crate::WgpuBackend::profile_start`]): every dispatch gets a pass
     /// of its own, and its entry point is kept here in dispatch order.
     pub labels: Option<Vec<&'static str>>,
 }
@@ -88,8 +88,8 @@ impl Timing {
     }
 
     /// After the submit that resolved them: wait, read the ticks, start over.
-    /// Errors surface through the backend's error sink.
-    pub fn collect(&mut self, be: &WgpuBackend) {
+    /// Errors surface through the backend's error sink, `errors`.
+    pub fn collect(&mut self, device: &wgpu::Device, errors: &Mutex<Vec<String>>) {
         let n = self.next as usize;
         self.next = 0;
         let slice = self.readback.slice(..(n * 8) as u64);
@@ -97,13 +97,16 @@ impl Timing {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let polled = be.wait_for(None);
+        let polled = crate::wait::wait_for(device, None);
         let mapped = polled.is_ok() && matches!(rx.recv(), Ok(Ok(())));
         let got: Vec<u64> = match mapped.then(|| slice.get_mapped_range()) {
             Some(Ok(view)) => bytemuck::pod_collect_to_vec(&view),
             _ => {
                 let why = polled.err().map_or(String::new(), |e| format!(": {e}"));
-                be.report_error(format!("timestamp readback failed{why}"));
+                errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("timestamp readback failed{why}"));
                 vec![0; n]
             }
         };

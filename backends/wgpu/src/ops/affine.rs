@@ -9,7 +9,8 @@ use turbospark::{DType, DownArgs, GateUpArgs, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 
 /// One problem's sizes (kernels/affine_gemv.wgsl `Prob`).
 #[repr(C)]
@@ -86,7 +87,7 @@ pub(crate) fn takes(w: &WgpuBuffer, m: usize) -> bool {
 }
 
 pub(crate) fn gemv(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     w: &WgpuBuffer,
     x: &WgpuBuffer,
     out: &WgpuBuffer,
@@ -136,7 +137,7 @@ pub(crate) fn gemv(
             },
             b: Prob::default(),
         };
-        be.launch(Launch {
+        gpu.launch(Launch {
             kernel: "affine_gemv",
             entry,
             constants: &constants,
@@ -148,7 +149,7 @@ pub(crate) fn gemv(
                 (xb, true),
                 (ob, false),
             ],
-            groups: be.grid(rows.div_ceil(per_group) as u32),
+            groups: gpu.grid(rows.div_ceil(per_group) as u32),
         })?;
     }
     Ok(())
@@ -227,7 +228,7 @@ impl Team {
 
 /// MoE phase 1, every (token, slot) pair on its own.
 pub(crate) fn gate_up(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (x, gu, ids, act): (&WgpuBuffer, &wgpu::Buffer, &WgpuBuffer, &WgpuBuffer),
     (dtype, len): (DType, usize),
     p: &Moe,
@@ -238,7 +239,7 @@ pub(crate) fn gate_up(
     let xb = one(x);
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
     let [rpt1, lpr] = team.constants();
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_gate_up",
         constants: &[wd, qbits, qgroup, units(p.hidden), rpt1, lpr],
@@ -251,14 +252,14 @@ pub(crate) fn gate_up(
             (xb, true),
             (one(act), false),
         ],
-        groups: be.grid((p.m * p.top_k * nrb) as u32),
+        groups: gpu.grid((p.m * p.top_k * nrb) as u32),
     })
 }
 
 /// MoE phase 2, a token's sum over its experts inside the workgroup that
 /// owns its output rows.
 pub(crate) fn down(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (act, d, ids, wts, out): (
         &WgpuBuffer,
         &wgpu::Buffer,
@@ -274,7 +275,7 @@ pub(crate) fn down(
     let params = moe_params(p, moe_prob(p, p.inter, nrb, (dtype, len)), None);
     let [wd, qbits, qgroup] = super::weight_constants(dtype);
     let [rpt1, lpr] = team.constants();
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "affine_gemv",
         entry: "affine_down",
         constants: &[
@@ -294,7 +295,7 @@ pub(crate) fn down(
             (one(wts), true),
             (one(out), false),
         ],
-        groups: be.grid((p.m * nrb) as u32),
+        groups: gpu.grid((p.m * nrb) as u32),
     })
 }
 
@@ -312,7 +313,7 @@ pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
 /// device that binds ten storage buffers a stage. Otherwise the caller
 /// runs each problem on its own (the same results).
 pub(crate) fn pair_takes(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (a, wa): (&Moe, &WgpuBuffer),
     (b, wb): (&Moe, &WgpuBuffer),
 ) -> bool {
@@ -325,7 +326,7 @@ pub(crate) fn pair_takes(
         && a.hidden == b.hidden
         && a.m == b.m
         && takes(wa, a.m)
-        && be.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
+        && gpu.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
 }
 
 /// Whether `affine_gate_up_pair_routed` takes the gate_up pair `(a, b)`:
@@ -334,13 +335,13 @@ pub(crate) fn pair_takes(
 /// problem's (`RouterArgs::check_routes`) and within kernels/topk.wgsl's
 /// bounds (`Router::validate`).
 pub(crate) fn routed_pair_takes(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     a: &GateUpArgs<'_, WgpuBuffer>,
     b: &GateUpArgs<'_, WgpuBuffer>,
 ) -> bool {
-    pair_takes(be, (&a.p, a.gate_up), (&b.p, b.gate_up))
+    pair_takes(gpu, (&a.p, a.gate_up), (&b.p, b.gate_up))
         && a.p.m == 1
-        && be.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
+        && gpu.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
 }
 
 /// Phase 1 of problems `a` and `b` in one `affine_gemv_pair` launch (the
@@ -349,7 +350,7 @@ pub(crate) fn routed_pair_takes(
 /// picked from the router's scaled logits, the routing written for phase
 /// 2; `b.ids` is not read).
 pub(crate) fn gate_up_pair(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     routing: Option<[&WgpuBuffer; 4]>,
 ) -> Result<()> {
@@ -400,7 +401,7 @@ pub(crate) fn gate_up_pair(
     } else {
         PAIR_BINDINGS
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "affine_gemv_pair",
         entry: if routing.is_some() {
             "affine_gate_up_pair_routed"
@@ -410,7 +411,7 @@ pub(crate) fn gate_up_pair(
         constants: &[wd, qbits, qgroup, units(pa.hidden), rpt1, lpr],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers[..bound as usize],
-        groups: be.grid(groups as u32),
+        groups: gpu.grid(groups as u32),
     })
 }
 
@@ -419,7 +420,7 @@ pub(crate) fn gate_up_pair(
 /// each problem with its own units and slots compiled in (KU, TOPK; KU2,
 /// TOPK2).
 pub(crate) fn down_pair(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     a: &DownArgs<'_, WgpuBuffer>,
     b: &DownArgs<'_, WgpuBuffer>,
 ) -> Result<()> {
@@ -439,7 +440,7 @@ pub(crate) fn down_pair(
     let [wd, qbits, qgroup] = super::weight_constants(a.down.dtype);
     let [rpt1, lpr] = team.constants();
     let (_, ku2) = units(pb.inter);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "affine_gemv_pair",
         entry: "affine_down_pair",
         constants: &[
@@ -466,7 +467,7 @@ pub(crate) fn down_pair(
             (one(b.weights), true),
             (one(b.out), false),
         ],
-        groups: be.grid((2 * groups_a) as u32),
+        groups: gpu.grid((2 * groups_a) as u32),
     })
 }
 
@@ -521,7 +522,12 @@ mod pair_tests {
     use turbospark::{ComputeBackend, HostBytes};
 
     /// A `rows` x `cols` weight at `bits`, group 32.
-    fn weight(be: &WgpuBackend, bits: u32, rows: usize, cols: usize) -> WgpuBuffer {
+    fn weight(
+        be: &impl ComputeBackend<Buffer = WgpuBuffer>,
+        bits: u32,
+        rows: usize,
+        cols: usize,
+    ) -> WgpuBuffer {
         let a = Affine::new(bits, 32, ScaleType::BF16).unwrap();
         let v: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 100.0)
@@ -544,7 +550,7 @@ mod pair_tests {
     #[test]
     fn down_pair_is_one_launch_at_one_format() {
         let Some(be) = backend() else { return };
-        if be.limits.max_storage_buffers_per_shader_stage < PAIR_BINDINGS {
+        if be.gpu.limits.max_storage_buffers_per_shader_stage < PAIR_BINDINGS {
             return;
         }
         let moe = |experts, top_k, inter| Moe {

@@ -7,25 +7,21 @@ use turbospark::{DType, Error, Result};
 
 use super::one;
 use crate::batch::Launch;
+use crate::gpu::Gpu;
 use crate::kernels::{for_caches, wdtype_code};
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::WgpuBuffer;
 
 /// The RoPE frequency table `rope_inv_freq(theta, head_dim, rot_pairs)` on
 /// the device, uploaded on first use and kept in the backend's scratch.
-fn freq_table(
-    be: &WgpuBackend,
-    theta: f32,
-    head_dim: usize,
-    rot_pairs: usize,
-) -> Result<WgpuBuffer> {
+fn freq_table(gpu: &Gpu, theta: f32, head_dim: usize, rot_pairs: usize) -> Result<WgpuBuffer> {
     let key = (theta.to_bits(), head_dim, rot_pairs);
-    let mut s = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = gpu.scratch.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(f) = s.rope_freq.get(&key) {
         return Ok(f.clone());
     }
     let table = rope_inv_freq(theta, head_dim, rot_pairs);
-    let f = be.single_buffer(DType::F32, table.len(), "rope inv_freq")?;
-    be.write_bytes(one(&f), 0, bytemuck::cast_slice(&table));
+    let f = gpu.single_buffer(DType::F32, table.len(), "rope inv_freq")?;
+    gpu.write_bytes(one(&f), 0, bytemuck::cast_slice(&table));
     s.rope_freq.insert(key, f.clone());
     Ok(f)
 }
@@ -48,7 +44,7 @@ struct QkvParams {
 /// [`QKV_WARPS_MIN_ITEMS`] items a warp per item (`qkv_post_warps`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_post(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     raw: &WgpuBuffer,
     w_q: &WgpuBuffer,
     w_k: &WgpuBuffer,
@@ -58,7 +54,7 @@ pub(crate) fn qkv_post(
     vc: &WgpuBuffer,
     p: QkvPost,
 ) -> Result<()> {
-    let freq = freq_table(be, p.theta, p.head_dim, p.rot_pairs)?;
+    let freq = freq_table(gpu, p.theta, p.head_dim, p.rot_pairs)?;
     let params = QkvParams {
         m: p.m as u32,
         heads: p.heads as u32,
@@ -71,7 +67,7 @@ pub(crate) fn qkv_post(
     };
     let items = p.m * (p.heads + 2 * p.kv_heads);
     let warps = items >= QKV_WARPS_MIN_ITEMS;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: for_caches("rope", kc.dtype),
         entry: if warps { "qkv_post_warps" } else { "qkv_post" },
         constants: &[
@@ -89,7 +85,7 @@ pub(crate) fn qkv_post(
             (one(kc), false),
             (one(vc), false),
         ],
-        groups: be.grid(if warps {
+        groups: gpu.grid(if warps {
             items.div_ceil(QKV_WARPS)
         } else {
             items
@@ -118,11 +114,11 @@ struct RopeParams {
 /// NeoX RoPE in place, one invocation per rotated pair. The frequencies are
 /// the host table `rope_inv_freq`, uploaded once per (theta, head_dim,
 /// rot_pairs) and kept in the backend's scratch.
-pub(crate) fn rope(be: &WgpuBackend, x: &WgpuBuffer, pos: &WgpuBuffer, p: Rope) -> Result<()> {
+pub(crate) fn rope(gpu: &Gpu, x: &WgpuBuffer, pos: &WgpuBuffer, p: Rope) -> Result<()> {
     if p.rot_pairs == 0 {
         return Ok(());
     }
-    let freq = freq_table(be, p.theta, p.head_dim, p.rot_pairs)?;
+    let freq = freq_table(gpu, p.theta, p.head_dim, p.rot_pairs)?;
     let params = RopeParams {
         m: p.m as u32,
         heads: p.heads as u32,
@@ -130,13 +126,13 @@ pub(crate) fn rope(be: &WgpuBackend, x: &WgpuBuffer, pos: &WgpuBuffer, p: Rope) 
         rot_pairs: p.rot_pairs as u32,
     };
     let n = (p.m * p.heads * p.rot_pairs) as u32;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "rope",
         entry: "rope",
         constants: &[],
         params: bytemuck::bytes_of(&params),
         buffers: &[(one(x), false), (one(pos), true), (one(&freq), true)],
-        groups: be.grid(n.div_ceil(256)),
+        groups: gpu.grid(n.div_ceil(256)),
     })
 }
 
@@ -151,7 +147,7 @@ struct KvParams {
 
 /// K and V rows into their cache slots, one dispatch for both.
 pub(crate) fn kv_append(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     k: &WgpuBuffer,
     v: &WgpuBuffer,
     kc: &WgpuBuffer,
@@ -166,7 +162,7 @@ pub(crate) fn kv_append(
         capacity: p.capacity as u32,
     };
     let n = (p.m * p.kv_heads * p.head_dim) as u32;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: for_caches("kv_cache", kc.dtype),
         entry: "kv_append",
         constants: &[],
@@ -178,7 +174,7 @@ pub(crate) fn kv_append(
             (one(vc), false),
             (one(pos), true),
         ],
-        groups: be.grid(n.div_ceil(256)),
+        groups: gpu.grid(n.div_ceil(256)),
     })
 }
 
@@ -292,8 +288,8 @@ const DECODE_SMEM: u32 = 2048 * 4 + 4 * 8 * 4 + 256 * 16 + 256 * 4 + 32 * 4;
 /// sliding layers at 1K 14.7 -> 14.0; 16 rows of the sliding layers (four
 /// a workgroup) 39.5 -> 40.1, and as much slower with the workgroup-memory
 /// softmax kept for them (run 06: 40.4), so every launch takes it.
-fn decode_sgw(be: &WgpuBackend) -> u32 {
-    let f = &be.features;
+fn decode_sgw(gpu: &Gpu) -> u32 {
+    let f = &gpu.features;
     let w = f.subgroup_max_size;
     if f.subgroups && f.subgroup_min_size == w && matches!(w, 8 | 16 | 32) {
         w
@@ -350,8 +346,8 @@ const TAIL_MAX_PAIRS: usize = 256;
 /// slots a group, in `groups` groups of `d4` vec4 rows, combines in its
 /// last workgroup (its `TAIL`) instead of an attn_combine launch after it:
 /// where the device has coherent storage and the partials are small.
-fn takes_tail(be: &WgpuBackend, slots: usize, nsplit: usize, groups: usize, d4: usize) -> bool {
-    be.features.coherent_storage && tail_fits(slots, nsplit, groups, d4)
+fn takes_tail(gpu: &Gpu, slots: usize, nsplit: usize, groups: usize, d4: usize) -> bool {
+    gpu.features.coherent_storage && tail_fits(slots, nsplit, groups, d4)
 }
 
 /// [`takes_tail`]'s rule on the shape: the pairs a tail stages, the bytes
@@ -374,7 +370,7 @@ const PREFILL_SLOTS: usize = 32;
 /// rows, per workgroup), else `attn_split` (query tiles of up to MAX_TILE
 /// slots).
 pub(crate) fn attention(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     q: &WgpuBuffer,
     kc: &WgpuBuffer,
     vc: &WgpuBuffer,
@@ -384,13 +380,13 @@ pub(crate) fn attention(
 ) -> Result<()> {
     if !p.head_dim.is_multiple_of(4) {
         return Err(Error::Unsupported {
-            backend: be.info.backend.clone(),
+            backend: gpu.info.backend.clone(),
             op: "attention".into(),
             reason: format!("head_dim {} is not a multiple of 4", p.head_dim),
         });
     }
-    if super::attention_coop::takes(be, &p) {
-        return super::attention_coop::attention(be, q, kc, vc, pos, out, p);
+    if super::attention_coop::takes(gpu, &p) {
+        return super::attention_coop::attention(gpu, q, kc, vc, pos, out, p);
     }
     let kv = (q, kc, vc, pos);
     if p.m >= super::PREFILL_MIN_M {
@@ -403,7 +399,7 @@ pub(crate) fn attention(
         let params = AttnParams::new(&p, 1, 0, blocks);
         let nv = [("NV", lanes_vec4(&p) as i64)];
         return read_qkv(
-            be,
+            gpu,
             kv,
             ("attn_prefill", &nv),
             &params,
@@ -411,8 +407,8 @@ pub(crate) fn attention(
             blocks * p.kv_heads,
         );
     }
-    let split = split_plan(be, &p)?;
-    split_phase(be, kv, out, &p, &split)
+    let split = split_plan(gpu, &p)?;
+    split_phase(gpu, kv, out, &p, &split)
 }
 
 /// vec4 per lane of a K row in attn_split (and of a V row in
@@ -424,14 +420,14 @@ fn lanes_vec4(p: &Attention) -> usize {
 /// The first (or only) dispatch of an attention: `entry` reads q, K, V and
 /// positions into `dst`.
 fn read_qkv(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (q, kc, vc, pos): (&WgpuBuffer, &WgpuBuffer, &WgpuBuffer, &WgpuBuffer),
     (entry, constants): (&'static str, &[(&'static str, i64)]),
     params: &AttnParams,
     dst: &WgpuBuffer,
     groups: usize,
 ) -> Result<()> {
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: for_caches("attention", kc.dtype),
         entry,
         constants,
@@ -443,14 +439,14 @@ fn read_qkv(
             (one(pos), true),
             (one(dst), false),
         ],
-        groups: be.grid(groups as u32),
+        groups: gpu.grid(groups as u32),
     })
 }
 
 /// The split phase over `split`'s plan (made by [`split_plan`] for `p`),
 /// then `attn_combine` into `out`.
 fn split_phase(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     kv: (&WgpuBuffer, &WgpuBuffer, &WgpuBuffer, &WgpuBuffer),
     out: &WgpuBuffer,
     p: &Attention,
@@ -462,7 +458,7 @@ fn split_phase(
         let rows = split.rows;
         // (several rows a workgroup read their queries from dq only)
         let stage = rows > 1
-            || decode_stages_queries(group, d4, be.limits.max_compute_workgroup_storage_size);
+            || decode_stages_queries(group, d4, gpu.limits.max_compute_workgroup_storage_size);
         let dqn = if stage { group * rows * d4 } else { 1 };
         (
             "attn_decode",
@@ -473,7 +469,7 @@ fn split_phase(
                 ("PIPE", split.pipe as i64),
                 ("MROWS", (p.m > 1) as i64),
                 ("RPW", rows as i64),
-                ("SGW", decode_sgw(be) as i64),
+                ("SGW", decode_sgw(gpu) as i64),
                 ("TAIL", split.tail as i64),
             ][..],
         )
@@ -486,18 +482,18 @@ fn split_phase(
     };
     if !split.decode {
         read_qkv(
-            be,
+            gpu,
             kv,
             (entry, constants),
             &split.params,
             &split.part,
             split.groups,
         )?;
-        return combine(be, split, out, p);
+        return combine(gpu, split, out, p);
     }
     let (q, kc, vc, pos) = kv;
-    let counters = super::tail_counters(be)?;
-    be.launch(Launch {
+    let counters = super::tail_counters(gpu)?;
+    gpu.launch(Launch {
         kernel: for_caches("attention", kc.dtype),
         entry,
         constants,
@@ -511,9 +507,9 @@ fn split_phase(
             (one(out), false),
             (one(&counters), false),
         ],
-        groups: be.grid(split.groups as u32),
+        groups: gpu.grid(split.groups as u32),
     })?;
-    combine(be, split, out, p)
+    combine(gpu, split, out, p)
 }
 
 /// A split phase's plan: its kernel (attn_decode where `decode`, else
@@ -535,8 +531,8 @@ struct SplitPlan {
 }
 
 /// The key splits of `p`'s split phase and its scratch.
-fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
-    let decode = decode_takes(p, be.limits.max_compute_workgroup_storage_size);
+fn split_plan(gpu: &Gpu, p: &Attention) -> Result<SplitPlan> {
+    let decode = decode_takes(p, gpu.limits.max_compute_workgroup_storage_size);
     let rows = if decode { decode_rows(p) } else { 1 };
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
@@ -569,7 +565,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
     };
     let nq = p.m * p.heads;
     let split_bytes = (nq * (d4 + 1) * 16) as u64;
-    let max_by_scratch = (MAX_SCRATCH.min(be.max_binding()) / split_bytes).max(1) as usize;
+    let max_by_scratch = (MAX_SCRATCH.min(gpu.max_binding()) / split_bytes).max(1) as usize;
     let nsplit = keys
         .div_ceil(min_chunk)
         .min(MAX_SPLIT)
@@ -577,7 +573,7 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         .min(max_by_scratch)
         .max(1);
     let part = super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.attention,
         DType::F32,
         nsplit * nq * (d4 + 1) * 4,
@@ -591,24 +587,24 @@ fn split_plan(be: &WgpuBackend, p: &Attention) -> Result<SplitPlan> {
         groups: nsplit * p.kv_heads * ntiles,
         pipe: decode && keys.div_ceil(nsplit) > DECODE_KEYS,
         rows,
-        tail: decode && takes_tail(be, qt, nsplit, p.kv_heads * ntiles, d4),
+        tail: decode && takes_tail(gpu, qt, nsplit, p.kv_heads * ntiles, d4),
     })
 }
 
 /// `attn_combine`: the split phase's partials into `out` (nothing where the
 /// split phase's tail combined them).
-fn combine(be: &WgpuBackend, split: &SplitPlan, out: &WgpuBuffer, p: &Attention) -> Result<()> {
+fn combine(gpu: &Gpu, split: &SplitPlan, out: &WgpuBuffer, p: &Attention) -> Result<()> {
     if split.tail {
         return Ok(());
     }
     let nq = p.m * p.heads;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "attention",
         entry: "attn_combine",
         constants: &[],
         params: bytemuck::bytes_of(&split.params),
         buffers: &[(one(&split.part), true), (one(out), false)],
-        groups: be.grid((nq * (p.head_dim / 4).div_ceil(32)) as u32),
+        groups: gpu.grid((nq * (p.head_dim / 4).div_ceil(32)) as u32),
     })
 }
 
@@ -654,16 +650,16 @@ const QKV_BINDINGS: u32 = 12;
 /// takes it, head_dim is a multiple of 8 (the kernel's units are 4 pairs),
 /// the device binds the kernel's 10 buffers and the group's queries fit
 /// workgroup memory beside the kernel's own.
-fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
+fn qkv_attention_fits(gpu: &Gpu, p: &Attention) -> bool {
     let group = p.heads / p.kv_heads;
     p.m == 1
-        && decode_takes(p, be.limits.max_compute_workgroup_storage_size)
+        && decode_takes(p, gpu.limits.max_compute_workgroup_storage_size)
         && p.head_dim.is_multiple_of(8)
-        && be.limits.max_storage_buffers_per_shader_stage >= QKV_BINDINGS
+        && gpu.limits.max_storage_buffers_per_shader_stage >= QKV_BINDINGS
         && staged_queries_fit(
             group * (p.head_dim / 4),
             QKV_SMEM,
-            be.limits.max_compute_workgroup_storage_size,
+            gpu.limits.max_compute_workgroup_storage_size,
         )
 }
 
@@ -682,7 +678,7 @@ fn qkv_attention_fits(be: &WgpuBackend, p: &Attention) -> bool {
 /// both ops' shapes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_attention(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     raw: &WgpuBuffer,
     (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
     pos: &WgpuBuffer,
@@ -691,26 +687,26 @@ pub(crate) fn qkv_attention(
     out: &WgpuBuffer,
     (qp, p): (QkvPost, Attention),
 ) -> Result<()> {
-    if !qkv_attention_fits(be, &p) {
-        qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
-        return attention(be, q, kc, vc, pos, out, p);
+    if !qkv_attention_fits(gpu, &p) {
+        qkv_post(gpu, raw, w_q, w_k, pos, q, kc, vc, qp)?;
+        return attention(gpu, q, kc, vc, pos, out, p);
     }
     // (qkv_attention_fits: the plan is attn_decode's)
-    let mut split = split_plan(be, &p)?;
+    let mut split = split_plan(gpu, &p)?;
     // Past the fused launch's workgroups (a long context), the two ops,
     // over the plan made here.
     if split.groups > FUSED_MAX_GROUPS {
-        qkv_post(be, raw, w_q, w_k, pos, q, kc, vc, qp)?;
-        return split_phase(be, (q, kc, vc, pos), out, &p, &split);
+        qkv_post(gpu, raw, w_q, w_k, pos, q, kc, vc, qp)?;
+        return split_phase(gpu, (q, kc, vc, pos), out, &p, &split);
     }
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
-    let freq = freq_table(be, qp.theta, qp.head_dim, qp.rot_pairs)?;
-    let counters = super::tail_counters(be)?;
+    let freq = freq_table(gpu, qp.theta, qp.head_dim, qp.rot_pairs)?;
+    let counters = super::tail_counters(gpu)?;
     split.params.rot_pairs = qp.rot_pairs as u32;
     split.params.eps = qp.eps;
     split.params.v_from_k = qp.v_from_k as u32;
-    be.launch(Launch {
+    gpu.launch(Launch {
         // (the build with writable caches, kernels::VARIANTS)
         kernel: for_caches("attention_qkv", kc.dtype),
         entry: "attn_decode_qkv",
@@ -722,7 +718,7 @@ pub(crate) fn qkv_attention(
             ("WQD", wdtype_code(w_q.dtype) as i64),
             ("WKD", wdtype_code(w_k.dtype) as i64),
             ("PIPE", split.pipe as i64),
-            ("SGW", decode_sgw(be) as i64),
+            ("SGW", decode_sgw(gpu) as i64),
             ("TAIL", split.tail as i64),
         ],
         params: bytemuck::bytes_of(&split.params),
@@ -741,15 +737,16 @@ pub(crate) fn qkv_attention(
             (one(&freq), true),
             (one(q), false),
         ],
-        groups: be.grid(split.groups as u32),
+        groups: gpu.grid(split.groups as u32),
     })?;
-    combine(be, &split, out, &p)
+    combine(gpu, &split, out, &p)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tests::{backend, upload_f32, upload_u32};
+    use crate::WgpuBackend;
     use turbospark::ComputeBackend;
 
     /// Dispatches `qkv_post_attention` records for `m` rows of a small
@@ -807,7 +804,7 @@ mod tests {
         let Some(be) = crate::tests::backend_with(&opts) else {
             return;
         };
-        assert!(!be.features.coherent_storage);
+        assert!(!be.features().coherent_storage);
         // attn_decode_qkv and attn_combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 64), 2);
         // head_dim not a multiple of 8, or two rows: qkv_post, the split
@@ -829,11 +826,14 @@ mod tests {
         let Some(be) = backend() else { return };
         // (on Vulkan the backend takes tails by default, and wgpu offers
         // coherent storage on every Vulkan device: lavapipe, the H200)
-        if be.info.api != "Vulkan" && !be.features.coherent_storage {
-            eprintln!("skipping: {} has no coherent storage", be.info.device_name);
+        if be.info().api != "Vulkan" && !be.features().coherent_storage {
+            eprintln!(
+                "skipping: {} has no coherent storage",
+                be.info().device_name
+            );
             return;
         }
-        assert!(be.features.coherent_storage);
+        assert!(be.features().coherent_storage);
         // attn_decode_qkv alone: its last split workgroups combine.
         assert_eq!(qkv_attention_dispatches(&be, 1, 64), 1);
         // qkv_post, then the split phase with its tail.

@@ -14,8 +14,9 @@ use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
+use crate::gpu::Gpu;
 use crate::kernels::for_caches;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::WgpuBuffer;
 
 /// Query rows a workgroup takes (a fragment's rows).
 const ROWS: usize = 16;
@@ -53,8 +54,8 @@ pub(crate) fn rounds_inputs(m: usize, head_dim: usize) -> bool {
 }
 
 /// Whether `p` runs here rather than on `attn_prefill`.
-pub(crate) fn takes(be: &WgpuBackend, p: &Attention) -> bool {
-    rounds_inputs(p.m, p.head_dim) && super::gemm_coop::usable(be)
+pub(crate) fn takes(gpu: &Gpu, p: &Attention) -> bool {
+    rounds_inputs(p.m, p.head_dim) && super::gemm_coop::usable(gpu)
 }
 
 #[repr(C)]
@@ -76,7 +77,7 @@ struct Params {
 
 /// The two dispatches over `p` (which [`takes`]).
 pub(crate) fn attention(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     q: &WgpuBuffer,
     kc: &WgpuBuffer,
     vc: &WgpuBuffer,
@@ -105,7 +106,7 @@ pub(crate) fn attention(
     // rounding, so there is no fallback; f16 indices stay within u32, as a
     // binding is at most 4 GiB)
     let scratch = |slot: fn(&mut super::Scratch) -> &mut Option<WgpuBuffer>, dtype, n, label| {
-        super::scratch_buffer(be, slot, dtype, n, 0, label)
+        super::scratch_buffer(gpu, slot, dtype, n, 0, label)
     };
     let q16 = scratch(
         |s| &mut s.attn_q16,
@@ -157,15 +158,15 @@ pub(crate) fn attention(
         (one(&sc), false),
         (one(out), false),
     ];
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: for_caches("attention_coop", kc.dtype),
         entry: "attn_coop_prep",
         constants: &[("SPLIT", split as i64)],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
-        groups: be.grid(rows.div_ceil(PREP_ROWS) as u32),
+        groups: gpu.grid(rows.div_ceil(PREP_ROWS) as u32),
     })?;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: for_caches("attention_coop", kc.dtype),
         entry: "attn_prefill_coop",
         constants: &[
@@ -177,7 +178,7 @@ pub(crate) fn attention(
         ],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers,
-        groups: be.grid((nrb * p.kv_heads * nhb) as u32),
+        groups: gpu.grid((nrb * p.kv_heads * nhb) as u32),
     })
 }
 

@@ -4,7 +4,8 @@ use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 
 /// Parameter block shared by the elementwise, embed and argmax kernels.
 #[repr(C)]
@@ -19,32 +20,32 @@ struct Params {
 }
 
 fn flat(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     entry: &'static str,
     a: &WgpuBuffer,
     b: &WgpuBuffer,
     out: &WgpuBuffer,
     p: Params,
 ) -> Result<()> {
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "elementwise",
         entry,
         constants: &[],
         params: bytemuck::bytes_of(&p),
         buffers: &[(one(a), true), (one(b), true), (one(out), false)],
-        groups: be.grid(p.n.div_ceil(256)),
+        groups: gpu.grid(p.n.div_ceil(256)),
     })
 }
 
 pub(crate) fn add(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     a: &WgpuBuffer,
     b: &WgpuBuffer,
     out: &WgpuBuffer,
     n: usize,
 ) -> Result<()> {
     flat(
-        be,
+        gpu,
         "add",
         a,
         b,
@@ -58,15 +59,9 @@ pub(crate) fn add(
     )
 }
 
-pub(crate) fn scale(
-    be: &WgpuBackend,
-    x: &WgpuBuffer,
-    out: &WgpuBuffer,
-    n: usize,
-    s: f32,
-) -> Result<()> {
+pub(crate) fn scale(gpu: &Gpu, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
     flat(
-        be,
+        gpu,
         "scale",
         x,
         x,
@@ -81,14 +76,14 @@ pub(crate) fn scale(
 }
 
 pub(crate) fn gelu_mul(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     out: &WgpuBuffer,
     rows: usize,
     n: usize,
 ) -> Result<()> {
     flat(
-        be,
+        gpu,
         "gelu_mul",
         x,
         x,
@@ -103,14 +98,14 @@ pub(crate) fn gelu_mul(
 }
 
 pub(crate) fn softcap(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     out: &WgpuBuffer,
     n: usize,
     cap: f32,
 ) -> Result<()> {
     flat(
-        be,
+        gpu,
         "softcap",
         x,
         x,
@@ -125,7 +120,7 @@ pub(crate) fn softcap(
 }
 
 pub(crate) fn embed(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     ids: &WgpuBuffer,
     table: &WgpuBuffer,
     out: &WgpuBuffer,
@@ -143,13 +138,13 @@ pub(crate) fn embed(
         s: p.scale,
         count: p.vocab as u32,
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "embed",
         entry: "embed",
         constants: &super::weight_constants(table.dtype),
         params: bytemuck::bytes_of(&params),
         buffers: &[(one(ids), true), (t, true), (one(out), false)],
-        groups: be.grid(p.m as u32),
+        groups: gpu.grid(p.m as u32),
     })
 }
 
@@ -164,7 +159,7 @@ struct SlotParams {
 }
 
 pub(crate) fn slot_lookup(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     ids: &WgpuBuffer,
     table: &WgpuBuffer,
     slot_ids: &WgpuBuffer,
@@ -177,7 +172,7 @@ pub(crate) fn slot_lookup(
         slots: p.slots as u32,
         at: p.at as u32,
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "slots",
         entry: "slot_lookup",
         constants: &[],
@@ -188,7 +183,7 @@ pub(crate) fn slot_lookup(
             (one(slot_ids), false),
             (one(log), false),
         ],
-        groups: be.grid((p.n as u32).div_ceil(64)),
+        groups: gpu.grid((p.n as u32).div_ceil(64)),
     })
 }
 
@@ -200,7 +195,7 @@ const ARGMAX_MAX_CHUNKS: usize = 256;
 /// Two dispatches (kernels/argmax.wgsl): chunks of each row reduced by many
 /// workgroups, then one workgroup per row over the chunks' winners.
 pub(crate) fn argmax(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     out: &WgpuBuffer,
     rows: usize,
@@ -208,7 +203,7 @@ pub(crate) fn argmax(
 ) -> Result<()> {
     let chunks = n.div_ceil(ARGMAX_CHUNK).clamp(1, ARGMAX_MAX_CHUNKS);
     let part = super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.argmax,
         DType::U32,
         rows * chunks * 2,
@@ -221,21 +216,21 @@ pub(crate) fn argmax(
         s: 0.0,
         count: chunks as u32,
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "argmax",
         entry: "argmax_partial",
         constants: &[],
         params: bytemuck::bytes_of(&params),
         buffers: &[(one(x), true), (one(&part), false)],
-        groups: be.grid((rows * chunks) as u32),
+        groups: gpu.grid((rows * chunks) as u32),
     })?;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "argmax",
         entry: "argmax_final",
         constants: &[],
         params: bytemuck::bytes_of(&params),
         buffers: &[(one(&part), true), (one(out), false)],
-        groups: be.grid(rows as u32),
+        groups: gpu.grid(rows as u32),
     })
 }
 

@@ -6,8 +6,9 @@ use turbospark::{DType, GateUpArgs, PostAttentionArgs, PostFfnArgs, Result, Rout
 
 use super::one;
 use crate::batch::Launch;
+use crate::gpu::Gpu;
 use crate::kernels::wdtype_code;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::WgpuBuffer;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -25,16 +26,23 @@ struct Params {
 /// A one-element buffer bound where an optional output is absent (the
 /// kernel's flags keep it from being touched). An absent input binds one
 /// of the op's own read-only inputs instead, as rms_norm does.
-fn unused_out(be: &WgpuBackend) -> Result<WgpuBuffer> {
-    super::scratch_buffer(be, |s| &mut s.unused_out, DType::F32, 1, 1, "unused output")
+fn unused_out(gpu: &Gpu) -> Result<WgpuBuffer> {
+    super::scratch_buffer(
+        gpu,
+        |s| &mut s.unused_out,
+        DType::F32,
+        1,
+        1,
+        "unused output",
+    )
 }
 
 /// Threads per row (the kernels' `WG`): 1024 where the device allows it
 /// (a one-workgroup kernel is latency-bound: fewer columns per thread, fewer
 /// loads waited on in turn), else 256. A thread keeps up to `MAXPER` = 32
 /// columns in registers.
-fn threads(be: &WgpuBackend) -> usize {
-    if be.wgpu_limits().max_compute_invocations_per_workgroup >= 1024 {
+fn threads(gpu: &Gpu) -> usize {
+    if gpu.limits.max_compute_invocations_per_workgroup >= 1024 {
         1024
     } else {
         256
@@ -44,19 +52,15 @@ fn threads(be: &WgpuBackend) -> usize {
 const MAXPER: usize = 32;
 
 /// Widest row the fused kernels take on this device.
-pub(crate) fn max_dim(be: &WgpuBackend) -> usize {
-    threads(be) * MAXPER
+pub(crate) fn max_dim(gpu: &Gpu) -> usize {
+    threads(gpu) * MAXPER
 }
 
 /// Pipeline constants: `WDn` dtype codes of up to four norm weights (absent
 /// ones: f32), `WG` threads per row and `PER` columns per thread.
-fn constants(
-    be: &WgpuBackend,
-    ws: [Option<&WgpuBuffer>; 4],
-    dim: usize,
-) -> [(&'static str, i64); 6] {
+fn constants(gpu: &Gpu, ws: [Option<&WgpuBuffer>; 4], dim: usize) -> [(&'static str, i64); 6] {
     let code = |w: Option<&WgpuBuffer>| w.map_or(0, |w| wdtype_code(w.dtype) as i64);
-    let wg = threads(be);
+    let wg = threads(gpu);
     [
         ("WD0", code(ws[0])),
         ("WD1", code(ws[1])),
@@ -69,7 +73,7 @@ fn constants(
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn post_attention(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     o: &WgpuBuffer,
     x: &WgpuBuffer,
     w_post: &WgpuBuffer,
@@ -83,7 +87,7 @@ pub(crate) fn post_attention(
     let (w_moe, moe_out) = match moe {
         Some(m) => m,
         None => {
-            pad = unused_out(be)?;
+            pad = unused_out(gpu)?;
             (o, &pad)
         }
     };
@@ -96,11 +100,11 @@ pub(crate) fn post_attention(
         experts: 0,
         _pad: [0; 2],
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "fused",
         entry: "post_attention",
         constants: &constants(
-            be,
+            gpu,
             [Some(w_post), Some(w_ff), moe.map(|m| m.0), None],
             p.dim,
         ),
@@ -115,7 +119,7 @@ pub(crate) fn post_attention(
             (one(ff), false),
             (one(moe_out), false),
         ],
-        groups: be.grid(p.rows as u32),
+        groups: gpu.grid(p.rows as u32),
     })
 }
 
@@ -126,7 +130,7 @@ const LOGITS_BINDINGS: u32 = 11;
 /// binding of 16-bit or MLX affine router weights, a row the kernel takes,
 /// and the device's binding limit.
 fn logits_fit(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     pa: &PostAttentionArgs<'_, WgpuBuffer>,
     r: &RouterArgs<'_, WgpuBuffer>,
 ) -> bool {
@@ -139,8 +143,8 @@ fn logits_fit(
             DType::BF16 | DType::F16 | DType::Affine(_)
         )
         && r.proj.single().is_some()
-        && pa.p.dim <= max_dim(be)
-        && be.limits.max_storage_buffers_per_shader_stage >= LOGITS_BINDINGS
+        && pa.p.dim <= max_dim(gpu)
+        && gpu.limits.max_storage_buffers_per_shader_stage >= LOGITS_BINDINGS
 }
 
 /// [`turbospark::ComputeBackend::post_attention_router`] in two dispatches
@@ -148,16 +152,16 @@ fn logits_fit(
 /// false: the caller runs the two ops in turn. Arguments checked by the
 /// caller.
 pub(crate) fn post_attention_router(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     pa: &PostAttentionArgs<'_, WgpuBuffer>,
     router: &RouterArgs<'_, WgpuBuffer>,
 ) -> Result<bool> {
-    if !logits_fit(be, pa, router) {
+    if !logits_fit(gpu, pa, router) {
         return Ok(false);
     }
-    let logits = post_attention_logits(be, pa, router)?;
+    let logits = post_attention_logits(gpu, pa, router)?;
     super::moe::router_topk(
-        be,
+        gpu,
         pa.r,
         router.eff_scale,
         router.proj,
@@ -175,7 +179,7 @@ pub(crate) fn post_attention_router(
 /// else false: the caller runs the ops in turn. Arguments checked by the
 /// caller.
 pub(crate) fn post_attention_gate_up(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (pa, router): (
         &PostAttentionArgs<'_, WgpuBuffer>,
         &RouterArgs<'_, WgpuBuffer>,
@@ -184,17 +188,18 @@ pub(crate) fn post_attention_gate_up(
     routed: &GateUpArgs<'_, WgpuBuffer>,
 ) -> Result<bool> {
     // (quantized experts: kernels/affine_pair.wgsl's routed pair)
-    let affine = super::affine::routed_pair_takes(be, dense, routed);
-    if !logits_fit(be, pa, router) || !(affine || super::moe::routed_pair_fits(be, dense, routed)) {
+    let affine = super::affine::routed_pair_takes(gpu, dense, routed);
+    if !logits_fit(gpu, pa, router) || !(affine || super::moe::routed_pair_fits(gpu, dense, routed))
+    {
         return Ok(false);
     }
-    let logits = post_attention_logits(be, pa, router)?;
+    let logits = post_attention_logits(gpu, pa, router)?;
     if affine {
         let routing = [&logits, router.per_expert_scale, router.ids, router.weights];
-        return super::affine::gate_up_pair(be, (dense, routed), Some(routing)).map(|()| true);
+        return super::affine::gate_up_pair(gpu, (dense, routed), Some(routing)).map(|()| true);
     }
     super::moe::moe_gate_up_pair_routed(
-        be,
+        gpu,
         (dense, routed),
         (&logits, router.per_expert_scale),
         (router.ids, router.weights),
@@ -206,12 +211,12 @@ pub(crate) fn post_attention_gate_up(
 /// post_attention, and the router's scaled logits into the returned
 /// scratch.
 fn post_attention_logits(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     pa: &PostAttentionArgs<'_, WgpuBuffer>,
     router: &RouterArgs<'_, WgpuBuffer>,
 ) -> Result<WgpuBuffer> {
     let p = router.p;
-    let logits = super::moe::router_logits_buffer(be, &p)?;
+    let logits = super::moe::router_logits_buffer(gpu, &p)?;
     let params = Params {
         rows: 1,
         dim: pa.p.dim as u32,
@@ -223,12 +228,12 @@ fn post_attention_logits(
     };
     // (a fixed array: no allocation per decode layer)
     let [c0, c1, c2, c3, c4, c5] = constants(
-        be,
+        gpu,
         [Some(pa.w_post), Some(pa.w_ff), Some(pa.moe.0), None],
         pa.p.dim,
     );
     let [wd, qbits, qgroup] = super::weight_constants(router.proj.dtype);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "fused",
         entry: "post_attention_logits",
         constants: &[c0, c1, c2, c3, c4, c5, wd, qbits, qgroup],
@@ -246,16 +251,16 @@ fn post_attention_logits(
             (one(router.proj), true),
             (one(&logits), false),
         ],
-        groups: be.grid(1 + p.experts as u32),
+        groups: gpu.grid(1 + p.experts as u32),
     })?;
     Ok(logits)
 }
 
-pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
+pub(crate) fn post_ffn(gpu: &Gpu, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
     let p = a.p;
     // Absent weights bind the dense branch's weight and an absent output
     // `pad`; the flags keep the kernel from touching them.
-    let pad = unused_out(be)?;
+    let pad = unused_out(gpu)?;
     let (e, w_moe, w_sum) = a.moe.unwrap_or((a.dense, a.w_dense, a.w_dense));
     let (w_next, normed) = a.next.unwrap_or((a.w_dense, &pad));
     let params = Params {
@@ -273,10 +278,10 @@ pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Res
         a.moe.map(|m| m.2),
         a.next.map(|n| n.0),
     ];
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "fused",
         entry: "post_ffn",
-        constants: &constants(be, weights, p.dim),
+        constants: &constants(gpu, weights, p.dim),
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(a.dense), true),
@@ -289,7 +294,7 @@ pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Res
             (one(a.x), false),
             (one(normed), false),
         ],
-        groups: be.grid(p.rows as u32),
+        groups: gpu.grid(p.rows as u32),
     })
 }
 
@@ -297,6 +302,7 @@ pub(crate) fn post_ffn(be: &WgpuBackend, a: &PostFfnArgs<'_, WgpuBuffer>) -> Res
 mod tests {
     use super::*;
     use crate::tests::{backend, upload_f32};
+    use crate::WgpuBackend;
     use turbospark::ops::Router;
     use turbospark::{ComputeBackend, HostBytes};
 
@@ -432,7 +438,7 @@ mod tests {
         let row = row(&be);
         let (pa, router) = row.args();
         let n = dispatches(&be, || be.post_attention_router(pa, router).unwrap());
-        let limit = be.limits.max_storage_buffers_per_shader_stage;
+        let limit = be.gpu.limits.max_storage_buffers_per_shader_stage;
         eprintln!("{limit} storage buffers a stage: {n} dispatches");
         assert_eq!(n, if limit >= LOGITS_BINDINGS { 2 } else { 3 });
         if std::env::var("CI").is_ok_and(|v| v == "true") {
@@ -471,7 +477,7 @@ mod tests {
                 apart.1
             );
         }
-        let limit = be.limits.max_storage_buffers_per_shader_stage;
+        let limit = be.gpu.limits.max_storage_buffers_per_shader_stage;
         eprintln!("{limit} storage buffers a stage: {n} dispatches");
         if limit >= super::super::moe::ROUTED_PAIR_BINDINGS {
             assert_eq!(n, 2);

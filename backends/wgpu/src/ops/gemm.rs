@@ -5,11 +5,13 @@
 
 use bytemuck::{Pod, Zeroable};
 use turbospark::ops::{Matmul, Moe};
-use turbospark::{DType, Error, Result};
+use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::gemm_tiles::{Tile, WG};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -28,56 +30,7 @@ pub(crate) struct Params {
     pub _pad: u32,
 }
 
-/// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per
-/// thread, 32-lane warps along the weight rows, k per step (the kernel's
-/// overrides; its workgroup arrays are sized from them).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Tile {
-    pub tm: u32,
-    pub tn4: u32,
-    pub wn: u32,
-    pub bk: u32,
-}
-
-/// Threads per workgroup, and the kernel's fixed limits (`WG`, `MAX_TN4`,
-/// `MAX_BM`; a step loads at most two vec4 of X and of W per thread).
-const WG: u32 = 256;
-const MAX_TN4: u32 = 4;
-const MAX_BM: u32 = 128;
-const MAX_LOADS: u32 = 2;
-
 impl Tile {
-    /// Token rows per tile.
-    pub fn bm(self) -> u32 {
-        self.tm * (WG / (8 * self.wn))
-    }
-    /// Weight rows per tile.
-    pub fn bn(self) -> u32 {
-        4 * self.tn4 * 8 * self.wn
-    }
-    /// The X and W tiles in vec4 (`XS4`, `WS4`).
-    fn arrays(self) -> (u32, u32) {
-        (self.bm() * self.bk / 4, self.bn() * self.bk / 4)
-    }
-    /// Workgroup memory the kernel takes with this tile: both tiles, the
-    /// row maps, the route slots' tile counts (kernels/gemm_tiles.wgsl)
-    /// and the tile record.
-    pub fn bytes(self) -> u32 {
-        let (x, w) = self.arrays();
-        16 * (x + w) + 8 * MAX_BM + 4 * 256 + 16
-    }
-    /// Whether the kernel takes the tile within `smem` bytes of workgroup
-    /// memory.
-    pub fn fits(self, smem: u32) -> bool {
-        matches!(self.tm, 4 | 8)
-            && (1..=MAX_TN4).contains(&self.tn4)
-            && matches!(self.wn, 1 | 2 | 4 | 8)
-            && matches!(self.bk, 8 | 16 | 32)
-            && self.bm() <= MAX_BM
-            && self.bm() * self.bk / 4 <= MAX_LOADS * WG
-            && self.bn() * self.bk / 8 <= MAX_LOADS * WG
-            && self.bytes() <= smem
-    }
     /// `tiled`: the weights are an expert stack in tile order
     /// (expert_tiles.rs; the MoE modes only).
     fn constants(self, dtype: DType, tiled: bool) -> [(&'static str, i64); 10] {
@@ -135,71 +88,32 @@ pub(crate) const GROUPED: Tile = Tile {
 /// [`GROUPED`] within WebGPU's 16 KB baseline: 8 of k per step.
 pub(crate) const GROUPED_SMALL: Tile = Tile { bk: 8, ..GROUPED };
 
-/// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`): dense and
-/// grouped, None keeping the default. Checked when the backend opens, as
-/// the tensor-core tiles are, so a tile the device cannot hold is refused
-/// there, never at a launch.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Overrides(Option<Tile>, Option<Tile>);
-
-impl Overrides {
-    /// `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped): an empty or absent
-    /// half keeps the default; each tile checked against the kernel and the
-    /// device's `smem` bytes of workgroup memory.
-    pub fn parse(s: &str, smem: u32) -> Result<Self> {
-        let half = |kind: &str, s: &str| -> Result<Option<Tile>> {
-            let s = s.trim();
-            if s.is_empty() {
-                return Ok(None);
-            }
-            let v: Option<Vec<u32>> = s.split(',').map(|x| x.trim().parse().ok()).collect();
-            let Some(&[tm, tn4, wn, bk]) = v.as_deref() else {
-                return Err(Error::InvalidInput(format!(
-                    "GEMM tile overrides (TURBOSPARK_GEMM_TILES): the {kind} tile {s:?} \
-                     is not tm,tn4,wn,bk"
-                )));
-            };
-            let t = Tile { tm, tn4, wn, bk };
-            if !t.fits(smem) {
-                return Err(Error::InvalidInput(format!(
-                    "{kind} GEMM tile {t:?} ({} bytes of workgroup memory) does not fit \
-                     kernels/gemm.wgsl or the device's {smem} bytes",
-                    t.bytes()
-                )));
-            }
-            Ok(Some(t))
-        };
-        let (d, g) = s.split_once(';').unwrap_or((s, ""));
-        Ok(Overrides(half("dense", d)?, half("grouped", g)?))
-    }
-}
-
 /// The dense tile for an `m`-token batch over `rows` weight rows: [`DENSE`],
 /// or [`DENSE_NARROW`] where DENSE would make few workgroups.
-fn dense_tile(be: &WgpuBackend, m: usize, rows: usize) -> Tile {
+fn dense_tile(gpu: &Gpu, m: usize, rows: usize) -> Tile {
     let groups = (m as u32).div_ceil(DENSE.bm()) * (rows as u32).div_ceil(DENSE.bn());
     let default = if groups < NARROW_GROUPS {
         DENSE_NARROW
     } else {
         DENSE
     };
-    be.gemm_tiles.0.unwrap_or(default)
+    gpu.gemm_tiles.0.unwrap_or(default)
 }
 
 /// The MoE tile: [`GROUPED`] where the device's workgroup memory holds it,
 /// else [`GROUPED_SMALL`].
-fn grouped_tile(be: &WgpuBackend) -> Tile {
-    let default = if GROUPED.fits(smem(be)) {
+fn grouped_tile(gpu: &Gpu) -> Tile {
+    let default = if GROUPED.fits(smem(gpu)) {
         GROUPED
     } else {
         GROUPED_SMALL
     };
-    be.gemm_tiles.1.unwrap_or(default)
+    gpu.gemm_tiles.1.unwrap_or(default)
 }
 
 /// The device's workgroup memory per workgroup.
-fn smem(be: &WgpuBackend) -> u32 {
-    be.limits.max_compute_workgroup_storage_size
+fn smem(gpu: &Gpu) -> u32 {
+    gpu.limits.max_compute_workgroup_storage_size
 }
 
 /// Whether an `m`-row problem reducing over `k` takes the GEMM.
@@ -214,7 +128,7 @@ pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
 /// units; the tensor-core twin (gemm_coop.rs's `dense`) is the caller's
 /// choice.
 pub(crate) fn dense(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     w: &WgpuBuffer,
     xb: &wgpu::Buffer,
     ob: &wgpu::Buffer,
@@ -222,15 +136,15 @@ pub(crate) fn dense(
 ) -> Result<()> {
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
-        let t = dense_tile(be, p.m, rows);
+        let t = dense_tile(gpu, p.m, rows);
         let mtiles = (p.m as u32).div_ceil(t.bm());
         let nrb = (rows as u32).div_ceil(t.bn());
         let (ks, kc) = k_splits(&p, mtiles * nrb, t.bk, w.chunks.len());
         let params = dense_params(&p, (row0, rows), (mtiles, nrb), (ks, kc));
         // Split k: the partial planes go to scratch, then gemm_ksum.
-        let partial = split_partials(be, ks, p.m * p.n)?;
+        let partial = split_partials(gpu, ks, p.m * p.n)?;
         let out = partial.as_ref().map_or(ob, one);
-        be.launch(Launch {
+        gpu.launch(Launch {
             kernel: "gemm",
             entry: "gemm",
             constants: &t.constants(w.dtype, false),
@@ -243,10 +157,10 @@ pub(crate) fn dense(
                 (xb, true),
                 (xb, true),
             ],
-            groups: be.grid(ks * mtiles * nrb),
+            groups: gpu.grid(ks * mtiles * nrb),
         })?;
         if let Some(part) = &partial {
-            ksum(be, &params, one(part), ob)?;
+            ksum(gpu, &params, one(part), ob)?;
         }
     }
     Ok(())
@@ -254,16 +168,12 @@ pub(crate) fn dense(
 
 /// The scratch for `ks` partial planes of `plane` floats each (a split-k
 /// dense GEMM of either family), or `None` without a split.
-pub(crate) fn split_partials(
-    be: &WgpuBackend,
-    ks: u32,
-    plane: usize,
-) -> Result<Option<WgpuBuffer>> {
+pub(crate) fn split_partials(gpu: &Gpu, ks: u32, plane: usize) -> Result<Option<WgpuBuffer>> {
     if ks <= 1 {
         return Ok(None);
     }
     let part = super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.gemm_partial,
         DType::F32,
         ks as usize * plane,
@@ -277,19 +187,19 @@ pub(crate) fn split_partials(
 /// second half of a split-k dense GEMM, for this family and the tensor-core
 /// one.
 pub(crate) fn ksum(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     params: &Params,
     part: &wgpu::Buffer,
     ob: &wgpu::Buffer,
 ) -> Result<()> {
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "gemm",
         entry: "gemm_ksum",
         constants: &[],
         params: bytemuck::bytes_of(params),
         // gemm_ksum reads the planes as X; the weight slot is not read.
         buffers: &[(part, true), (part, true), (ob, false)],
-        groups: be.grid((params.m * params.n).div_ceil(WG)),
+        groups: gpu.grid((params.m * params.n).div_ceil(WG)),
     })
 }
 
@@ -380,18 +290,18 @@ pub(crate) fn grouped_tiles(p: &Moe, bm: u32) -> u32 {
 /// `act[p] = gelu(gate_e x_t) * (up_e x_t)` on the f32 units (the
 /// tensor-core twin: gemm_coop.rs's `gate_up`).
 pub(crate) fn gate_up(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &wgpu::Buffer,
     gu: (&wgpu::Buffer, DType, bool),
     route: &wgpu::Buffer,
     act: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = grouped_tile(be);
+    let t = grouped_tile(gpu);
     let mtiles = grouped_tiles(p, t.bm());
     let rows_per_block = t.bn() / 2;
     let params = grouped_params(p, (p.inter, p.hidden), mtiles, rows_per_block);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "gemm",
         entry: "gemm_gate_up",
         constants: &t.constants(gu.1, gu.2),
@@ -404,7 +314,7 @@ pub(crate) fn gate_up(
             (route, true),
             (x, true),
         ],
-        groups: be.grid(mtiles * params.nrb),
+        groups: gpu.grid(mtiles * params.nrb),
     })
 }
 
@@ -413,7 +323,7 @@ pub(crate) fn gate_up(
 /// ([`moe_sum`]; the tensor-core twin: gemm_coop.rs's `down`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn down(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     act: &wgpu::Buffer,
     d: (&wgpu::Buffer, DType, bool),
     (route, ids): (&wgpu::Buffer, &wgpu::Buffer),
@@ -421,11 +331,11 @@ pub(crate) fn down(
     out: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let per_pair = pair_rows(be, p)?;
-    let t = grouped_tile(be);
+    let per_pair = pair_rows(gpu, p)?;
+    let t = grouped_tile(gpu);
     let mtiles = grouped_tiles(p, t.bm());
     let params = grouped_params(p, (p.hidden, p.inter), mtiles, t.bn());
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "gemm",
         entry: "gemm_down",
         constants: &t.constants(d.1, d.2),
@@ -437,15 +347,15 @@ pub(crate) fn down(
             (route, true),
             (wts, true),
         ],
-        groups: be.grid(mtiles * params.nrb),
+        groups: gpu.grid(mtiles * params.nrb),
     })?;
-    moe_sum(be, params, one(&per_pair), ids, out, p)
+    moe_sum(gpu, params, one(&per_pair), ids, out, p)
 }
 
 /// The scratch of per-pair rows phase 2 writes before [`moe_sum`].
-pub(crate) fn pair_rows(be: &WgpuBackend, p: &Moe) -> Result<WgpuBuffer> {
+pub(crate) fn pair_rows(gpu: &Gpu, p: &Moe) -> Result<WgpuBuffer> {
     super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.moe_pairs,
         DType::F32,
         p.m * p.top_k * p.hidden,
@@ -457,7 +367,7 @@ pub(crate) fn pair_rows(be: &WgpuBackend, p: &Moe) -> Result<WgpuBuffer> {
 /// Each token's `top_k` per-pair rows (`per_pair`, as phase 2 wrote them
 /// with `params`) summed in order into `out`.
 pub(crate) fn moe_sum(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     mut params: Params,
     per_pair: &wgpu::Buffer,
     ids: &wgpu::Buffer,
@@ -465,7 +375,7 @@ pub(crate) fn moe_sum(
     p: &Moe,
 ) -> Result<()> {
     params.mtiles = 0;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "gemm",
         entry: "moe_sum",
         constants: &[],
@@ -478,13 +388,14 @@ pub(crate) fn moe_sum(
             (out, false),
             (ids, true),
         ],
-        groups: be.grid(((p.m * p.hidden) as u32).div_ceil(WG)),
+        groups: gpu.grid(((p.m * p.hidden) as u32).div_ceil(WG)),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm_tiles::Overrides;
 
     #[test]
     fn default_tiles_fit_the_kernel() {

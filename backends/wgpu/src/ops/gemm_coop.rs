@@ -7,25 +7,17 @@
 //! `gemm_ksum`.
 
 use turbospark::ops::{Moe, OpKind};
-use turbospark::{DType, Error, Result};
+use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::coop_tiles::{CoopTile, NARROW_GROUPS};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 
 /// The kernel's parameter block: [`super::gemm`]'s (the same struct in
 /// both WGSL files), with one k split.
 pub(crate) use super::gemm::Params;
-
-/// Warps along the tile rows (32 each) and along the weight rows (64
-/// each), and whether x's tile is staged in workgroup memory (else the
-/// fragment loads read it from memory, a step ahead). k is 32 a step.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct CoopTile {
-    pub wm: u32,
-    pub wn: u32,
-    pub stage_x: bool,
-}
 
 /// k per step at two slices a step ([`CoopTile::slices`]), the most: k and
 /// the split steps are whole multiples of it for every tile.
@@ -38,25 +30,6 @@ const BK: u32 = 32;
 const PREP_ROWS: u32 = 8;
 
 impl CoopTile {
-    pub fn bm(self) -> u32 {
-        32 * self.wm
-    }
-    pub fn bn(self) -> u32 {
-        64 * self.wn
-    }
-    pub fn threads(self) -> u32 {
-        32 * self.wm * self.wn
-    }
-    /// The staged X tile in f16 (`XSN`; 8 when x is not staged), twice
-    /// over with `split` (its hi and lo parts).
-    fn xsn(self, split: bool) -> u32 {
-        if self.stage_x {
-            // (x is staged only at two slices a step)
-            (1 + split as u32) * self.bm() * Self::bkp(2)
-        } else {
-            8
-        }
-    }
     /// 16-wide slices of k a step (`SL`): one for the MoE phases on tiles
     /// that read x by the fragment loads (on the H200 at 512 tokens moe_down
     /// 620 -> 536 us, gate_up unchanged; the dense problems were slower,
@@ -67,38 +40,6 @@ impl CoopTile {
         } else {
             2
         }
-    }
-    /// The staged rows' stride in f16 for `slices` (`BKP`: 16 per slice
-    /// and 8 of padding).
-    fn bkp(slices: u32) -> u32 {
-        16 * slices + 8
-    }
-    /// Workgroup memory at two slices a step and split inputs (the most of
-    /// any mode and precision, so that whether a tile fits does not depend
-    /// on the precision): the staged W and X tiles (f16), a 256-float
-    /// staging area per warp, the row maps (BM each), the route slots' tile
-    /// counts and the tile record.
-    pub fn bytes(self) -> u32 {
-        self.bytes_for(false)
-    }
-    /// [`Self::bytes`] for a weight that is `quantized` (its W tile twice
-    /// over at `Precision::Exact`, hi and lo parts: `WSPLIT`).
-    pub fn bytes_for(self, quantized: bool) -> u32 {
-        2 * ((1 + quantized as u32) * self.bn() * Self::bkp(2) + self.xsn(true))
-            + 4 * 256 * self.wm * self.wn
-            + 8 * self.bm()
-            + 4 * 256
-            + 16
-    }
-    /// Whether the kernel takes the tile: its loads per thread divide
-    /// evenly within the kernel's register arrays (`MAX_LD`: 8 / WM W vec4
-    /// at two slices a step, 4 / WM at one; `MAX_LDA`: 4 / WN X16 vec4
-    /// when staged).
-    fn valid(self) -> bool {
-        self.bm() <= 128
-            && matches!(self.wm, 1 | 2 | 4 | 8)
-            && (1..=8).contains(&self.wn)
-            && (!self.stage_x || matches!(self.wn, 2 | 4))
     }
     /// `tiled`: the weights are an expert stack in tile order
     /// (expert_tiles.rs; the MoE modes only).
@@ -134,108 +75,6 @@ impl CoopTile {
     }
 }
 
-/// Dense projections: 64 tokens x 256 weight rows, 8 warps, x staged (on
-/// the H200 at 512 tokens q|k|v sliding 378 -> 292 us against fragment
-/// loads from memory, runs 2 and 4; 255 us with both slices unrolled, run
-/// 12).
-pub(crate) const DENSE: CoopTile = CoopTile {
-    wm: 2,
-    wn: 4,
-    stage_x: true,
-};
-/// Dense projections with fewer than [`NARROW_GROUPS`] tiles of [`DENSE`]:
-/// 64 x 128, 4 warps, x read by the fragment loads. On the H200 at 512
-/// tokens (dense gate|up, dense down, o_proj full): 174 / 140 / 529 us,
-/// against 246 / 120 / 460 with [`DENSE`]'s tile, 190 / 144 / 558 for
-/// 128 x 128 with x staged, 319 / 238 / 911 for this tile with x staged,
-/// 224 / 173 / 645 and 376 / 204 / 760 for 64 of k a step at 64 x 128 and
-/// 32 x 256 (runs 4-7).
-pub(crate) const DENSE_NARROW: CoopTile = CoopTile {
-    wm: 2,
-    wn: 2,
-    stage_x: false,
-};
-/// MoE phases (an expert sees 32 of a 512-token batch's pairs on average):
-/// 32 pairs x 64 weight rows, 1 warp, x read by the fragment loads, 16 of k
-/// a step ([`CoopTile::slices`]). On the H200 at 512 tokens (gate_up /
-/// down, 2026-12-01 at fbd7c5d, run 05): 869 / 519 us, against
-/// 1.01 ms / 523 us for 32 x 128 (2 warps) at 16 of k and 1.00 ms / 620 us
-/// for 32 x 128 at 32 of k, the tile before. Earlier sweeps at 32 and 64
-/// of k (at 986ba22 and fbd7c5d): 32 x 256, 64 x 128, 64 x 256 and x
-/// staged were all slower than 32 x 128.
-pub(crate) const GROUPED: CoopTile = CoopTile {
-    wm: 1,
-    wn: 1,
-    stage_x: false,
-};
-const NARROW_GROUPS: u32 = 256;
-
-/// The tiles in use: [`DENSE`], [`DENSE_NARROW`] and [`GROUPED`] unless
-/// overridden (`WgpuOptions::coop_tiles`, for sweeps on a device).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct CoopTiles {
-    pub dense: CoopTile,
-    pub narrow: CoopTile,
-    pub grouped: CoopTile,
-}
-
-impl Default for CoopTiles {
-    fn default() -> Self {
-        CoopTiles {
-            dense: DENSE,
-            narrow: DENSE_NARROW,
-            grouped: GROUPED,
-        }
-    }
-}
-
-impl CoopTiles {
-    /// `"wm,wn,stage_x;...;..."` (dense; narrow; grouped; an empty part
-    /// keeps its default), each tile checked against the kernel, the
-    /// device's `smem` bytes of workgroup memory and its `threads` per
-    /// workgroup.
-    pub fn parse(text: &str, smem: u32, threads: u32) -> Result<Self> {
-        let mut t = CoopTiles::default();
-        let slots = [&mut t.dense, &mut t.narrow, &mut t.grouped];
-        let parts: Vec<&str> = text.split(';').collect();
-        if parts.len() > 3 {
-            return Err(Error::InvalidInput(format!(
-                "tensor-core GEMM tiles {text:?}: at most three parts (dense; narrow; grouped)"
-            )));
-        }
-        for (slot, part) in slots.into_iter().zip(parts) {
-            let part = part.trim();
-            if part.is_empty() {
-                continue;
-            }
-            let v: Option<Vec<u32>> = part.split(',').map(|x| x.trim().parse().ok()).collect();
-            let tile = match v.as_deref() {
-                Some(&[wm, wn, sx]) if sx <= 1 => CoopTile {
-                    wm,
-                    wn,
-                    stage_x: sx == 1,
-                },
-                _ => {
-                    return Err(Error::InvalidInput(format!(
-                        "tensor-core GEMM tile {part:?} is not wm,wn,stage_x (stage_x 0 or 1)"
-                    )))
-                }
-            };
-            if !tile.valid() || tile.bytes() > smem || tile.threads() > threads {
-                return Err(Error::InvalidInput(format!(
-                    "tensor-core GEMM tile {tile:?} ({} bytes of workgroup memory, {} \
-                     threads) does not fit kernels/gemm_coop.wgsl or the device's {smem} \
-                     bytes and {threads} threads",
-                    tile.bytes(),
-                    tile.threads()
-                )));
-            }
-            *slot = tile;
-        }
-        Ok(t)
-    }
-}
-
 const DENSE_MODE: u32 = 0;
 const GATE_UP: u32 = 1;
 const DOWN: u32 = 2;
@@ -252,15 +91,15 @@ pub(crate) enum XRows<'a> {
 /// steps, and the tiles that would run it fit the device, as does its X16.
 /// Anything else stays on the f32 GEMM.
 pub(crate) fn takes(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     w: &WgpuBuffer,
     k: usize,
     rows: XRows<'_>,
     precision: turbospark::Precision,
 ) -> bool {
-    let t = be.coop_tiles;
+    let t = gpu.coop_tiles;
     let quantized = w.dtype.is_quantized();
-    if quantized && !affine_takes(be, precision) {
+    if quantized && !affine_takes(gpu, precision) {
         return false;
     }
     let (tiles, x16_rows): (&[CoopTile], usize) = match rows {
@@ -280,25 +119,25 @@ pub(crate) fn takes(
     // (hi and lo parts: the most, whatever the precision, so that which
     // GEMMs take the tensor cores does not depend on it)
     let x16_elems = 2 * (x16_rows * k) as u64;
-    usable(be)
-        && tiles_fit(be, tiles, quantized)
+    usable(gpu)
+        && tiles_fit(gpu, tiles, quantized)
         && w.fits_f16
         && k.is_multiple_of(BK as usize)
         // X16 is indexed in 32 bits and bound whole.
         && x16_elems <= u32::MAX as u64
-        && 2 * x16_elems <= be.max_binding()
+        && 2 * x16_elems <= gpu.max_binding()
 }
 
 /// Whether the tensor-core GEMMs run at all: the adapter has them and the
 /// device grants every tile's workgroup (the part of [`takes`] that does
 /// not depend on the op).
-pub(crate) fn usable(be: &WgpuBackend) -> bool {
-    let t = be.coop_tiles;
-    be.features.tensor_core_gemm && tiles_fit(be, &[t.dense, t.narrow, t.grouped], false)
+pub(crate) fn usable(gpu: &Gpu) -> bool {
+    let t = gpu.coop_tiles;
+    gpu.features.tensor_core_gemm && tiles_fit(gpu, &[t.dense, t.narrow, t.grouped], false)
 }
 
-fn tiles_fit(be: &WgpuBackend, tiles: &[CoopTile], quantized: bool) -> bool {
-    let l = &be.limits;
+fn tiles_fit(gpu: &Gpu, tiles: &[CoopTile], quantized: bool) -> bool {
+    let l = &gpu.limits;
     tiles.iter().all(|t| {
         t.valid()
             && t.bytes_for(quantized) <= l.max_compute_workgroup_storage_size
@@ -341,8 +180,8 @@ pub(crate) fn rounds_inputs(op: &OpKind, m: usize, k: usize) -> bool {
 /// 1e-8 to 4e-8 at 5-8 bits against the 1e-9 limit), and its form in f32
 /// bits has not run on the device yet: it is taken only when asked
 /// (`WgpuFeatures::affine_split`).
-fn affine_takes(be: &WgpuBackend, precision: turbospark::Precision) -> bool {
-    precision == turbospark::Precision::Fast || be.features.affine_split
+fn affine_takes(gpu: &Gpu, precision: turbospark::Precision) -> bool {
+    precision == turbospark::Precision::Fast || gpu.features.affine_split
 }
 
 /// Whether the tensor-core GEMMs split x in two f16 parts
@@ -355,7 +194,7 @@ fn splits(precision: turbospark::Precision) -> bool {
 /// scratch (with `split`, the hi rows then the lo rows) and its inverse
 /// scales; returns both.
 fn prep(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &wgpu::Buffer,
     route: &wgpu::Buffer,
     t: CoopTile,
@@ -364,7 +203,7 @@ fn prep(
 ) -> Result<(WgpuBuffer, WgpuBuffer)> {
     let rows = (params.mtiles * t.bm()) as usize;
     let x16 = super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.coop_x16,
         DType::F16,
         (1 + split as usize) * rows * params.k as usize,
@@ -372,14 +211,14 @@ fn prep(
         "tensor-core GEMM f16 rows",
     )?;
     let xs = super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.coop_xs,
         DType::F32,
         rows,
         0,
         "tensor-core GEMM row scales",
     )?;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "gemm_prep",
         entry: "gemm_prep",
         constants: &[
@@ -394,7 +233,7 @@ fn prep(
             (one(&xs), false),
             (route, true),
         ],
-        groups: be.grid(rows as u32 / PREP_ROWS),
+        groups: gpu.grid(rows as u32 / PREP_ROWS),
     })?;
     Ok((x16, xs))
 }
@@ -402,7 +241,7 @@ fn prep(
 /// The GEMM proper over the prepped rows.
 #[allow(clippy::too_many_arguments)]
 fn launch(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     w: (&wgpu::Buffer, DType, bool),
     (x16, xs): &(WgpuBuffer, WgpuBuffer),
     out: &wgpu::Buffer,
@@ -412,7 +251,7 @@ fn launch(
     (mode, split): (u32, bool),
     params: &Params,
 ) -> Result<()> {
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "gemm_coop",
         entry: "gemm_coop",
         constants: &t.constants(w.1, mode, w.2, split),
@@ -426,7 +265,7 @@ fn launch(
             (one(xs), true),
             (one(x16), true),
         ],
-        groups: be.grid(params.ks * params.mtiles * params.nrb),
+        groups: gpu.grid(params.ks * params.mtiles * params.nrb),
     })
 }
 
@@ -461,13 +300,13 @@ fn k_splits(k: u32, groups: u32, chunks: usize) -> (u32, u32) {
 /// `OUT = X W^T` (see [`super::gemm::dense`]), one launch per weight chunk
 /// over one prep of x.
 pub(crate) fn dense(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     w: &WgpuBuffer,
     xb: &wgpu::Buffer,
     ob: &wgpu::Buffer,
     p: turbospark::ops::Matmul,
 ) -> Result<()> {
-    let tiles = be.coop_tiles;
+    let tiles = gpu.coop_tiles;
     let split = splits(p.precision);
     // (tile rows, the prep for them)
     let mut prepped: Option<(u32, (WgpuBuffer, WgpuBuffer))> = None;
@@ -487,15 +326,15 @@ pub(crate) fn dense(
         let (ks, kc) = k_splits(p.k as u32, mtiles * nrb, w.chunks.len());
         let params = super::gemm::dense_params(&p, (row0, rows), (mtiles, nrb), (ks, kc));
         // Split k: the partial planes go to scratch, then gemm_ksum.
-        let partial = super::gemm::split_partials(be, ks, p.m * p.n)?;
+        let partial = super::gemm::split_partials(gpu, ks, p.m * p.n)?;
         let out = partial.as_ref().map_or(ob, one);
         // One prep serves every chunk whose tile has as many rows.
         if prepped.as_ref().is_none_or(|(bm, _)| *bm != t.bm()) {
-            prepped = Some((t.bm(), prep(be, xb, xb, t, (DENSE_MODE, split), &params)?));
+            prepped = Some((t.bm(), prep(gpu, xb, xb, t, (DENSE_MODE, split), &params)?));
         }
         let (_, xp) = prepped.as_ref().expect("prepped above");
         launch(
-            be,
+            gpu,
             (&c.buffer, w.dtype, false),
             xp,
             out,
@@ -506,7 +345,7 @@ pub(crate) fn dense(
             &params,
         )?;
         if let Some(part) = &partial {
-            super::gemm::ksum(be, &params, one(part), ob)?;
+            super::gemm::ksum(gpu, &params, one(part), ob)?;
         }
     }
     Ok(())
@@ -520,25 +359,25 @@ fn grouped(p: &Moe, t: CoopTile, (n, k): (usize, usize), per_block: u32) -> Para
 
 /// MoE phase 1 over the route list (see [`super::gemm::gate_up`]).
 pub(crate) fn gate_up(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &wgpu::Buffer,
     gu: (&wgpu::Buffer, DType, bool),
     route: &wgpu::Buffer,
     act: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let t = be.coop_tiles.grouped;
+    let t = gpu.coop_tiles.grouped;
     let params = grouped(p, t, (p.inter, p.hidden), t.bn() / 2);
     let mode = (GATE_UP, splits(p.precision));
-    let xp = prep(be, x, route, t, mode, &params)?;
-    launch(be, gu, &xp, act, route, x, t, mode, &params)
+    let xp = prep(gpu, x, route, t, mode, &params)?;
+    launch(gpu, gu, &xp, act, route, x, t, mode, &params)
 }
 
 /// MoE phase 2 over the route list (see [`super::gemm::down`]): the
 /// per-pair rows on the tensor cores, then the same `moe_sum`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn down(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     act: &wgpu::Buffer,
     d: (&wgpu::Buffer, DType, bool),
     (route, ids): (&wgpu::Buffer, &wgpu::Buffer),
@@ -546,19 +385,21 @@ pub(crate) fn down(
     out: &wgpu::Buffer,
     p: &Moe,
 ) -> Result<()> {
-    let per_pair = super::gemm::pair_rows(be, p)?;
-    let t = be.coop_tiles.grouped;
+    let per_pair = super::gemm::pair_rows(gpu, p)?;
+    let t = gpu.coop_tiles.grouped;
     let params = grouped(p, t, (p.hidden, p.inter), t.bn());
     let mode = (DOWN, splits(p.precision));
-    let xp = prep(be, act, route, t, mode, &params)?;
-    launch(be, d, &xp, one(&per_pair), route, wts, t, mode, &params)?;
-    super::gemm::moe_sum(be, params, one(&per_pair), ids, out, p)
+    let xp = prep(gpu, act, route, t, mode, &params)?;
+    launch(gpu, d, &xp, one(&per_pair), route, wts, t, mode, &params)?;
+    super::gemm::moe_sum(gpu, params, one(&per_pair), ids, out, p)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coop_tiles::{CoopTiles, DENSE, DENSE_NARROW, GROUPED};
     use crate::tests::{backend, upload_f32, upload_u32};
+    use crate::WgpuBackend;
     use turbospark::ComputeBackend;
 
     #[test]
@@ -667,7 +508,7 @@ mod tests {
 
     fn rows_of(be: &WgpuBackend, x16: &WgpuBuffer, xs: &WgpuBuffer) -> (Vec<half::f16>, Vec<f32>) {
         be.sync().unwrap();
-        let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&be.download_bytes(x16).unwrap());
+        let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&be.gpu.download_bytes(x16).unwrap());
         (h, be.download_f32(xs).unwrap())
     }
 
@@ -724,7 +565,7 @@ mod tests {
         let xb = upload_f32(&be, &x, "x");
         let t = DENSE_NARROW;
         let p = dense_prep_params(m, k, t);
-        let (x16, xs) = prep(&be, one(&xb), one(&xb), t, (DENSE_MODE, false), &p).unwrap();
+        let (x16, xs) = prep(&be.gpu, one(&xb), one(&xb), t, (DENSE_MODE, false), &p).unwrap();
         let (h, s) = rows_of(&be, &x16, &xs);
         for r in 0..m {
             check_row(&h, &s, (r, k, seed), &model_row(&x[r * k..(r + 1) * k]));
@@ -751,7 +592,7 @@ mod tests {
         let xb = upload_f32(&be, &x, "x");
         let t = DENSE_NARROW;
         let p = dense_prep_params(m, k, t);
-        let (x16, xs) = prep(&be, one(&xb), one(&xb), t, (DENSE_MODE, true), &p).unwrap();
+        let (x16, xs) = prep(&be.gpu, one(&xb), one(&xb), t, (DENSE_MODE, true), &p).unwrap();
         let (h, sc) = rows_of(&be, &x16, &xs);
         let lo_rows = (p.mtiles * t.bm()) as usize;
         assert_eq!(h.len(), 2 * lo_rows * k, "hi and lo rows (seed {seed})");
@@ -812,11 +653,12 @@ mod tests {
         let x = rows_with_range(&mut rng, m, k);
         let act = rows_with_range(&mut rng, m * top_k, k);
         let (xb, ab) = (upload_f32(&be, &x, "x"), upload_f32(&be, &act, "act"));
-        let (_, route) = super::super::moe::route(&be, &idb, &p).unwrap();
+        let (_, route) = super::super::moe::route(&be.gpu, &idb, &p).unwrap();
         let t = GROUPED;
         let params = grouped(&p, t, (k, k), t.bn());
         for (mode, src) in [(GATE_UP, &xb), (DOWN, &ab)] {
-            let (x16, xs) = prep(&be, one(src), one(&route), t, (mode, false), &params).unwrap();
+            let (x16, xs) =
+                prep(&be.gpu, one(src), one(&route), t, (mode, false), &params).unwrap();
             let (h, s) = rows_of(&be, &x16, &xs);
             let rl = be.download_u32(&route).unwrap();
             // find_tile on the host, over the route list as built

@@ -4,7 +4,8 @@ use turbospark::{DType, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -37,14 +38,14 @@ fn config(m: usize) -> (u32, u32, u32) {
 /// One dispatch per weight binding (a weight larger than one binding is split
 /// by rows), each writing its chunk's output columns.
 pub(crate) fn matmul(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     w: &WgpuBuffer,
     x: &WgpuBuffer,
     out: &WgpuBuffer,
     p: Matmul,
 ) -> Result<()> {
     if super::affine::takes(w, p.m) {
-        return super::affine::gemv(be, w, x, out, p);
+        return super::affine::gemv(gpu, w, x, out, p);
     }
     let xb = one(x);
     let ob = one(out);
@@ -52,13 +53,19 @@ pub(crate) fn matmul(
         && p.k.is_multiple_of(8)
         && matches!(w.dtype, DType::BF16 | DType::F16)
     {
-        return gemv(be, w, xb, ob, p);
+        return gemv(gpu, w, xb, ob, p);
     }
     if super::gemm::fits(p.m, p.k, w.dtype) {
-        if super::gemm_coop::takes(be, w, p.k, super::gemm_coop::XRows::Dense(p.m), p.precision) {
-            return super::gemm_coop::dense(be, w, xb, ob, p);
+        if super::gemm_coop::takes(
+            gpu,
+            w,
+            p.k,
+            super::gemm_coop::XRows::Dense(p.m),
+            p.precision,
+        ) {
+            return super::gemm_coop::dense(gpu, w, xb, ob, p);
         }
-        return super::gemm::dense(be, w, xb, ob, p);
+        return super::gemm::dense(gpu, w, xb, ob, p);
     }
     // The kernel computes up to 16 rows of x; larger m runs in blocks of 16.
     let (mb, rt, kl) = config(p.m.min(16));
@@ -91,13 +98,13 @@ pub(crate) fn matmul(
             i0: i0 as u32,
             _pad: [0; 2],
         };
-        be.launch(Launch {
+        gpu.launch(Launch {
             kernel: "matmul",
             entry: "matmul",
             constants: &constants,
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
-            groups: be.grid((rows as u32).div_ceil(per_group)),
+            groups: gpu.grid((rows as u32).div_ceil(per_group)),
         })?;
     }
     Ok(())
@@ -172,13 +179,7 @@ pub fn gemv_constants(rows: usize, k: usize) -> [(&'static str, i64); 2] {
 /// The decode and prefill fast path (kernels/gemv.wgsl): up to 16 rows of x,
 /// 16-bit weights read 16 bytes per load, each weight row read once. Rows of a multiple-of-8 k start on 16-byte
 /// boundaries, so the weight binds as `array<vec4<u32>>`.
-fn gemv(
-    be: &WgpuBackend,
-    w: &WgpuBuffer,
-    xb: &wgpu::Buffer,
-    ob: &wgpu::Buffer,
-    p: Matmul,
-) -> Result<()> {
+fn gemv(gpu: &Gpu, w: &WgpuBuffer, xb: &wgpu::Buffer, ob: &wgpu::Buffer, p: Matmul) -> Result<()> {
     for c in w.chunks.iter() {
         let (row0, rows) = super::chunk_rows(w, c, p.n);
         let params = GemvParams {
@@ -202,13 +203,13 @@ fn gemv(
         } else {
             ("gemv_rows", &all[..], 256 / gl * rpl)
         };
-        be.launch(Launch {
+        gpu.launch(Launch {
             kernel: "gemv",
             entry,
             constants,
             params: bytemuck::bytes_of(&params),
             buffers: &[(&c.buffer, true), (xb, true), (ob, false)],
-            groups: be.grid((rows as u32).div_ceil(per_group)),
+            groups: gpu.grid((rows as u32).div_ceil(per_group)),
         })?;
     }
     Ok(())

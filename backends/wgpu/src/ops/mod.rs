@@ -1,4 +1,5 @@
-//! Launchers: one module per kernel family. Each binds buffers, fills the
+//! Launchers: one module per kernel family, each recording into the device
+//! context (`crate::gpu::Gpu`). Each binds buffers, fills the
 //! parameter block and dispatches; shape checks happened in the trait impl.
 
 pub(crate) mod affine;
@@ -15,7 +16,8 @@ pub(crate) mod norm;
 use turbospark::ops::OpKind;
 use turbospark::{DType, Support};
 
-use crate::WgpuBackend;
+use crate::gpu::Gpu;
+use crate::scratch::Scratch;
 
 /// Most rows of x the streaming kernels take: `gemv_rows` (its `MAXT`) and
 /// the MoE decode kernels' token dimension read each weight row once for
@@ -26,56 +28,23 @@ pub(crate) const STREAM_MAX_M: usize = 16;
 /// Fewest rows of x (tokens) that take the prefill kernels.
 pub const PREFILL_MIN_M: usize = STREAM_MAX_M + 1;
 
-/// Backend-owned scratch, created on first use and grown as needed.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub attention: Option<crate::WgpuBuffer>,
-    /// RoPE inverse-frequency tables by (theta bits, head_dim, rot_pairs).
-    pub rope_freq: std::collections::HashMap<(u32, usize, usize), crate::WgpuBuffer>,
-    pub route: Option<crate::WgpuBuffer>,
-    /// The prefill GEMM's split-k partial planes `[splits, m, n]`.
-    pub gemm_partial: Option<crate::WgpuBuffer>,
-    /// The tensor-core GEMM's f16 rows of x by tile and their inverse
-    /// scales (`kernels/gemm_coop.wgsl`).
-    pub coop_x16: Option<crate::WgpuBuffer>,
-    pub coop_xs: Option<crate::WgpuBuffer>,
-    /// The tensor-core prefill attention's f16 queries, keys and values and
-    /// their row scales (`kernels/attention_coop.wgsl`).
-    pub attn_q16: Option<crate::WgpuBuffer>,
-    pub attn_k16: Option<crate::WgpuBuffer>,
-    pub attn_v16: Option<crate::WgpuBuffer>,
-    pub attn_scales: Option<crate::WgpuBuffer>,
-    /// The prefill MoE down phase's per-pair rows `[m * top_k, hidden]`.
-    pub moe_pairs: Option<crate::WgpuBuffer>,
-    /// Bound where an optional output of a fused kernel is absent.
-    pub unused_out: Option<crate::WgpuBuffer>,
-    /// Argmax chunk winners `[rows, chunks]` between its two dispatches.
-    pub argmax: Option<crate::WgpuBuffer>,
-    /// The tails' counters ([`tail_counters`]).
-    pub tail_counters: Option<crate::WgpuBuffer>,
-    /// Router logits `[m, E]` between its two dispatches.
-    pub router: Option<crate::WgpuBuffer>,
-    /// A prefill batch's router input `x * eff_scale`, `[m, hidden]`.
-    pub router_in: Option<crate::WgpuBuffer>,
-}
-
 /// The scratch buffer in `slot`, grown to at least `need` elements (at least
 /// `min` when first made). Scratch is created on first use, so a feature that
 /// is not used allocates nothing.
 pub(crate) fn scratch_buffer(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     slot: impl FnOnce(&mut Scratch) -> &mut Option<crate::WgpuBuffer>,
     dtype: DType,
     need: usize,
     min: usize,
     label: &str,
 ) -> turbospark::Result<crate::WgpuBuffer> {
-    let mut sc = be.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sc = gpu.scratch.lock().unwrap_or_else(|e| e.into_inner());
     let slot = slot(&mut sc);
     match slot {
         Some(b) if b.len >= need => Ok(b.clone()),
         _ => {
-            let b = be.single_buffer(dtype, need.max(min), label)?;
+            let b = gpu.single_buffer(dtype, need.max(min), label)?;
             *slot = Some(b.clone());
             Ok(b)
         }
@@ -90,9 +59,9 @@ pub(crate) const TAIL_COUNTERS: usize = 1024;
 /// launches: each tail resets its count for the next. One buffer for all:
 /// every launch binds it writable, so the launches that use it run one
 /// after another.
-pub(crate) fn tail_counters(be: &WgpuBackend) -> turbospark::Result<crate::WgpuBuffer> {
+pub(crate) fn tail_counters(gpu: &Gpu) -> turbospark::Result<crate::WgpuBuffer> {
     scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.tail_counters,
         DType::U32,
         TAIL_COUNTERS,
@@ -123,7 +92,7 @@ pub(crate) fn one(b: &crate::WgpuBuffer) -> &wgpu::Buffer {
     b.single().expect("checked by whole() before the launch")
 }
 
-pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
+pub(crate) fn supports(gpu: &Gpu, op: &OpKind) -> Support {
     match op {
         OpKind::Matmul { w }
         | OpKind::Router { w }
@@ -141,20 +110,20 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
             ))
         }
         OpKind::PostAttention { dim } | OpKind::PostFfn { dim }
-            if *dim as usize > fused::max_dim(be) =>
+            if *dim as usize > fused::max_dim(gpu) =>
         {
             Support::No(format!(
                 "rows of {dim} over {} (a workgroup keeps a row in registers)",
-                fused::max_dim(be)
+                fused::max_dim(gpu)
             ))
         }
         // post_ffn binds 9 storage buffers (kernels/fused.wgsl); WebGPU's
         // baseline guarantees 8. A device below it gets this, not a
         // pipeline error.
-        OpKind::PostFfn { .. } if be.limits.max_storage_buffers_per_shader_stage < 9 => {
+        OpKind::PostFfn { .. } if gpu.limits.max_storage_buffers_per_shader_stage < 9 => {
             Support::No(format!(
                 "post_ffn binds 9 storage buffers; the device allows {} per kernel",
-                be.limits.max_storage_buffers_per_shader_stage
+                gpu.limits.max_storage_buffers_per_shader_stage
             ))
         }
         OpKind::QkvPost { head_dim } if *head_dim as usize > 2 * 256 => Support::No(format!(
@@ -166,7 +135,7 @@ pub(crate) fn supports(be: &WgpuBackend, op: &OpKind) -> Support {
         OpKind::KvCache { dtype } if !turbospark::ops::CACHES.contains(dtype) => {
             Support::No(format!("KV caches of {dtype} (f32 or f16 only)"))
         }
-        OpKind::KvCache { dtype: DType::F16 } if !be.features.shader_f16 => {
+        OpKind::KvCache { dtype: DType::F16 } if !gpu.features.shader_f16 => {
             Support::No("f16 KV caches need the shader-f16 feature, which the device lacks".into())
         }
         _ => Support::Yes,

@@ -14,7 +14,8 @@ use turbospark::{DType, Error, Result};
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 use turbospark::{DownArgs, GateUpArgs};
 
 /// Output rows per workgroup: phase 1 (8 teams of 32 lanes), phase 2 (4
@@ -89,21 +90,21 @@ fn with_tiled(w: &WgpuBuffer) -> [(&'static str, i64); 4] {
 
 /// The single binding of a weight; expert tensors split across bindings (a
 /// device whose binding limit is below one layer's experts) are unsupported.
-fn weight<'a>(be: &WgpuBackend, w: &'a WgpuBuffer, op: &str) -> Result<&'a wgpu::Buffer> {
+fn weight<'a>(gpu: &Gpu, w: &'a WgpuBuffer, op: &str) -> Result<&'a wgpu::Buffer> {
     w.single().ok_or_else(|| Error::Unsupported {
-        backend: be.info.backend.clone(),
+        backend: gpu.info.backend.clone(),
         op: op.into(),
         reason: format!(
             "weight of {} bytes is split across bindings (max_storage_buffer_binding_size {})",
             w.device_bytes(),
-            be.max_binding()
+            gpu.max_binding()
         ),
     })
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn router(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     s: &WgpuBuffer,
     proj: &WgpuBuffer,
@@ -112,8 +113,8 @@ pub(crate) fn router(
     w: &WgpuBuffer,
     p: Router,
 ) -> Result<()> {
-    let pb = weight(be, proj, "router")?;
-    let logits = router_logits_buffer(be, &p)?;
+    let pb = weight(gpu, proj, "router")?;
+    let logits = router_logits_buffer(gpu, &p)?;
     let params = RouterParams::from(&p);
     let constants = super::weight_constants(proj.dtype);
     // The first dispatch's bindings; its output is the logits, or for a
@@ -121,7 +122,7 @@ pub(crate) fn router(
     let gemm = super::gemm::fits(p.m, p.hidden, proj.dtype);
     let first_out = if gemm {
         super::scratch_buffer(
-            be,
+            gpu,
             |s| &mut s.router_in,
             DType::F32,
             p.m * p.hidden,
@@ -136,7 +137,7 @@ pub(crate) fn router(
     } else {
         ("router_logits", (p.m * p.experts) as u32)
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "router",
         entry,
         constants: &constants,
@@ -148,7 +149,7 @@ pub(crate) fn router(
             (one(pes), true),
             (one(&first_out), false),
         ],
-        groups: be.grid(groups),
+        groups: gpu.grid(groups),
     })?;
     if gemm {
         let mm = turbospark::ops::Matmul {
@@ -160,17 +161,17 @@ pub(crate) fn router(
         };
         // (on the f32 units: a 128-row output is too few tiles for the
         // tensor-core path, and top-k choices should not hinge on f16 x)
-        super::gemm::dense(be, proj, one(&first_out), one(&logits), mm)?;
+        super::gemm::dense(gpu, proj, one(&first_out), one(&logits), mm)?;
     }
-    router_topk(be, x, s, proj, pes, (&logits, false), (ids, w), p)
+    router_topk(gpu, x, s, proj, pes, (&logits, false), (ids, w), p)
 }
 
 /// The scratch the router's raw logits go through (`[m, experts]`, and 3
 /// floats more: kernels/topk.wgsl's users read the last row as whole
 /// vec4s).
-pub(crate) fn router_logits_buffer(be: &WgpuBackend, p: &Router) -> Result<WgpuBuffer> {
+pub(crate) fn router_logits_buffer(gpu: &Gpu, p: &Router) -> Result<WgpuBuffer> {
     super::scratch_buffer(
-        be,
+        gpu,
         |s| &mut s.router,
         DType::F32,
         p.m * p.experts + 3,
@@ -184,7 +185,7 @@ pub(crate) fn router_logits_buffer(be: &WgpuBackend, p: &Router) -> Result<WgpuB
 /// their softmax and per-expert scale, into `(ids, weights)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn router_topk(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     s: &WgpuBuffer,
     proj: &WgpuBuffer,
@@ -194,7 +195,7 @@ pub(crate) fn router_topk(
     p: Router,
 ) -> Result<()> {
     let params = RouterParams::from(&p);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "router",
         entry: "router_topk",
         constants: &[super::wdtype(proj.dtype)[0], ("SCALED", scaled as i64)],
@@ -202,13 +203,13 @@ pub(crate) fn router_topk(
         buffers: &[
             (one(x), true),
             (one(s), true),
-            (weight(be, proj, "router")?, true),
+            (weight(gpu, proj, "router")?, true),
             (one(pes), true),
             (one(logits), false),
             (one(ids), false),
             (one(w), false),
         ],
-        groups: be.grid(p.m as u32),
+        groups: gpu.grid(p.m as u32),
     })
 }
 
@@ -216,15 +217,12 @@ pub(crate) fn router_topk(
 /// from `ids` when the batch has more than one token, by each phase that
 /// reads it (a list kept from one op for the next would be state keyed by
 /// buffer identity; building it costs one single-workgroup dispatch).
-pub(crate) fn route(
-    be: &WgpuBackend,
-    ids: &WgpuBuffer,
-    p: &Moe,
-) -> Result<(MoeParams, WgpuBuffer)> {
+pub(crate) fn route(gpu: &Gpu, ids: &WgpuBuffer, p: &Moe) -> Result<(MoeParams, WgpuBuffer)> {
     let pairs = p.m * p.top_k;
     let direct = p.m == 1;
     let need = 1 + 3 * p.experts + pairs;
-    let scratch = super::scratch_buffer(be, |s| &mut s.route, DType::U32, need, 1024, "moe route")?;
+    let scratch =
+        super::scratch_buffer(gpu, |s| &mut s.route, DType::U32, need, 1024, "moe route")?;
     let params = MoeParams {
         m: p.m as u32,
         hidden: p.hidden as u32,
@@ -238,7 +236,7 @@ pub(crate) fn route(
     if direct {
         return Ok((params, scratch));
     }
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "moe",
         entry: "moe_route",
         constants: &[],
@@ -354,21 +352,21 @@ fn down_constants(
 }
 
 pub(crate) fn moe_gate_up(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     gu: &WgpuBuffer,
     ids: &WgpuBuffer,
     act: &WgpuBuffer,
     p: Moe,
 ) -> Result<()> {
-    let wb = weight(be, gu, "moe_gate_up")?;
+    let wb = weight(gpu, gu, "moe_gate_up")?;
     if super::affine::takes(gu, p.m) {
-        return super::affine::gate_up(be, (x, wb, ids, act), (gu.dtype, gu.len), &p);
+        return super::affine::gate_up(gpu, (x, wb, ids, act), (gu.dtype, gu.len), &p);
     }
     if decode_path(&p, p.hidden, gu.dtype) {
         let params = decode_params(&p, p.inter.div_ceil(decode_pairs()));
         let xb = one(x);
-        return be.launch(Launch {
+        return gpu.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_gate_up_decode",
             constants: &gate_up_constants(gu.dtype, p.hidden, [gu.tiled(), false]),
@@ -381,26 +379,26 @@ pub(crate) fn moe_gate_up(
                 (xb, true),
                 (one(act), false),
             ],
-            groups: be.grid(params.top_k * params.nrb),
+            groups: gpu.grid(params.top_k * params.nrb),
         });
     }
-    let (mut params, scratch) = route(be, ids, &p)?;
+    let (mut params, scratch) = route(gpu, ids, &p)?;
     if super::gemm::fits(p.m, p.hidden, gu.dtype) {
         let args = (one(x), (wb, gu.dtype, gu.tiled()), one(&scratch), one(act));
         if super::gemm_coop::takes(
-            be,
+            gpu,
             gu,
             p.hidden,
             super::gemm_coop::XRows::Grouped(&p),
             p.precision,
         ) {
-            return super::gemm_coop::gate_up(be, args.0, args.1, args.2, args.3, &p);
+            return super::gemm_coop::gate_up(gpu, args.0, args.1, args.2, args.3, &p);
         }
-        return super::gemm::gate_up(be, args.0, args.1, args.2, args.3, &p);
+        return super::gemm::gate_up(gpu, args.0, args.1, args.2, args.3, &p);
     }
     params.nrb = p.inter.div_ceil(GATE_UP_ROWS) as u32;
     let xb = one(x);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "moe",
         entry: "moe_gate_up",
         constants: &with_tiled(gu),
@@ -414,7 +412,7 @@ pub(crate) fn moe_gate_up(
             (xb, true),
             (one(act), false),
         ],
-        groups: be.grid(params.nslots * params.nrb),
+        groups: gpu.grid(params.nslots * params.nrb),
     })
 }
 
@@ -440,16 +438,12 @@ const PAIR_BINDINGS: u32 = 10;
 /// takes ten storage bindings per kernel (a weight split across bindings is
 /// Unsupported either way).
 /// Otherwise each runs on its own (the same results).
-fn pair_fits(
-    be: &WgpuBackend,
-    a: (&Moe, usize, &WgpuBuffer),
-    b: (&Moe, usize, &WgpuBuffer),
-) -> bool {
+fn pair_fits(gpu: &Gpu, a: (&Moe, usize, &WgpuBuffer), b: (&Moe, usize, &WgpuBuffer)) -> bool {
     decode_path(a.0, a.1, a.2.dtype)
         && decode_path(b.0, b.1, b.2.dtype)
         && a.2.dtype == b.2.dtype
         && a.0.hidden == b.0.hidden
-        && be.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
+        && gpu.limits.max_storage_buffers_per_shader_stage >= PAIR_BINDINGS
 }
 
 fn pair_params(a: &Moe, b: &Moe, nrb: (usize, usize), groups_a: u32) -> PairParams {
@@ -465,29 +459,29 @@ fn pair_params(a: &Moe, b: &Moe, nrb: (usize, usize), groups_a: u32) -> PairPara
 }
 
 pub(crate) fn moe_gate_up_pair(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     a: &GateUpArgs<'_, WgpuBuffer>,
     b: &GateUpArgs<'_, WgpuBuffer>,
 ) -> Result<()> {
-    if super::affine::pair_takes(be, (&a.p, a.gate_up), (&b.p, b.gate_up)) {
-        return super::affine::gate_up_pair(be, (a, b), None);
+    if super::affine::pair_takes(gpu, (&a.p, a.gate_up), (&b.p, b.gate_up)) {
+        return super::affine::gate_up_pair(gpu, (a, b), None);
     }
     if !pair_fits(
-        be,
+        gpu,
         (&a.p, a.p.hidden, a.gate_up),
         (&b.p, b.p.hidden, b.gate_up),
     ) {
-        moe_gate_up(be, a.x, a.gate_up, a.ids, a.act, a.p)?;
-        return moe_gate_up(be, b.x, b.gate_up, b.ids, b.act, b.p);
+        moe_gate_up(gpu, a.x, a.gate_up, a.ids, a.act, a.p)?;
+        return moe_gate_up(gpu, b.x, b.gate_up, b.ids, b.act, b.p);
     }
-    gate_up_pair_launch(be, (a, b), None)
+    gate_up_pair_launch(gpu, (a, b), None)
 }
 
 /// A gate_up pair launch: `moe_gate_up_pair_decode`, or with `routing =
 /// Some((logits, pes, ids, weights))` `moe_gate_up_pair_routed` (b's
 /// experts picked from the logits, the routing written for phase 2).
 fn gate_up_pair_launch(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     routing: Option<[&WgpuBuffer; 4]>,
 ) -> Result<()> {
@@ -503,14 +497,14 @@ fn gate_up_pair_launch(
     let [logits, pes, ids, wts] = routing.unwrap_or([b.x; 4]);
     let buffers = [
         (one(a.ids), true),
-        (weight(be, a.gate_up, "moe_gate_up")?, true),
+        (weight(gpu, a.gate_up, "moe_gate_up")?, true),
         (xa, true),
         // phase 1 has no routing weights: x stands in, never read
         (xa, true),
         (one(a.act), false),
         // (routed: b's ids are computed, x stands in, never read)
         (routing.map_or(one(b.ids), |_| xb), true),
-        (weight(be, b.gate_up, "moe_gate_up")?, true),
+        (weight(gpu, b.gate_up, "moe_gate_up")?, true),
         (xb, true),
         (xb, true),
         (one(b.act), false),
@@ -524,7 +518,7 @@ fn gate_up_pair_launch(
     } else {
         PAIR_BINDINGS
     };
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "moe_decode",
         entry: if routing.is_some() {
             "moe_gate_up_pair_routed"
@@ -538,7 +532,7 @@ fn gate_up_pair_launch(
         ),
         params: bytemuck::bytes_of(&params),
         buffers: &buffers[..bound as usize],
-        groups: be.grid(groups_a + (b.p.top_k * nrb.1) as u32),
+        groups: gpu.grid(groups_a + (b.p.top_k * nrb.1) as u32),
     })
 }
 
@@ -554,15 +548,15 @@ pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
 /// within kernels/topk.wgsl's bounds (`Router::validate`: at most 256
 /// experts, top-8).
 pub(crate) fn routed_pair_fits(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     a: &GateUpArgs<'_, WgpuBuffer>,
     b: &GateUpArgs<'_, WgpuBuffer>,
 ) -> bool {
     pair_fits(
-        be,
+        gpu,
         (&a.p, a.p.hidden, a.gate_up),
         (&b.p, b.p.hidden, b.gate_up),
-    ) && be.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
+    ) && gpu.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
 }
 
 /// The gate_up pair with `b`'s experts picked in the launch from the
@@ -571,30 +565,30 @@ pub(crate) fn routed_pair_fits(
 /// weights)` for phase 2: router_topk and the pair in one dispatch. The
 /// caller checked [`routed_pair_fits`]; `b.ids` is `ids`.
 pub(crate) fn moe_gate_up_pair_routed(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     (logits, pes): (&WgpuBuffer, &WgpuBuffer),
     (ids, wts): (&WgpuBuffer, &WgpuBuffer),
 ) -> Result<()> {
-    gate_up_pair_launch(be, (a, b), Some([logits, pes, ids, wts]))
+    gate_up_pair_launch(gpu, (a, b), Some([logits, pes, ids, wts]))
 }
 
 pub(crate) fn moe_down_pair(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     a: &DownArgs<'_, WgpuBuffer>,
     b: &DownArgs<'_, WgpuBuffer>,
 ) -> Result<()> {
-    if super::affine::pair_takes(be, (&a.p, a.down), (&b.p, b.down)) {
-        return super::affine::down_pair(be, a, b);
+    if super::affine::pair_takes(gpu, (&a.p, a.down), (&b.p, b.down)) {
+        return super::affine::down_pair(gpu, a, b);
     }
-    if !pair_fits(be, (&a.p, a.p.inter, a.down), (&b.p, b.p.inter, b.down)) {
-        moe_down(be, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
-        return moe_down(be, b.act, b.down, b.ids, b.weights, b.out, b.p);
+    if !pair_fits(gpu, (&a.p, a.p.inter, a.down), (&b.p, b.p.inter, b.down)) {
+        moe_down(gpu, a.act, a.down, a.ids, a.weights, a.out, a.p)?;
+        return moe_down(gpu, b.act, b.down, b.ids, b.weights, b.out, b.p);
     }
     // (tiled or not, a's rows a workgroup are b's: TILED_DOWN_ROWS' assert)
     let groups_a = a.p.hidden.div_ceil(down_rows(1, a.down)) as u32;
     let params = pair_params(&a.p, &b.p, (0, 0), groups_a);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "moe_decode",
         entry: "moe_down_pair_decode",
         constants: &{
@@ -616,22 +610,22 @@ pub(crate) fn moe_down_pair(
         params: bytemuck::bytes_of(&params),
         buffers: &[
             (one(a.ids), true),
-            (weight(be, a.down, "moe_down")?, true),
+            (weight(gpu, a.down, "moe_down")?, true),
             (one(a.act), true),
             (one(a.weights), true),
             (one(a.out), false),
             (one(b.ids), true),
-            (weight(be, b.down, "moe_down")?, true),
+            (weight(gpu, b.down, "moe_down")?, true),
             (one(b.act), true),
             (one(b.weights), true),
             (one(b.out), false),
         ],
-        groups: be.grid(2 * groups_a),
+        groups: gpu.grid(2 * groups_a),
     })
 }
 
 pub(crate) fn moe_down(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     act: &WgpuBuffer,
     d: &WgpuBuffer,
     ids: &WgpuBuffer,
@@ -639,9 +633,9 @@ pub(crate) fn moe_down(
     out: &WgpuBuffer,
     p: Moe,
 ) -> Result<()> {
-    let wb = weight(be, d, "moe_down")?;
+    let wb = weight(gpu, d, "moe_down")?;
     if super::affine::takes(d, p.m) {
-        return super::affine::down(be, (act, wb, ids, w, out), (d.dtype, d.len), &p);
+        return super::affine::down(gpu, (act, wb, ids, w, out), (d.dtype, d.len), &p);
     }
     // Phase 2 takes the decode kernel for prefill micro-batches too (one
     // token per row of workgroups; see kernels/moe_decode.wgsl).
@@ -649,7 +643,7 @@ pub(crate) fn moe_down(
     // for shapes the GEMM does not take, reads each expert once)
     if p.m <= super::STREAM_MAX_M && decode_fits(&p, p.inter, d.dtype) {
         let params = decode_params(&p, 0);
-        return be.launch(Launch {
+        return gpu.launch(Launch {
             kernel: "moe_decode",
             entry: "moe_down_decode",
             constants: &down_constants(d.dtype, p.inter, p.top_k, p.m, d.tiled()),
@@ -661,27 +655,27 @@ pub(crate) fn moe_down(
                 (one(w), true),
                 (one(out), false),
             ],
-            groups: be.grid((p.m * p.hidden.div_ceil(down_rows(p.m, d))) as u32),
+            groups: gpu.grid((p.m * p.hidden.div_ceil(down_rows(p.m, d))) as u32),
         });
     }
-    let (params, scratch) = route(be, ids, &p)?;
+    let (params, scratch) = route(gpu, ids, &p)?;
     // The GEMM keeps a row per (token, expert) pair in one binding.
     let pair_bytes = (p.m * p.top_k * p.hidden * 4) as u64;
-    if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= be.max_binding() {
+    if super::gemm::fits(p.m, p.inter, d.dtype) && pair_bytes <= gpu.max_binding() {
         let lists = (one(&scratch), one(ids));
         let weights = (wb, d.dtype, d.tiled());
         if super::gemm_coop::takes(
-            be,
+            gpu,
             d,
             p.inter,
             super::gemm_coop::XRows::Grouped(&p),
             p.precision,
         ) {
-            return super::gemm_coop::down(be, one(act), weights, lists, one(w), one(out), &p);
+            return super::gemm_coop::down(gpu, one(act), weights, lists, one(w), one(out), &p);
         }
-        return super::gemm::down(be, one(act), weights, lists, one(w), one(out), &p);
+        return super::gemm::down(gpu, one(act), weights, lists, one(w), one(out), &p);
     }
-    route_list_down(be, (act, d, ids, w, out), (params, &scratch), &p)
+    route_list_down(gpu, (act, d, ids, w, out), (params, &scratch), &p)
 }
 
 /// Phase 2 through the route-list kernel (kernels/moe.wgsl's moe_down):
@@ -689,7 +683,7 @@ pub(crate) fn moe_down(
 /// GEMM takes the problem (for tile-ordered experts only past one binding
 /// of per-pair rows, which the tests cannot reach through `moe_down`).
 fn route_list_down(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     (act, d, ids, w, out): (
         &WgpuBuffer,
         &WgpuBuffer,
@@ -700,10 +694,10 @@ fn route_list_down(
     (mut params, scratch): (MoeParams, &WgpuBuffer),
     p: &Moe,
 ) -> Result<()> {
-    let wb = weight(be, d, "moe_down")?;
+    let wb = weight(gpu, d, "moe_down")?;
     params.nrb = p.hidden.div_ceil(DOWN_ROWS) as u32;
     let groups = params.nrb * p.m.div_ceil(TOKENS_PER_GROUP) as u32;
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "moe",
         entry: "moe_down",
         constants: &with_tiled(d),
@@ -716,7 +710,7 @@ fn route_list_down(
             (one(w), true),
             (one(out), false),
         ],
-        groups: be.grid(groups),
+        groups: gpu.grid(groups),
     })
 }
 
@@ -724,6 +718,7 @@ fn route_list_down(
 mod tests {
     use super::*;
     use crate::tests::{backend, backend_with, upload_f32, upload_u32};
+    use crate::WgpuBackend;
     use turbospark::ComputeBackend;
 
     /// The tiled down bodies' rows a workgroup are a WGSL constant (TROWS:
@@ -761,10 +756,10 @@ mod tests {
         };
         let ids: Vec<u32> = (0..40).map(|i| (i * 7 % 6) as u32).collect();
         let idb = upload_u32(&be, &ids, "ids");
-        let build = || dispatches(&be, || drop(route(&be, &idb, &p).unwrap()));
+        let build = || dispatches(&be, || drop(route(&be.gpu, &idb, &p).unwrap()));
         assert_eq!((build(), build()), (1, 1));
         let one = Moe { m: 1, ..p };
-        let direct = dispatches(&be, || drop(route(&be, &idb, &one).unwrap()));
+        let direct = dispatches(&be, || drop(route(&be.gpu, &idb, &one).unwrap()));
         assert_eq!(direct, 0, "one token reads its ids directly");
         be.sync().unwrap();
     }
@@ -817,8 +812,8 @@ mod tests {
             let (a, w) = (upload_f32(be, &act, "act"), upload_f32(be, &wts, "wts"));
             let out = upload_f32(be, &vec![f32::NAN; p.m * p.hidden], "out");
             let idb = upload_u32(be, &ids, "ids");
-            let (params, scratch) = route(be, &idb, &p).unwrap();
-            route_list_down(be, (&a, &d, &idb, &w, &out), (params, &scratch), &p).unwrap();
+            let (params, scratch) = route(&be.gpu, &idb, &p).unwrap();
+            route_list_down(&be.gpu, (&a, &d, &idb, &w, &out), (params, &scratch), &p).unwrap();
             (d.tiled(), be.download_f32(&out).unwrap())
         };
         let (was_tiled, want) = run(&row_major);

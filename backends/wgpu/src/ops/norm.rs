@@ -4,7 +4,8 @@ use turbospark::Result;
 
 use super::one;
 use crate::batch::Launch;
-use crate::{WgpuBackend, WgpuBuffer};
+use crate::gpu::Gpu;
+use crate::WgpuBuffer;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -20,7 +21,7 @@ struct Params {
 /// One workgroup per row. Absent weight/residual bind `x` in their place
 /// (read-only, never read) so the entry point has one layout.
 pub(crate) fn rms_norm(
-    be: &WgpuBackend,
+    gpu: &Gpu,
     x: &WgpuBuffer,
     w: Option<&WgpuBuffer>,
     res: Option<&WgpuBuffer>,
@@ -39,13 +40,13 @@ pub(crate) fn rms_norm(
         has_residual: res.is_some() as u32,
     };
     let wd = w.map(|w| w.dtype).unwrap_or(turbospark::DType::F32);
-    be.launch(Launch {
+    gpu.launch(Launch {
         kernel: "rmsnorm",
         entry: "rms_norm",
         constants: &super::wdtype(wd),
         params: bytemuck::bytes_of(&params),
         buffers: &[(xb, true), (wb, true), (rb, true), (one(out), false)],
-        groups: be.grid(p.rows as u32),
+        groups: gpu.grid(p.rows as u32),
     })
 }
 

@@ -1,0 +1,97 @@
+//! The prefill GEMM's tile shapes (`kernels/gemm.wgsl`) and their
+//! overrides (`WgpuOptions::gemm_tiles`): a leaf, so the device context that
+//! holds the overrides (`crate::gpu`) needs nothing of the launchers
+//! (`crate::ops::gemm`) that read them.
+
+use turbospark::{Error, Result};
+
+/// A tile shape: token rows per thread (4 or 8), weight-row groups of 4 per
+/// thread, 32-lane warps along the weight rows, k per step (the kernel's
+/// overrides; its workgroup arrays are sized from them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Tile {
+    pub tm: u32,
+    pub tn4: u32,
+    pub wn: u32,
+    pub bk: u32,
+}
+
+/// Threads per workgroup, and the kernel's fixed limits (`WG`, `MAX_TN4`,
+/// `MAX_BM`; a step loads at most two vec4 of X and of W per thread).
+pub(crate) const WG: u32 = 256;
+const MAX_TN4: u32 = 4;
+const MAX_BM: u32 = 128;
+const MAX_LOADS: u32 = 2;
+
+impl Tile {
+    /// Token rows per tile.
+    pub fn bm(self) -> u32 {
+        self.tm * (WG / (8 * self.wn))
+    }
+    /// Weight rows per tile.
+    pub fn bn(self) -> u32 {
+        4 * self.tn4 * 8 * self.wn
+    }
+    /// The X and W tiles in vec4 (`XS4`, `WS4`).
+    pub(crate) fn arrays(self) -> (u32, u32) {
+        (self.bm() * self.bk / 4, self.bn() * self.bk / 4)
+    }
+    /// Workgroup memory the kernel takes with this tile: both tiles, the
+    /// row maps, the route slots' tile counts (kernels/gemm_tiles.wgsl)
+    /// and the tile record.
+    pub fn bytes(self) -> u32 {
+        let (x, w) = self.arrays();
+        16 * (x + w) + 8 * MAX_BM + 4 * 256 + 16
+    }
+    /// Whether the kernel takes the tile within `smem` bytes of workgroup
+    /// memory.
+    pub fn fits(self, smem: u32) -> bool {
+        matches!(self.tm, 4 | 8)
+            && (1..=MAX_TN4).contains(&self.tn4)
+            && matches!(self.wn, 1 | 2 | 4 | 8)
+            && matches!(self.bk, 8 | 16 | 32)
+            && self.bm() <= MAX_BM
+            && self.bm() * self.bk / 4 <= MAX_LOADS * WG
+            && self.bn() * self.bk / 8 <= MAX_LOADS * WG
+            && self.bytes() <= smem
+    }
+}
+
+/// The prefill GEMM's tile overrides (`WgpuOptions::gemm_tiles`): dense and
+/// grouped, None keeping the default. Checked when the backend opens, as
+/// the tensor-core tiles are, so a tile the device cannot hold is refused
+/// there, never at a launch.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Overrides(pub Option<Tile>, pub Option<Tile>);
+
+impl Overrides {
+    /// `"tm,tn4,wn,bk;tm,tn4,wn,bk"` (dense; grouped): an empty or absent
+    /// half keeps the default; each tile checked against the kernel and the
+    /// device's `smem` bytes of workgroup memory.
+    pub fn parse(s: &str, smem: u32) -> Result<Self> {
+        let half = |kind: &str, s: &str| -> Result<Option<Tile>> {
+            let s = s.trim();
+            if s.is_empty() {
+                return Ok(None);
+            }
+            let v: Option<Vec<u32>> = s.split(',').map(|x| x.trim().parse().ok()).collect();
+            let Some(&[tm, tn4, wn, bk]) = v.as_deref() else {
+                return Err(Error::InvalidInput(format!(
+                    "GEMM tile overrides (TURBOSPARK_GEMM_TILES): the {kind} tile {s:?} \
+                     is not tm,tn4,wn,bk"
+                )));
+            };
+            let t = Tile { tm, tn4, wn, bk };
+            if !t.fits(smem) {
+                return Err(Error::InvalidInput(format!(
+                    "{kind} GEMM tile {t:?} ({} bytes of workgroup memory) does not fit \
+                     kernels/gemm.wgsl or the device's {smem} bytes",
+                    t.bytes()
+                )));
+            }
+            Ok(Some(t))
+        };
+        let (d, g) = s.split_once(';').unwrap_or((s, ""));
+        Ok(Overrides(half("dense", d)?, half("grouped", g)?))
+    }
+}
