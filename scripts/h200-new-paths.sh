@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The paths without a device figure yet, in one call of at most 10 minutes
+# on an NVIDIA H200 through Vulkan (the setup is scripts/h200-bench.sh's:
+# .bin/ with the release CLI, and .bin/parityx for the split, and .gl/
+# carried), each step logged with its seconds into $OUT/steps.log:
+#   1. the exact split of MLX affine weights on the tensor cores
+#      (TURBOSPARK_AFFINE_SPLIT=1): the quantized matmul and MoE parity
+#      families at full size, tensor cores required;
+#   2. bench --speculative, q4g64 (verification of k + 1 = 2..5 tokens
+#      against a decode step, forced acceptance 0.5 / 0.7 / 0.9);
+#   3. bench --parallel 1,4,16, q4g64 (aggregate decode of batched streams);
+#   4. streamed experts, q4g64: 16 and 128 slots on a generated trace
+#      (skew 1, reuse 0.45: about 70% LFU hits at 16 slots) and, without a
+#      trace, 128 slots (every expert hits) against resident.
+# STEPS picks some of them (default "split spec parallel stream").
+set -uo pipefail
+
+OUT=${OUT:-$PWD/bench-out}
+mkdir -p "$OUT"
+. "$(dirname "$0")/h200-env.sh"
+require_bin
+gpu_info "$OUT/gpu.txt"
+t0=$SECONDS
+step() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$OUT/steps.log"; }
+model=(--backend wgpu --quant q4 --synthetic gemma-4-26b-a4b)
+
+for s in ${STEPS:-split spec parallel stream}; do
+    case "$s" in
+    split)
+        for f in matmul_quantized moe_gate_up_quantized moe_down_quantized; do
+            TURBOSPARK_TENSOR_CORES=1 TURBOSPARK_AFFINE_SPLIT=1 timeout 40 .bin/parityx "$f" --full \
+                >"$OUT/split-$f.log" 2>&1
+            step "split $f: exit $?, $(grep -c '^ok' "$OUT/split-$f.log") ok, $(grep -ci '^fail' "$OUT/split-$f.log") failed"
+        done
+        ;;
+    spec)
+        timeout 170 "$BIN" bench "${model[@]}" --speculative --prompt-tokens 128 --decode-tokens 48 \
+            --json "$OUT/spec-q4.json" >"$OUT/spec-q4.log" 2>&1
+        step "speculative: exit $?; $(grep -E '^(verify|plain|forced)' "$OUT/spec-q4.log" | tr '\n' '|')"
+        ;;
+    parallel)
+        timeout 150 "$BIN" bench "${model[@]}" --parallel 1,4,16 \
+            --prompt-tokens 128 --decode-tokens 32 --json "$OUT/parallel-q4.json" >"$OUT/parallel-q4.log" 2>&1
+        step "parallel: exit $?; $(grep -i 'stream' "$OUT/parallel-q4.log" | tail -4 | tr '\n' '|')"
+        ;;
+    stream)
+        "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
+            --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+        TRACE=$OUT/trace.txt SLOTS=16,128 STREAM_TIMEOUT=150 bash "$(dirname "$0")/h200-stream.sh" >/dev/null 2>&1
+        mv "$OUT/stream-after-hit.log" "$OUT/stream-trace.log"
+        mv "$OUT/stream-q4-after-hit.json" "$OUT/stream-q4-trace.json"
+        SLOTS=128 STREAM_TIMEOUT=120 bash "$(dirname "$0")/h200-stream.sh" >/dev/null 2>&1
+        step "stream: $(grep -hE 'slots|resident' "$OUT/stream-trace.log" "$OUT/stream-after-hit.log" | tail -6 | tr '\n' '|')"
+        ;;
+    *)
+        echo "unknown step $s (split, spec, parallel, stream)" >&2
+        exit 2
+        ;;
+    esac
+done
