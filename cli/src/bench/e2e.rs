@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use turbospark::model::synthetic::named_config;
 use turbospark::model::{
-    GenerateOptions, ModelConfig, ModelOptions, OneSequence, Sampling, SyntheticSource,
+    GenerateOptions, Model, ModelConfig, ModelOptions, OneSequence, Sampling, SyntheticSource,
 };
 use turbospark::rng::Rng;
 use turbospark::{ComputeBackend, DType, Precision};
@@ -295,6 +295,50 @@ pub fn config(name: &str, layers: Option<usize>) -> turbospark::Result<ModelConf
     Ok(cfg)
 }
 
+/// The synthetic model `name`'s config (as [`config`]) and its seeded
+/// weights, in `--quant`'s format or bf16.
+pub fn source(
+    name: &str,
+    args: &Args,
+    seed: u64,
+) -> turbospark::Result<(ModelConfig, SyntheticSource)> {
+    let cfg = config(name, args.layers)?;
+    let source = match args.quant {
+        Some(q) => SyntheticSource::quantized(cfg.clone(), seed, q.synthetic())?,
+        None => SyntheticSource::new(cfg.clone(), seed)?,
+    };
+    Ok((cfg, source))
+}
+
+/// The synthetic model `name` loaded on `backend` for `max_context`
+/// positions, with the run options `bench` takes (`--prefill-batch`,
+/// `--kv-cache`, `--precision`); `what` names the bench in its log line.
+pub fn load_model<B: ComputeBackend>(
+    backend: B,
+    name: &str,
+    args: &Args,
+    max_context: usize,
+    what: &str,
+) -> turbospark::Result<(ModelConfig, Model<B>)> {
+    let (cfg, source) = self::source(name, args, args.seed)?;
+    eprintln!(
+        "bench: {what}: loading synthetic {name} on {}",
+        backend.info().device_name
+    );
+    let model = Model::load(
+        backend,
+        &source,
+        ModelOptions {
+            max_context,
+            prefill_batch: args.prefill_batch,
+            kv_cache: args.kv_cache.dtype(),
+            precision: args.precision.get(),
+            ..Default::default()
+        },
+    )?;
+    Ok((cfg, model))
+}
+
 /// Load the synthetic model `name` on `backend`, then time a prefill of
 /// `--prompt-tokens` tokens (in batches of `--prefill-batch`) and
 /// `--decode-tokens` greedy tokens after it.
@@ -318,12 +362,8 @@ fn measure<B: ComputeBackend + Counters>(
 ) -> turbospark::Result<Value> {
     let (prompt_len, decode) = (args.prompt_tokens, args.decode_tokens);
     let (prefill_batch, seed) = (args.prefill_batch, args.seed);
-    let cfg = config(name, args.layers)?;
+    let (cfg, source) = self::source(name, args, seed)?;
     let device = backend.info().device_name.clone();
-    let source = match args.quant {
-        Some(q) => SyntheticSource::quantized(cfg.clone(), seed, q.synthetic())?,
-        None => SyntheticSource::new(cfg.clone(), seed)?,
-    };
     let bytes_per_token = source.bytes_per_token();
     let weights = match args.quant {
         Some(q) => q.affine().name(),

@@ -625,25 +625,46 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-/// `bench --stream-slots`: [`streaming::run`] on one backend, the report
-/// printed (and written with `--json`).
-fn stream_main(args: &Args) -> ExitCode {
-    let Some(name) = &args.synthetic else {
-        eprintln!("bench: --stream-slots needs a synthetic model: pass --synthetic too");
-        return ExitCode::FAILURE;
+/// `$run(backend, name, args)` (a bench generic over the backend) on the
+/// backend `--backend` names: the CPU reference, or wgpu on `--adapter`.
+macro_rules! on_backend {
+    ($args:expr, $name:expr, $run:path) => {
+        if $args.backend == Which::Cpu {
+            $run(CpuBackend::new(), $name, $args)
+        } else {
+            WgpuBackend::new(&WgpuOptions {
+                adapter: $args.adapter.clone(),
+                ..Default::default()
+            })
+            .and_then(|b| $run(b, $name, $args))
+        }
     };
-    let result = if args.backend == Which::Cpu {
-        streaming::run(turbospark_cpu::CpuBackend::new(), name, args)
-    } else {
-        WgpuBackend::new(&WgpuOptions {
-            adapter: args.adapter.clone(),
-            ..Default::default()
-        })
-        .and_then(|b| streaming::run(b, name, args))
-    };
+}
+
+/// The `--synthetic` model a bench of a synthetic model (`flag`) runs,
+/// or an error saying that it needs one.
+fn synthetic_name<'a>(args: &'a Args, flag: &str) -> Option<&'a str> {
+    let name = args.synthetic.as_deref();
+    if name.is_none() {
+        eprintln!("bench: {flag} needs a synthetic model: pass --synthetic too");
+    }
+    name
+}
+
+/// A synthetic bench's report: printed where `print` (the others print
+/// their lines as they go), written with `--json`; an error named by its
+/// flag.
+fn finish(
+    args: &Args,
+    flag: &str,
+    print: bool,
+    result: turbospark::Result<serde_json::Value>,
+) -> ExitCode {
     match result {
         Ok(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            if print {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            }
             if let Some(out) = &args.json {
                 if let Err(e) = std::fs::write(out, v.to_string()) {
                     eprintln!("bench: writing {}: {e}", out.display());
@@ -653,75 +674,40 @@ fn stream_main(args: &Args) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("bench: --stream-slots: {e}");
+            eprintln!("bench: {flag}: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// `bench --stream-slots`: [`streaming::run`] on one backend, the report
+/// printed (and written with `--json`).
+fn stream_main(args: &Args) -> ExitCode {
+    let Some(name) = synthetic_name(args, "--stream-slots") else {
+        return ExitCode::FAILURE;
+    };
+    let result = on_backend!(args, name, streaming::run);
+    finish(args, "--stream-slots", true, result)
+}
+
+/// `bench --parallel`: [`parallel::run`] on one backend, its lines printed
+/// (the report written with `--json`).
+fn parallel_main(args: &Args) -> ExitCode {
+    let Some(name) = synthetic_name(args, "--parallel") else {
+        return ExitCode::FAILURE;
+    };
+    let result = on_backend!(args, name, parallel::run);
+    finish(args, "--parallel", false, result)
 }
 
 /// `bench --speculative`: [`speculative::run`] on one backend, its lines
 /// printed (the report written with `--json`).
-/// `bench --parallel`: on the wgpu backend, or the CPU with `--backend cpu`.
-fn parallel_main(args: &Args) -> ExitCode {
-    let Some(name) = &args.synthetic else {
-        eprintln!("bench: --parallel needs a synthetic model: pass --synthetic too");
-        return ExitCode::FAILURE;
-    };
-    let result = if args.backend == Which::Cpu {
-        parallel::run(CpuBackend::new(), name, args)
-    } else {
-        WgpuBackend::new(&WgpuOptions {
-            adapter: args.adapter.clone(),
-            ..Default::default()
-        })
-        .and_then(|b| parallel::run(b, name, args))
-    };
-    match result {
-        Ok(v) => {
-            if let Some(out) = &args.json {
-                if let Err(e) = std::fs::write(out, v.to_string()) {
-                    eprintln!("bench: writing {}: {e}", out.display());
-                    return ExitCode::FAILURE;
-                }
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("bench: --parallel: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn speculative_main(args: &Args) -> ExitCode {
-    let Some(name) = &args.synthetic else {
-        eprintln!("bench: --speculative needs a synthetic model: pass --synthetic too");
+    let Some(name) = synthetic_name(args, "--speculative") else {
         return ExitCode::FAILURE;
     };
-    let result = if args.backend == Which::Cpu {
-        speculative::run(turbospark_cpu::CpuBackend::new(), name, args)
-    } else {
-        WgpuBackend::new(&WgpuOptions {
-            adapter: args.adapter.clone(),
-            ..Default::default()
-        })
-        .and_then(|b| speculative::run(b, name, args))
-    };
-    match result {
-        Ok(v) => {
-            if let Some(out) = &args.json {
-                if let Err(e) = std::fs::write(out, v.to_string()) {
-                    eprintln!("bench: writing {}: {e}", out.display());
-                    return ExitCode::FAILURE;
-                }
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("bench: --speculative: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let result = on_backend!(args, name, speculative::run);
+    finish(args, "--speculative", false, result)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use turbospark::model::sampling::Sampler;
-use turbospark::model::{Model, ModelOptions, Sampling, Sequence, SyntheticSource};
+use turbospark::model::{Sampling, Sequence};
 use turbospark::rng::Rng;
 use turbospark::ComputeBackend;
 
@@ -20,26 +20,11 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
             "--parallel: a stream count is at least 1".into(),
         ));
     }
-    let cfg = super::e2e::config(name, args.layers)?;
-    let source = match args.quant {
-        Some(q) => SyntheticSource::quantized(cfg.clone(), args.seed, q.synthetic())?,
-        None => SyntheticSource::new(cfg.clone(), args.seed)?,
-    };
-    let device = backend.info().device_name.clone();
     let (prompt_len, steps) = (args.prompt_tokens.max(1), args.decode_tokens.max(1));
-    eprintln!("bench: parallel: loading synthetic {name} on {device}");
-    let model = Model::load(
-        backend,
-        &source,
-        ModelOptions {
-            // (a warm-up step and the first token besides the timed ones)
-            max_context: prompt_len + steps + 2,
-            prefill_batch: args.prefill_batch,
-            kv_cache: args.kv_cache.dtype(),
-            precision: args.precision.get(),
-            ..Default::default()
-        },
-    )?;
+    let device = backend.info().device_name.clone();
+    // (a warm-up step and the first token besides the timed ones)
+    let (cfg, model) =
+        super::e2e::load_model(backend, name, args, prompt_len + steps + 2, "parallel")?;
     let mut rng = Rng::new(args.seed);
     let vocab = cfg.vocab as u64;
     let mut results = Vec::new();

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use turbospark::model::drafter::{Drafter, SpeculativeOptions, DEFAULT_DRAFT_TOKENS};
-use turbospark::model::{GenerateOptions, Model, ModelOptions, Sampling, SyntheticSource};
+use turbospark::model::{GenerateOptions, Sampling};
 use turbospark::rng::Rng;
 use turbospark::ComputeBackend;
 
@@ -30,25 +30,10 @@ fn greedy(n: usize) -> GenerateOptions {
 }
 
 pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark::Result<Value> {
-    let cfg = super::e2e::config(name, args.layers)?;
-    let source = match args.quant {
-        Some(q) => SyntheticSource::quantized(cfg.clone(), args.seed, q.synthetic())?,
-        None => SyntheticSource::new(cfg.clone(), args.seed)?,
-    };
-    let device = backend.info().device_name.clone();
     let (prompt_len, decode) = (args.prompt_tokens.max(1), args.decode_tokens.max(2));
-    eprintln!("bench: speculative: loading synthetic {name} on {device}");
-    let model = Model::load(
-        backend,
-        &source,
-        ModelOptions {
-            max_context: prompt_len + decode + 8,
-            prefill_batch: args.prefill_batch,
-            kv_cache: args.kv_cache.dtype(),
-            precision: args.precision.get(),
-            ..Default::default()
-        },
-    )?;
+    let device = backend.info().device_name.clone();
+    let (cfg, model) =
+        super::e2e::load_model(backend, name, args, prompt_len + decode + 8, "speculative")?;
     let mut rng = Rng::new(args.seed);
     let vocab = cfg.vocab as u64;
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();

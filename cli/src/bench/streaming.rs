@@ -46,11 +46,7 @@ pub fn run<B: ComputeBackend + Counters>(
     name: &str,
     args: &Args,
 ) -> turbospark::Result<Value> {
-    let cfg = e2e::config(name, args.layers)?;
-    let source = match args.quant {
-        Some(q) => SyntheticSource::quantized(cfg.clone(), args.seed, q.synthetic())?,
-        None => SyntheticSource::new(cfg.clone(), args.seed)?,
-    };
+    let (cfg, source) = e2e::source(name, args, args.seed)?;
     let device = backend.info().device_name.clone();
     let h2d = super::measure::host_to_device(&backend, 5)?;
     let h2d_gbps = h2d.gbps();
