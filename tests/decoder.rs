@@ -719,16 +719,8 @@ fn cpu_reference_rounds_the_gemms_a_rule_names() {
 /// keeps the experts row-major, and the first tokens `generate` picks.
 #[test]
 fn wgpu_with_tiled_experts_matches_the_reference() {
-    let Some(gpu) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
-        expert_tiles: Some(true),
-        ..Default::default()
-    }) else {
+    let Some((gpu, cfg)) = common::wgpu_with_tiled_experts() else {
         return;
-    };
-    let cfg = turbospark::model::ModelConfig {
-        hidden: 64,
-        moe_inter: 32,
-        ..tiny_config()
     };
     let src = SyntheticSource::new(cfg, 7).unwrap();
     // (the CPU reference rounding as the device does, where it rounds; its

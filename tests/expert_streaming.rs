@@ -494,21 +494,12 @@ fn primitives_only_optimistic_passes_settle_as_the_policy() {
     optimistic_passes_settle_as_the_policy(primitives_only::PrimitivesOnly::new(), "tiny-text");
 }
 
-/// Slot stacks in tile order (backends/wgpu/src/expert_tiles.rs, on by
-/// default where tensor cores are): a shape that takes them (hidden 64,
-/// moe_inter 32: whole 64-row blocks), synthetic weights.
+/// Slot stacks in tile order (`common::wgpu_with_tiled_experts`),
+/// synthetic weights.
 #[test]
 fn wgpu_optimistic_passes_settle_on_tiled_slots() {
-    let Some(be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
-        expert_tiles: Some(true),
-        ..Default::default()
-    }) else {
+    let Some((be, cfg)) = common::wgpu_with_tiled_experts() else {
         return;
-    };
-    let cfg = turbospark::model::ModelConfig {
-        hidden: 64,
-        moe_inter: 32,
-        ..turbospark::model::synthetic::tiny_config()
     };
     let src = turbospark::model::SyntheticSource::new(cfg.clone(), 7).unwrap();
     let mut rng = turbospark::rng::Rng::new(3);

@@ -55,6 +55,23 @@ pub fn wgpu_backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
     }
 }
 
+/// The wgpu backend with its expert stacks in tile order
+/// (backends/wgpu/src/expert_tiles.rs, on by default only on tensor-core
+/// devices) and the tiny config at a shape that takes them (hidden 64,
+/// moe_inter 32: whole 64-row blocks).
+pub fn wgpu_with_tiled_experts() -> Option<(WgpuBackend, turbospark::model::ModelConfig)> {
+    let be = wgpu_backend_with(&WgpuOptions {
+        expert_tiles: Some(true),
+        ..Default::default()
+    })?;
+    let cfg = turbospark::model::ModelConfig {
+        hidden: 64,
+        moe_inter: 32,
+        ..turbospark::model::synthetic::tiny_config()
+    };
+    Some((be, cfg))
+}
+
 /// The CPU reference doing `b`'s arithmetic: where `b` runs some GEMMs from
 /// f16-rounded inputs (tensor cores), the reference rounds the same ones
 /// (`CpuBackend::rounding_gemm_inputs_as`), so `b` is held to f32 reduction

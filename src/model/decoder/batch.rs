@@ -226,12 +226,12 @@ impl<B: ComputeBackend> Model<B> {
         let rows = if samplers.iter().all(|x| x.is_greedy()) {
             None
         } else {
-            Some(self.backend.download_f32(logits)?)
+            Some(self.read_logits(s, m)?)
         };
         for (i, (id, sampler)) in ids.iter_mut().zip(samplers.iter_mut()).enumerate() {
             match &rows {
                 Some(rows) if !sampler.is_greedy() => {
-                    *id = sampler.sample(&rows[i * vocab..(i + 1) * vocab])?;
+                    *id = sampler.sample(&rows[i])?;
                 }
                 _ if *id == crate::ops::NO_ARGMAX => {
                     return Err(Error::NonFinite(format!(
