@@ -666,6 +666,16 @@ pub trait ComputeBackend {
     /// Read back an f32 buffer, or an f16 one (a KV cache) widened exactly
     /// (flushes and waits).
     fn download_f32(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
+    /// Elements `start..start + len` of an f32 or f16 buffer, read back as
+    /// [`ComputeBackend::download_f32`] reads the whole (flushes and waits):
+    /// a sampled step reads its rows of the logits, not the batch's. The
+    /// default reads the whole buffer and keeps the range; a backend whose
+    /// readback costs its bytes overrides it.
+    fn download_f32_range(&self, buf: &Self::Buffer, start: usize, len: usize) -> Result<Vec<f32>> {
+        crate::ops::check_range("download_f32_range", buf, start, len)?;
+        let all = self.download_f32(buf)?;
+        Ok(all[start..start + len].to_vec())
+    }
     /// Read back a u32 buffer (flushes and waits).
     fn download_u32(&self, buf: &Self::Buffer) -> Result<Vec<u32>>;
 

@@ -521,6 +521,27 @@ pub fn check_buf<B: DeviceBuffer>(
     Ok(())
 }
 
+/// A range of elements `start..start + len` read from `b` (an f32 or f16
+/// buffer, [`CACHES`]): inside it, with nothing past its end.
+pub fn check_range<B: DeviceBuffer>(
+    op: &'static str,
+    b: &B,
+    start: usize,
+    len: usize,
+) -> Result<()> {
+    check_buf(op, "buf", b, &CACHES, 0)?;
+    match start.checked_add(len) {
+        Some(end) if end <= b.len() => Ok(()),
+        _ => Err(Error::shape(
+            op,
+            format!(
+                "elements {start}..{start}+{len} are past the buffer's {}",
+                b.len()
+            ),
+        )),
+    }
+}
+
 /// [`crate::ComputeBackend::copy_buffer`]'s arguments: one dtype of
 /// [`CACHES`] or u32 (activations, caches and ids; weights are never
 /// copied), one length, two storages.

@@ -394,9 +394,11 @@ impl<B: ComputeBackend> Model<B> {
 
     /// The first `m` rows of the final logits, read back.
     fn read_logits(&self, s: &Scratch<B::Buffer>, m: usize) -> Result<Vec<Vec<f32>>> {
-        let flat = self.backend.download_f32(self.final_logits(s))?;
         let v = self.cfg.vocab;
-        Ok(flat.chunks(v).take(m).map(<[f32]>::to_vec).collect())
+        let flat = self
+            .backend
+            .download_f32_range(self.final_logits(s), 0, m * v)?;
+        Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
     }
 
     /// Ids inside the vocabulary, and room in the context for `tokens` plus

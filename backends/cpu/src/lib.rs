@@ -400,6 +400,11 @@ impl ComputeBackend for CpuBackend {
         Ok(buf.read().floats(buf.dtype()).into_owned())
     }
 
+    fn download_f32_range(&self, buf: &CpuBuffer, start: usize, len: usize) -> Result<Vec<f32>> {
+        v::check_range("download_f32_range", buf, start, len)?;
+        Ok(buf.read().floats(buf.dtype())[start..start + len].to_vec())
+    }
+
     fn download_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>> {
         v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
         Ok(buf.read().u32().to_vec())

@@ -327,6 +327,19 @@ impl Gpu {
         Ok(data)
     }
 
+    /// Bytes `at..at + bytes` of a buffer (both multiples of 4, inside it),
+    /// read back: only they cross to the host.
+    pub(crate) fn download_bytes_range(
+        &self,
+        buf: &WgpuBuffer,
+        at: usize,
+        bytes: usize,
+        op: &'static str,
+    ) -> Result<Vec<u8>> {
+        let ticket = self.begin_read_range(buf, (at as u64, bytes as u64), op)?;
+        self.finish_read_bytes(ticket)
+    }
+
     pub(crate) fn wait(&self) -> Result<()> {
         self.wait_for(None)?;
         self.check_errors()
@@ -471,11 +484,35 @@ impl Gpu {
 
     /// Start copying `buf` back (`op` names the caller in errors).
     pub(crate) fn begin_read(&self, buf: &WgpuBuffer, op: &'static str) -> Result<ReadTicket> {
+        let size = buf
+            .single()
+            .ok_or_else(|| Error::shape(op, "a weight split across bindings"))?
+            .size();
+        self.begin_read_range(buf, (0, size), op)
+    }
+
+    /// [`Gpu::begin_read`] of bytes `at..at + bytes` of the buffer (both
+    /// multiples of 4, inside it).
+    pub(crate) fn begin_read_range(
+        &self,
+        buf: &WgpuBuffer,
+        (at, bytes): (u64, u64),
+        op: &'static str,
+    ) -> Result<ReadTicket> {
         let src = buf
             .single()
             .ok_or_else(|| Error::shape(op, "a weight split across bindings"))?
             .clone();
-        let bytes = src.size();
+        if at % 4 != 0 || bytes % 4 != 0 || bytes == 0 || at + bytes > src.size() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "bytes {at}..{} of a {}-byte buffer: a readback takes whole words inside it",
+                    at + bytes,
+                    src.size()
+                ),
+            ));
+        }
         let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
         // A free slot big enough, else a new one, else the oldest reclaimed.
         let i = match reads
@@ -511,7 +548,7 @@ impl Gpu {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .submit_with(&self.submit(), |enc| {
-                enc.copy_buffer_to_buffer(&src, 0, &staging, 0, bytes)
+                enc.copy_buffer_to_buffer(&src, at, &staging, 0, bytes)
             });
         let (tx, rx) = channel();
         staging

@@ -624,6 +624,28 @@ impl ComputeBackend for WgpuBackend {
         })
     }
 
+    fn download_f32_range(&self, buf: &WgpuBuffer, start: usize, len: usize) -> Result<Vec<f32>> {
+        const OP: &str = "download_f32_range";
+        v::check_range(OP, buf, start, len)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        // Copies take whole 4-byte words: an f16 range is widened to them
+        // and its first element skipped where it starts mid-word.
+        let size = buf.dtype.size();
+        let (lo, hi) = (start * size, (start + len) * size);
+        let (lo4, hi4) = (lo & !3, hi.next_multiple_of(4));
+        let bytes = self.gpu.download_bytes_range(buf, lo4, hi4 - lo4, OP)?;
+        let bytes = &bytes[lo - lo4..hi - lo4];
+        Ok(match buf.dtype {
+            DType::F16 => bytes
+                .chunks_exact(2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                .collect(),
+            _ => bytemuck::pod_collect_to_vec(bytes),
+        })
+    }
+
     fn download_u32(&self, buf: &WgpuBuffer) -> Result<Vec<u32>> {
         v::check_buf("download_u32", "buf", buf, &v::U32, 0)?;
         Ok(bytemuck::pod_collect_to_vec(&self.gpu.download_bytes(buf)?))

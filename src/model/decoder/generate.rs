@@ -342,8 +342,12 @@ impl<B: ComputeBackend> Model<B> {
 
     /// `single`'s logits row read back and sampled on the host.
     fn sample_single(&self, sampler: &mut Sampler) -> Result<u32> {
-        let row = self.backend.download_f32(self.final_logits(&self.single))?;
-        sampler.sample(&row[..self.cfg.vocab.min(row.len())])
+        let row = (self.backend).download_f32_range(
+            self.final_logits(&self.single),
+            0,
+            self.cfg.vocab,
+        )?;
+        sampler.sample(&row)
     }
 }
 
