@@ -1,9 +1,10 @@
 //! `bench --speculative`: what speculative decoding costs and gives on a
-//! synthetic model. A verification pass over k + 1 tokens against one
-//! decode step (the same `Model::logits` over 1 token), then decode with a
-//! synthetic drafter whose proposals are the plain greedy tokens, each
-//! kept right with a set probability (a wrong one replaced by another id):
-//! the drafter's real cost, the acceptance a forced rate gives.
+//! synthetic model. A greedy verification pass over k + 1 tokens against
+//! one decode step (the same `Model::greedy_rows` over 1 token, each row's
+//! argmax on the device as greedy speculative decoding verifies), then
+//! decode with a synthetic drafter whose proposals are the plain greedy
+//! tokens, each kept right with a set probability (a wrong one replaced by
+//! another id): the drafter's real cost, the acceptance a forced rate gives.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -45,12 +46,12 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     let extra: Vec<u32> = (0..5).map(|_| rng.below(vocab) as u32).collect();
     let mut verify = Vec::new();
     for m in 1..=5 {
-        model.logits(&mut seq, &extra[..m])?;
+        model.greedy_rows(&mut seq, &extra[..m])?;
         model.truncate(&mut seq, prompt_len)?;
         let mut ms: Vec<f64> = (0..REPS)
             .map(|_| {
                 let t = Instant::now();
-                let r = model.logits(&mut seq, &extra[..m]);
+                let r = model.greedy_rows(&mut seq, &extra[..m]);
                 let e = t.elapsed().as_secs_f64() * 1e3;
                 r.and_then(|_| model.truncate(&mut seq, prompt_len))
                     .map(|()| e)

@@ -49,7 +49,7 @@ impl<B: ComputeBackend> Model<B> {
     /// [`Model::logits`] of `tokens` (one pass: at most the head's rows)
     /// reduced to each row's argmax on the device (first index on ties):
     /// a greedy verification reads back 4 bytes a row, not the vocabulary.
-    pub(crate) fn greedy_rows(&self, seq: &mut Sequence<B>, tokens: &[u32]) -> Result<Vec<u32>> {
+    pub fn greedy_rows(&self, seq: &mut Sequence<B>, tokens: &[u32]) -> Result<Vec<u32>> {
         self.check_owned(seq)?;
         self.check_request(seq, tokens, 0)?;
         let m = tokens.len();
