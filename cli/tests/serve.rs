@@ -832,6 +832,55 @@ fn concurrent_requests_give_each_solo_reply() {
     assert!(widest_batch(&s) <= 4, "{}", s.log());
 }
 
+/// A long prompt that arrives while another request generates is
+/// prefilled a batch between that request's steps (`--prefill-batch 8`):
+/// both replies are what each gets alone.
+#[test]
+fn a_long_prompt_joins_between_steps() {
+    // (no prompt cache: the solo run's sequence would hold all but the
+    // joining prompt's last token)
+    let s = Arc::new(Server::start_with(
+        "512",
+        &[
+            "--parallel",
+            "4",
+            "--prefill-batch",
+            "8",
+            "--cache-sequences",
+            "0",
+        ],
+    ));
+    let mut running = chat("w3 w5", 400, None);
+    running["stream"] = json!(true);
+    let words: Vec<String> = (0..40).map(|i| format!("w{}", 7 + 3 * i)).collect();
+    let long = chat(&words.join(" "), 40, Some(5));
+    let solo_running = streamed_chat(&s.post("/v1/chat/completions", &running)).0;
+    let solo_long = content(&s.post("/v1/chat/completions", &long));
+    let (started, streaming) = mpsc::channel();
+    let first = {
+        let (s, b) = (s.clone(), running.clone());
+        std::thread::spawn(move || streamed_chat(&post_streamed_signalled(&s, &b, started)).0)
+    };
+    streaming
+        .recv_timeout(WAIT)
+        .expect("the first request streams");
+    let joined = content(&s.post("/v1/chat/completions", &long));
+    assert_eq!(joined, solo_long, "the joining request");
+    assert_eq!(first.join().unwrap(), solo_running, "the running request");
+    let log = s.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("request joins 1 running"))
+        .unwrap_or_else(|| panic!("no request joined between steps: {log}"));
+    let pieces: usize = line
+        .split(": ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(pieces > 16, "the prompt spans several batches of 8: {line}");
+}
+
 /// A streamed chat request whose first text is signalled on `started`
 /// as it comes; the whole response.
 fn post_streamed_signalled(s: &Server, body: &Value, started: mpsc::Sender<()>) -> Reply {

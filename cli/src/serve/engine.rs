@@ -2,10 +2,14 @@
 //! scratch is shared by every pass) and runs the requests of a bounded
 //! queue, streaming each one's text back as it is generated. Up to
 //! `--parallel` generations run at once (continuous batching): a request
-//! joins after its prompt's prefill, which runs alone, each step is one
-//! batched pass over the active generations (`Model::decode_batch`), and a
-//! generation leaves between steps when it ends (its token limit, an
-//! end-of-sequence token, a stop string, its client gone). Speculative
+//! joins after its prompt's prefill, each step is one batched pass over
+//! the active generations (`Model::decode_batch`), and a generation leaves
+//! between steps when it ends (its token limit, an end-of-sequence token, a
+//! stop string, its client gone). A prompt that arrives while others
+//! generate is prefilled one prefill batch between two of their steps (a
+//! long prompt delays each running stream by a batch's prefill at a time,
+//! not by all of it), at the same batch boundaries as alone, so its reply
+//! is the same. Speculative
 //! decoding runs one request at a time. The engine keeps the sequences of
 //! recent requests (a prompt cache): a prompt that extends one's tokens
 //! starts from a copy of it and prefills only what is new.
@@ -95,9 +99,11 @@ pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
         return;
     }
     let mut active: Vec<Active<'_, B>> = Vec::new();
+    // A request whose prompt is being prefilled between steps (one at a time).
+    let mut joining: Option<Joining<'_, B>> = None;
     loop {
         // Join: waiting for a request only while none runs.
-        while active.len() < e.parallel.max(1) {
+        while joining.is_none() && active.len() < e.parallel.max(1) {
             let job = if active.is_empty() {
                 match jobs.blocking_recv() {
                     Some(job) => job,
@@ -118,6 +124,22 @@ pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
                 report(&job, ran);
                 continue;
             }
+            if !active.is_empty() {
+                // (others generate: the prompt goes in a batch between steps)
+                match guarded(&mut cache, |cache| begin(model, cache, tok, &job)) {
+                    Ok((gen, at)) => {
+                        eprintln!(
+                            "request joins {} running: {} prompt tokens to prefill, {} a step",
+                            active.len(),
+                            job.prompt.len() - at,
+                            model.prefill_batch()
+                        );
+                        joining = Some(Joining { job, gen, at });
+                    }
+                    Err(err) => report(&job, Err(err)),
+                }
+                break;
+            }
             // (alone, a greedy request decodes pipelined until another
             // waits to join it; with --parallel 1 none ever joins)
             let waiting = || e.parallel > 1 && !jobs.is_empty();
@@ -133,10 +155,38 @@ pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
                 Err(err) => report(&job, Err(err)),
             }
         }
+        if let Some(mut j) = joining.take() {
+            let job = &j.job;
+            let chunk = model.prefill_batch();
+            match guarded(&mut cache, |_| {
+                j.gen.prefill_piece(model, job, &mut j.at, chunk, &eos)
+            }) {
+                Ok(None) => joining = Some(j),
+                Ok(Some(false)) => active.push(Active {
+                    job: j.job,
+                    gen: j.gen,
+                }),
+                Ok(Some(true)) => {
+                    let done = j.gen.finish(&j.job, &mut cache);
+                    report(&j.job, done);
+                }
+                Err(err) => report(&j.job, Err(err)),
+            }
+        }
         if !active.is_empty() {
             step(model, &mut active, &mut cache, &eos);
         }
     }
+}
+
+/// A request joining running generations: its generation so far and how
+/// much of its prompt the sequence holds.
+struct Joining<'t, B: ComputeBackend> {
+    job: Job,
+    gen: Generating<'t, B>,
+    /// Prompt tokens in the sequence (the cached prefix, then the batches
+    /// prefilled so far).
+    at: usize,
 }
 
 /// A request whose client left while it waited.
@@ -230,23 +280,7 @@ fn start<'t, B: ComputeBackend>(
     job: &Job,
     alone: Option<&dyn Fn() -> bool>,
 ) -> CliResult<(Generating<'t, B>, bool)> {
-    // The CPU backend reads its weights from the checkpoint's maps: a file
-    // changed since the server started is an error, not a fault.
-    crate::mapped::check_unchanged()?;
-    let mut sampler = Sampler::new(&job.opts.sampling)?;
-    // (the whole prompt is seen, however much of it the cache held: a
-    // reply does not depend on what ran before it)
-    sampler.observe(&job.prompt);
-    let (mut seq, cached) = cache.take(model, &job.prompt)?;
-    let mut p = Progress {
-        sampler,
-        text: TextOut::new(tok, job.special, job.stops.clone()),
-        cached,
-        tokens: 0,
-        last: 0,
-        stopped: false,
-        widest: 1,
-    };
+    let (Generating { mut seq, mut p }, cached) = begin(model, cache, tok, job)?;
     let prompt = &job.prompt[cached..];
     if let Some(joins) = alone.filter(|_| job.opts.sampling.is_greedy()) {
         let (mut ends, mut failed) = (false, None);
@@ -273,6 +307,35 @@ fn start<'t, B: ComputeBackend>(
     let first = model.prefill_next(&mut seq, prompt, &mut p.sampler, job.opts.max_new_tokens)?;
     let ends = p.take(first, job, eos)?;
     Ok((Generating { seq, p }, ends))
+}
+
+/// A request's generation before its prompt runs: its sampler, its
+/// sequence from the prompt cache where one holds a prefix of the prompt,
+/// and how many prompt tokens that sequence holds already.
+fn begin<'t, B: ComputeBackend>(
+    model: &Model<B>,
+    cache: &mut PromptCache<B>,
+    tok: &'t tokenizers::Tokenizer,
+    job: &Job,
+) -> CliResult<(Generating<'t, B>, usize)> {
+    // The CPU backend reads its weights from the checkpoint's maps: a file
+    // changed since the server started is an error, not a fault.
+    crate::mapped::check_unchanged()?;
+    let mut sampler = Sampler::new(&job.opts.sampling)?;
+    // (the whole prompt is seen, however much of it the cache held: a
+    // reply does not depend on what ran before it)
+    sampler.observe(&job.prompt);
+    let (seq, cached) = cache.take(model, &job.prompt)?;
+    let p = Progress {
+        sampler,
+        text: TextOut::new(tok, job.special, job.stops.clone()),
+        cached,
+        tokens: 0,
+        last: 0,
+        stopped: false,
+        widest: 1,
+    };
+    Ok((Generating { seq, p }, cached))
 }
 
 /// One batched step of every active generation; those that end leave
@@ -349,6 +412,37 @@ impl Progress<'_> {
 }
 
 impl<B: ComputeBackend> Generating<'_, B> {
+    /// The next piece of the prompt from `*at`: `chunk` tokens (a multiple
+    /// of the model's prefill batch, so the batches fall where a prefill of
+    /// the whole would put them) while more than that remain, else the
+    /// rest with the first new token picked and handed over. None while
+    /// prompt remains; then whether the generation has ended already.
+    fn prefill_piece(
+        &mut self,
+        model: &Model<B>,
+        job: &Job,
+        at: &mut usize,
+        chunk: usize,
+        eos: &[u32],
+    ) -> CliResult<Option<bool>> {
+        crate::mapped::check_unchanged()?;
+        if job.events.is_closed() {
+            // (the client has gone: nothing more to prefill for it)
+            return Ok(Some(true));
+        }
+        let rest = &job.prompt[*at..];
+        if rest.len() > chunk {
+            model.prefill(&mut self.seq, &rest[..chunk])?;
+            *at += chunk;
+            return Ok(None);
+        }
+        let p = &mut self.p;
+        let first =
+            model.prefill_next(&mut self.seq, rest, &mut p.sampler, job.opts.max_new_tokens)?;
+        *at = job.prompt.len();
+        Ok(Some(p.take(first, job, eos)?))
+    }
+
     /// The generation ended: the rest of its text sent, its sequence kept
     /// in the cache.
     fn finish(self, job: &Job, cache: &mut PromptCache<B>) -> CliResult<Done> {
