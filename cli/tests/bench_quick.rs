@@ -357,3 +357,41 @@ fn parallel_decode_throughput_on_cpu() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--parallel"), "{err}");
 }
+
+/// `--serve`: one stream through `generate`'s path and through the server
+/// on the same loaded tiny synthetic model (the reply checked to be the
+/// same tokens inside the bench), both timings and their ratios in the
+/// JSON.
+#[test]
+fn serve_against_generate_on_cpu() {
+    let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-serve-cpu.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(["bench", "--backend", "cpu", "--synthetic", "tiny"])
+        .args([
+            "--prompt-tokens",
+            "5",
+            "--decode-tokens",
+            "12",
+            "--serve",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("turbospark runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).expect("JSON");
+    for path in ["generate", "serve"] {
+        for what in ["ttft_ms", "decode_tok_s", "last_token_ms"] {
+            positive(&v[path][what], &format!("{path} {what}"));
+        }
+    }
+    for what in ["ttft", "decode", "last_token"] {
+        positive(&v["serve_over_generate"][what], what);
+    }
+    assert_eq!(v["decode_tokens"], 12, "{v}");
+}

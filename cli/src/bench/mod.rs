@@ -16,6 +16,7 @@ mod measure;
 mod parallel;
 mod replay;
 mod report;
+mod serve;
 mod speculative;
 mod streaming;
 
@@ -146,6 +147,13 @@ pub struct Args {
     /// backend, or the CPU with `--backend cpu`).
     #[arg(long, value_delimiter = ',', value_name = "N,..")]
     pub parallel: Vec<usize>,
+    /// What the server costs a stream, and exit: the `--synthetic` model's
+    /// time to first token and decode tok/s through `generate`'s path and
+    /// through one streamed `/v1/completions` request to a server on the
+    /// same loaded model (on the wgpu backend, or the CPU with `--backend
+    /// cpu`).
+    #[arg(long)]
+    pub serve: bool,
     /// --speculative: the synthetic drafter's layers (the last full).
     #[arg(long, default_value_t = 4)]
     pub draft_layers: usize,
@@ -436,6 +444,9 @@ pub fn main(args: Args) -> ExitCode {
     if args.speculative {
         return speculative_main(&args);
     }
+    if args.serve {
+        return serve_main(&args);
+    }
     if !args.parallel.is_empty() {
         return parallel_main(&args);
     }
@@ -698,6 +709,16 @@ fn parallel_main(args: &Args) -> ExitCode {
     };
     let result = on_backend!(args, name, parallel::run);
     finish(args, "--parallel", false, result)
+}
+
+/// `bench --serve`: [`serve::run`] on one backend, its lines printed (the
+/// report written with `--json`).
+fn serve_main(args: &Args) -> ExitCode {
+    let Some(name) = synthetic_name(args, "--serve") else {
+        return ExitCode::FAILURE;
+    };
+    let result = on_backend!(args, name, serve::run);
+    finish(args, "--serve", false, result)
 }
 
 /// `bench --speculative`: [`speculative::run`] on one backend, its lines

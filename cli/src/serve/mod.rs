@@ -225,6 +225,65 @@ fn start_engine(
         .map_err(|_| "the engine thread ended while loading the model")?
 }
 
+/// A server on a model loaded in this process (`bench --serve`): the
+/// engine thread and the HTTP tasks as `serve` runs them, on 127.0.0.1 at a
+/// free port, with no prompt cache (every request prefills its whole
+/// prompt, as `generate` does). Dropping it stops the HTTP tasks; the
+/// engine thread then ends with its queue.
+pub struct Local {
+    pub addr: std::net::SocketAddr,
+    _runtime: tokio::runtime::Runtime,
+}
+
+pub fn local<B>(
+    model: Model<B>,
+    tok: Arc<tokenizers::Tokenizer>,
+    (model_name, parallel): (&str, usize),
+) -> CliResult<Local>
+where
+    B: ComputeBackend + 'static,
+    Model<B>: Send,
+{
+    let max_context = model.max_context();
+    let (jobs, queue) = mpsc::channel(DEFAULT_QUEUE);
+    let engine_tok = tok.clone();
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            let e = engine::Engine {
+                model,
+                drafter: None,
+                tok: engine_tok,
+                cache_size: 0,
+                parallel,
+            };
+            engine::serve(e, queue)
+        })?;
+    let app = Arc::new(http::App {
+        tok,
+        renderer: prompt::Renderer::None,
+        jobs,
+        model_name: model_name.into(),
+        max_context,
+        chat_stop_ids: Vec::new(),
+        started: 0,
+    });
+    let router = http::router(app, usize::MAX);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))?;
+    let addr = listener.local_addr()?;
+    runtime.spawn(async move { axum::serve(listener, router).await });
+    Ok(Local {
+        addr,
+        _runtime: runtime,
+    })
+}
+
+/// Requests a [`local`] server's queue holds.
+const DEFAULT_QUEUE: usize = 16;
+
 /// Serve `router` on `host:port` until SIGINT or SIGTERM, then stop
 /// accepting and wait up to `grace` for the responses in flight.
 async fn listen(host: &str, port: u16, router: axum::Router, grace: Duration) -> CliResult {
