@@ -11,8 +11,10 @@
 #   3. bench --parallel 1,4,16, q4g64 (aggregate decode of batched streams);
 #   4. streamed experts, q4g64: 16 and 128 slots on a generated trace
 #      (skew 1, reuse 0.45: about 70% LFU hits at 16 slots) and, without a
-#      trace, 128 slots (every expert hits) against resident.
-# STEPS picks some of them (default "split spec parallel stream").
+#      trace, 128 slots (every expert hits) against resident;
+#   5. bench --serve, q4g64: one stream through generate's path and through
+#      the server on the same loaded model.
+# STEPS picks some of them (default "split spec parallel stream serve").
 set -uo pipefail
 
 OUT=${OUT:-$PWD/bench-out}
@@ -24,7 +26,7 @@ t0=$SECONDS
 step() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$OUT/steps.log"; }
 model=(--backend wgpu --quant q4 --synthetic gemma-4-26b-a4b)
 
-for s in ${STEPS:-split spec parallel stream}; do
+for s in ${STEPS:-split spec parallel stream serve}; do
     case "$s" in
     split)
         for f in matmul_quantized moe_gate_up_quantized moe_down_quantized; do
@@ -52,8 +54,13 @@ for s in ${STEPS:-split spec parallel stream}; do
         SLOTS=128 STREAM_TIMEOUT=120 bash "$(dirname "$0")/h200-stream.sh" >/dev/null 2>&1
         step "stream: $(grep -hE 'slots|resident' "$OUT/stream-trace.log" "$OUT/stream-after-hit.log" | tail -6 | tr '\n' '|')"
         ;;
+    serve)
+        timeout 150 "$BIN" bench "${model[@]}" --serve --prompt-tokens 128 --decode-tokens 64 \
+            --json "$OUT/serve-q4.json" >"$OUT/serve-q4.log" 2>&1
+        step "serve: exit $?; $(grep -E '^(generate|serve):' "$OUT/serve-q4.log" | tr '\n' '|')"
+        ;;
     *)
-        echo "unknown step $s (split, spec, parallel, stream)" >&2
+        echo "unknown step $s (split, spec, parallel, stream, serve)" >&2
         exit 2
         ;;
     esac
