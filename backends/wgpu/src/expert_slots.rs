@@ -488,20 +488,18 @@ mod tests {
         device_bytes(be, &slots)
     }
 
-    /// Random experts written through the mapped path and through staging
-    /// land byte for byte as an upload of them does, in float, affine and
-    /// tile-ordered stacks. Skipped where the adapter maps no slots, except
-    /// under `CI=true` on a software or integrated adapter (lavapipe).
-    #[test]
-    fn mapped_and_staged_writes_land_alike() {
-        let Some(first) = crate::tests::backend() else {
-            return;
-        };
+    /// A backend that maps its slots and one that stages, both with expert
+    /// tiles `tiles`; None (skip) where the adapter maps none, except under
+    /// `CI=true` on a software or integrated adapter (lavapipe), where that
+    /// fails. Under the WebGPU profile mapped slots are refused by name
+    /// (checked) and None.
+    fn both_paths(tiles: bool) -> Option<(WgpuBackend, WgpuBackend)> {
+        let first = crate::tests::backend()?;
         let unified = matches!(
             first.info().device_type,
             DeviceType::SoftwareGpu | DeviceType::IntegratedGpu
         );
-        let open = |mapped: bool, tiles: bool| {
+        let open = |mapped: bool| {
             WgpuBackend::new(&WgpuOptions {
                 mapped_slots: Some(mapped),
                 expert_tiles: Some(tiles),
@@ -509,25 +507,36 @@ mod tests {
             })
         };
         if LimitsProfile::or_env(None).unwrap() == LimitsProfile::WebGpu {
-            let e = open(true, false).err().expect("mapped slots under WebGPU");
+            let e = open(true).err().expect("mapped slots under WebGPU");
             assert!(e.to_string().contains("WebGPU"), "{e}");
-            return;
+            return None;
         }
         let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        let mapped = match (open(true, false), open(true, true)) {
-            (Ok(a), Ok(b)) => [a, b],
-            (Err(e), _) | (_, Err(e)) => {
-                assert!(
-                    !(ci && unified),
-                    "CI: {} must map its slots: {e}",
-                    first.info().device_name
-                );
+        let mapped = match open(true) {
+            Ok(b) => b,
+            Err(e) => {
+                let name = &first.info().device_name;
+                assert!(!(ci && unified), "CI: {name} must map its slots: {e}");
                 eprintln!("skipping: {e}");
-                return;
+                return None;
             }
         };
         drop(first);
-        let staged = [open(false, false).unwrap(), open(false, true).unwrap()];
+        assert!(mapped.features().mapped_slots);
+        let staged = open(false).unwrap();
+        assert!(!staged.features().mapped_slots);
+        Some((mapped, staged))
+    }
+
+    /// Random experts written through the mapped path and through staging
+    /// land byte for byte as an upload of them does, in float, affine and
+    /// tile-ordered stacks.
+    #[test]
+    fn mapped_and_staged_writes_land_alike() {
+        let (Some((m0, s0)), Some((m1, s1))) = (both_paths(false), both_paths(true)) else {
+            return;
+        };
+        let (mapped, staged) = ([m0, m1], [s0, s1]);
         let q4 = DType::Affine(Affine::new(4, 32, ScaleType::BF16).unwrap());
         let cases = [
             Case {
@@ -573,5 +582,90 @@ mod tests {
         let (a, b, c) = ([1u8, 2, 3], [4u8], [5u8, 6]);
         let got = pieces(&[&a, &b, &c], 1, 4);
         assert_eq!(got, vec![(0, &a[1..]), (2, &b[..]), (3, &c[..1])]);
+    }
+
+    /// A layer's misses at the 26B-A4B's size (8 gate_up experts of 16
+    /// slots, q4 group 64: 2.2 MB each) through both paths, five times: the
+    /// same bytes in the slots; each path's copy rate printed (the time in
+    /// `write_experts`, as `StreamStats` counts it, and to the device's
+    /// idle, which adds the staged path's device copy).
+    #[test]
+    fn full_size_misses_land_alike_on_both_paths() {
+        let Some((mapped, staged)) = both_paths(false) else {
+            return;
+        };
+        let dtype = DType::Affine(Affine::new(4, 64, ScaleType::BF16).unwrap());
+        let stack = ExpertStack {
+            experts: 16,
+            gate_up: true,
+        };
+        let shape = (16 * 2 * 704, 2816);
+        let seed = turbospark::parity::seed_from_env();
+        let mut rng = Rng::new(seed);
+        let mut random = |n: usize| -> Vec<u8> {
+            (0..n.div_ceil(8))
+                .flat_map(|_| rng.next_u64().to_le_bytes())
+                .take(n)
+                .collect()
+        };
+        let rounds: Vec<Vec<(usize, [Vec<u8>; 3])>> = (0..5)
+            .map(|r| {
+                (0..8)
+                    .map(|i| {
+                        let slot = (r * 5 + i * 2) % 16;
+                        let ranges = stack.part_ranges(dtype, shape, slot).unwrap();
+                        (slot, ranges.map(|r| random(r.len())))
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut got = Vec::new();
+        for (be, path) in [(&mapped, SlotWrite::Mapped), (&staged, SlotWrite::Staged)] {
+            let slots = be.alloc_experts(dtype, stack, shape, "slots").unwrap();
+            be.sync().unwrap();
+            let (mut bytes, mut write, mut done) = (0, 0.0, 0.0);
+            for round in &rounds {
+                let writes: Vec<(usize, ExpertBytes<'_>)> = round
+                    .iter()
+                    .map(|(slot, p)| {
+                        let parts = [vec![&p[0][..]], vec![&p[1][..]], vec![&p[2][..]]];
+                        (*slot, ExpertBytes { parts })
+                    })
+                    .collect();
+                bytes += writes.iter().map(|w| w.1.len()).sum::<usize>();
+                let t0 = std::time::Instant::now();
+                let took = be.write_experts(&slots, dtype, stack, shape, &writes);
+                write += t0.elapsed().as_secs_f64();
+                assert_eq!(took.unwrap(), path, "seed {seed}");
+                be.sync().unwrap();
+                done += t0.elapsed().as_secs_f64();
+            }
+            eprintln!(
+                "{} on {}: {:.1} MB of misses, {:.2} GB/s in write_experts, {:.2} GB/s to \
+                 the device's idle",
+                path.name(),
+                be.info().device_name,
+                bytes as f64 / 1e6,
+                bytes as f64 / write / 1e9,
+                bytes as f64 / done / 1e9
+            );
+            got.push(device_bytes(be, &slots));
+        }
+        assert!(got[0] == got[1], "the two paths differ (seed {seed})");
+        // (and both hold what an upload of the same experts holds)
+        let mut host = vec![0u8; dtype.bytes_for(shape.0 * shape.1)];
+        for (slot, parts) in rounds.iter().flatten() {
+            let ranges = stack.part_ranges(dtype, shape, *slot).unwrap();
+            for (r, p) in ranges.into_iter().zip(parts) {
+                host[r].copy_from_slice(p);
+            }
+        }
+        let want = staged
+            .upload_experts(dtype, stack, shape, HostBytes::Slice(&host), "want")
+            .unwrap();
+        assert!(
+            device_bytes(&staged, &want) == got[0],
+            "the slots differ from an upload (seed {seed})"
+        );
     }
 }
