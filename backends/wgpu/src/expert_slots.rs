@@ -585,10 +585,11 @@ mod tests {
     }
 
     /// A layer's misses at the 26B-A4B's size (8 gate_up experts of 16
-    /// slots, q4 group 64: 2.2 MB each) through both paths, five times: the
-    /// same bytes in the slots; each path's copy rate printed (the time in
-    /// `write_experts`, as `StreamStats` counts it, and to the device's
-    /// idle, which adds the staged path's device copy).
+    /// slots, q4 group 64: 2.2 MB each) through both paths, five layers'
+    /// worth: the same bytes in the slots, those of an upload; each path's
+    /// copy rate printed (the time in `write_experts`, as `StreamStats`
+    /// counts it, and to the device's idle, which adds the staged path's
+    /// device copy).
     #[test]
     fn full_size_misses_land_alike_on_both_paths() {
         let Some((mapped, staged)) = both_paths(false) else {
@@ -619,38 +620,55 @@ mod tests {
                     .collect()
             })
             .collect();
-        let mut got = Vec::new();
-        for (be, path) in [(&mapped, SlotWrite::Mapped), (&staged, SlotWrite::Staged)] {
-            let slots = be.alloc_experts(dtype, stack, shape, "slots").unwrap();
-            be.sync().unwrap();
-            let (mut bytes, mut write, mut done) = (0, 0.0, 0.0);
-            for round in &rounds {
-                let writes: Vec<(usize, ExpertBytes<'_>)> = round
-                    .iter()
-                    .map(|(slot, p)| {
-                        let parts = [vec![&p[0][..]], vec![&p[1][..]], vec![&p[2][..]]];
-                        (*slot, ExpertBytes { parts })
-                    })
-                    .collect();
-                bytes += writes.iter().map(|w| w.1.len()).sum::<usize>();
-                let t0 = std::time::Instant::now();
-                let took = be.write_experts(&slots, dtype, stack, shape, &writes);
-                write += t0.elapsed().as_secs_f64();
-                assert_eq!(took.unwrap(), path, "seed {seed}");
+        let paths = [(&mapped, SlotWrite::Mapped), (&staged, SlotWrite::Staged)];
+        let stacks: Vec<WgpuBuffer> = paths
+            .iter()
+            .map(|(be, _)| be.alloc_experts(dtype, stack, shape, "slots").unwrap())
+            .collect();
+        // Best of three, the paths taking turns (a shared host's noise).
+        let mut best = [(0.0f64, 0.0f64); 2];
+        let mut bytes = 0;
+        for _ in 0..3 {
+            for (i, (be, path)) in paths.iter().enumerate() {
                 be.sync().unwrap();
-                done += t0.elapsed().as_secs_f64();
+                bytes = 0;
+                let (mut write, mut done) = (0.0, 0.0);
+                for round in &rounds {
+                    let writes: Vec<(usize, ExpertBytes<'_>)> = round
+                        .iter()
+                        .map(|(slot, p)| {
+                            let parts = [vec![&p[0][..]], vec![&p[1][..]], vec![&p[2][..]]];
+                            (*slot, ExpertBytes { parts })
+                        })
+                        .collect();
+                    bytes += writes.iter().map(|w| w.1.len()).sum::<usize>();
+                    let t0 = std::time::Instant::now();
+                    let took = be.write_experts(&stacks[i], dtype, stack, shape, &writes);
+                    write += t0.elapsed().as_secs_f64();
+                    assert_eq!(took.unwrap(), *path, "seed {seed}");
+                    // (a submit carries the staged path's device copies)
+                    be.gpu.queue.submit([]);
+                    be.sync().unwrap();
+                    done += t0.elapsed().as_secs_f64();
+                }
+                let rate = |s: f64| bytes as f64 / s / 1e9;
+                best[i] = (best[i].0.max(rate(write)), best[i].1.max(rate(done)));
             }
+        }
+        for ((be, path), (write, done)) in paths.iter().zip(best) {
             eprintln!(
-                "{} on {}: {:.1} MB of misses, {:.2} GB/s in write_experts, {:.2} GB/s to \
-                 the device's idle",
+                "{} on {}: {:.1} MB of misses, {write:.2} GB/s in write_experts, \
+                 {done:.2} GB/s to the device's idle (best of 3)",
                 path.name(),
                 be.info().device_name,
                 bytes as f64 / 1e6,
-                bytes as f64 / write / 1e9,
-                bytes as f64 / done / 1e9
             );
-            got.push(device_bytes(be, &slots));
         }
+        let got: Vec<Vec<u8>> = paths
+            .iter()
+            .zip(&stacks)
+            .map(|((be, _), s)| device_bytes(be, s))
+            .collect();
         assert!(got[0] == got[1], "the two paths differ (seed {seed})");
         // (and both hold what an upload of the same experts holds)
         let mut host = vec![0u8; dtype.bytes_for(shape.0 * shape.1)];
