@@ -462,8 +462,8 @@ impl ExpertStack {
     /// What every backend's `write_experts` checks first: the buffer
     /// (`buf_dtype`, `buf_len` elements) is a `dtype` stack of this shape,
     /// each write's parts are its slot's sizes, and no slot is written
-    /// twice. The byte ranges of each
-    /// write's parts ([`ExpertStack::part_ranges`]).
+    /// twice. The byte ranges of each write's parts
+    /// ([`ExpertStack::part_ranges`]).
     pub fn check_writes(
         &self,
         (buf_dtype, buf_len): (DType, usize),

@@ -575,6 +575,22 @@ mod tests {
             let s = write_rounds(&staged[tiles], c, seed ^ i as u64, SlotWrite::Staged);
             assert!(m == s, "{}: the two paths differ (seed {seed})", c.name);
         }
+        // A slot twice in one call is refused on both paths.
+        let c = &cases[0];
+        for be in [&mapped[0], &staged[0]] {
+            let slots = be
+                .alloc_experts(c.dtype, c.stack, c.shape, "slots")
+                .unwrap();
+            let r = c.stack.part_ranges(c.dtype, c.shape, 1).unwrap();
+            let bytes = vec![7u8; r[0].len()];
+            let w = || ExpertBytes {
+                parts: [vec![&bytes[..]], vec![], vec![]],
+            };
+            let e = be
+                .write_experts(&slots, c.dtype, c.stack, c.shape, &[(1, w()), (1, w())])
+                .unwrap_err();
+            assert!(e.to_string().contains("slot 1 again"), "{e}");
+        }
     }
 
     #[test]
