@@ -396,6 +396,30 @@ impl ExpertBytes<'_> {
     }
 }
 
+/// How a backend's [`ComputeBackend::write_experts`] moved a miss's bytes
+/// into its slot (`StreamStats::write_path`, `bench --stream-slots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotWrite {
+    /// The slot is host memory: one copy from the mapping into it (CPU).
+    Host,
+    /// Into staging memory, which the device then copies into the slot:
+    /// one host copy and one device copy.
+    Staged,
+    /// Into the slot itself, mapped into the host's address space (unified
+    /// memory): one host copy, no staging and no device copy.
+    Mapped,
+}
+
+impl SlotWrite {
+    pub fn name(self) -> &'static str {
+        match self {
+            SlotWrite::Host => "host",
+            SlotWrite::Staged => "staged",
+            SlotWrite::Mapped => "mapped",
+        }
+    }
+}
+
 impl ExpertStack {
     /// Byte ranges of expert `slot`'s parts (see [`ExpertBytes`]) in a
     /// stack of this many experts laid out as `upload_experts` takes it:
@@ -437,8 +461,9 @@ impl ExpertStack {
 
     /// What every backend's `write_experts` checks first: the buffer
     /// (`buf_dtype`, `buf_len` elements) is a `dtype` stack of this shape,
-    /// and each write's parts are its slot's sizes. The byte ranges of each
-    /// write's parts ([`ExpertStack::part_ranges`]).
+    /// each write's parts are its slot's sizes, and no slot is written
+    /// twice. The byte ranges of each write's parts
+    /// ([`ExpertStack::part_ranges`]).
     pub fn check_writes(
         &self,
         (buf_dtype, buf_len): (DType, usize),
@@ -454,6 +479,17 @@ impl ExpertStack {
                      experts, {rows} x {cols}",
                     self.experts
                 ),
+            ));
+        }
+        // (a slot written twice in one call would be ambiguous)
+        if let Some((i, (slot, _))) = writes
+            .iter()
+            .enumerate()
+            .find(|(i, (slot, _))| writes[..*i].iter().any(|w| w.0 == *slot))
+        {
+            return Err(crate::Error::shape(
+                "write_experts",
+                format!("write {i} is to slot {slot} again"),
             ));
         }
         writes
@@ -610,8 +646,9 @@ pub trait ComputeBackend {
     /// stack made by [`ComputeBackend::alloc_experts`] (or
     /// `upload_experts`) with the same `dtype`, `stack` and whole-stack
     /// shape `(rows, cols)`, from the experts' bytes ([`ExpertStack::check_writes`]
-    /// checks them). Ordered like [`ComputeBackend::write_f32`]. A backend
-    /// that cannot says so for [`OpKind::ExpertSlots`] and here.
+    /// checks them). Ordered like [`ComputeBackend::write_f32`]. Returns
+    /// the path the bytes took. A backend that cannot says so for
+    /// [`OpKind::ExpertSlots`] and here.
     fn write_experts(
         &self,
         buf: &Self::Buffer,
@@ -619,7 +656,7 @@ pub trait ComputeBackend {
         stack: ExpertStack,
         shape: (usize, usize),
         writes: &[(usize, ExpertBytes<'_>)],
-    ) -> Result<()> {
+    ) -> Result<SlotWrite> {
         let _ = (buf, stack, shape, writes);
         Err(crate::Error::Unsupported {
             backend: self.info().backend.clone(),

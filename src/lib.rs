@@ -20,7 +20,7 @@ pub mod rng;
 pub use backend::{
     BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, ExpertBytes, ExpertStack,
     GateUpArgs, GemmRounding, HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, RouterArgs,
-    Support,
+    SlotWrite, Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use turbospark::model::experts::{Counts, Optimism, Policy, SlotCache};
 use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, TensorSource};
-use turbospark::ComputeBackend;
+use turbospark::{ComputeBackend, SlotWrite};
 use turbospark_cpu::CpuBackend;
 
 fn fixture(name: &str) -> PathBuf {
@@ -81,9 +81,15 @@ fn run<B: ComputeBackend>(model: &mut OneSequence<B>, toks: &[u32], prompt: usiz
 }
 
 /// Every slot count of `name` on `backend` against its resident run, with
-/// prefill batches of `batch` tokens; the backend comes back.
-fn streams_bit_identically<B: ComputeBackend>(backend: B, name: &str, batch: usize) -> B {
-    streams_like_resident(backend, name, batch, None)
+/// prefill batches of `batch` tokens, the misses taking `path` into their
+/// slots; the backend comes back.
+fn streams_bit_identically<B: ComputeBackend>(
+    backend: B,
+    name: &str,
+    batch: usize,
+    path: SlotWrite,
+) -> B {
+    streams_like_resident(backend, name, (batch, path), None)
 }
 
 /// Where a backend's MoE down phase sums a token's experts in an order that
@@ -100,7 +106,7 @@ const REORDERED_SUM_NMSE: f64 = 1e-10;
 fn streams_like_resident<B: ComputeBackend>(
     mut backend: B,
     name: &str,
-    batch: usize,
+    (batch, path): (usize, SlotWrite),
     nmse: Option<f64>,
 ) -> B {
     let dir = fixture(name);
@@ -149,6 +155,7 @@ fn streams_like_resident<B: ComputeBackend>(
             assert_eq!(got.greedy, resident.greedy, "{what}: greedy tokens");
             let st = model.take_stream_stats().expect("streamed");
             assert!(st.counts.misses >= e.min(slots) as u64, "{what}: {st:?}");
+            assert_eq!(st.write_path, Some(path), "{what}: the misses' path");
             if slots < e {
                 assert!(st.counts.hits > 0 && st.bytes > 0, "{what}: {st:?}");
             }
@@ -191,27 +198,52 @@ const FIXTURES: [&str; 4] = [
 fn cpu_streams_bit_identically() {
     let mut be = CpuBackend::new();
     for name in FIXTURES {
-        be = streams_bit_identically(be, name, 512);
+        be = streams_bit_identically(be, name, 512, SlotWrite::Host);
     }
     // Prefill in batches of 3: waves within each, and decode after.
-    be = streams_bit_identically(be, "tiny-text", 3);
+    be = streams_bit_identically(be, "tiny-text", 3, SlotWrite::Host);
     // Batches of 1: a sliding ring of just the window, where pipelined
     // decode settles each optimistic step before recording the next.
-    streams_bit_identically(be, "tiny-text", 1);
+    streams_bit_identically(be, "tiny-text", 1, SlotWrite::Host);
 }
 
+/// On the default adapter's path: straight into mapped slots where its
+/// memory is the host's (under `CI=true` on lavapipe it must be,
+/// `common::slot_write`), else through staging.
 #[test]
 fn wgpu_streams_bit_identically() {
     let Some(mut be) = common::wgpu_backend() else {
         return;
     };
+    let path = common::slot_write(&be);
+    eprintln!("misses take the {} path", path.name());
     // (moe_inter 64 and 32: the decode kernels and the GEMM with its
     // moe_sum, which add a token's experts in route order)
     for name in ["tiny-text-q4", "tiny-multimodal-g32"] {
-        be = streams_bit_identically(be, name, 512);
+        be = streams_bit_identically(be, name, 512, path);
     }
-    be = streams_like_resident(be, "tiny-text", 3, Some(REORDERED_SUM_NMSE));
-    streams_like_resident(be, "tiny-multimodal", 512, Some(REORDERED_SUM_NMSE));
+    be = streams_like_resident(be, "tiny-text", (3, path), Some(REORDERED_SUM_NMSE));
+    streams_like_resident(be, "tiny-multimodal", (512, path), Some(REORDERED_SUM_NMSE));
+}
+
+/// The staging path where the default would map the slots
+/// (`WgpuOptions::mapped_slots` off): the same logits.
+#[test]
+fn wgpu_streams_bit_identically_through_staging() {
+    let Some(mut be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
+        mapped_slots: Some(false),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    assert!(!be.features().mapped_slots);
+    be = streams_bit_identically(be, "tiny-text-q4", 512, SlotWrite::Staged);
+    streams_like_resident(
+        be,
+        "tiny-text",
+        (3, SlotWrite::Staged),
+        Some(REORDERED_SUM_NMSE),
+    );
 }
 
 #[test]
@@ -413,7 +445,7 @@ fn optimistic_passes_settle<B: ComputeBackend>(
     mut backend: B,
     src: &dyn TensorSource,
     toks: &[u32],
-    name: &str,
+    (name, path): (&str, SlotWrite),
 ) -> ([bool; 4], B) {
     use turbospark::model::Model;
     let cfg = src.config().clone();
@@ -449,6 +481,8 @@ fn optimistic_passes_settle<B: ComputeBackend>(
                 }
                 let what = format!("{what}, token {t}: {st:?}");
                 assert_eq!(st.counts, c, "{what}");
+                let took = (c.misses > 0).then_some(path);
+                assert_eq!(st.write_path, took, "{what}");
                 assert_eq!(st.optimistic, 1, "{what}");
                 assert_eq!(st.stood, u64::from(first.is_none()), "{what}");
                 let rerun = first.map_or(0, |f| (n - f) as u64);
@@ -467,11 +501,14 @@ fn optimistic_passes_settle<B: ComputeBackend>(
 
 /// [`optimistic_passes_settle`] on fixture `name`'s tokens, repeated to 60:
 /// over the slot counts and policies the passes meet every case.
-fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(backend: B, name: &str) -> B {
+fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(
+    backend: B,
+    (name, path): (&str, SlotWrite),
+) -> B {
     let dir = fixture(name);
     let ck = Checkpoint::open(&dir).unwrap();
     let toks: Vec<u32> = tokens(&dir).0.into_iter().cycle().take(60).collect();
-    let (seen, backend) = optimistic_passes_settle(backend, &ck, &toks, name);
+    let (seen, backend) = optimistic_passes_settle(backend, &ck, &toks, (name, path));
     assert_eq!(
         seen, [true; 4],
         "{name}: all missed, all hit, last layer only, rerouted"
@@ -483,7 +520,7 @@ fn optimistic_passes_settle_as_the_policy<B: ComputeBackend>(backend: B, name: &
 fn cpu_optimistic_passes_settle_as_the_policy() {
     let mut be = CpuBackend::new();
     for name in ["tiny-text", "tiny-text-q4"] {
-        be = optimistic_passes_settle_as_the_policy(be, name);
+        be = optimistic_passes_settle_as_the_policy(be, (name, SlotWrite::Host));
     }
 }
 
@@ -491,7 +528,8 @@ fn cpu_optimistic_passes_settle_as_the_policy() {
 /// ids read back and looked up on the host): the same passes.
 #[test]
 fn primitives_only_optimistic_passes_settle_as_the_policy() {
-    optimistic_passes_settle_as_the_policy(primitives_only::PrimitivesOnly::new(), "tiny-text");
+    let be = primitives_only::PrimitivesOnly::new();
+    optimistic_passes_settle_as_the_policy(be, ("tiny-text", SlotWrite::Host));
 }
 
 /// Slot stacks in tile order (`common::wgpu_with_tiled_experts`),
@@ -506,7 +544,8 @@ fn wgpu_optimistic_passes_settle_on_tiled_slots() {
     let toks: Vec<u32> = (0..40)
         .map(|_| rng.below(cfg.vocab as u64) as u32)
         .collect();
-    let (seen, _) = optimistic_passes_settle(be, &src, &toks, "tiled synthetic");
+    let path = common::slot_write(&be);
+    let (seen, _) = optimistic_passes_settle(be, &src, &toks, ("tiled synthetic", path));
     assert!(
         seen[0] && seen[1],
         "tiled: a pass missed and one hit: {seen:?}"
@@ -520,8 +559,9 @@ fn wgpu_optimistic_passes_settle_as_the_policy() {
     };
     // (moe_inter 64 and 32: streamed experts sum in route order, bit for
     // bit the resident run)
+    let path = common::slot_write(&be);
     for name in ["tiny-text-q4", "tiny-multimodal-g32"] {
-        be = optimistic_passes_settle_as_the_policy(be, name);
+        be = optimistic_passes_settle_as_the_policy(be, (name, path));
     }
 }
 

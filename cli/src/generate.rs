@@ -616,7 +616,11 @@ pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> Stri
         crate::common::human_bytes(st.bytes),
         crate::common::human_bytes(per(st.bytes as f64) as u64),
         if write_s > 0.0 {
-            format!("{:.2} GB/s", st.bytes as f64 / write_s / 1e9)
+            format!(
+                "{:.2} GB/s, {}",
+                st.bytes as f64 / write_s / 1e9,
+                st.write_path.map_or("?", |p| p.name())
+            )
         } else {
             "-".into()
         },

@@ -146,6 +146,14 @@ fn print_backend(b: &WgpuBackend) {
             "no"
         }
     );
+    println!(
+        "  streamed experts' misses: {}",
+        if f.mapped_slots {
+            "copied into their mapped slots (unified memory; TURBOSPARK_MAPPED_SLOTS=0 stages them)"
+        } else {
+            "copied into staging, then by the device into their slots"
+        }
+    );
     let l = &i.limits;
     println!(
         "  limits: max binding {}, max buffer {}, max workgroups/dim {}",

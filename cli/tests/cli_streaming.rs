@@ -47,9 +47,56 @@ fn generate_streams_experts_and_prints_the_counters() {
             .lines()
             .find(|l| l.starts_with(&format!("experts: {held} slots a layer")))
             .unwrap_or_else(|| panic!("no counters in: {err}"));
-        for word in ["hits", "misses", "streamed", "host wait", "waves"] {
+        // (the CPU backend's slots are host memory: the path named "host")
+        for word in [
+            "hits",
+            "misses",
+            "streamed",
+            "GB/s, host)",
+            "host wait",
+            "waves",
+        ] {
             assert!(line.contains(word), "{line}");
         }
+    }
+}
+
+/// The wgpu backend told to copy misses into mapped slots names that path
+/// beside the copy rate, or (an adapter without mappable storage buffers)
+/// refuses by name; told to stage them, names staging.
+#[test]
+fn generate_names_the_wgpu_slot_write_path() {
+    for (env, path) in [("1", "mapped"), ("0", "staged")] {
+        let model = fixture();
+        let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
+            .env("TURBOSPARK_MAPPED_SLOTS", env)
+            .args(["generate", "--backend", "wgpu", "--model"])
+            .arg(&model)
+            .args(["--tokens", "5,9,17,33", "--max-new-tokens", "4"])
+            .args(["--ignore-eos", "--expert-slots", "2", "--stats"])
+            .output()
+            .expect("run turbospark");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            if err.contains("no GPU adapter found") {
+                assert!(
+                    std::env::var("CI").map_or(true, |v| v != "true"),
+                    "CI=true but no wgpu adapter: {err}"
+                );
+                eprintln!("skipping: {err}");
+                return;
+            }
+            assert!(
+                env == "1" && err.contains("mappable storage buffers"),
+                "{err}"
+            );
+            continue;
+        }
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("experts: 2 slots a layer"))
+            .unwrap_or_else(|| panic!("no counters in: {err}"));
+        assert!(line.contains(&format!("GB/s, {path})")), "{line}");
     }
 }
 

@@ -55,6 +55,31 @@ pub fn wgpu_backend_with(opts: &WgpuOptions) -> Option<WgpuBackend> {
     }
 }
 
+/// The path `be`'s streamed misses take into their slots: straight into
+/// the mapped slot where it maps them (`WgpuFeatures::mapped_slots`), else
+/// through staging. Under `CI=true` a software adapter (lavapipe) must map
+/// them, unless the WebGPU limits profile or `TURBOSPARK_MAPPED_SLOTS=0`
+/// says otherwise: CI runs that path, never silently the other.
+pub fn slot_write(be: &WgpuBackend) -> turbospark::SlotWrite {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let software = be.info().device_type == turbospark::DeviceType::SoftwareGpu;
+    let webgpu = turbospark_wgpu::LimitsProfile::or_env(None).ok()
+        == Some(turbospark_wgpu::LimitsProfile::WebGpu);
+    let off = std::env::var("TURBOSPARK_MAPPED_SLOTS").is_ok_and(|v| v == "0");
+    if ci && software && !webgpu && !off {
+        assert!(
+            be.features().mapped_slots,
+            "CI=true: {} must copy misses into mapped slots",
+            be.info().device_name
+        );
+    }
+    if be.features().mapped_slots {
+        turbospark::SlotWrite::Mapped
+    } else {
+        turbospark::SlotWrite::Staged
+    }
+}
+
 /// The wgpu backend with its expert stacks in tile order
 /// (backends/wgpu/src/expert_tiles.rs, on by default only on tensor-core
 /// devices) and the tiny config at a shape that takes them (hidden 64,

@@ -14,7 +14,8 @@ use turbospark::ops::{
     Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, RmsNorm, Rope, Router,
 };
 use turbospark::{
-    ComputeBackend, DType, ExpertBytes, ExpertStack, HostBytes, ReadTicket, Result, Support,
+    ComputeBackend, DType, ExpertBytes, ExpertStack, HostBytes, ReadTicket, Result, SlotWrite,
+    Support,
 };
 use turbospark_cpu::{CpuBackend, CpuBuffer};
 
@@ -81,7 +82,7 @@ impl ComputeBackend for PrimitivesOnly {
         stack: ExpertStack,
         shape: (usize, usize),
         writes: &[(usize, ExpertBytes<'_>)],
-    ) -> Result<()> {
+    ) -> Result<SlotWrite> {
         self.cpu.write_experts(buf, dtype, stack, shape, writes)
     }
     fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {

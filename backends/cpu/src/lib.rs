@@ -18,7 +18,7 @@ use turbospark::ops::{
 };
 use turbospark::{
     ComputeBackend, DType, DeviceBuffer, DeviceType, Error, ExpertBytes, ExpertStack, GemmRounding,
-    HostBytes, PostFfnArgs, Precision, ReadTicket, Result, Support,
+    HostBytes, PostFfnArgs, Precision, ReadTicket, Result, SlotWrite, Support,
 };
 
 pub use ops::Weights;
@@ -343,7 +343,7 @@ impl ComputeBackend for CpuBackend {
         stack: ExpertStack,
         shape: (usize, usize),
         writes: &[(usize, ExpertBytes<'_>)],
-    ) -> Result<()> {
+    ) -> Result<SlotWrite> {
         let ranges = stack.check_writes((buf.dtype, buf.len), dtype, shape, writes)?;
         let mut w = buf.write("write_experts")?;
         let out = w.bytes();
@@ -356,7 +356,7 @@ impl ComputeBackend for CpuBackend {
                 }
             }
         }
-        Ok(())
+        Ok(SlotWrite::Host)
     }
 
     fn write_f32(&self, buf: &CpuBuffer, offset: usize, data: &[f32]) -> Result<()> {

@@ -120,6 +120,14 @@ impl WgpuBuffer {
         self.tiles.is_some()
     }
 
+    /// Whether the host writes the buffer by mapping it (a mapped expert
+    /// slot stack, `WgpuFeatures::mapped_slots`).
+    pub(crate) fn mappable(&self) -> bool {
+        self.chunks
+            .iter()
+            .all(|c| c.buffer.usage().contains(wgpu::BufferUsages::MAP_WRITE))
+    }
+
     /// The single wgpu buffer of an unsplit tensor.
     pub(crate) fn single(&self) -> Option<&wgpu::Buffer> {
         match self.chunks.as_slice() {

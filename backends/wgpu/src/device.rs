@@ -59,6 +59,16 @@ pub struct WgpuOptions {
     /// what that target allows. Defaults to the `TURBOSPARK_LIMITS`
     /// environment variable (`apple7`, `webgpu` or `adapter`).
     pub limits: Option<LimitsProfile>,
+    /// Streamed experts' slot stacks mappable by the host, so a miss is
+    /// copied from the checkpoint straight into its slot (no staging, no
+    /// device copy; docs/decisions.md): `None` where the adapter offers
+    /// mappable storage buffers and its memory is the host's (an integrated
+    /// or software GPU) and the limits are not the WebGPU profile's;
+    /// `Some(false)` never (the staging path); `Some(true)` wherever the
+    /// adapter offers them (an error where absent or under the WebGPU
+    /// profile). Defaults to the `TURBOSPARK_MAPPED_SLOTS` environment
+    /// variable (`0` or `1`).
+    pub mapped_slots: Option<bool>,
 }
 
 /// An on/off option, else its environment variable (`0` or `1`; unset or
@@ -172,6 +182,47 @@ fn rank(a: &wgpu::Adapter) -> (u32, u32) {
     (t, api)
 }
 
+/// Whether streamed experts' slot stacks are mappable (`WgpuOptions::mapped_slots`).
+/// Only where the device reads host-visible memory at full speed: on a
+/// discrete GPU such a buffer lives in host memory read across the bus by
+/// every MoE launch, so there a miss takes the staging path. Not under the
+/// WebGPU profile: WebGPU has no mappable storage buffers, and the profile
+/// stands for what a browser runs. The Apple7 profile keeps the adapter's
+/// rule: Apple GPUs share the host's memory and Metal offers the feature.
+fn mapped_slots(
+    opts: &WgpuOptions,
+    ainfo: &wgpu::AdapterInfo,
+    afeat: wgpu::Features,
+    profile: LimitsProfile,
+) -> Result<bool> {
+    let has = afeat.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+    let webgpu = profile == LimitsProfile::WebGpu;
+    Ok(
+        match switch_or_env(opts.mapped_slots, "TURBOSPARK_MAPPED_SLOTS")? {
+            Some(false) => false,
+            Some(true) if has && !webgpu => true,
+            Some(true) => {
+                return Err(Error::Unsupported {
+                    backend: "wgpu".into(),
+                    op: "mapped expert slots".into(),
+                    reason: if webgpu {
+                        "the WebGPU limits profile has no mappable storage buffers".into()
+                    } else {
+                        format!("{} offers no mappable storage buffers", ainfo.name)
+                    },
+                })
+            }
+            None => {
+                has && !webgpu
+                    && matches!(
+                        ainfo.device_type,
+                        wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu
+                    )
+            }
+        },
+    )
+}
+
 pub(crate) struct Opened {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -262,8 +313,13 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     if tails {
         wanted_features |= wgpu::Features::MEMORY_DECORATION_COHERENT;
     }
+    let profile = LimitsProfile::or_env(opts.limits)?;
+    let mapped_slots = mapped_slots(opts, &ainfo, afeat, profile)?;
+    if mapped_slots {
+        wanted_features |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+    }
     let required_features = afeat & wanted_features;
-    let limits = LimitsProfile::or_env(opts.limits)?.request(&adapter.limits());
+    let limits = profile.request(&adapter.limits());
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("turbospark"),
         required_features,
@@ -290,6 +346,7 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         expert_tiles,
         affine_split,
         coherent_storage: required_features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
+        mapped_slots,
     };
     let info = BackendInfo {
         backend: "wgpu".into(),

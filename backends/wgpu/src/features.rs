@@ -36,6 +36,11 @@ pub struct WgpuFeatures {
     /// them counted on an atomic. A launch's last workgroup can then finish
     /// work that took a dependent dispatch (a "tail", docs/decisions.md).
     pub coherent_storage: bool,
+    /// Streamed experts' slot stacks are storage buffers the host maps
+    /// (wgpu's `MAPPABLE_PRIMARY_BUFFERS`, asked for on integrated and
+    /// software GPUs, `WgpuOptions::mapped_slots`): a miss is copied from
+    /// the checkpoint straight into its slot rather than through staging.
+    pub mapped_slots: bool,
 }
 
 impl WgpuFeatures {
@@ -60,6 +65,7 @@ impl WgpuFeatures {
             ("expert_tiles", yes(self.expert_tiles)),
             ("affine_split", yes(self.affine_split)),
             ("coherent_storage", yes(self.coherent_storage)),
+            ("mapped_slots", yes(self.mapped_slots)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -162,6 +162,23 @@ impl Gpu {
         max_bytes: u64,
         limit_name: &'static str,
     ) -> Result<wgpu::Buffer> {
+        self.create_buffer_with(
+            bytes,
+            label,
+            (max_bytes, limit_name),
+            wgpu::BufferUsages::empty(),
+        )
+    }
+
+    /// A storage buffer with `extra` usages beside the usual (`MAP_WRITE`
+    /// for mapped expert slots).
+    pub(crate) fn create_buffer_with(
+        &self,
+        bytes: u64,
+        label: &str,
+        (max_bytes, limit_name): (u64, &'static str),
+        extra: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
         if bytes > max_bytes {
             return Err(Error::DeviceLimit {
                 what: format!("buffer `{label}`"),
@@ -179,7 +196,8 @@ impl Gpu {
             size: bytes.div_ceil(4).max(1) * 4,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+                | wgpu::BufferUsages::COPY_DST
+                | extra,
             mapped_at_creation: false,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -223,13 +241,13 @@ impl Gpu {
     }
 
     /// A quantized weight, split by rows where one binding cannot hold it,
-    /// each chunk its rows' own buffer (`quant::chunk`).
+    /// each chunk its rows' own buffer (`quant::chunk`) with `extra` usages.
     pub(crate) fn upload_affine(
         &self,
         a: turbospark::quant::Affine,
         (rows, cols): (usize, usize),
         s: &[u8],
-        label: &str,
+        (label, extra): (&str, wgpu::BufferUsages),
     ) -> Result<WgpuBuffer> {
         let dtype = DType::Affine(a);
         if rows == 0 || !a.fits_cols(cols) || s.len() != dtype.bytes_for(rows * cols) {
@@ -266,11 +284,11 @@ impl Gpu {
                 format!("{label}[rows {r}..{}]", r + n)
             };
             let bytes = quant::chunk(a, s, (rows, cols), r, n);
-            let buffer = self.create_buffer(
+            let buffer = self.create_buffer_with(
                 bytes.len() as u64,
                 &name,
-                self.max_binding(),
-                "max_storage_buffer_binding_size",
+                (self.max_binding(), "max_storage_buffer_binding_size"),
+                extra,
             )?;
             self.write_bytes(&buffer, 0, &bytes);
             chunks.push(self.chunk(buffer, (r, n)));

@@ -33,7 +33,7 @@ use turbospark::ops::{
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertBytes, ExpertStack, GateUpArgs,
-    HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, Support,
+    HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, SlotWrite, Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -385,6 +385,93 @@ impl WgpuBackend {
     }
 }
 
+impl WgpuBackend {
+    /// `upload_weight` of host bytes, its buffers with `extra` usages.
+    fn weight(
+        &self,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        s: &[u8],
+        (label, extra): (&str, wgpu::BufferUsages),
+    ) -> Result<WgpuBuffer> {
+        if let DType::Affine(a) = dtype {
+            return self.gpu.upload_affine(a, (rows, cols), s, (label, extra));
+        }
+        let row_bytes = cols * dtype.size();
+        if s.len() != rows * row_bytes || rows == 0 || cols == 0 {
+            return Err(Error::shape(
+                "upload_weight",
+                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
+            ));
+        }
+        // Rows per chunk: as many as one binding holds, kept even so every
+        // chunk starts on a whole 32-bit word for 16-bit weights.
+        let per = ((self.gpu.max_binding() as usize / row_bytes) & !1)
+            .max(1)
+            .min(rows);
+        if (per * row_bytes) as u64 > self.gpu.max_binding() {
+            return Err(Error::DeviceLimit {
+                what: format!("one row of weight `{label}`"),
+                bytes: row_bytes as u64,
+                limit: self.gpu.max_binding(),
+                limit_name: "max_storage_buffer_binding_size",
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let n = per.min(rows - r);
+            let name = if n == rows {
+                label.to_string()
+            } else {
+                format!("{label}[rows {r}..{}]", r + n)
+            };
+            let buffer = self.gpu.create_buffer_with(
+                (n * row_bytes) as u64,
+                &name,
+                (self.gpu.max_binding(), "max_storage_buffer_binding_size"),
+                extra,
+            )?;
+            self.gpu
+                .write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
+            chunks.push(self.gpu.chunk(buffer, (r, n)));
+            r += n;
+        }
+        Ok(WgpuBuffer {
+            chunks: Arc::new(chunks),
+            dtype,
+            len: rows * cols,
+            fits_f16: self.gpu.scan_fits_f16(dtype, s),
+            tiles: None,
+        })
+    }
+
+    /// Tile order (`expert_tiles.rs`) where `WgpuFeatures::expert_tiles` is
+    /// on and the stack fits one binding in whole blocks and chunks; else a
+    /// row-major weight.
+    fn experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        s: &[u8],
+        (label, extra): (&str, wgpu::BufferUsages),
+    ) -> Result<WgpuBuffer> {
+        if dtype.is_quantized()
+            || !self.gpu.features.expert_tiles
+            || !expert_tiles::fits(dtype, stack, rows, cols)
+            || s.len() != rows * cols * dtype.size()
+            || s.len() as u64 > self.gpu.max_binding()
+        {
+            return self.weight(dtype, (rows, cols), s, (label, extra));
+        }
+        let tiled = expert_tiles::tile_order(s, stack, rows, cols);
+        let mut b = self.weight(dtype, (rows, cols), &tiled, (label, extra))?;
+        b.tiles = Some(stack);
+        Ok(b)
+    }
+}
+
 impl ComputeBackend for WgpuBackend {
     type Buffer = WgpuBuffer;
 
@@ -439,88 +526,27 @@ impl ComputeBackend for WgpuBackend {
         bytes: HostBytes<'_>,
         label: &str,
     ) -> Result<WgpuBuffer> {
-        let s = bytes.as_slice();
-        if let DType::Affine(a) = dtype {
-            return self.gpu.upload_affine(a, (rows, cols), s, label);
-        }
-        let row_bytes = cols * dtype.size();
-        if s.len() != rows * row_bytes || rows == 0 || cols == 0 {
-            return Err(Error::shape(
-                "upload_weight",
-                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
-            ));
-        }
-        // Rows per chunk: as many as one binding holds, kept even so every
-        // chunk starts on a whole 32-bit word for 16-bit weights.
-        let per = ((self.gpu.max_binding() as usize / row_bytes) & !1)
-            .max(1)
-            .min(rows);
-        if (per * row_bytes) as u64 > self.gpu.max_binding() {
-            return Err(Error::DeviceLimit {
-                what: format!("one row of weight `{label}`"),
-                bytes: row_bytes as u64,
-                limit: self.gpu.max_binding(),
-                limit_name: "max_storage_buffer_binding_size",
-            });
-        }
-        let mut chunks = Vec::new();
-        let mut r = 0;
-        while r < rows {
-            let n = per.min(rows - r);
-            let name = if n == rows {
-                label.to_string()
-            } else {
-                format!("{label}[rows {r}..{}]", r + n)
-            };
-            let buffer = self.gpu.create_buffer(
-                (n * row_bytes) as u64,
-                &name,
-                self.gpu.max_binding(),
-                "max_storage_buffer_binding_size",
-            )?;
-            self.gpu
-                .write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
-            chunks.push(self.gpu.chunk(buffer, (r, n)));
-            r += n;
-        }
-        Ok(WgpuBuffer {
-            chunks: Arc::new(chunks),
-            dtype,
-            len: rows * cols,
-            fits_f16: self.gpu.scan_fits_f16(dtype, s),
-            tiles: None,
-        })
+        let none = wgpu::BufferUsages::empty();
+        self.weight(dtype, (rows, cols), bytes.as_slice(), (label, none))
     }
 
-    /// Tile order (`expert_tiles.rs`) where `WgpuFeatures::expert_tiles` is
-    /// on and the stack fits one binding in whole blocks and chunks; else a
-    /// row-major weight.
     fn upload_experts(
         &self,
         dtype: DType,
         stack: ExpertStack,
-        (rows, cols): (usize, usize),
+        shape: (usize, usize),
         bytes: HostBytes<'_>,
         label: &str,
     ) -> Result<WgpuBuffer> {
-        let s = bytes.as_slice();
-        if dtype.is_quantized()
-            || !self.gpu.features.expert_tiles
-            || !expert_tiles::fits(dtype, stack, rows, cols)
-            || s.len() != rows * cols * dtype.size()
-            || s.len() as u64 > self.gpu.max_binding()
-        {
-            return self.upload_weight(dtype, rows, cols, bytes, label);
-        }
-        let tiled = expert_tiles::tile_order(s, stack, rows, cols);
-        let mut b = self.upload_weight(dtype, rows, cols, HostBytes::Slice(&tiled), label)?;
-        b.tiles = Some(stack);
-        Ok(b)
+        let none = wgpu::BufferUsages::empty();
+        self.experts(dtype, stack, shape, bytes.as_slice(), (label, none))
     }
 
-    /// A row-major stack of zeros (never tile order: a slot's expert is
-    /// tiled as it is written), taken by no tensor-core GEMM: the experts it
-    /// will hold are not scanned for f16 range.
+    /// A stack of zeros (in tile order where `upload_experts` would tile
+    /// it: a slot's expert is tiled as it is written), taken by no
+    /// tensor-core GEMM: the experts it will hold are not scanned for f16
+    /// range. Mappable by the host where `WgpuFeatures::mapped_slots` is
+    /// on (`expert_slots.rs` writes misses straight into it).
     fn alloc_experts(
         &self,
         dtype: DType,
@@ -529,8 +555,12 @@ impl ComputeBackend for WgpuBackend {
         label: &str,
     ) -> Result<WgpuBuffer> {
         let zeros = vec![0u8; dtype.bytes_for(rows * cols)];
-        let mut b =
-            self.upload_experts(dtype, stack, (rows, cols), HostBytes::Slice(&zeros), label)?;
+        let extra = if self.gpu.features.mapped_slots {
+            wgpu::BufferUsages::MAP_WRITE
+        } else {
+            wgpu::BufferUsages::empty()
+        };
+        let mut b = self.experts(dtype, stack, (rows, cols), &zeros, (label, extra))?;
         b.fits_f16 = false;
         Ok(b)
     }
@@ -542,7 +572,7 @@ impl ComputeBackend for WgpuBackend {
         stack: ExpertStack,
         shape: (usize, usize),
         writes: &[(usize, ExpertBytes<'_>)],
-    ) -> Result<()> {
+    ) -> Result<SlotWrite> {
         expert_slots::write_experts(&self.gpu, buf, dtype, stack, shape, writes)
     }
 

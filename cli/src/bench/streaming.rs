@@ -127,9 +127,11 @@ pub fn run<B: ComputeBackend + Counters>(
                 "decode_bytes_streamed_per_token": p.decode.bytes as f64 / tokens,
                 "decode_host_wait_ms_per_token": p.decode.host_wait.as_secs_f64() * 1e3 / tokens,
                 "decode_host_waits_per_token": p.decode.waits as f64 / tokens,
-                // (the host's copies out of the mapping into staging)
+                // (the host's copies out of the mapping into staging or,
+                // mapped, into the slots themselves)
                 "decode_copy_gbps": (p.decode.write_time.as_secs_f64() > 0.0)
                     .then(|| p.decode.bytes as f64 / p.decode.write_time.as_secs_f64() / 1e9),
+                "decode_write_path": p.decode.write_path.map(|w| w.name()),
                 // (bytes moved over the decode's wall clock)
                 "decode_stream_gbps": p.decode.bytes as f64 / tokens * p.decode_tok_s / 1e9,
                 "decode_stream_over_copy_ceiling":

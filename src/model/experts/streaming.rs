@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::slot_cache::{Counts, SlotCache};
 use super::stored::StoredExperts;
 use super::trace::Trace;
-use crate::backend::{ComputeBackend, DownArgs, ExpertBytes, ExpertStack, GateUpArgs};
+use crate::backend::{ComputeBackend, DownArgs, ExpertBytes, ExpertStack, GateUpArgs, SlotWrite};
 use crate::error::Result;
 use crate::model::scratch::{ExpertScratch, WaveScratch};
 
@@ -48,6 +48,10 @@ pub struct StreamStats {
     /// recorded before them; the device's own transfer follows at the next
     /// submit.
     pub write_time: Duration,
+    /// The path the last miss's bytes took into its slot (staged through
+    /// wgpu's staging memory, or straight into a mapped slot); None before
+    /// the first miss.
+    pub write_path: Option<SlotWrite>,
     /// Time the host spent between a layer's routing and its MoE launches:
     /// waiting for the ids, placing them, writing the misses; and waiting
     /// for an optimistic pass's log.
@@ -161,7 +165,7 @@ impl StreamedLayer {
                 continue;
             }
             let t0 = Instant::now();
-            be.write_experts(
+            let path = be.write_experts(
                 buf,
                 stored.dtype,
                 ExpertStack {
@@ -172,6 +176,7 @@ impl StreamedLayer {
                 &writes,
             )?;
             stats.write_time += t0.elapsed();
+            stats.write_path = Some(path);
             stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
         }
         if !placed.loads.is_empty() {
