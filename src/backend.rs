@@ -11,12 +11,14 @@
 //!   `F32` and are decoded to f32 in the kernel; accumulation is f32;
 //! - an output never aliases an input of the same op (in-place ops name the
 //!   buffer once);
-//! - every op checks its arguments (shapes, dtypes, aliasing: the shared
-//!   checks in [`crate::ops`]) in the trait itself, then calls the backend's
+//! - every op checks its arguments (shapes, dtypes, aliasing: its contract
+//!   in [`crate::ops`]) in the trait itself, then calls the backend's
 //!   `record_*` hook for it: a backend implements the hooks, never the checks,
 //!   so every backend rejects the same bad calls with the same error before
 //!   any of its own code runs (as candle's `Tensor` checks before it calls a
-//!   backend's storage, and ggml's graph builder before its backends);
+//!   backend's storage, and ggml's graph builder before its backends); the
+//!   contract names the arguments by role, so that a backend's rule on how
+//!   it holds buffers ([`ComputeBackend::check_held`]) is one function;
 //! - a case a backend does not implement returns [`Error::Unsupported`](crate::Error::Unsupported)
 //!   (see [`ComputeBackend::supports`]), never a silent fallback.
 
@@ -382,7 +384,7 @@ pub trait ComputeBackend {
     /// KV caches this way. Ordered like [`ComputeBackend::write_f32`]. The
     /// checks run here, then [`ComputeBackend::record_copy_buffer`].
     fn copy_buffer(&self, src: &Self::Buffer, dst: &Self::Buffer) -> Result<()> {
-        crate::ops::check_copy(src, dst)?;
+        self.check_held(&crate::ops::check_copy(src, dst)?)?;
         self.record_copy_buffer(src, dst)
     }
     /// [`ComputeBackend::copy_buffer`] after its checks.
@@ -394,7 +396,7 @@ pub trait ComputeBackend {
     /// before those after it. A batched decode step moves each sequence's
     /// row of q|k|v to its attention and the result back this way.
     fn copy_range(&self, src: &Self::Buffer, dst: &Self::Buffer, p: CopyRange) -> Result<()> {
-        p.validate(src, dst)?;
+        self.check_held(&p.validate(src, dst)?)?;
         self.record_copy_range(src, dst, p)
     }
     /// [`ComputeBackend::copy_range`] after its checks.
@@ -427,11 +429,23 @@ pub trait ComputeBackend {
 
     // ---- the ops ---------------------------------------------------------
     //
-    // Each op checks its arguments (shapes, dtypes, aliasing: the op's
-    // `validate` / `check` in `crate::ops`) and then calls its `record_*`
-    // hook below. Callers use the ops; a backend implements the hooks and
-    // leaves the ops as they are, so that every backend rejects the same bad
-    // calls with the same error before any of its own code runs.
+    // Each op checks its arguments against its contract (shapes, dtypes,
+    // aliasing: the op's `validate` / `check` in `crate::ops`), which names
+    // them by role; hands those to `check_held`; and then calls its
+    // `record_*` hook below. Callers use the ops; a backend implements the
+    // hooks and leaves the ops as they are, so that every backend rejects
+    // the same bad calls with the same error before any of its own code runs.
+
+    /// The backend's own rule on how it holds an op's buffer arguments,
+    /// given each checked op's arguments by role ([`crate::ops::Args`]):
+    /// the wgpu backend's one binding per argument but a split weight where
+    /// the role allows one, and its tile-ordered expert stacks only in the
+    /// role that takes that stack. Runs after the op's contract, before its
+    /// hook. By default, none.
+    fn check_held(&self, args: &Args<'_, Self::Buffer>) -> Result<()> {
+        let _ = args;
+        Ok(())
+    }
 
     // ---- normalisation -------------------------------------------------
 
@@ -446,7 +460,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: RmsNorm,
     ) -> Result<()> {
-        p.validate(x, weight, residual, out)?;
+        self.check_held(&p.validate(x, weight, residual, out)?)?;
         self.record_rms_norm(x, weight, residual, out, p)
     }
 
@@ -460,7 +474,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Matmul,
     ) -> Result<()> {
-        p.validate(w, x, out)?;
+        self.check_held(&p.validate(w, x, out)?)?;
         self.record_matmul(w, x, out, p)
     }
 
@@ -482,7 +496,7 @@ pub trait ComputeBackend {
         weights: &Self::Buffer,
         p: Router,
     ) -> Result<()> {
-        p.validate(x, eff_scale, proj, per_expert_scale, ids, weights)?;
+        self.check_held(&p.validate(x, eff_scale, proj, per_expert_scale, ids, weights)?)?;
         self.record_router(x, eff_scale, proj, per_expert_scale, ids, weights, p)
     }
 
@@ -497,7 +511,7 @@ pub trait ComputeBackend {
         act: &Self::Buffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_gate_up(x, gate_up, ids, act)?;
+        self.check_held(&p.validate_gate_up(x, gate_up, ids, act)?)?;
         self.record_moe_gate_up(x, gate_up, ids, act, p)
     }
 
@@ -512,7 +526,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_down(act, down, ids, weights, out)?;
+        self.check_held(&p.validate_down(act, down, ids, weights, out)?)?;
         self.record_moe_down(act, down, ids, weights, out, p)
     }
 
@@ -525,7 +539,9 @@ pub trait ComputeBackend {
         a: GateUpArgs<'_, Self::Buffer>,
         b: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        GateUpArgs::check_pair(&a, &b)?;
+        for args in GateUpArgs::check_pair(&a, &b)? {
+            self.check_held(&args)?;
+        }
         self.record_moe_gate_up_pair(a, b)
     }
 
@@ -538,7 +554,9 @@ pub trait ComputeBackend {
         a: DownArgs<'_, Self::Buffer>,
         b: DownArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        DownArgs::check_pair(&a, &b)?;
+        for args in DownArgs::check_pair(&a, &b)? {
+            self.check_held(&args)?;
+        }
         self.record_moe_down_pair(a, b)
     }
 
@@ -555,8 +573,11 @@ pub trait ComputeBackend {
         post: PostFfnArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         post.check_reads(&dense, &routed)?;
-        DownArgs::check_pair(&dense, &routed)?;
-        post.check()?;
+        let [a, b] = DownArgs::check_pair(&dense, &routed)?;
+        // (every contract's checks first, as in each op alone)
+        for args in [a, b, post.check()?] {
+            self.check_held(&args)?;
+        }
         self.record_moe_down_pair_post_ffn(dense, routed, post)
     }
 
@@ -566,7 +587,7 @@ pub trait ComputeBackend {
     /// dim d < head_dim/2 pairs with d + head_dim/2 and turns by
     /// `pos * theta^(-2d/head_dim)` for d < `rot_pairs`; other dims pass through.
     fn rope(&self, x: &Self::Buffer, positions: &Self::Buffer, p: Rope) -> Result<()> {
-        p.validate(x, positions)?;
+        self.check_held(&p.validate(x, positions)?)?;
         self.record_rope(x, positions, p)
     }
 
@@ -586,7 +607,7 @@ pub trait ComputeBackend {
         positions: &Self::Buffer,
         p: KvAppend,
     ) -> Result<()> {
-        p.validate(k, v, k_cache, v_cache, positions)?;
+        self.check_held(&p.validate(k, v, k_cache, v_cache, positions)?)?;
         self.record_kv_append(k, v, k_cache, v_cache, positions, p)
     }
 
@@ -606,7 +627,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Attention,
     ) -> Result<()> {
-        p.validate(q, k_cache, v_cache, positions, out)?;
+        self.check_held(&p.validate(q, k_cache, v_cache, positions, out)?)?;
         self.record_attention(q, k_cache, v_cache, positions, out, p)
     }
 
@@ -614,22 +635,22 @@ pub trait ComputeBackend {
 
     /// `out = a + b` over `n` elements.
     fn add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &Self::Buffer, n: usize) -> Result<()> {
-        crate::ops::validate_binary("add", a, b, out, n)?;
+        self.check_held(&crate::ops::validate_binary("add", a, b, out, n)?)?;
         self.record_add(a, b, out, n)
     }
     /// `out = x * s` over `n` elements.
     fn scale(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, s: f32) -> Result<()> {
-        crate::ops::validate_unary("scale", x, out, n)?;
+        self.check_held(&crate::ops::validate_unary("scale", x, out, n)?)?;
         self.record_scale(x, out, n, s)
     }
     /// `out[r, i] = gelu_tanh(x[r, i]) * x[r, n + i]` for x `[rows, 2n]` (gate | up).
     fn gelu_mul(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()> {
-        crate::ops::validate_gelu_mul(x, out, rows, n)?;
+        self.check_held(&crate::ops::validate_gelu_mul(x, out, rows, n)?)?;
         self.record_gelu_mul(x, out, rows, n)
     }
     /// `out = cap * tanh(x / cap)` over `n` elements.
     fn softcap(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, cap: f32) -> Result<()> {
-        crate::ops::validate_unary("softcap", x, out, n)?;
+        self.check_held(&crate::ops::validate_unary("softcap", x, out, n)?)?;
         self.record_softcap(x, out, n, cap)
     }
     /// `out[i] = table[ids[i]] * p.scale`; ids past the vocabulary are an error
@@ -641,14 +662,14 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Embed,
     ) -> Result<()> {
-        p.validate(ids, table, out)?;
+        self.check_held(&p.validate(ids, table, out)?)?;
         self.record_embed(ids, table, out, p)
     }
     /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`;
     /// NaN never wins, nor a value below [`crate::ops::ARGMAX_FLOOR`] (-inf),
     /// and a row with no other value gives [`crate::ops::NO_ARGMAX`].
     fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()> {
-        crate::ops::validate_argmax(x, out, rows, n)?;
+        self.check_held(&crate::ops::validate_argmax(x, out, rows, n)?)?;
         self.record_argmax(x, out, rows, n)
     }
 
@@ -669,7 +690,7 @@ pub trait ComputeBackend {
         log: &Self::Buffer,
         p: SlotLookup,
     ) -> Result<()> {
-        p.validate(ids, table, slot_ids, log)?;
+        self.check_held(&p.validate(ids, table, slot_ids, log)?)?;
         self.record_slot_lookup(ids, table, slot_ids, log, p)
     }
 
@@ -690,7 +711,7 @@ pub trait ComputeBackend {
         moe: Option<(&Self::Buffer, &Self::Buffer)>,
         p: PostAttention,
     ) -> Result<()> {
-        p.check(o, x, w_post, w_ff, r, ff, moe)?;
+        self.check_held(&p.check(o, x, w_post, w_ff, r, ff, moe)?)?;
         self.record_post_attention(o, x, w_post, w_ff, r, ff, moe, p)
     }
 
@@ -705,7 +726,9 @@ pub trait ComputeBackend {
         pa: PostAttentionArgs<'_, Self::Buffer>,
         router: RouterArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        router.check_after(&pa)?;
+        for args in router.check_after(&pa)? {
+            self.check_held(&args)?;
+        }
         self.record_post_attention_router(pa, router)
     }
 
@@ -725,8 +748,11 @@ pub trait ComputeBackend {
         routed: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         router.check_routes(&dense, &routed)?;
-        router.check_after(&pa)?;
-        GateUpArgs::check_pair(&dense, &routed)?;
+        let [post, route] = router.check_after(&pa)?;
+        let [a, b] = GateUpArgs::check_pair(&dense, &routed)?;
+        for args in [post, route, a, b] {
+            self.check_held(&args)?;
+        }
         self.record_post_attention_gate_up((pa, router), dense, routed)
     }
 
@@ -736,7 +762,7 @@ pub trait ComputeBackend {
     /// scale`; with `next = Some((w_next, normed))`, `normed = rmsnorm(x) *
     /// w_next`.
     fn post_ffn(&self, a: PostFfnArgs<'_, Self::Buffer>) -> Result<()> {
-        a.check()?;
+        self.check_held(&a.check()?)?;
         self.record_post_ffn(a)
     }
 
@@ -754,7 +780,7 @@ pub trait ComputeBackend {
         v_cache: &Self::Buffer,
         p: QkvPost,
     ) -> Result<()> {
-        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        self.check_held(&p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
         self.record_qkv_post(raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 
@@ -778,8 +804,11 @@ pub trait ComputeBackend {
         ap: Attention,
     ) -> Result<()> {
         crate::ops::check_qkv_attention(&qp, &ap)?;
-        qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
-        ap.validate(q, k_cache, v_cache, positions, out)?;
+        let qkv = qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        let attention = ap.validate(q, k_cache, v_cache, positions, out)?;
+        for args in [qkv, attention] {
+            self.check_held(&args)?;
+        }
         self.record_qkv_post_attention(raw, w_q, w_k, positions, q, k_cache, v_cache, out, qp, ap)
     }
 

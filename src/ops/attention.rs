@@ -1,7 +1,9 @@
 //! The attention ops' contracts: RoPE, the cache append, attention, the
 //! fused qkv_post and what qkv_post_attention asks of its two ops.
 
-use super::{check_args, check_buf, no_alias, no_alias_all, nonzero, CACHES, F32, FLOATS, U32};
+use super::fused::check_args;
+use super::roles::Args;
+use super::{check_buf, no_alias, no_alias_all, nonzero, CACHES, F32, FLOATS, U32};
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -18,8 +20,9 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Shapes, dtypes and aliasing of a `rope` call (in place on `x`).
-    pub fn validate<B: DeviceBuffer>(&self, x: &B, pos: &B) -> Result<()> {
+    /// Shapes, dtypes and aliasing of a `rope` call (in place on `x`); its
+    /// arguments by role.
+    pub fn validate<'a, B: DeviceBuffer>(&self, x: &'a B, pos: &'a B) -> Result<Args<'a, B>> {
         const OP: &str = "rope";
         nonzero(
             OP,
@@ -32,7 +35,8 @@ impl Rope {
         rope_dims(OP, self.head_dim, self.rot_pairs)?;
         check_buf(OP, "x", x, &F32, self.m * self.heads * self.head_dim)?;
         check_buf(OP, "positions", pos, &U32, self.m)?;
-        no_alias(OP, x, &[Some(pos)])
+        no_alias(OP, x, &[Some(pos)])?;
+        Ok(Args::new(OP).plain("x", x).plain("positions", pos))
     }
 }
 
@@ -46,8 +50,16 @@ pub struct KvAppend {
 }
 
 impl KvAppend {
-    /// Shapes, dtypes and aliasing of a `kv_append` call.
-    pub fn validate<B: DeviceBuffer>(&self, k: &B, v: &B, kc: &B, vc: &B, pos: &B) -> Result<()> {
+    /// Shapes, dtypes and aliasing of a `kv_append` call; its arguments by
+    /// role.
+    pub fn validate<'a, B: DeviceBuffer>(
+        &self,
+        k: &'a B,
+        v: &'a B,
+        kc: &'a B,
+        vc: &'a B,
+        pos: &'a B,
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "kv_append";
         nonzero(
             OP,
@@ -65,7 +77,13 @@ impl KvAppend {
         check_caches(OP, kc, vc, self.capacity * row)?;
         check_buf(OP, "positions", pos, &U32, self.m)?;
         no_alias(OP, kc, &[Some(k), Some(v), Some(vc), Some(pos)])?;
-        no_alias(OP, vc, &[Some(k), Some(v), Some(pos)])
+        no_alias(OP, vc, &[Some(k), Some(v), Some(pos)])?;
+        Ok(Args::new(OP)
+            .plain("k", k)
+            .plain("v", v)
+            .plain("k_cache", kc)
+            .plain("v_cache", vc)
+            .plain("positions", pos))
     }
 }
 
@@ -79,7 +97,8 @@ pub struct Attention {
     /// Sliding window (keys `pos+1-window ..= pos`); 0 for full attention.
     pub window: usize,
     pub scale: f32,
-    /// As [`Matmul::precision`], for the scores' and the output's products.
+    /// As [`Matmul::precision`](super::Matmul::precision), for the scores'
+    /// and the output's products.
     pub precision: Precision,
 }
 
@@ -87,8 +106,16 @@ pub struct Attention {
 pub const MAX_HEAD_DIM: usize = 512;
 
 impl Attention {
-    /// Shapes, dtypes and aliasing of an `attention` call.
-    pub fn validate<B: DeviceBuffer>(&self, q: &B, kc: &B, vc: &B, pos: &B, out: &B) -> Result<()> {
+    /// Shapes, dtypes and aliasing of an `attention` call; its arguments by
+    /// role.
+    pub fn validate<'a, B: DeviceBuffer>(
+        &self,
+        q: &'a B,
+        kc: &'a B,
+        vc: &'a B,
+        pos: &'a B,
+        out: &'a B,
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "attention";
         nonzero(
             OP,
@@ -123,7 +150,13 @@ impl Attention {
         check_caches(OP, kc, vc, self.capacity * self.kv_heads * self.head_dim)?;
         check_buf(OP, "positions", pos, &U32, self.m)?;
         check_buf(OP, "out", out, &F32, qn)?;
-        no_alias(OP, out, &[Some(q), Some(kc), Some(vc), Some(pos)])
+        no_alias(OP, out, &[Some(q), Some(kc), Some(vc), Some(pos)])?;
+        Ok(Args::new(OP)
+            .plain("q", q)
+            .plain("k_cache", kc)
+            .plain("v_cache", vc)
+            .plain("positions", pos)
+            .plain("out", out))
     }
 }
 
@@ -168,7 +201,7 @@ impl QkvPost {
     }
 
     /// Shapes, dtypes and aliasing of a `qkv_post` call (the trait method's
-    /// arguments); returns every buffer argument, inputs first.
+    /// arguments); its arguments by role, inputs first.
     #[allow(clippy::too_many_arguments)]
     pub fn check<'a, B: DeviceBuffer>(
         &self,
@@ -179,7 +212,7 @@ impl QkvPost {
         q: &'a B,
         kc: &'a B,
         vc: &'a B,
-    ) -> Result<Vec<Option<&'a B>>> {
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "qkv_post";
         nonzero(
             OP,
@@ -195,7 +228,7 @@ impl QkvPost {
         fits_cache(OP, self.m, self.capacity)?;
         let (kv, hd) = (self.capacity * self.kv_heads * self.head_dim, self.head_dim);
         check_caches(OP, kc, vc, kv)?;
-        let mut all = check_args(
+        let args = check_args(
             OP,
             &[
                 ("raw", Some(raw), &F32, self.m * self.raw_row()),
@@ -207,11 +240,9 @@ impl QkvPost {
             &[],
         )?;
         // q and the caches are outputs: none may alias an input or another.
-        let q = all.pop().flatten();
-        let outs = [q, Some(kc), Some(vc)];
-        no_alias_all(OP, &outs, &all)?;
-        all.extend(outs);
-        Ok(all)
+        let ins = [raw, wq, wk, pos].map(Some);
+        no_alias_all(OP, &[Some(q), Some(kc), Some(vc)], &ins)?;
+        Ok(args.plain("k_cache", kc).plain("v_cache", vc))
     }
 }
 

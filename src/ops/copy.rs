@@ -1,14 +1,15 @@
 //! The copy commands' contracts: copy_buffer and copy_range.
 
+use super::roles::Args;
 use super::{check_buf, no_alias};
 use crate::device_buffer::DeviceBuffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// [`crate::ComputeBackend::copy_buffer`]'s arguments: one dtype of
-/// [`CACHES`] or u32 (activations, caches and ids; weights are never
-/// copied), one length, two storages.
-pub fn check_copy<B: DeviceBuffer>(src: &B, dst: &B) -> Result<()> {
+/// [`CACHES`](super::CACHES) or u32 (activations, caches and ids; weights
+/// are never copied), one length, two storages. The two by role.
+pub fn check_copy<'a, B: DeviceBuffer>(src: &'a B, dst: &'a B) -> Result<Args<'a, B>> {
     const COPIED: [DType; 3] = [DType::F32, DType::F16, DType::U32];
     check_buf("copy_buffer", "src", src, &COPIED, 0)?;
     if (dst.dtype(), dst.len()) != (src.dtype(), src.len()) {
@@ -23,7 +24,17 @@ pub fn check_copy<B: DeviceBuffer>(src: &B, dst: &B) -> Result<()> {
             ),
         ));
     }
-    no_alias("copy_buffer", dst, &[Some(src)])
+    two_storages("copy_buffer", src, dst)
+}
+
+/// A copy's `dst` apart from its `src`; the two by role.
+fn two_storages<'a, B: DeviceBuffer>(
+    op: &'static str,
+    src: &'a B,
+    dst: &'a B,
+) -> Result<Args<'a, B>> {
+    no_alias(op, dst, &[Some(src)])?;
+    Ok(Args::new(op).plain("src", src).plain("dst", dst))
 }
 
 /// [`crate::ComputeBackend::copy_range`]'s parameters: `len` elements of
@@ -38,8 +49,8 @@ pub struct CopyRange {
 impl CopyRange {
     /// One dtype, f32 or u32 on both sides (four-byte elements: every
     /// offset a GPU copy command may take), both ranges inside their
-    /// buffers, two storages.
-    pub fn validate<B: DeviceBuffer>(&self, src: &B, dst: &B) -> Result<()> {
+    /// buffers, two storages. The two by role.
+    pub fn validate<'a, B: DeviceBuffer>(&self, src: &'a B, dst: &'a B) -> Result<Args<'a, B>> {
         const COPIED: [DType; 2] = [DType::F32, DType::U32];
         let end = |offset: usize, name: &str| {
             offset.checked_add(self.len).ok_or_else(|| {
@@ -73,6 +84,6 @@ impl CopyRange {
                 ),
             ));
         }
-        no_alias("copy_range", dst, &[Some(src)])
+        two_storages("copy_range", src, dst)
     }
 }

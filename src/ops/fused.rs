@@ -3,10 +3,43 @@
 
 use super::moe::{DownArgs, GateUpArgs, Router};
 use super::norm::RmsNorm;
-use super::{check_args, no_alias, nonzero, F32, FLOATS};
+use super::roles::Args;
+use super::{check_buf, no_alias, no_alias_all, nonzero, F32, FLOATS};
 use crate::backend::ComputeBackend;
 use crate::device_buffer::DeviceBuffer;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+/// The argument checks of a fused op: each present input has one of its
+/// dtypes and at least its elements, each present output is f32 with at
+/// least its elements, no output aliases an input or an earlier output.
+/// Returns every present argument, inputs first, each
+/// [`Role::Plain`](super::Role::Plain).
+#[allow(clippy::type_complexity)]
+pub(super) fn check_args<'a, B: DeviceBuffer>(
+    op: &'static str,
+    ins: &[(&'static str, Option<&'a B>, &[DType], usize)],
+    outs: &[(&'static str, Option<&'a B>, usize)],
+) -> Result<Args<'a, B>> {
+    for (name, b, dtypes, need) in ins {
+        if let Some(b) = b {
+            check_buf(op, name, *b, dtypes, *need)?;
+        }
+    }
+    for (name, b, need) in outs {
+        if let Some(b) = b {
+            check_buf(op, name, *b, &F32, *need)?;
+        }
+    }
+    let in_bufs: Vec<Option<&B>> = ins.iter().map(|a| a.1).collect();
+    let out_bufs: Vec<Option<&B>> = outs.iter().map(|a| a.1).collect();
+    no_alias_all(op, &out_bufs, &in_bufs)?;
+    let named = ins
+        .iter()
+        .map(|a| (a.0, a.1))
+        .chain(outs.iter().map(|a| (a.0, a.1)));
+    Ok(named.fold(Args::new(op), |args, (name, b)| args.maybe(name, b)))
+}
 
 /// The attention block's residual and the feed-forward branches' pre-norms,
 /// per row of `dim` (one fused op between o_proj and the MLP / experts):
@@ -26,7 +59,7 @@ impl PostAttention {
     }
 
     /// Shapes, dtypes and aliasing of a `post_attention` call (the trait
-    /// method's arguments); returns every buffer argument, inputs first.
+    /// method's arguments); its arguments by role, inputs first.
     #[allow(clippy::too_many_arguments)]
     pub fn check<'a, B: DeviceBuffer>(
         &self,
@@ -37,7 +70,7 @@ impl PostAttention {
         r: &'a B,
         ff: &'a B,
         moe: Option<(&'a B, &'a B)>,
-    ) -> Result<Vec<Option<&'a B>>> {
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "post_attention";
         nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
         let n = self.rows * self.dim;
@@ -78,7 +111,7 @@ impl PostFfn {
     }
 
     /// Shapes, dtypes and aliasing of a `post_ffn` call (the trait method's
-    /// arguments); returns every buffer argument, inputs first.
+    /// arguments); its arguments by role, inputs first.
     #[allow(clippy::type_complexity)]
     pub fn check<'a, B: DeviceBuffer>(
         &self,
@@ -88,7 +121,7 @@ impl PostFfn {
         r: &'a B,
         x: &'a B,
         next: Option<(&'a B, &'a B)>,
-    ) -> Result<Vec<Option<&'a B>>> {
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "post_ffn";
         nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
         let n = self.rows * self.dim;
@@ -125,15 +158,14 @@ pub struct PostFfnArgs<'a, B> {
     pub p: PostFfn,
 }
 
-impl<B: DeviceBuffer> PostFfnArgs<'_, B> {
+impl<'a, B: DeviceBuffer> PostFfnArgs<'a, B> {
     /// This one call: `be.post_ffn(..)`.
     pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
         be.post_ffn(self.reborrow())
     }
 
-    /// This call's checks ([`PostFfn::check`]); returns every buffer
-    /// argument, inputs first.
-    pub fn check(&self) -> Result<Vec<Option<&B>>> {
+    /// This call's checks ([`PostFfn::check`]); its arguments by role.
+    pub fn check(&self) -> Result<Args<'a, B>> {
         self.p.check(
             self.dense,
             self.w_dense,
@@ -201,41 +233,43 @@ pub struct RouterArgs<'a, B> {
     pub p: Router,
 }
 
-impl<B: DeviceBuffer> PostAttentionArgs<'_, B> {
+impl<'a, B: DeviceBuffer> PostAttentionArgs<'a, B> {
     /// This one call: `be.post_attention(..)` with the experts branch.
     pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
         let (o, x, w_post, w_ff, r, ff) = (self.o, self.x, self.w_post, self.w_ff, self.r, self.ff);
         be.post_attention(o, x, w_post, w_ff, r, ff, Some(self.moe), self.p)
     }
 
-    /// This call's checks ([`PostAttention::check`]); returns every buffer
-    /// argument, inputs first.
-    pub fn check(&self) -> Result<Vec<Option<&B>>> {
+    /// This call's checks ([`PostAttention::check`]); its arguments by
+    /// role.
+    pub fn check(&self) -> Result<Args<'a, B>> {
         let (o, x, w_post, w_ff, r, ff) = (self.o, self.x, self.w_post, self.w_ff, self.r, self.ff);
         self.p.check(o, x, w_post, w_ff, r, ff, Some(self.moe))
     }
 }
 
-impl<B: DeviceBuffer> RouterArgs<'_, B> {
+impl<'a, B: DeviceBuffer> RouterArgs<'a, B> {
     /// This router on input `x`: `be.router(x, ..)`.
     pub fn run_on<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E, x: &B) -> Result<()> {
         let (s, proj, pes) = (self.eff_scale, self.proj, self.per_expert_scale);
         be.router(x, s, proj, pes, self.ids, self.weights, self.p)
     }
 
-    /// The router's checks on input `x` ([`Router::validate`]).
-    pub fn check_on(&self, x: &B) -> Result<()> {
+    /// The router's checks on input `x` ([`Router::validate`]); its
+    /// arguments by role.
+    pub fn check_on(&self, x: &'a B) -> Result<Args<'a, B>> {
         let (s, proj, pes) = (self.eff_scale, self.proj, self.per_expert_scale);
         self.p.validate(x, s, proj, pes, self.ids, self.weights)
     }
 
     /// The checks of [`ComputeBackend::post_attention_router`]:
     /// post_attention's on `pa`, the router's outputs apart from its
-    /// buffers, and the router's on the residual `pa.r`.
-    pub fn check_after(&self, pa: &PostAttentionArgs<'_, B>) -> Result<()> {
-        pa.check()?;
+    /// buffers, and the router's on the residual `pa.r`. Each op's
+    /// arguments by role, post_attention's first.
+    pub fn check_after(&self, pa: &PostAttentionArgs<'a, B>) -> Result<[Args<'a, B>; 2]> {
+        let post = pa.check()?;
         self.check_apart_from(pa)?;
-        self.check_on(pa.r)
+        Ok([post, self.check_on(pa.r)?])
     }
 
     /// That the router's outputs alias none of `pa`'s buffers (the fused

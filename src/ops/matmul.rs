@@ -1,5 +1,6 @@
 //! The dense projection's contract.
 
+use super::roles::{Args, Role};
 use super::{check_buf, check_weight, no_alias, nonzero, F32};
 use crate::device_buffer::DeviceBuffer;
 use crate::error::Result;
@@ -19,13 +20,23 @@ pub struct Matmul {
 }
 
 impl Matmul {
-    /// Shapes, dtypes and aliasing of a `matmul` call.
-    pub fn validate<B: DeviceBuffer>(&self, w: &B, x: &B, out: &B) -> Result<()> {
+    /// Shapes, dtypes and aliasing of a `matmul` call; its arguments by
+    /// role.
+    pub fn validate<'a, B: DeviceBuffer>(
+        &self,
+        w: &'a B,
+        x: &'a B,
+        out: &'a B,
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "matmul";
         nonzero(OP, &[("m", self.m), ("n", self.n), ("k", self.k)])?;
         check_weight(OP, "w", w, self.n * self.k)?;
         check_buf(OP, "x", x, &F32, self.m * self.k)?;
         check_buf(OP, "out", out, &F32, self.m * self.n)?;
-        no_alias(OP, out, &[Some(w), Some(x)])
+        no_alias(OP, out, &[Some(w), Some(x)])?;
+        Ok(Args::new(OP)
+            .with("w", w, Role::Weight)
+            .plain("x", x)
+            .plain("out", out))
     }
 }

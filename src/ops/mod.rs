@@ -16,6 +16,7 @@ mod fused;
 mod matmul;
 mod moe;
 mod norm;
+mod roles;
 mod slots;
 
 pub use attention::*;
@@ -25,6 +26,7 @@ pub use fused::*;
 pub use matmul::*;
 pub use moe::*;
 pub use norm::*;
+pub use roles::*;
 pub use slots::*;
 
 use crate::device_buffer::DeviceBuffer;
@@ -132,36 +134,6 @@ pub fn check_weight<B: DeviceBuffer>(
         ));
     }
     Ok(())
-}
-
-/// The argument checks of a fused op: each present input has one of its
-/// dtypes and at least its elements, each present output is f32 with at
-/// least its elements, no output aliases an input or an earlier output.
-/// Returns every argument, inputs first (absent ones as `None`).
-#[allow(clippy::type_complexity)]
-fn check_args<'a, B: DeviceBuffer>(
-    op: &'static str,
-    ins: &[(&str, Option<&'a B>, &[DType], usize)],
-    outs: &[(&str, Option<&'a B>, usize)],
-) -> Result<Vec<Option<&'a B>>> {
-    for (name, b, dtypes, need) in ins {
-        if let Some(b) = b {
-            check_buf(op, name, *b, dtypes, *need)?;
-        }
-    }
-    for (name, b, need) in outs {
-        if let Some(b) = b {
-            check_buf(op, name, *b, &F32, *need)?;
-        }
-    }
-    let all: Vec<Option<&B>> = ins
-        .iter()
-        .map(|a| a.1)
-        .chain(outs.iter().map(|a| a.1))
-        .collect();
-    let (ins, outs) = all.split_at(ins.len());
-    no_alias_all(op, outs, ins)?;
-    Ok(all)
 }
 
 /// No output aliases an input or an earlier output.

@@ -1,5 +1,6 @@
 //! RMSNorm's contract.
 
+use super::roles::Args;
 use super::{check_buf, no_alias, nonzero, F32, FLOATS};
 use crate::device_buffer::DeviceBuffer;
 use crate::error::Result;
@@ -25,14 +26,15 @@ impl RmsNorm {
         }
     }
 
-    /// Shapes, dtypes and aliasing of an `rms_norm` call.
-    pub fn validate<B: DeviceBuffer>(
+    /// Shapes, dtypes and aliasing of an `rms_norm` call; its arguments
+    /// by role.
+    pub fn validate<'a, B: DeviceBuffer>(
         &self,
-        x: &B,
-        w: Option<&B>,
-        res: Option<&B>,
-        out: &B,
-    ) -> Result<()> {
+        x: &'a B,
+        w: Option<&'a B>,
+        res: Option<&'a B>,
+        out: &'a B,
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "rms_norm";
         nonzero(OP, &[("rows", self.rows), ("dim", self.dim)])?;
         let n = self.rows * self.dim;
@@ -44,6 +46,11 @@ impl RmsNorm {
             check_buf(OP, "residual", r, &F32, n)?;
         }
         check_buf(OP, "out", out, &F32, n)?;
-        no_alias(OP, out, &[Some(x), w, res])
+        no_alias(OP, out, &[Some(x), w, res])?;
+        Ok(Args::new(OP)
+            .plain("x", x)
+            .maybe("weight", w)
+            .maybe("residual", res)
+            .plain("out", out))
     }
 }

@@ -1,5 +1,6 @@
 //! The streamed experts' slot lookup: its contract and its host reference.
 
+use super::roles::Args;
 use super::{check_buf, no_alias, nonzero, MAX_EXPERTS, U32};
 use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
@@ -23,14 +24,15 @@ pub const NO_SLOT: u32 = u32::MAX;
 pub const SLOT_MISSED: u32 = 1 << 31;
 
 impl SlotLookup {
-    /// Shapes, dtypes and aliasing of a `slot_lookup` call.
-    pub fn validate<B: DeviceBuffer>(
+    /// Shapes, dtypes and aliasing of a `slot_lookup` call; its arguments
+    /// by role.
+    pub fn validate<'a, B: DeviceBuffer>(
         &self,
-        ids: &B,
-        table: &B,
-        slot_ids: &B,
-        log: &B,
-    ) -> Result<()> {
+        ids: &'a B,
+        table: &'a B,
+        slot_ids: &'a B,
+        log: &'a B,
+    ) -> Result<Args<'a, B>> {
         const OP: &str = "slot_lookup";
         nonzero(
             OP,
@@ -54,7 +56,12 @@ impl SlotLookup {
         check_buf(OP, "slot_ids", slot_ids, &U32, self.n)?;
         check_buf(OP, "log", log, &U32, self.at + self.n)?;
         no_alias(OP, slot_ids, &[Some(ids), Some(table)])?;
-        no_alias(OP, log, &[Some(ids), Some(table), Some(slot_ids)])
+        no_alias(OP, log, &[Some(ids), Some(table), Some(slot_ids)])?;
+        Ok(Args::new(OP)
+            .plain("ids", ids)
+            .plain("table", table)
+            .plain("slot_ids", slot_ids)
+            .plain("log", log))
     }
 }
 
