@@ -574,7 +574,8 @@ pub trait ComputeBackend {
     ) -> Result<()> {
         post.check_reads(&dense, &routed)?;
         let [a, b] = DownArgs::check_pair(&dense, &routed)?;
-        // (every contract's checks first, as in each op alone)
+        // (every contract before any backend's rule: a bad call gets the
+        // contract's error on every backend)
         for args in [a, b, post.check()?] {
             self.check_held(&args)?;
         }

@@ -3,11 +3,14 @@
 //! one file per op family beside the ops' parameters.
 //!
 //! Each op's check (`validate*` for the primitive ops, `check` for the
-//! fused ones) covers its shapes, dtypes and aliasing. The trait's op methods
+//! fused ones) covers its shapes, dtypes and aliasing, and returns the op's
+//! buffer arguments named by role ([`Args`]). The trait's op methods
 //! ([`crate::ComputeBackend`]) run it before they reach the backend, so a
 //! bad call fails identically everywhere with an error that names the
-//! argument, and no backend repeats it. This file holds what the families
-//! share: [`OpKind`], the buffer checks and the dtype sets.
+//! argument, and no backend repeats it; they hand the arguments by role to
+//! the backend's one rule on how it holds buffers
+//! ([`crate::ComputeBackend::check_held`]). This file holds what the
+//! families share: [`OpKind`], the buffer checks and the dtype sets.
 
 mod attention;
 mod copy;
@@ -193,9 +196,7 @@ pub fn nonzero(op: &'static str, what: &[(&str, usize)]) -> Result<()> {
 }
 
 pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
-
 pub const F32: [DType; 1] = [DType::F32];
-
 pub const U32: [DType; 1] = [DType::U32];
 
 /// The KV caches' element types: f32 (the default) or f16, which halves
@@ -204,5 +205,4 @@ pub const CACHES: [DType; 2] = [DType::F32, DType::F16];
 
 /// Largest expert count and top-k the router kernels handle.
 pub const MAX_EXPERTS: usize = 256;
-
 pub const MAX_TOP_K: usize = 8;
