@@ -11,12 +11,14 @@
 //!   `F32` and are decoded to f32 in the kernel; accumulation is f32;
 //! - an output never aliases an input of the same op (in-place ops name the
 //!   buffer once);
-//! - every op checks its arguments (shapes, dtypes, aliasing: the shared
-//!   checks in [`crate::ops`]) in the trait itself, then calls the backend's
+//! - every op checks its arguments (shapes, dtypes, aliasing: its contract
+//!   in [`crate::ops`]) in the trait itself, then calls the backend's
 //!   `record_*` hook for it: a backend implements the hooks, never the checks,
 //!   so every backend rejects the same bad calls with the same error before
 //!   any of its own code runs (as candle's `Tensor` checks before it calls a
-//!   backend's storage, and ggml's graph builder before its backends);
+//!   backend's storage, and ggml's graph builder before its backends); the
+//!   contract names the arguments by role, so that a backend's rule on how
+//!   it holds buffers ([`ComputeBackend::check_held`]) is one function;
 //! - a case a backend does not implement returns [`Error::Unsupported`](crate::Error::Unsupported)
 //!   (see [`ComputeBackend::supports`]), never a silent fallback.
 
@@ -49,263 +51,6 @@ use crate::precision::Precision;
 /// split after the same scale into `hi = f16(v)` and `lo = f16(v - hi)`
 /// (`lo` zero below f16's smallest normal, 2^-14) and computed as `hi + lo`.
 pub type GemmRounding = Arc<dyn Fn(&OpKind, usize, usize) -> bool + Send + Sync>;
-
-/// The arguments of one [`ComputeBackend::moe_gate_up`], for the pair op.
-pub struct GateUpArgs<'a, B> {
-    pub x: &'a B,
-    pub gate_up: &'a B,
-    pub ids: &'a B,
-    pub act: &'a B,
-    pub p: Moe,
-}
-
-/// The arguments of one [`ComputeBackend::moe_down`], for the pair op.
-pub struct DownArgs<'a, B> {
-    pub act: &'a B,
-    pub down: &'a B,
-    pub ids: &'a B,
-    pub weights: &'a B,
-    pub out: &'a B,
-    pub p: Moe,
-}
-
-impl<B: DeviceBuffer> GateUpArgs<'_, B> {
-    /// This one call: `be.moe_gate_up(..)`.
-    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
-        be.moe_gate_up(self.x, self.gate_up, self.ids, self.act, self.p)
-    }
-
-    /// This call's checks ([`Moe::validate_gate_up`]).
-    pub fn check(&self) -> Result<()> {
-        self.p
-            .validate_gate_up(self.x, self.gate_up, self.ids, self.act)
-    }
-
-    /// The checks of [`ComputeBackend::moe_gate_up_pair`]: each problem's,
-    /// then that neither output aliases the other problem's buffers.
-    pub fn check_pair(a: &Self, b: &Self) -> Result<()> {
-        a.check()?;
-        b.check()?;
-        crate::ops::pair_apart(
-            "moe_gate_up_pair",
-            &[a.x, a.gate_up, a.ids, a.act],
-            &[b.x, b.gate_up, b.ids, b.act],
-        )
-    }
-}
-
-impl<B: DeviceBuffer> DownArgs<'_, B> {
-    /// This one call: `be.moe_down(..)`.
-    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
-        be.moe_down(
-            self.act,
-            self.down,
-            self.ids,
-            self.weights,
-            self.out,
-            self.p,
-        )
-    }
-
-    /// This call's checks ([`Moe::validate_down`]).
-    pub fn check(&self) -> Result<()> {
-        self.p
-            .validate_down(self.act, self.down, self.ids, self.weights, self.out)
-    }
-
-    /// The checks of [`ComputeBackend::moe_down_pair`]: each problem's,
-    /// then that neither output aliases the other problem's buffers.
-    pub fn check_pair(a: &Self, b: &Self) -> Result<()> {
-        a.check()?;
-        b.check()?;
-        crate::ops::pair_apart(
-            "moe_down_pair",
-            &[a.act, a.down, a.ids, a.weights, a.out],
-            &[b.act, b.down, b.ids, b.weights, b.out],
-        )
-    }
-}
-
-/// The arguments of one [`ComputeBackend::post_ffn`], for
-/// [`ComputeBackend::moe_down_pair_post_ffn`].
-pub struct PostFfnArgs<'a, B> {
-    pub dense: &'a B,
-    pub w_dense: &'a B,
-    /// `(moe_out, w_moe, w_sum)`: the experts branch.
-    pub moe: Option<(&'a B, &'a B, &'a B)>,
-    pub r: &'a B,
-    pub x: &'a B,
-    /// `(w_next, normed)`: the next layer's normed input.
-    pub next: Option<(&'a B, &'a B)>,
-    pub p: PostFfn,
-}
-
-impl<B: DeviceBuffer> PostFfnArgs<'_, B> {
-    /// This one call: `be.post_ffn(..)`.
-    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
-        be.post_ffn(self.reborrow())
-    }
-
-    /// This call's checks ([`PostFfn::check`]); returns every buffer
-    /// argument, inputs first.
-    pub fn check(&self) -> Result<Vec<Option<&B>>> {
-        self.p.check(
-            self.dense,
-            self.w_dense,
-            self.moe,
-            self.r,
-            self.x,
-            self.next,
-        )
-    }
-
-    /// The same arguments, borrowed again (the struct holds only shared
-    /// references).
-    pub fn reborrow(&self) -> PostFfnArgs<'_, B> {
-        PostFfnArgs {
-            dense: self.dense,
-            w_dense: self.w_dense,
-            moe: self.moe,
-            r: self.r,
-            x: self.x,
-            next: self.next,
-            p: self.p,
-        }
-    }
-
-    /// The rule of [`ComputeBackend::moe_down_pair_post_ffn`]: this post_ffn
-    /// reads the pair's outputs, `dense.out` as its dense branch and
-    /// `routed.out` as its experts branch.
-    pub fn check_reads(&self, dense: &DownArgs<'_, B>, routed: &DownArgs<'_, B>) -> Result<()> {
-        let reads = self.dense.same_storage(dense.out)
-            && self.moe.is_some_and(|m| m.0.same_storage(routed.out));
-        if reads {
-            Ok(())
-        } else {
-            Err(crate::Error::shape(
-                "moe_down_pair_post_ffn",
-                "post_ffn must read the pair's outputs: `dense` = the dense problem's `out`, \
-                 the experts branch = the routed problem's `out`",
-            ))
-        }
-    }
-}
-
-/// The arguments of one [`ComputeBackend::post_attention`] with experts,
-/// for [`ComputeBackend::post_attention_router`].
-pub struct PostAttentionArgs<'a, B> {
-    pub o: &'a B,
-    pub x: &'a B,
-    pub w_post: &'a B,
-    pub w_ff: &'a B,
-    pub r: &'a B,
-    pub ff: &'a B,
-    /// `(w_moe, out)`: the routed branch's pre-norm of r.
-    pub moe: (&'a B, &'a B),
-    pub p: PostAttention,
-}
-
-/// The arguments of one [`ComputeBackend::router`] but its input, for
-/// [`ComputeBackend::post_attention_router`] (which routes the residual).
-pub struct RouterArgs<'a, B> {
-    pub eff_scale: &'a B,
-    pub proj: &'a B,
-    pub per_expert_scale: &'a B,
-    pub ids: &'a B,
-    pub weights: &'a B,
-    pub p: Router,
-}
-
-impl<B: DeviceBuffer> PostAttentionArgs<'_, B> {
-    /// This one call: `be.post_attention(..)` with the experts branch.
-    pub fn run<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E) -> Result<()> {
-        let (o, x, w_post, w_ff, r, ff) = (self.o, self.x, self.w_post, self.w_ff, self.r, self.ff);
-        be.post_attention(o, x, w_post, w_ff, r, ff, Some(self.moe), self.p)
-    }
-
-    /// This call's checks ([`PostAttention::check`]); returns every buffer
-    /// argument, inputs first.
-    pub fn check(&self) -> Result<Vec<Option<&B>>> {
-        let (o, x, w_post, w_ff, r, ff) = (self.o, self.x, self.w_post, self.w_ff, self.r, self.ff);
-        self.p.check(o, x, w_post, w_ff, r, ff, Some(self.moe))
-    }
-}
-
-impl<B: DeviceBuffer> RouterArgs<'_, B> {
-    /// This router on input `x`: `be.router(x, ..)`.
-    pub fn run_on<E: ComputeBackend<Buffer = B> + ?Sized>(&self, be: &E, x: &B) -> Result<()> {
-        let (s, proj, pes) = (self.eff_scale, self.proj, self.per_expert_scale);
-        be.router(x, s, proj, pes, self.ids, self.weights, self.p)
-    }
-
-    /// The router's checks on input `x` ([`Router::validate`]).
-    pub fn check_on(&self, x: &B) -> Result<()> {
-        let (s, proj, pes) = (self.eff_scale, self.proj, self.per_expert_scale);
-        self.p.validate(x, s, proj, pes, self.ids, self.weights)
-    }
-
-    /// The checks of [`ComputeBackend::post_attention_router`]:
-    /// post_attention's on `pa`, the router's outputs apart from its
-    /// buffers, and the router's on the residual `pa.r`.
-    pub fn check_after(&self, pa: &PostAttentionArgs<'_, B>) -> Result<()> {
-        pa.check()?;
-        self.check_apart_from(pa)?;
-        self.check_on(pa.r)
-    }
-
-    /// That the router's outputs alias none of `pa`'s buffers (the fused
-    /// op's own rule, on top of each op's checks).
-    pub fn check_apart_from(&self, pa: &PostAttentionArgs<'_, B>) -> Result<()> {
-        let pa_bufs = [
-            pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, pa.moe.0, pa.moe.1,
-        ];
-        for out in [self.ids, self.weights] {
-            crate::ops::no_alias("post_attention_router", out, &pa_bufs.map(Some))?;
-        }
-        Ok(())
-    }
-
-    /// The rules of [`ComputeBackend::post_attention_gate_up`]: `routed`
-    /// reads this router's ids, its problem is the router's (tokens,
-    /// experts, top-k), and the router's outputs alias no other buffer of
-    /// the pair (a GPU writes them in the pair's launch).
-    pub fn check_routes(
-        &self,
-        dense: &GateUpArgs<'_, B>,
-        routed: &GateUpArgs<'_, B>,
-    ) -> Result<()> {
-        const OP: &str = "post_attention_gate_up";
-        let pair = [
-            dense.x,
-            dense.gate_up,
-            dense.ids,
-            dense.act,
-            routed.x,
-            routed.gate_up,
-            routed.act,
-        ];
-        for out in [self.ids, self.weights] {
-            crate::ops::no_alias(OP, out, &pair.map(Some))?;
-        }
-        if !routed.ids.same_storage(self.ids) {
-            return Err(crate::Error::shape(
-                OP,
-                "the routed gate_up must read the router's ids",
-            ));
-        }
-        let (r, p) = (self.p, routed.p);
-        if (r.m, r.experts, r.top_k) != (p.m, p.experts, p.top_k) {
-            return Err(crate::Error::shape(
-                OP,
-                format!(
-                    "router (m {}, {} experts, top-{}) against gate_up (m {}, {} experts, top-{})",
-                    r.m, r.experts, r.top_k, p.m, p.experts, p.top_k
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// What kind of device a backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -676,7 +421,7 @@ pub trait ComputeBackend {
     /// KV caches this way. Ordered like [`ComputeBackend::write_f32`]. The
     /// checks run here, then [`ComputeBackend::record_copy_buffer`].
     fn copy_buffer(&self, src: &Self::Buffer, dst: &Self::Buffer) -> Result<()> {
-        crate::ops::check_copy(src, dst)?;
+        self.check_held(&crate::ops::check_copy(src, dst)?)?;
         self.record_copy_buffer(src, dst)
     }
     /// [`ComputeBackend::copy_buffer`] after its checks.
@@ -688,7 +433,7 @@ pub trait ComputeBackend {
     /// before those after it. A batched decode step moves each sequence's
     /// row of q|k|v to its attention and the result back this way.
     fn copy_range(&self, src: &Self::Buffer, dst: &Self::Buffer, p: CopyRange) -> Result<()> {
-        p.validate(src, dst)?;
+        self.check_held(&p.validate(src, dst)?)?;
         self.record_copy_range(src, dst, p)
     }
     /// [`ComputeBackend::copy_range`] after its checks.
@@ -731,11 +476,23 @@ pub trait ComputeBackend {
 
     // ---- the ops ---------------------------------------------------------
     //
-    // Each op checks its arguments (shapes, dtypes, aliasing: the op's
-    // `validate` / `check` in `crate::ops`) and then calls its `record_*`
-    // hook below. Callers use the ops; a backend implements the hooks and
-    // leaves the ops as they are, so that every backend rejects the same bad
-    // calls with the same error before any of its own code runs.
+    // Each op checks its arguments against its contract (shapes, dtypes,
+    // aliasing: the op's `validate` / `check` in `crate::ops`), which names
+    // them by role; hands those to `check_held`; and then calls its
+    // `record_*` hook below. Callers use the ops; a backend implements the
+    // hooks and leaves the ops as they are, so that every backend rejects
+    // the same bad calls with the same error before any of its own code runs.
+
+    /// The backend's own rule on how it holds an op's buffer arguments,
+    /// given each checked op's arguments by role ([`crate::ops::Args`]):
+    /// the wgpu backend's one binding per argument but a split weight where
+    /// the role allows one, and its tile-ordered expert stacks only in the
+    /// role that takes that stack. Runs after the op's contract, before its
+    /// hook. By default, none.
+    fn check_held(&self, args: &Args<'_, Self::Buffer>) -> Result<()> {
+        let _ = args;
+        Ok(())
+    }
 
     // ---- normalisation -------------------------------------------------
 
@@ -750,7 +507,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: RmsNorm,
     ) -> Result<()> {
-        p.validate(x, weight, residual, out)?;
+        self.check_held(&p.validate(x, weight, residual, out)?)?;
         self.record_rms_norm(x, weight, residual, out, p)
     }
 
@@ -764,7 +521,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Matmul,
     ) -> Result<()> {
-        p.validate(w, x, out)?;
+        self.check_held(&p.validate(w, x, out)?)?;
         self.record_matmul(w, x, out, p)
     }
 
@@ -786,7 +543,7 @@ pub trait ComputeBackend {
         weights: &Self::Buffer,
         p: Router,
     ) -> Result<()> {
-        p.validate(x, eff_scale, proj, per_expert_scale, ids, weights)?;
+        self.check_held(&p.validate(x, eff_scale, proj, per_expert_scale, ids, weights)?)?;
         self.record_router(x, eff_scale, proj, per_expert_scale, ids, weights, p)
     }
 
@@ -801,7 +558,7 @@ pub trait ComputeBackend {
         act: &Self::Buffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_gate_up(x, gate_up, ids, act)?;
+        self.check_held(&p.validate_gate_up(x, gate_up, ids, act)?)?;
         self.record_moe_gate_up(x, gate_up, ids, act, p)
     }
 
@@ -816,7 +573,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Moe,
     ) -> Result<()> {
-        p.validate_down(act, down, ids, weights, out)?;
+        self.check_held(&p.validate_down(act, down, ids, weights, out)?)?;
         self.record_moe_down(act, down, ids, weights, out, p)
     }
 
@@ -829,7 +586,9 @@ pub trait ComputeBackend {
         a: GateUpArgs<'_, Self::Buffer>,
         b: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        GateUpArgs::check_pair(&a, &b)?;
+        for args in GateUpArgs::check_pair(&a, &b)? {
+            self.check_held(&args)?;
+        }
         self.record_moe_gate_up_pair(a, b)
     }
 
@@ -842,7 +601,9 @@ pub trait ComputeBackend {
         a: DownArgs<'_, Self::Buffer>,
         b: DownArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        DownArgs::check_pair(&a, &b)?;
+        for args in DownArgs::check_pair(&a, &b)? {
+            self.check_held(&args)?;
+        }
         self.record_moe_down_pair(a, b)
     }
 
@@ -859,8 +620,12 @@ pub trait ComputeBackend {
         post: PostFfnArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         post.check_reads(&dense, &routed)?;
-        DownArgs::check_pair(&dense, &routed)?;
-        post.check()?;
+        let [a, b] = DownArgs::check_pair(&dense, &routed)?;
+        // (every contract before any backend's rule: a bad call gets the
+        // contract's error on every backend)
+        for args in [a, b, post.check()?] {
+            self.check_held(&args)?;
+        }
         self.record_moe_down_pair_post_ffn(dense, routed, post)
     }
 
@@ -870,7 +635,7 @@ pub trait ComputeBackend {
     /// dim d < head_dim/2 pairs with d + head_dim/2 and turns by
     /// `pos * theta^(-2d/head_dim)` for d < `rot_pairs`; other dims pass through.
     fn rope(&self, x: &Self::Buffer, positions: &Self::Buffer, p: Rope) -> Result<()> {
-        p.validate(x, positions)?;
+        self.check_held(&p.validate(x, positions)?)?;
         self.record_rope(x, positions, p)
     }
 
@@ -890,7 +655,7 @@ pub trait ComputeBackend {
         positions: &Self::Buffer,
         p: KvAppend,
     ) -> Result<()> {
-        p.validate(k, v, k_cache, v_cache, positions)?;
+        self.check_held(&p.validate(k, v, k_cache, v_cache, positions)?)?;
         self.record_kv_append(k, v, k_cache, v_cache, positions, p)
     }
 
@@ -910,7 +675,7 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Attention,
     ) -> Result<()> {
-        p.validate(q, k_cache, v_cache, positions, out)?;
+        self.check_held(&p.validate(q, k_cache, v_cache, positions, out)?)?;
         self.record_attention(q, k_cache, v_cache, positions, out, p)
     }
 
@@ -918,22 +683,22 @@ pub trait ComputeBackend {
 
     /// `out = a + b` over `n` elements.
     fn add(&self, a: &Self::Buffer, b: &Self::Buffer, out: &Self::Buffer, n: usize) -> Result<()> {
-        crate::ops::validate_binary("add", a, b, out, n)?;
+        self.check_held(&crate::ops::validate_binary("add", a, b, out, n)?)?;
         self.record_add(a, b, out, n)
     }
     /// `out = x * s` over `n` elements.
     fn scale(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, s: f32) -> Result<()> {
-        crate::ops::validate_unary("scale", x, out, n)?;
+        self.check_held(&crate::ops::validate_unary("scale", x, out, n)?)?;
         self.record_scale(x, out, n, s)
     }
     /// `out[r, i] = gelu_tanh(x[r, i]) * x[r, n + i]` for x `[rows, 2n]` (gate | up).
     fn gelu_mul(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()> {
-        crate::ops::validate_gelu_mul(x, out, rows, n)?;
+        self.check_held(&crate::ops::validate_gelu_mul(x, out, rows, n)?)?;
         self.record_gelu_mul(x, out, rows, n)
     }
     /// `out = cap * tanh(x / cap)` over `n` elements.
     fn softcap(&self, x: &Self::Buffer, out: &Self::Buffer, n: usize, cap: f32) -> Result<()> {
-        crate::ops::validate_unary("softcap", x, out, n)?;
+        self.check_held(&crate::ops::validate_unary("softcap", x, out, n)?)?;
         self.record_softcap(x, out, n, cap)
     }
     /// `out[i] = table[ids[i]] * p.scale`; ids past the vocabulary are an error
@@ -945,14 +710,14 @@ pub trait ComputeBackend {
         out: &Self::Buffer,
         p: Embed,
     ) -> Result<()> {
-        p.validate(ids, table, out)?;
+        self.check_held(&p.validate(ids, table, out)?)?;
         self.record_embed(ids, table, out, p)
     }
     /// `out[r] = argmax(x[r, :])` (u32, first index on ties) for x `[rows, n]`;
     /// NaN never wins, nor a value below [`crate::ops::ARGMAX_FLOOR`] (-inf),
     /// and a row with no other value gives [`crate::ops::NO_ARGMAX`].
     fn argmax(&self, x: &Self::Buffer, out: &Self::Buffer, rows: usize, n: usize) -> Result<()> {
-        crate::ops::validate_argmax(x, out, rows, n)?;
+        self.check_held(&crate::ops::validate_argmax(x, out, rows, n)?)?;
         self.record_argmax(x, out, rows, n)
     }
 
@@ -973,7 +738,7 @@ pub trait ComputeBackend {
         log: &Self::Buffer,
         p: SlotLookup,
     ) -> Result<()> {
-        p.validate(ids, table, slot_ids, log)?;
+        self.check_held(&p.validate(ids, table, slot_ids, log)?)?;
         self.record_slot_lookup(ids, table, slot_ids, log, p)
     }
 
@@ -994,7 +759,7 @@ pub trait ComputeBackend {
         moe: Option<(&Self::Buffer, &Self::Buffer)>,
         p: PostAttention,
     ) -> Result<()> {
-        p.check(o, x, w_post, w_ff, r, ff, moe)?;
+        self.check_held(&p.check(o, x, w_post, w_ff, r, ff, moe)?)?;
         self.record_post_attention(o, x, w_post, w_ff, r, ff, moe, p)
     }
 
@@ -1009,7 +774,9 @@ pub trait ComputeBackend {
         pa: PostAttentionArgs<'_, Self::Buffer>,
         router: RouterArgs<'_, Self::Buffer>,
     ) -> Result<()> {
-        router.check_after(&pa)?;
+        for args in router.check_after(&pa)? {
+            self.check_held(&args)?;
+        }
         self.record_post_attention_router(pa, router)
     }
 
@@ -1029,8 +796,11 @@ pub trait ComputeBackend {
         routed: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         router.check_routes(&dense, &routed)?;
-        router.check_after(&pa)?;
-        GateUpArgs::check_pair(&dense, &routed)?;
+        let [post, route] = router.check_after(&pa)?;
+        let [a, b] = GateUpArgs::check_pair(&dense, &routed)?;
+        for args in [post, route, a, b] {
+            self.check_held(&args)?;
+        }
         self.record_post_attention_gate_up((pa, router), dense, routed)
     }
 
@@ -1040,7 +810,7 @@ pub trait ComputeBackend {
     /// scale`; with `next = Some((w_next, normed))`, `normed = rmsnorm(x) *
     /// w_next`.
     fn post_ffn(&self, a: PostFfnArgs<'_, Self::Buffer>) -> Result<()> {
-        a.check()?;
+        self.check_held(&a.check()?)?;
         self.record_post_ffn(a)
     }
 
@@ -1058,7 +828,7 @@ pub trait ComputeBackend {
         v_cache: &Self::Buffer,
         p: QkvPost,
     ) -> Result<()> {
-        p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        self.check_held(&p.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?)?;
         self.record_qkv_post(raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 
@@ -1082,8 +852,11 @@ pub trait ComputeBackend {
         ap: Attention,
     ) -> Result<()> {
         crate::ops::check_qkv_attention(&qp, &ap)?;
-        qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
-        ap.validate(q, k_cache, v_cache, positions, out)?;
+        let qkv = qp.check(raw, w_q, w_k, positions, q, k_cache, v_cache)?;
+        let attention = ap.validate(q, k_cache, v_cache, positions, out)?;
+        for args in [qkv, attention] {
+            self.check_held(&args)?;
+        }
         self.record_qkv_post_attention(raw, w_q, w_k, positions, q, k_cache, v_cache, out, qp, ap)
     }
 

@@ -18,10 +18,10 @@ pub mod quant;
 pub mod rng;
 
 pub use backend::{
-    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, DownArgs, ExpertBytes, ExpertStack,
-    GateUpArgs, GemmRounding, HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, RouterArgs,
-    SlotWrite, Support,
+    BackendInfo, ComputeBackend, DeviceBuffer, DeviceType, ExpertBytes, ExpertStack, GemmRounding,
+    HostBytes, ReadTicket, SlotWrite, Support,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use ops::{DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs, RouterArgs};
 pub use precision::Precision;

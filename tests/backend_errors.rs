@@ -382,6 +382,99 @@ fn checks_run_before_any_hook() {
     assert_eq!(b.take_calls(), ["rms_norm", "rms_norm"]);
 }
 
+/// Each op's contract names its buffer arguments by role, as a backend's
+/// rule on how it holds them (`ComputeBackend::check_held`) reads them: a
+/// weight a backend may split, an MoE phase's expert stack with its kind
+/// and count, every other argument plain; an absent optional argument is
+/// left out, and the op is named.
+#[test]
+fn contracts_name_arguments_by_role() {
+    use turbospark::ops::{Args, Matmul, Role};
+    use turbospark::ExpertStack;
+    let b = CpuBackend::new();
+    let f32s = |n: usize| b.alloc(DType::F32, n, "f32").unwrap();
+    let ids = b.alloc(DType::U32, 2, "ids").unwrap();
+    let roles = |a: Args<'_, _>| {
+        let list: Vec<_> = a.list.iter().map(|x| (x.name, x.role)).collect();
+        (a.op, list)
+    };
+    let (x, w, out) = (f32s(8), f32s(8), f32s(8));
+    let norm = RmsNorm {
+        rows: 1,
+        dim: 8,
+        eps: 1e-6,
+        scale: 1.0,
+    };
+    let plain = |names: &[&'static str]| -> Vec<(&'static str, Role)> {
+        names.iter().map(|n| (*n, Role::Plain)).collect()
+    };
+    assert_eq!(
+        roles(norm.validate(&x, Some(&w), None, &out).unwrap()),
+        ("rms_norm", plain(&["x", "weight", "out"]))
+    );
+    let mm = Matmul {
+        m: 1,
+        n: 1,
+        k: 8,
+        precision: turbospark::Precision::Exact,
+    };
+    let one = f32s(1);
+    assert_eq!(
+        roles(mm.validate(&w, &x, &one).unwrap()),
+        (
+            "matmul",
+            vec![
+                ("w", Role::Weight),
+                ("x", Role::Plain),
+                ("out", Role::Plain)
+            ]
+        )
+    );
+    // 2 experts of inter 2 over hidden 4, one token's top 2.
+    let p = Moe {
+        m: 1,
+        hidden: 4,
+        inter: 2,
+        experts: 2,
+        top_k: 2,
+        precision: turbospark::Precision::Exact,
+    };
+    let (gate_up, down, act) = (f32s(2 * 2 * 2 * 4), f32s(2 * 4 * 2), f32s(2 * 2));
+    let stack = |gate_up| {
+        Role::Experts(ExpertStack {
+            experts: 2,
+            gate_up,
+        })
+    };
+    let (x4, out4, weights) = (f32s(4), f32s(4), f32s(2));
+    assert_eq!(
+        roles(p.validate_gate_up(&x4, &gate_up, &ids, &act).unwrap()),
+        (
+            "moe_gate_up",
+            vec![
+                ("x", Role::Plain),
+                ("gate_up", stack(true)),
+                ("ids", Role::Plain),
+                ("act", Role::Plain)
+            ]
+        )
+    );
+    let routed = p.validate_down(&act, &down, &ids, &weights, &out4).unwrap();
+    assert_eq!(routed.list[1].name, "down");
+    assert_eq!(routed.list[1].role, stack(false));
+    let pf = PostFfn {
+        rows: 1,
+        dim: 8,
+        eps: 1e-6,
+        scale: 1.0,
+    };
+    let (dense, r) = (f32s(8), f32s(8));
+    assert_eq!(
+        roles(pf.check(&dense, &w, None, &r, &out, None).unwrap()),
+        ("post_ffn", plain(&["dense", "r", "w_dense", "x"]))
+    );
+}
+
 #[test]
 fn wgpu_rejects_bad_calls() {
     if let Some(b) = common::wgpu_backend() {
@@ -499,7 +592,8 @@ fn tiled_expert_stacks_only_where_they_belong() {
     };
     invalid(
         b.matmul(&gu, &f32s(cols), &f32s(e * rows), mm),
-        "only the MoE ops read",
+        "matmul: `w` holds 2 gate_up experts stored in tile order (upload_experts), \
+         which only the MoE ops read",
     );
     let emb = Embed {
         m: 1,
@@ -509,7 +603,7 @@ fn tiled_expert_stacks_only_where_they_belong() {
     };
     invalid(
         b.embed(&ids, &gu, &f32s(cols), emb),
-        "only the MoE ops read",
+        "embed: `table` holds 2 gate_up experts",
     );
     // As a norm's weight (any op's non-expert argument).
     let norm = turbospark::ops::RmsNorm {
@@ -520,7 +614,7 @@ fn tiled_expert_stacks_only_where_they_belong() {
     };
     invalid(
         b.rms_norm(&f32s(64), Some(&down), None, &f32s(64), norm),
-        "only the MoE ops read",
+        "rms_norm: `weight` holds 2 down experts",
     );
     // An empty stack is a shape error, not a tiling of nothing.
     let empty = b.upload_experts(
@@ -546,7 +640,8 @@ fn tiled_expert_stacks_only_where_they_belong() {
     };
     invalid(
         b.moe_down(&f32s(2 * 16), &gu, &ids, &f32s(2), &f32s(64), p),
-        "not the 2 down experts",
+        "moe_down: `down` holds 2 gate_up experts stored in tile order (upload_experts), \
+         not the 2 down experts this op takes",
     );
     // The same bytes as one expert of 128 rows, where two of 64 go:
     // refused for its expert count (the tile order is per expert).
@@ -564,7 +659,7 @@ fn tiled_expert_stacks_only_where_they_belong() {
         .unwrap();
     invalid(
         b.moe_down(&f32s(2 * 16), &one, &ids, &f32s(2), &f32s(64), p),
-        "holds 1 down experts",
+        "moe_down: `down` holds 1 down experts",
     );
     // The right stack passes.
     b.moe_down(&f32s(2 * 16), &down, &ids, &f32s(2), &f32s(64), p)

@@ -97,8 +97,8 @@ pub struct WgpuBuffer {
     /// upload (`write_f32` / `write_u32` take f32 and u32 buffers).
     pub(crate) fits_f16: bool,
     /// The expert stack this buffer holds in tile order (`upload_experts`,
-    /// `expert_tiles.rs`), else None: only the MoE ops read such a buffer,
-    /// each told so, and the ops check it is the stack they take.
+    /// `expert_tiles.rs`), else None: only the MoE op that takes this stack
+    /// reads such a buffer (`bindings::check` holds every op to it).
     pub(crate) tiles: Option<ExpertStack>,
 }
 

@@ -570,7 +570,7 @@ impl Cache {
         } else {
             // SAFETY: these are the project's own kernels, not user input.
             // Every index they form is bounded by a shape the host validated
-            // (src/ops.rs) before the launch, every loop has a uniform or
+            // (src/ops/) before the launch, every loop has a uniform or
             // constant bound, and every divisor is a validated non-zero size;
             // the parity suite runs them in this mode with poisoned guard
             // regions after every output. On Vulkan the driver's robust

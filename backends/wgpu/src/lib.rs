@@ -8,6 +8,7 @@
 
 mod batch;
 mod bench;
+mod bindings;
 mod buffer;
 mod coop_tiles;
 mod device;
@@ -28,8 +29,8 @@ mod wait;
 use std::sync::Arc;
 
 use turbospark::ops::{
-    self as v, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention, QkvPost,
-    RmsNorm, Rope, Router, SlotLookup,
+    self as v, Args, Attention, CopyRange, Embed, KvAppend, Matmul, Moe, OpKind, PostAttention,
+    QkvPost, RmsNorm, Rope, Router, SlotLookup,
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertBytes, ExpertStack, GateUpArgs,
@@ -121,20 +122,10 @@ impl WgpuBackend {
         self.gpu.pipeline(kernel, entry, constants, read_only)
     }
 
-    /// The wgpu backend's own checks of a qkv_post call (one binding each,
-    /// device support), alone and inside qkv_post_attention.
-    fn check_qkv_post(
-        &self,
-        p: &QkvPost,
-        raw: &WgpuBuffer,
-        (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
-        positions: &WgpuBuffer,
-        q: &WgpuBuffer,
-        (k_cache, v_cache): (&WgpuBuffer, &WgpuBuffer),
-    ) -> Result<()> {
+    /// The device support a qkv_post call needs (its caches' dtype, its
+    /// head_dim), alone and inside qkv_post_attention.
+    fn require_qkv_post(&self, p: &QkvPost, k_cache: &WgpuBuffer) -> Result<()> {
         const OP: &str = "qkv_post";
-        let args = [raw, w_q, w_k, positions, q, k_cache, v_cache];
-        whole(OP, &args.map(Some))?;
         self.require(
             OP,
             OpKind::KvCache {
@@ -145,31 +136,6 @@ impl WgpuBackend {
             OP,
             OpKind::QkvPost {
                 head_dim: p.head_dim as u32,
-            },
-        )
-    }
-
-    /// The wgpu backend's own checks of `post_ffn`: one binding each, the
-    /// device's widest row.
-    fn check_post_ffn(&self, a: &PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
-        const OP: &str = "post_ffn";
-        let (moe, next) = (a.moe, a.next);
-        let args = [
-            Some(a.dense),
-            Some(a.w_dense),
-            moe.map(|m| m.0),
-            moe.map(|m| m.1),
-            moe.map(|m| m.2),
-            Some(a.r),
-            Some(a.x),
-            next.map(|n| n.0),
-            next.map(|n| n.1),
-        ];
-        whole(OP, &args)?;
-        self.require(
-            OP,
-            OpKind::PostFfn {
-                dim: a.p.dim as u32,
             },
         )
     }
@@ -185,163 +151,12 @@ impl WgpuBackend {
             }),
         }
     }
-}
 
-/// The wgpu backend's own checks of an attention call (one binding each),
-/// alone and inside qkv_post_attention.
-fn check_attention(
-    q: &WgpuBuffer,
-    kc: &WgpuBuffer,
-    vc: &WgpuBuffer,
-    positions: &WgpuBuffer,
-    out: &WgpuBuffer,
-) -> Result<()> {
-    whole(
-        "attention",
-        &[Some(q), Some(kc), Some(vc), Some(positions), Some(out)],
-    )
-}
-
-/// The wgpu backend's own checks of one MoE phase-1 call (tile order, one
-/// binding each): the single op and each half of the pair ops.
-fn check_gate_up(
-    x: &WgpuBuffer,
-    gate_up: &WgpuBuffer,
-    ids: &WgpuBuffer,
-    act: &WgpuBuffer,
-    p: Moe,
-) -> Result<()> {
-    tiles_are(
-        "moe_gate_up",
-        gate_up,
-        ExpertStack {
-            experts: p.experts,
-            gate_up: true,
-        },
-    )?;
-    whole("moe_gate_up", &[Some(x), Some(ids), Some(act)])
-}
-
-/// The same for one MoE phase-2 call.
-fn check_down(
-    act: &WgpuBuffer,
-    down: &WgpuBuffer,
-    ids: &WgpuBuffer,
-    wts: &WgpuBuffer,
-    out: &WgpuBuffer,
-    p: Moe,
-) -> Result<()> {
-    tiles_are(
-        "moe_down",
-        down,
-        ExpertStack {
-            experts: p.experts,
-            gate_up: false,
-        },
-    )?;
-    whole("moe_down", &[Some(act), Some(ids), Some(wts), Some(out)])
-}
-
-/// The wgpu backend's own checks of `moe_down_pair`: each problem's.
-fn check_down_pair(a: &DownArgs<'_, WgpuBuffer>, b: &DownArgs<'_, WgpuBuffer>) -> Result<()> {
-    for q in [a, b] {
-        check_down(q.act, q.down, q.ids, q.weights, q.out, q.p)?;
-    }
-    Ok(())
-}
-
-/// A weight in tile order (`upload_experts`) is read only by the MoE op
-/// that takes that stack (`want`: gate_up or down, that many experts);
-/// anything else would read its rows in another order. A weight as
-/// uploaded passes.
-fn tiles_are(op: &str, w: &WgpuBuffer, want: ExpertStack) -> Result<()> {
-    tiles_read_by(op, w, Some(want))
-}
-
-/// No weight in tile order: for every op but the MoE ones.
-fn not_tiled(op: &str, w: &WgpuBuffer) -> Result<()> {
-    tiles_read_by(op, w, None)
-}
-
-fn tiles_read_by(op: &str, w: &WgpuBuffer, want: Option<ExpertStack>) -> Result<()> {
-    let Some(t) = w.tiles else { return Ok(()) };
-    if want == Some(t) {
-        return Ok(());
-    }
-    let what = |s: ExpertStack| {
-        let kind = if s.gate_up { "gate_up" } else { "down" };
-        format!("{} {kind} experts", s.experts)
-    };
-    let why = match want {
-        Some(w) => format!("not the {} this op takes", what(w)),
-        None => "which only the MoE ops read".into(),
-    };
-    Err(Error::InvalidInput(format!(
-        "{op}: a weight holds {} stored in tile order (upload_experts), {why}",
-        what(t)
-    )))
-}
-
-/// Every argument but a split-capable weight must be one binding: a weight
-/// uploaded with `upload_weight` and split by rows is only read by `matmul`
-/// (the MoE and router launchers report such a weight `Unsupported`).
-/// None of them may be an expert stack in tile order either: only the MoE
-/// ops read those, and they check their weight with `tiles_are` (the
-/// arguments listed here are never an MoE op's expert weight).
-fn whole(op: &'static str, args: &[Option<&WgpuBuffer>]) -> Result<()> {
-    if args.iter().flatten().any(|b| b.single().is_none()) {
-        return Err(Error::shape(
-            op,
-            "an argument is a weight split across bindings; only matmul's weight may be split",
-        ));
-    }
-    for b in args.iter().flatten() {
-        not_tiled(op, b)?;
-    }
-    Ok(())
-}
-
-/// The wgpu backend's own checks of a gate_up pair: each problem's.
-fn check_gate_up_pair(
-    a: &GateUpArgs<'_, WgpuBuffer>,
-    b: &GateUpArgs<'_, WgpuBuffer>,
-) -> Result<()> {
-    for q in [a, b] {
-        check_gate_up(q.x, q.gate_up, q.ids, q.act, q.p)?;
-    }
-    Ok(())
-}
-
-/// The wgpu backend's own checks of a router call (tile order, one binding
-/// each).
-fn check_router(
-    x: &WgpuBuffer,
-    scale: &WgpuBuffer,
-    proj: &WgpuBuffer,
-    pes: &WgpuBuffer,
-    ids: &WgpuBuffer,
-    wts: &WgpuBuffer,
-) -> Result<()> {
-    not_tiled("router", proj)?;
-    whole(
-        "router",
-        &[Some(x), Some(scale), Some(pes), Some(ids), Some(wts)],
-    )
-}
-
-impl WgpuBackend {
-    /// The wgpu backend's own checks of post_attention_router:
-    /// post_attention's with its experts branch, and the router's on the
-    /// residual.
-    fn check_post_attention_router(
-        &self,
-        pa: &PostAttentionArgs<'_, WgpuBuffer>,
-        r: &RouterArgs<'_, WgpuBuffer>,
-    ) -> Result<()> {
-        let moe = Some(pa.moe);
-        self.check_post_attention(pa.o, pa.x, pa.w_post, pa.w_ff, pa.r, pa.ff, moe, pa.p)?;
-        let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
-        check_router(pa.r, s, proj, pes, r.ids, r.weights)
+    /// The device support a post_attention call needs (its row), alone and
+    /// inside the ops fused with it.
+    fn require_post_attention(&self, p: &PostAttention) -> Result<()> {
+        let dim = p.dim as u32;
+        self.require("post_attention", OpKind::PostAttention { dim })
     }
 
     /// post_attention_router on checked arguments: fused where it fits,
@@ -360,28 +175,6 @@ impl WgpuBackend {
         )?;
         let (s, proj, pes) = (r.eff_scale, r.proj, r.per_expert_scale);
         ops::moe::router(&self.gpu, pa.r, s, proj, pes, r.ids, r.weights, r.p)
-    }
-
-    /// The wgpu backend's own checks of post_attention: one binding each,
-    /// device support.
-    #[allow(clippy::too_many_arguments)]
-    fn check_post_attention(
-        &self,
-        o: &WgpuBuffer,
-        x: &WgpuBuffer,
-        w_post: &WgpuBuffer,
-        w_ff: &WgpuBuffer,
-        r: &WgpuBuffer,
-        ff: &WgpuBuffer,
-        moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
-        p: PostAttention,
-    ) -> Result<()> {
-        const OP: &str = "post_attention";
-        let (w_moe, moe_out) = (moe.map(|m| m.0), moe.map(|m| m.1));
-        let args = [Some(o), Some(x), Some(w_post), Some(w_ff), w_moe];
-        whole(OP, &args)?;
-        whole(OP, &[Some(r), Some(ff), moe_out])?;
-        self.require(OP, OpKind::PostAttention { dim: p.dim as u32 })
     }
 }
 
@@ -578,7 +371,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {
         v::check_buf("write_f32", "buf", buf, &v::F32, offset + data.len())?;
-        whole("write_f32", &[Some(buf)])?;
+        bindings::check(&Args::new("write_f32").plain("buf", buf))?;
         // Ops recorded earlier must see the old contents: submit them first.
         self.gpu.flush()?;
         self.gpu.write_bytes(
@@ -591,7 +384,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn write_u32(&self, buf: &WgpuBuffer, offset: usize, data: &[u32]) -> Result<()> {
         v::check_buf("write_u32", "buf", buf, &v::U32, offset + data.len())?;
-        whole("write_u32", &[Some(buf)])?;
+        bindings::check(&Args::new("write_u32").plain("buf", buf))?;
         self.gpu.flush()?;
         self.gpu.write_bytes(
             buf.single().expect("id buffers are one buffer"),
@@ -602,7 +395,6 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn record_copy_buffer(&self, src: &WgpuBuffer, dst: &WgpuBuffer) -> Result<()> {
-        whole("copy_buffer", &[Some(src), Some(dst)])?;
         let (s, d) = (
             src.single().expect("checked whole"),
             dst.single().expect("checked whole"),
@@ -618,7 +410,6 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn record_copy_range(&self, src: &WgpuBuffer, dst: &WgpuBuffer, p: CopyRange) -> Result<()> {
-        whole("copy_range", &[Some(src), Some(dst)])?;
         let (s, d) = (
             src.single().expect("checked whole"),
             dst.single().expect("checked whole"),
@@ -690,6 +481,10 @@ impl ComputeBackend for WgpuBackend {
         self.gpu.finish_read(ticket)
     }
 
+    fn check_held(&self, args: &Args<'_, WgpuBuffer>) -> Result<()> {
+        bindings::check(args)
+    }
+
     fn record_rms_norm(
         &self,
         x: &WgpuBuffer,
@@ -698,7 +493,6 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: RmsNorm,
     ) -> Result<()> {
-        whole("rms_norm", &[Some(x), w, res, Some(out)])?;
         ops::norm::rms_norm(&self.gpu, x, w, res, out, p)
     }
 
@@ -709,8 +503,6 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Matmul,
     ) -> Result<()> {
-        not_tiled("matmul", w)?;
-        whole("matmul", &[Some(x), Some(out)])?;
         ops::matmul::matmul(&self.gpu, w, x, out, p)
     }
 
@@ -724,7 +516,6 @@ impl ComputeBackend for WgpuBackend {
         wts: &WgpuBuffer,
         p: Router,
     ) -> Result<()> {
-        check_router(x, scale, proj, pes, ids, wts)?;
         ops::moe::router(&self.gpu, x, scale, proj, pes, ids, wts, p)
     }
 
@@ -736,7 +527,6 @@ impl ComputeBackend for WgpuBackend {
         act: &WgpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        check_gate_up(x, gate_up, ids, act, p)?;
         ops::moe::moe_gate_up(&self.gpu, x, gate_up, ids, act, p)
     }
 
@@ -749,7 +539,6 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Moe,
     ) -> Result<()> {
-        check_down(act, down, ids, wts, out, p)?;
         ops::moe::moe_down(&self.gpu, act, down, ids, wts, out, p)
     }
 
@@ -758,7 +547,6 @@ impl ComputeBackend for WgpuBackend {
         a: GateUpArgs<'_, WgpuBuffer>,
         b: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        check_gate_up_pair(&a, &b)?;
         ops::moe::moe_gate_up_pair(&self.gpu, &a, &b)
     }
 
@@ -767,12 +555,10 @@ impl ComputeBackend for WgpuBackend {
         a: DownArgs<'_, WgpuBuffer>,
         b: DownArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        check_down_pair(&a, &b)?;
         ops::moe::moe_down_pair(&self.gpu, &a, &b)
     }
 
     fn record_rope(&self, x: &WgpuBuffer, positions: &WgpuBuffer, p: Rope) -> Result<()> {
-        whole("rope", &[Some(x), Some(positions)])?;
         ops::attention::rope(&self.gpu, x, positions, p)
     }
 
@@ -785,10 +571,6 @@ impl ComputeBackend for WgpuBackend {
         positions: &WgpuBuffer,
         p: KvAppend,
     ) -> Result<()> {
-        whole(
-            "kv_append",
-            &[Some(k), Some(vb), Some(kc), Some(vc), Some(positions)],
-        )?;
         self.require("kv_append", OpKind::KvCache { dtype: kc.dtype })?;
         ops::attention::kv_append(&self.gpu, k, vb, kc, vc, positions, p)
     }
@@ -802,18 +584,15 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Attention,
     ) -> Result<()> {
-        check_attention(q, kc, vc, positions, out)?;
         self.require("attention", OpKind::KvCache { dtype: kc.dtype })?;
         ops::attention::attention(&self.gpu, q, kc, vc, positions, out, p)
     }
 
     fn record_add(&self, a: &WgpuBuffer, b: &WgpuBuffer, out: &WgpuBuffer, n: usize) -> Result<()> {
-        whole("add", &[Some(a), Some(b), Some(out)])?;
         ops::elementwise::add(&self.gpu, a, b, out, n)
     }
 
     fn record_scale(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, s: f32) -> Result<()> {
-        whole("scale", &[Some(x), Some(out)])?;
         ops::elementwise::scale(&self.gpu, x, out, n, s)
     }
 
@@ -824,12 +603,10 @@ impl ComputeBackend for WgpuBackend {
         rows: usize,
         n: usize,
     ) -> Result<()> {
-        whole("gelu_mul", &[Some(x), Some(out)])?;
         ops::elementwise::gelu_mul(&self.gpu, x, out, rows, n)
     }
 
     fn record_softcap(&self, x: &WgpuBuffer, out: &WgpuBuffer, n: usize, cap: f32) -> Result<()> {
-        whole("softcap", &[Some(x), Some(out)])?;
         ops::elementwise::softcap(&self.gpu, x, out, n, cap)
     }
 
@@ -840,13 +617,10 @@ impl ComputeBackend for WgpuBackend {
         out: &WgpuBuffer,
         p: Embed,
     ) -> Result<()> {
-        not_tiled("embed", table)?;
-        whole("embed", &[Some(ids), Some(out)])?;
         ops::elementwise::embed(&self.gpu, ids, table, out, p)
     }
 
     fn record_argmax(&self, x: &WgpuBuffer, out: &WgpuBuffer, rows: usize, n: usize) -> Result<()> {
-        whole("argmax", &[Some(x), Some(out)])?;
         ops::elementwise::argmax(&self.gpu, x, out, rows, n)
     }
 
@@ -858,10 +632,6 @@ impl ComputeBackend for WgpuBackend {
         log: &WgpuBuffer,
         p: SlotLookup,
     ) -> Result<()> {
-        whole(
-            "slot_lookup",
-            &[Some(ids), Some(table), Some(slot_ids), Some(log)],
-        )?;
         ops::elementwise::slot_lookup(&self.gpu, ids, table, slot_ids, log, p)
     }
 
@@ -876,7 +646,7 @@ impl ComputeBackend for WgpuBackend {
         moe: Option<(&WgpuBuffer, &WgpuBuffer)>,
         p: PostAttention,
     ) -> Result<()> {
-        self.check_post_attention(o, x, w_post, w_ff, r, ff, moe, p)?;
+        self.require_post_attention(&p)?;
         ops::fused::post_attention(&self.gpu, o, x, w_post, w_ff, r, ff, moe, p)
     }
 
@@ -885,7 +655,7 @@ impl ComputeBackend for WgpuBackend {
         pa: PostAttentionArgs<'_, WgpuBuffer>,
         router: RouterArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        self.check_post_attention_router(&pa, &router)?;
+        self.require_post_attention(&pa.p)?;
         self.run_post_attention_router(&pa, &router)
     }
 
@@ -898,8 +668,7 @@ impl ComputeBackend for WgpuBackend {
         dense: GateUpArgs<'_, WgpuBuffer>,
         routed: GateUpArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
-        self.check_post_attention_router(&pa, &router)?;
-        check_gate_up_pair(&dense, &routed)?;
+        self.require_post_attention(&pa.p)?;
         if ops::fused::post_attention_gate_up(&self.gpu, (&pa, &router), &dense, &routed)? {
             return Ok(());
         }
@@ -908,7 +677,8 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn record_post_ffn(&self, a: PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {
-        self.check_post_ffn(&a)?;
+        let dim = a.p.dim as u32;
+        self.require("post_ffn", OpKind::PostFfn { dim })?;
         ops::fused::post_ffn(&self.gpu, &a)
     }
 
@@ -923,7 +693,7 @@ impl ComputeBackend for WgpuBackend {
         v_cache: &WgpuBuffer,
         p: QkvPost,
     ) -> Result<()> {
-        self.check_qkv_post(&p, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
+        self.require_qkv_post(&p, k_cache)?;
         ops::attention::qkv_post(&self.gpu, raw, w_q, w_k, positions, q, k_cache, v_cache, p)
     }
 
@@ -940,9 +710,8 @@ impl ComputeBackend for WgpuBackend {
         qp: QkvPost,
         ap: Attention,
     ) -> Result<()> {
-        // Both ops' own checks, as if each were called.
-        self.check_qkv_post(&qp, raw, (w_q, w_k), positions, q, (k_cache, v_cache))?;
-        check_attention(q, k_cache, v_cache, positions, out)?;
+        // (attention's own support is the caches', which qkv_post's covers)
+        self.require_qkv_post(&qp, k_cache)?;
         ops::attention::qkv_attention(
             &self.gpu,
             raw,

@@ -7,14 +7,16 @@
 //! prefill, slots for streamed experts) is decided here.
 
 use super::pass::Pass;
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs};
+use crate::backend::ComputeBackend;
 use crate::error::Result;
 use crate::model::config::ModelConfig;
 use crate::model::experts::routed::{MoeBlock, Placed};
 use crate::model::experts::streaming::StreamPass;
 use crate::model::scratch::{ExpertScratch, FfnScratch, Residual};
 use crate::model::weights::Loader;
-use crate::ops::{Matmul, Moe, PostFfn, Router};
+use crate::ops::{
+    DownArgs, GateUpArgs, Matmul, Moe, PostAttentionArgs, PostFfn, PostFfnArgs, Router,
+};
 
 /// The feed-forward half of a layer: its norms, the dense MLP and, on a
 /// model with experts, the routed experts beside it.

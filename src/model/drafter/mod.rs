@@ -33,12 +33,12 @@ use std::sync::Arc;
 pub use config::{Centroids, DrafterConfig};
 pub use speculative::{accept_rule, SpeculativeOptions, SpeculativeStats, DEFAULT_DRAFT_TOKENS};
 
-use crate::backend::PostFfnArgs;
 use crate::backend::{ComputeBackend, HostBytes};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::model::config::LayerKind;
 use crate::model::decoder::{Model, Sequence};
+use crate::ops::PostFfnArgs;
 use crate::ops::{Attention, Embed, Matmul, PostAttention, PostFfn, RmsNorm, Rope};
 use crate::Precision;
 

@@ -8,12 +8,12 @@ use std::cell::RefCell;
 
 use super::slot_cache::{Policy, SlotCache};
 use super::streaming::{self, SlotStacks, StreamPass, StreamedLayer};
-use crate::backend::{ComputeBackend, DownArgs, GateUpArgs, HostBytes, RouterArgs, Support};
+use crate::backend::{ComputeBackend, HostBytes, Support};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::scratch::ExpertScratch;
 use crate::model::weights::Loader;
-use crate::ops::{Moe, OpKind, Router, SlotLookup};
+use crate::ops::{DownArgs, GateUpArgs, Moe, OpKind, Router, RouterArgs, SlotLookup};
 
 /// The routed-expert half of a layer's feed-forward block.
 pub(crate) struct MoeBlock<B: ComputeBackend> {

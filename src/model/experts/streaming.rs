@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 use super::slot_cache::{Counts, SlotCache};
 use super::stored::StoredExperts;
 use super::trace::Trace;
-use crate::backend::{ComputeBackend, DownArgs, ExpertBytes, ExpertStack, GateUpArgs, SlotWrite};
+use crate::backend::{ComputeBackend, ExpertBytes, ExpertStack, SlotWrite};
 use crate::error::Result;
 use crate::model::scratch::{ExpertScratch, WaveScratch};
+use crate::ops::{DownArgs, GateUpArgs};
 
 /// The device side of one streamed layer: its two slot stacks' shapes and
 /// the stored experts they are filled from.

@@ -6,8 +6,8 @@
 use super::inputs::{as_dense, expert_ids, experts};
 use super::rounding::{rounded_nmse, rounds};
 use super::{weight_bytes, Case};
-use crate::backend::{ComputeBackend, DownArgs, ExpertStack, GateUpArgs};
-use crate::ops::{Moe, OpKind};
+use crate::backend::{ComputeBackend, ExpertStack};
+use crate::ops::{DownArgs, GateUpArgs, Moe, OpKind};
 use crate::parity::{HostTensor, OutSpec};
 use crate::rng::Rng;
 use crate::{DType, Result};

@@ -5,8 +5,8 @@
 use super::inputs::norm_weight;
 use super::moe::{down_pair_args, pair_params, MoeDownPair};
 use super::Case;
-use crate::backend::{ComputeBackend, PostFfnArgs};
-use crate::ops::{self, Moe, OpKind};
+use crate::backend::ComputeBackend;
+use crate::ops::{self, Moe, OpKind, PostFfnArgs};
 use crate::parity::{HostTensor, OutSpec};
 use crate::rng::Rng;
 use crate::{DType, Result};

@@ -86,10 +86,11 @@ pub(crate) fn chunk_rows(
 }
 
 /// The one binding of an activation, cache, id or norm-weight buffer: every
-/// argument but matmul's weight is one (the trait methods check it with
-/// `whole` before any launcher runs).
+/// argument but a weight is one (the trait's checked ops run
+/// `bindings::check` on each op's arguments by role before any launcher).
 pub(crate) fn one(b: &crate::WgpuBuffer) -> &wgpu::Buffer {
-    b.single().expect("checked by whole() before the launch")
+    b.single()
+        .expect("checked by bindings::check before the launch")
 }
 
 pub(crate) fn supports(gpu: &Gpu, op: &OpKind) -> Support {
