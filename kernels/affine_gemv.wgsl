@@ -63,6 +63,13 @@ struct Params {
     a: Prob,
     // the pair entries' second problem (its bindings at 5-9)
     b: Prob,
+    // affine_gate_up_pair_slotted: the experts the router ranks (the slot
+    // table's length; b.experts is then the slot stack's), and where its
+    // log begins
+    ranked: u32,
+    log_at: u32,
+    _q0: u32,
+    _q1: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -163,3 +163,70 @@ fn affine_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
     }
     gate_up_body(P.b, gb, workgroupUniformLoad(&sh_expert), lid);
 }
+
+// ---- affine_gate_up_pair_slotted: the routed pair on streamed experts' slots ----
+//
+// affine_gate_up_pair_routed where b's weights are a slot stack of
+// P.b.experts slots (streamed experts), as moe_gate_up_pair_slotted
+// (kernels/moe_decode.wgsl) for 16-bit weights: each picked expert e (of
+// the P.ranked the router ranks) is looked up in the layer's slot table
+// TABLE and its slot's rows read; b's first workgroup writes the routing
+// (RIDS, RWTS), the slots into SLOTS, and e into LOG at P.log_at, bit 31
+// set where e holds no slot (slot 0 is read then; the host discards the
+// pass).
+
+@group(1) @binding(14) var<storage, read> TABLE: array<u32>;
+@group(1) @binding(15) var<storage, read_write> LOG: array<u32>;
+@group(1) @binding(16) var<storage, read_write> SLOTS: array<u32>;
+
+const SLOT_MISSED: u32 = 0x80000000u;
+
+// Expert e's slot, or P.b.experts where the table holds none for it.
+fn slot_of(e: u32) -> u32 {
+    var s = P.b.experts;
+    if (e < P.ranked) {
+        s = TABLE[e];
+    }
+    return select(P.b.experts, s, s < P.b.experts);
+}
+
+@compute @workgroup_size(256)
+fn affine_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                               @builtin(local_invocation_index) lid: u32) {
+    let g = linear_group(wg, nwg);
+    if (g < P.groups_a) {
+        PB = false;
+        gate_up_body(P.a, g, gate_up_expert(P.a, g, lid), lid);
+        return;
+    }
+    PB = true;
+    let gb = g - P.groups_a;
+    let ne = P.ranked;
+    let k = P.b.top_k;
+    if (lid < (ne + 3u) / 4u) {
+        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
+        let l = vec4<f32>(RLOG[4u * lid], RLOG[4u * lid + 1u], RLOG[4u * lid + 2u], RLOG[4u * lid + 3u]);
+        tk_log[lid] = topk_pad(l, lid, ne);
+    }
+    workgroupBarrier();
+    topk_select(lid, ne, k);
+    if (gb == 0u && lid < k) {
+        let e = tk_id[lid];
+        let s = slot_of(e);
+        RIDS[lid] = e;
+        SLOTS[lid] = select(0u, s, s < P.b.experts);
+        RWTS[lid] = topk_weight(lid, k) * RPES[e];
+        LOG[P.log_at + lid] = select(e | SLOT_MISSED, e, s < P.b.experts);
+    }
+    // (one token: pair p is slot p)
+    let j = gb / P.b.nrb;
+    if (lid == 0u) {
+        sh_expert = P.b.experts;
+        if (j < k) {
+            // (a miss reads slot 0, as slot_lookup's does)
+            let s = slot_of(tk_id[j]);
+            sh_expert = select(0u, s, s < P.b.experts);
+        }
+    }
+    gate_up_body(P.b, gb, workgroupUniformLoad(&sh_expert), lid);
+}

@@ -43,8 +43,11 @@ struct Params {
     top_k2: u32,
     nrb2: u32,
     groups_a: u32,
-    _p0: u32,
-    _p1: u32,
+    // moe_gate_up_pair_slotted: the experts the router ranks (the slot
+    // table's length; experts2 is then the slot stack's), and where its
+    // log begins
+    ranked: u32,
+    log_at: u32,
     _p2: u32,
 }
 
@@ -511,4 +514,67 @@ fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         e = tk_id[q.j];
     }
     gate_up_b_expert(q, e, t);
+}
+
+// ---- moe_gate_up_pair_slotted: the routed pair on streamed experts' slots ----
+//
+// moe_gate_up_pair_routed where b's weights are a slot stack of P.experts2
+// slots (streamed experts): each picked expert e (of the P.ranked the
+// router ranks) is looked up in the layer's slot table TABLE as
+// slot_lookup (kernels/slots.wgsl) looks it up, and its slot's rows are
+// read; b's first workgroup writes the routing (RIDS, RWTS) as the routed
+// pair does, the slots into SLOTS (phase 2 reads them), and e into LOG at
+// P.log_at, bit 31 set where e holds no slot (slot 0 is read then; the
+// host discards the pass). The lookup rides in the launch: no dispatch of
+// its own.
+
+@group(1) @binding(14) var<storage, read> TABLE: array<u32>;
+@group(1) @binding(15) var<storage, read_write> LOG: array<u32>;
+@group(1) @binding(16) var<storage, read_write> SLOTS: array<u32>;
+
+const SLOT_MISSED: u32 = 0x80000000u;
+
+// Expert e's slot, or P.experts2 where the table holds none for it.
+fn slot_of(e: u32) -> u32 {
+    var s = P.experts2;
+    if (e < P.ranked) {
+        s = TABLE[e];
+    }
+    return select(P.experts2, s, s < P.experts2);
+}
+
+@compute @workgroup_size(256)
+fn moe_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) t: u32) {
+    let g = linear_group(wg, nwg);
+    if (g < P.groups_a) {
+        gate_up_a(g, t);
+        return;
+    }
+    let gb = g - P.groups_a;
+    let ne = P.ranked;
+    let k = P.top_k2;
+    if (t < (ne + 3u) / 4u) {
+        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
+        let l = vec4<f32>(RLOG[4u * t], RLOG[4u * t + 1u], RLOG[4u * t + 2u], RLOG[4u * t + 3u]);
+        tk_log[t] = topk_pad(l, t, ne);
+    }
+    workgroupBarrier();
+    topk_select(t, ne, k);
+    if (gb == 0u && t < k) {
+        let e = tk_id[t];
+        let s = slot_of(e);
+        RIDS[t] = e;
+        SLOTS[t] = select(0u, s, s < P.experts2);
+        RWTS[t] = topk_weight(t, k) * RPES[e];
+        LOG[P.log_at + t] = select(e | SLOT_MISSED, e, s < P.experts2);
+    }
+    let q = gate_up_role(gb, t, P.nrb2);
+    var s = P.experts2;
+    if (q.j < k) {
+        s = slot_of(tk_id[q.j]);
+        // (a miss reads slot 0, as slot_lookup's does: the pass is discarded)
+        s = select(0u, s, s < P.experts2);
+    }
+    gate_up_b_expert(q, s, t);
 }

@@ -804,6 +804,37 @@ pub trait ComputeBackend {
         self.record_post_attention_gate_up((pa, router), dense, routed)
     }
 
+    /// [`ComputeBackend::post_attention_gate_up`] with the routed experts
+    /// in a slot stack (streamed experts):
+    /// [`ComputeBackend::post_attention_router`], then
+    /// [`ComputeBackend::slot_lookup`] of the router's ids through
+    /// `lookup.table` into `routed.ids` (the slots `routed` reads: its
+    /// `p.experts` is the stack's `lookup.p.slots`), each id logged in
+    /// `lookup.log` from `lookup.p.at`, then
+    /// [`ComputeBackend::moe_gate_up_pair`]. One call, so that a backend
+    /// may pick and look up the experts in the gate_up's own work.
+    fn post_attention_gate_up_slots(
+        &self,
+        (pa, router): (
+            PostAttentionArgs<'_, Self::Buffer>,
+            RouterArgs<'_, Self::Buffer>,
+        ),
+        dense: GateUpArgs<'_, Self::Buffer>,
+        routed: GateUpArgs<'_, Self::Buffer>,
+        lookup: SlotArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        router.check_slot_routes(&dense, &routed, &lookup)?;
+        let [post, route] = router.check_after(&pa)?;
+        let look = lookup
+            .p
+            .validate(router.ids, lookup.table, routed.ids, lookup.log)?;
+        let [a, b] = GateUpArgs::check_pair(&dense, &routed)?;
+        for args in [post, route, look, a, b] {
+            self.check_held(&args)?;
+        }
+        self.record_post_attention_gate_up_slots((pa, router), dense, routed, lookup)
+    }
+
     /// [`PostFfn`]: `h = rmsnorm(dense) * w_dense`; with
     /// `moe = Some((moe_out, w_moe, w_sum))`,
     /// `h = rmsnorm(h + rmsnorm(moe_out) * w_moe) * w_sum`; `x = (r + h) *
@@ -1094,6 +1125,25 @@ pub trait ComputeBackend {
         routed: GateUpArgs<'_, Self::Buffer>,
     ) -> Result<()> {
         self.post_attention_router(pa, router)?;
+        self.moe_gate_up_pair(dense, routed)
+    }
+
+    /// [`ComputeBackend::post_attention_gate_up_slots`] on checked
+    /// arguments. By default its three ops in turn.
+    fn record_post_attention_gate_up_slots(
+        &self,
+        (pa, router): (
+            PostAttentionArgs<'_, Self::Buffer>,
+            RouterArgs<'_, Self::Buffer>,
+        ),
+        dense: GateUpArgs<'_, Self::Buffer>,
+        routed: GateUpArgs<'_, Self::Buffer>,
+        lookup: SlotArgs<'_, Self::Buffer>,
+    ) -> Result<()> {
+        let ids = router.ids;
+        self.post_attention_router(pa, router)?;
+        let l = lookup;
+        self.slot_lookup(ids, l.table, routed.ids, l.log, l.p)?;
         self.moe_gate_up_pair(dense, routed)
     }
 

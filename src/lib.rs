@@ -23,5 +23,5 @@ pub use backend::{
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use ops::{DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs, RouterArgs};
+pub use ops::{DownArgs, GateUpArgs, PostAttentionArgs, PostFfnArgs, RouterArgs, SlotArgs};
 pub use precision::Precision;

@@ -249,6 +249,67 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         "post_attention_gate_up",
         "router's ids",
     );
+    // post_attention_gate_up_slots: the lookup maps the router's 2 experts
+    // into the slot stack the routed gate_up reads, of as many slots.
+    let pa = || PostAttentionArgs {
+        o: &a,
+        x: &c,
+        w_post: &w,
+        w_ff: &w,
+        r: &r,
+        ff: &ff,
+        moe: (&w, &moe_in),
+        p: PostAttention {
+            rows: 1,
+            dim: 8,
+            eps: 1e-6,
+        },
+    };
+    let router = || RouterArgs {
+        eff_scale: &w,
+        proj: &proj,
+        per_expert_scale: &c,
+        ids: &rid,
+        weights: &rw,
+        p: rp,
+    };
+    let (table, slot_ids, log) = (
+        b.alloc(DType::U32, 2, "table").unwrap(),
+        b.alloc(DType::U32, 1, "slot_ids").unwrap(),
+        b.alloc(DType::U32, 4, "log").unwrap(),
+    );
+    let slots = |n| turbospark::SlotArgs {
+        table: &table,
+        log: &log,
+        p: turbospark::ops::SlotLookup {
+            n: 1,
+            experts: 2,
+            slots: n,
+            at: 3,
+        },
+    };
+    let on_slots = |ids| GateUpArgs {
+        x: &moe_in,
+        gate_up: &gu,
+        ids,
+        act: &act2,
+        p: Moe { experts: 1, ..p },
+    };
+    shape_error(
+        b.post_attention_gate_up_slots(
+            (pa(), router()),
+            half(&ff, &act),
+            on_slots(&slot_ids),
+            slots(2),
+        ),
+        "post_attention_gate_up_slots",
+        "slot stack holds 1",
+    );
+    shape_error(
+        b.post_attention_gate_up_slots((pa(), router()), half(&ff, &act), on_slots(&rid), slots(1)),
+        "post_attention_gate_up_slots",
+        "aliases",
+    );
     // attention writing over its queries, kv_append with one cache for both
     // (the aliasing rules live in Attention / KvAppend::validate).
     let ap1 = Attention {

@@ -664,3 +664,73 @@ fn wgpu_greedy_steps_that_hit_wait_for_nothing() {
     };
     greedy_steps_that_hit_wait_for_nothing(be, "tiny-text-q4");
 }
+
+/// Dispatches a greedy decode step records (from two runs of different
+/// lengths) on a model of `ck` with `o`, every expert placed first where
+/// it streams them; and the tokens of the longer run.
+fn dispatches_a_step(
+    backend: turbospark_wgpu::WgpuBackend,
+    ck: &Checkpoint,
+    o: ModelOptions,
+) -> (u64, Vec<u32>, turbospark_wgpu::WgpuBackend) {
+    use turbospark::model::experts::Trace;
+    use turbospark::model::Model;
+    let cfg = ck.config().clone();
+    let (k, e, n) = (cfg.top_k, cfg.experts, cfg.layers.len());
+    let streamed = o.expert_slots.is_some();
+    let model = Model::load(backend, ck, o).unwrap();
+    if streamed {
+        // (every expert of every layer placed, top_k a token)
+        let all = Trace {
+            experts: e,
+            tokens: (0..e / k)
+                .map(|t| vec![(t * k..(t + 1) * k).map(|x| x as u32).collect(); n])
+                .collect(),
+        };
+        let mut w = model.new_sequence().unwrap();
+        model.route_by(&mut w, Some(all)).unwrap();
+        model.logits(&mut w, &vec![1; e / k]).unwrap();
+    }
+    let mut run = |steps: usize| {
+        let mut seq = model.new_sequence().unwrap();
+        let before = model.backend().counters().0;
+        let opts = GenerateOptions {
+            max_new_tokens: steps,
+            stop_at_eos: false,
+            ..Default::default()
+        };
+        let g = model.generate(&mut seq, &[2, 3, 4], &opts).unwrap();
+        if streamed {
+            assert_eq!(seq.take_stream_stats().counts.misses, 0);
+        }
+        (model.backend().counters().0 - before, g.tokens)
+    };
+    run(2); // every pipeline compiled first
+    let (d2, _) = run(2);
+    let (d8, tokens) = run(8);
+    ((d8 - d2) / 6, tokens, model.into_backend())
+}
+
+/// A decode step whose experts all hit, recorded optimistically, takes
+/// as many dispatches as the resident step: the slot lookup rides in the
+/// routed gate_up pair's launch (`post_attention_gate_up_slots`), the
+/// same tokens.
+#[test]
+fn wgpu_all_hit_steps_dispatch_as_resident() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    let ck = Checkpoint::open(&fixture("tiny-text-q4")).unwrap();
+    let e = ck.config().experts;
+    let (resident, want, be) = dispatches_a_step(be, &ck, options(None, Policy::Lfu, 512));
+    let o = ModelOptions {
+        expert_optimism: Optimism::Always,
+        ..options(Some(e), Policy::Lfu, 512)
+    };
+    let (streamed, got, _) = dispatches_a_step(be, &ck, o);
+    assert_eq!(got, want, "the streamed tokens");
+    assert_eq!(
+        streamed, resident,
+        "dispatches a step: streamed at all hits against resident"
+    );
+}

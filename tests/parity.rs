@@ -347,6 +347,11 @@ fn post_attention_gate_up() {
 }
 
 #[test]
+fn post_attention_gate_up_slots() {
+    family("post_attention_gate_up_slots");
+}
+
+#[test]
 fn post_ffn() {
     family("post_ffn");
 }
@@ -414,6 +419,11 @@ fn post_attention_router_quantized() {
 #[test]
 fn post_attention_gate_up_quantized() {
     family("post_attention_gate_up_quantized");
+}
+
+#[test]
+fn post_attention_gate_up_slots_quantized() {
+    family("post_attention_gate_up_slots_quantized");
 }
 
 #[test]

@@ -284,6 +284,58 @@ impl<'a, B: DeviceBuffer> RouterArgs<'a, B> {
         Ok(())
     }
 
+    /// The rules of [`ComputeBackend::post_attention_gate_up_slots`]: the
+    /// lookup reads this router's ids (`p.n` = tokens x top-k, `p.experts`
+    /// the router's) into `routed.ids`, `routed` is the router's problem
+    /// on the `p.slots`-expert slot stack, and the router's outputs, the
+    /// slots and the log alias no other buffer of the pair (a GPU writes
+    /// them in the pair's launch). The lookup's own checks are
+    /// [`SlotLookup::validate`](super::SlotLookup::validate)'s.
+    pub fn check_slot_routes(
+        &self,
+        dense: &GateUpArgs<'_, B>,
+        routed: &GateUpArgs<'_, B>,
+        lookup: &super::SlotArgs<'_, B>,
+    ) -> Result<()> {
+        const OP: &str = "post_attention_gate_up_slots";
+        let pair = [
+            dense.x,
+            dense.gate_up,
+            dense.ids,
+            dense.act,
+            routed.x,
+            routed.gate_up,
+            routed.act,
+        ];
+        for out in [self.ids, self.weights, routed.ids, lookup.log] {
+            no_alias(OP, out, &pair.map(Some))?;
+        }
+        no_alias(OP, routed.ids, &[Some(self.ids), Some(self.weights)])?;
+        no_alias(OP, lookup.log, &[Some(self.ids), Some(self.weights)])?;
+        let (r, p, l) = (self.p, routed.p, lookup.p);
+        if (r.m, r.top_k) != (p.m, p.top_k) || l.n != r.m * r.top_k {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "router (m {}, top-{}), lookup of {} ids, gate_up (m {}, top-{}): one \
+                     token's top-k each",
+                    r.m, r.top_k, l.n, p.m, p.top_k
+                ),
+            ));
+        }
+        if (l.experts, l.slots) != (r.experts, p.experts) {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "the lookup maps {} experts to {} slots; the router ranks {} and the \
+                     slot stack holds {}",
+                    l.experts, l.slots, r.experts, p.experts
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The rules of [`ComputeBackend::post_attention_gate_up`]: `routed`
     /// reads this router's ids, its problem is the router's (tokens,
     /// experts, top-k), and the router's outputs alias no other buffer of

@@ -16,6 +16,25 @@ pub struct SlotLookup {
     pub at: usize,
 }
 
+/// A streamed layer's slot lookup inside
+/// [`crate::ComputeBackend::post_attention_gate_up_slots`]: the layer's slot
+/// table, the pass's log, and the lookup's shape (`p.n` the router's ids,
+/// `p.experts` the router's experts, `p.slots` the slot stack's).
+pub struct SlotArgs<'a, B> {
+    pub table: &'a B,
+    pub log: &'a B,
+    pub p: SlotLookup,
+}
+
+// (by hand: the derives would ask B itself to be Copy)
+impl<B> Clone for SlotArgs<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for SlotArgs<'_, B> {}
+
 /// A slot table's entry for an expert that holds no slot.
 pub const NO_SLOT: u32 = u32::MAX;
 

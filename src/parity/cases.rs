@@ -711,6 +711,50 @@ fn post_attention_gate_up(full: bool) -> Vec<Op> {
     v
 }
 
+/// post_attention_gate_up with the routed experts in a slot stack, the
+/// lookup inside (streamed experts' decode).
+fn post_attention_gate_up_slots(full: bool) -> Vec<Op> {
+    let c = |routing, (inter, moe_inter), slots, at, w| {
+        let (p, r) = pa_router(1, 256, routing);
+        let g = case::PostAttentionGateUp {
+            p,
+            r,
+            inter,
+            moe_inter,
+            w,
+            pw: BF16,
+            gw: w,
+        };
+        Op::PostAttentionGateUpSlots(case::PostAttentionGateUpSlots { g, slots, at })
+    };
+    let mut v = vec![
+        c((16, 4), (96, 40), 8, 12, BF16),
+        // as many slots as experts, f16 weights, the log from its start
+        c((9, 3), (30, 22), 9, 0, F16),
+    ];
+    if full {
+        // Gemma 4 26B-A4B at 16 slots, its last layer's place in the log
+        let (p, r) = pa_router(1, 2816, (128, 8));
+        let g = case::PostAttentionGateUp {
+            p,
+            r,
+            inter: 2112,
+            moe_inter: 704,
+            w: BF16,
+            pw: BF16,
+            gw: BF16,
+        };
+        v.push(Op::PostAttentionGateUpSlots(
+            case::PostAttentionGateUpSlots {
+                g,
+                slots: 16,
+                at: 29 * 8,
+            },
+        ));
+    }
+    v
+}
+
 fn cases(full: bool) -> Vec<Op> {
     [
         rms_norm(),
@@ -726,6 +770,7 @@ fn cases(full: bool) -> Vec<Op> {
         qkv_post_attention(),
         post_attention_router(),
         post_attention_gate_up(full),
+        post_attention_gate_up_slots(full),
         super::quantized_cases::cases(full),
     ]
     .concat()
@@ -749,7 +794,7 @@ mod tests {
 
     /// Every family `tests/parity.rs` runs by name: the ops, then those
     /// with quantized weights.
-    const FAMILIES: [&str; 35] = [
+    const FAMILIES: [&str; 37] = [
         "rms_norm",
         "matmul",
         "router",
@@ -772,6 +817,7 @@ mod tests {
         "post_attention",
         "post_attention_router",
         "post_attention_gate_up",
+        "post_attention_gate_up_slots",
         "post_ffn",
         "qkv_post",
         "qkv_post_attention",
@@ -785,6 +831,7 @@ mod tests {
         "embed_quantized",
         "post_attention_router_quantized",
         "post_attention_gate_up_quantized",
+        "post_attention_gate_up_slots_quantized",
     ];
 
     /// A name picks one case (filters and failure reports name cases), and

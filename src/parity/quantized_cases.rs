@@ -262,6 +262,20 @@ fn fused() -> Vec<Op> {
             pw: BF16,
             gw: q(4, 32),
         }),
+        // streamed 4-bit experts: 8 slots of 16, the lookup in the pair
+        Op::PostAttentionGateUpSlots(case::PostAttentionGateUpSlots {
+            g: case::PostAttentionGateUp {
+                p: pa(256),
+                r: r(256, 16, 4),
+                inter: 96,
+                moe_inter: 64,
+                w: BF16,
+                pw: q(8, 64),
+                gw: q(4, 64),
+            },
+            slots: 8,
+            at: 4,
+        }),
     ]
 }
 

@@ -34,7 +34,8 @@ use turbospark::ops::{
 };
 use turbospark::{
     BackendInfo, ComputeBackend, DType, DownArgs, Error, ExpertBytes, ExpertStack, GateUpArgs,
-    HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, SlotWrite, Support,
+    HostBytes, PostAttentionArgs, PostFfnArgs, ReadTicket, Result, RouterArgs, SlotArgs, SlotWrite,
+    Support,
 };
 
 pub use buffer::WgpuBuffer;
@@ -674,6 +675,35 @@ impl ComputeBackend for WgpuBackend {
         }
         self.run_post_attention_router(&pa, &router)?;
         ops::moe::moe_gate_up_pair(&self.gpu, &dense, &routed)
+    }
+
+    fn record_post_attention_gate_up_slots(
+        &self,
+        (pa, router): (
+            PostAttentionArgs<'_, WgpuBuffer>,
+            RouterArgs<'_, WgpuBuffer>,
+        ),
+        dense: GateUpArgs<'_, WgpuBuffer>,
+        routed: GateUpArgs<'_, WgpuBuffer>,
+        lookup: SlotArgs<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        self.require_post_attention(&pa.p)?;
+        let route = ops::moe::SlotRoute {
+            table: lookup.table,
+            log: lookup.log,
+            slot_ids: routed.ids,
+            ranked: lookup.p.experts,
+            log_at: lookup.p.at,
+        };
+        let gpu = &self.gpu;
+        if ops::fused::post_attention_gate_up_slotted(gpu, (&pa, &router), &dense, &routed, &route)?
+        {
+            return Ok(());
+        }
+        self.run_post_attention_router(&pa, &router)?;
+        let l = lookup;
+        ops::elementwise::slot_lookup(gpu, router.ids, l.table, routed.ids, l.log, l.p)?;
+        ops::moe::moe_gate_up_pair(gpu, &dense, &routed)
     }
 
     fn record_post_ffn(&self, a: PostFfnArgs<'_, WgpuBuffer>) -> Result<()> {

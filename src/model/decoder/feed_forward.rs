@@ -198,9 +198,14 @@ impl<B: ComputeBackend> FeedForward<B> {
         if moe.streamed.is_some() && sp.optimistic && m == 1 {
             // Slots looked up on the device: no wait; the pass's log tells
             // the host afterwards whether it stands.
-            be.post_attention_router(pa_args, router)?;
-            let (slot_gate_up, slot_down) = moe.lookup(be, e, &routed_gate_up, &routed_down)?;
-            be.moe_gate_up_pair(dense_gate_up, slot_gate_up)?;
+            let ((slot_gate_up, slot_down), lookup) =
+                moe.lookup(e, &routed_gate_up, &routed_down)?;
+            be.post_attention_gate_up_slots(
+                (pa_args, router),
+                dense_gate_up,
+                slot_gate_up,
+                lookup,
+            )?;
             be.moe_down_pair_post_ffn(dense_down, slot_down, post)
         } else if moe.streamed.is_some() {
             be.post_attention_router(pa_args, router)?;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::scratch::ExpertScratch;
 use crate::model::weights::Loader;
-use crate::ops::{DownArgs, GateUpArgs, Moe, OpKind, Router, RouterArgs, SlotLookup};
+use crate::ops::{DownArgs, GateUpArgs, Moe, OpKind, Router, RouterArgs, SlotArgs, SlotLookup};
 
 /// The routed-expert half of a layer's feed-forward block.
 pub(crate) struct MoeBlock<B: ComputeBackend> {
@@ -50,6 +50,10 @@ pub(crate) struct MoeBlock<B: ComputeBackend> {
 
 /// A routed layer's two phases' arguments (gate_up, down).
 pub(crate) type Phases<'s, T> = (GateUpArgs<'s, T>, DownArgs<'s, T>);
+
+/// The routed phases on a streamed layer's slots, and the lookup that
+/// puts the router's experts in them ([`MoeBlock::lookup`]).
+pub(crate) type SlotPhases<'s, T> = (Phases<'s, T>, SlotArgs<'s, T>);
 
 /// Where a streamed layer's routed experts left their output
 /// ([`MoeBlock::place`]).
@@ -219,17 +223,17 @@ impl<B: ComputeBackend> MoeBlock<B> {
         })
     }
 
-    /// A streamed layer's routed phases recorded optimistically, after its
-    /// router ran: the ids looked up in the device's slot table into the
-    /// wave scratch's slot ids and logged at this layer's place in the
-    /// pass's log (`slot_lookup`); the two phases' arguments on the slots.
+    /// A streamed layer's routed phases on its slots, for a pass recorded
+    /// optimistically: the device's slot table to look the router's ids up
+    /// in, into the wave scratch's slot ids, logged at this layer's place in
+    /// the pass's log (`post_attention_gate_up_slots` records the lookup);
+    /// the two phases' arguments on the slots.
     pub fn lookup<'s>(
         &'s self,
-        be: &B,
         s: &'s ExpertScratch<B::Buffer>,
         gate_up: &GateUpArgs<'s, B::Buffer>,
         down: &DownArgs<'s, B::Buffer>,
-    ) -> Result<Phases<'s, B::Buffer>> {
+    ) -> Result<SlotPhases<'s, B::Buffer>> {
         let li = self.layer;
         let slots = self
             .streamed
@@ -244,33 +248,34 @@ impl<B: ComputeBackend> MoeBlock<B> {
             .ok_or_else(|| Error::InvalidInput("streamed experts without wave scratch".into()))?;
         let table = self.stacks()?.table;
         let k = gate_up.p.top_k;
-        be.slot_lookup(
-            &s.ids,
+        let lookup = SlotArgs {
             table,
-            &ws.slot_ids,
-            &ws.log,
-            SlotLookup {
+            log: &ws.log,
+            p: SlotLookup {
                 n: gate_up.p.m * k,
                 experts: self.experts,
                 slots,
                 at: li * k,
             },
-        )?;
+        };
         let p = Moe {
             experts: slots,
             ..down.p
         };
         Ok((
-            GateUpArgs {
-                ids: &ws.slot_ids,
-                p,
-                ..*gate_up
-            },
-            DownArgs {
-                ids: &ws.slot_ids,
-                p,
-                ..*down
-            },
+            (
+                GateUpArgs {
+                    ids: &ws.slot_ids,
+                    p,
+                    ..*gate_up
+                },
+                DownArgs {
+                    ids: &ws.slot_ids,
+                    p,
+                    ..*down
+                },
+            ),
+            lookup,
         ))
     }
 }

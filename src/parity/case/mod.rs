@@ -13,6 +13,7 @@ mod matmul;
 mod moe;
 mod norm;
 mod post_attention;
+mod post_attention_slots;
 mod post_ffn;
 mod qkv_post;
 mod rope;
@@ -29,6 +30,7 @@ pub use matmul::Matmul;
 pub use moe::{MoeDown, MoeDownPair, MoeGateUp, MoeGateUpPair};
 pub use norm::RmsNorm;
 pub use post_attention::{PostAttention, PostAttentionGateUp, PostAttentionRouter};
+pub use post_attention_slots::PostAttentionGateUpSlots;
 pub use post_ffn::{MoeDownPairPostFfn, PostFfn};
 pub use qkv_post::{QkvPost, QkvPostAttention};
 pub use rope::Rope;
@@ -263,6 +265,7 @@ families!(
     PostAttention,
     PostAttentionRouter,
     PostAttentionGateUp,
+    PostAttentionGateUpSlots,
     PostFfn,
     QkvPost,
     QkvPostAttention,

@@ -331,7 +331,7 @@ impl Case for PostAttentionGateUp {
 
 /// `PostAttentionRouter`'s arguments (and the first of
 /// `PostAttentionGateUp`'s) from a case's inputs `i` and outputs `o`.
-fn post_attention_router_args<'a, B>(
+pub(super) fn post_attention_router_args<'a, B>(
     i: &'a [B],
     o: &'a [B],
     p: ops::PostAttention,
@@ -387,7 +387,7 @@ fn judge_post_attention_router(
 /// dense activations at `limit`, and each routed activation row against the
 /// reference's row for the same expert (a tie at the k-th place, which the
 /// router's verdict allows, leaves a row with no counterpart: skipped).
-fn judge_post_attention_gate_up(
+pub(super) fn judge_post_attention_gate_up(
     c: &PostAttentionGateUp,
     limit: f64,
     inputs: &[HostTensor],

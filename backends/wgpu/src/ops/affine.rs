@@ -36,6 +36,11 @@ struct Params {
     a: Prob,
     /// The pair entries' second problem (zero elsewhere).
     b: Prob,
+    /// `affine_gate_up_pair_slotted`: the experts the router ranks, and
+    /// where the lookup's log begins (zero elsewhere).
+    ranked: u32,
+    log_at: u32,
+    _q: [u32; 2],
 }
 
 /// Weight rows a workgroup of `affine_gemv` computes (`TEAMS * RPT`).
@@ -136,6 +141,7 @@ pub(crate) fn gemv(
                 ..Default::default()
             },
             b: Prob::default(),
+            ..Zeroable::zeroed()
         };
         gpu.launch(Launch {
             kernel: "affine_gemv",
@@ -183,6 +189,7 @@ fn moe_params(p: &Moe, a: Prob, b: Option<(Prob, usize)>) -> Params {
         groups_a: groups_a as u32,
         a,
         b,
+        ..Zeroable::zeroed()
     }
 }
 
@@ -300,9 +307,10 @@ pub(crate) fn down(
 }
 
 /// Storage bindings of the pair entries (kernels/affine_pair.wgsl, 0-9),
-/// and of the routed gate_up pair (0-13).
+/// of the routed gate_up pair (0-13), and of the slotted one (0-16).
 pub(crate) const PAIR_BINDINGS: u32 = 10;
 pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
+pub(crate) const SLOTTED_PAIR_BINDINGS: u32 = 17;
 
 /// Whether the quantized pair entries take problems `a` and `b` (weights
 /// `wa`, `wb`; each phase's reduced dimension passed as `k`): both weights
@@ -344,6 +352,17 @@ pub(crate) fn routed_pair_takes(
         && gpu.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
 }
 
+/// Whether `affine_gate_up_pair_slotted` takes the gate_up pair `(a, b)`:
+/// [`routed_pair_takes`] and a device that binds its 17 buffers.
+pub(crate) fn slotted_pair_takes(
+    gpu: &Gpu,
+    a: &GateUpArgs<'_, WgpuBuffer>,
+    b: &GateUpArgs<'_, WgpuBuffer>,
+) -> bool {
+    routed_pair_takes(gpu, a, b)
+        && gpu.limits.max_storage_buffers_per_shader_stage >= SLOTTED_PAIR_BINDINGS
+}
+
 /// Phase 1 of problems `a` and `b` in one `affine_gemv_pair` launch (the
 /// caller checked [`pair_takes`]), or with `routing = Some((logits, pes,
 /// ids, weights))` `affine_gate_up_pair_routed` (one token; b's experts
@@ -353,6 +372,18 @@ pub(crate) fn gate_up_pair(
     gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     routing: Option<[&WgpuBuffer; 4]>,
+) -> Result<()> {
+    gate_up_pair_on(gpu, (a, b), routing, None)
+}
+
+/// [`gate_up_pair`], and with `slots` (and `routing`) the routed problem's
+/// weights a slot stack its experts are looked up in
+/// (`affine_gate_up_pair_slotted`).
+pub(crate) fn gate_up_pair_on(
+    gpu: &Gpu,
+    (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
+    routing: Option<[&WgpuBuffer; 4]>,
+    slots: Option<&super::moe::SlotRoute<'_>>,
 ) -> Result<()> {
     let (pa, pb) = (&a.p, &b.p);
     let features = pa.m * pa.top_k * pa.inter + pb.m * pb.top_k * pb.inter;
@@ -364,7 +395,7 @@ pub(crate) fn gate_up_pair(
     let groups_a = pa.m * pa.top_k * nrb.0;
     let groups = groups_a + pb.m * pb.top_k * nrb.1;
     let (wa, wb) = (one(a.gate_up), one(b.gate_up));
-    let params = moe_params(
+    let mut params = moe_params(
         pa,
         moe_prob(pa, pa.hidden, nrb.0, (a.gate_up.dtype, a.gate_up.len)),
         Some((
@@ -372,6 +403,10 @@ pub(crate) fn gate_up_pair(
             groups_a,
         )),
     );
+    if let Some(sr) = slots {
+        params.ranked = sr.ranked as u32;
+        params.log_at = sr.log_at as u32;
+    }
     let [wd, qbits, qgroup] = super::weight_constants(a.gate_up.dtype);
     let [rpt1, lpr] = team.constants();
     let (xa, xb) = (one(a.x), one(b.x));
@@ -395,19 +430,18 @@ pub(crate) fn gate_up_pair(
         (one(pes), true),
         (one(ids), false),
         (one(wts), false),
+        (slots.map_or(xb, |sr| one(sr.table)), true),
+        (slots.map_or(xb, |sr| one(sr.log)), slots.is_none()),
+        (slots.map_or(xb, |sr| one(sr.slot_ids)), slots.is_none()),
     ];
-    let bound = if routing.is_some() {
-        ROUTED_PAIR_BINDINGS
-    } else {
-        PAIR_BINDINGS
+    let (bound, entry) = match (routing, slots) {
+        (Some(_), Some(_)) => (SLOTTED_PAIR_BINDINGS, "affine_gate_up_pair_slotted"),
+        (Some(_), None) => (ROUTED_PAIR_BINDINGS, "affine_gate_up_pair_routed"),
+        _ => (PAIR_BINDINGS, "affine_gate_up_pair"),
     };
     gpu.launch(Launch {
         kernel: "affine_gemv_pair",
-        entry: if routing.is_some() {
-            "affine_gate_up_pair_routed"
-        } else {
-            "affine_gate_up_pair"
-        },
+        entry,
         constants: &[wd, qbits, qgroup, units(pa.hidden), rpt1, lpr],
         params: bytemuck::bytes_of(&params),
         buffers: &buffers[..bound as usize],

@@ -203,7 +203,45 @@ pub(crate) fn post_attention_gate_up(
         (dense, routed),
         (&logits, router.per_expert_scale),
         (router.ids, router.weights),
+        None,
     )?;
+    Ok(true)
+}
+
+/// post_attention_gate_up with the routed experts in a slot stack
+/// (`lookup`: the layer's table, the pass's log and `routed.ids`, which
+/// receives the slots) as two launches: `post_attention_logits`, then the slotted
+/// pair, the lookup inside it. False (nothing recorded) where they do not
+/// fit; the caller then runs the ops one by one.
+pub(crate) fn post_attention_gate_up_slotted(
+    gpu: &Gpu,
+    (pa, router): (
+        &PostAttentionArgs<'_, WgpuBuffer>,
+        &RouterArgs<'_, WgpuBuffer>,
+    ),
+    dense: &GateUpArgs<'_, WgpuBuffer>,
+    routed: &GateUpArgs<'_, WgpuBuffer>,
+    lookup: &super::moe::SlotRoute<'_>,
+) -> Result<bool> {
+    let affine = super::affine::slotted_pair_takes(gpu, dense, routed);
+    if !logits_fit(gpu, pa, router)
+        || !(affine || super::moe::slotted_pair_fits(gpu, dense, routed))
+    {
+        return Ok(false);
+    }
+    let logits = post_attention_logits(gpu, pa, router)?;
+    let routing = [&logits, router.per_expert_scale, router.ids, router.weights];
+    if affine {
+        super::affine::gate_up_pair_on(gpu, (dense, routed), Some(routing), Some(lookup))?;
+    } else {
+        super::moe::moe_gate_up_pair_routed(
+            gpu,
+            (dense, routed),
+            (&logits, router.per_expert_scale),
+            (router.ids, router.weights),
+            Some(lookup),
+        )?;
+    }
     Ok(true)
 }
 

@@ -427,7 +427,11 @@ struct PairParams {
     top_k2: u32,
     nrb2: u32,
     groups_a: u32,
-    _pad: [u32; 3],
+    /// `moe_gate_up_pair_slotted`: the experts the router ranks, and where
+    /// the lookup's log begins (zero elsewhere).
+    ranked: u32,
+    log_at: u32,
+    _pad: u32,
 }
 
 /// Storage bindings a pair launch needs (kernels/moe_decode.wgsl, 0-9).
@@ -454,7 +458,9 @@ fn pair_params(a: &Moe, b: &Moe, nrb: (usize, usize), groups_a: u32) -> PairPara
         top_k2: b.top_k as u32,
         nrb2: nrb.1 as u32,
         groups_a,
-        _pad: [0; 3],
+        ranked: 0,
+        log_at: 0,
+        _pad: 0,
     }
 }
 
@@ -474,23 +480,44 @@ pub(crate) fn moe_gate_up_pair(
         moe_gate_up(gpu, a.x, a.gate_up, a.ids, a.act, a.p)?;
         return moe_gate_up(gpu, b.x, b.gate_up, b.ids, b.act, b.p);
     }
-    gate_up_pair_launch(gpu, (a, b), None)
+    gate_up_pair_launch(gpu, (a, b), None, None)
+}
+
+/// A streamed layer's slot lookup inside its routed gate_up pair
+/// (`*_gate_up_pair_slotted`): the layer's slot table, the pass's log, the
+/// experts the router ranks (the table's length) and where the layer's
+/// entries of the log begin. The routed problem's weights are the slot
+/// stack and its `experts` the stack's slots.
+pub(crate) struct SlotRoute<'a> {
+    pub table: &'a WgpuBuffer,
+    pub log: &'a WgpuBuffer,
+    /// The routed problem's ids: the slots it reads.
+    pub slot_ids: &'a WgpuBuffer,
+    pub ranked: usize,
+    pub log_at: usize,
 }
 
 /// A gate_up pair launch: `moe_gate_up_pair_decode`, or with `routing =
 /// Some((logits, pes, ids, weights))` `moe_gate_up_pair_routed` (b's
-/// experts picked from the logits, the routing written for phase 2).
+/// experts picked from the logits, the routing written for phase 2), and
+/// with `slots` too `moe_gate_up_pair_slotted` (the picked experts looked
+/// up in the slot table; their slots go to `slots.slot_ids`).
 fn gate_up_pair_launch(
     gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     routing: Option<[&WgpuBuffer; 4]>,
+    slots: Option<&SlotRoute<'_>>,
 ) -> Result<()> {
     let nrb = (
         a.p.inter.div_ceil(decode_pairs()),
         b.p.inter.div_ceil(decode_pairs()),
     );
     let groups_a = (a.p.top_k * nrb.0) as u32;
-    let params = pair_params(&a.p, &b.p, nrb, groups_a);
+    let mut params = pair_params(&a.p, &b.p, nrb, groups_a);
+    if let Some(sr) = slots {
+        params.ranked = sr.ranked as u32;
+        params.log_at = sr.log_at as u32;
+    }
     let (xa, xb) = (one(a.x), one(b.x));
     // (a fixed array, no allocation per decode layer: the plain launch
     // binds the first PAIR_BINDINGS)
@@ -512,19 +539,18 @@ fn gate_up_pair_launch(
         (one(pes), true),
         (one(ids), false),
         (one(wts), false),
+        (slots.map_or(xb, |sr| one(sr.table)), true),
+        (slots.map_or(xb, |sr| one(sr.log)), slots.is_none()),
+        (slots.map_or(xb, |sr| one(sr.slot_ids)), slots.is_none()),
     ];
-    let bound = if routing.is_some() {
-        ROUTED_PAIR_BINDINGS
-    } else {
-        PAIR_BINDINGS
+    let (bound, entry) = match (routing, slots) {
+        (Some(_), Some(_)) => (SLOTTED_PAIR_BINDINGS, "moe_gate_up_pair_slotted"),
+        (Some(_), None) => (ROUTED_PAIR_BINDINGS, "moe_gate_up_pair_routed"),
+        _ => (PAIR_BINDINGS, "moe_gate_up_pair_decode"),
     };
     gpu.launch(Launch {
         kernel: "moe_decode",
-        entry: if routing.is_some() {
-            "moe_gate_up_pair_routed"
-        } else {
-            "moe_gate_up_pair_decode"
-        },
+        entry,
         constants: &gate_up_constants(
             a.gate_up.dtype,
             a.p.hidden,
@@ -539,8 +565,10 @@ fn gate_up_pair_launch(
 // kernels/topk.wgsl's TOPK_MAXE and TOPK_MAXK.
 const _: () = assert!(turbospark::ops::MAX_EXPERTS <= 256 && turbospark::ops::MAX_TOP_K <= 8);
 
-/// Storage bindings of `moe_gate_up_pair_routed` (0-13).
+/// Storage bindings of `moe_gate_up_pair_routed` (0-13), and of
+/// `moe_gate_up_pair_slotted` (0-16).
 pub(crate) const ROUTED_PAIR_BINDINGS: u32 = 14;
+pub(crate) const SLOTTED_PAIR_BINDINGS: u32 = 17;
 
 /// Whether [`moe_gate_up_pair_routed`] takes the pair `(a, b)`: the pair's
 /// launch fits (one token) and the device binds its 14 buffers. The
@@ -559,18 +587,34 @@ pub(crate) fn routed_pair_fits(
     ) && gpu.limits.max_storage_buffers_per_shader_stage >= ROUTED_PAIR_BINDINGS
 }
 
+/// Whether `moe_gate_up_pair_slotted` takes the pair: [`routed_pair_fits`]
+/// and a device that binds its 17 buffers.
+pub(crate) fn slotted_pair_fits(
+    gpu: &Gpu,
+    a: &GateUpArgs<'_, WgpuBuffer>,
+    b: &GateUpArgs<'_, WgpuBuffer>,
+) -> bool {
+    routed_pair_fits(gpu, a, b)
+        && gpu.limits.max_storage_buffers_per_shader_stage >= SLOTTED_PAIR_BINDINGS
+}
+
 /// The gate_up pair with `b`'s experts picked in the launch from the
 /// router's scaled `logits` (kernels/moe_decode.wgsl's
 /// `moe_gate_up_pair_routed`), which also writes the routing `(ids,
 /// weights)` for phase 2: router_topk and the pair in one dispatch. The
-/// caller checked [`routed_pair_fits`]; `b.ids` is `ids`.
+/// caller checked [`routed_pair_fits`]; `b.ids` is `ids`. With `slots`
+/// (the caller checked [`slotted_pair_fits`]) `b`'s weights are a slot
+/// stack: the picked experts are looked up in its table, their slots
+/// written to `slots.slot_ids` and the experts to the log
+/// (`moe_gate_up_pair_slotted`).
 pub(crate) fn moe_gate_up_pair_routed(
     gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     (logits, pes): (&WgpuBuffer, &WgpuBuffer),
     (ids, wts): (&WgpuBuffer, &WgpuBuffer),
+    slots: Option<&SlotRoute<'_>>,
 ) -> Result<()> {
-    gate_up_pair_launch(gpu, (a, b), Some([logits, pes, ids, wts]))
+    gate_up_pair_launch(gpu, (a, b), Some([logits, pes, ids, wts]), slots)
 }
 
 pub(crate) fn moe_down_pair(
