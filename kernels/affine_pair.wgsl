@@ -128,6 +128,18 @@ fn affine_down_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 @group(1) @binding(12) var<storage, read_write> RIDS: array<u32>;
 @group(1) @binding(13) var<storage, read_write> RWTS: array<f32>;
 
+// The token's scaled logits RLOG (ne experts) ranked into tk_id / tk_v,
+// the top k first (kernels/topk.wgsl), by every workgroup that calls it.
+fn rank_logits(lid: u32, ne: u32, k: u32) {
+    if (lid < (ne + 3u) / 4u) {
+        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
+        let l = vec4<f32>(RLOG[4u * lid], RLOG[4u * lid + 1u], RLOG[4u * lid + 2u], RLOG[4u * lid + 3u]);
+        tk_log[lid] = topk_pad(l, lid, ne);
+    }
+    workgroupBarrier();
+    topk_select(lid, ne, k);
+}
+
 @compute @workgroup_size(256)
 fn affine_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_index) lid: u32) {
@@ -141,13 +153,7 @@ fn affine_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
     let gb = g - P.groups_a;
     let ne = P.b.experts;
     let k = P.b.top_k;
-    if (lid < (ne + 3u) / 4u) {
-        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
-        let l = vec4<f32>(RLOG[4u * lid], RLOG[4u * lid + 1u], RLOG[4u * lid + 2u], RLOG[4u * lid + 3u]);
-        tk_log[lid] = topk_pad(l, lid, ne);
-    }
-    workgroupBarrier();
-    topk_select(lid, ne, k);
+    rank_logits(lid, ne, k);
     if (gb == 0u && lid < k) {
         let e = tk_id[lid];
         RIDS[lid] = e;
@@ -203,13 +209,7 @@ fn affine_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(nu
     let gb = g - P.groups_a;
     let ne = P.ranked;
     let k = P.b.top_k;
-    if (lid < (ne + 3u) / 4u) {
-        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
-        let l = vec4<f32>(RLOG[4u * lid], RLOG[4u * lid + 1u], RLOG[4u * lid + 2u], RLOG[4u * lid + 3u]);
-        tk_log[lid] = topk_pad(l, lid, ne);
-    }
-    workgroupBarrier();
-    topk_select(lid, ne, k);
+    rank_logits(lid, ne, k);
     if (gb == 0u && lid < k) {
         let e = tk_id[lid];
         let s = slot_of(e);

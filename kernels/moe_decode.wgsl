@@ -485,6 +485,18 @@ fn moe_down_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
 @group(1) @binding(12) var<storage, read_write> RIDS: array<u32>;
 @group(1) @binding(13) var<storage, read_write> RWTS: array<f32>;
 
+// The token's scaled logits RLOG (ne experts) ranked into tk_id / tk_v,
+// the top k first (kernels/topk.wgsl), by every workgroup that calls it.
+fn rank_logits(t: u32, ne: u32, k: u32) {
+    if (t < (ne + 3u) / 4u) {
+        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
+        let l = vec4<f32>(RLOG[4u * t], RLOG[4u * t + 1u], RLOG[4u * t + 2u], RLOG[4u * t + 3u]);
+        tk_log[t] = topk_pad(l, t, ne);
+    }
+    workgroupBarrier();
+    topk_select(t, ne, k);
+}
+
 @compute @workgroup_size(256)
 fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_index) t: u32) {
@@ -496,13 +508,7 @@ fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let gb = g - P.groups_a;
     let ne = P.experts2;
     let k = P.top_k2;
-    if (t < (ne + 3u) / 4u) {
-        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
-        let l = vec4<f32>(RLOG[4u * t], RLOG[4u * t + 1u], RLOG[4u * t + 2u], RLOG[4u * t + 3u]);
-        tk_log[t] = topk_pad(l, t, ne);
-    }
-    workgroupBarrier();
-    topk_select(t, ne, k);
+    rank_logits(t, ne, k);
     if (gb == 0u && t < k) {
         let e = tk_id[t];
         RIDS[t] = e;
@@ -554,13 +560,7 @@ fn moe_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_w
     let gb = g - P.groups_a;
     let ne = P.ranked;
     let k = P.top_k2;
-    if (t < (ne + 3u) / 4u) {
-        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
-        let l = vec4<f32>(RLOG[4u * t], RLOG[4u * t + 1u], RLOG[4u * t + 2u], RLOG[4u * t + 3u]);
-        tk_log[t] = topk_pad(l, t, ne);
-    }
-    workgroupBarrier();
-    topk_select(t, ne, k);
+    rank_logits(t, ne, k);
     if (gb == 0u && t < k) {
         let e = tk_id[t];
         let s = slot_of(e);

@@ -110,3 +110,12 @@ pub(super) fn expert_ids(rng: &mut Rng, m: usize, k: usize, e: usize) -> Vec<u32
     }
     ids
 }
+
+/// `0..n` in a random order (Fisher-Yates).
+pub(super) fn shuffled(rng: &mut Rng, n: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        v.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    v
+}

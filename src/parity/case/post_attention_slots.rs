@@ -94,16 +94,9 @@ impl Case for PostAttentionGateUpSlots {
         v.push(draw(self.routed(), rng).swap_remove(1));
         // Experts in a random order; the first `held` take slots in
         // another random order, the rest hold none.
-        let shuffled = |rng: &mut Rng, n: usize| {
-            let mut v: Vec<u32> = (0..n as u32).collect();
-            for i in (1..n).rev() {
-                v.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-            v
-        };
         let experts = self.g.r.experts;
-        let order = shuffled(rng, experts);
-        let slots = shuffled(rng, self.slots);
+        let order = super::inputs::shuffled(rng, experts);
+        let slots = super::inputs::shuffled(rng, self.slots);
         let mut table = vec![ops::NO_SLOT; experts];
         for (e, s) in order.iter().zip(&slots).take(self.slots.div_ceil(2)) {
             table[*e as usize] = *s;

@@ -51,15 +51,8 @@ impl Case for SlotLookup {
         let p = &self.p;
         // Experts in a random order; the first `held` take the slots in
         // another random order, the rest hold none.
-        let shuffled = |rng: &mut Rng, n: usize| {
-            let mut v: Vec<u32> = (0..n as u32).collect();
-            for i in (1..n).rev() {
-                v.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-            v
-        };
-        let order = shuffled(rng, p.experts);
-        let slots = shuffled(rng, p.slots);
+        let order = super::inputs::shuffled(rng, p.experts);
+        let slots = super::inputs::shuffled(rng, p.slots);
         let held = p.slots.div_ceil(2);
         let mut table = vec![ops::NO_SLOT; p.experts];
         for (e, s) in order.iter().zip(&slots).take(held) {
