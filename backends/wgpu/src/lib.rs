@@ -688,7 +688,7 @@ impl ComputeBackend for WgpuBackend {
         lookup: SlotArgs<'_, WgpuBuffer>,
     ) -> Result<()> {
         self.require_post_attention(&pa.p)?;
-        let route = ops::moe::SlotRoute {
+        let route = ops::SlotRoute {
             table: lookup.table,
             log: lookup.log,
             slot_ids: routed.ids,

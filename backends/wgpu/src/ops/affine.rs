@@ -383,7 +383,7 @@ pub(crate) fn gate_up_pair_on(
     gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     routing: Option<[&WgpuBuffer; 4]>,
-    slots: Option<&super::moe::SlotRoute<'_>>,
+    slots: Option<&super::SlotRoute<'_>>,
 ) -> Result<()> {
     let (pa, pb) = (&a.p, &b.p);
     let features = pa.m * pa.top_k * pa.inter + pb.m * pb.top_k * pb.inter;
@@ -536,7 +536,7 @@ mod layout_tests {
         check(
             ("affine_gemv", "Params"),
             std::mem::size_of::<Params>(),
-            fields!(Params; m, rows, row0, groups_a, a, b),
+            fields!(Params; m, rows, row0, groups_a, a, b, ranked, log_at, _q),
             &[],
         );
         check(

@@ -221,7 +221,7 @@ pub(crate) fn post_attention_gate_up_slotted(
     ),
     dense: &GateUpArgs<'_, WgpuBuffer>,
     routed: &GateUpArgs<'_, WgpuBuffer>,
-    lookup: &super::moe::SlotRoute<'_>,
+    lookup: &super::SlotRoute<'_>,
 ) -> Result<bool> {
     let affine = super::affine::slotted_pair_takes(gpu, dense, routed);
     if !logits_fit(gpu, pa, router)

@@ -85,6 +85,20 @@ pub(crate) fn chunk_rows(
     }
 }
 
+/// A streamed layer's slot lookup inside its routed gate_up pair
+/// (`*_gate_up_pair_slotted`): the layer's slot table, the pass's log, the
+/// experts the router ranks (the table's length) and where the layer's
+/// entries of the log begin. The routed problem's weights are the slot
+/// stack and its `experts` the stack's slots.
+pub(crate) struct SlotRoute<'a> {
+    pub table: &'a crate::WgpuBuffer,
+    pub log: &'a crate::WgpuBuffer,
+    /// The routed problem's ids: the slots it reads.
+    pub slot_ids: &'a crate::WgpuBuffer,
+    pub ranked: usize,
+    pub log_at: usize,
+}
+
 /// The one binding of an activation, cache, id or norm-weight buffer: every
 /// argument but a weight is one (the trait's checked ops run
 /// `bindings::check` on each op's arguments by role before any launcher).

@@ -483,20 +483,6 @@ pub(crate) fn moe_gate_up_pair(
     gate_up_pair_launch(gpu, (a, b), None, None)
 }
 
-/// A streamed layer's slot lookup inside its routed gate_up pair
-/// (`*_gate_up_pair_slotted`): the layer's slot table, the pass's log, the
-/// experts the router ranks (the table's length) and where the layer's
-/// entries of the log begin. The routed problem's weights are the slot
-/// stack and its `experts` the stack's slots.
-pub(crate) struct SlotRoute<'a> {
-    pub table: &'a WgpuBuffer,
-    pub log: &'a WgpuBuffer,
-    /// The routed problem's ids: the slots it reads.
-    pub slot_ids: &'a WgpuBuffer,
-    pub ranked: usize,
-    pub log_at: usize,
-}
-
 /// A gate_up pair launch: `moe_gate_up_pair_decode`, or with `routing =
 /// Some((logits, pes, ids, weights))` `moe_gate_up_pair_routed` (b's
 /// experts picked from the logits, the routing written for phase 2), and
@@ -506,7 +492,7 @@ fn gate_up_pair_launch(
     gpu: &Gpu,
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     routing: Option<[&WgpuBuffer; 4]>,
-    slots: Option<&SlotRoute<'_>>,
+    slots: Option<&super::SlotRoute<'_>>,
 ) -> Result<()> {
     let nrb = (
         a.p.inter.div_ceil(decode_pairs()),
@@ -612,7 +598,7 @@ pub(crate) fn moe_gate_up_pair_routed(
     (a, b): (&GateUpArgs<'_, WgpuBuffer>, &GateUpArgs<'_, WgpuBuffer>),
     (logits, pes): (&WgpuBuffer, &WgpuBuffer),
     (ids, wts): (&WgpuBuffer, &WgpuBuffer),
-    slots: Option<&SlotRoute<'_>>,
+    slots: Option<&super::SlotRoute<'_>>,
 ) -> Result<()> {
     gate_up_pair_launch(gpu, (a, b), Some([logits, pes, ids, wts]), slots)
 }
@@ -893,7 +879,7 @@ mod layout_tests {
         let a: &[(&str, usize)] =
             fields!(MoeParams; m, hidden, inter, experts, top_k, direct, nslots, nrb);
         let b: &[(&str, usize)] =
-            fields!(PairParams; inter2, experts2, top_k2, nrb2, groups_a, _pad);
+            fields!(PairParams; inter2, experts2, top_k2, nrb2, groups_a, ranked, log_at, _pad);
         let base = std::mem::offset_of!(PairParams, a);
         let pair: Vec<(&str, usize)> = a
             .iter()
