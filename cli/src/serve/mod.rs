@@ -98,6 +98,7 @@ pub fn run(a: Args) -> CliResult {
         renderer.describe()
     );
     let app = Arc::new(http::App {
+        vocab: tok.get_vocab_size(true),
         tok,
         renderer,
         jobs,
@@ -228,11 +229,24 @@ fn start_engine(
 /// A server on a model loaded in this process (`bench --serve`): the
 /// engine thread and the HTTP tasks as `serve` runs them, on 127.0.0.1 at a
 /// free port, with no prompt cache (every request prefills its whole
-/// prompt, as `generate` does). Dropping it stops the HTTP tasks; the
-/// engine thread then ends with its queue.
+/// prompt, as `generate` does). Dropping it stops the HTTP tasks, which
+/// closes the engine's queue, and waits for the engine thread to end (its
+/// model, and the device, released before the process goes on to exit).
 pub struct Local {
     pub addr: std::net::SocketAddr,
-    _runtime: tokio::runtime::Runtime,
+    runtime: Option<tokio::runtime::Runtime>,
+    engine: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+        if let Some(engine) = self.engine.take() {
+            let _ = engine.join();
+        }
+    }
 }
 
 pub fn local<B>(
@@ -247,7 +261,7 @@ where
     let max_context = model.max_context();
     let (jobs, queue) = mpsc::channel(DEFAULT_QUEUE);
     let engine_tok = tok.clone();
-    std::thread::Builder::new()
+    let engine = std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || {
             let e = engine::Engine {
@@ -260,6 +274,7 @@ where
             engine::serve(e, queue)
         })?;
     let app = Arc::new(http::App {
+        vocab: tok.get_vocab_size(true),
         tok,
         renderer: prompt::Renderer::None,
         jobs,
@@ -277,7 +292,8 @@ where
     runtime.spawn(async move { axum::serve(listener, router).await });
     Ok(Local {
         addr,
-        _runtime: runtime,
+        runtime: Some(runtime),
+        engine: Some(engine),
     })
 }
 
