@@ -691,7 +691,7 @@ fn dispatches_a_step(
         model.route_by(&mut w, Some(all)).unwrap();
         model.logits(&mut w, &vec![1; e / k]).unwrap();
     }
-    let mut run = |steps: usize| {
+    let run = |steps: usize| {
         let mut seq = model.new_sequence().unwrap();
         let before = model.backend().counters().0;
         let opts = GenerateOptions {
