@@ -22,9 +22,10 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     }
     let (prompt_len, steps) = (args.prompt_tokens.max(1), args.decode_tokens.max(1));
     let device = backend.info().device_name.clone();
-    // (a warm-up step and the first token besides the timed ones)
+    // (a warm-up step, the first token and two profiled steps besides the
+    // timed ones)
     let (cfg, model) =
-        super::e2e::load_model(backend, name, args, prompt_len + steps + 2, "parallel")?;
+        super::e2e::load_model(backend, name, args, prompt_len + steps + 4, "parallel")?;
     let mut rng = Rng::new(args.seed);
     let vocab = cfg.vocab as u64;
     let mut results = Vec::new();
@@ -36,7 +37,7 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
             let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
             let mut seq = model.new_sequence()?;
             let mut sampler = Sampler::new(&Sampling::Greedy)?;
-            last.push(model.prefill_next(&mut seq, &prompt, &mut sampler, steps + 2)?);
+            last.push(model.prefill_next(&mut seq, &prompt, &mut sampler, steps + 4)?);
             seqs.push(seq);
             samplers.push(sampler);
         }
