@@ -65,3 +65,9 @@ for s in ${STEPS:-split spec parallel stream serve}; do
         ;;
     esac
 done
+
+# (a call brings back at most eight files: every log and JSON in one archive,
+# the step log beside it)
+cd "$OUT" && tar czf paths.tgz --exclude=paths.tgz --exclude=steps.log --exclude=trace.txt \
+    $(ls | grep -v -e '^paths.tgz$' -e '^steps.log$' -e '^trace.txt$') && \
+    ls | grep -v -e '^paths.tgz$' -e '^steps.log$' | xargs rm -f
