@@ -54,8 +54,8 @@ pub struct Args {
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
     /// Speculative decoding with this Gemma 4 drafter ("assistant")
-    /// checkpoint: the same replies, the model checking the drafter's
-    /// proposals in one pass each round.
+    /// checkpoint: the model's own replies, the model checking the
+    /// drafter's proposals in one pass each round.
     #[arg(long, value_name = "DIR")]
     draft_model: Option<PathBuf>,
     /// Tokens the drafter proposes a round, with --draft-model (default 4).
