@@ -13,7 +13,8 @@
 #      (skew 1, reuse 0.45: about 70% LFU hits at 16 slots) and, without a
 #      trace, 128 slots (every expert hits) against resident;
 #   5. bench --serve, q4g64: one stream through generate's path and through
-#      the server on the same loaded model.
+#      the server on the same loaded model;
+#   and, named in STEPS only, spec-bf16: bench --speculative with bf16 weights.
 # STEPS picks some of them (default "split spec parallel stream serve").
 set -uo pipefail
 
@@ -40,6 +41,11 @@ for s in ${STEPS:-split spec parallel stream serve}; do
             --json "$OUT/spec-q4.json" >"$OUT/spec-q4.log" 2>&1
         step "speculative: exit $?; $(grep -E '^(verify|plain|forced)' "$OUT/spec-q4.log" | tr '\n' '|')"
         ;;
+    spec-bf16)
+        timeout 200 "$BIN" bench --backend wgpu --synthetic gemma-4-26b-a4b --speculative \
+            --prompt-tokens 128 --decode-tokens 48 --json "$OUT/spec-bf16.json" >"$OUT/spec-bf16.log" 2>&1
+        step "speculative bf16: exit $?; $(grep -E '^(verify|plain|forced)' "$OUT/spec-bf16.log" | tr '\n' '|')"
+        ;;
     parallel)
         timeout 150 "$BIN" bench "${model[@]}" --parallel 1,4,16 \
             --prompt-tokens 128 --decode-tokens 32 --json "$OUT/parallel-q4.json" >"$OUT/parallel-q4.log" 2>&1
@@ -60,7 +66,7 @@ for s in ${STEPS:-split spec parallel stream serve}; do
         step "serve: exit $?; $(grep -E '^(generate|serve):' "$OUT/serve-q4.log" | tr '\n' '|')"
         ;;
     *)
-        echo "unknown step $s (split, spec, parallel, stream, serve)" >&2
+        echo "unknown step $s (split, spec, spec-bf16, parallel, stream, serve)" >&2
         exit 2
         ;;
     esac
