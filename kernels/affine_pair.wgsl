@@ -121,24 +121,8 @@ fn affine_down_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 // As moe_gate_up_pair_routed (kernels/moe_decode.wgsl) for one token: each
 // of b's workgroups ranks the scaled logits RLOG (kernels/topk.wgsl) and
 // takes its slot's expert; b's first workgroup writes the routing (RIDS,
-// RWTS: softmax times RPES) for phase 2. IDS2 (binding 7) is not read.
-
-@group(1) @binding(10) var<storage, read> RLOG: array<f32>;
-@group(1) @binding(11) var<storage, read> RPES: array<f32>;
-@group(1) @binding(12) var<storage, read_write> RIDS: array<u32>;
-@group(1) @binding(13) var<storage, read_write> RWTS: array<f32>;
-
-// The token's scaled logits RLOG (ne experts) ranked into tk_id / tk_v,
-// the top k first (kernels/topk.wgsl), by every workgroup that calls it.
-fn rank_logits(lid: u32, ne: u32, k: u32) {
-    if (lid < (ne + 3u) / 4u) {
-        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
-        let l = vec4<f32>(RLOG[4u * lid], RLOG[4u * lid + 1u], RLOG[4u * lid + 2u], RLOG[4u * lid + 3u]);
-        tk_log[lid] = topk_pad(l, lid, ne);
-    }
-    workgroupBarrier();
-    topk_select(lid, ne, k);
-}
+// RWTS: softmax times RPES) for phase 2. IDS2 (binding 7) is not read. Its
+// bindings past 9 and helpers: kernels/routed_pair.wgsl.
 
 @compute @workgroup_size(256)
 fn affine_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -155,9 +139,7 @@ fn affine_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
     let k = P.b.top_k;
     rank_logits(lid, ne, k);
     if (gb == 0u && lid < k) {
-        let e = tk_id[lid];
-        RIDS[lid] = e;
-        RWTS[lid] = topk_weight(lid, k) * RPES[e];
+        write_routing(lid, k);
     }
     // (one token: pair p is slot p)
     let j = gb / P.b.nrb;
@@ -181,21 +163,6 @@ fn affine_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
 // set where e holds no slot (slot 0 is read then; the host discards the
 // pass).
 
-@group(1) @binding(14) var<storage, read> TABLE: array<u32>;
-@group(1) @binding(15) var<storage, read_write> LOG: array<u32>;
-@group(1) @binding(16) var<storage, read_write> SLOTS: array<u32>;
-
-const SLOT_MISSED: u32 = 0x80000000u;
-
-// Expert e's slot, or P.b.experts where the table holds none for it.
-fn slot_of(e: u32) -> u32 {
-    var s = P.b.experts;
-    if (e < P.ranked) {
-        s = TABLE[e];
-    }
-    return select(P.b.experts, s, s < P.b.experts);
-}
-
 @compute @workgroup_size(256)
 fn affine_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                @builtin(local_invocation_index) lid: u32) {
@@ -208,24 +175,18 @@ fn affine_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(nu
     PB = true;
     let gb = g - P.groups_a;
     let ne = P.ranked;
+    let slots = P.b.experts;
     let k = P.b.top_k;
     rank_logits(lid, ne, k);
     if (gb == 0u && lid < k) {
-        let e = tk_id[lid];
-        let s = slot_of(e);
-        RIDS[lid] = e;
-        SLOTS[lid] = select(0u, s, s < P.b.experts);
-        RWTS[lid] = topk_weight(lid, k) * RPES[e];
-        LOG[P.log_at + lid] = select(e | SLOT_MISSED, e, s < P.b.experts);
+        write_slotted_routing(lid, k, ne, slots, P.log_at);
     }
     // (one token: pair p is slot p)
     let j = gb / P.b.nrb;
     if (lid == 0u) {
-        sh_expert = P.b.experts;
+        sh_expert = slots;
         if (j < k) {
-            // (a miss reads slot 0, as slot_lookup's does)
-            let s = slot_of(tk_id[j]);
-            sh_expert = select(0u, s, s < P.b.experts);
+            sh_expert = slot_read(tk_id[j], ne, slots);
         }
     }
     gate_up_body(P.b, gb, workgroupUniformLoad(&sh_expert), lid);

@@ -478,24 +478,7 @@ fn moe_down_pair_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
 // as router_topk does), and its first workgroup writes the routing (RIDS,
 // RWTS: softmax times RPES) for phase 2. One dependent dispatch a decode
 // layer fewer than router_topk before the pair. IDS2 (binding 5) is not
-// read.
-
-@group(1) @binding(10) var<storage, read> RLOG: array<f32>;
-@group(1) @binding(11) var<storage, read> RPES: array<f32>;
-@group(1) @binding(12) var<storage, read_write> RIDS: array<u32>;
-@group(1) @binding(13) var<storage, read_write> RWTS: array<f32>;
-
-// The token's scaled logits RLOG (ne experts) ranked into tk_id / tk_v,
-// the top k first (kernels/topk.wgsl), by every workgroup that calls it.
-fn rank_logits(t: u32, ne: u32, k: u32) {
-    if (t < (ne + 3u) / 4u) {
-        // (RLOG is padded to whole vec4s: `router_logits_buffer`)
-        let l = vec4<f32>(RLOG[4u * t], RLOG[4u * t + 1u], RLOG[4u * t + 2u], RLOG[4u * t + 3u]);
-        tk_log[t] = topk_pad(l, t, ne);
-    }
-    workgroupBarrier();
-    topk_select(t, ne, k);
-}
+// read. Its bindings past 9 and helpers: kernels/routed_pair.wgsl.
 
 @compute @workgroup_size(256)
 fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -510,9 +493,7 @@ fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let k = P.top_k2;
     rank_logits(t, ne, k);
     if (gb == 0u && t < k) {
-        let e = tk_id[t];
-        RIDS[t] = e;
-        RWTS[t] = topk_weight(t, k) * RPES[e];
+        write_routing(t, k);
     }
     let q = gate_up_role(gb, t, P.nrb2);
     var e = ne;
@@ -526,28 +507,12 @@ fn moe_gate_up_pair_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 //
 // moe_gate_up_pair_routed where b's weights are a slot stack of P.experts2
 // slots (streamed experts): each picked expert e (of the P.ranked the
-// router ranks) is looked up in the layer's slot table TABLE as
-// slot_lookup (kernels/slots.wgsl) looks it up, and its slot's rows are
-// read; b's first workgroup writes the routing (RIDS, RWTS) as the routed
-// pair does, the slots into SLOTS (phase 2 reads them), and e into LOG at
-// P.log_at, bit 31 set where e holds no slot (slot 0 is read then; the
-// host discards the pass). The lookup rides in the launch: no dispatch of
-// its own.
-
-@group(1) @binding(14) var<storage, read> TABLE: array<u32>;
-@group(1) @binding(15) var<storage, read_write> LOG: array<u32>;
-@group(1) @binding(16) var<storage, read_write> SLOTS: array<u32>;
-
-const SLOT_MISSED: u32 = 0x80000000u;
-
-// Expert e's slot, or P.experts2 where the table holds none for it.
-fn slot_of(e: u32) -> u32 {
-    var s = P.experts2;
-    if (e < P.ranked) {
-        s = TABLE[e];
-    }
-    return select(P.experts2, s, s < P.experts2);
-}
+// router ranks) is looked up in the layer's slot table TABLE and its
+// slot's rows are read; b's first workgroup writes the routing (RIDS,
+// RWTS) as the routed pair does, the slots into SLOTS (phase 2 reads
+// them), and e into LOG at P.log_at, bit 31 set where e holds no slot
+// (slot 0 is read then; the host discards the pass). The lookup rides in
+// the launch: no dispatch of its own.
 
 @compute @workgroup_size(256)
 fn moe_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -559,22 +524,16 @@ fn moe_gate_up_pair_slotted(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_w
     }
     let gb = g - P.groups_a;
     let ne = P.ranked;
+    let slots = P.experts2;
     let k = P.top_k2;
     rank_logits(t, ne, k);
     if (gb == 0u && t < k) {
-        let e = tk_id[t];
-        let s = slot_of(e);
-        RIDS[t] = e;
-        SLOTS[t] = select(0u, s, s < P.experts2);
-        RWTS[t] = topk_weight(t, k) * RPES[e];
-        LOG[P.log_at + t] = select(e | SLOT_MISSED, e, s < P.experts2);
+        write_slotted_routing(t, k, ne, slots, P.log_at);
     }
     let q = gate_up_role(gb, t, P.nrb2);
-    var s = P.experts2;
+    var s = slots;
     if (q.j < k) {
-        s = slot_of(tk_id[q.j]);
-        // (a miss reads slot 0, as slot_lookup's does: the pass is discarded)
-        s = select(0u, s, s < P.experts2);
+        s = slot_read(tk_id[q.j], ne, slots);
     }
     gate_up_b_expert(q, s, t);
 }

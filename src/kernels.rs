@@ -32,6 +32,7 @@ pub const REDUCE_SUBGROUP: &str = include_str!("../kernels/reduce_subgroup.wgsl"
 pub const RMSNORM: &str = include_str!("../kernels/rmsnorm.wgsl");
 pub const ROPE: &str = include_str!("../kernels/rope.wgsl");
 pub const ROPE_ANGLE: &str = include_str!("../kernels/rope_angle.wgsl");
+pub const ROUTED_PAIR: &str = include_str!("../kernels/routed_pair.wgsl");
 pub const ROUTER: &str = include_str!("../kernels/router.wgsl");
 pub const SLOTS: &str = include_str!("../kernels/slots.wgsl");
 pub const TAIL: &str = include_str!("../kernels/tail.wgsl");

@@ -23,6 +23,7 @@ pub const GEMM_TILES: &str = turbospark::kernels::GEMM_TILES;
 /// The router's top-k and softmax over a token's logits, appended to the
 /// families that pick experts.
 pub const TOPK: &str = turbospark::kernels::TOPK;
+pub const ROUTED_PAIR: &str = turbospark::kernels::ROUTED_PAIR;
 /// RoPE's rotation of a pair (`turn_pair`) and its angle arithmetic,
 /// appended to the families that turn by RoPE (rope, and the attention_qkv
 /// variant).
@@ -151,7 +152,8 @@ pub const VARIANTS: &[Variant] = &[
     // `affine_gemv_pair`: kernels/affine_gemv.wgsl with its binding
     // accessors renamed `_a` and kernels/affine_pair.wgsl's, which read
     // either problem's bindings: the quantized MoE phases of two problems
-    // in one launch (with kernels/topk.wgsl for the routed gate_up pair).
+    // in one launch (with kernels/topk.wgsl and kernels/routed_pair.wgsl for
+    // the routed and slotted gate_up pairs).
     // The single-problem entries keep their own build, which binds five
     // buffers, not ten.
     Variant {
@@ -165,7 +167,7 @@ pub const VARIANTS: &[Variant] = &[
             ("fn wt_at(i: u32)", "fn wt_at_a(i: u32)"),
             ("fn out_set(i: u32, v: f32)", "fn out_set_a(i: u32, v: f32)"),
         ],
-        appendix: &[AFFINE_PAIR, TOPK],
+        appendix: &[AFFINE_PAIR, TOPK, ROUTED_PAIR],
     },
 ];
 
@@ -355,7 +357,8 @@ fn build(name: &str, subgroups: bool, f16_caches: bool) -> Option<String> {
             "gemm_prep" | "gemm_coop" => format!("{GEMM_TILES}\n{F16_ROUND}"),
             "attention" => format!("{ATTENTION_KEYS}\n{TAIL}"),
             "attention_coop" => format!("{ATTENTION_KEYS}\n{F16_ROUND}"),
-            "router" | "moe_decode" => TOPK.to_string(),
+            "router" => TOPK.to_string(),
+            "moe_decode" => format!("{TOPK}\n{ROUTED_PAIR}"),
             "rope" => ROPE_ANGLE.to_string(),
             _ => String::new(),
         };
