@@ -298,18 +298,12 @@ impl<'a, B: DeviceBuffer> RouterArgs<'a, B> {
         lookup: &super::SlotArgs<'_, B>,
     ) -> Result<()> {
         const OP: &str = "post_attention_gate_up_slots";
-        let pair = [
-            dense.x,
-            dense.gate_up,
-            dense.ids,
-            dense.act,
-            routed.x,
-            routed.gate_up,
-            routed.act,
-        ];
-        for out in [self.ids, self.weights, routed.ids, lookup.log] {
-            no_alias(OP, out, &pair.map(Some))?;
-        }
+        written_apart(
+            OP,
+            &[self.ids, self.weights, routed.ids, lookup.log],
+            dense,
+            routed,
+        )?;
         no_alias(OP, routed.ids, &[Some(self.ids), Some(self.weights)])?;
         no_alias(OP, lookup.log, &[Some(self.ids), Some(self.weights)])?;
         let (r, p, l) = (self.p, routed.p, lookup.p);
@@ -346,18 +340,7 @@ impl<'a, B: DeviceBuffer> RouterArgs<'a, B> {
         routed: &GateUpArgs<'_, B>,
     ) -> Result<()> {
         const OP: &str = "post_attention_gate_up";
-        let pair = [
-            dense.x,
-            dense.gate_up,
-            dense.ids,
-            dense.act,
-            routed.x,
-            routed.gate_up,
-            routed.act,
-        ];
-        for out in [self.ids, self.weights] {
-            no_alias(OP, out, &pair.map(Some))?;
-        }
+        written_apart(OP, &[self.ids, self.weights], dense, routed)?;
         if !routed.ids.same_storage(self.ids) {
             return Err(Error::shape(
                 OP,
@@ -376,4 +359,28 @@ impl<'a, B: DeviceBuffer> RouterArgs<'a, B> {
         }
         Ok(())
     }
+}
+
+/// That the buffers a routed gate_up's launch writes besides the pair's
+/// activations (`outs`: the routing, and streamed experts' slots and log)
+/// alias none of the pair's other buffers.
+fn written_apart<B: DeviceBuffer>(
+    op: &'static str,
+    outs: &[&B],
+    dense: &GateUpArgs<'_, B>,
+    routed: &GateUpArgs<'_, B>,
+) -> Result<()> {
+    let pair = [
+        dense.x,
+        dense.gate_up,
+        dense.ids,
+        dense.act,
+        routed.x,
+        routed.gate_up,
+        routed.act,
+    ];
+    for &out in outs {
+        no_alias(op, out, &pair.map(Some))?;
+    }
+    Ok(())
 }
