@@ -215,42 +215,6 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         b.alloc(DType::F32, 8, "moe_in").unwrap(),
         b.alloc(DType::F32, 1, "rw").unwrap(),
     );
-    let pa = PostAttentionArgs {
-        o: &a,
-        x: &c,
-        w_post: &w,
-        w_ff: &w,
-        r: &r,
-        ff: &ff,
-        moe: (&w, &moe_in),
-        p: PostAttention {
-            rows: 1,
-            dim: 8,
-            eps: 1e-6,
-        },
-    };
-    let router = RouterArgs {
-        eff_scale: &w,
-        proj: &proj,
-        per_expert_scale: &c,
-        ids: &rid,
-        weights: &rw,
-        p: rp,
-    };
-    let routed = GateUpArgs {
-        x: &moe_in,
-        gate_up: &gu,
-        ids: &id0,
-        act: &act2,
-        p: Moe { experts: 2, ..p },
-    };
-    shape_error(
-        b.post_attention_gate_up((pa, router), half(&ff, &act), routed),
-        "post_attention_gate_up",
-        "router's ids",
-    );
-    // post_attention_gate_up_slots: the lookup maps the router's 2 experts
-    // into the slot stack the routed gate_up reads, of as many slots.
     let pa = || PostAttentionArgs {
         o: &a,
         x: &c,
@@ -273,6 +237,20 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         weights: &rw,
         p: rp,
     };
+    let routed = GateUpArgs {
+        x: &moe_in,
+        gate_up: &gu,
+        ids: &id0,
+        act: &act2,
+        p: Moe { experts: 2, ..p },
+    };
+    shape_error(
+        b.post_attention_gate_up((pa(), router()), half(&ff, &act), routed),
+        "post_attention_gate_up",
+        "router's ids",
+    );
+    // post_attention_gate_up_slots: the lookup maps the router's 2 experts
+    // into the slot stack the routed gate_up reads, of as many slots.
     let (table, slot_ids, log) = (
         b.alloc(DType::U32, 2, "table").unwrap(),
         b.alloc(DType::U32, 1, "slot_ids").unwrap(),
