@@ -189,7 +189,8 @@ fn stream(addr: &std::net::SocketAddr, body: &str) -> turbospark::Result<(Vec<Du
     let t0 = Instant::now();
     c.write_all(req.as_bytes()).map_err(io)?;
     let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
-    let (mut stamps, mut text, mut seen) = (Vec::new(), String::new(), 0);
+    // (`done`: bytes of `raw` up to the last whole line read so far)
+    let (mut stamps, mut text, mut done) = (Vec::new(), String::new(), 0);
     loop {
         let n = c.read(&mut buf).map_err(io)?;
         if n == 0 {
@@ -197,12 +198,14 @@ fn stream(addr: &std::net::SocketAddr, body: &str) -> turbospark::Result<(Vec<Du
         }
         raw.extend_from_slice(&buf[..n]);
         let now = t0.elapsed();
+        let Some(end) = raw[done..].iter().rposition(|&b| b == b'\n') else {
+            continue;
+        };
         // (events are whole lines of the body; a chunk's size line never
         // starts with "data: ")
-        let s = String::from_utf8_lossy(&raw);
-        let lines: Vec<&str> = s.split('\n').collect();
-        let complete = lines.len() - 1;
-        for line in &lines[seen.min(complete)..complete] {
+        let fresh = String::from_utf8_lossy(&raw[done..done + end]).into_owned();
+        done += end + 1;
+        for line in fresh.split('\n') {
             let Some(event) = line.trim_end_matches('\r').strip_prefix("data: ") else {
                 continue;
             };
@@ -222,7 +225,6 @@ fn stream(addr: &std::net::SocketAddr, body: &str) -> turbospark::Result<(Vec<Du
             }
             text.push_str(delta);
         }
-        seen = complete;
     }
     let head = String::from_utf8_lossy(&raw[..raw.len().min(64)]).into_owned();
     if !head.starts_with("HTTP/1.1 200") {
