@@ -23,6 +23,8 @@ pub const GEMM_TILES: &str = turbospark::kernels::GEMM_TILES;
 /// The router's top-k and softmax over a token's logits, appended to the
 /// families that pick experts.
 pub const TOPK: &str = turbospark::kernels::TOPK;
+/// The routed and slotted gate_up pairs' bindings, ranking, routing writes
+/// and slot lookup, appended to the families that have those pairs.
 pub const ROUTED_PAIR: &str = turbospark::kernels::ROUTED_PAIR;
 /// RoPE's rotation of a pair (`turn_pair`) and its angle arithmetic,
 /// appended to the families that turn by RoPE (rope, and the attention_qkv

@@ -132,6 +132,7 @@ fn every_kernel_file_is_registered() {
             "reduce_subgroup",
             "gemm_tiles",
             "topk",
+            "routed_pair",
             "rope_angle",
             "attention_qkv",
             "f16_round",
