@@ -91,6 +91,26 @@ fn gemm_families_with_every_tile() {
     assert!(ran > 0, "no forced tile fits the device");
 }
 
+/// Small batches (2 to 16 rows of x) through the tiled GEMM's 16-row tile
+/// (`WgpuOptions::gemm_from_m`) rather than the streaming GEMVs: the matmul
+/// families' cases of 2, 3, 5 and 16 rows take it, every weight format
+/// among them (the 8 KiB tile where the device's workgroup memory is
+/// WebGPU's 16 KiB).
+#[test]
+fn small_batches_through_the_gemm() {
+    if common::wgpu_backend().is_none() {
+        return;
+    }
+    let opts = WgpuOptions {
+        gemm_from_m: Some(2),
+        ..Default::default()
+    };
+    for name in ["matmul", "matmul_quantized"] {
+        eprintln!("small batches through the GEMM: {name}");
+        family_on(name, &opts);
+    }
+}
+
 /// The same families on the tensor-core GEMM with tiles other than the
 /// defaults forced (backends/wgpu/src/ops/gemm_coop.rs: dense; narrow;
 /// grouped): the MoE tiles take one slice of k a step and the dense ones

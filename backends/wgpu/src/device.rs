@@ -69,6 +69,13 @@ pub struct WgpuOptions {
     /// profile). Defaults to the `TURBOSPARK_MAPPED_SLOTS` environment
     /// variable (`0` or `1`).
     pub mapped_slots: Option<bool>,
+    /// Rows of x (2 ..= 17) from which a matmul of at most 16 rows takes the
+    /// tiled GEMM (`kernels/gemm.wgsl`, one 16-row tile: each weight element
+    /// decoded once for every row) rather than the streaming GEMVs (which
+    /// decode a 4-bit unit once per row): `None` takes the
+    /// `TURBOSPARK_GEMM_FROM_M` environment variable, else 17 (the GEMVs up
+    /// to 16 rows).
+    pub gemm_from_m: Option<usize>,
 }
 
 /// An on/off option, else its environment variable (`0` or `1`; unset or
@@ -83,6 +90,31 @@ fn switch_or_env(opt: Option<bool>, var: &str) -> Result<Option<bool>> {
         Ok("1") => Ok(Some(true)),
         Ok(v) => Err(Error::InvalidInput(format!("{var}={v:?}: expected 0 or 1"))),
     }
+}
+
+/// [`WgpuOptions::gemm_from_m`], else `TURBOSPARK_GEMM_FROM_M`, else 17;
+/// past 2 ..= 17 an error naming the value.
+pub(crate) fn gemm_from_m(opt: Option<usize>) -> Result<usize> {
+    const VAR: &str = "TURBOSPARK_GEMM_FROM_M";
+    let (m, from) = match opt {
+        Some(m) => (m, "WgpuOptions::gemm_from_m".to_string()),
+        None => match std::env::var(VAR).as_deref() {
+            Err(_) | Ok("") => return Ok(crate::ops::PREFILL_MIN_M),
+            Ok(v) => (
+                v.parse().map_err(|_| {
+                    Error::InvalidInput(format!("{VAR}={v:?}: expected a row count, 2 to 17"))
+                })?,
+                VAR.to_string(),
+            ),
+        },
+    };
+    if !(2..=crate::ops::PREFILL_MIN_M).contains(&m) {
+        return Err(Error::InvalidInput(format!(
+            "{from} = {m}: the small-batch GEMM takes from 2 to {} rows of x",
+            crate::ops::PREFILL_MIN_M
+        )));
+    }
+    Ok(m)
 }
 
 /// What an adapter is, for listings (`turbospark info`).

@@ -49,6 +49,9 @@ pub(crate) struct Gpu {
     pub(crate) gemm_tiles: Overrides,
     /// The tensor-core GEMM's tiles (`WgpuOptions::coop_tiles`).
     pub(crate) coop_tiles: CoopTiles,
+    /// Rows of x from which a small matmul takes the tiled GEMM
+    /// (`WgpuOptions::gemm_from_m`).
+    pub(crate) gemm_from_m: usize,
 }
 
 impl Gpu {
@@ -65,6 +68,7 @@ impl Gpu {
             o.limits.max_compute_workgroup_storage_size,
             o.limits.max_compute_invocations_per_workgroup,
         )?;
+        let gemm_from_m = device::gemm_from_m(opts.gemm_from_m)?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         o.device
@@ -136,6 +140,7 @@ impl Gpu {
             reads: Mutex::default(),
             gemm_tiles,
             coop_tiles,
+            gemm_from_m,
         })
     }
 

@@ -37,7 +37,7 @@ struct Shapes {
     /// Ring capacity of a sliding layer's cache.
     ring: usize,
     contexts: [usize; 3],
-    ms: [usize; 2],
+    ms: &'static [usize],
     /// A prefill batch (the prefill GEMM's and attn_prefill's shapes).
     prefill: usize,
 }
@@ -54,7 +54,8 @@ const GEMMA4_26B_A4B: Shapes = Shapes {
     window: 1024,
     ring: 1039,
     contexts: [1024, 8192, 32768],
-    ms: [1, 16],
+    // (4: a speculative verify of 3 drafted tokens, a few streams at once)
+    ms: &[1, 4, 16],
     prefill: turbospark::model::DEFAULT_PREFILL_BATCH,
 };
 
@@ -71,7 +72,7 @@ const QUICK: Shapes = Shapes {
     window: 64,
     ring: 79,
     contexts: [64, 256, 512],
-    ms: [1, 4],
+    ms: &[1, 4],
     prefill: 24,
 };
 
@@ -189,7 +190,7 @@ fn plain_cases(quick: bool, kv: DType) -> Vec<Case> {
             w: BF16,
         })
     };
-    for &m in &s.ms {
+    for &m in s.ms {
         push(
             format!("rms_norm m={m}"),
             "norm",

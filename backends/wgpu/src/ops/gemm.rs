@@ -88,16 +88,37 @@ pub(crate) const GROUPED: Tile = Tile {
 /// [`GROUPED`] within WebGPU's 16 KB baseline: 8 of k per step.
 pub(crate) const GROUPED_SMALL: Tile = Tile { bk: 8, ..GROUPED };
 
+/// A matmul of at most 16 rows of x (`WgpuOptions::gemm_from_m`): one
+/// 16-row tile of 256 weight rows, every warp along the weight rows, so
+/// each weight element is read and decoded once for all the rows; 16 of k
+/// a step where the device's workgroup memory holds it (19.5 KB), else 8.
+pub(crate) const SMALL_M: Tile = Tile {
+    tm: 4,
+    tn4: 1,
+    wn: 8,
+    bk: 16,
+};
+
 /// The dense tile for an `m`-token batch over `rows` weight rows: [`DENSE`],
-/// or [`DENSE_NARROW`] where DENSE would make few workgroups.
+/// or [`DENSE_NARROW`] where DENSE would make few workgroups, or
+/// [`SMALL_M`] for a small batch.
 fn dense_tile(gpu: &Gpu, m: usize, rows: usize) -> Tile {
+    if let Some(t) = gpu.gemm_tiles.0 {
+        return t;
+    }
+    if m <= super::STREAM_MAX_M {
+        return if SMALL_M.fits(smem(gpu)) {
+            SMALL_M
+        } else {
+            Tile { bk: 8, ..SMALL_M }
+        };
+    }
     let groups = (m as u32).div_ceil(DENSE.bm()) * (rows as u32).div_ceil(DENSE.bn());
-    let default = if groups < NARROW_GROUPS {
+    if groups < NARROW_GROUPS {
         DENSE_NARROW
     } else {
         DENSE
-    };
-    gpu.gemm_tiles.0.unwrap_or(default)
+    }
 }
 
 /// The MoE tile: [`GROUPED`] where the device's workgroup memory holds it,
@@ -118,9 +139,18 @@ fn smem(gpu: &Gpu) -> u32 {
 
 /// Whether an `m`-row problem reducing over `k` takes the GEMM.
 pub(crate) fn fits(m: usize, k: usize, dtype: DType) -> bool {
-    m >= super::PREFILL_MIN_M
-        && k.is_multiple_of(8)
-        && matches!(dtype, DType::BF16 | DType::F16 | DType::Affine(_))
+    m >= super::PREFILL_MIN_M && takes_weight(k, dtype)
+}
+
+/// Whether a matmul of 2 ..= 16 rows takes the GEMM's [`SMALL_M`] tile
+/// (from `gpu.gemm_from_m` rows) rather than the streaming GEMVs.
+pub(crate) fn takes_small(gpu: &Gpu, m: usize, k: usize, dtype: DType) -> bool {
+    (gpu.gemm_from_m..=super::STREAM_MAX_M).contains(&m) && takes_weight(k, dtype)
+}
+
+/// Whether the kernel reads a weight of `dtype` reducing over `k`.
+fn takes_weight(k: usize, dtype: DType) -> bool {
+    k.is_multiple_of(8) && matches!(dtype, DType::BF16 | DType::F16 | DType::Affine(_))
 }
 
 /// `OUT = X W^T` per weight binding (a weight split across bindings is one

@@ -44,6 +44,9 @@ pub(crate) fn matmul(
     out: &WgpuBuffer,
     p: Matmul,
 ) -> Result<()> {
+    if super::gemm::takes_small(gpu, p.m, p.k, w.dtype) {
+        return super::gemm::dense(gpu, w, one(x), one(out), p);
+    }
     if super::affine::takes(w, p.m) {
         return super::affine::gemv(gpu, w, x, out, p);
     }
