@@ -184,7 +184,13 @@ fn profiled<B: ComputeBackend + Counters>(
     let run = f(model);
     let samples = model.backend().profile_stop();
     run?;
-    let p = kernel_profile(&samples, passes);
+    Ok(print_profile(label, &samples, passes))
+}
+
+/// The [`kernel_profile`] of `samples` over `passes` passes, each kernel's
+/// line printed under `label`.
+pub(super) fn print_profile(label: &str, samples: &[(&'static str, f64)], passes: usize) -> Value {
+    let p = kernel_profile(samples, passes);
     for e in p.as_array().into_iter().flatten() {
         eprintln!(
             "bench: {label} profile: {:>24} {:>6.1} dispatches {:>9.1} us",
@@ -193,7 +199,7 @@ fn profiled<B: ComputeBackend + Counters>(
             e["us_per_step"].as_f64().unwrap_or(0.0)
         );
     }
-    Ok(p)
+    p
 }
 
 /// GPU time per pass by kernel, largest first, from a profile of `passes`

@@ -2,7 +2,9 @@
 //! streams stepped together (`Model::decode_batch`, what `serve
 //! --parallel` runs) on a synthetic model. For each stream count: that many
 //! sequences, each with a random prompt of `--prompt-tokens` prefilled
-//! alone, then `--decode-tokens` batched greedy steps timed.
+//! alone, then `--decode-tokens` batched greedy steps timed, and, where
+//! the backend profiles dispatches, two more steps a pass a dispatch (GPU
+//! time per kernel a step; copies between passes are not in it).
 
 use std::time::Instant;
 
@@ -12,9 +14,14 @@ use turbospark::model::{Sampling, Sequence};
 use turbospark::rng::Rng;
 use turbospark::ComputeBackend;
 
+use super::e2e::Counters;
 use super::Args;
 
-pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark::Result<Value> {
+pub fn run<B: ComputeBackend + Counters>(
+    backend: B,
+    name: &str,
+    args: &Args,
+) -> turbospark::Result<Value> {
     if args.parallel.contains(&0) {
         return Err(turbospark::Error::InvalidInput(
             "--parallel: a stream count is at least 1".into(),
@@ -54,6 +61,14 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
             step(&mut last)?;
         }
         let secs = t.elapsed().as_secs_f64().max(1e-9);
+        let profile = if model.backend().profile_start() {
+            let ran = step(&mut last).and_then(|()| step(&mut last));
+            let samples = model.backend().profile_stop();
+            ran?;
+            super::e2e::print_profile(&format!("{n} streams, a step"), &samples, 2)
+        } else {
+            Value::Null
+        };
         let per_stream = steps as f64 / secs;
         eprintln!(
             "bench: {n} streams: {:.1} tok/s together, {per_stream:.1} tok/s a stream, \
@@ -67,6 +82,7 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
             "per_stream_tok_s": per_stream,
             "step_ms": secs * 1e3 / steps as f64,
             "passes_a_step": n.div_ceil(model.max_decode_batch()),
+            "profile": profile,
         }));
     }
     Ok(json!({
