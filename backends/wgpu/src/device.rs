@@ -92,31 +92,6 @@ fn switch_or_env(opt: Option<bool>, var: &str) -> Result<Option<bool>> {
     }
 }
 
-/// [`WgpuOptions::gemm_from_m`], else `TURBOSPARK_GEMM_FROM_M`, else 17;
-/// past 2 ..= 17 an error naming the value.
-pub(crate) fn gemm_from_m(opt: Option<usize>) -> Result<usize> {
-    const VAR: &str = "TURBOSPARK_GEMM_FROM_M";
-    let (m, from) = match opt {
-        Some(m) => (m, "WgpuOptions::gemm_from_m".to_string()),
-        None => match std::env::var(VAR).as_deref() {
-            Err(_) | Ok("") => return Ok(crate::ops::PREFILL_MIN_M),
-            Ok(v) => (
-                v.parse().map_err(|_| {
-                    Error::InvalidInput(format!("{VAR}={v:?}: expected a row count, 2 to 17"))
-                })?,
-                VAR.to_string(),
-            ),
-        },
-    };
-    if !(2..=crate::ops::PREFILL_MIN_M).contains(&m) {
-        return Err(Error::InvalidInput(format!(
-            "{from} = {m}: the small-batch GEMM takes from 2 to {} rows of x",
-            crate::ops::PREFILL_MIN_M
-        )));
-    }
-    Ok(m)
-}
-
 /// What an adapter is, for listings (`turbospark info`).
 #[derive(Clone, Debug)]
 pub struct AdapterSummary {

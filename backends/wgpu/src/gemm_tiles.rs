@@ -95,3 +95,33 @@ impl Overrides {
         Ok(Overrides(half("dense", d)?, half("grouped", g)?))
     }
 }
+
+/// Most rows of x the streaming kernels take (`ops::STREAM_MAX_M`, kept
+/// here, a leaf, so that the device context reads it without the launchers).
+pub(crate) const STREAM_MAX_M: usize = 16;
+
+/// `WgpuOptions::gemm_from_m`, else `TURBOSPARK_GEMM_FROM_M`, else one past
+/// [`STREAM_MAX_M`] (no small batch takes the GEMM); past 2 ..= 17 an error
+/// naming the value.
+pub(crate) fn gemm_from_m(opt: Option<usize>) -> Result<usize> {
+    const VAR: &str = "TURBOSPARK_GEMM_FROM_M";
+    let off = STREAM_MAX_M + 1;
+    let (m, from) = match opt {
+        Some(m) => (m, "WgpuOptions::gemm_from_m".to_string()),
+        None => match std::env::var(VAR).as_deref() {
+            Err(_) | Ok("") => return Ok(off),
+            Ok(v) => (
+                v.parse().map_err(|_| {
+                    Error::InvalidInput(format!("{VAR}={v:?}: expected a row count, 2 to {off}"))
+                })?,
+                VAR.to_string(),
+            ),
+        },
+    };
+    if !(2..=off).contains(&m) {
+        return Err(Error::InvalidInput(format!(
+            "{from} = {m}: the small-batch GEMM takes from 2 to {off} rows of x"
+        )));
+    }
+    Ok(m)
+}

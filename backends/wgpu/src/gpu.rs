@@ -68,7 +68,7 @@ impl Gpu {
             o.limits.max_compute_workgroup_storage_size,
             o.limits.max_compute_invocations_per_workgroup,
         )?;
-        let gemm_from_m = device::gemm_from_m(opts.gemm_from_m)?;
+        let gemm_from_m = crate::gemm_tiles::gemm_from_m(opts.gemm_from_m)?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         o.device

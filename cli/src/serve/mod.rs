@@ -289,11 +289,25 @@ where
         .build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))?;
     let addr = listener.local_addr()?;
-    runtime.spawn(async move { axum::serve(listener, router).await });
+    runtime.spawn(async move { axum::serve(no_delay(listener), router).await });
     Ok(Local {
         addr,
         runtime: Some(runtime),
         engine: Some(engine),
+    })
+}
+
+/// `listener` with Nagle's algorithm off on each connection, so that a
+/// streamed token's chunk leaves when written rather than waiting for the
+/// previous one's acknowledgement (which on a delayed-ack peer held a fast
+/// model's tokens back and sent them together).
+fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        // (a connection that refuses it still works, only later)
+        let _ = tcp.set_nodelay(true);
     })
 }
 
@@ -322,7 +336,7 @@ async fn listen(host: &str, port: u16, router: axum::Router, grace: Duration) ->
         let _ = stop.send(true);
     });
     let mut on_signal = stopping.clone();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+    let server = axum::serve(no_delay(listener), router).with_graceful_shutdown(async move {
         let _ = on_signal.wait_for(|s| *s).await;
     });
     let mut timer = stopping;

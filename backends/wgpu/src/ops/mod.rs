@@ -24,7 +24,7 @@ use crate::scratch::Scratch;
 /// all of them. From one more row a pass is a prefill batch for the kernels
 /// that have one (the tiled GEMM, attn_prefill). 16 was the seed's
 /// micro-batch; the crossover between the two was not measured.
-pub(crate) const STREAM_MAX_M: usize = 16;
+pub(crate) const STREAM_MAX_M: usize = crate::gemm_tiles::STREAM_MAX_M;
 /// Fewest rows of x (tokens) that take the prefill kernels.
 pub const PREFILL_MIN_M: usize = STREAM_MAX_M + 1;
 
