@@ -91,23 +91,26 @@ fn gemm_families_with_every_tile() {
     assert!(ran > 0, "no forced tile fits the device");
 }
 
-/// Small batches (2 to 16 rows of x) through the tiled GEMM's 16-row tile
-/// (`WgpuOptions::gemm_from_m`) rather than the streaming GEMVs: the matmul
-/// families' cases of 2, 3, 5 and 16 rows take it, every weight format
-/// among them (the 8 KiB tile where the device's workgroup memory is
-/// WebGPU's 16 KiB).
+/// Small batches (2 to 16 rows of x) all through the tiled GEMM's 16-row
+/// tile (`WgpuOptions::gemm_from_m` 2), then all through the streaming GEMVs
+/// (17): the default (9) splits the matmul families' cases of 2, 3, 5 and
+/// 16 rows between the two, so each path also runs the other's cases, every
+/// weight format among them (the GEMM's 8-of-k tile where the device's
+/// workgroup memory is WebGPU's 16 KiB).
 #[test]
-fn small_batches_through_the_gemm() {
+fn small_batches_through_the_gemm_and_the_gemvs() {
     if common::wgpu_backend().is_none() {
         return;
     }
-    let opts = WgpuOptions {
-        gemm_from_m: Some(2),
-        ..Default::default()
-    };
-    for name in ["matmul", "matmul_quantized"] {
-        eprintln!("small batches through the GEMM: {name}");
-        family_on(name, &opts);
+    for from in [2, 17] {
+        let opts = WgpuOptions {
+            gemm_from_m: Some(from),
+            ..Default::default()
+        };
+        for name in ["matmul", "matmul_quantized"] {
+            eprintln!("small batches, the GEMM from {from} rows: {name}");
+            family_on(name, &opts);
+        }
     }
 }
 

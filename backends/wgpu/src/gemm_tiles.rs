@@ -100,16 +100,25 @@ impl Overrides {
 /// here, a leaf, so that the device context reads it without the launchers).
 pub(crate) const STREAM_MAX_M: usize = 16;
 
-/// `WgpuOptions::gemm_from_m`, else `TURBOSPARK_GEMM_FROM_M`, else one past
-/// [`STREAM_MAX_M`] (no small batch takes the GEMM); past 2 ..= 17 an error
-/// naming the value.
+/// Rows of x from which a small matmul takes the GEMM by default: on the
+/// H100 (2026-12-07, 4b7afca) the streaming GEMVs were faster at 4 rows
+/// (4-bit q|k|v 41.0 against 46.8 us, the bf16 LM head 563 against
+/// 1020 us) and the GEMM at 16 (4-bit q|k|v 138.3 against 51.0 us, o_proj
+/// 206.2 against 62.3, dense down 75.1 against 23.0; the bf16 LM head 1.54
+/// against 1.03 ms); between them nothing was timed, and 9 keeps the GEMM
+/// to the batches nearer the one it won at (docs/decisions.md).
+pub(crate) const GEMM_FROM_M: usize = 9;
+
+/// `WgpuOptions::gemm_from_m`, else `TURBOSPARK_GEMM_FROM_M`, else
+/// [`GEMM_FROM_M`]; past 2 ..= 17 (17: no small batch takes the GEMM) an
+/// error naming the value.
 pub(crate) fn gemm_from_m(opt: Option<usize>) -> Result<usize> {
     const VAR: &str = "TURBOSPARK_GEMM_FROM_M";
     let off = STREAM_MAX_M + 1;
     let (m, from) = match opt {
         Some(m) => (m, "WgpuOptions::gemm_from_m".to_string()),
         None => match std::env::var(VAR).as_deref() {
-            Err(_) | Ok("") => return Ok(off),
+            Err(_) | Ok("") => return Ok(GEMM_FROM_M),
             Ok(v) => (
                 v.parse().map_err(|_| {
                     Error::InvalidInput(format!("{VAR}={v:?}: expected a row count, 2 to {off}"))
@@ -124,4 +133,20 @@ pub(crate) fn gemm_from_m(opt: Option<usize>) -> Result<usize> {
         )));
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The option's range: 2 rows to 17 (none), anything else named.
+    #[test]
+    fn gemm_from_m_takes_2_to_17_rows() {
+        assert_eq!(gemm_from_m(Some(2)).unwrap(), 2);
+        assert_eq!(gemm_from_m(Some(STREAM_MAX_M + 1)).unwrap(), 17);
+        for bad in [0, 1, 18] {
+            let e = gemm_from_m(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("gemm_from_m = ") && e.contains("2 to 17"), "{e}");
+        }
+    }
 }
