@@ -891,6 +891,42 @@ pub trait ComputeBackend {
         self.record_qkv_post_attention(raw, w_q, w_k, positions, q, k_cache, v_cache, out, qp, ap)
     }
 
+    /// [`qkv_post_attention`](Self::qkv_post_attention) of one row of an
+    /// m-row pass whose rows attend on caches of their own (a batched decode
+    /// step, a row a sequence): row `row` of `raw` ([m, raw_row]) in, row
+    /// `row` of `out` ([m, heads * head_dim]) written and no other, the
+    /// one-row `q`, `positions` and caches as the one-row op takes them.
+    /// `row_raw` and `row_out` are one-row scratch the op may use (the
+    /// default body copies the row through them; a backend that addresses
+    /// the row in place leaves them be). `qp` and `ap` describe one row.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_post_attention_row(
+        &self,
+        row: usize,
+        raw: &Self::Buffer,
+        w_q: &Self::Buffer,
+        w_k: &Self::Buffer,
+        positions: &Self::Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        out: &Self::Buffer,
+        scratch: (&Self::Buffer, &Self::Buffer),
+        qp: QkvPost,
+        ap: Attention,
+    ) -> Result<()> {
+        crate::ops::check_qkv_attention(&qp, &ap)?;
+        let rows = crate::ops::check_qkv_attention_row(row, &qp, (raw, out), scratch)?;
+        let qkv = qp.check(scratch.0, w_q, w_k, positions, q, k_cache, v_cache)?;
+        let attention = ap.validate(q, k_cache, v_cache, positions, scratch.1)?;
+        for args in [rows, qkv, attention] {
+            self.check_held(&args)?;
+        }
+        self.record_qkv_post_attention_row(
+            row, raw, w_q, w_k, positions, q, k_cache, v_cache, out, scratch, qp, ap,
+        )
+    }
+
     // ---- hooks: what a backend implements ----------------------------------
     //
     // Each `record_*` hook is its op's work on arguments that have passed
@@ -1271,4 +1307,61 @@ pub trait ComputeBackend {
         self.qkv_post(raw, w_q, w_k, positions, q, k_cache, v_cache, qp)?;
         self.attention(q, k_cache, v_cache, positions, out, ap)
     }
+
+    /// [`ComputeBackend::qkv_post_attention_row`] after its checks; by
+    /// default [`qkv_post_attention_row_by_copies`].
+    #[allow(clippy::too_many_arguments)]
+    fn record_qkv_post_attention_row(
+        &self,
+        row: usize,
+        raw: &Self::Buffer,
+        w_q: &Self::Buffer,
+        w_k: &Self::Buffer,
+        positions: &Self::Buffer,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        out: &Self::Buffer,
+        scratch: (&Self::Buffer, &Self::Buffer),
+        qp: QkvPost,
+        ap: Attention,
+    ) -> Result<()> {
+        qkv_post_attention_row_by_copies(
+            self, row, raw, w_q, w_k, positions, q, k_cache, v_cache, out, scratch, qp, ap,
+        )
+    }
+}
+
+/// [`ComputeBackend::qkv_post_attention_row`] of the one-row op: row `row`
+/// of `raw` copied into the scratch's first buffer, the one-row
+/// `qkv_post_attention` into its second, that copied into row `row` of
+/// `out`. The trait's default body, and a backend's where its own way does
+/// not take the shapes.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_post_attention_row_by_copies<B: ComputeBackend + ?Sized>(
+    be: &B,
+    row: usize,
+    raw: &B::Buffer,
+    w_q: &B::Buffer,
+    w_k: &B::Buffer,
+    positions: &B::Buffer,
+    q: &B::Buffer,
+    k_cache: &B::Buffer,
+    v_cache: &B::Buffer,
+    out: &B::Buffer,
+    (row_raw, row_out): (&B::Buffer, &B::Buffer),
+    qp: QkvPost,
+    ap: Attention,
+) -> Result<()> {
+    let (rr, hn) = (qp.raw_row(), qp.heads * qp.head_dim);
+    let copy = |src_offset, dst_offset, len| crate::ops::CopyRange {
+        src_offset,
+        dst_offset,
+        len,
+    };
+    be.copy_range(raw, row_raw, copy(row * rr, 0, rr))?;
+    be.qkv_post_attention(
+        row_raw, w_q, w_k, positions, q, k_cache, v_cache, row_out, qp, ap,
+    )?;
+    be.copy_range(row_out, out, copy(0, row * hn, hn))
 }

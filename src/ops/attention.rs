@@ -267,6 +267,45 @@ pub fn check_qkv_attention(qp: &QkvPost, ap: &Attention) -> Result<()> {
     Ok(())
 }
 
+/// `qkv_post_attention_row`'s own arguments, beside the one-row op's: row
+/// `row` of the m-row `raw` ([m, raw_row]) in, row `row` of `out` ([m,
+/// heads * head_dim]) written, through the one-row scratch `row_raw` and
+/// `row_out` (a backend that cannot address a row in place copies it
+/// there). The one-row op is `qp` and `ap`, both of one row; the rows'
+/// buffers by role.
+pub fn check_qkv_attention_row<'a, B: DeviceBuffer>(
+    row: usize,
+    qp: &QkvPost,
+    (raw, out): (&'a B, &'a B),
+    (row_raw, row_out): (&'a B, &'a B),
+) -> Result<Args<'a, B>> {
+    const OP: &str = "qkv_post_attention_row";
+    if qp.m != 1 {
+        return Err(Error::shape(
+            OP,
+            format!("the one-row op has m = {}, not 1", qp.m),
+        ));
+    }
+    let (rr, hn) = (qp.raw_row(), qp.heads * qp.head_dim);
+    let past = |n: usize| {
+        row.checked_add(1)
+            .and_then(|r| r.checked_mul(n))
+            .ok_or_else(|| Error::shape(OP, format!("row {row} overflows")))
+    };
+    check_buf(OP, "raw", raw, &F32, past(rr)?)?;
+    check_buf(OP, "out", out, &F32, past(hn)?)?;
+    check_buf(OP, "row_raw", row_raw, &F32, rr)?;
+    check_buf(OP, "row_out", row_out, &F32, hn)?;
+    no_alias_all(OP, &[Some(out), Some(row_raw), Some(row_out)], &[Some(raw)])?;
+    no_alias(OP, out, &[Some(row_raw), Some(row_out)])?;
+    no_alias(OP, row_raw, &[Some(row_out)])?;
+    Ok(Args::new(OP)
+        .plain("raw", raw)
+        .plain("row_raw", row_raw)
+        .plain("row_out", row_out)
+        .plain("out", out))
+}
+
 /// A layer's K and V caches: each one of [`CACHES`], both the same, each at
 /// least `need` elements.
 pub fn check_caches<B: DeviceBuffer>(op: &'static str, kc: &B, vc: &B, need: usize) -> Result<()> {

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::model::config::{LayerKind, LayerSpec, ModelConfig};
 use crate::model::scratch::AttentionScratch;
 use crate::model::weights::Loader;
-use crate::ops::{CopyRange, Matmul, QkvPost};
+use crate::ops::{Attention, Matmul, QkvPost};
 
 /// Where a pass's attention keeps its keys and values.
 pub(super) enum Kv<'a, B: ComputeBackend> {
@@ -18,8 +18,8 @@ pub(super) enum Kv<'a, B: ComputeBackend> {
     /// Row i is the next token of a sequence of its own (a batched decode
     /// step): `caches[i]` is that sequence's cache of this layer and
     /// `positions[i]` a one-element buffer holding its position; each row
-    /// is moved into the one-row scratch `row`, attends there and its
-    /// heads are moved back.
+    /// attends alone (`qkv_post_attention_row`), with the one-row scratch
+    /// `row` for a backend that moves a row out and back.
     Rows {
         caches: &'a [&'a KvCache<B>],
         positions: &'a [B::Buffer],
@@ -109,18 +109,26 @@ impl<B: ComputeBackend> AttentionBlock<B> {
             } => {
                 // One attention a row, each on its own sequence's cache at
                 // its own position: the rows' caches are apart, so no one
-                // launch reads them all (a row's q|k|v in and its heads out
-                // are two copies; the weights are still read once a pass).
-                let heads = nh * hd;
+                // launch reads them all (the weights are still read once a
+                // pass). Each reads its row of q|k|v and writes its row of
+                // the heads where the backend addresses rows in place, else
+                // through the one-row scratch.
                 for (i, (cache, at)) in caches.iter().zip(positions.iter()).enumerate() {
-                    let copy = |src_offset, dst_offset, len| CopyRange {
-                        src_offset,
-                        dst_offset,
-                        len,
-                    };
-                    be.copy_range(&s.qkv, &row.qkv, copy(i * qkv_rows, 0, qkv_rows))?;
-                    self.attend(p, 1, (&row.qkv, at, &row.q, &row.heads), cache)?;
-                    be.copy_range(&row.heads, &s.heads, copy(0, i * heads, heads))?;
+                    let (qp, ap) = self.op(p, 1, cache);
+                    be.qkv_post_attention_row(
+                        i,
+                        &s.qkv,
+                        &self.q_norm,
+                        &self.k_norm,
+                        at,
+                        &row.q,
+                        &cache.k,
+                        &cache.v,
+                        &s.heads,
+                        (&row.qkv, &row.heads),
+                        qp,
+                        ap,
+                    )?;
                 }
             }
         }
@@ -137,22 +145,15 @@ impl<B: ComputeBackend> AttentionBlock<B> {
         )
     }
 
-    /// `qkv_post_attention` of `m` rows of q|k|v in `qkv` at the positions
-    /// in `pos` on `cache`, the queries through `q`, the heads into `heads`.
-    fn attend(
-        &self,
-        p: &Pass<'_, B>,
-        m: usize,
-        (qkv, pos, q, heads): (&B::Buffer, &B::Buffer, &B::Buffer, &B::Buffer),
-        cache: &KvCache<B>,
-    ) -> Result<()> {
+    /// The one op this layer's attention is on `cache` for `m` rows:
+    /// qkv_post's and the attention's parameters.
+    fn op(&self, p: &Pass<'_, B>, m: usize, cache: &KvCache<B>) -> (QkvPost, Attention) {
         let (nh, spec) = (self.heads, &self.spec);
-        let hd = spec.head_dim;
         let qp = QkvPost {
             m,
             heads: nh,
             kv_heads: spec.kv_heads,
-            head_dim: hd,
+            head_dim: spec.head_dim,
             rot_pairs: spec.rot_pairs,
             theta: spec.rope_theta,
             eps: p.eps,
@@ -162,6 +163,19 @@ impl<B: ComputeBackend> AttentionBlock<B> {
         };
         // (q_norm and k_norm take the place of 1/sqrt(head_dim): scale 1)
         let ap = qp.attention(self.window, 1.0, p.precision);
+        (qp, ap)
+    }
+
+    /// `qkv_post_attention` of `m` rows of q|k|v in `qkv` at the positions
+    /// in `pos` on `cache`, the queries through `q`, the heads into `heads`.
+    fn attend(
+        &self,
+        p: &Pass<'_, B>,
+        m: usize,
+        (qkv, pos, q, heads): (&B::Buffer, &B::Buffer, &B::Buffer, &B::Buffer),
+        cache: &KvCache<B>,
+    ) -> Result<()> {
+        let (qp, ap) = self.op(p, m, cache);
         p.be.qkv_post_attention(
             qkv,
             &self.q_norm,
