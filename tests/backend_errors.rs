@@ -348,6 +348,26 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         "qkv_post_attention",
         "capacity 4, attention 5",
     );
+    // qkv_post_attention_row past the pass's rows (raw holds one row of
+    // 24), and with its output over its scratch: named, before any work.
+    let ap = qp.attention(0, 1.0, turbospark::Precision::Exact);
+    let (row_raw, row_out) = (
+        b.alloc(DType::F32, 24, "row_raw").unwrap(),
+        b.alloc(DType::F32, 16, "row_out").unwrap(),
+    );
+    let scratch = (&row_raw, &row_out);
+    shape_error(
+        b.qkv_post_attention_row(1, &raw, &w, &w, &pos, &q, &kc, &vc, &att, scratch, qp, ap),
+        "qkv_post_attention_row",
+        "`raw`",
+    );
+    shape_error(
+        b.qkv_post_attention_row(
+            0, &raw, &w, &w, &pos, &q, &kc, &vc, &row_out, scratch, qp, ap,
+        ),
+        "qkv_post_attention_row",
+        "aliases",
+    );
 }
 
 #[test]

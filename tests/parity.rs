@@ -390,6 +390,11 @@ fn qkv_post_attention() {
 }
 
 #[test]
+fn qkv_post_attention_row() {
+    family("qkv_post_attention_row");
+}
+
+#[test]
 fn moe_gate_up_pair() {
     family("moe_gate_up_pair");
 }
@@ -495,6 +500,10 @@ fn attention_without_tails() {
 #[test]
 fn qkv_post_attention_without_tails() {
     family_without_tails("qkv_post_attention");
+}
+#[test]
+fn qkv_post_attention_row_without_tails() {
+    family_without_tails("qkv_post_attention_row");
 }
 
 /// The tensor-core GEMM's per-row scale (kernels/gemm_coop.wgsl's

@@ -646,6 +646,37 @@ fn qkv_post_attention() -> Vec<Op> {
     ]
 }
 
+/// One row of a batched decode step on its own caches: the Gemma 4 layers'
+/// rows in a pass of several (the fused launch on the row in place), the
+/// first row of one, and shapes the fused launch does not take (head_dim
+/// not a multiple of 8, a context past its workgroups), which copy the row.
+fn qkv_post_attention_row() -> Vec<Op> {
+    let c = |(heads, kv_heads, head_dim), rot_pairs, capacity, v_from_k, window, pos0, w| {
+        case::QkvPostAttention {
+            p: qkv_post(
+                1,
+                (heads, kv_heads, head_dim),
+                rot_pairs,
+                capacity,
+                v_from_k,
+            ),
+            window,
+            pos0,
+            w,
+            kv: F32,
+            precision: crate::Precision::Exact,
+        }
+    };
+    let at = |c, row, rows| Op::QkvPostAttentionRow(case::QkvPostAttentionRow { c, row, rows });
+    vec![
+        at(c((16, 8, 256), 128, 1039, false, 1024, 30_000, BF16), 2, 3),
+        at(c((16, 2, 512), 64, 700, true, 0, 5, BF16), 1, 4),
+        at(c((8, 4, 64), 32, 300, false, 100, 777, F32), 0, 1),
+        at(c((4, 2, 12), 3, 40, true, 0, 30, BF16), 1, 2),
+        at(c((4, 2, 64), 16, 8192, false, 0, 8190, BF16), 1, 2),
+    ]
+}
+
 /// post_attention over `rows` x `dim` and the router on its residual.
 fn pa_router(rows: usize, dim: usize, (experts, top_k): (usize, usize)) -> (PostAttention, Router) {
     let p = PostAttention {
@@ -768,6 +799,7 @@ fn cases(full: bool) -> Vec<Op> {
         glue(),
         fused(),
         qkv_post_attention(),
+        qkv_post_attention_row(),
         post_attention_router(),
         post_attention_gate_up(full),
         post_attention_gate_up_slots(full),
@@ -794,7 +826,7 @@ mod tests {
 
     /// Every family `tests/parity.rs` runs by name: the ops, then those
     /// with quantized weights.
-    const FAMILIES: [&str; 37] = [
+    const FAMILIES: [&str; 38] = [
         "rms_norm",
         "matmul",
         "router",
@@ -821,6 +853,7 @@ mod tests {
         "post_ffn",
         "qkv_post",
         "qkv_post_attention",
+        "qkv_post_attention_row",
         "matmul_quantized",
         "router_quantized",
         "moe_gate_up_quantized",

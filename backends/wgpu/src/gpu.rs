@@ -422,6 +422,15 @@ impl Gpu {
 
     /// Record one dispatch into the current batch.
     pub(crate) fn launch(&self, l: Launch<'_>) -> Result<()> {
+        self.launch_ranged(l, &[])
+    }
+
+    /// [`Gpu::launch`] with some bindings over a byte range of their buffer
+    /// (`(binding, offset, size)`: the offset a multiple of the device's
+    /// `min_storage_buffer_offset_alignment`, the range inside the buffer;
+    /// the caller checks both), the rest over the whole buffer: a kernel
+    /// that reads or writes row 0 then reads or writes the range's row.
+    pub(crate) fn launch_ranged(&self, l: Launch<'_>, ranges: &[(u32, u64, u64)]) -> Result<()> {
         debug_assert!(l.params.len() as u64 <= PARAM_SLOT);
         let key = PipelineKey::new(
             l.kernel,
@@ -430,7 +439,9 @@ impl Gpu {
             l.buffers.iter().map(|(_, ro)| *ro),
         );
         let pipe = self.cache.get(&self.device, &self.params_layout, &key)?;
-        let bind = self.binds.get(&self.device, &pipe, l.entry, l.buffers);
+        let bind = self
+            .binds
+            .get(&self.device, &pipe, l.entry, l.buffers, ranges);
         let mut guard = self.batch.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
         if b.omitted.iter().any(|e| e == l.entry) {

@@ -600,10 +600,10 @@ impl Cache {
 /// 30-layer model uses under a thousand).
 const MAX_BIND_GROUPS: usize = 8192;
 
-/// Bind groups keyed by (pipeline address, buffers). `wgpu::Buffer` hashes
-/// and compares by identity, which its interior state never changes (hence
-/// the `mutable_key_type` allowances).
-type BindGroups = HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>;
+/// Bind groups keyed by (pipeline address, buffers, the bindings over a
+/// byte range). `wgpu::Buffer` hashes and compares by identity, which its
+/// interior state never changes (hence the `mutable_key_type` allowances).
+type BindGroups = HashMap<(usize, Vec<wgpu::Buffer>, Vec<(u32, u64, u64)>), wgpu::BindGroup>;
 
 /// Storage bind groups by (pipeline, buffers): creating one costs about
 /// 2.5 us of CPU in wgpu, and a decode step binds the same weights and
@@ -637,7 +637,7 @@ impl BindCache {
     fn forget_dropped(groups: &mut BindGroups, dropped: &crate::buffer::Reaper) {
         let dead = std::mem::take(&mut *dropped.lock().unwrap_or_else(|e| e.into_inner()));
         if !dead.is_empty() {
-            groups.retain(|(_, bufs), _| !bufs.iter().any(|b| dead.contains(b)));
+            groups.retain(|(_, bufs, _), _| !bufs.iter().any(|b| dead.contains(b)));
         }
     }
 
@@ -647,6 +647,7 @@ impl BindCache {
         pipe: &Arc<Pipeline>,
         label: &str,
         buffers: &[(&wgpu::Buffer, bool)],
+        ranges: &[(u32, u64, u64)],
     ) -> wgpu::BindGroup {
         let key = (
             Arc::as_ptr(pipe) as usize,
@@ -654,6 +655,7 @@ impl BindCache {
                 .iter()
                 .map(|(b, _)| (*b).clone())
                 .collect::<Vec<_>>(),
+            ranges.to_vec(),
         );
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         Self::forget_dropped(&mut groups, &self.dropped);
@@ -666,9 +668,19 @@ impl BindCache {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .enumerate()
-            .map(|(i, (b, _))| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
+            .map(|(i, (b, _))| {
+                let binding = i as u32;
+                let resource = match ranges.iter().find(|r| r.0 == binding) {
+                    Some(&(_, offset, size)) => {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: b,
+                            offset,
+                            size: wgpu::BufferSize::new(size),
+                        })
+                    }
+                    None => b.as_entire_binding(),
+                };
+                wgpu::BindGroupEntry { binding, resource }
             })
             .collect();
         let g = device.create_bind_group(&wgpu::BindGroupDescriptor {

@@ -753,6 +753,42 @@ impl ComputeBackend for WgpuBackend {
             (qp, ap),
         )
     }
+
+    fn record_qkv_post_attention_row(
+        &self,
+        row: usize,
+        raw: &WgpuBuffer,
+        w_q: &WgpuBuffer,
+        w_k: &WgpuBuffer,
+        positions: &WgpuBuffer,
+        q: &WgpuBuffer,
+        k_cache: &WgpuBuffer,
+        v_cache: &WgpuBuffer,
+        out: &WgpuBuffer,
+        scratch: (&WgpuBuffer, &WgpuBuffer),
+        qp: QkvPost,
+        ap: Attention,
+    ) -> Result<()> {
+        self.require_qkv_post(&qp, k_cache)?;
+        let caches = (k_cache, v_cache);
+        let gpu = &self.gpu;
+        if ops::attention::qkv_attention_row(
+            gpu,
+            row,
+            raw,
+            (w_q, w_k),
+            positions,
+            q,
+            caches,
+            out,
+            (qp, ap),
+        )? {
+            return Ok(());
+        }
+        turbospark::backend::qkv_post_attention_row_by_copies(
+            self, row, raw, w_q, w_k, positions, q, k_cache, v_cache, out, scratch, qp, ap,
+        )
+    }
 }
 
 #[cfg(test)]

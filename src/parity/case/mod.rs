@@ -32,7 +32,7 @@ pub use norm::RmsNorm;
 pub use post_attention::{PostAttention, PostAttentionGateUp, PostAttentionRouter};
 pub use post_attention_slots::PostAttentionGateUpSlots;
 pub use post_ffn::{MoeDownPairPostFfn, PostFfn};
-pub use qkv_post::{QkvPost, QkvPostAttention};
+pub use qkv_post::{QkvPost, QkvPostAttention, QkvPostAttentionRow};
 pub use rope::Rope;
 pub use rounding::{
     rounded_attention_nmse, AFFINE_F16_NMSE, AFFINE_SPLIT_NMSE, F16_INPUT_NMSE,
@@ -269,6 +269,7 @@ families!(
     PostFfn,
     QkvPost,
     QkvPostAttention,
+    QkvPostAttentionRow,
 );
 
 impl Op {
@@ -284,7 +285,11 @@ impl Op {
             Op::KvAppend(KvAppend { kv, .. })
             | Op::Attention(Attention { kv, .. })
             | Op::QkvPost(QkvPost { kv, .. })
-            | Op::QkvPostAttention(QkvPostAttention { kv, .. }) => *kv = dtype,
+            | Op::QkvPostAttention(QkvPostAttention { kv, .. })
+            | Op::QkvPostAttentionRow(QkvPostAttentionRow {
+                c: QkvPostAttention { kv, .. },
+                ..
+            }) => *kv = dtype,
             _ => {}
         }
         self
@@ -297,6 +302,7 @@ impl Op {
             Op::Matmul(c) => c.p.precision = precision,
             Op::Attention(c) => c.p.precision = precision,
             Op::QkvPostAttention(c) => c.precision = precision,
+            Op::QkvPostAttentionRow(r) => r.c.precision = precision,
             Op::MoeGateUp(MoeGateUp { p, .. }) | Op::MoeDown(MoeDown { p, .. }) => {
                 p.precision = precision
             }

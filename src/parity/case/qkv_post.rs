@@ -34,6 +34,18 @@ pub struct QkvPostAttention {
     pub precision: crate::Precision,
 }
 
+/// `qkv_post_attention_row`: `c`'s one-row case (its `p.m` 1) as row `row`
+/// of a pass of `rows` rows whose rows attend on caches of their own: the
+/// raw rows and the heads' rows of all `rows`, the other rows of the heads
+/// left as they were (an in-place output), through two one-row scratch
+/// buffers the op may use.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvPostAttentionRow {
+    pub c: QkvPostAttention,
+    pub row: usize,
+    pub rows: usize,
+}
+
 /// Both families' inputs: the raw rows, two norm weights, the positions
 /// and the two caches.
 fn qkv_inputs(
@@ -286,5 +298,90 @@ impl Case for QkvPostAttention {
         let p = &self.p;
         let q = (p.m * p.heads * p.head_dim) as u64 * 4;
         self.qkv_post().bytes(inputs) + self.attention().bytes(&[]) - q
+    }
+}
+
+impl Case for QkvPostAttentionRow {
+    fn op_name(&self) -> &'static str {
+        "qkv_post_attention_row"
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "{}(row={},rows={}) of {}",
+            self.family(),
+            self.row,
+            self.rows,
+            self.c.name()
+        )
+    }
+
+    fn kind(&self) -> OpKind {
+        self.c.kind()
+    }
+
+    /// The one-row op's (its arithmetic, in place or through the scratch).
+    fn limit(&self) -> f64 {
+        self.c.limit()
+    }
+
+    fn limit_on<B: ComputeBackend + ?Sized>(&self, device: &B) -> f64 {
+        self.c.limit_on(device)
+    }
+
+    /// The one-row op's inputs with `rows` raw rows, then the heads' rows
+    /// as they were and the two scratch rows (random: the op overwrites
+    /// what it uses of them).
+    fn inputs(&self, rng: &mut Rng) -> Vec<HostTensor> {
+        let p = &self.c.p;
+        let hn = p.heads * p.head_dim;
+        let mut v = self.c.inputs(rng);
+        v[0] = HostTensor::F32(rng.vec_normal(self.rows * p.raw_row(), 1.0));
+        v.push(HostTensor::F32(rng.vec_normal(self.rows * hn, 1.0)));
+        v.push(HostTensor::F32(rng.vec_normal(p.raw_row(), 1.0)));
+        v.push(HostTensor::F32(rng.vec_normal(hn, 1.0)));
+        v
+    }
+
+    fn outputs(&self) -> Vec<OutSpec> {
+        let p = &self.c.p;
+        let cache = p.capacity * p.kv_heads * p.head_dim;
+        let hn = p.heads * p.head_dim;
+        vec![
+            OutSpec::F32(hn),
+            OutSpec::InPlace(4, cache),
+            OutSpec::InPlace(5, cache),
+            OutSpec::InPlace(6, self.rows * hn),
+        ]
+    }
+
+    fn record<B: ComputeBackend>(&self, b: &B, i: &[B::Buffer], o: &[B::Buffer]) -> Result<()> {
+        let p = self.c.p;
+        b.qkv_post_attention_row(
+            self.row,
+            &i[0],
+            &i[1],
+            &i[2],
+            &i[3],
+            &o[0],
+            &i[4],
+            &i[5],
+            &i[6],
+            (&i[7], &i[8]),
+            p,
+            p.attention(self.c.window, 1.0, self.c.precision),
+        )
+    }
+
+    fn f16_stored(&self, j: usize) -> bool {
+        f16_cache(self.c.kv, j)
+    }
+
+    fn flops(&self) -> Option<u64> {
+        self.c.flops()
+    }
+
+    fn bytes(&self, inputs: &[HostTensor]) -> u64 {
+        self.c.bytes(inputs)
     }
 }

@@ -594,18 +594,32 @@ fn split_plan(gpu: &Gpu, p: &Attention) -> Result<SplitPlan> {
 /// `attn_combine`: the split phase's partials into `out` (nothing where the
 /// split phase's tail combined them).
 fn combine(gpu: &Gpu, split: &SplitPlan, out: &WgpuBuffer, p: &Attention) -> Result<()> {
+    combine_into(gpu, split, (out, None), p)
+}
+
+/// [`combine`] into `out`, or into its byte range `(offset, size)`.
+fn combine_into(
+    gpu: &Gpu,
+    split: &SplitPlan,
+    (out, range): (&WgpuBuffer, Option<(u64, u64)>),
+    p: &Attention,
+) -> Result<()> {
     if split.tail {
         return Ok(());
     }
     let nq = p.m * p.heads;
-    gpu.launch(Launch {
-        kernel: "attention",
-        entry: "attn_combine",
-        constants: &[],
-        params: bytemuck::bytes_of(&split.params),
-        buffers: &[(one(&split.part), true), (one(out), false)],
-        groups: gpu.grid((nq * (p.head_dim / 4).div_ceil(32)) as u32),
-    })
+    let ranges: Vec<_> = range.map(|(o, n)| (1, o, n)).into_iter().collect();
+    gpu.launch_ranged(
+        Launch {
+            kernel: "attention",
+            entry: "attn_combine",
+            constants: &[],
+            params: bytemuck::bytes_of(&split.params),
+            buffers: &[(one(&split.part), true), (one(out), false)],
+            groups: gpu.grid((nq * (p.head_dim / 4).div_ceil(32)) as u32),
+        },
+        &ranges,
+    )
 }
 
 /// Whether `attn_decode` takes the split phase: a kv head's query heads
@@ -692,13 +706,83 @@ pub(crate) fn qkv_attention(
         return attention(gpu, q, kc, vc, pos, out, p);
     }
     // (qkv_attention_fits: the plan is attn_decode's)
-    let mut split = split_plan(gpu, &p)?;
+    let split = split_plan(gpu, &p)?;
     // Past the fused launch's workgroups (a long context), the two ops,
     // over the plan made here.
     if split.groups > FUSED_MAX_GROUPS {
         qkv_post(gpu, raw, w_q, w_k, pos, q, kc, vc, qp)?;
         return split_phase(gpu, (q, kc, vc, pos), out, &p, &split);
     }
+    fused(
+        gpu,
+        (raw, w_q, w_k, pos, q, kc, vc, out),
+        (qp, p),
+        split,
+        None,
+    )
+}
+
+/// `qkv_post_attention_row` in one launch (and attn_combine where the
+/// launch has no tail): [`qkv_attention`]'s fused launch with `raw` and
+/// `out` bound over row `row` (a byte range each), so the row is read and
+/// written in place. False, having recorded nothing, where that launch does
+/// not take the one-row op or a row's offset is not one the device binds
+/// at (its `min_storage_buffer_offset_alignment`): the caller copies the
+/// row instead.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qkv_attention_row(
+    gpu: &Gpu,
+    row: usize,
+    raw: &WgpuBuffer,
+    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
+    pos: &WgpuBuffer,
+    q: &WgpuBuffer,
+    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
+    out: &WgpuBuffer,
+    (qp, p): (QkvPost, Attention),
+) -> Result<bool> {
+    let align = u64::from(gpu.limits.min_storage_buffer_offset_alignment.max(1));
+    let raw_bytes = (qp.raw_row() * 4) as u64;
+    let out_bytes = (p.heads * p.head_dim * 4) as u64;
+    let (raw_at, out_at) = (row as u64 * raw_bytes, row as u64 * out_bytes);
+    if !qkv_attention_fits(gpu, &p) || raw_at % align != 0 || out_at % align != 0 {
+        return Ok(false);
+    }
+    let split = split_plan(gpu, &p)?;
+    if split.groups > FUSED_MAX_GROUPS {
+        return Ok(false);
+    }
+    let rows = Some(((raw_at, raw_bytes), (out_at, out_bytes)));
+    fused(
+        gpu,
+        (raw, w_q, w_k, pos, q, kc, vc, out),
+        (qp, p),
+        split,
+        rows,
+    )?;
+    Ok(true)
+}
+
+/// The fused decode launch of [`qkv_attention`] and its combine, on the
+/// whole of `raw` and `out`, or (`rows`) on the byte ranges of one row of
+/// each: `((raw offset, size), (out offset, size))`.
+#[allow(clippy::type_complexity)]
+fn fused(
+    gpu: &Gpu,
+    (raw, w_q, w_k, pos, q, kc, vc, out): (
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+        &WgpuBuffer,
+    ),
+    (qp, p): (QkvPost, Attention),
+    mut split: SplitPlan,
+    rows: Option<((u64, u64), (u64, u64))>,
+) -> Result<()> {
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
     let freq = freq_table(gpu, qp.theta, qp.head_dim, qp.rot_pairs)?;
@@ -706,40 +790,49 @@ pub(crate) fn qkv_attention(
     split.params.rot_pairs = qp.rot_pairs as u32;
     split.params.eps = qp.eps;
     split.params.v_from_k = qp.v_from_k as u32;
-    gpu.launch(Launch {
-        // (the build with writable caches, kernels::VARIANTS)
-        kernel: for_caches("attention_qkv", kc.dtype),
-        entry: "attn_decode_qkv",
-        constants: &[
-            ("GD", group as i64),
-            ("D4", d4 as i64),
-            // (the queries are built in workgroup memory)
-            ("DQN", (group * d4) as i64),
-            ("WQD", wdtype_code(w_q.dtype) as i64),
-            ("WKD", wdtype_code(w_k.dtype) as i64),
-            ("PIPE", split.pipe as i64),
-            ("SGW", decode_sgw(gpu) as i64),
-            ("TAIL", split.tail as i64),
-        ],
-        params: bytemuck::bytes_of(&split.params),
-        buffers: &[
-            // (Q: attn_decode's query binding, not read here)
-            (one(raw), true),
-            (one(kc), false),
-            (one(vc), false),
-            (one(pos), true),
-            (one(&split.part), false),
-            (one(out), false),
-            (one(&counters), false),
-            (one(raw), true),
-            (one(w_q), true),
-            (one(w_k), true),
-            (one(&freq), true),
-            (one(q), false),
-        ],
-        groups: gpu.grid(split.groups as u32),
-    })?;
-    combine(gpu, &split, out, &p)
+    // (the raw row at binding 7, the heads at 5: the tail writes them)
+    let ranges: Vec<(u32, u64, u64)> = rows
+        .map(|((ro, rn), (oo, on))| [(7, ro, rn), (5, oo, on)])
+        .into_iter()
+        .flatten()
+        .collect();
+    gpu.launch_ranged(
+        Launch {
+            // (the build with writable caches, kernels::VARIANTS)
+            kernel: for_caches("attention_qkv", kc.dtype),
+            entry: "attn_decode_qkv",
+            constants: &[
+                ("GD", group as i64),
+                ("D4", d4 as i64),
+                // (the queries are built in workgroup memory)
+                ("DQN", (group * d4) as i64),
+                ("WQD", wdtype_code(w_q.dtype) as i64),
+                ("WKD", wdtype_code(w_k.dtype) as i64),
+                ("PIPE", split.pipe as i64),
+                ("SGW", decode_sgw(gpu) as i64),
+                ("TAIL", split.tail as i64),
+            ],
+            params: bytemuck::bytes_of(&split.params),
+            buffers: &[
+                // (Q: attn_decode's query binding, not read here)
+                (one(raw), true),
+                (one(kc), false),
+                (one(vc), false),
+                (one(pos), true),
+                (one(&split.part), false),
+                (one(out), false),
+                (one(&counters), false),
+                (one(raw), true),
+                (one(w_q), true),
+                (one(w_k), true),
+                (one(&freq), true),
+                (one(q), false),
+            ],
+            groups: gpu.grid(split.groups as u32),
+        },
+        &ranges,
+    )?;
+    combine_into(gpu, &split, (out, rows.map(|r| r.1)), &p)
 }
 
 #[cfg(test)]
