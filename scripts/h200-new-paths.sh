@@ -14,7 +14,11 @@
 #      trace, 128 slots (every expert hits) against resident;
 #   5. bench --serve, q4g64: one stream through generate's path and through
 #      the server on the same loaded model;
-#   and, named in STEPS only, spec-bf16: bench --speculative with bf16 weights.
+#   and, named in STEPS only, spec-bf16: bench --speculative with bf16 weights;
+#   f32units: q4 and bf16 end to end on the f32 units (TURBOSPARK_TENSOR_CORES=0),
+#   the path an Apple GPU without matrix units takes; small: the dense
+#   projections and LM head at 4, 8 and 16 rows through the streaming GEMVs
+#   (TURBOSPARK_GEMM_FROM_M=17) and through the small-batch GEMM (=2).
 # STEPS picks some of them (default "split spec parallel stream serve").
 set -uo pipefail
 
@@ -65,8 +69,29 @@ for s in ${STEPS:-split spec parallel stream serve}; do
             --json "$OUT/serve-q4.json" >"$OUT/serve-q4.log" 2>&1
         step "serve: exit $?; $(grep -E '^(generate|serve):' "$OUT/serve-q4.log" | tr '\n' '|')"
         ;;
+    f32units)
+        for w in q4 bf16; do
+            quant=()
+            [ "$w" != bf16 ] && quant=(--quant "$w")
+            TURBOSPARK_TENSOR_CORES=0 timeout 120 "$BIN" bench --backend wgpu "${quant[@]}" \
+                --filter "no such case" --synthetic gemma-4-26b-a4b --decode-tokens 16 --ablation-pairs 0 \
+                --json "$OUT/f32units-$w.json" >"$OUT/f32units-$w.log" 2>&1
+            step "f32 units $w: exit $?; $(grep -E '^end to end' "$OUT/f32units-$w.log" | cut -c1-200)"
+        done
+        ;;
+    small)
+        f=""
+        for m in 4 8 16; do
+            f="$f,q|k|v sliding m=$m q4g64\$,o_proj full m=$m q4g64\$,dense down m=$m q4g64\$,lm_head m=$m q4g64\$,lm_head m=$m\$"
+        done
+        for from in 17 2; do
+            TURBOSPARK_GEMM_FROM_M=$from timeout 150 "$BIN" bench --backend wgpu --quant q4 --filter "${f#,}" \
+                --gpu-seconds 0.2 --json "$OUT/small-from-$from.json" >"$OUT/small-from-$from.log" 2>&1
+            step "small batches, the GEMM from $from rows: exit $?"
+        done
+        ;;
     *)
-        echo "unknown step $s (split, spec, spec-bf16, parallel, stream, serve)" >&2
+        echo "unknown step $s (split, spec, spec-bf16, parallel, stream, serve, f32units, small)" >&2
         exit 2
         ;;
     esac

@@ -54,8 +54,9 @@ const GEMMA4_26B_A4B: Shapes = Shapes {
     window: 1024,
     ring: 1039,
     contexts: [1024, 8192, 32768],
-    // (4: a speculative verify of 3 drafted tokens, a few streams at once)
-    ms: &[1, 4, 16],
+    // (4: a speculative verify of 3 drafted tokens, a few streams at once;
+    // 8: between the GEMVs' and the small-batch GEMM's measured wins)
+    ms: &[1, 4, 8, 16],
     prefill: turbospark::model::DEFAULT_PREFILL_BATCH,
 };
 
