@@ -4,13 +4,18 @@
 //! sequences, each with a random prompt of `--prompt-tokens` prefilled
 //! alone, then `--decode-tokens` batched greedy steps timed, and, where
 //! the backend profiles dispatches, two more steps a pass a dispatch (GPU
-//! time per kernel a step; copies between passes are not in it).
+//! time per kernel a step; copies between passes are not in it). First, the
+//! baseline the streams are weighed against: one stream alone through
+//! `generate`'s pipelined decode (a step recorded before the previous one's
+//! token is read back, as `serve` runs a request that is alone), after a
+//! second of it to bring the GPU to its clocks.
 
-use std::time::Instant;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use turbospark::model::sampling::Sampler;
-use turbospark::model::{Sampling, Sequence};
+use turbospark::model::{GenerateOptions, Sampling, Sequence};
 use turbospark::rng::Rng;
 use turbospark::ComputeBackend;
 
@@ -35,6 +40,9 @@ pub fn run<B: ComputeBackend + Counters>(
         super::e2e::load_model(backend, name, args, prompt_len + steps + 4, "parallel")?;
     let mut rng = Rng::new(args.seed);
     let vocab = cfg.vocab as u64;
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
+    let alone = lone_stream(&model, &prompt, steps)?;
+    eprintln!("bench: one stream alone (generate's pipelined decode): {alone:.1} tok/s");
     let mut results = Vec::new();
     for &n in &args.parallel {
         let mut seqs: Vec<Sequence<B>> = Vec::with_capacity(n);
@@ -71,14 +79,16 @@ pub fn run<B: ComputeBackend + Counters>(
         };
         let per_stream = steps as f64 / secs;
         eprintln!(
-            "bench: {n} streams: {:.1} tok/s together, {per_stream:.1} tok/s a stream, \
-             {:.3} ms a step",
+            "bench: {n} streams: {:.1} tok/s together ({:.2}x one alone), {per_stream:.1} tok/s \
+             a stream, {:.3} ms a step",
             n as f64 * per_stream,
+            n as f64 * per_stream / alone.max(1e-9),
             secs * 1e3 / steps as f64
         );
         results.push(json!({
             "streams": n,
             "aggregate_tok_s": n as f64 * per_stream,
+            "over_one_alone": n as f64 * per_stream / alone.max(1e-9),
             "per_stream_tok_s": per_stream,
             "step_ms": secs * 1e3 / steps as f64,
             "passes_a_step": n.div_ceil(model.max_decode_batch()),
@@ -91,6 +101,40 @@ pub fn run<B: ComputeBackend + Counters>(
         "prompt_tokens": prompt_len,
         "decode_tokens": steps,
         "max_decode_batch": model.max_decode_batch(),
+        "one_alone_tok_s": alone,
         "parallel": results,
     }))
+}
+
+/// Decode tok/s of one stream alone through `generate`'s pipelined path:
+/// `steps` greedy tokens after `prompt` on a fresh sequence, repeated until
+/// a second has passed (the GPU then at its clocks), the last run timed
+/// from its first token to its last.
+fn lone_stream<B: ComputeBackend>(
+    model: &turbospark::model::Model<B>,
+    prompt: &[u32],
+    steps: usize,
+) -> turbospark::Result<f64> {
+    let opts = GenerateOptions {
+        max_new_tokens: steps + 1,
+        sampling: Sampling::Greedy,
+        stop_at_eos: false,
+    };
+    let start = Instant::now();
+    loop {
+        let mut seq = model.new_sequence()?;
+        let mut stamps = Vec::with_capacity(steps + 1);
+        let t0 = Instant::now();
+        model.generate_streaming(&mut seq, prompt, &opts, |_| {
+            stamps.push(t0.elapsed());
+            ControlFlow::Continue(())
+        })?;
+        if start.elapsed() >= Duration::from_secs(1) {
+            let span = match (stamps.first(), stamps.last()) {
+                (Some(a), Some(b)) => (*b - *a).as_secs_f64(),
+                _ => 0.0,
+            };
+            return Ok((stamps.len().saturating_sub(1)) as f64 / span.max(1e-9));
+        }
+    }
 }
