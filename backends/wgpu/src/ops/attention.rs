@@ -54,6 +54,20 @@ pub(crate) fn qkv_post(
     vc: &WgpuBuffer,
     p: QkvPost,
 ) -> Result<()> {
+    qkv_post_from(gpu, (raw, None), (w_q, w_k), pos, q, (kc, vc), p)
+}
+
+/// [`qkv_post`] reading `raw`, or (`Some((offset, size))`) that byte range
+/// of it as its rows.
+fn qkv_post_from(
+    gpu: &Gpu,
+    (raw, range): (&WgpuBuffer, Option<(u64, u64)>),
+    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
+    pos: &WgpuBuffer,
+    q: &WgpuBuffer,
+    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
+    p: QkvPost,
+) -> Result<()> {
     let freq = freq_table(gpu, p.theta, p.head_dim, p.rot_pairs)?;
     let params = QkvParams {
         m: p.m as u32,
@@ -67,30 +81,34 @@ pub(crate) fn qkv_post(
     };
     let items = p.m * (p.heads + 2 * p.kv_heads);
     let warps = items >= QKV_WARPS_MIN_ITEMS;
-    gpu.launch(Launch {
-        kernel: for_caches("rope", kc.dtype),
-        entry: if warps { "qkv_post_warps" } else { "qkv_post" },
-        constants: &[
-            ("WQD", wdtype_code(w_q.dtype) as i64),
-            ("WKD", wdtype_code(w_k.dtype) as i64),
-        ],
-        params: bytemuck::bytes_of(&params),
-        buffers: &[
-            (one(raw), true),
-            (one(w_q), true),
-            (one(w_k), true),
-            (one(pos), true),
-            (one(&freq), true),
-            (one(q), false),
-            (one(kc), false),
-            (one(vc), false),
-        ],
-        groups: gpu.grid(if warps {
-            items.div_ceil(QKV_WARPS)
-        } else {
-            items
-        } as u32),
-    })
+    let ranges: Vec<_> = range.map(|(o, n)| (0, o, n)).into_iter().collect();
+    gpu.launch_ranged(
+        Launch {
+            kernel: for_caches("rope", kc.dtype),
+            entry: if warps { "qkv_post_warps" } else { "qkv_post" },
+            constants: &[
+                ("WQD", wdtype_code(w_q.dtype) as i64),
+                ("WKD", wdtype_code(w_k.dtype) as i64),
+            ],
+            params: bytemuck::bytes_of(&params),
+            buffers: &[
+                (one(raw), true),
+                (one(w_q), true),
+                (one(w_k), true),
+                (one(pos), true),
+                (one(&freq), true),
+                (one(q), false),
+                (one(kc), false),
+                (one(vc), false),
+            ],
+            groups: gpu.grid(if warps {
+                items.div_ceil(QKV_WARPS)
+            } else {
+                items
+            } as u32),
+        },
+        &ranges,
+    )
 }
 
 /// Items (tokens x head slots) from which qkv_post takes a warp per item.
@@ -452,6 +470,18 @@ fn split_phase(
     p: &Attention,
     split: &SplitPlan,
 ) -> Result<()> {
+    split_phase_into(gpu, kv, (out, None), p, split)
+}
+
+/// [`split_phase`] writing `out`, or (`Some((offset, size))`) that byte
+/// range of it as its rows.
+fn split_phase_into(
+    gpu: &Gpu,
+    kv: (&WgpuBuffer, &WgpuBuffer, &WgpuBuffer, &WgpuBuffer),
+    (out, range): (&WgpuBuffer, Option<(u64, u64)>),
+    p: &Attention,
+    split: &SplitPlan,
+) -> Result<()> {
     let d4 = p.head_dim / 4;
     let group = p.heads / p.kv_heads;
     let (entry, constants) = if split.decode {
@@ -489,27 +519,32 @@ fn split_phase(
             &split.part,
             split.groups,
         )?;
-        return combine(gpu, split, out, p);
+        return combine(gpu, split, (out, range), p);
     }
     let (q, kc, vc, pos) = kv;
     let counters = super::tail_counters(gpu)?;
-    gpu.launch(Launch {
-        kernel: for_caches("attention", kc.dtype),
-        entry,
-        constants,
-        params: bytemuck::bytes_of(&split.params),
-        buffers: &[
-            (one(q), true),
-            (one(kc), true),
-            (one(vc), true),
-            (one(pos), true),
-            (one(&split.part), false),
-            (one(out), false),
-            (one(&counters), false),
-        ],
-        groups: gpu.grid(split.groups as u32),
-    })?;
-    combine(gpu, split, out, p)
+    // (the tail writes the rows at binding 5)
+    let ranges: Vec<_> = range.map(|(o, n)| (5, o, n)).into_iter().collect();
+    gpu.launch_ranged(
+        Launch {
+            kernel: for_caches("attention", kc.dtype),
+            entry,
+            constants,
+            params: bytemuck::bytes_of(&split.params),
+            buffers: &[
+                (one(q), true),
+                (one(kc), true),
+                (one(vc), true),
+                (one(pos), true),
+                (one(&split.part), false),
+                (one(out), false),
+                (one(&counters), false),
+            ],
+            groups: gpu.grid(split.groups as u32),
+        },
+        &ranges,
+    )?;
+    combine(gpu, split, (out, range), p)
 }
 
 /// A split phase's plan: its kernel (attn_decode where `decode`, else
@@ -591,14 +626,10 @@ fn split_plan(gpu: &Gpu, p: &Attention) -> Result<SplitPlan> {
     })
 }
 
-/// `attn_combine`: the split phase's partials into `out` (nothing where the
-/// split phase's tail combined them).
-fn combine(gpu: &Gpu, split: &SplitPlan, out: &WgpuBuffer, p: &Attention) -> Result<()> {
-    combine_into(gpu, split, (out, None), p)
-}
-
-/// [`combine`] into `out`, or into its byte range `(offset, size)`.
-fn combine_into(
+/// `attn_combine`: the split phase's partials into `out`, or into its byte
+/// range `(offset, size)` (nothing where the split phase's tail combined
+/// them).
+fn combine(
     gpu: &Gpu,
     split: &SplitPlan,
     (out, range): (&WgpuBuffer, Option<(u64, u64)>),
@@ -722,13 +753,13 @@ pub(crate) fn qkv_attention(
     )
 }
 
-/// `qkv_post_attention_row` in one launch (and attn_combine where the
-/// launch has no tail): [`qkv_attention`]'s fused launch with `raw` and
-/// `out` bound over row `row` (a byte range each), so the row is read and
-/// written in place. False, having recorded nothing, where that launch does
-/// not take the one-row op or a row's offset is not one the device binds
-/// at (its `min_storage_buffer_offset_alignment`): the caller copies the
-/// row instead.
+/// `qkv_post_attention_row` with `raw` and `out` bound over row `row` (a
+/// byte range each), so the row is read and written in place: as
+/// [`qkv_attention`] records one row, the fused launch (and attn_combine
+/// where it has no tail), or qkv_post then attention's split phase. False,
+/// having recorded nothing, where a row's offset is not one the device
+/// binds at (its `min_storage_buffer_offset_alignment`) or the attention
+/// would not take its split phase: the caller copies the row instead.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qkv_attention_row(
     gpu: &Gpu,
@@ -745,21 +776,29 @@ pub(crate) fn qkv_attention_row(
     let raw_bytes = (qp.raw_row() * 4) as u64;
     let out_bytes = (p.heads * p.head_dim * 4) as u64;
     let (raw_at, out_at) = (row as u64 * raw_bytes, row as u64 * out_bytes);
-    if !qkv_attention_fits(gpu, &p) || raw_at % align != 0 || out_at % align != 0 {
+    if raw_at % align != 0 || out_at % align != 0 || !p.head_dim.is_multiple_of(4) {
         return Ok(false);
     }
+    let (raw_row, out_row) = ((raw_at, raw_bytes), (out_at, out_bytes));
+    // (one row is never a prefill batch: the fused launch, or qkv_post and
+    // attention's split phase)
     let split = split_plan(gpu, &p)?;
-    if split.groups > FUSED_MAX_GROUPS {
+    if qkv_attention_fits(gpu, &p) && split.groups <= FUSED_MAX_GROUPS {
+        let rows = Some((raw_row, out_row));
+        fused(
+            gpu,
+            (raw, w_q, w_k, pos, q, kc, vc, out),
+            (qp, p),
+            split,
+            rows,
+        )?;
+        return Ok(true);
+    }
+    if super::attention_coop::takes(gpu, &p) {
         return Ok(false);
     }
-    let rows = Some(((raw_at, raw_bytes), (out_at, out_bytes)));
-    fused(
-        gpu,
-        (raw, w_q, w_k, pos, q, kc, vc, out),
-        (qp, p),
-        split,
-        rows,
-    )?;
+    qkv_post_from(gpu, (raw, Some(raw_row)), (w_q, w_k), pos, q, (kc, vc), qp)?;
+    split_phase_into(gpu, (q, kc, vc, pos), (out, Some(out_row)), &p, &split)?;
     Ok(true)
 }
 
@@ -832,7 +871,7 @@ fn fused(
         },
         &ranges,
     )?;
-    combine_into(gpu, &split, (out, rows.map(|r| r.1)), &p)
+    combine(gpu, &split, (out, rows.map(|r| r.1)), &p)
 }
 
 #[cfg(test)]
