@@ -357,3 +357,53 @@ fn wgpu_batched_decode_of_a_fixture() {
     };
     together_as_alone(&fixture(be, "tiny-text"), false);
 }
+
+/// A batched step's rows attend in place on the wgpu backend
+/// (`qkv_post_attention_row` binding each row of q|k|v and of the heads)
+/// wherever the device binds at the row's offsets: such a row records no
+/// buffer copy, where the row copied in and out made two a layer. The
+/// count expected is from the device's offset alignment and the layers'
+/// row sizes, so it holds under any limits profile.
+#[test]
+fn wgpu_batched_rows_attend_without_copies() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    let m = fixture(be, "tiny-text");
+    let cfg = m.config().clone();
+    let align = m
+        .backend()
+        .wgpu_limits()
+        .min_storage_buffer_offset_alignment as usize;
+    let n = 3;
+    let mut seqs: Vec<Sequence<_>> = (0..n).map(|_| m.new_sequence().unwrap()).collect();
+    let mut samplers: Vec<Sampler> = (0..n)
+        .map(|_| Sampler::new(&Sampling::Greedy).unwrap())
+        .collect();
+    let last: Vec<u32> = seqs
+        .iter_mut()
+        .zip(samplers.iter_mut())
+        .enumerate()
+        .map(|(i, (s, p))| {
+            m.prefill_next(s, &prompt(5 + i, i, cfg.vocab), p, 4)
+                .unwrap()
+        })
+        .collect();
+    let copies_of = |row: usize| -> u64 {
+        let copied = cfg.layers.iter().filter(|l| {
+            let (raw, heads) = (l.qkv_rows(cfg.heads) * 4, cfg.heads * l.head_dim * 4);
+            (row * raw) % align != 0 || (row * heads) % align != 0
+        });
+        2 * copied.count() as u64
+    };
+    let want: u64 = (0..n).map(copies_of).sum();
+    let before = m.backend().copies();
+    let mut s: Vec<&mut Sequence<_>> = seqs.iter_mut().collect();
+    let mut p: Vec<&mut Sampler> = samplers.iter_mut().collect();
+    m.decode_batch(&mut s, &last, &mut p).unwrap();
+    assert_eq!(
+        m.backend().copies() - before,
+        want,
+        "copies in a batched step of {n} rows (offset alignment {align})"
+    );
+}

@@ -30,8 +30,10 @@ pub(crate) struct Batch {
     pub pass: Option<wgpu::ComputePass<'static>>,
     pub encoder: Option<wgpu::CommandEncoder>,
     pub params: Vec<u8>,
-    /// Dispatches recorded and submits made since the backend opened.
+    /// Dispatches recorded, buffer copies recorded (each ends the pass it
+    /// follows) and submits made since the backend opened.
     pub dispatches: u64,
+    pub copies: u64,
     pub submits: u64,
     /// Set while `WgpuBackend::time_ops` runs: each sample's dispatches get
     /// a pass of their own with timestamps at its boundaries.
@@ -76,6 +78,7 @@ impl Batch {
                 })
         });
         enc.copy_buffer_to_buffer(s, from, d, to, bytes);
+        self.copies += 1;
     }
 
     /// End the pass, let `extra` record after it (a readback copy), and

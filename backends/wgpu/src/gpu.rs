@@ -516,6 +516,11 @@ impl Gpu {
         (b.dispatches, b.submits)
     }
 
+    /// Buffer copies recorded into batches so far.
+    pub(crate) fn copies(&self) -> u64 {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner()).copies
+    }
+
     /// Start copying `buf` back (`op` names the caller in errors).
     pub(crate) fn begin_read(&self, buf: &WgpuBuffer, op: &'static str) -> Result<ReadTicket> {
         let size = buf

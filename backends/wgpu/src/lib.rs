@@ -108,6 +108,12 @@ impl WgpuBackend {
     pub fn counters(&self) -> (u64, u64) {
         self.gpu.counters()
     }
+
+    /// Buffer copies recorded so far (`copy_range`, `copy_buffer`: each ends
+    /// a compute pass), for tests that check a path records none.
+    pub fn copies(&self) -> u64 {
+        self.gpu.copies()
+    }
 }
 
 impl WgpuBackend {
