@@ -916,7 +916,13 @@ pub trait ComputeBackend {
         ap: Attention,
     ) -> Result<()> {
         crate::ops::check_qkv_attention(&qp, &ap)?;
-        let rows = crate::ops::check_qkv_attention_row(row, &qp, (raw, out), scratch)?;
+        let rows = crate::ops::check_qkv_attention_row(
+            row,
+            &qp,
+            (raw, out),
+            scratch,
+            ([w_q, w_k, positions], [q, k_cache, v_cache]),
+        )?;
         let qkv = qp.check(scratch.0, w_q, w_k, positions, q, k_cache, v_cache)?;
         let attention = ap.validate(q, k_cache, v_cache, positions, scratch.1)?;
         for args in [rows, qkv, attention] {

@@ -349,7 +349,8 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         "capacity 4, attention 5",
     );
     // qkv_post_attention_row past the pass's rows (raw holds one row of
-    // 24), and with its output over its scratch: named, before any work.
+    // 24), with its output over its scratch, and over its queries: named,
+    // before any work.
     let ap = qp.attention(0, 1.0, turbospark::Precision::Exact);
     let (row_raw, row_out) = (
         b.alloc(DType::F32, 24, "row_raw").unwrap(),
@@ -365,6 +366,11 @@ fn bad_calls<B: ComputeBackend>(b: &B) {
         b.qkv_post_attention_row(
             0, &raw, &w, &w, &pos, &q, &kc, &vc, &row_out, scratch, qp, ap,
         ),
+        "qkv_post_attention_row",
+        "aliases",
+    );
+    shape_error(
+        b.qkv_post_attention_row(0, &raw, &w, &w, &pos, &q, &kc, &vc, &q, scratch, qp, ap),
         "qkv_post_attention_row",
         "aliases",
     );

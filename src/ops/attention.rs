@@ -271,13 +271,16 @@ pub fn check_qkv_attention(qp: &QkvPost, ap: &Attention) -> Result<()> {
 /// `row` of the m-row `raw` ([m, raw_row]) in, row `row` of `out` ([m,
 /// heads * head_dim]) written, through the one-row scratch `row_raw` and
 /// `row_out` (a backend that cannot address a row in place copies it
-/// there). The one-row op is `qp` and `ap`, both of one row; the rows'
+/// there). The one-row op is `qp` and `ap`, both of one row; `ins` its
+/// other inputs (w_q, w_k, positions) and `outs` its other outputs (q and
+/// the caches), none of which the rows' buffers may alias. The rows'
 /// buffers by role.
 pub fn check_qkv_attention_row<'a, B: DeviceBuffer>(
     row: usize,
     qp: &QkvPost,
     (raw, out): (&'a B, &'a B),
     (row_raw, row_out): (&'a B, &'a B),
+    (ins, outs): ([&B; 3], [&B; 3]),
 ) -> Result<Args<'a, B>> {
     const OP: &str = "qkv_post_attention_row";
     if qp.m != 1 {
@@ -296,9 +299,13 @@ pub fn check_qkv_attention_row<'a, B: DeviceBuffer>(
     check_buf(OP, "out", out, &F32, past(hn)?)?;
     check_buf(OP, "row_raw", row_raw, &F32, rr)?;
     check_buf(OP, "row_out", row_out, &F32, hn)?;
-    no_alias_all(OP, &[Some(out), Some(row_raw), Some(row_out)], &[Some(raw)])?;
-    no_alias(OP, out, &[Some(row_raw), Some(row_out)])?;
-    no_alias(OP, row_raw, &[Some(row_out)])?;
+    let [w_q, w_k, pos] = ins;
+    let [q, kc, vc] = outs;
+    no_alias_all(
+        OP,
+        &[q, kc, vc, out, row_raw, row_out].map(Some),
+        &[raw, w_q, w_k, pos].map(Some),
+    )?;
     Ok(Args::new(OP)
         .plain("raw", raw)
         .plain("row_raw", row_raw)
