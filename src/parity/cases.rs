@@ -599,20 +599,13 @@ fn qkv_post(
 /// micro-batch).
 fn qkv_post_attention() -> Vec<Op> {
     let c = |m, heads, kv_heads, head_dim, rot_pairs, capacity, v_from_k, window, pos0, w| {
-        Op::QkvPostAttention(case::QkvPostAttention {
-            p: qkv_post(
-                m,
-                (heads, kv_heads, head_dim),
-                rot_pairs,
-                capacity,
-                v_from_k,
-            ),
-            window,
-            pos0,
+        Op::QkvPostAttention(qkv_attention_case(
+            m,
+            (heads, kv_heads, head_dim),
+            (rot_pairs, capacity, v_from_k),
+            (window, pos0),
             w,
-            kv: F32,
-            precision: crate::Precision::Exact,
-        })
+        ))
     };
     vec![
         c(1, 16, 8, 256, 128, 1039, false, 1024, 30_000, BF16),
@@ -646,26 +639,34 @@ fn qkv_post_attention() -> Vec<Op> {
     ]
 }
 
+/// A qkv_post_attention case of `m` rows: its heads (query, kv, dim), its
+/// RoPE pairs, cache and V source, its window and first position, f32
+/// caches, exact precision.
+fn qkv_attention_case(
+    m: usize,
+    shape: (usize, usize, usize),
+    (rot_pairs, capacity, v_from_k): (usize, usize, bool),
+    (window, pos0): (usize, usize),
+    w: crate::DType,
+) -> case::QkvPostAttention {
+    case::QkvPostAttention {
+        p: qkv_post(m, shape, rot_pairs, capacity, v_from_k),
+        window,
+        pos0,
+        w,
+        kv: F32,
+        precision: crate::Precision::Exact,
+    }
+}
+
 /// One row of a batched decode step on its own caches: the Gemma 4 layers'
 /// rows in a pass of several (the fused launch on the row in place), the
 /// first row of one, and shapes the fused launch does not take (head_dim
-/// not a multiple of 8, a context past its workgroups), which copy the row.
+/// not a multiple of 8, a context past its workgroups), which take
+/// qkv_post and the split phase, the row still in place.
 fn qkv_post_attention_row() -> Vec<Op> {
-    let c = |(heads, kv_heads, head_dim), rot_pairs, capacity, v_from_k, window, pos0, w| {
-        case::QkvPostAttention {
-            p: qkv_post(
-                1,
-                (heads, kv_heads, head_dim),
-                rot_pairs,
-                capacity,
-                v_from_k,
-            ),
-            window,
-            pos0,
-            w,
-            kv: F32,
-            precision: crate::Precision::Exact,
-        }
+    let c = |shape, rot_pairs, capacity, v_from_k, window, pos0, w| {
+        qkv_attention_case(1, shape, (rot_pairs, capacity, v_from_k), (window, pos0), w)
     };
     let at = |c, row, rows| Op::QkvPostAttentionRow(case::QkvPostAttentionRow { c, row, rows });
     vec![
