@@ -24,6 +24,10 @@ pub fn not_run() -> Value {
 /// Counts dispatches and submits, and profiles a step, where the backend can.
 pub trait Counters {
     fn counters(&self) -> Option<(u64, u64)>;
+    /// Buffer copies recorded so far, where the backend counts them.
+    fn copies(&self) -> Option<u64> {
+        None
+    }
     /// Start a per-dispatch GPU profile; false where there is none.
     fn profile_start(&self) -> bool {
         false
@@ -50,6 +54,9 @@ pub trait Counters {
 impl Counters for WgpuBackend {
     fn counters(&self) -> Option<(u64, u64)> {
         Some(WgpuBackend::counters(self))
+    }
+    fn copies(&self) -> Option<u64> {
+        Some(WgpuBackend::copies(self))
     }
     fn profile_start(&self) -> bool {
         WgpuBackend::profile_start(self).unwrap_or(false)

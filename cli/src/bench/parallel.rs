@@ -64,11 +64,17 @@ pub fn run<B: ComputeBackend + Counters>(
         };
         // (one step untimed: the first allocates the batch's scratch)
         step(&mut last)?;
+        let be = model.backend();
+        let (c0, k0) = (be.counters(), be.copies());
         let t = Instant::now();
         for _ in 0..steps {
             step(&mut last)?;
         }
         let secs = t.elapsed().as_secs_f64().max(1e-9);
+        // Dispatches and buffer copies a step, where the backend counts them.
+        let per_step = |n: u64| n as f64 / steps as f64;
+        let dispatches = be.counters().zip(c0).map(|(a, b)| per_step(a.0 - b.0));
+        let copies = be.copies().zip(k0).map(|(a, b)| per_step(a - b));
         let profile = if model.backend().profile_start() {
             let ran = step(&mut last).and_then(|()| step(&mut last));
             let samples = model.backend().profile_stop();
@@ -78,9 +84,13 @@ pub fn run<B: ComputeBackend + Counters>(
             Value::Null
         };
         let per_stream = steps as f64 / secs;
+        let counted = match (dispatches, copies) {
+            (Some(d), Some(c)) => format!(", {d:.0} dispatches and {c:.0} copies a step"),
+            _ => String::new(),
+        };
         eprintln!(
             "bench: {n} streams: {:.1} tok/s together ({:.2}x one alone), {per_stream:.1} tok/s \
-             a stream, {:.3} ms a step",
+             a stream, {:.3} ms a step{counted}",
             n as f64 * per_stream,
             n as f64 * per_stream / alone.max(1e-9),
             secs * 1e3 / steps as f64
@@ -92,6 +102,8 @@ pub fn run<B: ComputeBackend + Counters>(
             "per_stream_tok_s": per_stream,
             "step_ms": secs * 1e3 / steps as f64,
             "passes_a_step": n.div_ceil(model.max_decode_batch()),
+            "dispatches_a_step": dispatches,
+            "copies_a_step": copies,
             "profile": profile,
         }));
     }
