@@ -746,7 +746,12 @@ pub(crate) fn qkv_attention(
     }
     fused(
         gpu,
-        (raw, w_q, w_k, pos, q, kc, vc, out),
+        raw,
+        (w_q, w_k),
+        pos,
+        q,
+        (kc, vc),
+        out,
         (qp, p),
         split,
         None,
@@ -782,20 +787,25 @@ pub(crate) fn qkv_attention_row(
     let (raw_row, out_row) = ((raw_at, raw_bytes), (out_at, out_bytes));
     // (one row is never a prefill batch: the fused launch, or qkv_post and
     // attention's split phase)
+    if super::attention_coop::takes(gpu, &p) {
+        return Ok(false);
+    }
     let split = split_plan(gpu, &p)?;
     if qkv_attention_fits(gpu, &p) && split.groups <= FUSED_MAX_GROUPS {
         let rows = Some((raw_row, out_row));
         fused(
             gpu,
-            (raw, w_q, w_k, pos, q, kc, vc, out),
+            raw,
+            (w_q, w_k),
+            pos,
+            q,
+            (kc, vc),
+            out,
             (qp, p),
             split,
             rows,
         )?;
         return Ok(true);
-    }
-    if super::attention_coop::takes(gpu, &p) {
-        return Ok(false);
     }
     qkv_post_from(gpu, (raw, Some(raw_row)), (w_q, w_k), pos, q, (kc, vc), qp)?;
     split_phase_into(gpu, (q, kc, vc, pos), (out, Some(out_row)), &p, &split)?;
@@ -805,19 +815,15 @@ pub(crate) fn qkv_attention_row(
 /// The fused decode launch of [`qkv_attention`] and its combine, on the
 /// whole of `raw` and `out`, or (`rows`) on the byte ranges of one row of
 /// each: `((raw offset, size), (out offset, size))`.
-#[allow(clippy::type_complexity)]
+#[allow(clippy::too_many_arguments)]
 fn fused(
     gpu: &Gpu,
-    (raw, w_q, w_k, pos, q, kc, vc, out): (
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-        &WgpuBuffer,
-    ),
+    raw: &WgpuBuffer,
+    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
+    pos: &WgpuBuffer,
+    q: &WgpuBuffer,
+    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
+    out: &WgpuBuffer,
     (qp, p): (QkvPost, Attention),
     mut split: SplitPlan,
     rows: Option<((u64, u64), (u64, u64))>,
