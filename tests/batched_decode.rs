@@ -128,15 +128,26 @@ struct Stream<B: ComputeBackend> {
     n: usize,
 }
 
+/// How `together` steps its streams.
+#[derive(Clone, Copy, PartialEq)]
+enum Step {
+    /// `decode_batch`: tokens.
+    Tokens,
+    /// `decode_batch_logits`: rows (greedy only).
+    Logits,
+    /// `decode_batch_ahead`: tokens, the next step run ahead.
+    Ahead,
+}
+
 /// Runs `streams` (prompt, tokens, seed, the step it joins at): each
 /// prefills alone when it joins, then steps batched with the others
-/// active until it has its tokens and leaves. Each step is one
-/// `decode_batch` (tokens) or `decode_batch_logits` (rows, greedy only).
+/// active until it has its tokens and leaves, each step as `how` says.
 fn together<B: ComputeBackend>(
     m: &Model<B>,
     streams: &[Plan],
-    logits: bool,
+    how: Step,
 ) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let mut ahead = m.batch_ahead().unwrap();
     let mut all: Vec<Stream<B>> = streams
         .iter()
         .map(|(_, n, seed, joins)| Stream {
@@ -186,15 +197,19 @@ fn together<B: ComputeBackend>(
             samplers.push(sampler);
             outs.push((tokens, rows));
         }
-        if logits {
+        if how == Step::Logits {
             let got = m.decode_batch_logits(&mut seqs, &last).unwrap();
             for ((tokens, rows), row) in outs.into_iter().zip(got) {
                 tokens.push(turbospark::model::sampling::argmax(&row));
                 rows.push(row);
             }
         } else {
-            let got = m.decode_batch(&mut seqs, &last, &mut samplers).unwrap();
-            for ((tokens, _), t) in outs.into_iter().zip(got) {
+            let got = if how == Step::Ahead {
+                m.decode_batch_ahead(&mut ahead, &mut seqs, &last, &mut samplers)
+            } else {
+                m.decode_batch(&mut seqs, &last, &mut samplers)
+            };
+            for ((tokens, _), t) in outs.into_iter().zip(got.unwrap()) {
                 tokens.push(t);
             }
         }
@@ -257,12 +272,19 @@ fn together_as_alone<B: ComputeBackend>(m: &Model<B>, bits: bool) {
             .iter()
             .map(|(pr, n, seed, _)| alone(m, pr, *n, *seed))
             .collect();
-        let got = together(m, plan, false);
-        for (i, ((g, _), (w, _))) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g, w, "plan {k}, stream {i}: tokens");
+        for how in [Step::Tokens, Step::Ahead] {
+            let got = together(m, plan, how);
+            for (i, ((g, _), (w, _))) in got.iter().zip(&want).enumerate() {
+                let ahead = if how == Step::Ahead {
+                    " (run ahead)"
+                } else {
+                    ""
+                };
+                assert_eq!(g, w, "plan {k}, stream {i}: tokens{ahead}");
+            }
         }
         if plan.iter().all(|s| s.2.is_none()) {
-            let got = together(m, plan, true);
+            let got = together(m, plan, Step::Logits);
             for (i, ((gt, gr), (wt, wr))) in got.iter().zip(&want).enumerate() {
                 assert_eq!(gt, wt, "plan {k}, stream {i}: tokens from the rows");
                 same_rows(gr, wr, bits, &format!("plan {k}, stream {i}"));
@@ -312,6 +334,140 @@ fn refusals<B: ComputeBackend>(m: &Model<B>, other: &Model<B>) {
     assert!(e.contains("empty prompt"), "{e}");
 }
 
+/// Two copies of the same sequences, one stepped by `decode_batch`, the
+/// other by `decode_batch_ahead`, through everything a caller may do
+/// between steps (a token other than the one given, readbacks enough to
+/// make the backend let go of the step's, a truncation, a row leaving and
+/// one joining, a sampled row, a prefill): each step's tokens
+/// the same, and the sequences the same after (tokens, and the next
+/// token's logits, bit for bit on the CPU reference, else to
+/// [`SAME_PATH_NMSE`]), so the step run ahead is dropped wherever it is not
+/// the one asked for. Then: a state made for another model is refused.
+fn ahead_as_unpipelined<B: ComputeBackend>(m: &Model<B>, other: &Model<B>, bits: bool) {
+    let vocab = m.config().vocab;
+    let mut ahead = m.batch_ahead().unwrap();
+    // (world 0: decode_batch; world 1: decode_batch_ahead)
+    let mut worlds: Vec<Vec<Sequence<B>>> = Vec::new();
+    let mut lasts: Vec<Vec<u32>> = Vec::new();
+    for _ in 0..2 {
+        let mut seqs = Vec::new();
+        let mut last = Vec::new();
+        for i in 0..4 {
+            let mut s = m.new_sequence().unwrap();
+            let mut g = Sampler::new(&Sampling::Greedy).unwrap();
+            last.push(
+                m.prefill_next(&mut s, &prompt(4 + i, i, vocab), &mut g, 30)
+                    .unwrap(),
+            );
+            seqs.push(s);
+        }
+        worlds.push(seqs);
+        lasts.push(last);
+    }
+    // (rows stepped, a seed for a sampled row 0, and what happens first)
+    #[derive(Clone, Copy)]
+    enum Before {
+        Nothing,
+        ForceToken,
+        Truncate,
+        Prefill,
+        /// More readbacks begun than a backend keeps in flight (wgpu: 4),
+        /// never finished.
+        Reads,
+    }
+    let script: [(&[usize], Option<u64>, Before); 10] = [
+        (&[0, 1, 2], None, Before::Nothing),
+        (&[0, 1, 2], None, Before::Nothing),
+        (&[0, 1, 2], None, Before::ForceToken),
+        (&[0, 1, 2], None, Before::Reads),
+        (&[0, 1, 2], None, Before::Truncate),
+        (&[0, 2], None, Before::Nothing),
+        (&[0, 2, 3], None, Before::Nothing),
+        (&[0, 2, 3], Some(5), Before::Nothing),
+        (&[0, 2, 3], None, Before::Prefill),
+        (&[3], None, Before::Nothing),
+    ];
+    for (k, &(rows, seed, before)) in script.iter().enumerate() {
+        let mut got = Vec::new();
+        for (w, (seqs, last)) in worlds.iter_mut().zip(lasts.iter_mut()).enumerate() {
+            match before {
+                Before::Nothing => {}
+                Before::ForceToken => last[rows[0]] = (last[rows[0]] + 1) % vocab as u32,
+                Before::Truncate => {
+                    let s = &mut seqs[rows[1]];
+                    let p = s.position() - 2;
+                    last[rows[1]] = s.tokens()[p];
+                    m.truncate(s, p).unwrap();
+                }
+                Before::Reads => {
+                    let be = m.backend();
+                    let buf = be.alloc(turbospark::DType::U32, 4, "reads").unwrap();
+                    for _ in 0..6 {
+                        be.begin_read_u32(&buf).unwrap();
+                    }
+                }
+                Before::Prefill => {
+                    let s = &mut seqs[rows[1]];
+                    m.prefill(s, &[last[rows[1]], 7]).unwrap();
+                    last[rows[1]] = 9;
+                }
+            }
+            let mut samplers: Vec<Sampler> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, _)| Sampler::new(&sampling(seed.filter(|_| i == 0))).unwrap())
+                .collect();
+            let tokens: Vec<u32> = rows.iter().map(|&r| last[r]).collect();
+            let mut picked: Vec<&mut Sequence<B>> = seqs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| rows.contains(i))
+                .map(|(_, s)| s)
+                .collect();
+            let mut p: Vec<&mut Sampler> = samplers.iter_mut().collect();
+            let ids = if w == 0 {
+                m.decode_batch(&mut picked, &tokens, &mut p)
+            } else {
+                m.decode_batch_ahead(&mut ahead, &mut picked, &tokens, &mut p)
+            }
+            .unwrap();
+            for (&r, &t) in rows.iter().zip(&ids) {
+                last[r] = t;
+            }
+            got.push(ids);
+        }
+        assert_eq!(got[0], got[1], "step {k}: tokens run ahead against not");
+    }
+    // (steps 1 and 3 find theirs run ahead, 3's readback let go by the
+    // backend; 2, 4, 5, 6, 7 and 9 drop theirs; 7, sampled, runs none
+    // ahead, so 8 has none to find)
+    assert_eq!(ahead.counts(), (2, 6), "steps run ahead: (used, dropped)");
+    let [plain, ahead_run] = &mut worlds[..] else {
+        unreachable!()
+    };
+    for (i, (a, b)) in plain.iter_mut().zip(ahead_run.iter_mut()).enumerate() {
+        assert_eq!(a.tokens(), b.tokens(), "sequence {i}: tokens");
+        assert_eq!(a.position(), b.position(), "sequence {i}: position");
+        let t = lasts[0][i];
+        let (ra, rb) = (m.logits(a, &[t]).unwrap(), m.logits(b, &[t]).unwrap());
+        same_rows(
+            &rb,
+            &ra,
+            bits,
+            &format!("sequence {i}: the next token's logits"),
+        );
+    }
+    let mut s = m.new_sequence().unwrap();
+    let mut g = Sampler::new(&Sampling::Greedy).unwrap();
+    let t = m.prefill_next(&mut s, &[1, 2], &mut g, 4).unwrap();
+    let mut theirs = other.batch_ahead().unwrap();
+    let e = m
+        .decode_batch_ahead(&mut theirs, &mut [&mut s], &[t], &mut [&mut g])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another model"), "{e}");
+}
+
 #[test]
 fn cpu_batched_decode_equals_each_alone() {
     together_as_alone(&synthetic(CpuBackend::new()), true);
@@ -335,6 +491,26 @@ fn wgpu_batched_decode_with_streamed_experts() {
         return;
     };
     together_as_alone(&streamed(be), false);
+}
+
+#[test]
+fn cpu_batched_steps_run_ahead_as_not() {
+    ahead_as_unpipelined(
+        &synthetic(CpuBackend::new()),
+        &synthetic(CpuBackend::new()),
+        true,
+    );
+}
+
+#[test]
+fn wgpu_batched_steps_run_ahead_as_not() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    let Some(other) = common::wgpu_backend() else {
+        return;
+    };
+    ahead_as_unpipelined(&synthetic(be), &synthetic(other), false);
 }
 
 #[test]

@@ -57,6 +57,7 @@ use crate::ops::{Embed, Matmul, OpKind};
 
 mod attention;
 mod batch;
+mod batch_ahead;
 mod feed_forward;
 mod generate;
 mod layer;
@@ -66,6 +67,7 @@ mod pass;
 mod sequence;
 mod shared_state;
 use attention::Kv;
+pub use batch_ahead::BatchAhead;
 pub use generate::{GenerateOptions, Generation};
 use layer::Layer;
 pub use one_sequence::OneSequence;
@@ -543,6 +545,7 @@ impl<B: ComputeBackend> Model<B> {
             None
         };
         let misses = seq.stream.counts.misses;
+        seq.written = seq.written.max(seq.pos + m);
         let input = chain.map_or(&s.residual, |c| &c[0]);
         self.record_embedding(&p, input, ids)?;
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];

@@ -37,8 +37,8 @@ pub mod weights;
 pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, LayerSpec, ModelConfig};
 pub use decoder::{
-    GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sequence, DEFAULT_PREFILL_BATCH,
-    LOGITS_BATCH, MAX_PREFILL_BATCH,
+    BatchAhead, GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sequence,
+    DEFAULT_PREFILL_BATCH, LOGITS_BATCH, MAX_PREFILL_BATCH,
 };
 pub use layer_state::LayerHostState;
 pub use sampling::Sampling;

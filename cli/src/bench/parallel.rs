@@ -1,8 +1,11 @@
 //! `bench --parallel 1,4,16`: aggregate decode throughput of several
-//! streams stepped together (`Model::decode_batch`, what `serve
+//! streams stepped together (`Model::decode_batch_ahead`, what `serve
 //! --parallel` runs) on a synthetic model. For each stream count: that many
 //! sequences, each with a random prompt of `--prompt-tokens` prefilled
-//! alone, then `--decode-tokens` batched greedy steps timed, and, where
+//! alone, then `--decode-tokens` batched greedy steps timed, each recorded
+//! while the device runs the one before, then as many again through
+//! `Model::decode_batch` (each step recorded, run and read back before the
+//! next: what running ahead saves), and, where
 //! the backend profiles dispatches, two more steps a pass a dispatch (GPU
 //! time per kernel a step; copies between passes are not in it). First, the
 //! baseline the streams are weighed against: one stream alone through
@@ -37,7 +40,7 @@ pub fn run<B: ComputeBackend + Counters>(
     // (a warm-up step, the first token and two profiled steps besides the
     // timed ones)
     let (cfg, model) =
-        super::e2e::load_model(backend, name, args, prompt_len + steps + 4, "parallel")?;
+        super::e2e::load_model(backend, name, args, prompt_len + 2 * steps + 6, "parallel")?;
     let mut rng = Rng::new(args.seed);
     let vocab = cfg.vocab as u64;
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
@@ -52,31 +55,46 @@ pub fn run<B: ComputeBackend + Counters>(
             let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
             let mut seq = model.new_sequence()?;
             let mut sampler = Sampler::new(&Sampling::Greedy)?;
-            last.push(model.prefill_next(&mut seq, &prompt, &mut sampler, steps + 4)?);
+            last.push(model.prefill_next(&mut seq, &prompt, &mut sampler, 2 * steps + 6)?);
             seqs.push(seq);
             samplers.push(sampler);
         }
-        let mut step = |last: &mut Vec<u32>| -> turbospark::Result<()> {
+        let mut ahead = model.batch_ahead()?;
+        let mut step = |last: &mut Vec<u32>, run_ahead: bool| -> turbospark::Result<()> {
             let mut s: Vec<&mut Sequence<B>> = seqs.iter_mut().collect();
             let mut p: Vec<&mut Sampler> = samplers.iter_mut().collect();
-            *last = model.decode_batch(&mut s, last, &mut p)?;
+            *last = if run_ahead {
+                model.decode_batch_ahead(&mut ahead, &mut s, last, &mut p)?
+            } else {
+                model.decode_batch(&mut s, last, &mut p)?
+            };
             Ok(())
         };
-        // (one step untimed: the first allocates the batch's scratch)
-        step(&mut last)?;
+        // (one step untimed: the first allocates the batch's scratch and
+        // runs the next ahead)
+        step(&mut last, true)?;
         let be = model.backend();
         let (c0, k0) = (be.counters(), be.copies());
         let t = Instant::now();
         for _ in 0..steps {
-            step(&mut last)?;
+            step(&mut last, true)?;
         }
         let secs = t.elapsed().as_secs_f64().max(1e-9);
+        let t = Instant::now();
+        for _ in 0..steps {
+            step(&mut last, false)?;
+        }
+        let unpipelined_ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
         // Dispatches and buffer copies a step, where the backend counts them.
         let per_step = |n: u64| n as f64 / steps as f64;
-        let dispatches = be.counters().zip(c0).map(|(a, b)| per_step(a.0 - b.0));
-        let copies = be.copies().zip(k0).map(|(a, b)| per_step(a - b));
+        // (both timed runs counted: a step records the same either way)
+        let dispatches = be
+            .counters()
+            .zip(c0)
+            .map(|(a, b)| per_step(a.0 - b.0) / 2.0);
+        let copies = be.copies().zip(k0).map(|(a, b)| per_step(a - b) / 2.0);
         let profile = if model.backend().profile_start() {
-            let ran = step(&mut last).and_then(|()| step(&mut last));
+            let ran = step(&mut last, false).and_then(|()| step(&mut last, false));
             let samples = model.backend().profile_stop();
             ran?;
             super::e2e::print_profile(&format!("{n} streams, a step"), &samples, 2)
@@ -90,7 +108,7 @@ pub fn run<B: ComputeBackend + Counters>(
         };
         eprintln!(
             "bench: {n} streams: {:.1} tok/s together ({:.2}x one alone), {per_stream:.1} tok/s \
-             a stream, {:.3} ms a step{counted}",
+             a stream, {:.3} ms a step run ahead ({unpipelined_ms:.3} ms not){counted}",
             n as f64 * per_stream,
             n as f64 * per_stream / alone.max(1e-9),
             secs * 1e3 / steps as f64
@@ -101,6 +119,7 @@ pub fn run<B: ComputeBackend + Counters>(
             "over_one_alone": n as f64 * per_stream / alone.max(1e-9),
             "per_stream_tok_s": per_stream,
             "step_ms": secs * 1e3 / steps as f64,
+            "step_ms_not_run_ahead": unpipelined_ms,
             "passes_a_step": n.div_ceil(model.max_decode_batch()),
             "dispatches_a_step": dispatches,
             "copies_a_step": copies,

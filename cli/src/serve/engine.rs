@@ -3,7 +3,8 @@
 //! queue, streaming each one's text back as it is generated. Up to
 //! `--parallel` generations run at once (continuous batching): a request
 //! joins after its prompt's prefill, each step is one batched pass over
-//! the active generations (`Model::decode_batch`), and a generation leaves
+//! the active generations (`Model::decode_batch_ahead`: the next step
+//! recorded while the device runs this one), and a generation leaves
 //! between steps when it ends (its token limit, an end-of-sequence token, a
 //! stop string, its client gone). A prompt that arrives while others
 //! generate is prefilled one prefill batch between two of their steps (a
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use turbospark::model::drafter::{Drafter, SpeculativeOptions};
 use turbospark::model::sampling::Sampler;
-use turbospark::model::{GenerateOptions, Model, Sequence};
+use turbospark::model::{BatchAhead, GenerateOptions, Model, Sequence};
 use turbospark::ComputeBackend;
 
 use crate::common::CliResult;
@@ -99,6 +100,12 @@ pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
         return;
     }
     let mut active: Vec<Active<'_, B>> = Vec::new();
+    // The batched steps run a step ahead on the device (where the rows
+    // allow: greedy, one pass); without its two small buffers, they do not.
+    let mut ahead = model
+        .batch_ahead()
+        .map_err(|e| eprintln!("batched steps not run ahead: {e}"))
+        .ok();
     // A request whose prompt is being prefilled between steps (one at a time).
     let mut joining: Option<Joining<'_, B>> = None;
     loop {
@@ -174,7 +181,7 @@ pub fn serve<B: ComputeBackend>(e: Engine<B>, mut jobs: mpsc::Receiver<Job>) {
             }
         }
         if !active.is_empty() {
-            step(model, &mut active, &mut cache, &eos);
+            step(model, &mut active, &mut cache, &eos, ahead.as_mut());
         }
     }
 }
@@ -338,13 +345,15 @@ fn begin<'t, B: ComputeBackend>(
     Ok((Generating { seq, p }, cached))
 }
 
-/// One batched step of every active generation; those that end leave
-/// (each answered), the rest stay for the next.
+/// One batched step of every active generation, the next run ahead where
+/// `ahead` is given; those that end leave (each answered), the rest stay
+/// for the next.
 fn step<B: ComputeBackend>(
     model: &Model<B>,
     active: &mut Vec<Active<'_, B>>,
     cache: &mut PromptCache<B>,
     eos: &[u32],
+    ahead: Option<&mut BatchAhead<B>>,
 ) {
     let last: Vec<u32> = active.iter().map(|a| a.gen.p.last).collect();
     for a in active.iter_mut() {
@@ -355,7 +364,10 @@ fn step<B: ComputeBackend>(
         .map(|a| (&mut a.gen.seq, &mut a.gen.p.sampler))
         .unzip();
     let stepped = guarded(cache, |_| {
-        Ok(model.decode_batch(&mut seqs, &last, &mut samplers)?)
+        Ok(match ahead {
+            Some(a) => model.decode_batch_ahead(a, &mut seqs, &last, &mut samplers)?,
+            None => model.decode_batch(&mut seqs, &last, &mut samplers)?,
+        })
     });
     let ids = match stepped {
         Ok(ids) => ids,

@@ -110,7 +110,7 @@ impl<B: ComputeBackend> Model<B> {
     /// sequence, each sequence this model's, each token in the vocabulary
     /// and its position in the context, no routing trace in a pass of
     /// several.
-    fn check_batch(&self, seqs: &[&mut Sequence<B>], tokens: &[u32]) -> Result<()> {
+    pub(super) fn check_batch(&self, seqs: &[&mut Sequence<B>], tokens: &[u32]) -> Result<()> {
         if seqs.is_empty() || tokens.len() != seqs.len() {
             return Err(Error::InvalidInput(format!(
                 "decode_batch: {} tokens for {} sequences (one each, at least one)",
@@ -141,19 +141,39 @@ impl<B: ComputeBackend> Model<B> {
         seqs: &mut [&mut Sequence<B>],
         tokens: &[u32],
     ) -> Result<&Scratch<B::Buffer>> {
-        let m = tokens.len();
+        let s = if tokens.len() == 1 {
+            &self.single
+        } else {
+            self.batch_scratch()?
+        };
+        self.backend.write_u32(&s.ids, 0, tokens)?;
+        let s = self.record_rows(seqs, &s.ids, tokens.len())?;
+        for (seq, &t) in seqs.iter_mut().zip(tokens) {
+            seq.advance(&[t]);
+        }
+        Ok(s)
+    }
+
+    /// Record one pass of the `m` token ids in `ids` (device side: the
+    /// host may not know them yet), row i on `seqs[i]` at its position,
+    /// ending with the head. Each sequence has the pass counted (computed,
+    /// written) but is not advanced: its caller knows the tokens. The
+    /// scratch holding the logits; a pass of several rows is submitted.
+    pub(super) fn record_rows(
+        &self,
+        seqs: &mut [&mut Sequence<B>],
+        ids: &B::Buffer,
+        m: usize,
+    ) -> Result<&Scratch<B::Buffer>> {
         if m == 1 {
             // (the one-sequence step, launches and all)
             let (seq, s) = (&mut *seqs[0], &self.single);
-            self.backend.write_u32(&s.ids, 0, tokens)?;
             self.backend.write_u32(&s.pos, 0, &[seq.pos as u32])?;
-            self.record_forward(seq, s, &s.ids, 1, Tail::Head)?;
-            seq.advance(tokens);
+            self.record_forward(seq, s, ids, 1, Tail::Head)?;
             return Ok(s);
         }
         let s = self.batch_scratch()?;
         let positions = self.row_positions()?;
-        self.backend.write_u32(&s.ids, 0, tokens)?;
         for (seq, at) in seqs.iter().zip(positions) {
             self.backend.write_u32(at, 0, &[seq.pos as u32])?;
         }
@@ -166,7 +186,7 @@ impl<B: ComputeBackend> Model<B> {
             precision: self.precision,
         };
         let res = &s.residual;
-        self.record_embedding(&p, res, &s.ids)?;
+        self.record_embedding(&p, res, ids)?;
         // (a batched pass's streamed-expert counters go to its first
         // sequence: the slots are the model's, shared by all of them)
         let mut stats = std::mem::take(&mut seqs[0].stream);
@@ -194,9 +214,9 @@ impl<B: ComputeBackend> Model<B> {
         recorded?;
         self.record_head(s, &res.normed, m)?;
         self.backend.flush()?;
-        for (seq, &t) in seqs.iter_mut().zip(tokens) {
+        for seq in seqs.iter_mut() {
             seq.computed += 1;
-            seq.advance(&[t]);
+            seq.written = seq.written.max(seq.pos + 1);
         }
         Ok(s)
     }

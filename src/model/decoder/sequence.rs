@@ -41,11 +41,19 @@ pub(super) fn next_model_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Tells sequences apart (a batched step run ahead knows its rows by it).
+fn next_sequence_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// One conversation on a [`Model`]: made by [`Model::new_sequence`] or
 /// [`Model::fork`], dropped to free its caches.
 pub struct Sequence<B: ComputeBackend> {
     /// The model it belongs to ([`Model`]'s id).
     pub(super) model: u64,
+    /// This sequence's own id.
+    pub(super) id: u64,
     pub(super) caches: Vec<KvCache<B>>,
     /// Tokens in the caches (the next token's position). While greedy
     /// steps are in flight it runs ahead of `tokens`, whose ids the host
@@ -53,6 +61,11 @@ pub struct Sequence<B: ComputeBackend> {
     pub(super) pos: usize,
     /// The tokens whose keys and values the caches hold, in order.
     pub(super) tokens: Vec<u32>,
+    /// One past the highest position any pass wrote keys for since the
+    /// caches last started from 0, dead entries included (a pipelined
+    /// step dropped at a stop wrote one past `pos`): the sliding rings'
+    /// slots they overwrote decide what a truncation keeps.
+    pub(super) written: usize,
     /// Token positions this sequence ran through the layers (prefill rows,
     /// decode steps, recomputed prefixes); a fork's copied prefix is not.
     pub(super) computed: u64,
@@ -117,6 +130,8 @@ impl<B: ComputeBackend> Sequence<B> {
     pub fn clear(&mut self) {
         self.pos = 0;
         self.tokens.clear();
+        // (every later write comes after everything the rings hold now)
+        self.written = 0;
     }
 
     /// `chunk`, just run through the layers at the current position, is in
@@ -145,9 +160,11 @@ impl<B: ComputeBackend> Model<B> {
         }
         Ok(Sequence {
             model: self.id,
+            id: next_sequence_id(),
             caches,
             pos: 0,
             tokens: Vec::new(),
+            written: 0,
             computed: 0,
             routing: None,
             experts: self.cfg.experts,
@@ -168,14 +185,13 @@ impl<B: ComputeBackend> Model<B> {
                 seq.pos
             )));
         }
-        if self.window_holds(seq.pos, p) {
+        if self.window_holds(seq.written, p) {
             seq.pos = p;
             seq.tokens.truncate(p);
             return Ok(());
         }
         let prefix = seq.tokens[..p].to_vec();
-        seq.pos = 0;
-        seq.tokens.clear();
+        seq.clear();
         self.prefill(seq, &prefix)
     }
 
@@ -192,12 +208,13 @@ impl<B: ComputeBackend> Model<B> {
             )));
         }
         let mut seq = self.new_sequence()?;
-        if self.window_holds(src.pos, p) {
+        if self.window_holds(src.written, p) {
             for (from, to) in src.caches.iter().zip(&seq.caches) {
                 self.backend.copy_buffer(&from.k, &to.k)?;
                 self.backend.copy_buffer(&from.v, &to.v)?;
             }
             seq.pos = p;
+            seq.written = src.written;
             seq.tokens = src.tokens[..p].to_vec();
         } else {
             self.prefill(&mut seq, &src.tokens[..p])?;
@@ -205,8 +222,9 @@ impl<B: ComputeBackend> Model<B> {
         Ok(seq)
     }
 
-    /// Whether caches that hold positions `..held` still hold everything a
-    /// query at position `p <= held` reads: every sliding layer's ring
+    /// Whether caches written up to position `held` (exclusive; the
+    /// sequence's last write, dead entries past its position included)
+    /// still hold everything a query at position `p <= held` reads: every sliding layer's ring
     /// (`capacity` slots, position q in slot q % capacity) still has the
     /// `sliding_window` positions before p, none overwritten by a later
     /// one. Full layers keep every position.

@@ -1,0 +1,197 @@
+//! Batched decode kept a step ahead on the device
+//! ([`Model::decode_batch_ahead`]): what [`Model::decode_batch`] gives, but
+//! while the host waits for a step's ids the device already runs the next
+//! one, which embeds those ids from the device (greedy rows: the argmax
+//! writes them there). A step's recording and readback then overlap the
+//! GPU's work instead of adding to it, as `generate`'s pipelined decode does
+//! for one sequence.
+//!
+//! The step run ahead is a guess that the caller comes back with the same
+//! sequences, unchanged, and the ids it was just given. Where it does not
+//! (a sequence left or joined, one was truncated, sampled, or run
+//! elsewhere between the calls) the step ahead is dropped: its keys and
+//! values were written one position past each sequence's, entries that are
+//! dead (`Sequence::written` keeps what they overwrote in the sliding
+//! rings), and the step is recorded again from the caller's tokens. So the
+//! tokens are what `decode_batch` gives, whatever the caller does.
+
+use super::{Model, Sequence};
+use crate::backend::{ComputeBackend, ReadTicket};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::model::sampling::Sampler;
+
+/// The state of a [`Model::decode_batch_ahead`] run: two id buffers (a
+/// step embeds one and its argmax writes the other) and the step in
+/// flight. Made by [`Model::batch_ahead`] for one model.
+pub struct BatchAhead<B: ComputeBackend> {
+    model: u64,
+    ids: [B::Buffer; 2],
+    flight: Option<Flight>,
+    /// Steps found run ahead, and steps run ahead then dropped.
+    used: u64,
+    dropped: u64,
+}
+
+impl<B: ComputeBackend> BatchAhead<B> {
+    /// Steps a call found already run ahead (the host's recording hidden
+    /// behind the device's work), and steps run ahead that no call asked
+    /// for (dropped: a sequence left, joined, or changed between calls).
+    pub fn counts(&self) -> (u64, u64) {
+        (self.used, self.dropped)
+    }
+}
+
+/// A step recorded ahead: the rows it ran (each sequence's id, position
+/// and computed count when it was recorded), the ids it embedded (the
+/// previous call's answer) and where its own ids land.
+struct Flight {
+    rows: Vec<(u64, usize, u64)>,
+    embedded: Vec<u32>,
+    /// Which of the two id buffers its argmax writes.
+    out: usize,
+    ticket: ReadTicket,
+}
+
+impl Flight {
+    /// Whether this step is the one the caller asks for now: the same
+    /// sequences in the same order, untouched since, stepping the ids this
+    /// step embedded.
+    fn is_for<B: ComputeBackend>(&self, seqs: &[&mut Sequence<B>], tokens: &[u32]) -> bool {
+        self.embedded == tokens
+            && self.rows.len() == seqs.len()
+            && self.rows.iter().zip(seqs).all(|(&(id, pos, computed), s)| {
+                s.id == id && s.pos == pos && s.computed == computed
+            })
+    }
+}
+
+impl<B: ComputeBackend> Model<B> {
+    /// A fresh [`BatchAhead`] for [`Model::decode_batch_ahead`] on this
+    /// model: two id buffers of [`Model::max_decode_batch`] rows, no step
+    /// in flight.
+    pub fn batch_ahead(&self) -> Result<BatchAhead<B>> {
+        let n = self.max_decode_batch();
+        let be = &self.backend;
+        Ok(BatchAhead {
+            model: self.id,
+            ids: [
+                be.alloc(DType::U32, n, "batch_ahead.ids_a")?,
+                be.alloc(DType::U32, n, "batch_ahead.ids_b")?,
+            ],
+            flight: None,
+            used: 0,
+            dropped: 0,
+        })
+    }
+
+    /// [`Model::decode_batch`]'s step, the tokens the same, with the next
+    /// step recorded before this one's ids are read back: where every row
+    /// is greedy, the rows fit one pass and no expert is streamed (a
+    /// streamed layer places its experts from the host between its router
+    /// and its experts), the device runs the step after this one while the
+    /// host waits for this one's ids, and a call that comes back with the
+    /// same sequences and those ids finds it done or running. Otherwise
+    /// this is `decode_batch`. The step ahead writes each sequence's keys
+    /// one position past its own (dead entries until the next call makes
+    /// them its own) and counts as a computed position.
+    pub fn decode_batch_ahead(
+        &self,
+        ahead: &mut BatchAhead<B>,
+        seqs: &mut [&mut Sequence<B>],
+        tokens: &[u32],
+        samplers: &mut [&mut Sampler],
+    ) -> Result<Vec<u32>> {
+        if ahead.model != self.id {
+            return Err(Error::InvalidInput(
+                "decode_batch_ahead: the batch state belongs to another model".into(),
+            ));
+        }
+        if samplers.len() != seqs.len() {
+            return Err(Error::InvalidInput(format!(
+                "decode_batch_ahead: {} samplers for {} sequences",
+                samplers.len(),
+                seqs.len()
+            )));
+        }
+        self.check_batch(seqs, tokens)?;
+        let m = seqs.len();
+        let ahead_ok = m <= self.max_decode_batch()
+            && self.expert_slots.is_none()
+            && samplers.iter().all(|s| s.is_greedy());
+        let current = match ahead.flight.take() {
+            Some(f) if ahead_ok && f.is_for(seqs, tokens) => {
+                ahead.used += 1;
+                f
+            }
+            stale => {
+                if let Some(f) = stale {
+                    // Not what is asked for: dead entries, its ids unread
+                    // (a readback the backend has already let go of, as it
+                    // may when the caller read more between the calls than
+                    // it keeps in flight, is no loss).
+                    ahead.dropped += 1;
+                    self.backend.finish_read_u32(f.ticket).ok();
+                }
+                if !ahead_ok {
+                    return self.decode_batch(seqs, tokens, samplers);
+                }
+                self.backend.write_u32(&ahead.ids[1], 0, tokens)?;
+                self.record_ahead(ahead, seqs, 1, tokens.to_vec())?
+            }
+        };
+        for (seq, &t) in seqs.iter_mut().zip(tokens) {
+            seq.advance(&[t]);
+        }
+        // The next step, on the ids this one's argmax writes, while the
+        // device runs this one. (Its `embedded` is set once they are read.)
+        let next = self.record_ahead(ahead, seqs, current.out, Vec::new())?;
+        // (where the backend let this readback go, the ids are still in
+        // their buffer: the step ahead writes the other one)
+        let read = self
+            .backend
+            .finish_read_u32(current.ticket)
+            .or_else(|_| self.backend.download_u32(&ahead.ids[current.out]));
+        let mut ids = match read {
+            Ok(ids) => ids,
+            Err(e) => {
+                self.backend.finish_read_u32(next.ticket).ok();
+                return Err(e);
+            }
+        };
+        ids.truncate(m);
+        if let Some(i) = ids.iter().position(|&t| t == crate::ops::NO_ARGMAX) {
+            self.backend.finish_read_u32(next.ticket).ok();
+            return Err(Error::NonFinite(format!(
+                "every logit of sequence {i}'s next token is NaN or -inf"
+            )));
+        }
+        ahead.flight = Some(Flight {
+            embedded: ids.clone(),
+            ..next
+        });
+        Ok(ids)
+    }
+
+    /// Record one step of `seqs` embedding the ids in `ahead.ids[input]`,
+    /// its argmax into the other buffer, whose readback it begins.
+    fn record_ahead(
+        &self,
+        ahead: &BatchAhead<B>,
+        seqs: &mut [&mut Sequence<B>],
+        input: usize,
+        embedded: Vec<u32>,
+    ) -> Result<Flight> {
+        let m = seqs.len();
+        let out = 1 - input;
+        let s = self.record_rows(seqs, &ahead.ids[input], m)?;
+        let be = &self.backend;
+        be.argmax(self.final_logits(s), &ahead.ids[out], m, self.cfg.vocab)?;
+        Ok(Flight {
+            rows: seqs.iter().map(|s| (s.id, s.pos, s.computed)).collect(),
+            embedded,
+            out,
+            ticket: be.begin_read_u32(&ahead.ids[out])?,
+        })
+    }
+}
