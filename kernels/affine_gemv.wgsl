@@ -230,6 +230,39 @@ fn unit_qdot(w: Unit, x: XUnit) -> f32 {
     return a + b;
 }
 
+// A loaded unit's 32 values as its dot takes them: for 4 bits each word's
+// nibbles masked in place (unit_qdot's), else unit_q's. Decoded once, they
+// serve every row of x (affine_gemv).
+fn unit_vals(w: Unit) -> array<vec4<f32>, 8> {
+    if (QBITS == 4u) {
+        var d: array<vec4<f32>, 8>;
+        for (var i = 0u; i < 4u; i++) {
+            let v = w.w0[i];
+            d[2u * i] = small_to_f32(vec4<u32>(v) & NIBBLE_MASKS);
+            d[2u * i + 1u] = small_to_f32(vec4<u32>(v >> 16u) & NIBBLE_MASKS);
+        }
+        return d;
+    }
+    return unit_q(w);
+}
+
+// unit_dot of a unit decoded by unit_vals: the same sums in the same order.
+fn vals_dot(w: Unit, d: array<vec4<f32>, 8>, x: XUnit) -> f32 {
+    var q: f32;
+    if (QBITS == 4u) {
+        var a = vec4<f32>(0.0);
+        for (var j = 0u; j < 8u; j++) {
+            a = fma(d[j], x.v[j], a);
+        }
+        q = dot(a, NIBBLE_PLACES);
+    } else {
+        let a = (dot(d[0], x.v[0]) + dot(d[1], x.v[1])) + (dot(d[2], x.v[2]) + dot(d[3], x.v[3]));
+        let b = (dot(d[4], x.v[4]) + dot(d[5], x.v[5])) + (dot(d[6], x.v[6]) + dot(d[7], x.v[7]));
+        q = a + b;
+    }
+    return fma(w.sb.x, q, w.sb.y * x.sum);
+}
+
 // A loaded unit's weights dotted with x: scale * (q . x) + bias * sum(x),
 // the dot of the dequantised weights (scale * q + bias) with its terms
 // grouped, so that x's sum serves every row.
@@ -353,10 +386,15 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             // every thread takes part in the barriers)
             w[r] = load_unit(min(r0 + r, P.rows - 1u) * nu + u, o);
         }
+        // Each unit decoded once for all MT rows of x, not once a row.
+        var d: array<array<vec4<f32>, 8>, RPT>;
+        for (var r = 0u; r < RPT; r++) {
+            d[r] = unit_vals(w[r]);
+        }
         for (var i = 0u; i < MT; i++) {
             let x = load_x((i * P.a.k) / 4u + 8u * u);
             for (var r = 0u; r < RPT; r++) {
-                acc[r * MT + i] += unit_dot(w[r], x);
+                acc[r * MT + i] += vals_dot(w[r], d[r], x);
             }
         }
     }
