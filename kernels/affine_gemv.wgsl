@@ -358,17 +358,6 @@ fn affine_gemv1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-// Sum `red` over each team's RL lanes (into lane 0); from uniform control flow.
-fn reduce_team(lid: u32, lane: u32) {
-    workgroupBarrier();
-    for (var s = RL / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-}
-
 @compute @workgroup_size(256)
 fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -398,18 +387,17 @@ fn affine_gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             }
         }
     }
+    // Four sums a round: each lane's four accumulators published, then lane
+    // q of a team adds component q over the team's lanes (team_col: this
+    // entry's LPR is RL; two barriers a round, where a tree over the lanes
+    // took six).
     for (var a0 = 0u; a0 < RPT * MT; a0 += 4u) {
         red[lid] = vec4<f32>(acc[a0], acc[a0 + 1u], acc[a0 + 2u], acc[a0 + 3u]);
-        reduce_team(lid, lane);
-        if (lane == 0u) {
-            let v = red[lid];
-            for (var q = 0u; q < 4u; q++) {
-                let a = a0 + q;
-                let row = r0 + a / MT;
-                if (a < RPT * MT && row < P.rows) {
-                    out_set((a % MT) * P.a.n + P.row0 + row, v[q]);
-                }
-            }
+        workgroupBarrier();
+        let a = a0 + lane;
+        let row = r0 + a / MT;
+        if (lane < 4u && a < RPT * MT && row < P.rows) {
+            out_set((a % MT) * P.a.n + P.row0 + row, team_col(lid - lane, lane));
         }
         workgroupBarrier();
     }
