@@ -68,14 +68,7 @@ impl<B: ComputeBackend> Model<B> {
         tokens: &[u32],
         samplers: &mut [&mut Sampler],
     ) -> Result<Vec<u32>> {
-        if samplers.len() != seqs.len() {
-            return Err(Error::InvalidInput(format!(
-                "decode_batch: {} samplers for {} sequences",
-                samplers.len(),
-                seqs.len()
-            )));
-        }
-        self.check_batch(seqs, tokens)?;
+        self.check_sampled_batch("decode_batch", seqs, tokens, samplers.len())?;
         let n = self.max_decode_batch();
         let mut next = Vec::with_capacity(seqs.len());
         for ((seqs, tokens), samplers) in seqs
@@ -106,11 +99,29 @@ impl<B: ComputeBackend> Model<B> {
         Ok(rows)
     }
 
+    /// [`Self::check_batch`], and one sampler a sequence (`what`: the call
+    /// the error names).
+    pub(super) fn check_sampled_batch(
+        &self,
+        what: &str,
+        seqs: &[&mut Sequence<B>],
+        tokens: &[u32],
+        samplers: usize,
+    ) -> Result<()> {
+        if samplers != seqs.len() {
+            return Err(Error::InvalidInput(format!(
+                "{what}: {samplers} samplers for {} sequences",
+                seqs.len()
+            )));
+        }
+        self.check_batch(seqs, tokens)
+    }
+
     /// Checks on the host before anything is recorded: one token a
     /// sequence, each sequence this model's, each token in the vocabulary
     /// and its position in the context, no routing trace in a pass of
     /// several.
-    pub(super) fn check_batch(&self, seqs: &[&mut Sequence<B>], tokens: &[u32]) -> Result<()> {
+    fn check_batch(&self, seqs: &[&mut Sequence<B>], tokens: &[u32]) -> Result<()> {
         if seqs.is_empty() || tokens.len() != seqs.len() {
             return Err(Error::InvalidInput(format!(
                 "decode_batch: {} tokens for {} sequences (one each, at least one)",

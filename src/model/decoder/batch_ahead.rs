@@ -107,14 +107,7 @@ impl<B: ComputeBackend> Model<B> {
                 "decode_batch_ahead: the batch state belongs to another model".into(),
             ));
         }
-        if samplers.len() != seqs.len() {
-            return Err(Error::InvalidInput(format!(
-                "decode_batch_ahead: {} samplers for {} sequences",
-                samplers.len(),
-                seqs.len()
-            )));
-        }
-        self.check_batch(seqs, tokens)?;
+        self.check_sampled_batch("decode_batch_ahead", seqs, tokens, samplers.len())?;
         let m = seqs.len();
         let ahead_ok = m <= self.max_decode_batch()
             && self.expert_slots.is_none()
