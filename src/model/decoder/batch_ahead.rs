@@ -7,9 +7,11 @@
 //! for one sequence.
 //!
 //! The step run ahead is a guess that the caller comes back with the same
-//! sequences, unchanged, and the ids it was just given. Where it does not
-//! (a sequence left or joined, one was truncated, sampled, or run
-//! elsewhere between the calls) the step ahead is dropped: its keys and
+//! sequences, unchanged, and the ids it was just given. Where some of them
+//! have left (a generation ended), the step ran for the rest all the same:
+//! its ids serve them, and only their next step's recording is not hidden.
+//! Where the call is otherwise (a sequence joined, one was truncated,
+//! sampled, or run elsewhere between the calls) the step ahead is dropped: its keys and
 //! values were written one position past each sequence's, entries that are
 //! dead (`Sequence::written` keeps what they overwrote in the sliding
 //! rings), and the step is recorded again from the caller's tokens. So the
@@ -34,9 +36,9 @@ pub struct BatchAhead<B: ComputeBackend> {
 }
 
 impl<B: ComputeBackend> BatchAhead<B> {
-    /// Steps a call found already run ahead (the host's recording hidden
-    /// behind the device's work), and steps run ahead that no call asked
-    /// for (dropped: a sequence left, joined, or changed between calls).
+    /// Steps a call found already run ahead, for all its sequences or for
+    /// those that stayed of a wider step, and steps run ahead that no call
+    /// asked for (dropped: a sequence joined, or changed between calls).
     pub fn counts(&self) -> (u64, u64) {
         (self.used, self.dropped)
     }
@@ -54,15 +56,27 @@ struct Flight {
 }
 
 impl Flight {
-    /// Whether this step is the one the caller asks for now: the same
-    /// sequences in the same order, untouched since, stepping the ids this
-    /// step embedded.
-    fn is_for<B: ComputeBackend>(&self, seqs: &[&mut Sequence<B>], tokens: &[u32]) -> bool {
-        self.embedded == tokens
-            && self.rows.len() == seqs.len()
-            && self.rows.iter().zip(seqs).all(|(&(id, pos, computed), s)| {
-                s.id == id && s.pos == pos && s.computed == computed
-            })
+    /// Where each of `seqs` is among this step's rows, where the caller
+    /// asks for this step or part of it: each sequence one of its rows, in
+    /// the same order, untouched since, stepping the id this step embedded
+    /// for it (rows missing: sequences that left).
+    fn rows_of<B: ComputeBackend>(
+        &self,
+        seqs: &[&mut Sequence<B>],
+        tokens: &[u32],
+    ) -> Option<Vec<usize>> {
+        let mut at = Vec::with_capacity(seqs.len());
+        let mut next = 0;
+        for (s, &t) in seqs.iter().zip(tokens) {
+            let i = next + self.rows[next..].iter().position(|&(id, ..)| id == s.id)?;
+            let (_, pos, computed) = self.rows[i];
+            if s.pos != pos || s.computed != computed || self.embedded[i] != t {
+                return None;
+            }
+            at.push(i);
+            next = i + 1;
+        }
+        Some(at)
     }
 }
 
@@ -91,8 +105,8 @@ impl<B: ComputeBackend> Model<B> {
     /// streamed layer places its experts from the host between its router
     /// and its experts), the device runs the step after this one while the
     /// host waits for this one's ids, and a call that comes back with the
-    /// same sequences and those ids finds it done or running. Otherwise
-    /// this is `decode_batch`. The step ahead writes each sequence's keys
+    /// same sequences (or some of them, in the same order) and those ids
+    /// finds it done or running. Otherwise this is `decode_batch`. The step ahead writes each sequence's keys
     /// one position past its own (dead entries until the next call makes
     /// them its own) and counts as a computed position.
     pub fn decode_batch_ahead(
@@ -112,12 +126,27 @@ impl<B: ComputeBackend> Model<B> {
         let ahead_ok = m <= self.max_decode_batch()
             && self.expert_slots.is_none()
             && samplers.iter().all(|s| s.is_greedy());
-        let current = match ahead.flight.take() {
-            Some(f) if ahead_ok && f.is_for(seqs, tokens) => {
+        let flight = ahead.flight.take();
+        let rows = flight
+            .as_ref()
+            .filter(|_| ahead_ok)
+            .and_then(|f| f.rows_of(seqs, tokens));
+        let current = match (flight, rows) {
+            (Some(f), Some(rows)) if rows.len() == f.rows.len() => {
                 ahead.used += 1;
                 f
             }
-            stale => {
+            (Some(f), Some(rows)) => {
+                // Rows left since: the step ran for the rest, whose next
+                // is recorded from the ids read back (the host's
+                // recording not hidden this once, the step not run again).
+                ahead.used += 1;
+                let out = f.out;
+                let all = self.read_ids(ahead, f)?;
+                let ids: Vec<u32> = rows.iter().map(|&i| all[i]).collect();
+                return self.step_ahead_from(ahead, seqs, tokens, ids, out);
+            }
+            (stale, _) => {
                 if let Some(f) = stale {
                     // Not what is asked for: dead entries, its ids unread
                     // (a readback the backend has already let go of, as it
@@ -139,31 +168,54 @@ impl<B: ComputeBackend> Model<B> {
         // The next step, on the ids this one's argmax writes, while the
         // device runs this one. (Its `embedded` is set once they are read.)
         let next = self.record_ahead(ahead, seqs, current.out, Vec::new())?;
-        // (where the backend let this readback go, the ids are still in
-        // their buffer: the step ahead writes the other one)
-        let read = self
-            .backend
-            .finish_read_u32(current.ticket)
-            .or_else(|_| self.backend.download_u32(&ahead.ids[current.out]));
-        let mut ids = match read {
-            Ok(ids) => ids,
+        let ids = match self.read_ids(ahead, current) {
+            Ok(mut ids) => {
+                ids.truncate(m);
+                ids
+            }
             Err(e) => {
                 self.backend.finish_read_u32(next.ticket).ok();
                 return Err(e);
             }
         };
-        ids.truncate(m);
-        if let Some(i) = ids.iter().position(|&t| t == crate::ops::NO_ARGMAX) {
+        if let Err(e) = no_argmax_in(&ids) {
             self.backend.finish_read_u32(next.ticket).ok();
-            return Err(Error::NonFinite(format!(
-                "every logit of sequence {i}'s next token is NaN or -inf"
-            )));
+            return Err(e);
         }
         ahead.flight = Some(Flight {
             embedded: ids.clone(),
             ..next
         });
         Ok(ids)
+    }
+
+    /// The rest of a call whose step ran as part of a wider one: `tokens`
+    /// in the caches, `ids` (this step's, read back) written into
+    /// `ahead.ids[into]` and the next step recorded on them.
+    fn step_ahead_from(
+        &self,
+        ahead: &mut BatchAhead<B>,
+        seqs: &mut [&mut Sequence<B>],
+        tokens: &[u32],
+        ids: Vec<u32>,
+        into: usize,
+    ) -> Result<Vec<u32>> {
+        no_argmax_in(&ids)?;
+        for (seq, &t) in seqs.iter_mut().zip(tokens) {
+            seq.advance(&[t]);
+        }
+        self.backend.write_u32(&ahead.ids[into], 0, &ids)?;
+        ahead.flight = Some(self.record_ahead(ahead, seqs, into, ids.clone())?);
+        Ok(ids)
+    }
+
+    /// A step's ids: its readback, or where the backend let that go, its
+    /// buffer, which nothing has written since (the step after it writes
+    /// the other one).
+    fn read_ids(&self, ahead: &BatchAhead<B>, f: Flight) -> Result<Vec<u32>> {
+        self.backend
+            .finish_read_u32(f.ticket)
+            .or_else(|_| self.backend.download_u32(&ahead.ids[f.out]))
     }
 
     /// Record one step of `seqs` embedding the ids in `ahead.ids[input]`,
@@ -186,5 +238,15 @@ impl<B: ComputeBackend> Model<B> {
             out,
             ticket: be.begin_read_u32(&ahead.ids[out])?,
         })
+    }
+}
+
+/// The error for a row whose logits gave no token (all NaN or -inf).
+fn no_argmax_in(ids: &[u32]) -> Result<()> {
+    match ids.iter().position(|&t| t == crate::ops::NO_ARGMAX) {
+        Some(i) => Err(Error::NonFinite(format!(
+            "every logit of sequence {i}'s next token is NaN or -inf"
+        ))),
+        None => Ok(()),
     }
 }
