@@ -70,11 +70,12 @@ pub struct WgpuOptions {
     /// variable (`0` or `1`).
     pub mapped_slots: Option<bool>,
     /// Rows of x (2 ..= 17) from which a matmul of at most 16 rows takes the
-    /// tiled GEMM (`kernels/gemm.wgsl`, one 16-row tile: each weight element
-    /// read and decoded once for every row) rather than the streaming GEMVs
-    /// (which decode a 4-bit unit once per row); 17: never. `None` takes the
-    /// `TURBOSPARK_GEMM_FROM_M` environment variable, else 9 (measured on
-    /// the H100: the GEMVs faster at 4 rows, the GEMM at 16).
+    /// tiled GEMM (`kernels/gemm.wgsl`, one 16-row tile on the tensor cores
+    /// or the f32 units) rather than the streaming GEMVs (each lane's sums
+    /// held for every row, reduced a few a round); 17: never. `None` takes
+    /// the `TURBOSPARK_GEMM_FROM_M` environment variable, else
+    /// `gemm_tiles::GEMM_FROM_M` (measured on the H100: the GEMVs faster at
+    /// 4 rows, the GEMM at 16).
     pub gemm_from_m: Option<usize>,
 }
 
