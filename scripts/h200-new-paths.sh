@@ -8,10 +8,13 @@
 #      families at full size, tensor cores required;
 #   2. bench --speculative, q4g64 (verification of k + 1 = 2..5 tokens
 #      against a decode step, forced acceptance 0.5 / 0.7 / 0.9);
-#   3. bench --parallel 1,4,16, q4g64 (aggregate decode of batched streams);
+#   3. bench --parallel 1,4,16, q4g64 (aggregate decode of batched streams,
+#      each step run ahead, and the same steps not run ahead);
 #   4. streamed experts, q4g64: 16 and 128 slots on a generated trace
 #      (skew 1, reuse 0.45: about 70% LFU hits at 16 slots) and, without a
-#      trace, 128 slots (every expert hits) against resident;
+#      trace, 128 slots (every expert hits) against resident; PROMPT=512
+#      in the environment makes their prompts 512 tokens (prefill through
+#      the slots beside resident prefill);
 #   5. bench --serve, q4g64: one stream through generate's path and through
 #      the server on the same loaded model;
 #   and, named in STEPS only, spec-bf16: bench --speculative with bf16 weights;
