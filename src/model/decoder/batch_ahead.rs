@@ -10,8 +10,11 @@
 //! sequences, unchanged, and the ids it was just given. Where some of them
 //! have left (a generation ended), the step ran for the rest all the same:
 //! its ids serve them, and only their next step's recording is not hidden.
-//! Where the call is otherwise (a sequence joined, one was truncated,
-//! sampled, or run elsewhere between the calls) the step ahead is dropped: its keys and
+//! Where sequences joined after them, their own steps run alone (one-row
+//! passes, cheaper than the batched step they would otherwise cost again)
+//! and the next step takes everyone. Where the call is otherwise (one was
+//! truncated, sampled, or run elsewhere between the calls, or rows left
+//! and joined at once) the step ahead is dropped: its keys and
 //! values were written one position past each sequence's, entries that are
 //! dead (`Sequence::written` keeps what they overwrote in the sliding
 //! rings), and the step is recorded again from the caller's tokens. So the
@@ -22,6 +25,7 @@ use crate::backend::{ComputeBackend, ReadTicket};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::model::sampling::Sampler;
+use crate::ops::CopyRange;
 
 /// The state of a [`Model::decode_batch_ahead`] run: two id buffers (a
 /// step embeds one and its argmax writes the other) and the step in
@@ -36,9 +40,10 @@ pub struct BatchAhead<B: ComputeBackend> {
 }
 
 impl<B: ComputeBackend> BatchAhead<B> {
-    /// Steps a call found already run ahead, for all its sequences or for
-    /// those that stayed of a wider step, and steps run ahead that no call
-    /// asked for (dropped: a sequence joined, or changed between calls).
+    /// Steps a call found already run ahead, for all its sequences, for
+    /// those that stayed of a wider step, or for those before the ones that
+    /// joined; and steps run ahead that no call asked for (dropped: a
+    /// sequence changed between calls, or some left as others joined).
     pub fn counts(&self) -> (u64, u64) {
         (self.used, self.dropped)
     }
@@ -57,18 +62,24 @@ struct Flight {
 
 impl Flight {
     /// Where each of `seqs` is among this step's rows, where the caller
-    /// asks for this step or part of it: each sequence one of its rows, in
-    /// the same order, untouched since, stepping the id this step embedded
-    /// for it (rows missing: sequences that left).
+    /// asks for this step or part of it: the first sequences its rows, in
+    /// the same order, untouched since, each stepping the id this step
+    /// embedded for it (rows missing: sequences that left); the rest, if
+    /// any, none of its rows (sequences that joined). Their count beside.
     fn rows_of<B: ComputeBackend>(
         &self,
         seqs: &[&mut Sequence<B>],
         tokens: &[u32],
-    ) -> Option<Vec<usize>> {
+    ) -> Option<(Vec<usize>, usize)> {
         let mut at = Vec::with_capacity(seqs.len());
         let mut next = 0;
-        for (s, &t) in seqs.iter().zip(tokens) {
-            let i = next + self.rows[next..].iter().position(|&(id, ..)| id == s.id)?;
+        for (k, (s, &t)) in seqs.iter().zip(tokens).enumerate() {
+            let Some(j) = self.rows[next..].iter().position(|&(id, ..)| id == s.id) else {
+                let joined = &seqs[k..];
+                let known = |q: &&mut Sequence<B>| self.rows.iter().any(|r| r.0 == q.id);
+                return (!joined.iter().any(known)).then_some((at, joined.len()));
+            };
+            let i = next + j;
             let (_, pos, computed) = self.rows[i];
             if s.pos != pos || s.computed != computed || self.embedded[i] != t {
                 return None;
@@ -76,7 +87,7 @@ impl Flight {
             at.push(i);
             next = i + 1;
         }
-        Some(at)
+        Some((at, 0))
     }
 }
 
@@ -105,8 +116,9 @@ impl<B: ComputeBackend> Model<B> {
     /// streamed layer places its experts from the host between its router
     /// and its experts), the device runs the step after this one while the
     /// host waits for this one's ids, and a call that comes back with the
-    /// same sequences (or some of them, in the same order) and those ids
-    /// finds it done or running. Otherwise this is `decode_batch`. The step ahead writes each sequence's keys
+    /// same sequences (or some of them, in the same order, or them and new
+    /// ones after them) and those ids finds it done or running. Otherwise
+    /// this is `decode_batch`. The step ahead writes each sequence's keys
     /// one position past its own (dead entries until the next call makes
     /// them its own) and counts as a computed position.
     pub fn decode_batch_ahead(
@@ -132,11 +144,15 @@ impl<B: ComputeBackend> Model<B> {
             .filter(|_| ahead_ok)
             .and_then(|f| f.rows_of(seqs, tokens));
         let current = match (flight, rows) {
-            (Some(f), Some(rows)) if rows.len() == f.rows.len() => {
+            (Some(f), Some((rows, 0))) if rows.len() == f.rows.len() => {
                 ahead.used += 1;
                 f
             }
-            (Some(f), Some(rows)) => {
+            (Some(f), Some((rows, joined))) if joined > 0 && rows.len() == f.rows.len() => {
+                ahead.used += 1;
+                return self.step_ahead_joined(ahead, seqs, tokens, f);
+            }
+            (Some(f), Some((rows, 0))) => {
                 // Rows left since: the step ran for the rest, whose next
                 // is recorded from the ids read back (the host's
                 // recording not hidden this once, the step not run again).
@@ -168,25 +184,77 @@ impl<B: ComputeBackend> Model<B> {
         // The next step, on the ids this one's argmax writes, while the
         // device runs this one. (Its `embedded` is set once they are read.)
         let next = self.record_ahead(ahead, seqs, current.out, Vec::new())?;
-        let ids = match self.read_ids(ahead, current) {
-            Ok(mut ids) => {
-                ids.truncate(m);
-                ids
+        self.settle_step(ahead, current, next, m)
+    }
+
+    /// This step's `m` ids, read back from `current`'s readback, with the
+    /// step `next` recorded on them kept in flight (its readback let go
+    /// where this one fails or gives a row no token).
+    fn settle_step(
+        &self,
+        ahead: &mut BatchAhead<B>,
+        current: Flight,
+        next: Flight,
+        m: usize,
+    ) -> Result<Vec<u32>> {
+        let ids = self.read_ids(ahead, current).and_then(|mut ids| {
+            ids.truncate(m);
+            no_argmax_in(&ids).map(|()| ids)
+        });
+        match ids {
+            Ok(ids) => {
+                ahead.flight = Some(Flight {
+                    embedded: ids.clone(),
+                    ..next
+                });
+                Ok(ids)
             }
             Err(e) => {
                 self.backend.finish_read_u32(next.ticket).ok();
-                return Err(e);
+                Err(e)
             }
-        };
-        if let Err(e) = no_argmax_in(&ids) {
-            self.backend.finish_read_u32(next.ticket).ok();
-            return Err(e);
         }
-        ahead.flight = Some(Flight {
-            embedded: ids.clone(),
-            ..next
-        });
-        Ok(ids)
+    }
+
+    /// A call whose first sequences are the step ahead's `f` rows, the
+    /// rest joining: each joining sequence's step runs alone (a one-row
+    /// pass), its id copied on the device after the step's own, and the
+    /// next step of them all is recorded on those ids before any is read.
+    fn step_ahead_joined(
+        &self,
+        ahead: &mut BatchAhead<B>,
+        seqs: &mut [&mut Sequence<B>],
+        tokens: &[u32],
+        f: Flight,
+    ) -> Result<Vec<u32>> {
+        let (be, r) = (&self.backend, f.rows.len());
+        let s = &self.single;
+        for (j, (seq, &t)) in seqs[r..].iter_mut().zip(&tokens[r..]).enumerate() {
+            be.write_u32(&s.ids, 0, &[t])?;
+            self.record_rows(std::slice::from_mut(seq), &s.ids, 1)?;
+            be.argmax(self.final_logits(s), &s.ids_next, 1, self.cfg.vocab)?;
+            let to = CopyRange {
+                src_offset: 0,
+                dst_offset: r + j,
+                len: 1,
+            };
+            be.copy_range(&s.ids_next, &ahead.ids[f.out], to)?;
+        }
+        // (the step's own readback has only its rows: one of them all
+        // begins now, before the next step is recorded)
+        let out = f.out;
+        be.finish_read_u32(f.ticket).ok();
+        let all = Flight {
+            rows: Vec::new(),
+            embedded: Vec::new(),
+            out,
+            ticket: be.begin_read_u32(&ahead.ids[out])?,
+        };
+        for (seq, &t) in seqs.iter_mut().zip(tokens) {
+            seq.advance(&[t]);
+        }
+        let next = self.record_ahead(ahead, seqs, out, Vec::new())?;
+        self.settle_step(ahead, all, next, seqs.len())
     }
 
     /// The rest of a call whose step ran as part of a wider one: `tokens`
