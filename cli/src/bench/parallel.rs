@@ -102,6 +102,9 @@ pub fn run<B: ComputeBackend + Counters>(
             Value::Null
         };
         let per_stream = steps as f64 / secs;
+        // (steps found run ahead, and dropped: every timed step after the
+        // first should be found, none dropped)
+        let (ahead_used, ahead_dropped) = ahead.counts();
         let counted = match (dispatches, copies) {
             (Some(d), Some(c)) => format!(", {d:.0} dispatches and {c:.0} copies a step"),
             _ => String::new(),
@@ -123,6 +126,8 @@ pub fn run<B: ComputeBackend + Counters>(
             "passes_a_step": n.div_ceil(model.max_decode_batch()),
             "dispatches_a_step": dispatches,
             "copies_a_step": copies,
+            "steps_found_run_ahead": ahead_used,
+            "steps_run_ahead_dropped": ahead_dropped,
             "profile": profile,
         }));
     }
