@@ -241,9 +241,9 @@ impl<B: ComputeBackend> Model<B> {
             be.copy_range(&s.ids_next, &ahead.ids[f.out], to)?;
         }
         // (the step's own readback has only its rows: one of them all
-        // begins now, before the next step is recorded)
+        // begins now, submitting the new rows' passes, and the next step
+        // is recorded while the device runs them)
         let out = f.out;
-        be.finish_read_u32(f.ticket).ok();
         let all = Flight {
             rows: Vec::new(),
             embedded: Vec::new(),
@@ -253,8 +253,9 @@ impl<B: ComputeBackend> Model<B> {
         for (seq, &t) in seqs.iter_mut().zip(tokens) {
             seq.advance(&[t]);
         }
-        let next = self.record_ahead(ahead, seqs, out, Vec::new())?;
-        self.settle_step(ahead, all, next, seqs.len())
+        let next = self.record_ahead(ahead, seqs, out, Vec::new());
+        be.finish_read_u32(f.ticket).ok();
+        self.settle_step(ahead, all, next?, seqs.len())
     }
 
     /// The rest of a call whose step ran as part of a wider one: `tokens`
