@@ -338,7 +338,8 @@ fn refusals<B: ComputeBackend>(m: &Model<B>, other: &Model<B>) {
 /// other by `decode_batch_ahead`, through everything a caller may do
 /// between steps (a token other than the one given, readbacks enough to
 /// make the backend let go of the step's, a truncation, a row leaving, one
-/// joining, a sampled row, a prefill): each step's tokens
+/// leaving as another joins, rows reordered, a sampled row, a prefill):
+/// each step's tokens
 /// the same, and the sequences the same after (tokens, and the next
 /// token's logits, bit for bit on the CPU reference, else to
 /// [`SAME_PATH_NMSE`]), so the step run ahead is dropped wherever it is not
@@ -375,13 +376,14 @@ fn ahead_as_unpipelined<B: ComputeBackend>(m: &Model<B>, other: &Model<B>, bits:
         /// never finished.
         Reads,
     }
-    let script: [(&[usize], Option<u64>, Before); 10] = [
+    let script: [(&[usize], Option<u64>, Before); 11] = [
         (&[0, 1, 2], None, Before::Nothing),
         (&[0, 1, 2], None, Before::Nothing),
         (&[0, 1, 2], None, Before::ForceToken),
         (&[0, 1, 2], None, Before::Reads),
         (&[0, 1, 2], None, Before::Truncate),
         (&[0, 2], None, Before::Nothing),
+        (&[2, 1], None, Before::Nothing),
         (&[0, 2, 3], None, Before::Nothing),
         (&[0, 2, 3], Some(5), Before::Nothing),
         (&[0, 2, 3], None, Before::Prefill),
@@ -418,12 +420,10 @@ fn ahead_as_unpipelined<B: ComputeBackend>(m: &Model<B>, other: &Model<B>, bits:
                 .map(|(i, _)| Sampler::new(&sampling(seed.filter(|_| i == 0))).unwrap())
                 .collect();
             let tokens: Vec<u32> = rows.iter().map(|&r| last[r]).collect();
-            let mut picked: Vec<&mut Sequence<B>> = seqs
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| rows.contains(i))
-                .map(|(_, s)| s)
-                .collect();
+            // (in `rows`' order, which need not be the sequences')
+            let mut by_index: Vec<Option<&mut Sequence<B>>> = seqs.iter_mut().map(Some).collect();
+            let mut picked: Vec<&mut Sequence<B>> =
+                rows.iter().map(|&r| by_index[r].take().unwrap()).collect();
             let mut p: Vec<&mut Sampler> = samplers.iter_mut().collect();
             let ids = if w == 0 {
                 m.decode_batch(&mut picked, &tokens, &mut p)
@@ -439,11 +439,11 @@ fn ahead_as_unpipelined<B: ComputeBackend>(m: &Model<B>, other: &Model<B>, bits:
         assert_eq!(got[0], got[1], "step {k}: tokens run ahead against not");
     }
     // (steps 1 and 3 find theirs run ahead, 3's readback let go by the
-    // backend; 5 and 9, a row fewer, theirs for the rows that stay; 6, a
-    // row more, its own for the rows it had, the new one's step run
-    // alone; 2, 4 and 7 drop theirs; 7, sampled, runs none ahead, so 8
-    // has none to find)
-    assert_eq!(ahead.counts(), (5, 3), "steps run ahead: (used, dropped)");
+    // backend; 5 and 10, rows fewer, theirs for the rows that stay; 6, one
+    // row gone and one back, its own for the row that stayed, the other's
+    // step run alone; 2, 4, 7 (its row 2 not first any more) and 8 drop
+    // theirs; 8, sampled, runs none ahead, so 9 has none to find)
+    assert_eq!(ahead.counts(), (5, 4), "steps run ahead: (used, dropped)");
     let [plain, ahead_run] = &mut worlds[..] else {
         unreachable!()
     };

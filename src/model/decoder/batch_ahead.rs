@@ -9,12 +9,12 @@
 //! The step run ahead is a guess that the caller comes back with the same
 //! sequences, unchanged, and the ids it was just given. Where some of them
 //! have left (a generation ended), the step ran for the rest all the same:
-//! its ids serve them, and only their next step's recording is not hidden.
-//! Where sequences joined after them, their own steps run alone (one-row
-//! passes, cheaper than the batched step they would otherwise cost again)
-//! and the next step takes everyone. Where the call is otherwise (one was
-//! truncated, sampled, or run elsewhere between the calls, or rows left
-//! and joined at once) the step ahead is dropped: its keys and
+//! its ids serve them. Where sequences joined after them, their own steps
+//! run alone (one-row passes, cheaper than the batched step they would
+//! otherwise cost again) and the next step takes everyone. Where the call
+//! is otherwise (a sequence was truncated, sampled, or run elsewhere
+//! between the calls, or those that stayed come in another order) the
+//! step ahead is dropped: its keys and
 //! values were written one position past each sequence's, entries that are
 //! dead (`Sequence::written` keeps what they overwrote in the sliding
 //! rings), and the step is recorded again from the caller's tokens. So the
@@ -40,10 +40,10 @@ pub struct BatchAhead<B: ComputeBackend> {
 }
 
 impl<B: ComputeBackend> BatchAhead<B> {
-    /// Steps a call found already run ahead, for all its sequences, for
-    /// those that stayed of a wider step, or for those before the ones that
-    /// joined; and steps run ahead that no call asked for (dropped: a
-    /// sequence changed between calls, or some left as others joined).
+    /// Steps a call found already run ahead, for all its sequences or for
+    /// those that stayed (others left, others joined after them); and steps
+    /// run ahead that no call asked for (dropped: a sequence changed
+    /// between calls, or those that stayed came in another order).
     pub fn counts(&self) -> (u64, u64) {
         (self.used, self.dropped)
     }
@@ -116,8 +116,8 @@ impl<B: ComputeBackend> Model<B> {
     /// streamed layer places its experts from the host between its router
     /// and its experts), the device runs the step after this one while the
     /// host waits for this one's ids, and a call that comes back with the
-    /// same sequences (or some of them, in the same order, or them and new
-    /// ones after them) and those ids finds it done or running. Otherwise
+    /// same sequences (or some of them in the same order, new ones after
+    /// them) and those ids finds it done or running. Otherwise
     /// this is `decode_batch`. The step ahead writes each sequence's keys
     /// one position past its own (dead entries until the next call makes
     /// them its own) and counts as a computed position.
@@ -148,19 +148,11 @@ impl<B: ComputeBackend> Model<B> {
                 ahead.used += 1;
                 f
             }
-            (Some(f), Some((rows, joined))) if joined > 0 && rows.len() == f.rows.len() => {
+            (Some(f), Some((rows, _))) => {
+                // Rows left or joined since: the step ran for those that
+                // stayed, whatever the rest.
                 ahead.used += 1;
-                return self.step_ahead_joined(ahead, seqs, tokens, f);
-            }
-            (Some(f), Some((rows, 0))) => {
-                // Rows left since: the step ran for the rest, whose next
-                // is recorded from the ids read back (the host's
-                // recording not hidden this once, the step not run again).
-                ahead.used += 1;
-                let out = f.out;
-                let all = self.read_ids(ahead, f)?;
-                let ids: Vec<u32> = rows.iter().map(|&i| all[i]).collect();
-                return self.step_ahead_from(ahead, seqs, tokens, ids, out);
+                return self.step_ahead_reshaped(ahead, seqs, tokens, f, rows);
             }
             (stale, _) => {
                 if let Some(f) = stale {
@@ -216,18 +208,30 @@ impl<B: ComputeBackend> Model<B> {
         }
     }
 
-    /// A call whose first sequences are the step ahead's `f` rows, the
-    /// rest joining: each joining sequence's step runs alone (a one-row
-    /// pass), its id copied on the device after the step's own, and the
-    /// next step of them all is recorded on those ids before any is read.
-    fn step_ahead_joined(
+    /// A call whose first sequences are some or all of the step ahead's
+    /// `f` rows (at `rows` among them), the rest joining. The rows that
+    /// stayed keep the step's ids, on the device where none left, else read
+    /// back and written in their new order; each joining sequence's step
+    /// runs alone (a one-row pass), its id copied after theirs on the
+    /// device; the next step of them all is recorded on those ids.
+    fn step_ahead_reshaped(
         &self,
         ahead: &mut BatchAhead<B>,
         seqs: &mut [&mut Sequence<B>],
         tokens: &[u32],
         f: Flight,
+        rows: Vec<usize>,
     ) -> Result<Vec<u32>> {
-        let (be, r) = (&self.backend, f.rows.len());
+        let (be, r, out) = (&self.backend, rows.len(), f.out);
+        let mut unread = None;
+        if r < f.rows.len() {
+            let all = self.read_ids(ahead, f)?;
+            let ids: Vec<u32> = rows.iter().map(|&i| all[i]).collect();
+            no_argmax_in(&ids)?;
+            be.write_u32(&ahead.ids[out], 0, &ids)?;
+        } else {
+            unread = Some(f.ticket);
+        }
         let s = &self.single;
         for (j, (seq, &t)) in seqs[r..].iter_mut().zip(&tokens[r..]).enumerate() {
             be.write_u32(&s.ids, 0, &[t])?;
@@ -238,12 +242,10 @@ impl<B: ComputeBackend> Model<B> {
                 dst_offset: r + j,
                 len: 1,
             };
-            be.copy_range(&s.ids_next, &ahead.ids[f.out], to)?;
+            be.copy_range(&s.ids_next, &ahead.ids[out], to)?;
         }
-        // (the step's own readback has only its rows: one of them all
-        // begins now, submitting the new rows' passes, and the next step
-        // is recorded while the device runs them)
-        let out = f.out;
+        // (one readback of them all begins now, submitting the new rows'
+        // passes, and the next step is recorded while the device runs them)
         let all = Flight {
             rows: Vec::new(),
             embedded: Vec::new(),
@@ -254,28 +256,10 @@ impl<B: ComputeBackend> Model<B> {
             seq.advance(&[t]);
         }
         let next = self.record_ahead(ahead, seqs, out, Vec::new());
-        be.finish_read_u32(f.ticket).ok();
-        self.settle_step(ahead, all, next?, seqs.len())
-    }
-
-    /// The rest of a call whose step ran as part of a wider one: `tokens`
-    /// in the caches, `ids` (this step's, read back) written into
-    /// `ahead.ids[into]` and the next step recorded on them.
-    fn step_ahead_from(
-        &self,
-        ahead: &mut BatchAhead<B>,
-        seqs: &mut [&mut Sequence<B>],
-        tokens: &[u32],
-        ids: Vec<u32>,
-        into: usize,
-    ) -> Result<Vec<u32>> {
-        no_argmax_in(&ids)?;
-        for (seq, &t) in seqs.iter_mut().zip(tokens) {
-            seq.advance(&[t]);
+        if let Some(t) = unread {
+            be.finish_read_u32(t).ok();
         }
-        self.backend.write_u32(&ahead.ids[into], 0, &ids)?;
-        ahead.flight = Some(self.record_ahead(ahead, seqs, into, ids.clone())?);
-        Ok(ids)
+        self.settle_step(ahead, all, next?, seqs.len())
     }
 
     /// A step's ids: its readback, or where the backend let that go, its
