@@ -738,23 +738,54 @@ pub(crate) fn qkv_attention(
     }
     // (qkv_attention_fits: the plan is attn_decode's)
     let split = split_plan(gpu, &p)?;
-    // Past the fused launch's workgroups (a long context), the two ops,
-    // over the plan made here.
-    if split.groups > FUSED_MAX_GROUPS {
-        qkv_post(gpu, raw, w_q, w_k, pos, q, kc, vc, qp)?;
-        return split_phase(gpu, (q, kc, vc, pos), out, &p, &split);
-    }
-    fused(
-        gpu,
+    let d = DecodeStep {
         raw,
-        (w_q, w_k),
+        w: (w_q, w_k),
         pos,
         q,
-        (kc, vc),
+        kv: (kc, vc),
         out,
-        (qp, p),
-        split,
-        None,
+        qp,
+        p,
+    };
+    decode_launches(gpu, &d, split, None)
+}
+
+/// One decode step's buffers and parameters, as [`qkv_attention`] takes
+/// them: the raw q|k|v rows, the norms' weights, positions, the queries'
+/// scratch, the caches and the heads.
+struct DecodeStep<'a> {
+    raw: &'a WgpuBuffer,
+    w: (&'a WgpuBuffer, &'a WgpuBuffer),
+    pos: &'a WgpuBuffer,
+    q: &'a WgpuBuffer,
+    kv: (&'a WgpuBuffer, &'a WgpuBuffer),
+    out: &'a WgpuBuffer,
+    qp: QkvPost,
+    p: Attention,
+}
+
+/// A decode step's launches over `split` (an attn_decode plan), on the
+/// whole of `raw` and `out` or (`rows`) one row's byte range of each: the
+/// fused launch (and its combine), or, where it does not take the plan
+/// (past its workgroups: a long context), qkv_post then the split phase.
+fn decode_launches(
+    gpu: &Gpu,
+    d: &DecodeStep<'_>,
+    split: SplitPlan,
+    rows: Option<((u64, u64), (u64, u64))>,
+) -> Result<()> {
+    if qkv_attention_fits(gpu, &d.p) && split.groups <= FUSED_MAX_GROUPS {
+        return fused(gpu, d, split, rows);
+    }
+    let (kc, vc) = d.kv;
+    qkv_post_from(gpu, (d.raw, rows.map(|r| r.0)), d.w, d.pos, d.q, d.kv, d.qp)?;
+    split_phase_into(
+        gpu,
+        (d.q, kc, vc, d.pos),
+        (d.out, rows.map(|r| r.1)),
+        &d.p,
+        &split,
     )
 }
 
@@ -791,43 +822,32 @@ pub(crate) fn qkv_attention_row(
         return Ok(false);
     }
     let split = split_plan(gpu, &p)?;
-    if qkv_attention_fits(gpu, &p) && split.groups <= FUSED_MAX_GROUPS {
-        let rows = Some((raw_row, out_row));
-        fused(
-            gpu,
-            raw,
-            (w_q, w_k),
-            pos,
-            q,
-            (kc, vc),
-            out,
-            (qp, p),
-            split,
-            rows,
-        )?;
-        return Ok(true);
-    }
-    qkv_post_from(gpu, (raw, Some(raw_row)), (w_q, w_k), pos, q, (kc, vc), qp)?;
-    split_phase_into(gpu, (q, kc, vc, pos), (out, Some(out_row)), &p, &split)?;
+    let d = DecodeStep {
+        raw,
+        w: (w_q, w_k),
+        pos,
+        q,
+        kv: (kc, vc),
+        out,
+        qp,
+        p,
+    };
+    decode_launches(gpu, &d, split, Some((raw_row, out_row)))?;
     Ok(true)
 }
 
 /// The fused decode launch of [`qkv_attention`] and its combine, on the
 /// whole of `raw` and `out`, or (`rows`) on the byte ranges of one row of
 /// each: `((raw offset, size), (out offset, size))`.
-#[allow(clippy::too_many_arguments)]
 fn fused(
     gpu: &Gpu,
-    raw: &WgpuBuffer,
-    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
-    pos: &WgpuBuffer,
-    q: &WgpuBuffer,
-    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
-    out: &WgpuBuffer,
-    (qp, p): (QkvPost, Attention),
+    d: &DecodeStep<'_>,
     mut split: SplitPlan,
     rows: Option<((u64, u64), (u64, u64))>,
 ) -> Result<()> {
+    let (p, qp) = (&d.p, &d.qp);
+    let ((w_q, w_k), (kc, vc), (raw, out)) = (d.w, d.kv, (d.raw, d.out));
+    let (pos, q) = (d.pos, d.q);
     let group = p.heads / p.kv_heads;
     let d4 = p.head_dim / 4;
     let freq = freq_table(gpu, qp.theta, qp.head_dim, qp.rot_pairs)?;
@@ -877,7 +897,7 @@ fn fused(
         },
         &ranges,
     )?;
-    combine(gpu, &split, (out, rows.map(|r| r.1)), &p)
+    combine(gpu, &split, (out, rows.map(|r| r.1)), p)
 }
 
 #[cfg(test)]
