@@ -167,25 +167,26 @@ impl<B: ComputeBackend> Model<B> {
                     return self.decode_batch(seqs, tokens, samplers);
                 }
                 self.backend.write_u32(&ahead.ids[1], 0, tokens)?;
-                self.record_ahead(ahead, seqs, 1, tokens.to_vec())?
+                self.record_ahead(ahead, seqs, 1)?
             }
         };
         for (seq, &t) in seqs.iter_mut().zip(tokens) {
             seq.advance(&[t]);
         }
         // The next step, on the ids this one's argmax writes, while the
-        // device runs this one. (Its `embedded` is set once they are read.)
-        let next = self.record_ahead(ahead, seqs, current.out, Vec::new())?;
-        self.settle_step(ahead, current, next, m)
+        // device runs this one.
+        let next = self.record_ahead(ahead, seqs, current.out)?;
+        self.settle_step(ahead, (current.ticket, current.out), next, m)
     }
 
-    /// This step's `m` ids, read back from `current`'s readback, with the
-    /// step `next` recorded on them kept in flight (its readback let go
-    /// where this one fails or gives a row no token).
+    /// This step's `m` ids, from the readback `current` (its ticket, and
+    /// which id buffer it reads), with the step `next` recorded on them
+    /// kept in flight (its readback let go where this one fails or gives a
+    /// row no token).
     fn settle_step(
         &self,
         ahead: &mut BatchAhead<B>,
-        current: Flight,
+        current: (ReadTicket, usize),
         next: Flight,
         m: usize,
     ) -> Result<Vec<u32>> {
@@ -225,7 +226,7 @@ impl<B: ComputeBackend> Model<B> {
         let (be, r, out) = (&self.backend, rows.len(), f.out);
         let mut unread = None;
         if r < f.rows.len() {
-            let all = self.read_ids(ahead, f)?;
+            let all = self.read_ids(ahead, (f.ticket, out))?;
             let ids: Vec<u32> = rows.iter().map(|&i| all[i]).collect();
             no_argmax_in(&ids)?;
             be.write_u32(&ahead.ids[out], 0, &ids)?;
@@ -246,16 +247,11 @@ impl<B: ComputeBackend> Model<B> {
         }
         // (one readback of them all begins now, submitting the new rows'
         // passes, and the next step is recorded while the device runs them)
-        let all = Flight {
-            rows: Vec::new(),
-            embedded: Vec::new(),
-            out,
-            ticket: be.begin_read_u32(&ahead.ids[out])?,
-        };
+        let all = (be.begin_read_u32(&ahead.ids[out])?, out);
         for (seq, &t) in seqs.iter_mut().zip(tokens) {
             seq.advance(&[t]);
         }
-        let next = self.record_ahead(ahead, seqs, out, Vec::new());
+        let next = self.record_ahead(ahead, seqs, out);
         if let Some(t) = unread {
             be.finish_read_u32(t).ok();
         }
@@ -265,10 +261,14 @@ impl<B: ComputeBackend> Model<B> {
     /// A step's ids: its readback, or where the backend let that go, its
     /// buffer, which nothing has written since (the step after it writes
     /// the other one).
-    fn read_ids(&self, ahead: &BatchAhead<B>, f: Flight) -> Result<Vec<u32>> {
+    fn read_ids(
+        &self,
+        ahead: &BatchAhead<B>,
+        (ticket, out): (ReadTicket, usize),
+    ) -> Result<Vec<u32>> {
         self.backend
-            .finish_read_u32(f.ticket)
-            .or_else(|_| self.backend.download_u32(&ahead.ids[f.out]))
+            .finish_read_u32(ticket)
+            .or_else(|_| self.backend.download_u32(&ahead.ids[out]))
     }
 
     /// Record one step of `seqs` embedding the ids in `ahead.ids[input]`,
@@ -278,7 +278,6 @@ impl<B: ComputeBackend> Model<B> {
         ahead: &BatchAhead<B>,
         seqs: &mut [&mut Sequence<B>],
         input: usize,
-        embedded: Vec<u32>,
     ) -> Result<Flight> {
         let m = seqs.len();
         let out = 1 - input;
@@ -287,7 +286,8 @@ impl<B: ComputeBackend> Model<B> {
         be.argmax(self.final_logits(s), &ahead.ids[out], m, self.cfg.vocab)?;
         Ok(Flight {
             rows: seqs.iter().map(|s| (s.id, s.pos, s.computed)).collect(),
-            embedded,
+            // (the ids it embeds, set once the host has read them)
+            embedded: Vec::new(),
             out,
             ticket: be.begin_read_u32(&ahead.ids[out])?,
         })
