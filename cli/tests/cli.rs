@@ -547,4 +547,7 @@ fn bench_speculative_runs_on_the_tiny_model() {
     }
     let same = "the first 24 of 24 tokens as plain decode's";
     assert_eq!(err.matches(same).count(), 3, "{err}");
+    let settled = "proposals were the verification's own tokens after 1 run(s)";
+    assert_eq!(err.matches(settled).count(), 3, "{err}");
+    assert!(err.contains("first token: prompt whole -> "), "{err}");
 }

@@ -21,6 +21,9 @@ use super::Args;
 const RATES: [f64; 3] = [0.5, 0.7, 0.9];
 /// Timed verification passes of each size (the median is reported).
 const REPS: usize = 9;
+/// Runs a forced rate may take for its proposals to settle on the
+/// verification pass's own tokens.
+const MAX_SETTLE_RUNS: usize = 8;
 
 fn greedy(n: usize) -> GenerateOptions {
     GenerateOptions {
@@ -68,7 +71,9 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
         );
     }
 
-    // Plain decode, whose tokens the forced proposals follow.
+    let first = first_token_paths(&model, &prompt)?;
+
+    // Plain decode, whose tokens the forced proposals follow at first.
     let plain = model.generate(&mut model.new_sequence()?, &prompt, &greedy(decode))?;
     eprintln!("plain decode: {:.1} tok/s", plain.decode_tok_s);
     let drafter = Drafter::synthetic(
@@ -80,27 +85,47 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     )?;
     let mut runs = Vec::new();
     for rate in RATES {
-        let mut r = Rng::new(args.seed ^ (rate * 1000.0) as u64);
-        let forced: Vec<u32> = plain
-            .tokens
-            .iter()
-            .map(|&t| {
-                if (r.uniform() as f64) < rate {
-                    t
-                } else {
-                    (t + 1) % cfg.vocab as u32
-                }
-            })
-            .collect();
-        let spec = SpeculativeOptions {
-            draft_tokens: DEFAULT_DRAFT_TOKENS,
-            forced: Some(forced),
+        // A forced-right proposal must be the token the verification pass
+        // itself computes. On a GPU that pass's m-row kernels round
+        // otherwise than a decode step's, and where the random model has a
+        // near-tie the two greedy paths part: then every later proposal
+        // from plain decode's tokens would be wrong. So each run's tokens
+        // become the next run's base until a run gives back its own base
+        // (its first differing token is at least one later each time).
+        let mut base = plain.tokens.clone();
+        let mut runs_to_settle = 0;
+        let (g, st) = loop {
+            runs_to_settle += 1;
+            let mut r = Rng::new(args.seed ^ (rate * 1000.0) as u64);
+            let forced: Vec<u32> = base
+                .iter()
+                .map(|&t| {
+                    if (r.uniform() as f64) < rate {
+                        t
+                    } else {
+                        (t + 1) % cfg.vocab as u32
+                    }
+                })
+                .collect();
+            let spec = SpeculativeOptions {
+                draft_tokens: DEFAULT_DRAFT_TOKENS,
+                forced: Some(forced),
+            };
+            let mut seq = model.new_sequence()?;
+            let (g, st) =
+                drafter.generate(&model, &mut seq, &prompt, &greedy(decode), &spec, |_| {
+                    ControlFlow::Continue(())
+                })?;
+            if g.tokens == base || runs_to_settle == MAX_SETTLE_RUNS {
+                break (g, st);
+            }
+            base = g.tokens.clone();
         };
-        let mut seq = model.new_sequence()?;
-        let (g, st) =
-            drafter.generate(&model, &mut seq, &prompt, &greedy(decode), &spec, |_| {
-                ControlFlow::Continue(())
-            })?;
+        let settled = g.tokens == base;
+        eprintln!(
+            "forced rate {rate}: proposals {} the verification's own tokens after {runs_to_settle} run(s)",
+            if settled { "were" } else { "were not yet" }
+        );
         // (the same tokens on the CPU reference, whose m-row products add in
         // the one-row order; on a GPU a verification pass runs the
         // multi-row kernels, whose other rounding flips the random model's
@@ -128,6 +153,8 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
         );
         runs.push(json!({
             "forced_rate": rate,
+            "runs_to_settle": runs_to_settle,
+            "settled": settled,
             "same_tokens_as_plain": same,
             "decode_tok_s": g.decode_tok_s,
             "accepted": st.accepted,
@@ -146,7 +173,48 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
         "draft_tokens": DEFAULT_DRAFT_TOKENS,
         "drafter": { "layers": args.draft_layers, "hidden": args.draft_hidden, "intermediate": 4 * args.draft_hidden },
         "verify_ms": verify,
+        "first_token": first,
         "plain_decode_tok_s": plain.decode_tok_s,
         "speculative": runs,
     }))
+}
+
+/// The first generated token's logits two ways: the prompt through the
+/// prefill path whole (as plain decode takes it), and the prompt but its
+/// last token, then that token as one row (as speculative decoding takes
+/// it). Their largest difference against the top-2 gap says whether two
+/// argmaxes that differ are a near-tie or a fault.
+fn first_token_paths<B: ComputeBackend>(
+    model: &turbospark::model::Model<B>,
+    prompt: &[u32],
+) -> turbospark::Result<Value> {
+    let mut seq = model.new_sequence()?;
+    let whole = model
+        .logits(&mut seq, prompt)?
+        .pop()
+        .expect("one row a token");
+    let mut seq = model.new_sequence()?;
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    model.prefill(&mut seq, head)?;
+    let row = model.logits(&mut seq, last)?.pop().expect("one row");
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i)
+    };
+    let (a, b) = (argmax(&whole), argmax(&row));
+    let mut sorted = whole.clone();
+    sorted.sort_by(|x, y| y.total_cmp(x));
+    let gap = sorted[0] - sorted.get(1).copied().unwrap_or(sorted[0]);
+    let diff = whole
+        .iter()
+        .zip(&row)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    eprintln!(
+        "first token: prompt whole -> {a}, prompt then its last token as a row -> {b}; \
+         largest logit difference {diff:.3e}, top-2 gap {gap:.3e}"
+    );
+    Ok(json!({ "whole": a, "last_as_row": b, "max_abs_diff": diff, "top2_gap": gap }))
 }
