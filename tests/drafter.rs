@@ -93,6 +93,19 @@ fn drafter_logits<B: ComputeBackend>(be: B, limit: f64) {
             input = DraftInput::Previous;
         }
         assert_eq!(drafted, ids(&case["drafted"]), "{name}: drafted tokens");
+        // The greedy step (the selected logits' argmax where the drafter
+        // has centroids, the device's where not) drafts the same tokens.
+        let (mut input, mut tok, mut greedy) = (
+            DraftInput::Target { m: p, row: p - 1 },
+            tokens[p],
+            Vec::new(),
+        );
+        for _ in 0..drafted.len() {
+            tok = drafter.step_greedy(&model, &seq, p, tok, input).unwrap();
+            greedy.push(tok);
+            input = DraftInput::Previous;
+        }
+        assert_eq!(greedy, drafted, "{name}: greedy steps' tokens");
     }
 }
 

@@ -393,10 +393,20 @@ impl<B: ComputeBackend> Drafter<B> {
         hidden: DraftInput,
     ) -> Result<u32> {
         self.record_step(target, seq, p, token, hidden)?;
-        if self.cfg.centroids.is_some() {
-            return Ok(crate::model::sampling::argmax(
-                &self.head(target.backend())?,
-            ));
+        if let Some((ids, scored)) = self.selected_logits(target.backend())? {
+            // The full row's argmax without building it: the largest
+            // selected logit, the lowest id among equals (the row's own
+            // order); the row decides where none is above the fill (every
+            // logit NaN or -inf).
+            let best = ids
+                .iter()
+                .zip(&scored)
+                .filter(|(_, x)| !x.is_nan())
+                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)));
+            return Ok(match best {
+                Some((&id, &x)) if x > f32::NEG_INFINITY => id,
+                _ => crate::model::sampling::argmax(&full_row(&ids, &scored, self.cfg.text.vocab)),
+            });
         }
         let (be, c, s) = (target.backend(), &self.cfg.text, &self.s);
         be.matmul(
@@ -590,6 +600,27 @@ impl<B: ComputeBackend> Drafter<B> {
     /// The head on the final-normed row: the whole vocabulary's logits.
     fn head(&self, be: &B) -> Result<Vec<f32>> {
         let (c, s) = (&self.cfg.text, &self.s);
+        if let Some((ids, scored)) = self.selected_logits(be)? {
+            return Ok(full_row(&ids, &scored, c.vocab));
+        }
+        be.matmul(
+            &self.embed,
+            &s.normed,
+            &s.head,
+            Matmul {
+                m: 1,
+                n: c.vocab,
+                k: c.hidden,
+                precision: self.precision,
+            },
+        )?;
+        be.download_f32(&s.head)
+    }
+
+    /// With centroids: the tokens of the top centroids and their logits,
+    /// read back (None for the plain head).
+    fn selected_logits(&self, be: &B) -> Result<Option<(Vec<u32>, Vec<f32>)>> {
+        let (c, s) = (&self.cfg.text, &self.s);
         let (h, v) = (c.hidden, c.vocab);
         let mm = |w: &B::Buffer, x: &B::Buffer, out: &B::Buffer, n: usize| {
             be.matmul(
@@ -611,8 +642,7 @@ impl<B: ComputeBackend> Drafter<B> {
             &s.sel_rows,
             &s.sel_logits,
         ) else {
-            mm(&self.embed, &s.normed, &s.head, v)?;
-            return be.download_f32(&s.head);
+            return Ok(None);
         };
         mm(cent, &s.normed, &s.head, cc.centroids)?;
         let scores = be.download_f32(&s.head)?;
@@ -636,12 +666,7 @@ impl<B: ComputeBackend> Drafter<B> {
         )?;
         mm(sel_rows, &s.normed, sel_logits, n)?;
         let scored = be.download_f32(sel_logits)?;
-        let low = scored.iter().copied().fold(f32::INFINITY, f32::min) - 1.0;
-        let mut logits = vec![low; v];
-        for (&id, &x) in ids.iter().zip(&scored) {
-            logits[id as usize] = x;
-        }
-        Ok(logits)
+        Ok(Some((ids, scored)))
     }
 
     /// The projected state of the last step (`[backbone_hidden]`), read back.
@@ -657,6 +682,17 @@ pub enum DraftInput {
     Target { m: usize, row: usize },
     /// The drafter's projected state from its previous step.
     Previous,
+}
+
+/// A vocabulary-wide row of the selected tokens' logits, the others below
+/// them all (the tokens outside the top centroids are never drawn).
+fn full_row(ids: &[u32], scored: &[f32], vocab: usize) -> Vec<f32> {
+    let low = scored.iter().copied().fold(f32::INFINITY, f32::min) - 1.0;
+    let mut logits = vec![low; vocab];
+    for (&id, &x) in ids.iter().zip(scored) {
+        logits[id as usize] = x;
+    }
+    logits
 }
 
 /// Indices of the `k` largest values, largest first (the lower index first
