@@ -21,6 +21,26 @@ use super::Args;
 const RATES: [f64; 3] = [0.5, 0.7, 0.9];
 /// Timed verification passes of each size (the median is reported).
 const REPS: usize = 9;
+/// Acceptance rates (each draft right with this probability, on its own)
+/// whose expected speed-up is reported.
+const ACCEPTANCE: [f64; 5] = [0.5, 0.6, 0.7, 0.8, 0.9];
+
+/// Expected decode speed-up over plain decode for k = 1 .. verify.len() - 1
+/// drafts a round at acceptance `a`: a round gives the kept prefix and
+/// one token, `1 + a + .. + a^k` on average, for k draft steps and a
+/// verification of k + 1 tokens (`verify[k]`), where plain decode pays
+/// `step` a token. Each k's speed-up, and its speed-up with a drafter that
+/// costs nothing.
+fn expected_speedups(step: f64, verify: &[f64], draft: f64, a: f64) -> Vec<(usize, f64, f64)> {
+    (1..verify.len())
+        .map(|k| {
+            let tokens: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
+            let plain = tokens * step;
+            (k, plain / (verify[k] + k as f64 * draft), plain / verify[k])
+        })
+        .collect()
+}
+
 /// Runs a forced rate may take for its proposals to settle on the
 /// verification pass's own tokens.
 const MAX_SETTLE_RUNS: usize = 8;
@@ -165,10 +185,48 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
             "verify_ms": st.verify_time.as_secs_f64() * 1e3,
         }));
     }
+    // What a real drafter's acceptance would give, from the passes timed
+    // above: a drafter's step as this one's (the mean over every draft).
+    let drafted: usize = runs
+        .iter()
+        .map(|r| r["drafted"].as_u64().unwrap_or(0) as usize)
+        .sum();
+    let draft_ms: f64 = runs
+        .iter()
+        .map(|r| r["draft_ms"].as_f64().unwrap_or(0.0))
+        .sum();
+    let draft_step = draft_ms / drafted.max(1) as f64;
+    let step = verify[0];
+    eprintln!("a draft step: {draft_step:.3} ms; a decode step: {step:.3} ms");
+    let mut expected = Vec::new();
+    for a in ACCEPTANCE {
+        let row = expected_speedups(step, &verify, draft_step, a);
+        let best = row
+            .iter()
+            .max_by(|x, y| x.1.total_cmp(&y.1))
+            .map_or(0, |x| x.0);
+        eprintln!(
+            "acceptance {a}: {} (best k {best}); with a free drafter: {}",
+            row.iter()
+                .map(|(k, x, _)| format!("k {k} {x:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            row.iter()
+                .map(|(k, _, f)| format!("k {k} {f:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        for (k, x, f) in row {
+            expected
+                .push(json!({ "acceptance": a, "k": k, "speedup": x, "speedup_free_drafter": f }));
+        }
+    }
     Ok(json!({
         "model": name,
         "device": device,
         "prompt_tokens": prompt_len,
+        "draft_step_ms": draft_step,
+        "expected": expected,
         "decode_tokens": decode,
         "draft_tokens": DEFAULT_DRAFT_TOKENS,
         "drafter": { "layers": args.draft_layers, "hidden": args.draft_hidden, "intermediate": 4 * args.draft_hidden },
@@ -217,4 +275,22 @@ fn first_token_paths<B: ComputeBackend>(
          largest logit difference {diff:.3e}, top-2 gap {gap:.3e}"
     );
     Ok(json!({ "whole": a, "last_as_row": b, "max_abs_diff": diff, "top2_gap": gap }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expected_speedups;
+
+    #[test]
+    fn speedup_counts_the_kept_prefix_and_the_rounds_cost() {
+        // verification as dear as k + 1 steps and a free drafter: never a
+        // gain; all kept (a = 1): k + 1 tokens for the round's cost
+        let verify = [1.0, 2.0, 3.0];
+        for (k, x, f) in expected_speedups(1.0, &verify, 0.0, 1.0) {
+            assert_eq!((x, f), (1.0, 1.0), "k {k}");
+        }
+        let got = expected_speedups(2.0, &[2.0, 2.5, 3.0], 0.5, 0.5);
+        // k 1: 1.5 tokens (3 ms plain) for 2.5 + 0.5; k 2: 1.75 (3.5 ms) for 3 + 1
+        assert_eq!(got, vec![(1, 1.0, 1.2), (2, 0.875, 3.5 / 3.0)]);
+    }
 }
