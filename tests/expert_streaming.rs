@@ -13,7 +13,7 @@ mod primitives_only;
 
 use std::path::{Path, PathBuf};
 
-use turbospark::model::experts::{Counts, Optimism, Policy, SlotCache};
+use turbospark::model::experts::{Counts, Optimism, Policy, SlotCache, StreamPrefill};
 use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, TensorSource};
 use turbospark::{ComputeBackend, SlotWrite};
 use turbospark_cpu::CpuBackend;
@@ -117,19 +117,26 @@ fn streams_like_resident<B: ComputeBackend>(
     let resident = run(&mut model, &toks, prompt);
     backend = model.into_backend();
     let mut per_layer = None;
-    for (slots, policy, optimism) in (k..=e).flat_map(|n| {
-        [Policy::Lfu, Policy::Lru]
-            .into_iter()
-            .flat_map(move |p| OPTIMISMS.map(|o| (n, p, o)))
-    }) {
+    // Every slot count, policy and optimism with the default prefill
+    // (full-layer stacks), then each slot count in token waves.
+    let runs = (k..=e)
+        .flat_map(|n| {
+            [Policy::Lfu, Policy::Lru]
+                .into_iter()
+                .flat_map(move |p| OPTIMISMS.map(|o| (n, p, o, StreamPrefill::FullLayer)))
+        })
+        .chain((k..e).map(|n| (n, Policy::Lfu, Optimism::Never, StreamPrefill::TokenWaves)));
+    for (slots, policy, optimism, prefill) in runs {
         {
             let what = format!(
-                "{name}, {slots} slots, {}, optimism {}, batch {batch}",
+                "{name}, {slots} slots, {}, optimism {}, batch {batch}, prefill {}",
                 policy.name(),
-                optimism.name()
+                optimism.name(),
+                prefill.name()
             );
             let o = ModelOptions {
                 expert_optimism: optimism,
+                stream_prefill: prefill,
                 ..options(Some(slots), policy, batch)
             };
             let mut model = OneSequence::load(backend, &ck, o).unwrap();
@@ -160,10 +167,23 @@ fn streams_like_resident<B: ComputeBackend>(
                 assert!(st.counts.hits > 0 && st.bytes > 0, "{what}: {st:?}");
             }
             if slots < 2 * k && batch > 1 {
+                let (waves, full) = match prefill {
+                    StreamPrefill::FullLayer => (0, st.full_layer_passes),
+                    StreamPrefill::TokenWaves => (st.extra_waves, 0),
+                };
                 assert!(
-                    st.extra_waves > 0,
-                    "{what}: no prefill ran in waves: {st:?}"
+                    waves + full > 0 && waves * full == 0,
+                    "{what}: no prefill past the slots ran as asked: {st:?}"
                 );
+                assert_eq!(
+                    (st.extra_waves, st.full_layer_passes),
+                    (waves, full),
+                    "{what}"
+                );
+            }
+            if prefill == StreamPrefill::TokenWaves {
+                backend = model.into_backend();
+                continue;
             }
             // The slots as the per-layer path places them: its hits,
             // misses and bytes (every optimism runs after Never).
@@ -340,6 +360,39 @@ fn the_backend_holds_the_bytes_info_counts() {
             "{slots} slots: the backend holds {streamed} bytes, resident {resident}"
         );
     }
+}
+
+/// A prefill past the slots through the full-layer stacks holds a layer's
+/// experts only while it runs: the device holds the same bytes after it as
+/// before, and held at least a layer's experts beyond the slots during it.
+#[test]
+fn full_layer_stacks_are_let_go_after_the_pass() {
+    let Some(be) = common::wgpu_backend() else {
+        return;
+    };
+    let dir = fixture("tiny-text-q4");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, prompt) = tokens(&dir);
+    let cfg = ck.config().clone();
+    let mut model = OneSequence::load(be, &ck, options(Some(cfg.top_k), Policy::Lfu, 512)).unwrap();
+    // (the first pass makes the batch scratch, which stays)
+    model.logits(&toks[..prompt]).unwrap();
+    model.reset();
+    let _ = model.take_stream_stats();
+    let held = model.backend().memory().0;
+    model.backend().reset_peak_memory();
+    model.logits(&toks[..prompt]).unwrap();
+    let (after, peak) = model.backend().memory();
+    let st = model.take_stream_stats().expect("streamed");
+    assert!(st.full_layer_passes > 0, "{st:?}");
+    assert_eq!(after, held, "the full-layer stacks outlived the pass");
+    let layer = (ck.device_weight_bytes(None) - ck.device_weight_bytes(Some(cfg.top_k)))
+        / cfg.layers.len() as u64;
+    assert!(
+        peak - held >= layer,
+        "the pass held {} bytes past the slots, a layer's experts past them are {layer}",
+        peak - held
+    );
 }
 
 /// Routing by a trace (`Model::route_by`): the router's own recorded

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use turbospark::model::drafter::{Drafter, SpeculativeOptions, SpeculativeStats};
 use turbospark::model::experts::StreamStats;
-use turbospark::model::experts::{Optimism, Policy};
+use turbospark::model::experts::{Optimism, Policy, StreamPrefill};
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
@@ -142,6 +142,16 @@ pub struct ExpertArgs {
     /// which every expert hit) or always.
     #[arg(long, default_value = "after-hit", value_parser = parse_optimism)]
     pub expert_optimism: Optimism,
+    /// How a prefill batch whose streamed experts exceed the slots runs:
+    /// full-layer (a layer's experts in stacks held for the pass, each
+    /// written once) or token-waves (waves of tokens through the slots, no
+    /// memory past them).
+    #[arg(long, default_value = "full-layer", value_parser = parse_stream_prefill)]
+    pub stream_prefill: StreamPrefill,
+}
+
+pub fn parse_stream_prefill(s: &str) -> Result<StreamPrefill, String> {
+    StreamPrefill::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
@@ -159,6 +169,7 @@ impl ExpertArgs {
             expert_slots: self.expert_slots,
             expert_policy: self.expert_policy,
             expert_optimism: self.expert_optimism,
+            stream_prefill: self.stream_prefill,
             ..opts
         }
     }
@@ -608,7 +619,7 @@ pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> Stri
         "experts: {} slots a layer; {} hits, {} misses ({:.1}% hit); {} streamed \
          ({} a token, copied from the mapping at {}); {:.2} host waits a token, \
          host wait {:.2} ms a token; {} optimistic decode passes, {} stood{}; {} \
-         prefill layer passes in waves",
+         prefill layer passes through full-layer stacks, {} in waves",
         slots.map_or("?".into(), |n| n.to_string()),
         st.counts.hits,
         st.counts.misses,
@@ -637,6 +648,7 @@ pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> Stri
         } else {
             String::new()
         },
+        st.full_layer_passes,
         st.extra_waves
     )
 }

@@ -49,7 +49,7 @@ use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::experts::slot_cache::Policy;
-use crate::model::experts::streaming::Optimism;
+use crate::model::experts::streaming::{Optimism, StreamPrefill};
 pub use crate::model::scratch::{scratch_bytes, stream_scratch_bytes};
 use crate::model::scratch::{widest_layer, Scratch};
 use crate::model::weights::{Loader, TensorSource};
@@ -119,6 +119,10 @@ pub struct ModelOptions {
     /// When a decode pass of streamed experts looks its slots up on the
     /// device instead of waiting for each layer's ids ([`Optimism`]).
     pub expert_optimism: Optimism,
+    /// How a prefill batch whose routed experts exceed a streamed layer's
+    /// slots runs ([`StreamPrefill`]): through full-layer stacks made for
+    /// the pass (the default), or in waves of tokens through the slots.
+    pub stream_prefill: StreamPrefill,
     /// The arithmetic of the tensor-core products (prefill GEMMs and
     /// attention; [`crate::Precision`]): exact (the default, the f32 floor)
     /// or fast (activations rounded once to f16). The model's own, passed
@@ -135,6 +139,7 @@ impl Default for ModelOptions {
             expert_slots: None,
             expert_policy: Policy::Lfu,
             expert_optimism: Optimism::AfterHit,
+            stream_prefill: StreamPrefill::FullLayer,
             precision: crate::Precision::Exact,
         }
     }
@@ -185,6 +190,7 @@ pub struct Model<B: ComputeBackend> {
     /// of weights every sequence's passes share).
     expert_slots: Option<usize>,
     expert_optimism: Optimism,
+    stream_prefill: StreamPrefill,
     /// Whether the last pass found every expert in its slot (with
     /// `Optimism::AfterHit`, the next decode pass is optimistic).
     hit_last: Cell<bool>,
@@ -274,6 +280,7 @@ impl<B: ComputeBackend> Model<B> {
             embed_scale,
             expert_slots: slots,
             expert_optimism: opts.expert_optimism,
+            stream_prefill: opts.stream_prefill,
             hit_last: Cell::new(false),
         })
     }
@@ -569,6 +576,7 @@ impl<B: ComputeBackend> Model<B> {
         if let (true, Some(trace)) = (tracing, seq.routing.as_mut()) {
             trace.extend(pass);
         }
+        Self::drop_full_layer(s);
         seq.computed += m as u64;
         if let Some((t, row)) = seq.route_by.as_mut() {
             *row = (*row + m) % t.tokens.len();
@@ -592,6 +600,15 @@ impl<B: ComputeBackend> Model<B> {
             self.record_head(s, &s.residual.normed, m)?;
         }
         Ok(unsettled)
+    }
+
+    /// Let a pass's full-layer stacks go (the device keeps them until the
+    /// work recorded on them is done): they hold a layer's experts only
+    /// while a prefill pass needs them.
+    pub(super) fn drop_full_layer(s: &Scratch<B::Buffer>) {
+        if let Some(ws) = &s.experts.waves {
+            ws.full_layer.borrow_mut().take();
+        }
     }
 
     /// The embedding of the pass's `ids` into `res.x` and layer 0's input

@@ -125,6 +125,20 @@ pub(crate) struct WaveScratch<T> {
     /// Every layer's routed ids of such a pass, a miss flagged
     /// (`ComputeBackend::slot_lookup`'s log), read back once a pass.
     pub log: T,
+    /// A prefill pass's full-layer stacks (every expert of a layer, for
+    /// the layers whose batch does not fit the slots), made when the
+    /// first such layer needs them and let go at the pass's end
+    /// (`model::experts::streaming`).
+    pub full_layer: std::cell::RefCell<Option<FullLayer<T>>>,
+}
+
+/// Stacks of every expert of a layer, in the slot stacks' format, that a
+/// prefill pass refills for each layer whose experts exceed its slots.
+pub(crate) struct FullLayer<T> {
+    pub gate_up: T,
+    pub down: T,
+    /// Each stack's format: a layer of another format makes new ones.
+    pub dtypes: [DType; 2],
 }
 
 impl<T> Scratch<T> {
@@ -281,6 +295,7 @@ impl<T> WaveScratch<T> {
             sum,
             chain,
             log,
+            full_layer: std::cell::RefCell::new(None),
         })
     }
 }

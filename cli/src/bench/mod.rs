@@ -173,6 +173,10 @@ pub struct Args {
     /// in which every expert hit; always).
     #[arg(long, default_value = "after-hit", value_parser = crate::generate::parse_optimism)]
     pub expert_optimism: turbospark::model::experts::Optimism,
+    /// With --stream-slots: how a prefill batch past the slots runs
+    /// (full-layer or token-waves).
+    #[arg(long, default_value = "full-layer", value_parser = crate::generate::parse_stream_prefill)]
+    pub stream_prefill: turbospark::model::experts::StreamPrefill,
     /// Write a generated routing trace for the `--synthetic` model's shape
     /// to this file (for --route-by-trace), print its parameters and its
     /// LFU hit rate at 16 slots, and exit.

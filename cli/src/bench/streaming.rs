@@ -37,8 +37,13 @@ struct Point {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     decode: StreamStats,
+    /// The prompt's prefill (one pass of it, after the warm-up).
+    prefill: StreamStats,
     loaded_bytes: Option<u64>,
     peak_bytes: Option<u64>,
+    /// The peak over the timed decode alone (a prefill past the slots
+    /// holds full-layer stacks while it runs).
+    decode_peak_bytes: Option<u64>,
 }
 
 pub fn run<B: ComputeBackend + Counters>(
@@ -96,6 +101,11 @@ pub fn run<B: ComputeBackend + Counters>(
                 "bench: streaming:   {}",
                 crate::generate::stats_line(&p.decode, tokens, n)
             );
+            eprintln!(
+                "bench: streaming:   prefill of {} tokens: {}",
+                prompt.len(),
+                crate::generate::stats_line(&p.prefill, prompt.len(), n)
+            );
             let streamed = p.decode.bytes as f64 / tokens as f64 * p.decode_tok_s / 1e9;
             eprintln!(
                 "bench: streaming:   decode streams {streamed:.2} GB/s, {:.1}% of the \
@@ -144,6 +154,13 @@ pub fn run<B: ComputeBackend + Counters>(
                 "rerun_layers_per_token": p.decode.rerun_layers as f64 / tokens,
                 "device_bytes_loaded": p.loaded_bytes,
                 "device_bytes_peak": p.peak_bytes,
+                "device_bytes_peak_decode": p.decode_peak_bytes,
+                "prefill_bytes_streamed": p.prefill.bytes,
+                "prefill_copy_gbps": (p.prefill.write_time.as_secs_f64() > 0.0)
+                    .then(|| p.prefill.bytes as f64 / p.prefill.write_time.as_secs_f64() / 1e9),
+                "prefill_host_wait_ms": p.prefill.host_wait.as_secs_f64() * 1e3,
+                "prefill_full_layer_passes": p.prefill.full_layer_passes,
+                "prefill_layer_passes_in_waves": p.prefill.extra_waves,
                 "miss_us": miss_s.map(|s| s * 1e6),
                 "miss_over_bandwidth": miss_s.map(|s| s / (expert_bytes as f64 / (h2d_gbps * 1e9))),
             })
@@ -179,6 +196,7 @@ pub fn run<B: ComputeBackend + Counters>(
             "n": h2d.stats.n,
         },
         "expert_optimism": args.expert_optimism.name(),
+        "stream_prefill": args.stream_prefill.name(),
         "expert_bytes": expert_bytes,
         "points": rows,
         "slot_path_cost_at_all_hits": slot_path_cost,
@@ -208,6 +226,7 @@ fn point<B: ComputeBackend + Counters>(
             kv_cache: args.kv_cache.dtype(),
             expert_slots: slots,
             expert_optimism: args.expert_optimism,
+            stream_prefill: args.stream_prefill,
             ..Default::default()
         },
     )?;
@@ -246,20 +265,26 @@ fn point<B: ComputeBackend + Counters>(
         }
     }
     model.reset();
+    model.take_stream_stats();
     let g = model.generate(prompt, &greedy(1))?;
     let first = *g.tokens.last().unwrap_or(&0);
-    model.take_stream_stats();
+    let prefill = model.take_stream_stats().unwrap_or_default();
+    let peak_bytes = model.backend().memory().map(|m| m.1 - held);
+    model.backend().reset_peak_memory();
     let d = model.generate(&[first], &greedy(args.decode_tokens.max(2)))?;
     let decode = model.take_stream_stats().unwrap_or_default();
-    let peak_bytes = model.backend().memory().map(|m| m.1 - held);
+    let decode_peak_bytes = model.backend().memory().map(|m| m.1 - held);
+    let peak_bytes = peak_bytes.max(decode_peak_bytes);
     Ok((
         Point {
             slots,
             prefill_tok_s: g.prefill_tok_s,
             decode_tok_s: d.decode_tok_s,
             decode,
+            prefill,
             loaded_bytes,
             peak_bytes,
+            decode_peak_bytes,
         },
         model.into_backend(),
     ))

@@ -214,6 +214,7 @@ impl<B: ComputeBackend> Model<B> {
                 trace: None,
                 optimistic: false,
                 placed: Vec::new(),
+                prefill: self.stream_prefill,
             };
             let next = self.norm_after(li, Tail::Head);
             recorded = layer.record(&p, res, res, next, s, &kv, &mut sp);
@@ -222,6 +223,7 @@ impl<B: ComputeBackend> Model<B> {
             }
         }
         seqs[0].stream = stats;
+        Self::drop_full_layer(s);
         recorded?;
         self.record_head(s, &res.normed, m)?;
         self.backend.flush()?;

@@ -100,6 +100,7 @@ impl<B: ComputeBackend> Model<B> {
             trace: seq.route_by.as_ref().map(|(t, row)| (t, *row)),
             optimistic,
             placed: Vec::new(),
+            prefill: self.stream_prefill,
         };
         layer.record(
             p,

@@ -12,11 +12,19 @@
 //! the host and the MoE kernels see an `slots`-expert stack: every backend's
 //! MoE ops (and its fusions of them) serve streaming unchanged.
 //!
-//! A prefill batch whose experts do not all fit the slots runs in waves
-//! (`waves`): each wave's tokens keep their routing weights, the others
-//! get weight 0 (their rows come out exactly +0), and the waves' outputs are
-//! summed, so each token's row is the one the resident run computes (x + 0 =
-//! x), bit for bit.
+//! A prefill batch whose experts do not all fit the slots runs through a
+//! full-layer stack ([`StreamPrefill::FullLayer`], the default): stacks
+//! of every expert, made for the pass and let go at its end, into which
+//! each such layer writes the experts its batch routes to (each once), then
+//! runs the resident layer's ops with the router's own ids, so its rows are
+//! the resident run's by construction. A 512-token batch at top-8 of 128
+//! routes to nearly every expert of a layer: one pass over them, where
+//! waves of whole tokens ([`StreamPrefill::TokenWaves`], no extra memory)
+//! fit one or two tokens in 16 slots and run hundreds of MoE passes a layer.
+//! In token waves each wave's tokens keep their routing weights, the
+//! others get weight 0 (their rows come out exactly +0), and the waves'
+//! outputs are summed, so each token's row is the one the resident run
+//! computes (x + 0 = x), bit for bit.
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +33,8 @@ use super::stored::StoredExperts;
 use super::trace::Trace;
 use crate::backend::{ComputeBackend, ExpertBytes, ExpertStack, SlotWrite};
 use crate::error::Result;
-use crate::model::scratch::{ExpertScratch, WaveScratch};
-use crate::ops::{DownArgs, GateUpArgs};
+use crate::model::scratch::{ExpertScratch, FullLayer, WaveScratch};
+use crate::ops::{DownArgs, GateUpArgs, Moe};
 
 /// The device side of one streamed layer: its two slot stacks' shapes and
 /// the stored experts they are filled from.
@@ -62,6 +70,8 @@ pub struct StreamStats {
     pub waits: u64,
     /// Layer passes that ran in more than one wave (prefill).
     pub extra_waves: u64,
+    /// Layer passes that ran through the full-layer stacks (prefill).
+    pub full_layer_passes: u64,
     /// Decode passes recorded optimistically ([`Optimism`]: slots looked up
     /// on the device, every layer's ids read back once at the end), and
     /// those of them in which every expert hit, which stood as recorded.
@@ -72,6 +82,39 @@ pub struct StreamStats {
     /// whose experts on the rerun differ from the optimistic pass's.
     pub rerun_layers: u64,
     pub rerouted_layers: u64,
+}
+
+/// How a prefill batch whose routed experts exceed a layer's slots runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamPrefill {
+    /// Through stacks of every expert of a layer, made for the pass (the
+    /// layer's experts in the checkpoint's format: about 0.4 GiB at q4 for
+    /// Gemma 4 26B-A4B) and let go at its end; each such layer's routed
+    /// experts written into them once, then the resident layer's ops.
+    #[default]
+    FullLayer,
+    /// In waves of whole tokens through the slots, no memory past them:
+    /// one MoE pass over the batch a wave.
+    TokenWaves,
+}
+
+impl StreamPrefill {
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamPrefill::FullLayer => "full-layer",
+            StreamPrefill::TokenWaves => "token-waves",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<StreamPrefill> {
+        match s {
+            "full-layer" => Ok(StreamPrefill::FullLayer),
+            "token-waves" => Ok(StreamPrefill::TokenWaves),
+            _ => Err(crate::Error::InvalidInput(format!(
+                "stream prefill {s:?}: full-layer or token-waves"
+            ))),
+        }
+    }
 }
 
 /// When a decode pass of streamed experts is recorded optimistically: each
@@ -124,6 +167,8 @@ pub(crate) struct StreamPass<'a> {
     pub trace: Option<(&'a Trace, usize)>,
     pub optimistic: bool,
     pub placed: Vec<u32>,
+    /// How a batch that exceeds the slots runs.
+    pub prefill: StreamPrefill,
 }
 
 /// The slot stacks' device buffers a placement writes into, and the slot
@@ -191,6 +236,25 @@ impl StreamedLayer {
     }
 }
 
+/// A stack of every expert of `stored` in the slot stacks' format.
+fn alloc_full<B: ComputeBackend>(
+    be: &B,
+    stored: &StoredExperts,
+    gate_up: bool,
+) -> Result<B::Buffer> {
+    let stack = ExpertStack {
+        experts: stored.experts,
+        gate_up,
+    };
+    let part = if gate_up { "gate_up" } else { "down" };
+    be.alloc_experts(
+        stored.dtype,
+        stack,
+        (stored.experts * stored.rows, stored.cols),
+        &format!("full-layer {part} stack (prefill)"),
+    )
+}
+
 /// Layer `li`'s routed experts for the `m` tokens of `s`, after its
 /// router ran: the ids read back, placed in the layer's slots (the misses
 /// written), the slot ids written. With one wave (always in decode) the
@@ -242,6 +306,71 @@ pub(crate) fn run<'s, B: ComputeBackend>(
         sp.placed = ids.to_vec();
         slot_gate_up.run(be)?;
         return Ok(None);
+    }
+    if sp.prefill == StreamPrefill::FullLayer {
+        let mut full = ws.full_layer.borrow_mut();
+        let dtypes = [layer.gate_up.dtype, layer.down.dtype];
+        if full.as_ref().is_none_or(|f| f.dtypes != dtypes) {
+            *full = None;
+            *full = Some(FullLayer {
+                gate_up: alloc_full(be, &layer.gate_up, true)?,
+                down: alloc_full(be, &layer.down, false)?,
+                dtypes,
+            });
+        }
+        let f = full.as_ref().expect("made above");
+        let union = union(ids);
+        layer.gate_up.check_unchanged()?;
+        if !layer.down.maps_the_files_of(&layer.gate_up) {
+            layer.down.check_unchanged()?;
+        }
+        for (stored, buf, gate_up) in [
+            (&layer.gate_up, &f.gate_up, true),
+            (&layer.down, &f.down, false),
+        ] {
+            let writes: Vec<(usize, ExpertBytes<'_>)> = union
+                .iter()
+                .map(|&e| (e as usize, stored.expert(e as usize)))
+                .collect();
+            let t1 = Instant::now();
+            let path = be.write_experts(
+                buf,
+                stored.dtype,
+                ExpertStack {
+                    experts: stored.experts,
+                    gate_up,
+                },
+                (stored.experts * stored.rows, stored.cols),
+                &writes,
+            )?;
+            stats.write_time += t1.elapsed();
+            stats.write_path = Some(path);
+            stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+        }
+        // (an expert's place in the full stacks is its id: the resident
+        // layer's ids, which a trace may have given instead of the router)
+        be.write_u32(&ws.slot_ids, 0, ids)?;
+        stats.host_wait += t0.elapsed();
+        stats.full_layer_passes += 1;
+        let p = Moe {
+            experts: layer.gate_up.experts,
+            ..slot_down.p
+        };
+        GateUpArgs {
+            gate_up: &f.gate_up,
+            ids: &ws.slot_ids,
+            p,
+            ..*gate_up
+        }
+        .run(be)?;
+        DownArgs {
+            down: &f.down,
+            ids: &ws.slot_ids,
+            p,
+            ..*slot_down
+        }
+        .run(be)?;
+        return Ok(Some(&s.out));
     }
     stats.extra_waves += 1;
     stats.waits += 1;
