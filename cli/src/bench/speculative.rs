@@ -64,6 +64,8 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
 
     // Verification against a decode step: the same call over 1..=5 tokens
     // after the prompt, each pass taken back.
+    // (a decode run first: the pipelines built, the GPU at its clocks)
+    model.generate(&mut model.new_sequence()?, &prompt, &greedy(decode))?;
     let mut seq = model.new_sequence()?;
     model.prefill(&mut seq, &prompt)?;
     let extra: Vec<u32> = (0..5).map(|_| rng.below(vocab) as u32).collect();
@@ -196,8 +198,13 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
         .map(|r| r["draft_ms"].as_f64().unwrap_or(0.0))
         .sum();
     let draft_step = draft_ms / drafted.max(1) as f64;
-    let step = verify[0];
-    eprintln!("a draft step: {draft_step:.3} ms; a decode step: {step:.3} ms");
+    // (plain decode's step is what a token costs without a drafter)
+    let step = 1e3 / plain.decode_tok_s.max(1e-9);
+    eprintln!(
+        "a draft step: {draft_step:.3} ms; a plain decode step: {step:.3} ms; a verification \
+         of 1 token {:.3} ms",
+        verify[0]
+    );
     let mut expected = Vec::new();
     for a in ACCEPTANCE {
         let row = expected_speedups(step, &verify, draft_step, a);
@@ -246,15 +253,39 @@ fn first_token_paths<B: ComputeBackend>(
     model: &turbospark::model::Model<B>,
     prompt: &[u32],
 ) -> turbospark::Result<Value> {
+    let moe = model.config().enable_moe;
     let mut seq = model.new_sequence()?;
+    seq.record_routing(moe);
     let whole = model
         .logits(&mut seq, prompt)?
         .pop()
         .expect("one row a token");
+    let routed_whole = seq.take_routing();
     let mut seq = model.new_sequence()?;
+    seq.record_routing(moe);
     let (head, last) = prompt.split_at(prompt.len() - 1);
     model.prefill(&mut seq, head)?;
     let row = model.logits(&mut seq, last)?.pop().expect("one row");
+    // Where the two routed a token's experts otherwise: a router near-tie
+    // flipped by rounding (the random model's logits then part by O(1)).
+    let mut flips = Vec::new();
+    if let (Some(a), Some(b)) = (routed_whole, seq.take_routing()) {
+        for (t, (ra, rb)) in a.tokens.iter().zip(&b.tokens).enumerate() {
+            for (l, (ea, eb)) in ra.iter().zip(rb).enumerate() {
+                let (mut ea, mut eb) = (ea.clone(), eb.clone());
+                ea.sort_unstable();
+                eb.sort_unstable();
+                if ea != eb {
+                    flips.push((t, l));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "first token: expert choices that differ between the two: {} (token, layer) {:?}",
+        flips.len(),
+        &flips[..flips.len().min(8)]
+    );
     let argmax = |v: &[f32]| {
         v.iter()
             .enumerate()
@@ -274,7 +305,14 @@ fn first_token_paths<B: ComputeBackend>(
         "first token: prompt whole -> {a}, prompt then its last token as a row -> {b}; \
          largest logit difference {diff:.3e}, top-2 gap {gap:.3e}"
     );
-    Ok(json!({ "whole": a, "last_as_row": b, "max_abs_diff": diff, "top2_gap": gap }))
+    Ok(json!({
+        "whole": a,
+        "last_as_row": b,
+        "max_abs_diff": diff,
+        "top2_gap": gap,
+        "expert_choices_differing": flips.len(),
+        "first_differing_choice": flips.first(),
+    }))
 }
 
 #[cfg(test)]
