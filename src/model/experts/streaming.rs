@@ -17,7 +17,8 @@
 //! of every expert, made for the pass and let go at its end, into which
 //! each such layer writes the experts its batch routes to (each once), then
 //! runs the resident layer's ops with the router's own ids, so its rows are
-//! the resident run's by construction. A 512-token batch at top-8 of 128
+//! the resident run's by construction (a batch with as many routes as
+//! experts writes them all without reading its ids back). A 512-token batch at top-8 of 128
 //! routes to nearly every expert of a layer: one pass over them, where
 //! waves of whole tokens ([`StreamPrefill::TokenWaves`], no extra memory)
 //! fit one or two tokens in 16 slots and run hundreds of MoE passes a layer.
@@ -236,6 +237,94 @@ impl StreamedLayer {
     }
 }
 
+/// A prefill layer through the full-layer stacks (made if the pass has none
+/// of this layer's formats yet): with `ids` (the host's), the experts they
+/// route to written and the ids copied to the device; without, every
+/// expert written and the router's ids read where they are. Then the
+/// resident layer's two ops; their output, `s.out`.
+fn full_layer<'s, B: ComputeBackend>(
+    be: &B,
+    layer: &StreamedLayer,
+    stats: &mut StreamStats,
+    (s, ws): (&'s ExpertScratch<B::Buffer>, &'s WaveScratch<B::Buffer>),
+    (gate_up, slot_down): (&GateUpArgs<'_, B::Buffer>, &DownArgs<'_, B::Buffer>),
+    ids: Option<&[u32]>,
+    t0: Instant,
+) -> Result<&'s B::Buffer> {
+    let mut full = ws.full_layer.borrow_mut();
+    let dtypes = [layer.gate_up.dtype, layer.down.dtype];
+    if full.as_ref().is_none_or(|f| f.dtypes != dtypes) {
+        *full = None;
+        *full = Some(FullLayer {
+            gate_up: alloc_full(be, &layer.gate_up, true)?,
+            down: alloc_full(be, &layer.down, false)?,
+            dtypes,
+        });
+    }
+    let f = full.as_ref().expect("made above");
+    let experts: Vec<u32> = match ids {
+        Some(ids) => union(ids),
+        None => (0..layer.gate_up.experts as u32).collect(),
+    };
+    layer.gate_up.check_unchanged()?;
+    if !layer.down.maps_the_files_of(&layer.gate_up) {
+        layer.down.check_unchanged()?;
+    }
+    for (stored, buf, gate_up) in [
+        (&layer.gate_up, &f.gate_up, true),
+        (&layer.down, &f.down, false),
+    ] {
+        let writes: Vec<(usize, ExpertBytes<'_>)> = experts
+            .iter()
+            .map(|&e| (e as usize, stored.expert(e as usize)))
+            .collect();
+        let t1 = Instant::now();
+        let path = be.write_experts(
+            buf,
+            stored.dtype,
+            ExpertStack {
+                experts: stored.experts,
+                gate_up,
+            },
+            (stored.experts * stored.rows, stored.cols),
+            &writes,
+        )?;
+        stats.write_time += t1.elapsed();
+        stats.write_path = Some(path);
+        stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+    }
+    // (an expert's place in the full stacks is its id: the router's own
+    // ids, or the host's, which a trace may have given instead)
+    let route = match ids {
+        Some(ids) => {
+            be.write_u32(&ws.slot_ids, 0, ids)?;
+            &ws.slot_ids
+        }
+        None => gate_up.ids,
+    };
+    stats.host_wait += t0.elapsed();
+    stats.full_layer_passes += 1;
+    let p = Moe {
+        experts: layer.gate_up.experts,
+        ..slot_down.p
+    };
+    GateUpArgs {
+        gate_up: &f.gate_up,
+        ids: route,
+        p,
+        ..*gate_up
+    }
+    .run(be)?;
+    DownArgs {
+        down: &f.down,
+        ids: route,
+        p,
+        ..*slot_down
+    }
+    .run(be)?;
+    Ok(&s.out)
+}
+
 /// A stack of every expert of `stored` in the slot stacks' format.
 fn alloc_full<B: ComputeBackend>(
     be: &B,
@@ -276,6 +365,17 @@ pub(crate) fn run<'s, B: ComputeBackend>(
 ) -> Result<Option<&'s B::Buffer>> {
     let (m, k) = (gate_up.p.m, gate_up.p.top_k);
     let t0 = Instant::now();
+    // A batch with at least as many routes as experts, past the slots:
+    // every expert of the layer into the full-layer stacks at once, not
+    // waiting for the router's ids (such a batch routes to nearly all).
+    let experts = layer.gate_up.experts;
+    if sp.prefill == StreamPrefill::FullLayer
+        && sp.trace.is_none()
+        && layer.cache.slots() < experts
+        && m * k >= experts
+    {
+        return full_layer(be, layer, sp.stats, (s, ws), (gate_up, slot_down), None, t0).map(Some);
+    }
     // A trace's ids are the host's already: no wait for the router's.
     let ids: Vec<u32> = match sp.trace {
         Some((t, row)) => (0..m)
@@ -308,69 +408,16 @@ pub(crate) fn run<'s, B: ComputeBackend>(
         return Ok(None);
     }
     if sp.prefill == StreamPrefill::FullLayer {
-        let mut full = ws.full_layer.borrow_mut();
-        let dtypes = [layer.gate_up.dtype, layer.down.dtype];
-        if full.as_ref().is_none_or(|f| f.dtypes != dtypes) {
-            *full = None;
-            *full = Some(FullLayer {
-                gate_up: alloc_full(be, &layer.gate_up, true)?,
-                down: alloc_full(be, &layer.down, false)?,
-                dtypes,
-            });
-        }
-        let f = full.as_ref().expect("made above");
-        let union = union(ids);
-        layer.gate_up.check_unchanged()?;
-        if !layer.down.maps_the_files_of(&layer.gate_up) {
-            layer.down.check_unchanged()?;
-        }
-        for (stored, buf, gate_up) in [
-            (&layer.gate_up, &f.gate_up, true),
-            (&layer.down, &f.down, false),
-        ] {
-            let writes: Vec<(usize, ExpertBytes<'_>)> = union
-                .iter()
-                .map(|&e| (e as usize, stored.expert(e as usize)))
-                .collect();
-            let t1 = Instant::now();
-            let path = be.write_experts(
-                buf,
-                stored.dtype,
-                ExpertStack {
-                    experts: stored.experts,
-                    gate_up,
-                },
-                (stored.experts * stored.rows, stored.cols),
-                &writes,
-            )?;
-            stats.write_time += t1.elapsed();
-            stats.write_path = Some(path);
-            stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
-        }
-        // (an expert's place in the full stacks is its id: the resident
-        // layer's ids, which a trace may have given instead of the router)
-        be.write_u32(&ws.slot_ids, 0, ids)?;
-        stats.host_wait += t0.elapsed();
-        stats.full_layer_passes += 1;
-        let p = Moe {
-            experts: layer.gate_up.experts,
-            ..slot_down.p
-        };
-        GateUpArgs {
-            gate_up: &f.gate_up,
-            ids: &ws.slot_ids,
-            p,
-            ..*gate_up
-        }
-        .run(be)?;
-        DownArgs {
-            down: &f.down,
-            ids: &ws.slot_ids,
-            p,
-            ..*slot_down
-        }
-        .run(be)?;
-        return Ok(Some(&s.out));
+        return full_layer(
+            be,
+            layer,
+            stats,
+            (s, ws),
+            (gate_up, slot_down),
+            Some(ids),
+            t0,
+        )
+        .map(Some);
     }
     stats.extra_waves += 1;
     stats.waits += 1;
