@@ -76,7 +76,8 @@ pub struct Args {
     /// adapter has timestamp queries (includes submit and launch overhead).
     #[arg(long)]
     pub wall_clock: bool,
-    /// End to end: also load this synthetic model (`gemma-4-26b-a4b`, `tiny`)
+    /// End to end: also load this synthetic model (`gemma-4-26b-a4b`,
+    /// `gemma-4-26b-a4b-narrow`: its routing 256 wide, `tiny`)
     /// with random bf16 weights and time prefill and decode on every backend.
     #[arg(long)]
     pub synthetic: Option<String>,
