@@ -408,7 +408,15 @@ impl<B: ComputeBackend> Drafter<B> {
                 _ => crate::model::sampling::argmax(&full_row(&ids, &scored, self.cfg.text.vocab)),
             });
         }
-        let (be, c, s) = (target.backend(), &self.cfg.text, &self.s);
+        let (be, s) = (target.backend(), &self.s);
+        self.plain_head(be)?;
+        be.argmax(&s.head, &s.arg, 1, self.cfg.text.vocab)?;
+        Ok(be.download_u32(&s.arg)?[0])
+    }
+
+    /// The tied head over the whole vocabulary into `s.head`.
+    fn plain_head(&self, be: &B) -> Result<()> {
+        let (c, s) = (&self.cfg.text, &self.s);
         be.matmul(
             &self.embed,
             &s.normed,
@@ -419,9 +427,7 @@ impl<B: ComputeBackend> Drafter<B> {
                 k: c.hidden,
                 precision: self.precision,
             },
-        )?;
-        be.argmax(&s.head, &s.arg, 1, c.vocab)?;
-        Ok(be.download_u32(&s.arg)?[0])
+        )
     }
 
     /// Record a draft step up to the final norm (`s.normed`) and the
@@ -603,17 +609,7 @@ impl<B: ComputeBackend> Drafter<B> {
         if let Some((ids, scored)) = self.selected_logits(be)? {
             return Ok(full_row(&ids, &scored, c.vocab));
         }
-        be.matmul(
-            &self.embed,
-            &s.normed,
-            &s.head,
-            Matmul {
-                m: 1,
-                n: c.vocab,
-                k: c.hidden,
-                precision: self.precision,
-            },
-        )?;
+        self.plain_head(be)?;
         be.download_f32(&s.head)
     }
 
