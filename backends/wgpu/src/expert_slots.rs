@@ -177,20 +177,59 @@ pub(crate) fn write_experts(
     }
     // Ops recorded earlier read the slots' old experts: submit them first.
     gpu.flush()?;
-    let mut views = Vec::with_capacity(copies.len());
-    for c in &copies {
-        let size = std::num::NonZeroU64::new(c.len as u64)
+    // Copies whose destinations follow each other in one buffer (a layer's
+    // experts written whole, slot after slot) share one staging view.
+    copies.sort_by_key(|c| (c.chunk, c.at));
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, c) in copies.iter().enumerate() {
+        match runs.last_mut() {
+            Some((first, n))
+                if copies[*first].chunk == c.chunk
+                    && copies[i - 1].at + copies[i - 1].len as u64 == c.at =>
+            {
+                *n += 1
+            }
+            _ => runs.push((i, 1)),
+        }
+    }
+    let mut views = Vec::with_capacity(runs.len());
+    for &(first, n) in &runs {
+        let run = &copies[first..first + n];
+        let len: usize = run.iter().map(|c| c.len).sum();
+        let size = std::num::NonZeroU64::new(len as u64)
             .ok_or_else(|| Error::shape(OP, "an empty copy".to_string()))?;
         let view = gpu
             .queue
-            .write_buffer_with(c.buffer, c.at, size)
-            .ok_or_else(|| Error::Gpu(format!("{OP}: no staging memory for {} bytes", c.len)))?;
+            .write_buffer_with(run[0].buffer, run[0].at, size)
+            .ok_or_else(|| Error::Gpu(format!("{OP}: no staging memory for {len} bytes")))?;
         views.push(view);
     }
+    let mut pieces = Vec::with_capacity(copies.len());
+    for (view, &(first, n)) in views.iter_mut().zip(&runs) {
+        let mut rest = view.slice(..);
+        for c in &copies[first..first + n] {
+            let (head, tail) = rest.split_at(c.len);
+            pieces.push(Piece(head));
+            rest = tail;
+        }
+    }
     let bytes: usize = copies.iter().map(|c| c.len).sum();
-    on_threads(&mut views, &copies, bytes, |v, c| src.fill(v.slice(..), c));
+    on_threads(&mut pieces, &copies, bytes, |v, c| {
+        src.fill(v.0.slice(..), c)
+    });
     Ok(SlotWrite::Staged)
 }
+
+/// One copy's bytes of a staging or mapped view, split from it, for a
+/// copy thread.
+struct Piece<'a>(wgpu::WriteOnly<'a, [u8]>);
+
+// SAFETY: a piece is write access to bytes no other piece covers (each is
+// split off its view with `split_at`), borrowed from a view that is itself
+// `Send` and outlives the threads (`on_threads` scopes them); wgpu makes
+// `WriteOnly<T>` `Send` for every sized `T: Send`, and `[u8]` misses that
+// only by the implicit `Sized` bound, as `&mut [u8]` is `Send`.
+unsafe impl Send for Piece<'_> {}
 
 /// Where the copies' bytes come from: the writes' parts, or (a stack in
 /// tile order) each write's expert tiled on the host.
@@ -362,13 +401,23 @@ fn fill_segments(segments: &[Segment<'_, '_>], src: &Sources<'_, '_>) -> Result<
                 .map_err(|e| Error::Gpu(format!("write_experts: a mapped slot range: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let bytes = segments.iter().map(|s| (s.hi - s.lo) as usize).sum();
-    on_threads(&mut views, segments, bytes, |v, s| {
-        for c in &s.copies {
-            let at = (c.at - s.lo) as usize;
-            src.fill(v.slice(at..at + c.len), c);
+    // (each copy its own piece of its segment's view, so that threads share
+    // the copies, not the segments: a layer's experts written whole make a
+    // segment a part)
+    let mut pieces = Vec::new();
+    let mut jobs = Vec::new();
+    for (v, seg) in views.iter_mut().zip(segments) {
+        let (mut rest, mut at) = (v.slice(..), seg.lo);
+        for c in &seg.copies {
+            let (_, from) = rest.split_at((c.at - at) as usize);
+            let (head, tail) = from.split_at(c.len);
+            pieces.push(Piece(head));
+            jobs.push(*c);
+            (rest, at) = (tail, c.at + c.len as u64);
         }
-    });
+    }
+    let bytes = jobs.iter().map(|c| c.len).sum();
+    on_threads(&mut pieces, &jobs, bytes, |v, c| src.fill(v.0.slice(..), c));
     Ok(())
 }
 
