@@ -107,6 +107,17 @@ fn bench_streams_routed_by_a_trace() {
     // (the trace's ids are the host's before each pass: no readback)
     assert_eq!(streamed["decode_host_waits_per_token"], 0.0, "{streamed}");
     assert!(v["host_to_device_gbps"].as_f64().unwrap() > 0.0, "{v}");
+    // (the ceiling is the faster of a plain write and the slot path's)
+    let (one, slot) = (
+        v["one_write_gbps"].as_f64().unwrap(),
+        v["slot_path_write_gbps"].as_f64().unwrap(),
+    );
+    assert!(one > 0.0 && slot > 0.0, "{v}");
+    assert_eq!(
+        v["host_to_device_gbps"].as_f64().unwrap(),
+        one.max(slot),
+        "{v}"
+    );
 
     std::fs::write(&trace, "experts 8\n0,1;0,1;0,1\n").unwrap();
     fails_with(&run(&trace), "routing trace: 8 experts, the model has 6");

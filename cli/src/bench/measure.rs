@@ -116,6 +116,58 @@ pub fn host_to_device<B: ComputeBackend + ?Sized>(be: &B, reps: usize) -> Result
     })
 }
 
+/// Experts [`slot_writes`] writes a sample.
+const SLOT_PROBE_EXPERTS: usize = 32;
+
+/// [`Upload`] through the path a streamed expert's miss takes
+/// (`ComputeBackend::write_experts`): 32 4-bit experts of Gemma 4
+/// 26B-A4B's gate_up shape (2.2 MB each, their own bytes) into adjacent
+/// slots in one call, as a prefill layer writes its experts (the copy
+/// threads, one staging view a part), each timed to the device's idle.
+pub fn slot_writes<B: ComputeBackend + ?Sized>(be: &B, reps: usize) -> Result<Upload> {
+    use turbospark::dtype::{Affine, ScaleType};
+    use turbospark::{ExpertBytes, ExpertStack};
+    let dtype = DType::Affine(Affine::new(4, 64, ScaleType::BF16)?);
+    let stack = ExpertStack {
+        experts: SLOT_PROBE_EXPERTS,
+        gate_up: true,
+    };
+    let shape = (SLOT_PROBE_EXPERTS * 2 * 704, 2816);
+    let buf = be.alloc_experts(dtype, stack, shape, "slot write probe")?;
+    let lens = stack.part_ranges(dtype, shape, 0)?.map(|r| r.len());
+    let per: usize = lens.iter().sum();
+    let host: Vec<u8> = (0..SLOT_PROBE_EXPERTS * per)
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    let writes: Vec<(usize, ExpertBytes<'_>)> = host
+        .chunks_exact(per)
+        .enumerate()
+        .map(|(slot, e)| {
+            let (a, rest) = e.split_at(lens[0]);
+            let (b, c) = rest.split_at(lens[1]);
+            (
+                slot,
+                ExpertBytes {
+                    parts: [vec![a], vec![b], vec![c]],
+                },
+            )
+        })
+        .collect();
+    be.write_experts(&buf, dtype, stack, shape, &writes)?;
+    be.sync()?;
+    let mut samples = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        be.write_experts(&buf, dtype, stack, shape, &writes)?;
+        be.sync()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    Ok(Upload {
+        bytes: host.len() as u64,
+        stats: Stats::of(&samples),
+    })
+}
+
 /// A streaming kernel over `bytes` a call, rotating over `sets` buffers.
 #[derive(Clone, Debug)]
 pub struct SizedStream {
