@@ -551,7 +551,9 @@ impl<B: ComputeBackend> Model<B> {
         } else {
             None
         };
-        let misses = seq.stream.counts.misses;
+        // (a pass through full-layer stacks placed nothing in the slots: the
+        // next step does not count as following hits)
+        let misses = seq.stream.counts.misses + seq.stream.full_layer_passes;
         seq.written = seq.written.max(seq.pos + m);
         let input = chain.map_or(&s.residual, |c| &c[0]);
         self.record_embedding(&p, input, ids)?;
@@ -594,7 +596,8 @@ impl<B: ComputeBackend> Model<B> {
             (None, _) => None,
         };
         if unsettled.is_none() && self.expert_slots.is_some() {
-            self.hit_last.set(seq.stream.counts.misses == misses);
+            self.hit_last
+                .set(seq.stream.counts.misses + seq.stream.full_layer_passes == misses);
         }
         if tail == Tail::Head {
             self.record_head(s, &s.residual.normed, m)?;
