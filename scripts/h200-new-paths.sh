@@ -17,12 +17,16 @@
 #      the slots beside resident prefill);
 #   5. bench --serve, q4g64: one stream through generate's path and through
 #      the server on the same loaded model;
+#   6. stream-prefill: a 512-token prompt through 16 slots on the generated
+#      trace, through the full-layer stacks (the default) and in token
+#      waves, with the copy ceilings (one write, the slot path);
 #   and, named in STEPS only, spec-bf16: bench --speculative with bf16 weights;
 #   f32units: q4 and bf16 end to end on the f32 units (TURBOSPARK_TENSOR_CORES=0),
 #   the path an Apple GPU without matrix units takes; small: the dense
 #   projections and LM head at 4, 8 and 16 rows through the streaming GEMVs
 #   (TURBOSPARK_GEMM_FROM_M=17) and through the small-batch GEMM (=2).
-# STEPS picks some of them (default "split spec parallel stream serve").
+# STEPS picks some of them (default "split spec parallel stream serve
+# stream-prefill").
 set -uo pipefail
 
 OUT=${OUT:-$PWD/bench-out}
@@ -34,7 +38,7 @@ t0=$SECONDS
 step() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$OUT/steps.log"; }
 model=(--backend wgpu --quant q4 --synthetic gemma-4-26b-a4b)
 
-for s in ${STEPS:-split spec parallel stream serve}; do
+for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
     case "$s" in
     split)
         for f in matmul_quantized moe_gate_up_quantized moe_down_quantized; do
@@ -46,12 +50,12 @@ for s in ${STEPS:-split spec parallel stream serve}; do
     spec)
         timeout 170 "$BIN" bench "${model[@]}" --speculative --prompt-tokens 128 --decode-tokens 48 \
             --json "$OUT/spec-q4.json" >"$OUT/spec-q4.log" 2>&1
-        step "speculative: exit $?; $(grep -E '^(verify|plain|forced)' "$OUT/spec-q4.log" | tr '\n' '|')"
+        step "speculative: exit $?; $(grep -E '^(verify|first|plain|forced|a draft|acceptance 0.7)' "$OUT/spec-q4.log" | tr '\n' '|')"
         ;;
     spec-bf16)
         timeout 200 "$BIN" bench --backend wgpu --synthetic gemma-4-26b-a4b --speculative \
             --prompt-tokens 128 --decode-tokens 48 --json "$OUT/spec-bf16.json" >"$OUT/spec-bf16.log" 2>&1
-        step "speculative bf16: exit $?; $(grep -E '^(verify|plain|forced)' "$OUT/spec-bf16.log" | tr '\n' '|')"
+        step "speculative bf16: exit $?; $(grep -E '^(verify|first|plain|forced|a draft|acceptance 0.7)' "$OUT/spec-bf16.log" | tr '\n' '|')"
         ;;
     parallel)
         timeout 150 "$BIN" bench "${model[@]}" --parallel 1,4,16 \
@@ -66,6 +70,17 @@ for s in ${STEPS:-split spec parallel stream serve}; do
         mv "$OUT/stream-q4-after-hit.json" "$OUT/stream-q4-trace.json"
         SLOTS=128 STREAM_TIMEOUT=120 bash "$(dirname "$0")/h200-stream.sh" >/dev/null 2>&1
         step "stream: $(grep -hE 'slots|resident' "$OUT/stream-trace.log" "$OUT/stream-after-hit.log" | tail -6 | tr '\n' '|')"
+        ;;
+    stream-prefill)
+        "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
+            --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+        for p in full-layer token-waves; do
+            timeout 150 "$BIN" bench "${model[@]}" --stream-slots 16 --prompt-tokens 512 --decode-tokens 32 \
+                --route-by-trace "$OUT/trace.txt" --stream-prefill "$p" \
+                --json "$OUT/stream-prefill-$p.json" >"$OUT/stream-prefill-$p.log" 2>&1
+            step "stream prefill $p: exit $?; $(grep -E 'host to device|slots:|prefill of' "$OUT/stream-prefill-$p.log" | cut -c1-300 | tr '\n' '|')"
+        done
+        rm -f "$OUT/trace.txt"
         ;;
     serve)
         timeout 150 "$BIN" bench "${model[@]}" --serve --prompt-tokens 128 --decode-tokens 64 \
