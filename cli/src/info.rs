@@ -86,7 +86,27 @@ pub fn run(a: Args) -> CliResult {
                 human_bytes(run),
                 human_bytes(weights + run)
             );
-            println!("  {}", mac_fit(weights + run));
+            // A prefill batch past the slots holds a layer's experts in
+            // full-layer stacks while it runs: weights(None) - weights(n) is
+            // every layer's experts past its n slots (less the small slot
+            // tables).
+            let full = if n < cfg.experts {
+                (ck.device_weight_bytes(None).saturating_sub(weights)) * cfg.experts as u64
+                    / (cfg.layers.len() * (cfg.experts - n)) as u64
+            } else {
+                0
+            };
+            if full > 0 {
+                println!(
+                    "  a prefill batch whose experts exceed the slots also holds a layer's {} \
+                     experts ({}) while it runs: {} at its peak (--stream-prefill token-waves \
+                     holds none, and is slower)",
+                    cfg.experts,
+                    human_bytes(full),
+                    human_bytes(weights + run + full)
+                );
+            }
+            println!("  {}", mac_fit(weights + run + full));
         }
     }
     Ok(())

@@ -469,6 +469,17 @@ fn info_sizes_a_quantized_checkpoint_for_macs() {
             && text.contains("16 GB, 24 GB, 36 GB, 48 GB, 64 GB"),
         "{text}"
     );
+    // With streamed experts: the full-layer stacks a prefill past the slots
+    // holds, a layer's experts; none where every expert has a slot.
+    let m = dir.display().to_string();
+    let text = succeeds(&turbospark(&["info", "--model", &m, "--expert-slots", "2"]));
+    let line = text
+        .lines()
+        .find(|l| l.contains("also holds a layer's 8 experts"))
+        .unwrap_or_else(|| panic!("no full-layer line: {text}"));
+    assert!(line.contains("token-waves holds none"), "{line}");
+    let all = succeeds(&turbospark(&["info", "--model", &m, "--expert-slots", "8"]));
+    assert!(!all.contains("also holds"), "every expert a slot: {all}");
 }
 
 /// `turbospark` with no arguments runs the bundled model from inside the
