@@ -11,7 +11,7 @@ use super::{head_batch, Kv, Model, Sequence, Tail};
 use crate::backend::ComputeBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::model::experts::streaming::StreamPass;
+use crate::model::experts::streaming::{StreamPass, StreamPrefill};
 use crate::model::sampling::Sampler;
 use crate::model::scratch::Scratch;
 
@@ -214,7 +214,10 @@ impl<B: ComputeBackend> Model<B> {
                 trace: None,
                 optimistic: false,
                 placed: Vec::new(),
-                prefill: self.stream_prefill,
+                // (decode rows keep the slots' hits: a step whose rows
+                // route past the slots runs in waves of rows, never a
+                // whole layer's experts copied a step)
+                prefill: StreamPrefill::TokenWaves,
             };
             let next = self.norm_after(li, Tail::Head);
             recorded = layer.record(&p, res, res, next, s, &kv, &mut sp);
