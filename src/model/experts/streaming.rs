@@ -12,16 +12,17 @@
 //! the host and the MoE kernels see an `slots`-expert stack: every backend's
 //! MoE ops (and its fusions of them) serve streaming unchanged.
 //!
-//! A prefill batch whose experts do not all fit the slots runs through a
-//! full-layer stack ([`StreamPrefill::FullLayer`], the default): stacks
+//! A prefill batch whose experts do not all fit the slots runs through
+//! full-layer stacks ([`StreamPrefill::FullLayer`], the default): stacks
 //! of every expert, made for the pass and let go at its end, into which
 //! each such layer writes the experts its batch routes to (each once), then
 //! runs the resident layer's ops with the router's own ids, so its rows are
 //! the resident run's by construction (a batch with as many routes as
-//! experts writes them all without reading its ids back). A 512-token batch at top-8 of 128
-//! routes to nearly every expert of a layer: one pass over them, where
-//! waves of whole tokens ([`StreamPrefill::TokenWaves`], no extra memory)
-//! fit one or two tokens in 16 slots and run hundreds of MoE passes a layer.
+//! experts writes them all without reading its ids back). A 512-token batch
+//! at top-8 of 128 routes to nearly every expert of a layer: one pass over
+//! them, where waves of whole tokens ([`StreamPrefill::TokenWaves`], no
+//! extra memory) fit one or two tokens in 16 slots and run hundreds of MoE
+//! passes a layer.
 //! In token waves each wave's tokens keep their routing weights, the
 //! others get weight 0 (their rows come out exactly +0), and the waves'
 //! outputs are summed, so each token's row is the one the resident run
@@ -254,6 +255,7 @@ fn full_layer<'s, B: ComputeBackend>(
     let mut full = ws.full_layer.borrow_mut();
     let dtypes = [layer.gate_up.dtype, layer.down.dtype];
     if full.as_ref().is_none_or(|f| f.dtypes != dtypes) {
+        // (the old stacks let go before the new are made)
         *full = None;
         *full = Some(FullLayer {
             gate_up: alloc_full(be, &layer.gate_up, true)?,
