@@ -385,6 +385,18 @@ fn full_layer_stacks_are_let_go_after_the_pass() {
     let (after, peak) = model.backend().memory();
     let st = model.take_stream_stats().expect("streamed");
     assert!(st.full_layer_passes > 0, "{st:?}");
+    // (10 tokens of top-2 route at least as often as there are experts:
+    // every expert written, the router's ids never read back)
+    assert!(prompt * cfg.top_k >= cfg.experts, "the fixture changed");
+    assert_eq!(st.waits, 0, "a full-layer pass waited for its ids: {st:?}");
+    assert_eq!(
+        st.bytes,
+        // (slot counts differ by whole experts: their slot tables cancel)
+        (ck.device_weight_bytes(Some(cfg.experts)) - ck.device_weight_bytes(Some(cfg.top_k)))
+            * cfg.experts as u64
+            / (cfg.experts - cfg.top_k) as u64,
+        "every layer's experts written once"
+    );
     assert_eq!(after, held, "the full-layer stacks outlived the pass");
     let layer = (ck.device_weight_bytes(None) - ck.device_weight_bytes(Some(cfg.top_k)))
         / cfg.layers.len() as u64;

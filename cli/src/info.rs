@@ -87,11 +87,11 @@ pub fn run(a: Args) -> CliResult {
                 human_bytes(weights + run)
             );
             // A prefill batch past the slots holds a layer's experts in
-            // full-layer stacks while it runs: weights(None) - weights(n) is
-            // every layer's experts past its n slots (less the small slot
-            // tables).
+            // full-layer stacks while it runs: weights at every expert a
+            // slot less weights at n are every layer's E - n experts (the
+            // slot tables, one size at any n, cancel).
             let full = if n < cfg.experts {
-                (ck.device_weight_bytes(None).saturating_sub(weights)) * cfg.experts as u64
+                (ck.device_weight_bytes(Some(cfg.experts)) - weights) * cfg.experts as u64
                     / (cfg.layers.len() * (cfg.experts - n)) as u64
             } else {
                 0
