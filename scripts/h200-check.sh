@@ -11,13 +11,18 @@
 #     cargo test --release -p turbospark --no-run   # note the tests/ binaries' paths
 #     cp target/release/deps/decoder-HASH .bin/decoderx                   # tests/decoder.rs
 #     cp target/release/deps/oracle-HASH .bin/oraclex                     # tests/oracle.rs
+#     cp target/release/deps/expert_streaming-HASH .bin/streamingx        # tests/expert_streaming.rs
+#     cp target/release/deps/batched_decode-HASH .bin/batchedx            # tests/batched_decode.rs
+#     cp target/release/deps/drafter-HASH .bin/drafterx                   # tests/drafter.rs
 #     strip .bin/*x
 #   then on the H200 machine, with .gl/ and .bin/ copied into the repository root:
 #     bash scripts/h200-check.sh [PARITY_FILTER]
 #
-# Runs whichever of the three binaries .bin/ holds: the parity suite with
+# Runs whichever of these binaries .bin/ holds: the parity suite with
 # its full-size cases (the example's `--full`; PARITY_FILTER narrows it,
-# e.g. attention), then the decoder and oracle tests. Writes $OUT/check.log (each binary's
+# e.g. attention), then the decoder and oracle tests, streamed experts
+# against resident (the full-layer stacks and token waves), batched decode
+# against each sequence alone, and the drafter. Writes $OUT/check.log (each binary's
 # FAIL lines and results) and $OUT/check-NAME.log (its whole output);
 # exits non-zero if any failed.
 set -uo pipefail
@@ -33,7 +38,7 @@ ran=0
 # CHECK_TIMEOUT seconds and what is left of CHECK_DEADLINE, so a hang is
 # logged (below) before the limit would kill the script.
 deadline=$((SECONDS + ${CHECK_DEADLINE:-540}))
-for name in parityx decoderx oraclex; do
+for name in parityx decoderx oraclex streamingx batchedx drafterx; do
     bin=.bin/$name
     [ -x "$bin" ] || continue
     ran=$((ran + 1))
