@@ -13,7 +13,9 @@ mod primitives_only;
 
 use std::path::{Path, PathBuf};
 
-use turbospark::model::experts::{Counts, Optimism, Policy, SlotCache, StreamPrefill};
+use turbospark::model::experts::{
+    Counts, Optimism, Policy, SlotCache, StreamPrefill, ROUTES_AN_EXPERT,
+};
 use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, TensorSource};
 use turbospark::{ComputeBackend, SlotWrite};
 use turbospark_cpu::CpuBackend;
@@ -362,6 +364,64 @@ fn the_backend_holds_the_bytes_info_counts() {
     }
 }
 
+/// A prompt long enough for a prefill pass to write every expert of a
+/// layer without reading its ids back ([`ROUTES_AN_EXPERT`] routes an
+/// expert): the fixture's tokens, repeated.
+fn long_prompt(toks: &[u32], cfg: &turbospark::model::ModelConfig) -> Vec<u32> {
+    let n = (ROUTES_AN_EXPERT * cfg.experts).div_ceil(cfg.top_k);
+    toks.iter().copied().cycle().take(n).collect()
+}
+
+/// A prefill with enough routes an expert writes every expert of each
+/// layer into the full-layer stacks, reads no ids back, and gives the
+/// resident logits bit for bit (CPU and wgpu).
+fn full_layer_without_readback<B: ComputeBackend>(mut be: B) -> B {
+    let dir = fixture("tiny-text-q4");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (toks, _) = tokens(&dir);
+    let cfg = ck.config().clone();
+    let input = long_prompt(&toks, &cfg);
+    let bits = |rows: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+        rows.into_iter()
+            .map(|r| r.into_iter().map(f32::to_bits).collect())
+            .collect()
+    };
+    let mut resident = OneSequence::load(be, &ck, options(None, Policy::Lfu, 512)).unwrap();
+    let want = bits(resident.logits(&input).unwrap());
+    be = resident.into_backend();
+    let mut model = OneSequence::load(be, &ck, options(Some(cfg.top_k), Policy::Lfu, 512)).unwrap();
+    let got = bits(model.logits(&input).unwrap());
+    assert!(
+        got == want,
+        "{}: not the resident logits",
+        model.backend().info().backend
+    );
+    let st = model.take_stream_stats().expect("streamed");
+    assert_eq!(st.full_layer_passes, cfg.layers.len() as u64, "{st:?}");
+    assert_eq!(st.waits, 0, "a full-layer pass waited for its ids: {st:?}");
+    assert_eq!(
+        st.bytes,
+        // (slot counts differ by whole experts: their slot tables cancel)
+        (ck.device_weight_bytes(Some(cfg.experts)) - ck.device_weight_bytes(Some(cfg.top_k)))
+            * cfg.experts as u64
+            / (cfg.experts - cfg.top_k) as u64,
+        "every layer's experts written once"
+    );
+    model.into_backend()
+}
+
+#[test]
+fn cpu_full_layer_passes_read_no_ids_back() {
+    full_layer_without_readback(CpuBackend::new());
+}
+
+#[test]
+fn wgpu_full_layer_passes_read_no_ids_back() {
+    if let Some(be) = common::wgpu_backend() {
+        full_layer_without_readback(be);
+    }
+}
+
 /// A prefill past the slots through the full-layer stacks holds a layer's
 /// experts only while it runs: the device holds the same bytes after it as
 /// before, and held at least a layer's experts beyond the slots during it.
@@ -372,31 +432,20 @@ fn full_layer_stacks_are_let_go_after_the_pass() {
     };
     let dir = fixture("tiny-text-q4");
     let ck = Checkpoint::open(&dir).unwrap();
-    let (toks, prompt) = tokens(&dir);
+    let (toks, _) = tokens(&dir);
     let cfg = ck.config().clone();
+    let input = long_prompt(&toks, &cfg);
     let mut model = OneSequence::load(be, &ck, options(Some(cfg.top_k), Policy::Lfu, 512)).unwrap();
     // (the first pass makes the batch scratch, which stays)
-    model.logits(&toks[..prompt]).unwrap();
+    model.logits(&input).unwrap();
     model.reset();
     let _ = model.take_stream_stats();
     let held = model.backend().memory().0;
     model.backend().reset_peak_memory();
-    model.logits(&toks[..prompt]).unwrap();
+    model.logits(&input).unwrap();
     let (after, peak) = model.backend().memory();
     let st = model.take_stream_stats().expect("streamed");
     assert!(st.full_layer_passes > 0, "{st:?}");
-    // (10 tokens of top-2 route at least as often as there are experts:
-    // every expert written, the router's ids never read back)
-    assert!(prompt * cfg.top_k >= cfg.experts, "the fixture changed");
-    assert_eq!(st.waits, 0, "a full-layer pass waited for its ids: {st:?}");
-    assert_eq!(
-        st.bytes,
-        // (slot counts differ by whole experts: their slot tables cancel)
-        (ck.device_weight_bytes(Some(cfg.experts)) - ck.device_weight_bytes(Some(cfg.top_k)))
-            * cfg.experts as u64
-            / (cfg.experts - cfg.top_k) as u64,
-        "every layer's experts written once"
-    );
     assert_eq!(after, held, "the full-layer stacks outlived the pass");
     let layer = (ck.device_weight_bytes(None) - ck.device_weight_bytes(Some(cfg.top_k)))
         / cfg.layers.len() as u64;
