@@ -58,12 +58,14 @@ struct Run {
     greedy: Vec<u32>,
 }
 
+/// Logits rows as their bits (compared exactly).
+fn bits(rows: Vec<Vec<f32>>) -> Vec<Vec<u32>> {
+    rows.into_iter()
+        .map(|r| r.into_iter().map(f32::to_bits).collect())
+        .collect()
+}
+
 fn run<B: ComputeBackend>(model: &mut OneSequence<B>, toks: &[u32], prompt: usize) -> Run {
-    let bits = |rows: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
-        rows.into_iter()
-            .map(|r| r.into_iter().map(f32::to_bits).collect())
-            .collect()
-    };
     let mut logits = bits(model.logits(&toks[..prompt]).unwrap());
     logits.extend(bits(model.logits(&toks[prompt..]).unwrap()));
     model.reset();
@@ -381,11 +383,6 @@ fn full_layer_without_readback<B: ComputeBackend>(mut be: B) -> B {
     let (toks, _) = tokens(&dir);
     let cfg = ck.config().clone();
     let input = long_prompt(&toks, &cfg);
-    let bits = |rows: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
-        rows.into_iter()
-            .map(|r| r.into_iter().map(f32::to_bits).collect())
-            .collect()
-    };
     let mut resident = OneSequence::load(be, &ck, options(None, Policy::Lfu, 512)).unwrap();
     let want = bits(resident.logits(&input).unwrap());
     be = resident.into_backend();

@@ -553,32 +553,39 @@ impl<B: ComputeBackend> Model<B> {
         };
         // (a pass through full-layer stacks placed nothing in the slots: the
         // next step does not count as following hits)
-        let misses = seq.stream.counts.misses + seq.stream.full_layer_passes;
+        let unhit = |seq: &Sequence<B>| (seq.stream.counts.misses, seq.stream.full_layer_passes);
+        let before = unhit(seq);
         seq.written = seq.written.max(seq.pos + m);
         let input = chain.map_or(&s.residual, |c| &c[0]);
         self.record_embedding(&p, input, ids)?;
         let mut pass: Vec<Vec<Vec<u32>>> = vec![Vec::new(); if tracing { m } else { 0 }];
-        for li in 0..self.layers.len() {
-            self.record_layer(seq, s, &p, li, (chain, tail), chain.is_some())?;
-            if tracing {
-                // (the readback rides after the layer's recorded ops)
-                let ids = be.download_u32(&s.experts.ids)?;
-                for (t, row) in pass.iter_mut().enumerate() {
-                    row.push(ids[t * cfg.top_k..(t + 1) * cfg.top_k].to_vec());
+        let mut layers = || -> Result<()> {
+            for li in 0..self.layers.len() {
+                self.record_layer(seq, s, &p, li, (chain, tail), chain.is_some())?;
+                if tracing {
+                    // (the readback rides after the layer's recorded ops)
+                    let ids = be.download_u32(&s.experts.ids)?;
+                    for (t, row) in pass.iter_mut().enumerate() {
+                        row.push(ids[t * cfg.top_k..(t + 1) * cfg.top_k].to_vec());
+                    }
+                }
+                // A prefill batch goes to the device a layer at a time, so
+                // the GPU runs each layer while the host records the next
+                // (one submit at the end left it idle for the whole
+                // recording); a decode step (m = 1) stays one submit.
+                if m > 1 {
+                    be.flush()?;
                 }
             }
-            // A prefill batch goes to the device a layer at a time, so the
-            // GPU runs each layer while the host records the next (one
-            // submit at the end left it idle for the whole recording);
-            // a decode step (m = 1) stays one submit.
-            if m > 1 {
-                be.flush()?;
-            }
-        }
+            Ok(())
+        };
+        let recorded = layers();
+        // (let go on a failed pass too)
+        Self::drop_full_layer(s);
+        recorded?;
         if let (true, Some(trace)) = (tracing, seq.routing.as_mut()) {
             trace.extend(pass);
         }
-        Self::drop_full_layer(s);
         seq.computed += m as u64;
         if let Some((t, row)) = seq.route_by.as_mut() {
             *row = (*row + m) % t.tokens.len();
@@ -596,8 +603,7 @@ impl<B: ComputeBackend> Model<B> {
             (None, _) => None,
         };
         if unsettled.is_none() && self.expert_slots.is_some() {
-            self.hit_last
-                .set(seq.stream.counts.misses + seq.stream.full_layer_passes == misses);
+            self.hit_last.set(unhit(seq) == before);
         }
         if tail == Tail::Head {
             self.record_head(s, &s.residual.normed, m)?;
@@ -608,7 +614,7 @@ impl<B: ComputeBackend> Model<B> {
     /// Let a pass's full-layer stacks go (the device keeps them until the
     /// work recorded on them is done): they hold a layer's experts only
     /// while a prefill pass needs them.
-    pub(super) fn drop_full_layer(s: &Scratch<B::Buffer>) {
+    fn drop_full_layer(s: &Scratch<B::Buffer>) {
         if let Some(ws) = &s.experts.waves {
             ws.full_layer.borrow_mut().take();
         }

@@ -748,16 +748,17 @@ impl ComputeBackend for WgpuBackend {
     ) -> Result<()> {
         // (attention's own support is the caches', which qkv_post's covers)
         self.require_qkv_post(&qp, k_cache)?;
-        ops::attention::qkv_attention(
-            &self.gpu,
+        let d = ops::attention::DecodeStep {
             raw,
-            (w_q, w_k),
-            positions,
+            w: (w_q, w_k),
+            pos: positions,
             q,
-            (k_cache, v_cache),
+            kv: (k_cache, v_cache),
             out,
-            (qp, ap),
-        )
+            qp,
+            p: ap,
+        };
+        ops::attention::qkv_attention(&self.gpu, &d)
     }
 
     fn record_qkv_post_attention_row(
@@ -776,19 +777,17 @@ impl ComputeBackend for WgpuBackend {
         ap: Attention,
     ) -> Result<()> {
         self.require_qkv_post(&qp, k_cache)?;
-        let caches = (k_cache, v_cache);
-        let gpu = &self.gpu;
-        if ops::attention::qkv_attention_row(
-            gpu,
-            row,
+        let d = ops::attention::DecodeStep {
             raw,
-            (w_q, w_k),
-            positions,
+            w: (w_q, w_k),
+            pos: positions,
             q,
-            caches,
+            kv: (k_cache, v_cache),
             out,
-            (qp, ap),
-        )? {
+            qp,
+            p: ap,
+        };
+        if ops::attention::qkv_attention_row(&self.gpu, row, &d)? {
             return Ok(());
         }
         turbospark::backend::qkv_post_attention_row_by_copies(

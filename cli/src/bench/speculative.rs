@@ -109,9 +109,10 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     for rate in RATES {
         // A forced-right proposal must be the token the verification pass
         // itself computes. On a GPU that pass's m-row kernels round
-        // otherwise than a decode step's, and where the random model has a
-        // near-tie the two greedy paths part: then every later proposal
-        // from plain decode's tokens would be wrong. So each run's tokens
+        // otherwise than a decode step's, and the random model carries that
+        // rounding until a router choice flips (the first-token check
+        // above): the two greedy paths part, and every later proposal from
+        // plain decode's tokens would be wrong. So each run's tokens
         // become the next run's base until a run gives back its own base
         // (its first differing token is at least one later each time).
         let mut base = plain.tokens.clone();

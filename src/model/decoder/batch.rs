@@ -226,7 +226,6 @@ impl<B: ComputeBackend> Model<B> {
             }
         }
         seqs[0].stream = stats;
-        Self::drop_full_layer(s);
         recorded?;
         self.record_head(s, &res.normed, m)?;
         self.backend.flush()?;

@@ -182,6 +182,16 @@ pub(crate) struct SlotStacks<'a, B: ComputeBackend> {
 }
 
 impl StreamedLayer {
+    /// The mapped files the experts are read from, checked unchanged
+    /// before a read (Hostile input: a file cut short under a run).
+    fn check_files(&self) -> Result<()> {
+        self.gate_up.check_unchanged()?;
+        if !self.down.maps_the_files_of(&self.gate_up) {
+            self.down.check_unchanged()?;
+        }
+        Ok(())
+    }
+
     /// Place `experts` (distinct) in the slots, writing each miss from the
     /// mapping into its slot; the slot of each, in order.
     pub fn place<B: ComputeBackend>(
@@ -194,10 +204,7 @@ impl StreamedLayer {
         let before = self.cache.counts();
         let placed = self.cache.place(experts)?;
         if !placed.loads.is_empty() {
-            self.gate_up.check_unchanged()?;
-            if !self.down.maps_the_files_of(&self.gate_up) {
-                self.down.check_unchanged()?;
-            }
+            self.check_files()?;
         }
         let n = self.cache.slots();
         for (stored, buf, gate_up) in [
@@ -268,10 +275,7 @@ fn full_layer<'s, B: ComputeBackend>(
         Some(ids) => union(ids),
         None => (0..layer.gate_up.experts as u32).collect(),
     };
-    layer.gate_up.check_unchanged()?;
-    if !layer.down.maps_the_files_of(&layer.gate_up) {
-        layer.down.check_unchanged()?;
-    }
+    layer.check_files()?;
     for (stored, buf, gate_up) in [
         (&layer.gate_up, &f.gate_up, true),
         (&layer.down, &f.down, false),
@@ -355,8 +359,9 @@ fn alloc_full<B: ComputeBackend>(
 /// written), the slot ids written. With one wave (always in decode) the
 /// gate_up phase runs and None is returned: the caller runs `slot_down`,
 /// as the resident layer runs its down phase. A batch whose experts exceed
-/// the slots runs both phases per wave, weights masked to the wave's
-/// tokens, and returns the buffer holding the waves' sum.
+/// the slots runs both phases, as `sp.prefill` says (through the
+/// full-layer stacks, or per wave with weights masked to the wave's
+/// tokens), and returns the buffer holding its output.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<'s, B: ComputeBackend>(
     be: &B,

@@ -721,48 +721,28 @@ fn qkv_attention_fits(gpu: &Gpu, p: &Attention) -> bool {
 /// at f16691c, run 09; at 128 workgroups, full layers at 8K: 40.5 fused
 /// against 35.8 + 3.8, 2026-12-01 at fa0b043, run 03). The caller checked
 /// both ops' shapes.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn qkv_attention(
-    gpu: &Gpu,
-    raw: &WgpuBuffer,
-    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
-    pos: &WgpuBuffer,
-    q: &WgpuBuffer,
-    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
-    out: &WgpuBuffer,
-    (qp, p): (QkvPost, Attention),
-) -> Result<()> {
-    if !qkv_attention_fits(gpu, &p) {
-        qkv_post(gpu, raw, w_q, w_k, pos, q, kc, vc, qp)?;
-        return attention(gpu, q, kc, vc, pos, out, p);
+pub(crate) fn qkv_attention(gpu: &Gpu, d: &DecodeStep<'_>) -> Result<()> {
+    if !qkv_attention_fits(gpu, &d.p) {
+        let (kc, vc) = d.kv;
+        qkv_post(gpu, d.raw, d.w.0, d.w.1, d.pos, d.q, kc, vc, d.qp)?;
+        return attention(gpu, d.q, kc, vc, d.pos, d.out, d.p);
     }
     // (qkv_attention_fits: the plan is attn_decode's)
-    let split = split_plan(gpu, &p)?;
-    let d = DecodeStep {
-        raw,
-        w: (w_q, w_k),
-        pos,
-        q,
-        kv: (kc, vc),
-        out,
-        qp,
-        p,
-    };
-    decode_launches(gpu, &d, split, None)
+    decode_launches(gpu, d, split_plan(gpu, &d.p)?, None)
 }
 
 /// One decode step's buffers and parameters, as [`qkv_attention`] takes
 /// them: the raw q|k|v rows, the norms' weights, positions, the queries'
 /// scratch, the caches and the heads.
-struct DecodeStep<'a> {
-    raw: &'a WgpuBuffer,
-    w: (&'a WgpuBuffer, &'a WgpuBuffer),
-    pos: &'a WgpuBuffer,
-    q: &'a WgpuBuffer,
-    kv: (&'a WgpuBuffer, &'a WgpuBuffer),
-    out: &'a WgpuBuffer,
-    qp: QkvPost,
-    p: Attention,
+pub(crate) struct DecodeStep<'a> {
+    pub raw: &'a WgpuBuffer,
+    pub w: (&'a WgpuBuffer, &'a WgpuBuffer),
+    pub pos: &'a WgpuBuffer,
+    pub q: &'a WgpuBuffer,
+    pub kv: (&'a WgpuBuffer, &'a WgpuBuffer),
+    pub out: &'a WgpuBuffer,
+    pub qp: QkvPost,
+    pub p: Attention,
 }
 
 /// A decode step's launches over `split` (an attn_decode plan), on the
@@ -796,18 +776,8 @@ fn decode_launches(
 /// having recorded nothing, where a row's offset is not one the device
 /// binds at (its `min_storage_buffer_offset_alignment`) or the attention
 /// would not take its split phase: the caller copies the row instead.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn qkv_attention_row(
-    gpu: &Gpu,
-    row: usize,
-    raw: &WgpuBuffer,
-    (w_q, w_k): (&WgpuBuffer, &WgpuBuffer),
-    pos: &WgpuBuffer,
-    q: &WgpuBuffer,
-    (kc, vc): (&WgpuBuffer, &WgpuBuffer),
-    out: &WgpuBuffer,
-    (qp, p): (QkvPost, Attention),
-) -> Result<bool> {
+pub(crate) fn qkv_attention_row(gpu: &Gpu, row: usize, d: &DecodeStep<'_>) -> Result<bool> {
+    let (qp, p) = (&d.qp, &d.p);
     let align = u64::from(gpu.limits.min_storage_buffer_offset_alignment.max(1));
     let raw_bytes = (qp.raw_row() * 4) as u64;
     let out_bytes = (p.heads * p.head_dim * 4) as u64;
@@ -818,21 +788,11 @@ pub(crate) fn qkv_attention_row(
     let (raw_row, out_row) = ((raw_at, raw_bytes), (out_at, out_bytes));
     // (one row is never a prefill batch: the fused launch, or qkv_post and
     // attention's split phase)
-    if super::attention_coop::takes(gpu, &p) {
+    if super::attention_coop::takes(gpu, p) {
         return Ok(false);
     }
-    let split = split_plan(gpu, &p)?;
-    let d = DecodeStep {
-        raw,
-        w: (w_q, w_k),
-        pos,
-        q,
-        kv: (kc, vc),
-        out,
-        qp,
-        p,
-    };
-    decode_launches(gpu, &d, split, Some((raw_row, out_row)))?;
+    let split = split_plan(gpu, p)?;
+    decode_launches(gpu, d, split, Some((raw_row, out_row)))?;
     Ok(true)
 }
 
