@@ -138,6 +138,41 @@ impl Affine {
         self.assemble(len, &w, &s, &b)
     }
 
+    /// A `[rows, cols]` buffer cut by columns at `at` into its `[rows, at]`
+    /// and `[rows, cols - at]` halves; None unless the group divides both
+    /// (a cut through a group would need requantizing).
+    pub fn split_cols(
+        &self,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        at: usize,
+    ) -> Option<(Vec<u8>, Vec<u8>)> {
+        let g = self.group as usize;
+        if at == 0 || at >= cols || at % g != 0 || cols % g != 0 {
+            return None;
+        }
+        let (rw, aw) = (self.row_words(cols)? * 4, self.row_words(at)? * 4);
+        let ss = self.scales.size();
+        let (rs, as_) = (cols / g * ss, at / g * ss);
+        let (w, s, b) = self.split(bytes, rows * cols);
+        let cut = |part: &[u8], row: usize, edge: usize| {
+            let (mut l, mut r) = (Vec::new(), Vec::new());
+            for chunk in part.chunks_exact(row) {
+                l.extend_from_slice(&chunk[..edge]);
+                r.extend_from_slice(&chunk[edge..]);
+            }
+            (l, r)
+        };
+        let (wl, wr) = cut(w, rw, aw);
+        let (sl, sr) = cut(s, rs, as_);
+        let (bl, br) = cut(b, rs, as_);
+        Some((
+            self.assemble(rows * at, &wl, &sl, &bl),
+            self.assemble(rows * (cols - at), &wr, &sr, &br),
+        ))
+    }
+
     /// The unsigned value of element `i` of the packed stream.
     #[inline]
     pub fn q(&self, bytes: &[u8], i: usize) -> u32 {
@@ -301,6 +336,39 @@ mod tests {
         for i in 0..32 {
             assert_eq!(f.get(&st, 64, i), f.get(&a, 32, i));
             assert_eq!(f.get(&st, 64, 32 + i), f.get(&b, 32, i));
+        }
+    }
+
+    #[test]
+    fn splits_by_columns_at_a_group_edge() {
+        let mut rng = crate::rng::Rng::new(17);
+        let (rows, cols, at) = (3, 192, 128);
+        for bits in BITS {
+            let v = rng.vec_normal(rows * cols, 0.05);
+            let qz = quantize(&v, bits, 64);
+            let f = Affine::new(bits as u32, 64, ScaleType::F16).unwrap();
+            let buf = f.assemble(
+                rows * cols,
+                bytemuck::cast_slice(&qz.words),
+                &encode_f32(DType::F16, &qz.scales),
+                &encode_f32(DType::F16, &qz.biases),
+            );
+            let (l, r) = f.split_cols(&buf, rows, cols, at).unwrap();
+            let w = cols - at;
+            for row in 0..rows {
+                for c in 0..cols {
+                    let want = f.get(&buf, rows * cols, row * cols + c);
+                    let got = match c < at {
+                        true => f.get(&l, rows * at, row * at + c),
+                        false => f.get(&r, rows * w, row * w + c - at),
+                    };
+                    assert_eq!(got.to_bits(), want.to_bits(), "bits {bits} ({row}, {c})");
+                }
+            }
+            // a cut through a group, or at an end, is refused
+            assert!(f.split_cols(&buf, rows, cols, 96).is_none());
+            assert!(f.split_cols(&buf, rows, cols, 0).is_none());
+            assert!(f.split_cols(&buf, rows, cols, cols).is_none());
         }
     }
 

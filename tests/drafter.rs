@@ -530,3 +530,307 @@ fn a_drafter_that_does_not_fit_is_named() {
         .to_string();
     assert!(e.contains("1 to 15"), "{e}");
 }
+
+/// One tensor of a drafter written by a test.
+struct Written {
+    name: String,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+fn write_checkpoint(dir: &std::path::Path, config: &Value, tensors: &[Written]) {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            let view =
+                safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.data).unwrap();
+            (t.name.clone(), view)
+        })
+        .collect();
+    let bytes = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
+
+/// A drafter for tiny-text 64 wide (so a group of 32 divides every matrix),
+/// written twice from the same seeded random values: MLX-quantized as
+/// `quantization` says (bf16 scales and biases, packed by
+/// `turbospark::quant::quantize`, which tests/mlx_quantize.rs holds to mlx's
+/// own bit for bit), and in f32 holding exactly the values the quantized
+/// one dequantises to (`scale * q + bias`, each rounded to f32), its
+/// float-kept modules the same bf16 values in both.
+fn quantized_drafter_pair(quantization: Value, seed: u64) -> (TempDir, TempDir) {
+    use turbospark::quant::{quantize, Affine, ScaleType};
+    let text = std::fs::read_to_string(fixture(DRAFTERS[1]).join("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_str(&text).unwrap();
+    let (h, bh, inter, vocab, centroids) = (64, 64, 128, 512, 16);
+    cfg["text_config"]["hidden_size"] = h.into();
+    cfg["text_config"]["intermediate_size"] = inter.into();
+    // (the fixture's layers: sliding 2 heads of 32, full 2 of 64)
+    let head_dims = [32, 64];
+    let mut matrices = vec![
+        ("pre_projection".to_string(), h, 2 * bh),
+        ("post_projection".to_string(), bh, h),
+        ("model.embed_tokens".to_string(), vocab, h),
+        ("masked_embedding.centroids".to_string(), centroids, h),
+    ];
+    let mut vectors = vec![("model.norm.weight".to_string(), h)];
+    for (i, hd) in head_dims.into_iter().enumerate() {
+        let p = format!("model.layers.{i}.");
+        let qd = 2 * hd;
+        for (n, r, c) in [
+            ("self_attn.q_proj", qd, h),
+            ("self_attn.o_proj", h, qd),
+            ("mlp.gate_proj", inter, h),
+            ("mlp.up_proj", inter, h),
+            ("mlp.down_proj", h, inter),
+        ] {
+            matrices.push((format!("{p}{n}"), r, c));
+        }
+        for (n, len) in [
+            ("input_layernorm.weight", h),
+            ("self_attn.q_norm.weight", hd),
+            ("post_attention_layernorm.weight", h),
+            ("pre_feedforward_layernorm.weight", h),
+            ("post_feedforward_layernorm.weight", h),
+            ("layer_scalar", 1),
+        ] {
+            vectors.push((format!("{p}{n}"), len));
+        }
+    }
+    let bf16 = |x: f32| half::bf16::from_f32(x);
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let bf16_bytes = |v: &[f32]| {
+        v.iter()
+            .flat_map(|&x| bf16(x).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    let params = |path: &str| -> Option<(u8, usize)> {
+        match &quantization[path] {
+            Value::Bool(false) => None,
+            Value::Object(m) => Some((
+                m["bits"].as_u64().unwrap() as u8,
+                m["group_size"].as_u64().unwrap() as usize,
+            )),
+            _ => Some((
+                quantization["bits"].as_u64().unwrap() as u8,
+                quantization["group_size"].as_u64().unwrap() as usize,
+            )),
+        }
+    };
+    let mut rng = turbospark::rng::Rng::new(seed);
+    let (mut q, mut f) = (Vec::new(), Vec::new());
+    let add = |list: &mut Vec<Written>, name: String, dtype, shape: Vec<usize>, data| {
+        list.push(Written {
+            name,
+            dtype,
+            shape,
+            data,
+        })
+    };
+    for (path, rows, cols) in matrices {
+        let v: Vec<f32> = rng
+            .vec_normal(rows * cols, 0.08)
+            .into_iter()
+            .map(|x| bf16(x).to_f32())
+            .collect();
+        let name = format!("{path}.weight");
+        let Some((bits, group)) = params(&path) else {
+            add(
+                &mut q,
+                name.clone(),
+                safetensors::Dtype::BF16,
+                vec![rows, cols],
+                bf16_bytes(&v),
+            );
+            add(
+                &mut f,
+                name,
+                safetensors::Dtype::F32,
+                vec![rows, cols],
+                f32_bytes(&v),
+            );
+            continue;
+        };
+        let qz = quantize(&v, bits, group);
+        let (words, scales, biases) = (
+            bytemuck::cast_slice::<u32, u8>(&qz.words).to_vec(),
+            bf16_bytes(&qz.scales),
+            bf16_bytes(&qz.biases),
+        );
+        let a = Affine::new(bits as u32, group as u32, ScaleType::BF16).unwrap();
+        let n = rows * cols;
+        let buf = a.assemble(n, &words, &scales, &biases);
+        let deq: Vec<f32> = (0..n).map(|i| a.get(&buf, n, i)).collect();
+        let wcols = cols * bits as usize / 32;
+        add(
+            &mut q,
+            name.clone(),
+            safetensors::Dtype::U32,
+            vec![rows, wcols],
+            words,
+        );
+        for (part, bytes) in [("scales", scales), ("biases", biases)] {
+            let shape = vec![rows, cols / group];
+            add(
+                &mut q,
+                format!("{path}.{part}"),
+                safetensors::Dtype::BF16,
+                shape,
+                bytes,
+            );
+        }
+        add(
+            &mut f,
+            name,
+            safetensors::Dtype::F32,
+            vec![rows, cols],
+            f32_bytes(&deq),
+        );
+    }
+    for (name, len) in vectors {
+        let v: Vec<f32> = (0..len)
+            .map(|_| bf16(1.0 + rng.normal(0.1)).to_f32())
+            .collect();
+        add(
+            &mut q,
+            name.clone(),
+            safetensors::Dtype::BF16,
+            vec![len],
+            bf16_bytes(&v),
+        );
+        add(
+            &mut f,
+            name,
+            safetensors::Dtype::F32,
+            vec![len],
+            f32_bytes(&v),
+        );
+    }
+    let mut order: Vec<i64> = (0..vocab as i64).collect();
+    for i in (1..vocab).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let order: Vec<u8> = order.iter().flat_map(|x| x.to_le_bytes()).collect();
+    for list in [&mut q, &mut f] {
+        let name = "masked_embedding.token_ordering".to_string();
+        add(
+            list,
+            name,
+            safetensors::Dtype::I64,
+            vec![vocab],
+            order.clone(),
+        );
+    }
+    let (qdir, fdir) = (TempDir::new("drafter-q"), TempDir::new("drafter-f"));
+    write_checkpoint(fdir.path(), &cfg, &f);
+    cfg["quantization"] = quantization;
+    write_checkpoint(qdir.path(), &cfg, &q);
+    (qdir, fdir)
+}
+
+/// An MLX-quantized drafter (per-module entries included: a module kept in
+/// float, pre_projection at its own bits and group, once in groups its
+/// halves' edge does not cut and once in groups it does) drafts what its
+/// dequantised f32 twin drafts: logits and projected states to the f32
+/// floor, the same tokens; and speculation with it keeps the target's
+/// greedy tokens.
+fn quantized_drafter<B: ComputeBackend>(be: B, limit: f64) {
+    let model = target(be);
+    let prompt = [17, 301, 88, 5, 412, 230, 77, 150, 9, 499];
+    let p = prompt.len() - 1;
+    let mut seq = model.new_sequence().unwrap();
+    model.logits(&mut seq, &prompt[..p]).unwrap();
+    for (case, pre) in [(0, (8, 64)), (1, (4, 128))] {
+        let quantization = serde_json::json!({
+            "bits": 4,
+            "group_size": 32,
+            "model.layers.0.self_attn.q_proj": false,
+            "pre_projection": {"bits": pre.0, "group_size": pre.1},
+        });
+        let (qdir, fdir) = quantized_drafter_pair(quantization, 90 + case);
+        let quant = Drafter::load(&model, qdir.path()).unwrap();
+        let float = Drafter::load(&model, fdir.path()).unwrap();
+        let mut input = DraftInput::Target { m: p, row: p - 1 };
+        let mut tok = prompt[p];
+        for step in 0..3 {
+            let got = quant.step(&model, &seq, p, tok, input).unwrap();
+            let got_h = quant.projected(model.backend()).unwrap();
+            let want = float.step(&model, &seq, p, tok, input).unwrap();
+            let want_h = float.projected(model.backend()).unwrap();
+            let (el, eh) = (nmse(&got, &want), nmse(&got_h, &want_h));
+            eprintln!("pre_projection {pre:?}, step {step}: logits NMSE {el:.2e}, hidden {eh:.2e}");
+            assert!(
+                el <= limit && eh <= limit,
+                "pre_projection {pre:?}, step {step}: {el:.2e} / {eh:.2e} over {limit:.0e}"
+            );
+            tok = turbospark::model::sampling::argmax(&got);
+            assert_eq!(
+                tok,
+                turbospark::model::sampling::argmax(&want),
+                "step {step}"
+            );
+            input = DraftInput::Previous;
+        }
+        let n = 12;
+        let plain = model
+            .generate(&mut model.new_sequence().unwrap(), &prompt, &greedy(n))
+            .unwrap()
+            .tokens;
+        let spec = SpeculativeOptions {
+            draft_tokens: 3,
+            forced: None,
+        };
+        let (tokens, _) = speculate(&model, &quant, &prompt, &greedy(n), &spec);
+        assert_eq!(tokens, plain, "pre_projection {pre:?}: the target's tokens");
+    }
+}
+
+#[test]
+fn cpu_quantized_drafter_is_its_dequantised_twin() {
+    // The reference dequantises to the f32 its twin holds and sums alike.
+    quantized_drafter(CpuBackend::new(), 0.0);
+}
+
+#[test]
+fn wgpu_quantized_drafter_is_its_dequantised_twin() {
+    // The quantized and f32 GEMVs sum in orders of their own (a few ulp a
+    // value, 7e-13 at most over these steps on lavapipe).
+    if let Some(be) = wgpu_backend() {
+        quantized_drafter(be, 1e-11);
+    }
+}
+
+/// A quantized drafter whose config or parts do not agree is refused
+/// with the module named.
+#[test]
+fn a_quantized_drafter_that_does_not_agree_is_named() {
+    let model = target(CpuBackend::new());
+    let quantization = serde_json::json!({"bits": 4, "group_size": 32});
+    let (qdir, _f) = quantized_drafter_pair(quantization, 7);
+    let cfg_path = qdir.path().join("config.json");
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let load_with = |edit: &dyn Fn(&mut Value)| -> String {
+        let mut c = cfg.clone();
+        edit(&mut c);
+        std::fs::write(&cfg_path, c.to_string()).unwrap();
+        match Drafter::load(&model, qdir.path()) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = load_with(&|c| {
+        c.as_object_mut().unwrap().remove("quantization");
+    });
+    assert!(e.contains("no `quantization`"), "{e}");
+    let e = load_with(&|c| c["quantization"]["bits"] = 8.into());
+    assert!(e.contains("do not fit 8 bits"), "{e}");
+    let e = load_with(&|c| c["quantization"]["model.layers.1.mlp.down_proj"] = false.into());
+    assert!(
+        e.contains("model.layers.1.mlp.down_proj") && e.contains("keeps it in float"),
+        "{e}"
+    );
+    let e = load_with(&|c| c["quantization"]["bits"] = 7.into());
+    assert!(e.contains("bits"), "{e}");
+}

@@ -15,8 +15,9 @@ use super::tensor_ref::TensorRef;
 use crate::backend::HostBytes;
 use crate::dtype::{decode_f32, encode_f32, DType};
 use crate::model::experts::stored::StoredExperts;
+use crate::model::quantization::Quantization;
 use crate::quant::{Affine, ScaleType};
-use crate::Result;
+use crate::{Error, Result};
 
 /// One stored module: a float `.weight`, or a quantized triple.
 pub(crate) struct Module {
@@ -104,50 +105,12 @@ impl Checkpoint {
         let scales = self.raw_tensor(&scales_name)?;
         let biases = self.raw_tensor(&format!("{path}.biases"))?;
         let full = self.full_name(path);
-        let Some(q) = self.config().quantization.as_ref() else {
-            return Err(self.err(format!(
-                "`{full}` is quantized (it has `.scales`) but config.json has no `quantization`"
-            )));
-        };
-        let Some(p) = q.params(&full) else {
-            return Err(self.err(format!(
-                "`{full}` has `.scales` but config.json's quantization keeps it in float"
-            )));
-        };
-        let st = ScaleType::from_dtype(scales.dtype).filter(|_| scales.dtype.is_float());
-        let Some(st) = st else {
-            return Err(self.err(format!(
-                "`{full}.scales`: dtype {}, expected bf16, f16 or f32",
-                scales.dtype
-            )));
-        };
-        if biases.dtype != scales.dtype || biases.shape != scales.shape {
-            return Err(self.err(format!(
-                "`{full}.biases` ({} {:?}) does not match `{full}.scales` ({} {:?})",
-                biases.dtype, biases.shape, scales.dtype, scales.shape
-            )));
-        }
-        if weight.dtype != DType::U32 {
-            return Err(self.err(format!(
-                "`{full}.weight`: dtype {} beside `.scales`, expected packed U32",
-                weight.dtype
-            )));
-        }
-        let f = Affine::new(p.bits, p.group, st)?;
-        let (ws, ss) = (&weight.shape, &scales.shape);
-        let cols = ss.last().copied().unwrap_or(0) * p.group as usize;
-        let packed = cols * p.bits as usize / 32;
-        let lead_ok =
-            ws.len() == ss.len() && ws.len() >= 2 && ws[..ws.len() - 1] == ss[..ss.len() - 1];
-        if !lead_ok || ws.last() != Some(&packed) || cols == 0 {
-            return Err(self.err(format!(
-                "`{full}`: weight {ws:?} and scales {ss:?} do not fit {} bits in groups of {} \
-                 (scales imply {cols} columns, so {packed} packed words a row)",
-                p.bits, p.group
-            )));
-        }
-        let mut shape = ws.clone();
-        *shape.last_mut().expect("two or more dims") = cols;
+        let (f, shape) = affine_format(
+            &full,
+            [&weight, &scales, &biases].map(|t| (t.dtype, t.shape.as_slice())),
+            self.config().quantization.as_ref(),
+            |d| self.err(d),
+        )?;
         Ok(Module {
             shape,
             dtype: DType::Affine(f),
@@ -187,6 +150,63 @@ impl Checkpoint {
         }
         Ok(None)
     }
+}
+
+/// The format and logical shape (`[.., out, in]`) of the quantized module
+/// `full` (its path in the file, without `.weight`) from its stored
+/// (dtype, shape) parts `[weight, scales, biases]`, checked against each
+/// other and `quant`'s bits and group for it; the error names what does
+/// not fit.
+pub(crate) fn affine_format(
+    full: &str,
+    [weight, scales, biases]: [(DType, &[usize]); 3],
+    quant: Option<&Quantization>,
+    err: impl Fn(String) -> Error,
+) -> Result<(Affine, Vec<usize>)> {
+    let Some(q) = quant else {
+        return Err(err(format!(
+            "`{full}` is quantized (it has `.scales`) but config.json has no `quantization`"
+        )));
+    };
+    let Some(p) = q.params(full) else {
+        return Err(err(format!(
+            "`{full}` has `.scales` but config.json's quantization keeps it in float"
+        )));
+    };
+    let st = ScaleType::from_dtype(scales.0).filter(|_| scales.0.is_float());
+    let Some(st) = st else {
+        return Err(err(format!(
+            "`{full}.scales`: dtype {}, expected bf16, f16 or f32",
+            scales.0
+        )));
+    };
+    if biases != scales {
+        return Err(err(format!(
+            "`{full}.biases` ({} {:?}) does not match `{full}.scales` ({} {:?})",
+            biases.0, biases.1, scales.0, scales.1
+        )));
+    }
+    if weight.0 != DType::U32 {
+        return Err(err(format!(
+            "`{full}.weight`: dtype {} beside `.scales`, expected packed U32",
+            weight.0
+        )));
+    }
+    let f = Affine::new(p.bits, p.group, st)?;
+    let (ws, ss) = (weight.1, scales.1);
+    let cols = ss.last().copied().unwrap_or(0) * p.group as usize;
+    let packed = cols * p.bits as usize / 32;
+    let lead_ok = ws.len() == ss.len() && ws.len() >= 2 && ws[..ws.len() - 1] == ss[..ss.len() - 1];
+    if !lead_ok || ws.last() != Some(&packed) || cols == 0 {
+        return Err(err(format!(
+            "`{full}`: weight {ws:?} and scales {ss:?} do not fit {} bits in groups of {} \
+             (scales imply {cols} columns, so {packed} packed words a row)",
+            p.bits, p.group
+        )));
+    }
+    let mut shape = ws.to_vec();
+    *shape.last_mut().expect("two or more dims") = cols;
+    Ok((f, shape))
 }
 
 /// A runtime tensor as an MLX-layout file stores it.

@@ -98,11 +98,12 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     // Plain decode, whose tokens the forced proposals follow at first.
     let plain = model.generate(&mut model.new_sequence()?, &prompt, &greedy(decode))?;
     eprintln!("plain decode: {:.1} tok/s", plain.decode_tok_s);
+    // (quantized as the model is, as a converted drafter would be)
     let drafter = Drafter::synthetic(
         &model,
         args.draft_layers,
-        args.draft_hidden,
-        4 * args.draft_hidden,
+        (args.draft_hidden, 4 * args.draft_hidden),
+        args.quant.map(|q| q.synthetic()),
         args.seed,
     )?;
     let mut runs = Vec::new();
@@ -202,8 +203,9 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     // (plain decode's step is what a token costs without a drafter)
     let step = 1e3 / plain.decode_tok_s.max(1e-9);
     eprintln!(
-        "a draft step: {draft_step:.3} ms; a plain decode step: {step:.3} ms; a verification \
-         of 1 token {:.3} ms",
+        "a draft step: {draft_step:.3} ms ({} drafter); a plain decode step: {step:.3} ms; a \
+         verification of 1 token {:.3} ms",
+        args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
         verify[0]
     );
     let mut expected = Vec::new();
@@ -237,7 +239,12 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
         "expected": expected,
         "decode_tokens": decode,
         "draft_tokens": DEFAULT_DRAFT_TOKENS,
-        "drafter": { "layers": args.draft_layers, "hidden": args.draft_hidden, "intermediate": 4 * args.draft_hidden },
+        "drafter": {
+            "layers": args.draft_layers,
+            "hidden": args.draft_hidden,
+            "intermediate": 4 * args.draft_hidden,
+            "weights": args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
+        },
         "verify_ms": verify,
         "first_token": first,
         "plain_decode_tok_s": plain.decode_tok_s,

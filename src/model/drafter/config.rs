@@ -71,12 +71,6 @@ impl DrafterConfig {
             }
             None => return Err(f.err("model_type", "missing (expected \"gemma4_assistant\")")),
         }
-        if f.get("quantization").is_some() || f.get("quantization_config").is_some() {
-            return Err(config_err(
-                path,
-                "a quantized drafter is not supported: give the bf16 checkpoint as published",
-            ));
-        }
         let Some(inner) = f.opt_object("text_config")? else {
             return Err(f.err(
                 "text_config",
@@ -106,13 +100,16 @@ impl DrafterConfig {
         // target: here sharing every layer is the point.
         let mut inner = inner.clone();
         inner.insert("num_kv_shared_layers".into(), Value::from(0));
+        for key in ["quantization", "quantization_config"] {
+            inner.remove(key);
+        }
         if inner
             .get("vocab_size_per_layer_input")
             .is_some_and(|v| v == 0)
         {
             inner.remove("vocab_size_per_layer_input");
         }
-        let text = ModelConfig::from_json(&Value::Object(inner).to_string(), path).map_err(
+        let mut text = ModelConfig::from_json(&Value::Object(inner).to_string(), path).map_err(
             |e| match e {
                 Error::Config { path, detail } => Error::Config {
                     path,
@@ -121,6 +118,9 @@ impl DrafterConfig {
                 other => other,
             },
         )?;
+        // An MLX-quantized drafter's block sits at the top level, as a
+        // target's does (mlx-lm's layout), named from there.
+        text.quantization = crate::model::quantization::parse(&f)?;
         let backbone_hidden = f.req_usize("backbone_hidden_size")?;
         let centroids = if f.opt_bool("use_ordered_embeddings")?.unwrap_or(false) {
             let c = Centroids {

@@ -27,6 +27,7 @@ mod speculative;
 #[cfg(feature = "tools")]
 mod synthetic;
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -38,6 +39,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::model::config::LayerKind;
 use crate::model::decoder::{Model, Sequence};
+use crate::model::mlx_layout::affine_format;
+use crate::model::quantization::Quantization;
 use crate::ops::PostFfnArgs;
 use crate::ops::{Attention, Embed, Matmul, PostAttention, PostFfn, RmsNorm, Rope};
 use crate::Precision;
@@ -192,6 +195,55 @@ impl DraftTensors {
         Ok((dtype, &self.bytes[*a..*b]))
     }
 
+    /// The `[rows, cols]` matrix of module `path` (its name without
+    /// `.weight`): a float `.weight`, or MLX's quantized triple
+    /// (`.weight` packed, `.scales`, `.biases`) assembled as
+    /// [`Affine::layout`](crate::quant::Affine::layout) lays it out, its
+    /// bits and group from `quant`.
+    fn matrix(
+        &self,
+        path: &str,
+        rows: usize,
+        cols: usize,
+        quant: Option<&Quantization>,
+    ) -> Result<(DType, Cow<'_, [u8]>)> {
+        let name = format!("{path}.weight");
+        let scales = format!("{path}.scales");
+        let packed = matches!(self.index.get(&name), Some((safetensors::Dtype::U32, ..)));
+        if !self.index.contains_key(&scales) {
+            if packed {
+                return Err(self.err(format!(
+                    "tensor `{name}` is packed U32 but `{scales}` is missing"
+                )));
+            }
+            let (dtype, bytes) = self.float(&name, &[rows, cols])?;
+            return Ok((dtype, Cow::Borrowed(bytes)));
+        }
+        let part = |n: &str| -> Result<(DType, &[usize], &[u8])> {
+            let Some((dt, shape, (a, b))) = self.index.get(n) else {
+                return Err(self.err(format!("tensor `{n}` is missing")));
+            };
+            let dtype = DType::from_safetensors(*dt)
+                .ok_or_else(|| self.err(format!("tensor `{n}` is {dt:?}")))?;
+            Ok((dtype, shape.as_slice(), &self.bytes[*a..*b]))
+        };
+        let [w, s, b] = [name.as_str(), &scales, &format!("{path}.biases")].map(part);
+        let (w, s, b) = (w?, s?, b?);
+        let (f, shape) = affine_format(path, [(w.0, w.1), (s.0, s.1), (b.0, b.1)], quant, |d| {
+            self.err(d)
+        })?;
+        if shape != [rows, cols] {
+            return Err(self.err(format!(
+                "`{path}` holds a {shape:?} matrix, expected [{rows}, {cols}]"
+            )));
+        }
+        // (the shapes checked above fix every part's length)
+        Ok((
+            DType::Affine(f),
+            Cow::Owned(f.assemble(rows * cols, w.2, s.2, b.2)),
+        ))
+    }
+
     fn host_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let (dtype, bytes) = self.float(name, shape)?;
         let n: usize = shape.iter().product();
@@ -256,9 +308,14 @@ impl<B: ComputeBackend> Drafter<B> {
         let be = target.backend();
         let c = &cfg.text;
         let (h, bh, v) = (c.hidden, cfg.backbone_hidden, c.vocab);
+        let quant = c.quantization.as_ref();
+        let matrix = |name: &str, rows: usize, cols: usize| {
+            let path = name.strip_suffix(".weight").unwrap_or(name);
+            t.matrix(path, rows, cols, quant)
+        };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<B::Buffer> {
-            let (dtype, bytes) = t.float(name, &[rows, cols])?;
-            be.upload_weight(dtype, rows, cols, HostBytes::Slice(bytes), name)
+            let (dtype, bytes) = matrix(name, rows, cols)?;
+            be.upload_weight(dtype, rows, cols, HostBytes::Slice(&bytes), name)
         };
         let norm = |name: &str, n: usize| -> Result<B::Buffer> {
             let (dtype, bytes) = t.float(name, &[n])?;
@@ -267,30 +324,27 @@ impl<B: ComputeBackend> Drafter<B> {
         // pre_projection [hidden, 2 * backbone] split by columns into the
         // embedding's half and the hidden state's half: two products and an
         // add, so neither input needs copying next to the other.
-        let (dtype, pre) = t.float("pre_projection.weight", &[h, 2 * bh])?;
-        let es = dtype.size();
-        let half = |second: bool| -> Vec<u8> {
-            pre.chunks_exact(2 * bh * es)
-                .flat_map(|row| {
-                    let (a, b) = row.split_at(bh * es);
-                    if second { b } else { a }.iter().copied()
-                })
-                .collect()
+        // Quantized in groups that straddle the halves' edge (possible at
+        // group 128 where the backbone is not a multiple of it), it is
+        // dequantised to f32 first: the same values, the cut then exact.
+        let (dtype, pre) = matrix("pre_projection.weight", h, 2 * bh)?;
+        let (dtype, (pre_e, pre_h)) = match dtype {
+            DType::Affine(f) => match f.split_cols(&pre, h, 2 * bh, bh) {
+                Some(halves) => (dtype, halves),
+                None => {
+                    let n = h * 2 * bh;
+                    let values: Vec<f32> = (0..n).map(|i| f.get(&pre, n, i)).collect();
+                    let bytes = crate::dtype::encode_f32(DType::F32, &values);
+                    (DType::F32, split_cols(DType::F32, &bytes, 2 * bh, bh))
+                }
+            },
+            _ => (dtype, split_cols(dtype, &pre, 2 * bh, bh)),
         };
-        let pre_e = be.upload_weight(
-            dtype,
-            h,
-            bh,
-            HostBytes::Owned(Arc::new(half(false))),
-            "pre_projection.embed",
-        )?;
-        let pre_h = be.upload_weight(
-            dtype,
-            h,
-            bh,
-            HostBytes::Owned(Arc::new(half(true))),
-            "pre_projection.hidden",
-        )?;
+        let half = |bytes: Vec<u8>, label: &str| {
+            be.upload_weight(dtype, h, bh, HostBytes::Owned(Arc::new(bytes)), label)
+        };
+        let pre_e = half(pre_e, "pre_projection.embed")?;
+        let pre_h = half(pre_h, "pre_projection.hidden")?;
         let mut layers = Vec::with_capacity(c.layers.len());
         for (i, l) in c.layers.iter().enumerate() {
             let p = format!("model.layers.{i}.");
@@ -301,12 +355,18 @@ impl<B: ComputeBackend> Drafter<B> {
                     c.heads, l.kv_heads
                 )));
             }
-            let (gdt, gate) = t.float(&format!("{p}mlp.gate_proj.weight"), &[c.intermediate, h])?;
-            let (udt, up) = t.float(&format!("{p}mlp.up_proj.weight"), &[c.intermediate, h])?;
+            let (gdt, gate) = matrix(&format!("{p}mlp.gate_proj.weight"), c.intermediate, h)?;
+            let (udt, up) = matrix(&format!("{p}mlp.up_proj.weight"), c.intermediate, h)?;
             if gdt != udt {
                 return Err(t.err(format!("layer {i}'s gate_proj is {gdt}, its up_proj {udt}")));
             }
-            let gate_up = [gate, up].concat();
+            let gate_up = match gdt {
+                DType::Affine(f) => {
+                    let n = c.intermediate * h;
+                    f.stack(&[(&gate, n), (&up, n)])
+                }
+                _ => [gate, up].concat(),
+            };
             let scalar = match t.index.contains_key(&format!("{p}layer_scalar")) {
                 true => t.host_f32(&format!("{p}layer_scalar"), &[1])?[0],
                 false => 1.0,
@@ -678,6 +738,19 @@ pub enum DraftInput {
     Target { m: usize, row: usize },
     /// The drafter's projected state from its previous step.
     Previous,
+}
+
+/// A float matrix of `cols` columns (`dtype`'s elements) cut by columns
+/// at `at`: its left and right halves.
+fn split_cols(dtype: DType, bytes: &[u8], cols: usize, at: usize) -> (Vec<u8>, Vec<u8>) {
+    let es = dtype.size();
+    let (mut l, mut r) = (Vec::new(), Vec::new());
+    for row in bytes.chunks_exact(cols * es) {
+        let (a, b) = row.split_at(at * es);
+        l.extend_from_slice(a);
+        r.extend_from_slice(b);
+    }
+    (l, r)
 }
 
 /// A vocabulary-wide row of the selected tokens' logits, the others below

@@ -10,6 +10,9 @@ use crate::backend::ComputeBackend;
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::decoder::Model;
+use crate::model::quantization::{QuantParams, Quantization};
+use crate::model::synthetic::SyntheticQuant;
+use crate::quant::quantize;
 use crate::rng::Rng;
 
 /// transformers' defaults for the centroid head: used where they divide
@@ -23,12 +26,13 @@ impl<B: ComputeBackend> Drafter<B> {
     /// A drafter for `target` of `layers` dense layers (the last full, the
     /// rest sliding, each with the target's key geometry for its kind),
     /// `hidden` wide with an MLP of `intermediate`, as many query heads as
-    /// the target; random bf16 weights from `seed`.
+    /// the target; random weights from `seed`, bf16, or quantized as `quant`
+    /// says (every matrix a group divides, as mlx-lm converts one).
     pub fn synthetic(
         target: &Model<B>,
         layers: usize,
-        hidden: usize,
-        intermediate: usize,
+        (hidden, intermediate): (usize, usize),
+        quant: Option<SyntheticQuant>,
         seed: u64,
     ) -> Result<Self> {
         let t = target.config();
@@ -58,7 +62,13 @@ impl<B: ComputeBackend> Drafter<B> {
             top_k: 0,
             moe_inter: 0,
             final_softcap: None,
-            quantization: None,
+            quantization: quant.map(|q| Quantization {
+                default: QuantParams {
+                    bits: q.bits as u32,
+                    group: q.group as u32,
+                },
+                modules: HashMap::new(),
+            }),
             ..t.clone()
         };
         let cfg = DrafterConfig {
@@ -72,9 +82,14 @@ impl<B: ComputeBackend> Drafter<B> {
 }
 
 impl DraftTensors {
-    /// Every tensor a drafter of `cfg` reads: matrices N(0, 0.02), norms
-    /// and layer scalars 1, a seeded permutation as the token ordering.
+    /// Every tensor a drafter of `cfg` reads: matrices N(0, 0.02) (with
+    /// `cfg`'s quantization, those a group divides quantized by mlx's rule),
+    /// norms and layer scalars 1, a seeded permutation as the token ordering.
     fn random(cfg: &DrafterConfig, seed: u64) -> DraftTensors {
+        let quant = cfg.text.quantization.as_ref().map(|q| SyntheticQuant {
+            bits: q.default.bits as u8,
+            group: q.default.group as u16,
+        });
         let c = &cfg.text;
         let (h, bh, v) = (c.hidden, cfg.backbone_hidden, c.vocab);
         let mut list: Vec<(String, Vec<usize>, bool)> = vec![
@@ -110,32 +125,51 @@ impl DraftTensors {
         let mut rng = Rng::new(seed);
         let mut bytes = Vec::new();
         let mut index = HashMap::new();
+        let bf16 = |x: f32| ((x.to_bits() >> 16) as u16).to_le_bytes();
+        let mut put = |bytes: &mut Vec<u8>, name: String, dt, shape: Vec<usize>, data: &[u8]| {
+            let start = bytes.len();
+            bytes.extend_from_slice(data);
+            index.insert(name, (dt, shape, (start, bytes.len())));
+        };
         for (name, shape, one) in list {
             let n: usize = shape.iter().product();
-            let start = bytes.len();
-            bytes.reserve(2 * n);
-            for _ in 0..n {
-                let x: f32 = if one { 1.0 } else { rng.normal(0.02) };
-                bytes.extend_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes());
+            let values: Vec<f32> = (0..n)
+                .map(|_| if one { 1.0 } else { rng.normal(0.02) })
+                .collect();
+            let cols = *shape.last().unwrap_or(&1);
+            let path = name.strip_suffix(".weight").map(str::to_string);
+            let format = quant.filter(|q| !one && shape.len() == 2 && cols % q.group as usize == 0);
+            let (Some(q), Some(path)) = (format, path) else {
+                let data: Vec<u8> = values.iter().flat_map(|&x| bf16(x)).collect();
+                put(&mut bytes, name, safetensors::Dtype::BF16, shape, &data);
+                continue;
+            };
+            // mlx-lm's conversion: the matrix quantized, bf16 scales and biases.
+            let g = q.group as usize;
+            let qz = quantize(&values, q.bits, g);
+            let words: &[u8] = bytemuck::cast_slice(&qz.words);
+            let wshape = vec![shape[0], cols * q.bits as usize / 32];
+            put(&mut bytes, name, safetensors::Dtype::U32, wshape, words);
+            for (part, v) in [("scales", &qz.scales), ("biases", &qz.biases)] {
+                let data: Vec<u8> = v.iter().flat_map(|&x| bf16(x)).collect();
+                let pshape = vec![shape[0], cols / g];
+                put(
+                    &mut bytes,
+                    format!("{path}.{part}"),
+                    safetensors::Dtype::BF16,
+                    pshape,
+                    &data,
+                );
             }
-            index.insert(
-                name,
-                (safetensors::Dtype::BF16, shape, (start, bytes.len())),
-            );
         }
         if cfg.centroids.is_some() {
             let mut order: Vec<i64> = (0..v as i64).collect();
             for i in (1..v).rev() {
                 order.swap(i, rng.below(i as u64 + 1) as usize);
             }
-            let start = bytes.len();
-            for id in order {
-                bytes.extend_from_slice(&id.to_le_bytes());
-            }
-            index.insert(
-                "masked_embedding.token_ordering".into(),
-                (safetensors::Dtype::I64, vec![v], (start, bytes.len())),
-            );
+            let data: Vec<u8> = order.iter().flat_map(|id| id.to_le_bytes()).collect();
+            let name = "masked_embedding.token_ordering".to_string();
+            put(&mut bytes, name, safetensors::Dtype::I64, vec![v], &data);
         }
         DraftTensors {
             bytes: Arc::new(bytes),
