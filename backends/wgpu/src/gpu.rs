@@ -246,19 +246,25 @@ impl Gpu {
     }
 
     /// A quantized weight, split by rows where one binding cannot hold it,
-    /// each chunk its rows' own buffer (`quant::chunk`) with `extra` usages.
+    /// each chunk its rows' own buffer (`quant::chunk`) with `extra` usages;
+    /// without bytes `s`, only each chunk's header is written (the rest is
+    /// wgpu's zeros until written).
     pub(crate) fn upload_affine(
         &self,
         a: turbospark::quant::Affine,
         (rows, cols): (usize, usize),
-        s: &[u8],
+        s: Option<&[u8]>,
         (label, extra): (&str, wgpu::BufferUsages),
     ) -> Result<WgpuBuffer> {
         let dtype = DType::Affine(a);
-        if rows == 0 || !a.fits_cols(cols) || s.len() != dtype.bytes_for(rows * cols) {
+        let len_ok = s.is_none_or(|s| s.len() == dtype.bytes_for(rows * cols));
+        if rows == 0 || !a.fits_cols(cols) || !len_ok {
             return Err(Error::shape(
                 "upload_weight",
-                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
+                format!(
+                    "`{label}`: {} bytes for {rows} x {cols} {dtype}",
+                    s.map_or(0, <[u8]>::len)
+                ),
             ));
         }
         let max = self.max_binding() as usize;
@@ -288,21 +294,27 @@ impl Gpu {
             } else {
                 format!("{label}[rows {r}..{}]", r + n)
             };
-            let bytes = quant::chunk(a, s, (rows, cols), r, n);
+            let bytes = s.map(|s| quant::chunk(a, s, (rows, cols), r, n));
             let buffer = self.create_buffer_with(
-                bytes.len() as u64,
+                quant::device_bytes(a, n, cols) as u64,
                 &name,
                 (self.max_binding(), "max_storage_buffer_binding_size"),
                 extra,
             )?;
-            self.write_bytes(&buffer, 0, &bytes);
+            match &bytes {
+                Some(b) => self.write_bytes(&buffer, 0, b),
+                None => {
+                    self.write_bytes(&buffer, 0, bytemuck::cast_slice(&quant::head(a, n * cols)))
+                }
+            }
             chunks.push(self.chunk(buffer, (r, n)));
         }
         Ok(WgpuBuffer {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
-            fits_f16: self.features.tensor_core_gemm && quant::fits_f16(a, s, rows * cols),
+            fits_f16: self.features.tensor_core_gemm
+                && s.is_some_and(|s| quant::fits_f16(a, s, rows * cols)),
             tiles: None,
         })
     }

@@ -191,17 +191,21 @@ impl WgpuBackend {
         &self,
         dtype: DType,
         (rows, cols): (usize, usize),
-        s: &[u8],
+        s: Option<&[u8]>,
         (label, extra): (&str, wgpu::BufferUsages),
     ) -> Result<WgpuBuffer> {
         if let DType::Affine(a) = dtype {
             return self.gpu.upload_affine(a, (rows, cols), s, (label, extra));
         }
         let row_bytes = cols * dtype.size();
-        if s.len() != rows * row_bytes || rows == 0 || cols == 0 {
+        let len_ok = s.is_none_or(|s| s.len() == rows * row_bytes);
+        if !len_ok || rows == 0 || cols == 0 {
             return Err(Error::shape(
                 "upload_weight",
-                format!("`{label}`: {} bytes for {rows} x {cols} {dtype}", s.len()),
+                format!(
+                    "`{label}`: {} bytes for {rows} x {cols} {dtype}",
+                    s.map_or(0, <[u8]>::len)
+                ),
             ));
         }
         // Rows per chunk: as many as one binding holds, kept even so every
@@ -232,8 +236,10 @@ impl WgpuBackend {
                 (self.gpu.max_binding(), "max_storage_buffer_binding_size"),
                 extra,
             )?;
-            self.gpu
-                .write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
+            if let Some(s) = s {
+                self.gpu
+                    .write_bytes(&buffer, 0, &s[r * row_bytes..(r + n) * row_bytes]);
+            }
             chunks.push(self.gpu.chunk(buffer, (r, n)));
             r += n;
         }
@@ -241,7 +247,7 @@ impl WgpuBackend {
             chunks: Arc::new(chunks),
             dtype,
             len: rows * cols,
-            fits_f16: self.gpu.scan_fits_f16(dtype, s),
+            fits_f16: s.is_some_and(|s| self.gpu.scan_fits_f16(dtype, s)),
             tiles: None,
         })
     }
@@ -254,19 +260,20 @@ impl WgpuBackend {
         dtype: DType,
         stack: ExpertStack,
         (rows, cols): (usize, usize),
-        s: &[u8],
+        s: Option<&[u8]>,
         (label, extra): (&str, wgpu::BufferUsages),
     ) -> Result<WgpuBuffer> {
+        let bytes = rows * cols * dtype.size();
         if dtype.is_quantized()
             || !self.gpu.features.expert_tiles
             || !expert_tiles::fits(dtype, stack, rows, cols)
-            || s.len() != rows * cols * dtype.size()
-            || s.len() as u64 > self.gpu.max_binding()
+            || s.is_some_and(|s| s.len() != bytes)
+            || bytes as u64 > self.gpu.max_binding()
         {
             return self.weight(dtype, (rows, cols), s, (label, extra));
         }
-        let tiled = expert_tiles::tile_order(s, stack, rows, cols);
-        let mut b = self.weight(dtype, (rows, cols), &tiled, (label, extra))?;
+        let tiled = s.map(|s| expert_tiles::tile_order(s, stack, rows, cols));
+        let mut b = self.weight(dtype, (rows, cols), tiled.as_deref(), (label, extra))?;
         b.tiles = Some(stack);
         Ok(b)
     }
@@ -327,7 +334,7 @@ impl ComputeBackend for WgpuBackend {
         label: &str,
     ) -> Result<WgpuBuffer> {
         let none = wgpu::BufferUsages::empty();
-        self.weight(dtype, (rows, cols), bytes.as_slice(), (label, none))
+        self.weight(dtype, (rows, cols), Some(bytes.as_slice()), (label, none))
     }
 
     fn upload_experts(
@@ -339,11 +346,13 @@ impl ComputeBackend for WgpuBackend {
         label: &str,
     ) -> Result<WgpuBuffer> {
         let none = wgpu::BufferUsages::empty();
-        self.experts(dtype, stack, shape, bytes.as_slice(), (label, none))
+        self.experts(dtype, stack, shape, Some(bytes.as_slice()), (label, none))
     }
 
-    /// A stack of zeros (in tile order where `upload_experts` would tile
-    /// it: a slot's expert is tiled as it is written), taken by no
+    /// A stack of zeros, none uploaded (wgpu zeroes a buffer before its
+    /// first use; a quantized one's chunk headers are written), in tile
+    /// order where `upload_experts` would tile it (a slot's expert is tiled
+    /// as it is written), taken by no
     /// tensor-core GEMM: the experts it will hold are not scanned for f16
     /// range. Mappable by the host where `WgpuFeatures::mapped_slots` is
     /// on (`expert_slots.rs` writes misses straight into it).
@@ -354,13 +363,12 @@ impl ComputeBackend for WgpuBackend {
         (rows, cols): (usize, usize),
         label: &str,
     ) -> Result<WgpuBuffer> {
-        let zeros = vec![0u8; dtype.bytes_for(rows * cols)];
         let extra = if self.gpu.features.mapped_slots {
             wgpu::BufferUsages::MAP_WRITE
         } else {
             wgpu::BufferUsages::empty()
         };
-        let mut b = self.experts(dtype, stack, (rows, cols), &zeros, (label, extra))?;
+        let mut b = self.experts(dtype, stack, (rows, cols), None, (label, extra))?;
         b.fits_f16 = false;
         Ok(b)
     }

@@ -26,6 +26,12 @@ pub(crate) fn offsets(a: Affine, len: usize) -> [u32; 2] {
     ]
 }
 
+/// The header of a device buffer of `len` elements.
+pub(crate) fn head(a: Affine, len: usize) -> [u32; HEAD_WORDS] {
+    let [so, bo] = offsets(a, len);
+    [so, bo, 0, 0]
+}
+
 /// The device buffer of rows `r0 .. r0 + n` of a `[rows, cols]` weight
 /// whose host buffer (`turbospark::quant` layout) is `host`.
 pub(crate) fn chunk(
@@ -45,8 +51,7 @@ pub(crate) fn chunk(
         &rows_of(scales, spr),
         &rows_of(biases, spr),
     );
-    let [so, bo] = offsets(a, n * cols);
-    let head = [so, bo, 0, 0];
+    let head = head(a, n * cols);
     let mut out = Vec::with_capacity(4 * HEAD_WORDS + body.len());
     out.extend_from_slice(bytemuck::cast_slice(&head));
     out.extend_from_slice(&body);
