@@ -834,3 +834,57 @@ fn a_quantized_drafter_that_does_not_agree_is_named() {
     let e = load_with(&|c| c["quantization"]["bits"] = 7.into());
     assert!(e.contains("bits"), "{e}");
 }
+
+/// Speculation on a model whose experts stream through slots: a
+/// verification pass is a micro-batch (its rows' union of experts through
+/// the slots, or a full-layer stack past them), so with proposals forced
+/// right (every round verifies k + 1 rows) and with the fixture's drafter,
+/// the tokens are the resident model's plain greedy tokens, for every k.
+fn streamed_speculation<B: ComputeBackend>(be: impl Fn() -> B, slots: &[usize], ks: &[usize]) {
+    let ckpt = Checkpoint::open(&fixture("tiny-text")).unwrap();
+    let load = |slots: Option<usize>| {
+        let opts = ModelOptions {
+            max_context: 64,
+            expert_slots: slots,
+            ..Default::default()
+        };
+        Model::load(be(), &ckpt, opts).unwrap()
+    };
+    let resident = load(None);
+    let prompt = [17, 301, 88, 5, 412, 230, 77, 150, 9, 499];
+    let n = 16;
+    let plain = resident
+        .generate(&mut resident.new_sequence().unwrap(), &prompt, &greedy(n))
+        .unwrap()
+        .tokens;
+    for &s in slots {
+        let model = load(Some(s));
+        let drafter = Drafter::load(&model, &fixture(DRAFTERS[1])).unwrap();
+        for &k in ks {
+            for forced in [Some(plain.clone()), None] {
+                let spec = SpeculativeOptions {
+                    draft_tokens: k,
+                    forced: forced.clone(),
+                };
+                let (tokens, stats) = speculate(&model, &drafter, &prompt, &greedy(n), &spec);
+                let what = format!("{s} slots, k {k}, forced {}", forced.is_some());
+                assert_eq!(tokens, plain, "{what}: not the resident model's tokens");
+                if forced.is_some() {
+                    assert_eq!(stats.accepted, stats.drafted, "{what}: every draft kept");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_speculation_through_streamed_experts_is_the_resident_greedy() {
+    streamed_speculation(CpuBackend::new, &[2, 5], &[1, 2, 4]);
+}
+
+#[test]
+fn wgpu_speculation_through_streamed_experts_is_the_resident_greedy() {
+    if wgpu_backend().is_some() {
+        streamed_speculation(|| wgpu_backend().unwrap(), &[2], &[4]);
+    }
+}
