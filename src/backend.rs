@@ -153,6 +153,9 @@ pub enum SlotWrite {
     /// Into the slot itself, mapped into the host's address space (unified
     /// memory): one host copy, no staging and no device copy.
     Mapped,
+    /// By the device from a copy of every expert in host memory it reads
+    /// ([`ComputeBackend::host_experts`]): no host copy a miss.
+    Device,
 }
 
 impl SlotWrite {
@@ -161,6 +164,7 @@ impl SlotWrite {
             SlotWrite::Host => "host",
             SlotWrite::Staged => "staged",
             SlotWrite::Mapped => "mapped",
+            SlotWrite::Device => "device",
         }
     }
 }
@@ -407,6 +411,48 @@ pub trait ComputeBackend {
             backend: self.info().backend.clone(),
             op: format!("write_experts ({dtype})"),
             reason: "the backend does not stream experts into slots".into(),
+        })
+    }
+
+    /// Every expert of a layer's stack (`experts[e]` is expert e, of
+    /// `(rows, cols)` each, in `dtype`) copied once into host memory the
+    /// device reads, for [`ComputeBackend::copy_experts`] to move misses
+    /// into slots with the device's own copies, no host copy a miss. None
+    /// where the backend has no such memory or no gain from it (the
+    /// default; the CPU reference's slots are host memory already, and a
+    /// stack the host maps is written straight from the file).
+    fn host_experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        expert: (usize, usize),
+        experts: &[ExpertBytes<'_>],
+        label: &str,
+    ) -> Result<Option<Self::Buffer>> {
+        let _ = (dtype, stack, expert, experts, label);
+        Ok(None)
+    }
+
+    /// Copy each `(slot, expert)` of `copies` from `store` (made by
+    /// [`ComputeBackend::host_experts`]) into its slot of `buf` (made by
+    /// [`ComputeBackend::alloc_experts`] with the same `dtype`, `stack`
+    /// and whole-stack shape `(rows, cols)`), recorded like an op: after the
+    /// ops recorded before it (which read the slots' old experts), before
+    /// those after it.
+    fn copy_experts(
+        &self,
+        store: &Self::Buffer,
+        buf: &Self::Buffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        copies: &[(usize, usize)],
+    ) -> Result<()> {
+        let _ = (store, buf, stack, shape, copies);
+        Err(crate::Error::Unsupported {
+            backend: self.info().backend.clone(),
+            op: format!("copy_experts ({dtype})"),
+            reason: "the backend keeps no experts in host memory".into(),
         })
     }
 

@@ -14,7 +14,7 @@ mod primitives_only;
 use std::path::{Path, PathBuf};
 
 use turbospark::model::experts::{
-    Counts, Optimism, Policy, SlotCache, StreamPrefill, ROUTES_AN_EXPERT,
+    Counts, ExpertStore, Optimism, Policy, SlotCache, StreamPrefill, ROUTES_AN_EXPERT,
 };
 use turbospark::model::{Checkpoint, GenerateOptions, ModelOptions, OneSequence, TensorSource};
 use turbospark::{ComputeBackend, SlotWrite};
@@ -108,10 +108,21 @@ const REORDERED_SUM_NMSE: f64 = 1e-10;
 /// As [`streams_bit_identically`], or with `nmse` Some(limit) each logits
 /// row within that NMSE of the resident one (and the same greedy tokens).
 fn streams_like_resident<B: ComputeBackend>(
+    backend: B,
+    name: &str,
+    (batch, path): (usize, SlotWrite),
+    nmse: Option<f64>,
+) -> B {
+    streams_like_resident_from(backend, name, (batch, path), nmse, ExpertStore::Mapping)
+}
+
+/// [`streams_like_resident`] with the misses copied from `store`.
+fn streams_like_resident_from<B: ComputeBackend>(
     mut backend: B,
     name: &str,
     (batch, path): (usize, SlotWrite),
     nmse: Option<f64>,
+    store: ExpertStore,
 ) -> B {
     let dir = fixture(name);
     let ck = Checkpoint::open(&dir).unwrap();
@@ -133,14 +144,16 @@ fn streams_like_resident<B: ComputeBackend>(
     for (slots, policy, optimism, prefill) in runs {
         {
             let what = format!(
-                "{name}, {slots} slots, {}, optimism {}, batch {batch}, prefill {}",
+                "{name}, {slots} slots, {}, optimism {}, batch {batch}, prefill {}, store {}",
                 policy.name(),
                 optimism.name(),
-                prefill.name()
+                prefill.name(),
+                store.name()
             );
             let o = ModelOptions {
                 expert_optimism: optimism,
                 stream_prefill: prefill,
+                expert_store: store,
                 ..options(Some(slots), policy, batch)
             };
             let mut model = OneSequence::load(backend, &ck, o).unwrap();
@@ -268,6 +281,84 @@ fn wgpu_streams_bit_identically_through_staging() {
         (3, SlotWrite::Staged),
         Some(REORDERED_SUM_NMSE),
     );
+}
+
+/// Misses copied by the device from a host store of every expert
+/// (`ExpertStore::Host`, where the slots are not mapped): the same logits
+/// as resident, every slot count, policy, optimism and prefill; on the CPU
+/// the store is not made and the misses come from the mapping.
+#[test]
+fn wgpu_streams_bit_identically_from_a_host_store() {
+    let Some(mut be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
+        mapped_slots: Some(false),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let host = ExpertStore::Host;
+    be = streams_like_resident_from(be, "tiny-text-q4", (512, SlotWrite::Device), None, host);
+    be = streams_like_resident_from(
+        be,
+        "tiny-multimodal-g32",
+        (3, SlotWrite::Device),
+        None,
+        host,
+    );
+    streams_like_resident_from(
+        be,
+        "tiny-text",
+        (3, SlotWrite::Device),
+        Some(REORDERED_SUM_NMSE),
+        host,
+    );
+    let cpu = (512, SlotWrite::Host);
+    streams_like_resident_from(CpuBackend::new(), "tiny-text-q4", cpu, None, host);
+}
+
+/// The host store of a tile-ordered slot stack holds its experts tiled:
+/// the same logits as resident, full-layer prefill (whose stacks of every
+/// expert may be laid out otherwise) and decode misses.
+#[test]
+fn wgpu_streams_tiled_slots_from_a_host_store() {
+    let Some((_, cfg)) = common::wgpu_with_tiled_experts() else {
+        return;
+    };
+    let Some(mut be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
+        expert_tiles: Some(true),
+        mapped_slots: Some(false),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let src = turbospark::model::SyntheticSource::new(cfg.clone(), 7).unwrap();
+    let mut rng = turbospark::rng::Rng::new(5);
+    let toks: Vec<u32> = (0..24)
+        .map(|_| rng.below(cfg.vocab as u64) as u32)
+        .collect();
+    let mut model = OneSequence::load(be, &src, options(None, Policy::Lfu, 16)).unwrap();
+    let resident = run(&mut model, &toks, 16);
+    be = model.into_backend();
+    for slots in [cfg.top_k, cfg.top_k + 1] {
+        let o = ModelOptions {
+            expert_store: ExpertStore::Host,
+            ..options(Some(slots), Policy::Lfu, 16)
+        };
+        let mut model = OneSequence::load(be, &src, o).unwrap();
+        let got = run(&mut model, &toks, 16);
+        assert!(
+            got.logits == resident.logits,
+            "{slots} slots: logits differ"
+        );
+        assert_eq!(got.greedy, resident.greedy, "{slots} slots");
+        let st = model.take_stream_stats().expect("streamed");
+        assert_eq!(
+            st.write_path,
+            Some(SlotWrite::Device),
+            "{slots} slots: {st:?}"
+        );
+        assert!(st.counts.misses > 0 && st.full_layer_passes > 0, "{st:?}");
+        be = model.into_backend();
+    }
 }
 
 #[test]

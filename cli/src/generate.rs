@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use turbospark::model::drafter::{Drafter, SpeculativeOptions, SpeculativeStats};
 use turbospark::model::experts::StreamStats;
-use turbospark::model::experts::{Optimism, Policy, StreamPrefill};
+use turbospark::model::experts::{ExpertStore, Optimism, Policy, StreamPrefill};
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
 use turbospark::ComputeBackend;
 use turbospark_cpu::CpuBackend;
@@ -148,6 +148,17 @@ pub struct ExpertArgs {
     /// memory past them).
     #[arg(long, default_value = "full-layer", value_parser = parse_stream_prefill)]
     pub stream_prefill: StreamPrefill,
+    /// Where a streamed expert's miss is copied from: mapping (the
+    /// checkpoint's pages, by the host) or host (every expert copied once
+    /// at load into host memory the GPU reads, so that a miss is the GPU's
+    /// own copy: faster misses on a discrete GPU, for host memory the size
+    /// of the experts; as mapping where the GPU shares the host's memory).
+    #[arg(long, default_value = "mapping", value_parser = parse_expert_store)]
+    pub expert_store: ExpertStore,
+}
+
+pub fn parse_expert_store(s: &str) -> Result<ExpertStore, String> {
+    ExpertStore::parse(s).map_err(|e| e.to_string())
 }
 
 pub fn parse_stream_prefill(s: &str) -> Result<StreamPrefill, String> {
@@ -170,6 +181,7 @@ impl ExpertArgs {
             expert_policy: self.expert_policy,
             expert_optimism: self.expert_optimism,
             stream_prefill: self.stream_prefill,
+            expert_store: self.expert_store,
             ..opts
         }
     }

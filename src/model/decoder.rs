@@ -49,7 +49,7 @@ use crate::dtype::{round_to, DType};
 use crate::error::{Error, Result};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::experts::slot_cache::Policy;
-use crate::model::experts::streaming::{Optimism, StreamPrefill};
+use crate::model::experts::streaming::{ExpertStore, Optimism, StreamPrefill};
 pub use crate::model::scratch::{scratch_bytes, stream_scratch_bytes};
 use crate::model::scratch::{widest_layer, Scratch};
 use crate::model::weights::{Loader, TensorSource};
@@ -116,6 +116,10 @@ pub struct ModelOptions {
     pub expert_slots: Option<usize>,
     /// Which slot a streamed expert evicts.
     pub expert_policy: Policy,
+    /// Where a streamed expert's miss is copied from ([`ExpertStore`]):
+    /// the checkpoint's mapping (the default) or a host copy of every
+    /// expert the device reads.
+    pub expert_store: ExpertStore,
     /// When a decode pass of streamed experts looks its slots up on the
     /// device instead of waiting for each layer's ids ([`Optimism`]).
     pub expert_optimism: Optimism,
@@ -138,6 +142,7 @@ impl Default for ModelOptions {
             kv_cache: DType::F32,
             expert_slots: None,
             expert_policy: Policy::Lfu,
+            expert_store: ExpertStore::Mapping,
             expert_optimism: Optimism::AfterHit,
             stream_prefill: StreamPrefill::FullLayer,
             precision: crate::Precision::Exact,
@@ -258,7 +263,10 @@ impl<B: ComputeBackend> Model<B> {
         let (embed, embed_dtype) = ld.embedding(cfg.vocab, cfg.hidden)?;
         let final_norm = ld.norm("norm.weight", cfg.hidden)?;
         let layers = (0..cfg.layers.len())
-            .map(|i| Layer::load(&ld, &cfg, i, slots.map(|n| (n, opts.expert_policy))))
+            .map(|i| {
+                let streamed = slots.map(|n| (n, opts.expert_policy, opts.expert_store));
+                Layer::load(&ld, &cfg, i, streamed)
+            })
             .collect::<Result<Vec<_>>>()?;
         ld.finish();
         let single = Scratch::new(&backend, &cfg, (1, 1), slots.is_some())?;

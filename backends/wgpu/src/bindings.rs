@@ -23,6 +23,12 @@ pub(crate) fn check(args: &Args<'_, WgpuBuffer>) -> Result<()> {
                 ),
             ));
         }
+        if a.buf.host.is_some() {
+            return Err(Error::InvalidInput(format!(
+                "{}: `{}` is a host store of experts (host_experts), which only copy_experts reads",
+                args.op, a.name
+            )));
+        }
         let takes = match a.role {
             Role::Experts(stack) => Some(stack),
             Role::Plain | Role::Weight => None,

@@ -100,6 +100,9 @@ pub struct WgpuBuffer {
     /// `expert_tiles.rs`), else None: only the MoE op that takes this stack
     /// reads such a buffer (`bindings::check` holds every op to it).
     pub(crate) tiles: Option<ExpertStack>,
+    /// A copy of every expert of a stack in host memory
+    /// (`ComputeBackend::host_experts`), read only by `copy_experts`.
+    pub(crate) host: Option<crate::host_experts::HostStore>,
 }
 
 impl DeviceBuffer for WgpuBuffer {

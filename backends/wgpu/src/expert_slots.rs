@@ -65,14 +65,82 @@ pub(crate) fn pieces<'a>(parts: &[&'a [u8]], mut lo: usize, len: usize) -> Vec<(
 /// One copy of a write: `len` bytes of part `part` of write `w`'s expert,
 /// from byte `lo` of the part, to `at` in `buffer` (the stack's chunk
 /// `chunk`).
-struct SlotCopy<'a> {
-    buffer: &'a wgpu::Buffer,
-    chunk: usize,
-    at: u64,
-    w: usize,
-    part: usize,
-    lo: usize,
-    len: usize,
+pub(crate) struct SlotCopy<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub chunk: usize,
+    pub at: u64,
+    pub w: usize,
+    pub part: usize,
+    pub lo: usize,
+    pub len: usize,
+}
+
+/// The copies that fill slots of `buf` (a stack of `dtype` experts of `per`
+/// rows of `cols`): for each `(slot, range)` of `slots` (`range` its part
+/// 0's bytes, all of a tile-ordered expert), its parts' pieces in each
+/// chunk, `w` its index in `slots`. Each piece whole 4-byte words, as
+/// device writes and copies take them.
+pub(crate) fn slot_copies<'b>(
+    op: &'static str,
+    buf: &'b WgpuBuffer,
+    dtype: DType,
+    (per, cols): (usize, usize),
+    slots: &[(usize, std::ops::Range<usize>)],
+) -> Result<Vec<SlotCopy<'b>>> {
+    let rb = row_bytes(dtype, cols);
+    let mut copies = Vec::new();
+    for (w, (slot, range)) in slots.iter().enumerate() {
+        if buf.tiled() {
+            let c = buf.single().ok_or_else(|| {
+                Error::shape(op, "a tile-ordered stack is one binding".to_string())
+            })?;
+            copies.push(SlotCopy {
+                buffer: c,
+                chunk: 0,
+                at: range.start as u64,
+                w,
+                part: 0,
+                lo: 0,
+                len: range.len(),
+            });
+            continue;
+        }
+        let r0 = slot * per;
+        for (ci, c) in buf.chunks.iter().enumerate() {
+            let (a0, a1) = (r0.max(c.row_start), (r0 + per).min(c.row_start + c.rows));
+            if a0 >= a1 {
+                continue;
+            }
+            let bases = part_bases(dtype, c.rows, cols);
+            for part in 0..3 {
+                if rb[part] == 0 {
+                    continue;
+                }
+                let at = bases[part] + (a0 - c.row_start) * rb[part];
+                let len = (a1 - a0) * rb[part];
+                if !at.is_multiple_of(4) || !len.is_multiple_of(4) {
+                    return Err(Error::Unsupported {
+                        backend: "wgpu".into(),
+                        op: format!("{op} ({dtype})"),
+                        reason: format!(
+                            "part {part} of slot {slot} is {len} bytes at byte {at}: device \
+                             writes take whole 4-byte words"
+                        ),
+                    });
+                }
+                copies.push(SlotCopy {
+                    buffer: &c.buffer,
+                    chunk: ci,
+                    at: at as u64,
+                    w,
+                    part,
+                    lo: (a0 - r0) * rb[part],
+                    len,
+                });
+            }
+        }
+    }
+    Ok(copies)
 }
 
 /// Experts into their slots of one stack (`ComputeBackend::write_experts`):
@@ -96,61 +164,14 @@ pub(crate) fn write_experts(
         ));
     }
     let per = rows / stack.experts;
-    let rb = row_bytes(dtype, cols);
-    let mut copies = Vec::new();
+    let slots: Vec<(usize, std::ops::Range<usize>)> = writes
+        .iter()
+        .zip(&all)
+        .map(|((slot, _), ranges)| (*slot, ranges[0].clone()))
+        .collect();
+    let mut copies = slot_copies(OP, buf, dtype, (per, cols), &slots)?;
     // Tile-ordered experts are tiled on the host first (in parallel below).
     let mut tiled: Vec<Vec<u8>> = Vec::new();
-    for (w, ((slot, _), ranges)) in writes.iter().zip(&all).enumerate() {
-        if buf.tiled() {
-            let c = buf.single().ok_or_else(|| {
-                Error::shape(OP, "a tile-ordered stack is one binding".to_string())
-            })?;
-            copies.push(SlotCopy {
-                buffer: c,
-                chunk: 0,
-                at: ranges[0].start as u64,
-                w,
-                part: 0,
-                lo: 0,
-                len: ranges[0].len(),
-            });
-            continue;
-        }
-        let r0 = slot * per;
-        for (ci, c) in buf.chunks.iter().enumerate() {
-            let (a0, a1) = (r0.max(c.row_start), (r0 + per).min(c.row_start + c.rows));
-            if a0 >= a1 {
-                continue;
-            }
-            let bases = part_bases(dtype, c.rows, cols);
-            for part in 0..3 {
-                if rb[part] == 0 {
-                    continue;
-                }
-                let at = bases[part] + (a0 - c.row_start) * rb[part];
-                let len = (a1 - a0) * rb[part];
-                if !at.is_multiple_of(4) || !len.is_multiple_of(4) {
-                    return Err(Error::Unsupported {
-                        backend: "wgpu".into(),
-                        op: format!("{OP} ({dtype})"),
-                        reason: format!(
-                            "part {part} of slot {slot} is {len} bytes at byte {at}: device \
-                             writes take whole 4-byte words"
-                        ),
-                    });
-                }
-                copies.push(SlotCopy {
-                    buffer: &c.buffer,
-                    chunk: ci,
-                    at: at as u64,
-                    w,
-                    part,
-                    lo: (a0 - r0) * rb[part],
-                    len,
-                });
-            }
-        }
-    }
     if buf.tiled() {
         let bytes = writes.iter().map(|w| w.1.len()).sum();
         tiled = parallel(writes.len(), bytes, |w| {
@@ -222,7 +243,7 @@ pub(crate) fn write_experts(
 
 /// One copy's bytes of a staging or mapped view, split from it, for a
 /// copy thread.
-struct Piece<'a>(wgpu::WriteOnly<'a, [u8]>);
+pub(crate) struct Piece<'a>(pub wgpu::WriteOnly<'a, [u8]>);
 
 // SAFETY: a piece is write access to bytes no other piece covers (each is
 // split off its view with `split_at`), borrowed from a view that is itself

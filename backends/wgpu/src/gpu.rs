@@ -316,6 +316,7 @@ impl Gpu {
             fits_f16: self.features.tensor_core_gemm
                 && s.is_some_and(|s| quant::fits_f16(a, s, rows * cols)),
             tiles: None,
+            host: None,
         })
     }
 
@@ -339,6 +340,7 @@ impl Gpu {
             len,
             fits_f16: false,
             tiles: None,
+            host: None,
         })
     }
 

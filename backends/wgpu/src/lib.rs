@@ -17,6 +17,7 @@ mod expert_tiles;
 mod features;
 mod gemm_tiles;
 mod gpu;
+mod host_experts;
 pub mod kernels;
 mod limits;
 mod ops;
@@ -249,7 +250,18 @@ impl WgpuBackend {
             len: rows * cols,
             fits_f16: s.is_some_and(|s| self.gpu.scan_fits_f16(dtype, s)),
             tiles: None,
+            host: None,
         })
+    }
+
+    /// Whether a stack of this shape is held in tile order
+    /// (`expert_tiles.rs`): 16-bit experts where `WgpuFeatures::expert_tiles`
+    /// is on and the stack fits one binding in whole blocks and chunks.
+    fn tiles_stack(&self, dtype: DType, stack: ExpertStack, (rows, cols): (usize, usize)) -> bool {
+        !dtype.is_quantized()
+            && self.gpu.features.expert_tiles
+            && expert_tiles::fits(dtype, stack, rows, cols)
+            && (rows * cols * dtype.size()) as u64 <= self.gpu.max_binding()
     }
 
     /// Tile order (`expert_tiles.rs`) where `WgpuFeatures::expert_tiles` is
@@ -264,12 +276,7 @@ impl WgpuBackend {
         (label, extra): (&str, wgpu::BufferUsages),
     ) -> Result<WgpuBuffer> {
         let bytes = rows * cols * dtype.size();
-        if dtype.is_quantized()
-            || !self.gpu.features.expert_tiles
-            || !expert_tiles::fits(dtype, stack, rows, cols)
-            || s.is_some_and(|s| s.len() != bytes)
-            || bytes as u64 > self.gpu.max_binding()
-        {
+        if !self.tiles_stack(dtype, stack, (rows, cols)) || s.is_some_and(|s| s.len() != bytes) {
             return self.weight(dtype, (rows, cols), s, (label, extra));
         }
         let tiled = s.map(|s| expert_tiles::tile_order(s, stack, rows, cols));
@@ -382,6 +389,43 @@ impl ComputeBackend for WgpuBackend {
         writes: &[(usize, ExpertBytes<'_>)],
     ) -> Result<SlotWrite> {
         expert_slots::write_experts(&self.gpu, buf, dtype, stack, shape, writes)
+    }
+
+    /// A host store where the slots are not mapped by the host (there a
+    /// miss is one copy from the file already): a discrete GPU's.
+    fn host_experts(
+        &self,
+        dtype: DType,
+        stack: ExpertStack,
+        (rows, cols): (usize, usize),
+        experts: &[ExpertBytes<'_>],
+        label: &str,
+    ) -> Result<Option<WgpuBuffer>> {
+        if self.gpu.features.mapped_slots {
+            return Ok(None);
+        }
+        let tiled = self.tiles_stack(dtype, stack, (stack.experts * rows, cols));
+        host_experts::host_experts(
+            &self.gpu,
+            dtype,
+            (stack, tiled),
+            (rows, cols),
+            experts,
+            label,
+        )
+        .map(Some)
+    }
+
+    fn copy_experts(
+        &self,
+        store: &WgpuBuffer,
+        buf: &WgpuBuffer,
+        dtype: DType,
+        stack: ExpertStack,
+        shape: (usize, usize),
+        copies: &[(usize, usize)],
+    ) -> Result<()> {
+        host_experts::copy_experts(&self.gpu, store, buf, dtype, stack, shape, copies)
     }
 
     fn write_f32(&self, buf: &WgpuBuffer, offset: usize, data: &[f32]) -> Result<()> {

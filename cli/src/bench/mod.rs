@@ -178,6 +178,10 @@ pub struct Args {
     /// (full-layer or token-waves).
     #[arg(long, default_value = "full-layer", value_parser = crate::generate::parse_stream_prefill)]
     pub stream_prefill: turbospark::model::experts::StreamPrefill,
+    /// With --stream-slots: where misses are copied from (mapping, or host:
+    /// every expert in host memory the GPU copies from).
+    #[arg(long, default_value = "mapping", value_parser = crate::generate::parse_expert_store)]
+    pub expert_store: turbospark::model::experts::ExpertStore,
     /// Write a generated routing trace for the `--synthetic` model's shape
     /// to this file (for --route-by-trace), print its parameters and its
     /// LFU hit rate at 16 slots, and exit.

@@ -193,6 +193,7 @@ pub fn run<B: ComputeBackend + Counters>(
         "model": name,
         "device": device,
         "weights": args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
+        "expert_store": args.expert_store.name(),
         "prompt_tokens": prompt.len(),
         "decode_tokens": args.decode_tokens,
         "host_to_device_gbps": h2d_gbps,
@@ -237,6 +238,7 @@ fn point<B: ComputeBackend + Counters>(
             expert_slots: slots,
             expert_optimism: args.expert_optimism,
             stream_prefill: args.stream_prefill,
+            expert_store: args.expert_store,
             ..Default::default()
         },
     )?;

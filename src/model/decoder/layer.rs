@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::model::config::ModelConfig;
 use crate::model::experts::routed::MoeBlock;
 use crate::model::experts::slot_cache::Policy;
-use crate::model::experts::streaming::StreamPass;
+use crate::model::experts::streaming::{ExpertStore, StreamPass};
 use crate::model::scratch::{Residual, Scratch};
 use crate::model::weights::Loader;
 
@@ -30,7 +30,7 @@ impl<B: ComputeBackend> Layer<B> {
         ld: &Loader<'_, B>,
         cfg: &ModelConfig,
         i: usize,
-        streamed: Option<(usize, Policy)>,
+        streamed: Option<(usize, Policy, ExpertStore)>,
     ) -> Result<Self> {
         let p = format!("layers.{i}.");
         let experts = if cfg.enable_moe {

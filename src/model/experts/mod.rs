@@ -20,5 +20,5 @@ pub mod trace;
 
 pub use slot_cache::{Counts, Placement, Policy, SlotCache};
 pub use stored::StoredExperts;
-pub use streaming::{Optimism, StreamPrefill, StreamStats, ROUTES_AN_EXPERT};
+pub use streaming::{ExpertStore, Optimism, StreamPrefill, StreamStats, ROUTES_AN_EXPERT};
 pub use trace::{optimal, replay, Trace, TraceShape};

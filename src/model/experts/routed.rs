@@ -7,8 +7,9 @@
 use std::cell::RefCell;
 
 use super::slot_cache::{Policy, SlotCache};
-use super::streaming::{self, SlotStacks, StreamPass, StreamedLayer};
-use crate::backend::{ComputeBackend, HostBytes, Support};
+use super::stored::StoredExperts;
+use super::streaming::{self, ExpertStore, SlotStacks, StreamPass, StreamedLayer};
+use crate::backend::{ComputeBackend, ExpertStack, HostBytes, Support};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::scratch::ExpertScratch;
@@ -42,6 +43,10 @@ pub(crate) struct MoeBlock<B: ComputeBackend> {
     pub dense_post_norm: B::Buffer,
     /// With streamed experts: the stacks in the source and the slots' cache.
     pub streamed: Option<RefCell<StreamedLayer>>,
+    /// With streamed experts from a host store ([`ExpertStore::Host`]):
+    /// every expert of the layer (gate_up, down) in host memory the device
+    /// copies misses from.
+    pub host_store: Option<(B::Buffer, B::Buffer)>,
     /// With streamed experts: the slot cache's table on the device (u32
     /// `[experts]`, each expert's slot or `ops::NO_SLOT`), which
     /// `slot_lookup` reads and every placement that loads rewrites.
@@ -65,6 +70,35 @@ pub(crate) enum Placed<'s, T> {
     Waves(&'s T),
 }
 
+/// A layer's host stores of its `gate_up` and `down` experts for stacks of
+/// `n` slots, where the backend makes them (both, or neither is used).
+fn host_stores<B: ComputeBackend>(
+    ld: &Loader<'_, B>,
+    (gate_up, down): (&StoredExperts, &StoredExperts),
+    n: usize,
+    prefix: &str,
+) -> Result<Option<(B::Buffer, B::Buffer)>> {
+    let mut made = Vec::with_capacity(2);
+    for (st, is_gate_up, part) in [(gate_up, true, "gate_up"), (down, false, "down")] {
+        st.check_unchanged()?;
+        let experts: Vec<_> = (0..st.experts).map(|e| st.expert(e)).collect();
+        let stack = ExpertStack {
+            experts: n,
+            gate_up: is_gate_up,
+        };
+        let label = format!("{prefix}experts.{part} (host store)");
+        match ld
+            .backend
+            .host_experts(st.dtype, stack, (st.rows, st.cols), &experts, &label)?
+        {
+            Some(b) => made.push(b),
+            None => return Ok(None),
+        }
+    }
+    let down = made.pop();
+    Ok(made.pop().zip(down))
+}
+
 impl<B: ComputeBackend> MoeBlock<B> {
     /// Layer `layer`'s experts from `ld`; with `slots`, that many device
     /// slots a stack, filled from the source as the router asks (after the
@@ -73,7 +107,7 @@ impl<B: ComputeBackend> MoeBlock<B> {
         ld: &Loader<'_, B>,
         cfg: &ModelConfig,
         layer: usize,
-        slots: Option<(usize, Policy)>,
+        slots: Option<(usize, Policy, ExpertStore)>,
     ) -> Result<Self> {
         let p = format!("layers.{layer}.");
         let (h, e, mi) = (cfg.hidden, cfg.experts, cfg.moe_inter);
@@ -82,12 +116,13 @@ impl<B: ComputeBackend> MoeBlock<B> {
         let eff: Vec<f32> = scale.iter().map(|s| s * inv_sqrt_h).collect();
         let pes = ld.host_f32(&format!("{p}router.per_expert_scale"), &[e])?;
         let n = slots.map(|s| s.0);
+        let mut host_store = None;
         let (gate_up, stored_gu) =
             ld.experts(&format!("{p}experts.gate_up_proj"), [e, 2 * mi, h], true, n)?;
         let (down, stored_down) =
             ld.experts(&format!("{p}experts.down_proj"), [e, h, mi], false, n)?;
         let streamed = match (stored_gu.zip(stored_down), slots) {
-            (Some((gate_up, down)), Some((n, policy))) => {
+            (Some((gate_up, down)), Some((n, policy, store))) => {
                 let be = ld.backend;
                 for d in [gate_up.dtype, down.dtype] {
                     if let Support::No(reason) = be.supports(&OpKind::ExpertSlots { w: d }) {
@@ -97,6 +132,9 @@ impl<B: ComputeBackend> MoeBlock<B> {
                             reason,
                         });
                     }
+                }
+                if store == ExpertStore::Host {
+                    host_store = host_stores(ld, (&gate_up, &down), n, &p)?;
                 }
                 Some(RefCell::new(StreamedLayer {
                     gate_up,
@@ -129,6 +167,7 @@ impl<B: ComputeBackend> MoeBlock<B> {
             dense_post_norm: ld.norm(&format!("{p}post_feedforward_layernorm_1.weight"), h)?,
             streamed,
             slot_table,
+            host_store,
         })
     }
 
@@ -220,6 +259,7 @@ impl<B: ComputeBackend> MoeBlock<B> {
             gate_up: &self.gate_up,
             down: &self.down,
             table,
+            store: self.host_store.as_ref().map(|(g, d)| (g, d)),
         })
     }
 

@@ -86,6 +86,40 @@ pub struct StreamStats {
     pub rerouted_layers: u64,
 }
 
+/// Where a streamed layer's misses are copied from into their slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertStore {
+    /// The checkpoint's mapping, by the host, a miss at a time (into wgpu's
+    /// staging memory, or straight into a slot the host maps).
+    #[default]
+    Mapping,
+    /// A copy of every expert in host memory the device reads, made at
+    /// load ([`ComputeBackend::host_experts`]): a miss is then the device's
+    /// own copy, no host copy, for the host memory of every expert. Where
+    /// the backend offers no such memory (the CPU reference, a GPU whose
+    /// slots the host maps), as `Mapping`.
+    Host,
+}
+
+impl ExpertStore {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertStore::Mapping => "mapping",
+            ExpertStore::Host => "host",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<ExpertStore> {
+        match s {
+            "mapping" => Ok(ExpertStore::Mapping),
+            "host" => Ok(ExpertStore::Host),
+            _ => Err(crate::Error::InvalidInput(format!(
+                "expert store {s:?}: mapping or host"
+            ))),
+        }
+    }
+}
+
 /// How a prefill batch whose routed experts exceed a layer's slots runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamPrefill {
@@ -173,12 +207,18 @@ pub(crate) struct StreamPass<'a> {
     pub prefill: StreamPrefill,
 }
 
+/// A layer's host stores of its (gate_up, down) experts, where made.
+pub(crate) type HostStores<'a, T> = Option<(&'a T, &'a T)>;
+
 /// The slot stacks' device buffers a placement writes into, and the slot
 /// table the device looks ids up in.
 pub(crate) struct SlotStacks<'a, B: ComputeBackend> {
     pub gate_up: &'a B::Buffer,
     pub down: &'a B::Buffer,
     pub table: &'a B::Buffer,
+    /// The layer's host stores (gate_up, down), misses' source where made
+    /// ([`ExpertStore::Host`]).
+    pub store: HostStores<'a, B::Buffer>,
 }
 
 impl StreamedLayer {
@@ -207,32 +247,31 @@ impl StreamedLayer {
             self.check_files()?;
         }
         let n = self.cache.slots();
-        for (stored, buf, gate_up) in [
+        let stores = stacks.store.map(|(g, d)| [g, d]);
+        for (i, (stored, buf, gate_up)) in [
             (&self.gate_up, stacks.gate_up, true),
             (&self.down, stacks.down, false),
-        ] {
-            let writes: Vec<(usize, ExpertBytes<'_>)> = placed
-                .loads
-                .iter()
-                .map(|&(e, slot)| (slot as usize, stored.expert(e as usize)))
-                .collect();
-            if writes.is_empty() {
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if placed.loads.is_empty() {
                 continue;
             }
+            let stack = ExpertStack {
+                experts: n,
+                gate_up,
+            };
             let t0 = Instant::now();
-            let path = be.write_experts(
-                buf,
-                stored.dtype,
-                ExpertStack {
-                    experts: n,
-                    gate_up,
-                },
-                (n * stored.rows, stored.cols),
-                &writes,
+            let path = write_or_copy(
+                be,
+                (stored, buf, stores.map(|s| s[i])),
+                (stack, (n * stored.rows, stored.cols)),
+                &placed.loads,
+                stats,
             )?;
             stats.write_time += t0.elapsed();
             stats.write_path = Some(path);
-            stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
         }
         if !placed.loads.is_empty() {
             // (ordered after the passes that read the old table)
@@ -256,7 +295,7 @@ fn full_layer<'s, B: ComputeBackend>(
     stats: &mut StreamStats,
     (s, ws): (&'s ExpertScratch<B::Buffer>, &'s WaveScratch<B::Buffer>),
     (gate_up, slot_down): (&GateUpArgs<'_, B::Buffer>, &DownArgs<'_, B::Buffer>),
-    ids: Option<&[u32]>,
+    (ids, store): (Option<&[u32]>, HostStores<'_, B::Buffer>),
     t0: Instant,
 ) -> Result<&'s B::Buffer> {
     let mut full = ws.full_layer.borrow_mut();
@@ -276,28 +315,39 @@ fn full_layer<'s, B: ComputeBackend>(
         None => (0..layer.gate_up.experts as u32).collect(),
     };
     layer.check_files()?;
-    for (stored, buf, gate_up) in [
+    let loads: Vec<(u32, u32)> = experts.iter().map(|&e| (e, e)).collect();
+    let stores = store.map(|(g, d)| [g, d]);
+    for (i, (stored, buf, gate_up)) in [
         (&layer.gate_up, &f.gate_up, true),
         (&layer.down, &f.down, false),
-    ] {
-        let writes: Vec<(usize, ExpertBytes<'_>)> = experts
-            .iter()
-            .map(|&e| (e as usize, stored.expert(e as usize)))
-            .collect();
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let stack = ExpertStack {
+            experts: stored.experts,
+            gate_up,
+        };
+        let shape = (stored.experts * stored.rows, stored.cols);
         let t1 = Instant::now();
-        let path = be.write_experts(
-            buf,
-            stored.dtype,
-            ExpertStack {
-                experts: stored.experts,
-                gate_up,
-            },
-            (stored.experts * stored.rows, stored.cols),
-            &writes,
-        )?;
+        // (a host store laid out for the slots may not fit a full-layer
+        // stack the backend holds otherwise, in tile order: then the
+        // experts come from the mapping)
+        let path = match write_or_copy(
+            be,
+            (stored, buf, stores.map(|s| s[i])),
+            (stack, shape),
+            &loads,
+            stats,
+        ) {
+            Ok(path) => path,
+            Err(_) if stores.is_some() => {
+                write_or_copy(be, (stored, buf, None), (stack, shape), &loads, stats)?
+            }
+            Err(e) => return Err(e),
+        };
         stats.write_time += t1.elapsed();
         stats.write_path = Some(path);
-        stats.bytes += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
     }
     // (an expert's place in the full stacks is its id: the router's own
     // ids, or the host's, which a trace may have given instead)
@@ -329,6 +379,41 @@ fn full_layer<'s, B: ComputeBackend>(
     }
     .run(be)?;
     Ok(&s.out)
+}
+
+/// `loads` (`(expert, slot)`) into their slots of `buf`, a stack of
+/// `stored`'s experts shaped `stack`, whole-stack `shape`: copied by the
+/// device from `store` where given, else written from the mapping. Counts
+/// the bytes; returns the path they took.
+fn write_or_copy<B: ComputeBackend>(
+    be: &B,
+    (stored, buf, store): (&StoredExperts, &B::Buffer, Option<&B::Buffer>),
+    (stack, shape): (ExpertStack, (usize, usize)),
+    loads: &[(u32, u32)],
+    stats: &mut StreamStats,
+) -> Result<SlotWrite> {
+    let path = match store {
+        Some(store) => {
+            let copies: Vec<(usize, usize)> = loads
+                .iter()
+                .map(|&(e, slot)| (slot as usize, e as usize))
+                .collect();
+            be.copy_experts(store, buf, stored.dtype, stack, shape, &copies)?;
+            SlotWrite::Device
+        }
+        None => {
+            let writes: Vec<(usize, ExpertBytes<'_>)> = loads
+                .iter()
+                .map(|&(e, slot)| (slot as usize, stored.expert(e as usize)))
+                .collect();
+            be.write_experts(buf, stored.dtype, stack, shape, &writes)?
+        }
+    };
+    stats.bytes += loads
+        .iter()
+        .map(|&(e, _)| stored.expert(e as usize).len() as u64)
+        .sum::<u64>();
+    Ok(path)
 }
 
 /// Routes an expert from which a prefill batch writes every expert of a
@@ -386,7 +471,8 @@ pub(crate) fn run<'s, B: ComputeBackend>(
         && layer.cache.slots() < experts
         && m * k >= ROUTES_AN_EXPERT * experts
     {
-        return full_layer(be, layer, sp.stats, (s, ws), (gate_up, slot_down), None, t0).map(Some);
+        let from = (None, stacks.store);
+        return full_layer(be, layer, sp.stats, (s, ws), (gate_up, slot_down), from, t0).map(Some);
     }
     // A trace's ids are the host's already: no wait for the router's.
     let ids: Vec<u32> = match sp.trace {
@@ -426,7 +512,7 @@ pub(crate) fn run<'s, B: ComputeBackend>(
             stats,
             (s, ws),
             (gate_up, slot_down),
-            Some(ids),
+            (Some(ids), stacks.store),
             t0,
         )
         .map(Some);

@@ -1,0 +1,235 @@
+//! Streamed experts the device copies from host memory
+//! (`ComputeBackend::host_experts`, `copy_experts`): every expert of a
+//! layer's stack copied once, at load, into buffers the host maps and the
+//! device reads (`MAP_WRITE | COPY_SRC`: system memory on a discrete GPU),
+//! each expert as `write_experts` lays it into a slot (tile order for a
+//! tiled stack; an affine expert's words, scales and biases, each part
+//! padded to whole words). A miss is then a device copy a part, on the
+//! device's copy engine at the link's speed, and no host copy; the price is
+//! host memory for every expert, besides the file's pages.
+
+use std::sync::Arc;
+
+use turbospark::{DType, Error, ExpertBytes, ExpertStack, Result};
+
+use crate::buffer::{MemoryUse, WgpuBuffer};
+use crate::expert_slots::{slot_copies, Piece};
+use crate::expert_tiles;
+use crate::gpu::Gpu;
+
+/// How a host store lays its experts out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HostStore {
+    pub experts: usize,
+    /// One expert's rows and columns.
+    pub expert: (usize, usize),
+    pub gate_up: bool,
+    /// Its experts in tile order (for a tile-ordered slot stack).
+    pub tiled: bool,
+    /// Bytes an expert takes, and where each of its parts starts in them.
+    pub expert_bytes: usize,
+    pub part_at: [usize; 3],
+    /// Experts a buffer (chunk) holds.
+    pub per_chunk: usize,
+}
+
+const OP: &str = "copy_experts";
+
+/// The store of `experts` (each `expert` = (rows, cols) of `dtype`) for
+/// slot stacks like `stack`, tiled where such a stack is (`tiled`).
+pub(crate) fn host_experts(
+    gpu: &Gpu,
+    dtype: DType,
+    (stack, tiled): (ExpertStack, bool),
+    (rows, cols): (usize, usize),
+    experts: &[ExpertBytes<'_>],
+    label: &str,
+) -> Result<WgpuBuffer> {
+    let Some(first) = experts.first() else {
+        return Err(Error::shape("host_experts", "no experts".to_string()));
+    };
+    let lens = [0, 1, 2].map(|i| first.part_len(i));
+    if let Some(e) = experts
+        .iter()
+        .position(|x| [0, 1, 2].map(|i| x.part_len(i)) != lens)
+    {
+        return Err(Error::shape(
+            "host_experts",
+            format!("expert {e}'s parts are not expert 0's sizes"),
+        ));
+    }
+    let padded = lens.map(|n| n.div_ceil(4) * 4);
+    let part_at = [0, padded[0], padded[0] + padded[1]];
+    let expert_bytes: usize = padded.iter().sum();
+    let max = gpu.limits.max_buffer_size as usize;
+    if expert_bytes > max {
+        return Err(Error::DeviceLimit {
+            what: format!("one expert of `{label}`"),
+            bytes: expert_bytes as u64,
+            limit: max as u64,
+            limit_name: "max_buffer_size",
+        });
+    }
+    let per_chunk = (max / expert_bytes).min(experts.len());
+    let one = ExpertStack {
+        experts: 1,
+        gate_up: stack.gate_up,
+    };
+    let mut chunks = Vec::new();
+    // (host memory: not the device's count)
+    let memory = Arc::new(MemoryUse::default());
+    for (ci, group) in experts.chunks(per_chunk).enumerate() {
+        let name = format!("{label} (host, experts {}..)", ci * per_chunk);
+        let size = (group.len() * expert_bytes) as u64;
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(&name),
+            size,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::OutOfMemory(format!(
+                "host buffer `{name}` of {size} bytes: {e}"
+            )));
+        }
+        {
+            let mut view = buffer
+                .get_mapped_range_mut(..)
+                .map_err(|e| Error::Gpu(format!("host_experts: mapping `{name}`: {e}")))?;
+            // (each expert its own piece of the view, for the threads)
+            let mut pieces = Vec::with_capacity(group.len());
+            let mut rest = view.slice(..);
+            for _ in group {
+                let (head, tail) = rest.split_at(expert_bytes);
+                pieces.push(Piece(head));
+                rest = tail;
+            }
+            fill(&mut pieces, group, |dst, x| {
+                let mut src = Vec::new();
+                if tiled {
+                    x.gather(0, &mut src);
+                    let t = expert_tiles::tile_order(&src, one, rows, cols);
+                    dst.0.slice(..t.len()).copy_from_slice(&t);
+                    return;
+                }
+                for (p, &at) in part_at.iter().enumerate() {
+                    x.gather(p, &mut src);
+                    dst.0.slice(at..at + src.len()).copy_from_slice(&src);
+                }
+            });
+        }
+        buffer.unmap();
+        chunks.push(crate::buffer::Chunk::new(
+            buffer,
+            (ci * per_chunk, group.len()),
+            gpu.binds.reaper(),
+            memory.clone(),
+        ));
+    }
+    Ok(WgpuBuffer {
+        chunks: Arc::new(chunks),
+        dtype,
+        len: experts.len() * rows * cols,
+        fits_f16: false,
+        tiles: None,
+        host: Some(HostStore {
+            experts: experts.len(),
+            expert: (rows, cols),
+            gate_up: stack.gate_up,
+            tiled,
+            expert_bytes,
+            part_at,
+            per_chunk,
+        }),
+    })
+}
+
+/// `f(dst, expert)` for each pair, on several threads.
+fn fill(
+    dsts: &mut [Piece<'_>],
+    experts: &[ExpertBytes<'_>],
+    f: impl Fn(&mut Piece<'_>, &ExpertBytes<'_>) + Sync,
+) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    let each = experts.len().div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|s| {
+        for (ds, xs) in dsts.chunks_mut(each).zip(experts.chunks(each)) {
+            s.spawn(move || ds.iter_mut().zip(xs).for_each(|(d, x)| f(d, x)));
+        }
+    });
+}
+
+/// Each `(slot, expert)` of `copies` from `store` into its slot of `buf`
+/// (a slot stack of `dtype`, `stack`, whole-stack `(rows, cols)`),
+/// recorded on the batch as copies.
+pub(crate) fn copy_experts(
+    gpu: &Gpu,
+    store: &WgpuBuffer,
+    buf: &WgpuBuffer,
+    dtype: DType,
+    stack: ExpertStack,
+    (rows, cols): (usize, usize),
+    copies: &[(usize, usize)],
+) -> Result<()> {
+    let Some(h) = store.host else {
+        return Err(Error::shape(
+            OP,
+            "the store is not a host_experts store".to_string(),
+        ));
+    };
+    let bad = |detail: String| Err(Error::shape(OP, detail));
+    if buf.host.is_some() || buf.dtype != dtype || store.dtype != dtype || buf.len != rows * cols {
+        return bad(format!(
+            "a {} stack of {} elements from a {} store: not a {dtype} stack of {rows} x {cols}",
+            buf.dtype, buf.len, store.dtype
+        ));
+    }
+    if stack.experts == 0 || rows % stack.experts != 0 {
+        return bad(format!("{rows} rows are not {} slots", stack.experts));
+    }
+    let per = rows / stack.experts;
+    if h.expert != (per, cols) || h.gate_up != stack.gate_up || h.tiled != buf.tiled() {
+        return bad(format!(
+            "the store's experts ({:?}, gate_up {}, tiled {}) are not the slots' ({:?}, {}, {})",
+            h.expert,
+            h.gate_up,
+            h.tiled,
+            (per, cols),
+            stack.gate_up,
+            buf.tiled()
+        ));
+    }
+    if buf.tiles.is_some_and(|t| t != stack) {
+        return bad(format!(
+            "a tile-ordered stack of {:?} is not {stack:?}",
+            buf.tiles
+        ));
+    }
+    let mut slots = Vec::with_capacity(copies.len());
+    for (i, &(slot, e)) in copies.iter().enumerate() {
+        if e >= h.experts || copies[..i].iter().any(|c| c.0 == slot) {
+            return bad(format!(
+                "copy {i}: expert {e} into slot {slot} (a store of {} experts, each slot once)",
+                h.experts
+            ));
+        }
+        slots.push((
+            slot,
+            stack.part_ranges(dtype, (rows, cols), slot)?[0].clone(),
+        ));
+    }
+    let plan = slot_copies(OP, buf, dtype, (per, cols), &slots)?;
+    let submit = gpu.submit();
+    let mut batch = gpu.batch_lock();
+    for c in &plan {
+        let e = copies[c.w].1;
+        let src = &store.chunks[e / h.per_chunk].buffer;
+        let from = (e % h.per_chunk) * h.expert_bytes + h.part_at[c.part] + c.lo;
+        batch.copy(&submit, (src, c.buffer), (from as u64, c.at, c.len as u64));
+    }
+    Ok(())
+}
