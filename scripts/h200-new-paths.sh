@@ -20,7 +20,9 @@
 #   6. stream-prefill: a 512-token prompt through 16 slots on the generated
 #      trace, through the full-layer stacks (the default) and in token
 #      waves, with the copy ceilings (one write, the slot path);
-#   and, named in STEPS only, spec-bf16: bench --speculative with bf16 weights;
+#   and, named in STEPS only, stream-store: 16 slots on the generated trace
+#   with misses copied from a host store (--expert-store host) and from the
+#   mapping; spec-bf16: bench --speculative with bf16 weights;
 #   f32units: q4 and bf16 end to end on the f32 units (TURBOSPARK_TENSOR_CORES=0),
 #   the path an Apple GPU without matrix units takes; small: the dense
 #   projections and LM head at 4, 8 and 16 rows through the streaming GEMVs
@@ -82,6 +84,17 @@ for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
         done
         rm -f "$OUT/trace.txt"
         ;;
+    stream-store)
+        "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
+            --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+        for st in host mapping; do
+            timeout 180 "$BIN" bench "${model[@]}" --stream-slots 16 --prompt-tokens 512 --decode-tokens 32 \
+                --route-by-trace "$OUT/trace.txt" --expert-store "$st" \
+                --json "$OUT/stream-store-$st.json" >"$OUT/stream-store-$st.log" 2>&1
+            step "stream store $st: exit $?; $(grep -E 'host to device|slots:|prefill of' "$OUT/stream-store-$st.log" | cut -c1-300 | tr '\n' '|')"
+        done
+        rm -f "$OUT/trace.txt"
+        ;;
     serve)
         timeout 150 "$BIN" bench "${model[@]}" --serve --prompt-tokens 128 --decode-tokens 64 \
             --json "$OUT/serve-q4.json" >"$OUT/serve-q4.log" 2>&1
@@ -109,7 +122,7 @@ for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
         done
         ;;
     *)
-        echo "unknown step $s (split, spec, spec-bf16, parallel, stream, serve, f32units, small)" >&2
+        echo "unknown step $s (split, spec, spec-bf16, parallel, stream, serve, stream-prefill, stream-store, f32units, small)" >&2
         exit 2
         ;;
     esac
