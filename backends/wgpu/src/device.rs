@@ -323,7 +323,12 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
     }
     let profile = LimitsProfile::or_env(opts.limits)?;
     let mapped_slots = mapped_slots(opts, &ainfo, afeat, profile)?;
-    if mapped_slots {
+    // Host stores of streamed experts (host_experts.rs) are such buffers
+    // too, mapped for reading so that wgpu places them in host memory: asked
+    // for wherever the adapter offers them outside the WebGPU profile.
+    let mappable = afeat.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+        && profile != LimitsProfile::WebGpu;
+    if mapped_slots || mappable {
         wanted_features |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
     }
     let required_features = afeat & wanted_features;
@@ -355,6 +360,8 @@ pub(crate) fn open(opts: &WgpuOptions) -> Result<Opened> {
         affine_split,
         coherent_storage: required_features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
         mapped_slots,
+        host_store: !mapped_slots
+            && required_features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
     };
     let info = BackendInfo {
         backend: "wgpu".into(),

@@ -41,6 +41,10 @@ pub struct WgpuFeatures {
     /// software GPUs, `WgpuOptions::mapped_slots`): a miss is copied from
     /// the checkpoint straight into its slot rather than through staging.
     pub mapped_slots: bool,
+    /// Streamed experts may come from a host store (`host_experts.rs`):
+    /// where the slots are not mapped and wgpu grants mappable buffers
+    /// beyond staging, which a store needs to sit in host memory.
+    pub host_store: bool,
 }
 
 impl WgpuFeatures {
@@ -66,6 +70,7 @@ impl WgpuFeatures {
             ("affine_split", yes(self.affine_split)),
             ("coherent_storage", yes(self.coherent_storage)),
             ("mapped_slots", yes(self.mapped_slots)),
+            ("host_store", yes(self.host_store)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -1,7 +1,8 @@
 //! Streamed experts the device copies from host memory
 //! (`ComputeBackend::host_experts`, `copy_experts`): every expert of a
-//! layer's stack copied once, at load, into buffers the host maps and the
-//! device reads (`MAP_WRITE | COPY_SRC`: system memory on a discrete GPU),
+//! layer's stack copied once, at load, into buffers in host memory that the
+//! device reads (`MAP_READ | COPY_SRC`, written through the mapping made at
+//! creation; wgpu's `MAPPABLE_PRIMARY_BUFFERS` allows the pair),
 //! each expert as `write_experts` lays it into a slot (tile order for a
 //! tiled stack; an affine expert's words, scales and biases, each part
 //! padded to whole words). A miss is then a device copy a part, on the
@@ -85,7 +86,13 @@ pub(crate) fn host_experts(
         let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&name),
             size,
-            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            // Mapped for reading, never read: wgpu's Vulkan allocator puts
+            // a buffer the host reads in host-cached system memory, where
+            // one it writes would go to device memory the host can reach
+            // (a resizable BAR) when there is some, which would hold the
+            // very experts streaming keeps off the device. Written through
+            // the mapping made at creation.
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {

@@ -392,7 +392,8 @@ impl ComputeBackend for WgpuBackend {
     }
 
     /// A host store where the slots are not mapped by the host (there a
-    /// miss is one copy from the file already): a discrete GPU's.
+    /// miss is one copy from the file already) and the device grants the
+    /// mappable buffers it takes (`WgpuFeatures::host_store`).
     fn host_experts(
         &self,
         dtype: DType,
@@ -401,7 +402,7 @@ impl ComputeBackend for WgpuBackend {
         experts: &[ExpertBytes<'_>],
         label: &str,
     ) -> Result<Option<WgpuBuffer>> {
-        if self.gpu.features.mapped_slots {
+        if !self.gpu.features.host_store {
             return Ok(None);
         }
         let tiled = self.tiles_stack(dtype, stack, (stack.experts * rows, cols));
