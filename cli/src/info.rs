@@ -107,6 +107,13 @@ pub fn run(a: Args) -> CliResult {
                 );
             }
             println!("  {}", mac_fit(weights + run + full));
+            if full > 0 {
+                println!(
+                    "  --expert-store host also holds every layer's experts in host memory: {} \
+                     (besides the checkpoint's pages)",
+                    human_bytes(full * cfg.layers.len() as u64)
+                );
+            }
         }
     }
     Ok(())
