@@ -151,8 +151,9 @@ pub struct ExpertArgs {
     /// Where a streamed expert's miss is copied from: mapping (the
     /// checkpoint's pages, by the host) or host (every expert copied once
     /// at load into host memory the GPU reads, so that a miss is the GPU's
-    /// own copy: faster misses on a discrete GPU, for host memory the size
-    /// of the experts; as mapping where the GPU shares the host's memory).
+    /// own copy and no host copy, for host memory the size of the experts;
+    /// as mapping where the GPU shares the host's memory or the backend is
+    /// the CPU).
     #[arg(long, default_value = "mapping", value_parser = parse_expert_store)]
     pub expert_store: ExpertStore,
 }

@@ -478,8 +478,26 @@ fn info_sizes_a_quantized_checkpoint_for_macs() {
         .find(|l| l.contains("also holds a layer's 8 experts"))
         .unwrap_or_else(|| panic!("no full-layer line: {text}"));
     assert!(line.contains("token-waves holds none"), "{line}");
+    // (--expert-store host: every layer's experts, twice one layer's here)
+    let layer = line.split('(').nth(1).and_then(|t| t.split(')').next());
+    let store = text
+        .lines()
+        .find(|l| l.contains("--expert-store host also holds"))
+        .unwrap_or_else(|| panic!("no host store line: {text}"));
+    assert_eq!(layer, Some("54.00 KiB"), "{line}");
+    assert!(store.contains("108.00 KiB"), "{store}");
     let all = succeeds(&turbospark(&["info", "--model", &m, "--expert-slots", "8"]));
     assert!(!all.contains("also holds"), "every expert a slot: {all}");
+    let out = turbospark(&[
+        "generate",
+        "--model",
+        &m,
+        "--expert-slots",
+        "2",
+        "--expert-store",
+        "disk",
+    ]);
+    fails_with(&out, "mapping or host");
 }
 
 /// `turbospark` with no arguments runs the bundled model from inside the
