@@ -230,13 +230,27 @@ pub(crate) fn copy_experts(
         ));
     }
     let plan = slot_copies(OP, buf, dtype, (per, cols), &slots)?;
-    let submit = gpu.submit();
-    let mut batch = gpu.batch_lock();
+    let mut from = Vec::with_capacity(plan.len());
     for c in &plan {
         let e = copies[c.w].1;
-        let src = &store.chunks[e / h.per_chunk].buffer;
-        let from = (e % h.per_chunk) * h.expert_bytes + h.part_at[c.part] + c.lo;
-        batch.copy(&submit, (src, c.buffer), (from as u64, c.at, c.len as u64));
+        let at = (e % h.per_chunk) * h.expert_bytes + h.part_at[c.part] + c.lo;
+        // (a slot cut across chunks at an odd row of 2-byte scales)
+        if !at.is_multiple_of(4) {
+            return Err(Error::Unsupported {
+                backend: "wgpu".into(),
+                op: format!("{OP} ({dtype})"),
+                reason: format!(
+                    "part {} of expert {e} from byte {at}: copies take whole words",
+                    c.part
+                ),
+            });
+        }
+        from.push((&store.chunks[e / h.per_chunk].buffer, at as u64));
+    }
+    let submit = gpu.submit();
+    let mut batch = gpu.batch_lock();
+    for (c, (src, at)) in plan.iter().zip(from) {
+        batch.copy(&submit, (src, c.buffer), (at, c.at, c.len as u64));
     }
     Ok(())
 }

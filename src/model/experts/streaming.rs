@@ -330,22 +330,8 @@ fn full_layer<'s, B: ComputeBackend>(
         };
         let shape = (stored.experts * stored.rows, stored.cols);
         let t1 = Instant::now();
-        // (a host store laid out for the slots may not fit a full-layer
-        // stack the backend holds otherwise, in tile order: then the
-        // experts come from the mapping)
-        let path = match write_or_copy(
-            be,
-            (stored, buf, stores.map(|s| s[i])),
-            (stack, shape),
-            &loads,
-            stats,
-        ) {
-            Ok(path) => path,
-            Err(_) if stores.is_some() => {
-                write_or_copy(be, (stored, buf, None), (stack, shape), &loads, stats)?
-            }
-            Err(e) => return Err(e),
-        };
+        let from = stores.map(|s| s[i]);
+        let path = write_or_copy(be, (stored, buf, from), (stack, shape), &loads, stats)?;
         stats.write_time += t1.elapsed();
         stats.write_path = Some(path);
     }
@@ -383,8 +369,8 @@ fn full_layer<'s, B: ComputeBackend>(
 
 /// `loads` (`(expert, slot)`) into their slots of `buf`, a stack of
 /// `stored`'s experts shaped `stack`, whole-stack `shape`: copied by the
-/// device from `store` where given, else written from the mapping. Counts
-/// the bytes; returns the path they took.
+/// device from `store` where given and it takes them, else written from
+/// the mapping. Counts the bytes; returns the path they took.
 fn write_or_copy<B: ComputeBackend>(
     be: &B,
     (stored, buf, store): (&StoredExperts, &B::Buffer, Option<&B::Buffer>),
@@ -392,16 +378,17 @@ fn write_or_copy<B: ComputeBackend>(
     loads: &[(u32, u32)],
     stats: &mut StreamStats,
 ) -> Result<SlotWrite> {
-    let path = match store {
-        Some(store) => {
-            let copies: Vec<(usize, usize)> = loads
-                .iter()
-                .map(|&(e, slot)| (slot as usize, e as usize))
-                .collect();
-            be.copy_experts(store, buf, stored.dtype, stack, shape, &copies)?;
-            SlotWrite::Device
-        }
-        None => {
+    let copies: Vec<(usize, usize)> = loads
+        .iter()
+        .map(|&(e, slot)| (slot as usize, e as usize))
+        .collect();
+    // A store the copy cannot take (laid out for the slots where a
+    // full-layer stack is held otherwise, in tile order; a part off whole
+    // words) is refused before anything is recorded: then the mapping.
+    let copied = store.map(|s| be.copy_experts(s, buf, stored.dtype, stack, shape, &copies));
+    let path = match copied {
+        Some(Ok(())) => SlotWrite::Device,
+        _ => {
             let writes: Vec<(usize, ExpertBytes<'_>)> = loads
                 .iter()
                 .map(|&(e, slot)| (slot as usize, stored.expert(e as usize)))
