@@ -84,6 +84,22 @@ impl Drop for Chunk {
     }
 }
 
+/// How a host store of experts (`host_experts.rs`) lays them out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HostStore {
+    pub experts: usize,
+    /// One expert's rows and columns.
+    pub expert: (usize, usize),
+    pub gate_up: bool,
+    /// Its experts in tile order (for a tile-ordered slot stack).
+    pub tiled: bool,
+    /// Bytes an expert takes, and where each of its parts starts in them.
+    pub expert_bytes: usize,
+    pub part_at: [usize; 3],
+    /// Experts a buffer (chunk) holds.
+    pub per_chunk: usize,
+}
+
 /// A turbospark buffer on a wgpu device. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct WgpuBuffer {
@@ -102,7 +118,7 @@ pub struct WgpuBuffer {
     pub(crate) tiles: Option<ExpertStack>,
     /// A copy of every expert of a stack in host memory
     /// (`ComputeBackend::host_experts`), read only by `copy_experts`.
-    pub(crate) host: Option<crate::host_experts::HostStore>,
+    pub(crate) host: Option<HostStore>,
 }
 
 impl DeviceBuffer for WgpuBuffer {

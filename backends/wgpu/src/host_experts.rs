@@ -13,26 +13,10 @@ use std::sync::Arc;
 
 use turbospark::{DType, Error, ExpertBytes, ExpertStack, Result};
 
-use crate::buffer::{MemoryUse, WgpuBuffer};
+use crate::buffer::{HostStore, MemoryUse, WgpuBuffer};
 use crate::expert_slots::{slot_copies, Piece};
 use crate::expert_tiles;
 use crate::gpu::Gpu;
-
-/// How a host store lays its experts out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct HostStore {
-    pub experts: usize,
-    /// One expert's rows and columns.
-    pub expert: (usize, usize),
-    pub gate_up: bool,
-    /// Its experts in tile order (for a tile-ordered slot stack).
-    pub tiled: bool,
-    /// Bytes an expert takes, and where each of its parts starts in them.
-    pub expert_bytes: usize,
-    pub part_at: [usize; 3],
-    /// Experts a buffer (chunk) holds.
-    pub per_chunk: usize,
-}
 
 const OP: &str = "copy_experts";
 
