@@ -9,7 +9,7 @@ use turbospark::model::drafter::{Drafter, SpeculativeOptions, SpeculativeStats};
 use turbospark::model::experts::StreamStats;
 use turbospark::model::experts::{ExpertStore, Optimism, Policy, StreamPrefill};
 use turbospark::model::{GenerateOptions, Generation, Model, ModelOptions, OneSequence, Sampling};
-use turbospark::ComputeBackend;
+use turbospark::{ComputeBackend, SlotWrite};
 use turbospark_cpu::CpuBackend;
 use turbospark_wgpu::WgpuBackend;
 
@@ -630,7 +630,7 @@ pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> Stri
     let write_s = st.write_time.as_secs_f64();
     format!(
         "experts: {} slots a layer; {} hits, {} misses ({:.1}% hit); {} streamed \
-         ({} a token, copied from the mapping at {}); {:.2} host waits a token, \
+         ({} a token, {}); {:.2} host waits a token, \
          host wait {:.2} ms a token; {} optimistic decode passes, {} stood{}; {} \
          prefill layer passes through full-layer stacks, {} in waves",
         slots.map_or("?".into(), |n| n.to_string()),
@@ -639,14 +639,15 @@ pub fn stats_line(st: &StreamStats, tokens: usize, slots: Option<usize>) -> Stri
         100.0 * st.counts.hit_rate(),
         crate::common::human_bytes(st.bytes),
         crate::common::human_bytes(per(st.bytes as f64) as u64),
-        if write_s > 0.0 {
-            format!(
-                "{:.2} GB/s, {}",
+        match st.write_path {
+            // (the device's copies are not timed on the host)
+            Some(SlotWrite::Device) => "copied by the device from the host store".into(),
+            path if write_s > 0.0 => format!(
+                "copied from the mapping at {:.2} GB/s, {}",
                 st.bytes as f64 / write_s / 1e9,
-                st.write_path.map_or("?", |p| p.name())
-            )
-        } else {
-            "-".into()
+                path.map_or("?", |p| p.name())
+            ),
+            _ => "copied from the mapping".into(),
         },
         per(st.waits as f64),
         per(st.host_wait.as_secs_f64() * 1e3),

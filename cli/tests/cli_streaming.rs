@@ -63,10 +63,16 @@ fn generate_streams_experts_and_prints_the_counters() {
 
 /// The wgpu backend told to copy misses into mapped slots names that path
 /// beside the copy rate, or (an adapter without mappable storage buffers)
-/// refuses by name; told to stage them, names staging.
+/// refuses by name; told to stage them, names staging; unmapped slots
+/// with a host store, names the device's copies.
 #[test]
 fn generate_names_the_wgpu_slot_write_path() {
-    for (env, path) in [("1", "mapped"), ("0", "staged")] {
+    let cases = [
+        ("1", "mapping", "GB/s, mapped)"),
+        ("0", "mapping", "GB/s, staged)"),
+        ("0", "host", "copied by the device from the host store"),
+    ];
+    for (env, store, want) in cases {
         let model = fixture();
         let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
             .env("TURBOSPARK_MAPPED_SLOTS", env)
@@ -74,6 +80,7 @@ fn generate_names_the_wgpu_slot_write_path() {
             .arg(&model)
             .args(["--tokens", "5,9,17,33", "--max-new-tokens", "4"])
             .args(["--ignore-eos", "--expert-slots", "2", "--stats"])
+            .args(["--expert-store", store])
             .output()
             .expect("run turbospark");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -96,7 +103,7 @@ fn generate_names_the_wgpu_slot_write_path() {
             .lines()
             .find(|l| l.starts_with("experts: 2 slots a layer"))
             .unwrap_or_else(|| panic!("no counters in: {err}"));
-        assert!(line.contains(&format!("GB/s, {path})")), "{line}");
+        assert!(line.contains(want), "{line}");
     }
 }
 

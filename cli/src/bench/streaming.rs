@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use turbospark::model::experts::StreamStats;
 use turbospark::model::{ModelOptions, OneSequence, SyntheticSource};
 use turbospark::rng::Rng;
-use turbospark::ComputeBackend;
+use turbospark::{ComputeBackend, SlotWrite};
 
 use super::e2e::{self, Counters};
 use super::Args;
@@ -146,7 +146,8 @@ pub fn run<B: ComputeBackend + Counters>(
                 "decode_host_waits_per_token": p.decode.waits as f64 / tokens,
                 // (the host's copies out of the mapping into staging or,
                 // mapped, into the slots themselves)
-                "decode_copy_gbps": (p.decode.write_time.as_secs_f64() > 0.0)
+                "decode_copy_gbps": (p.decode.write_time.as_secs_f64() > 0.0
+                    && p.decode.write_path != Some(SlotWrite::Device))
                     .then(|| p.decode.bytes as f64 / p.decode.write_time.as_secs_f64() / 1e9),
                 "decode_write_path": p.decode.write_path.map(|w| w.name()),
                 // (bytes moved over the decode's wall clock)
@@ -163,7 +164,8 @@ pub fn run<B: ComputeBackend + Counters>(
                 "device_bytes_peak": p.peak_bytes,
                 "device_bytes_peak_decode": p.decode_peak_bytes,
                 "prefill_bytes_streamed": p.prefill.bytes,
-                "prefill_copy_gbps": (p.prefill.write_time.as_secs_f64() > 0.0)
+                "prefill_copy_gbps": (p.prefill.write_time.as_secs_f64() > 0.0
+                    && p.prefill.write_path != Some(SlotWrite::Device))
                     .then(|| p.prefill.bytes as f64 / p.prefill.write_time.as_secs_f64() / 1e9),
                 "prefill_host_wait_ms": p.prefill.host_wait.as_secs_f64() * 1e3,
                 "prefill_full_layer_passes": p.prefill.full_layer_passes,
