@@ -238,3 +238,116 @@ pub(crate) fn copy_experts(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{WgpuBackend, WgpuBuffer, WgpuOptions};
+    use turbospark::quant::{Affine, ScaleType};
+    use turbospark::rng::Rng;
+    use turbospark::{ComputeBackend, DType, ExpertBytes, ExpertStack, HostBytes};
+
+    fn device_bytes(be: &WgpuBackend, b: &WgpuBuffer) -> Vec<u8> {
+        let t = be.gpu.begin_read(b, "test").unwrap();
+        be.gpu.finish_read_bytes(t).unwrap()
+    }
+
+    /// A backend whose slots are not mapped, with expert tiles `tiles`:
+    /// where the adapter grants mappable buffers, it offers host stores.
+    fn unmapped(tiles: bool) -> Option<WgpuBackend> {
+        crate::tests::backend_with(&WgpuOptions {
+            mapped_slots: Some(false),
+            expert_tiles: Some(tiles),
+            ..Default::default()
+        })
+    }
+
+    /// Random experts copied into slots from a host store, in two rounds
+    /// (the second overwriting a slot, its slots out of order), land byte
+    /// for byte as an upload of the same experts does: float, affine and
+    /// tile-ordered stacks; a store of other experts is refused, nothing
+    /// recorded; the store's host memory is not the device's count.
+    #[test]
+    fn copies_from_a_host_store_land_as_an_upload() {
+        let q4 = DType::Affine(Affine::new(4, 32, ScaleType::BF16).unwrap());
+        let cases = [
+            ("f16", DType::F16, false, (6, 40), false),
+            ("q4 gate_up", q4, true, (8, 64), false),
+            ("f16 tiled gate_up", DType::F16, true, (64, 32), true),
+        ];
+        let seed = turbospark::parity::seed_from_env();
+        for (name, dtype, gate_up, (rows, cols), tiles) in cases {
+            let Some(be) = unmapped(tiles) else { return };
+            if !be.features().host_store {
+                eprintln!(
+                    "skipping: {} grants no mappable buffers",
+                    be.info().device_name
+                );
+                return;
+            }
+            let what = format!("{name} (seed {seed})");
+            let (experts, slots) = (6, 4);
+            let one = ExpertStack {
+                experts: 1,
+                gate_up,
+            };
+            let mut rng = Rng::new(seed);
+            let bytes: Vec<[Vec<u8>; 3]> = (0..experts)
+                .map(|_| {
+                    let r = one.part_ranges(dtype, (rows, cols), 0).unwrap();
+                    r.map(|r| (0..r.len()).map(|_| rng.below(256) as u8).collect())
+                })
+                .collect();
+            let views: Vec<ExpertBytes<'_>> = bytes
+                .iter()
+                .map(|p| ExpertBytes {
+                    parts: [vec![&p[0][..]], vec![&p[1][..]], vec![&p[2][..]]],
+                })
+                .collect();
+            let stack = ExpertStack {
+                experts: slots,
+                gate_up,
+            };
+            let shape = (slots * rows, cols);
+            let held = be.memory().0;
+            let store = be
+                .host_experts(dtype, stack, (rows, cols), &views, "store")
+                .unwrap()
+                .expect("a host store");
+            assert_eq!(
+                be.memory().0,
+                held,
+                "{what}: the store counted as device memory"
+            );
+            let buf = be.alloc_experts(dtype, stack, shape, "slots").unwrap();
+            assert_eq!(buf.tiles.is_some(), tiles, "{what}");
+            let mut host = vec![0u8; dtype.bytes_for(shape.0 * shape.1)];
+            for round in [&[(0usize, 5usize), (2, 1)][..], &[(3, 0), (2, 4), (1, 2)]] {
+                be.copy_experts(&store, &buf, dtype, stack, shape, round)
+                    .unwrap();
+                for &(slot, e) in round {
+                    let r = stack.part_ranges(dtype, shape, slot).unwrap();
+                    for (r, p) in r.into_iter().zip(&bytes[e]) {
+                        host[r].copy_from_slice(p);
+                    }
+                }
+                let want = be
+                    .upload_experts(dtype, stack, shape, HostBytes::Slice(&host), "want")
+                    .unwrap();
+                assert!(
+                    device_bytes(&be, &buf) == device_bytes(&be, &want),
+                    "{what}: round {round:?}"
+                );
+            }
+            // A store of experts of another shape: refused by name.
+            let other = ExpertStack {
+                experts: slots,
+                gate_up: !gate_up,
+            };
+            let e = be
+                .copy_experts(&store, &buf, dtype, other, shape, &[(0, 0)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("are not the slots'"), "{what}: {e}");
+        }
+    }
+}
