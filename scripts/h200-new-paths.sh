@@ -39,6 +39,12 @@ gpu_info "$OUT/gpu.txt"
 t0=$SECONDS
 step() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$OUT/steps.log"; }
 model=(--backend wgpu --quant q4 --synthetic gemma-4-26b-a4b)
+# The generated trace the streamed steps route by (skew 1, reuse 0.45: about
+# 70% LFU hits at 16 slots), into $OUT/trace.txt.
+make_trace() {
+    "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
+        --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+}
 
 for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
     case "$s" in
@@ -65,8 +71,7 @@ for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
         step "parallel: exit $?; $(grep -i 'stream' "$OUT/parallel-q4.log" | tail -4 | tr '\n' '|')"
         ;;
     stream)
-        "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
-            --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+        make_trace
         TRACE=$OUT/trace.txt SLOTS=16,128 STREAM_TIMEOUT=150 bash "$(dirname "$0")/h200-stream.sh" >/dev/null 2>&1
         mv "$OUT/stream-after-hit.log" "$OUT/stream-trace.log"
         mv "$OUT/stream-q4-after-hit.json" "$OUT/stream-q4-trace.json"
@@ -74,8 +79,7 @@ for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
         step "stream: $(grep -hE 'slots|resident' "$OUT/stream-trace.log" "$OUT/stream-after-hit.log" | tail -6 | tr '\n' '|')"
         ;;
     stream-prefill)
-        "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
-            --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+        make_trace
         for p in full-layer token-waves; do
             timeout 150 "$BIN" bench "${model[@]}" --stream-slots 16 --prompt-tokens 512 --decode-tokens 32 \
                 --route-by-trace "$OUT/trace.txt" --stream-prefill "$p" \
@@ -85,8 +89,7 @@ for s in ${STEPS:-split spec parallel stream serve stream-prefill}; do
         rm -f "$OUT/trace.txt"
         ;;
     stream-store)
-        "$BIN" bench --make-trace "$OUT/trace.txt" --synthetic gemma-4-26b-a4b --trace-skew 1 \
-            --trace-reuse 0.45 >"$OUT/trace.log" 2>&1
+        make_trace
         for st in host mapping; do
             timeout 180 "$BIN" bench "${model[@]}" --stream-slots 16 --prompt-tokens 512 --decode-tokens 32 \
                 --route-by-trace "$OUT/trace.txt" --expert-store "$st" \
