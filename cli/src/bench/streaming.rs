@@ -40,6 +40,8 @@ struct Point {
     /// The prompt's prefill (one pass of it, after the warm-up).
     prefill: StreamStats,
     loaded_bytes: Option<u64>,
+    /// Seconds the model took to load (a host store of experts included).
+    load_s: f64,
     peak_bytes: Option<u64>,
     /// The peak over the timed decode alone (a prefill past the slots
     /// holds full-layer stacks while it runs).
@@ -96,11 +98,13 @@ pub fn run<B: ComputeBackend + Counters>(
         let (p, b) = point(backend, &source, &prompt, (args, trace.as_ref()), n)?;
         backend = b;
         eprintln!(
-            "bench: streaming: {} slots: decode {:.1} tok/s, prefill {:.1} tok/s, hit {:.1}%",
+            "bench: streaming: {} slots: decode {:.1} tok/s, prefill {:.1} tok/s, hit {:.1}% \
+             (loaded in {:.1} s)",
             n.map_or("resident".into(), |n| n.to_string()),
             p.decode_tok_s,
             p.prefill_tok_s,
-            100.0 * p.decode.counts.hit_rate()
+            100.0 * p.decode.counts.hit_rate(),
+            p.load_s
         );
         if n.is_some() {
             let tokens = args.decode_tokens.max(2);
@@ -161,6 +165,7 @@ pub fn run<B: ComputeBackend + Counters>(
                     .then(|| p.decode.stood as f64 / p.decode.optimistic as f64),
                 "rerun_layers_per_token": p.decode.rerun_layers as f64 / tokens,
                 "device_bytes_loaded": p.loaded_bytes,
+                "load_s": p.load_s,
                 "device_bytes_peak": p.peak_bytes,
                 "device_bytes_peak_decode": p.decode_peak_bytes,
                 "prefill_bytes_streamed": p.prefill.bytes,
@@ -228,6 +233,7 @@ fn point<B: ComputeBackend + Counters>(
     backend.release_scratch();
     backend.reset_peak_memory();
     let held = backend.memory().map_or(0, |m| m.0);
+    let t_load = std::time::Instant::now();
     let mut model = OneSequence::load(
         backend,
         source,
@@ -245,6 +251,7 @@ fn point<B: ComputeBackend + Counters>(
         },
     )?;
     let loaded_bytes = model.backend().memory().map(|m| m.0 - held);
+    let load_s = t_load.elapsed().as_secs_f64();
     // (the resident run routes by its router: its experts are all there)
     if let (Some(t), Some(_)) = (trace, slots) {
         let (m, seq) = model.parts();
@@ -297,6 +304,7 @@ fn point<B: ComputeBackend + Counters>(
             decode,
             prefill,
             loaded_bytes,
+            load_s,
             peak_bytes,
             decode_peak_bytes,
         },
