@@ -83,7 +83,8 @@ impl<B: ComputeBackend> Drafter<B> {
 
 impl DraftTensors {
     /// Every tensor a drafter of `cfg` reads: matrices N(0, 0.02) (with
-    /// `cfg`'s quantization, those a group divides quantized by mlx's rule),
+    /// `cfg`'s quantization, those a group divides quantized by mlx's rule,
+    /// but the centroids, as mlx-lm converts a drafter),
     /// norms and layer scalars 1, a seeded permutation as the token ordering.
     fn random(cfg: &DrafterConfig, seed: u64) -> DraftTensors {
         let quant = cfg.text.quantization.as_ref().map(|q| SyntheticQuant {
@@ -138,7 +139,10 @@ impl DraftTensors {
                 .collect();
             let cols = *shape.last().unwrap_or(&1);
             let path = name.strip_suffix(".weight").map(str::to_string);
-            let format = quant.filter(|q| !one && shape.len() == 2 && cols % q.group as usize == 0);
+            // (mlx-lm's predicate keeps the centroids in float)
+            let centroids = name.starts_with("masked_embedding.");
+            let format = quant
+                .filter(|q| !one && !centroids && shape.len() == 2 && cols % q.group as usize == 0);
             let (Some(q), Some(path)) = (format, path) else {
                 let data: Vec<u8> = values.iter().flat_map(|&x| bf16(x)).collect();
                 put(&mut bytes, name, safetensors::Dtype::BF16, shape, &data);
