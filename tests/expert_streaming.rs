@@ -267,13 +267,9 @@ fn wgpu_streams_bit_identically() {
 /// (`WgpuOptions::mapped_slots` off): the same logits.
 #[test]
 fn wgpu_streams_bit_identically_through_staging() {
-    let Some(mut be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
-        mapped_slots: Some(false),
-        ..Default::default()
-    }) else {
+    let Some(mut be) = unmapped(None) else {
         return;
     };
-    assert!(!be.features().mapped_slots);
     be = streams_bit_identically(be, "tiny-text-q4", 512, SlotWrite::Staged);
     streams_like_resident(
         be,
@@ -283,16 +279,26 @@ fn wgpu_streams_bit_identically_through_staging() {
     );
 }
 
+/// The wgpu backend with its slots unmapped (`WgpuOptions::mapped_slots`
+/// off: staging, or a host store), expert tiles as `tiles` says (None:
+/// the adapter's default).
+fn unmapped(tiles: Option<bool>) -> Option<turbospark_wgpu::WgpuBackend> {
+    let be = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
+        mapped_slots: Some(false),
+        expert_tiles: tiles,
+        ..Default::default()
+    })?;
+    assert!(!be.features().mapped_slots);
+    Some(be)
+}
+
 /// Misses copied by the device from a host store of every expert
 /// (`ExpertStore::Host`, where the slots are not mapped): the same logits
 /// as resident, every slot count, policy, optimism and prefill; on the CPU
 /// the store is not made and the misses come from the mapping.
 #[test]
 fn wgpu_streams_bit_identically_from_a_host_store() {
-    let Some(mut be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
-        mapped_slots: Some(false),
-        ..Default::default()
-    }) else {
+    let Some(mut be) = unmapped(None) else {
         return;
     };
     let host = ExpertStore::Host;
@@ -320,16 +326,10 @@ fn wgpu_streams_bit_identically_from_a_host_store() {
 /// expert may be laid out otherwise) and decode misses.
 #[test]
 fn wgpu_streams_tiled_slots_from_a_host_store() {
-    let Some((_, cfg)) = common::wgpu_with_tiled_experts() else {
+    let Some(mut be) = unmapped(Some(true)) else {
         return;
     };
-    let Some(mut be) = common::wgpu_backend_with(&turbospark_wgpu::WgpuOptions {
-        expert_tiles: Some(true),
-        mapped_slots: Some(false),
-        ..Default::default()
-    }) else {
-        return;
-    };
+    let cfg = common::tiled_experts_config();
     let src = turbospark::model::SyntheticSource::new(cfg.clone(), 7).unwrap();
     let mut rng = turbospark::rng::Rng::new(5);
     let toks: Vec<u32> = (0..24)
@@ -344,6 +344,17 @@ fn wgpu_streams_tiled_slots_from_a_host_store() {
             ..options(Some(slots), Policy::Lfu, 16)
         };
         let mut model = OneSequence::load(be, &src, o).unwrap();
+        // (the prompt's full-layer stacks, tiled as the slots are, take
+        // their experts from the store too, not from the mapping)
+        model.logits(&toks[..16]).unwrap();
+        let st = model.take_stream_stats().expect("streamed");
+        assert!(st.full_layer_passes > 0, "{slots} slots: {st:?}");
+        assert_eq!(
+            st.write_path,
+            Some(SlotWrite::Device),
+            "{slots} slots: prefill"
+        );
+        model.reset();
         let got = run(&mut model, &toks, 16);
         assert!(
             got.logits == resident.logits,

@@ -89,12 +89,17 @@ pub fn wgpu_with_tiled_experts() -> Option<(WgpuBackend, turbospark::model::Mode
         expert_tiles: Some(true),
         ..Default::default()
     })?;
-    let cfg = turbospark::model::ModelConfig {
+    Some((be, tiled_experts_config()))
+}
+
+/// [`wgpu_with_tiled_experts`]' config: the tiny one at a shape whose
+/// expert stacks take tile order.
+pub fn tiled_experts_config() -> turbospark::model::ModelConfig {
+    turbospark::model::ModelConfig {
         hidden: 64,
         moe_inter: 32,
         ..turbospark::model::synthetic::tiny_config()
-    };
-    Some((be, cfg))
+    }
 }
 
 /// The CPU reference doing `b`'s arithmetic: where `b` runs some GEMMs from

@@ -274,7 +274,7 @@ impl Sources<'_, '_> {
 
 /// `f(dst, job)` for each pair of `dsts` and `jobs` (`bytes` in all), on
 /// several threads.
-fn on_threads<D: Send, J: Sync>(
+pub(crate) fn on_threads<D: Send, J: Sync>(
     dsts: &mut [D],
     jobs: &[J],
     bytes: usize,

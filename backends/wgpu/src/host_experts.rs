@@ -14,7 +14,7 @@ use std::sync::Arc;
 use turbospark::{DType, Error, ExpertBytes, ExpertStack, Result};
 
 use crate::buffer::{HostStore, MemoryUse, WgpuBuffer};
-use crate::expert_slots::{slot_copies, Piece};
+use crate::expert_slots::{on_threads, slot_copies, Piece};
 use crate::expert_tiles;
 use crate::gpu::Gpu;
 
@@ -96,17 +96,21 @@ pub(crate) fn host_experts(
                 pieces.push(Piece(head));
                 rest = tail;
             }
-            fill(&mut pieces, group, |dst, x| {
-                let mut src = Vec::new();
+            on_threads(&mut pieces, group, size as usize, |dst, x| {
                 if tiled {
+                    let mut src = Vec::new();
                     x.gather(0, &mut src);
                     let t = expert_tiles::tile_order(&src, one, rows, cols);
                     dst.0.slice(..t.len()).copy_from_slice(&t);
                     return;
                 }
-                for (p, &at) in part_at.iter().enumerate() {
-                    x.gather(p, &mut src);
-                    dst.0.slice(at..at + src.len()).copy_from_slice(&src);
+                // (each part's slices straight from the mapping)
+                for (part, &start) in x.parts.iter().zip(&part_at) {
+                    let mut at = start;
+                    for piece in part {
+                        dst.0.slice(at..at + piece.len()).copy_from_slice(piece);
+                        at += piece.len();
+                    }
                 }
             });
         }
@@ -134,24 +138,6 @@ pub(crate) fn host_experts(
             per_chunk,
         }),
     })
-}
-
-/// `f(dst, expert)` for each pair, on several threads.
-fn fill(
-    dsts: &mut [Piece<'_>],
-    experts: &[ExpertBytes<'_>],
-    f: impl Fn(&mut Piece<'_>, &ExpertBytes<'_>) + Sync,
-) {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
-    let each = experts.len().div_ceil(threads).max(1);
-    let f = &f;
-    std::thread::scope(|s| {
-        for (ds, xs) in dsts.chunks_mut(each).zip(experts.chunks(each)) {
-            s.spawn(move || ds.iter_mut().zip(xs).for_each(|(d, x)| f(d, x)));
-        }
-    });
 }
 
 /// Each `(slot, expert)` of `copies` from `store` into its slot of `buf`

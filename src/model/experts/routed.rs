@@ -46,7 +46,7 @@ pub(crate) struct MoeBlock<B: ComputeBackend> {
     /// With streamed experts from a host store ([`ExpertStore::Host`]):
     /// every expert of the layer (gate_up, down) in host memory the device
     /// copies misses from.
-    pub host_store: Option<(B::Buffer, B::Buffer)>,
+    pub host_store: Option<[B::Buffer; 2]>,
     /// With streamed experts: the slot cache's table on the device (u32
     /// `[experts]`, each expert's slot or `ops::NO_SLOT`), which
     /// `slot_lookup` reads and every placement that loads rewrites.
@@ -77,7 +77,7 @@ fn host_stores<B: ComputeBackend>(
     (gate_up, down): (&StoredExperts, &StoredExperts),
     n: usize,
     prefix: &str,
-) -> Result<Option<(B::Buffer, B::Buffer)>> {
+) -> Result<Option<[B::Buffer; 2]>> {
     let mut made = Vec::with_capacity(2);
     for (st, is_gate_up, part) in [(gate_up, true, "gate_up"), (down, false, "down")] {
         st.check_unchanged()?;
@@ -95,8 +95,7 @@ fn host_stores<B: ComputeBackend>(
             None => return Ok(None),
         }
     }
-    let down = made.pop();
-    Ok(made.pop().zip(down))
+    Ok(made.try_into().ok())
 }
 
 impl<B: ComputeBackend> MoeBlock<B> {
@@ -259,7 +258,7 @@ impl<B: ComputeBackend> MoeBlock<B> {
             gate_up: &self.gate_up,
             down: &self.down,
             table,
-            store: self.host_store.as_ref().map(|(g, d)| (g, d)),
+            store: self.host_store.as_ref().map(|[g, d]| [g, d]),
         })
     }
 

@@ -208,7 +208,7 @@ pub(crate) struct StreamPass<'a> {
 }
 
 /// A layer's host stores of its (gate_up, down) experts, where made.
-pub(crate) type HostStores<'a, T> = Option<(&'a T, &'a T)>;
+pub(crate) type HostStores<'a, T> = Option<[&'a T; 2]>;
 
 /// The slot stacks' device buffers a placement writes into, and the slot
 /// table the device looks ids up in.
@@ -244,36 +244,14 @@ impl StreamedLayer {
         let before = self.cache.counts();
         let placed = self.cache.place(experts)?;
         if !placed.loads.is_empty() {
-            self.check_files()?;
-        }
-        let n = self.cache.slots();
-        let stores = stacks.store.map(|(g, d)| [g, d]);
-        for (i, (stored, buf, gate_up)) in [
-            (&self.gate_up, stacks.gate_up, true),
-            (&self.down, stacks.down, false),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            if placed.loads.is_empty() {
-                continue;
-            }
-            let stack = ExpertStack {
-                experts: n,
-                gate_up,
-            };
-            let t0 = Instant::now();
-            let path = write_or_copy(
+            let bufs = [stacks.gate_up, stacks.down];
+            self.write_stacks(
                 be,
-                (stored, buf, stores.map(|s| s[i])),
-                (stack, (n * stored.rows, stored.cols)),
+                (bufs, self.cache.slots()),
                 &placed.loads,
+                stacks.store,
                 stats,
             )?;
-            stats.write_time += t0.elapsed();
-            stats.write_path = Some(path);
-        }
-        if !placed.loads.is_empty() {
             // (ordered after the passes that read the old table)
             be.write_u32(stacks.table, 0, &self.cache.table())?;
         }
@@ -281,6 +259,34 @@ impl StreamedLayer {
         stats.counts.hits += after.hits - before.hits;
         stats.counts.misses += after.misses - before.misses;
         Ok(placed.slots)
+    }
+
+    /// `loads` (`(expert, slot)`) into both stacks `bufs` (gate_up, down)
+    /// of `experts` each, from the mapped files (checked first) or, where
+    /// given and it serves them, `store`; their time, path and bytes into
+    /// `stats`.
+    fn write_stacks<B: ComputeBackend>(
+        &self,
+        be: &B,
+        (bufs, experts): ([&B::Buffer; 2], usize),
+        loads: &[(u32, u32)],
+        store: HostStores<'_, B::Buffer>,
+        stats: &mut StreamStats,
+    ) -> Result<()> {
+        self.check_files()?;
+        for (i, (stored, gate_up)) in [(&self.gate_up, true), (&self.down, false)]
+            .into_iter()
+            .enumerate()
+        {
+            let stack = ExpertStack { experts, gate_up };
+            let shape = (experts * stored.rows, stored.cols);
+            let t0 = Instant::now();
+            let from = store.map(|s| s[i]);
+            let path = write_or_copy(be, (stored, bufs[i], from), (stack, shape), loads, stats)?;
+            stats.write_time += t0.elapsed();
+            stats.write_path = Some(path);
+        }
+        Ok(())
     }
 }
 
@@ -314,27 +320,9 @@ fn full_layer<'s, B: ComputeBackend>(
         Some(ids) => union(ids),
         None => (0..layer.gate_up.experts as u32).collect(),
     };
-    layer.check_files()?;
     let loads: Vec<(u32, u32)> = experts.iter().map(|&e| (e, e)).collect();
-    let stores = store.map(|(g, d)| [g, d]);
-    for (i, (stored, buf, gate_up)) in [
-        (&layer.gate_up, &f.gate_up, true),
-        (&layer.down, &f.down, false),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let stack = ExpertStack {
-            experts: stored.experts,
-            gate_up,
-        };
-        let shape = (stored.experts * stored.rows, stored.cols);
-        let t1 = Instant::now();
-        let from = stores.map(|s| s[i]);
-        let path = write_or_copy(be, (stored, buf, from), (stack, shape), &loads, stats)?;
-        stats.write_time += t1.elapsed();
-        stats.write_path = Some(path);
-    }
+    let bufs = [&f.gate_up, &f.down];
+    layer.write_stacks(be, (bufs, layer.gate_up.experts), &loads, store, stats)?;
     // (an expert's place in the full stacks is its id: the router's own
     // ids, or the host's, which a trace may have given instead)
     let route = match ids {
