@@ -214,6 +214,14 @@ pub struct Args {
     pub fidelity: Vec<std::path::PathBuf>,
 }
 
+impl Args {
+    /// The synthetic model's weight format as the runs name it (`q4g64`,
+    /// or `bf16`).
+    pub fn weights_name(&self) -> String {
+        self.quant.map_or("bf16".to_string(), |q| q.affine().name())
+    }
+}
+
 /// Whether `--filter` selects the case `label`: empty selects all, else any
 /// `,`-separated alternative contained in it (one ending in `$` must end it).
 fn selects(filter: &str, label: &str) -> bool {

@@ -205,7 +205,7 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
     eprintln!(
         "a draft step: {draft_step:.3} ms ({} drafter); a plain decode step: {step:.3} ms; a \
          verification of 1 token {:.3} ms",
-        args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
+        args.weights_name(),
         verify[0]
     );
     let mut expected = Vec::new();
@@ -243,7 +243,7 @@ pub fn run<B: ComputeBackend>(backend: B, name: &str, args: &Args) -> turbospark
             "layers": args.draft_layers,
             "hidden": args.draft_hidden,
             "intermediate": 4 * args.draft_hidden,
-            "weights": args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
+            "weights": args.weights_name(),
         },
         "verify_ms": verify,
         "first_token": first,

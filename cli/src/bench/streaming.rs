@@ -199,7 +199,7 @@ pub fn run<B: ComputeBackend + Counters>(
     Ok(json!({
         "model": name,
         "device": device,
-        "weights": args.quant.map_or("bf16".to_string(), |q| q.affine().name()),
+        "weights": args.weights_name(),
         "expert_store": args.expert_store.name(),
         "prompt_tokens": prompt.len(),
         "decode_tokens": args.decode_tokens,
